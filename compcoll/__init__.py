@@ -1,0 +1,35 @@
+"""compcoll: compressed collectives (error-compensated 1-bit allreduce) for data-parallel training."""
+
+from .algorithms.onebit import CompressedAllreduce, compressed_allreduce, padded_numel
+from .comm import Communicator, SingleComm, get_default, init, set_default
+from .errors import CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError
+from .state import ErrorFeedbackState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectiveTimeout",
+    "CommunicatorBroken",
+    "CompcollError",
+    "CompressedAllreduce",
+    "Communicator",
+    "ErrorFeedbackState",
+    "MPIComm",
+    "NonFiniteError",
+    "RankMismatchError",
+    "SingleComm",
+    "TorchComm",
+    "compressed_allreduce",
+    "get_default",
+    "init",
+    "padded_numel",
+    "set_default",
+]
+
+
+def __getattr__(name: str):
+    if name in ("MPIComm", "TorchComm"):
+        from . import comm
+
+        return getattr(comm, name)
+    raise AttributeError(f"module 'compcoll' has no attribute {name!r}")

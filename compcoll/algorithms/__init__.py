@@ -1,0 +1,1 @@
+"""Compressed collectives, each written once against Communicator and the codecs."""

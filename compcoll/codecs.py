@@ -1,0 +1,108 @@
+"""Scaled-sign codec on torch tensors: dtype handling, wire layout, and dispatch to kernels.
+
+The algorithms call only this module; it picks the kernels for the tensor's device and
+hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
+element in the most significant bit), preceded, where a scale travels with it, by that
+scale as 4 native-endian float32 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from .kernels import cpu as cpu_kernels
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SCALE_BYTES = 4
+
+
+@lru_cache(maxsize=None)
+def _lookup_table(dtype: torch.dtype) -> np.ndarray:
+    """Exact float32 value of every 16-bit pattern of ``dtype``."""
+    patterns = torch.arange(65536, dtype=torch.int32).to(torch.int16)
+    return patterns.view(dtype).float().numpy()
+
+
+def _source(tensor: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+    """A flat kernel view of ``tensor`` and the lookup table its dtype needs (or None)."""
+    flat = tensor.detach().reshape(-1)
+    if tensor.dtype == torch.float32:
+        return flat.numpy(), None
+    return flat.view(torch.int16).numpy().view(np.uint16), _lookup_table(tensor.dtype)
+
+
+def _storage(tensor: torch.Tensor) -> np.ndarray:
+    """A writable flat kernel view of an output tensor (16-bit types as raw int16)."""
+    if tensor.dtype == torch.float32:
+        return tensor.view(-1).numpy()
+    return tensor.view(-1).view(torch.int16).numpy()
+
+
+def check_device(tensor: torch.Tensor) -> None:
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(
+            f"compcoll: tensors on {tensor.device} are not supported yet; only CPU tensors are"
+        )
+
+
+def l2_scale(sumsq: float, numel: int) -> float:
+    """The seed's scale ||x||_2 / sqrt(d) from a float64 sum of squares, rounded to float32."""
+    return float(np.float32(math.sqrt(sumsq) / math.sqrt(numel)))
+
+
+def compensated_sumsq(tensor: torch.Tensor, error: torch.Tensor) -> float:
+    """Sum of squares of ``error + pad(tensor)``; reads both, writes nothing."""
+    check_device(tensor)
+    src, lut = _source(tensor)
+    return float(cpu_kernels.compensated_sumsq(src, lut, error.numpy(), src.size))
+
+
+def compensate_encode(
+    tensor: torch.Tensor | None, error: torch.Tensor, scale: float, bits: torch.Tensor
+) -> None:
+    """bits <- packed sign(error + pad(tensor)); error <- (error + pad(tensor)) - scale * sign.
+
+    ``tensor=None`` encodes ``error`` alone (the server step, where it holds the sum).
+    """
+    if tensor is None:
+        src, lut = np.empty(0, np.float32), None
+    else:
+        check_device(tensor)
+        src, lut = _source(tensor)
+    cpu_kernels.compensate_encode(src, lut, error.numpy(), src.size, np.float32(scale), bits.numpy())
+
+
+def accumulate_signs(
+    bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int
+) -> float:
+    """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of squares."""
+    base_view = None if base is None else base.numpy()
+    return float(
+        cpu_kernels.accumulate_signs(bits.numpy(), weights.numpy(), base_view, out.numpy(), count)
+    )
+
+
+def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
+    """out <- scales[r] * signs(bits[r]) for the rows of ``bits``, cut to out.numel().
+
+    The values +-scale are rounded to the output dtype once (by torch), then selected.
+    """
+    positive = _storage(scales.to(out.dtype))
+    negative = _storage((-scales).to(out.dtype))
+    cpu_kernels.select_decode(bits.numpy(), positive, negative, _storage(out), out.numel())
+
+
+def frame(row: torch.Tensor, scale: float) -> torch.Tensor:
+    """Write ``scale`` at the head of a wire row; return the row's sign bytes that follow it."""
+    row[:SCALE_BYTES].view(torch.float32).fill_(scale)
+    return row[SCALE_BYTES:]
+
+
+def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split (n, SCALE_BYTES + nbytes) wire rows into n float32 scales and the sign bytes."""
+    scales = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
+    return scales, rows[:, SCALE_BYTES:]

@@ -1,0 +1,89 @@
+"""Transports: Communicator and its MPI, torch.distributed and single-process forms, and init()."""
+
+from __future__ import annotations
+
+import os
+
+from .base import Communicator
+from .single import SingleComm
+
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+_default: Communicator | None = None
+
+__all__ = ["Communicator", "SingleComm", "MPIComm", "TorchComm", "init", "get_default", "set_default"]
+
+
+def __getattr__(name: str):
+    if name == "MPIComm":
+        from .mpi import MPIComm
+
+        return MPIComm
+    if name == "TorchComm":
+        from .torchdist import TorchComm
+
+        return TorchComm
+    raise AttributeError(name)
+
+
+def _launched_by_mpi(names: tuple[str, ...] = _MPI_SIZE_VARS) -> bool:
+    return any(int(os.environ.get(v, "1") or 1) > 1 for v in names)
+
+
+def _torch_initialised() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def init(backend: str | None = None, timeout: float | None = None) -> Communicator:
+    """Create the default communicator from the environment and return it.
+
+    1. ``backend="mpi" | "torch" | "single"`` forces a kind; otherwise:
+    2. an initialised torch.distributed -> TorchComm on its WORLD group;
+    3. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
+    4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (NCCL if
+       CUDA is available, else Gloo) and TorchComm;
+    5. srun (SLURM_NTASKS > 1) -> MPIComm;
+    6. otherwise a SingleComm of size 1.
+    """
+    global _default
+    kind = backend or (
+        "torch" if _torch_initialised()
+        else "mpi" if _launched_by_mpi()
+        else "torch" if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+        else "mpi" if _launched_by_mpi(("SLURM_NTASKS",))
+        else "single"
+    )
+    if kind == "mpi":
+        from .mpi import MPIComm
+
+        _default = MPIComm(timeout=timeout)
+    elif kind == "torch":
+        _default = _init_torch(timeout)
+    elif kind == "single":
+        _default = SingleComm(timeout=timeout)
+    else:
+        raise ValueError(f"compcoll.init: unknown backend {backend!r}; use 'mpi', 'torch' or 'single'")
+    return _default
+
+
+def _init_torch(timeout: float | None) -> Communicator:
+    import torch
+    import torch.distributed as dist
+
+    from .torchdist import TorchComm
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return TorchComm(timeout=timeout)
+
+
+def get_default() -> Communicator:
+    """The default communicator, made by ``init()`` on first use."""
+    return _default if _default is not None else init()
+
+
+def set_default(comm: Communicator) -> None:
+    """Make ``comm`` the communicator used where ``comm=None`` is passed."""
+    global _default
+    _default = comm

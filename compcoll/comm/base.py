@@ -1,0 +1,138 @@
+"""The Communicator interface: collectives on flat torch tensors, byte accounting, timeouts."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..errors import CommunicatorBroken
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def default_timeout() -> float:
+    """Seconds a collective may take: ``COMPCOLL_TIMEOUT`` or 300."""
+    return float(os.environ.get("COMPCOLL_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+class Communicator(ABC):
+    """A group of ``size`` processes that move tensors between them.
+
+    Collectives take contiguous 1-D torch tensors and complete before they return. Each
+    counts in ``bytes_sent`` the payload bytes this rank sends under a bandwidth-optimal
+    schedule: alltoall the (n-1) blocks meant for other ranks, allgather (n-1) copies
+    of its own block, allreduce 2(n-1)/n of the tensor (ring), bcast the tensor on the
+    root. A collective that does not finish within ``timeout`` seconds raises
+    ``CollectiveTimeout`` and leaves the communicator unusable (``CommunicatorBroken``
+    afterwards), since a half-done collective cannot be taken back.
+
+    Subclasses implement the underscored methods; this class validates and counts.
+    """
+
+    def __init__(self, rank: int, size: int, timeout: float | None = None) -> None:
+        self.rank = rank
+        self.size = size
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.bytes_sent = 0
+        self._broken: str | None = None
+
+    def alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i.
+
+        Both tensors hold ``size`` equal blocks.
+        """
+        self._check(send, recv)
+        if send.numel() != recv.numel() or send.numel() % self.size:
+            raise ValueError(
+                f"alltoall needs equal send/recv sizes divisible by {self.size}, "
+                f"got {send.numel()} and {recv.numel()}"
+            )
+        self.bytes_sent += (self.size - 1) * _nbytes(send) // self.size
+        self._guard(self._alltoall, send, recv)
+
+    def allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+        """Block i of ``recv`` receives rank i's ``send``."""
+        self._check(send, recv)
+        if recv.numel() != send.numel() * self.size:
+            raise ValueError(
+                f"allgather needs recv of {self.size} x {send.numel()} elements, got {recv.numel()}"
+            )
+        self.bytes_sent += (self.size - 1) * _nbytes(send)
+        self._guard(self._allgather, send, recv)
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over all ranks, in place."""
+        self._check(tensor)
+        self.bytes_sent += 2 * (self.size - 1) * _nbytes(tensor) // self.size
+        self._guard(self._allreduce, tensor)
+
+    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
+        """Copy ``tensor`` from rank ``root`` to every rank, in place."""
+        self._check(tensor)
+        if not 0 <= root < self.size:
+            raise ValueError(f"bcast root {root} is not a rank of a size-{self.size} communicator")
+        if self.rank == root and self.size > 1:
+            self.bytes_sent += _nbytes(tensor)
+        self._guard(self._bcast, tensor, root)
+
+    def barrier(self) -> None:
+        """Return once every rank has called barrier."""
+        self._guard(self._barrier)
+
+    def split(self, color: int, key: int | None = None) -> "Communicator":
+        """Sub-communicator of the ranks that pass the same ``color``, ordered by (key, rank)."""
+        return self._guard(self._split, int(color), self.rank if key is None else int(key))
+
+    def _check(self, *tensors: torch.Tensor) -> None:
+        if self._broken:
+            raise CommunicatorBroken(
+                f"this communicator is unusable since an earlier collective failed: {self._broken}"
+            )
+        for t in tensors:
+            if t.dim() != 1 or not t.is_contiguous():
+                raise ValueError(f"collectives take contiguous 1-D tensors, got shape {tuple(t.shape)}")
+
+    def _guard(self, op, *args):
+        self._check()
+        try:
+            return op(*args)
+        except Exception as exc:
+            self._broken = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _color_groups(self, color: int, key: int) -> dict[int, list[int]]:
+        """Every color's ranks, each ordered by (key, rank): an allgather of (color, key)."""
+        mine = torch.tensor([color, key], dtype=torch.int64)
+        table = torch.empty(2 * self.size, dtype=torch.int64)
+        self.allgather(mine, table)
+        groups: dict[int, list[tuple[int, int]]] = {}
+        for r, (c, k) in enumerate(table.view(self.size, 2).tolist()):
+            groups.setdefault(c, []).append((k, r))
+        return {c: [r for _, r in sorted(members)] for c, members in sorted(groups.items())}
+
+    @abstractmethod
+    def _alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _allreduce(self, tensor: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _bcast(self, tensor: torch.Tensor, root: int) -> None: ...
+
+    @abstractmethod
+    def _barrier(self) -> None: ...
+
+    @abstractmethod
+    def _split(self, color: int, key: int) -> "Communicator": ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -1,0 +1,166 @@
+"""Fused Numba CPU kernels for the 1-bit codec; bit-identical to ``kernels.reference``.
+
+Every kernel works on numpy arrays (zero-copy views of torch CPU tensors). A 16-bit input
+(float16 / bfloat16) arrives as its raw uint16 bits together with a 65536-entry float32
+lookup table (exact conversion); a float32 input arrives with ``lut=None``, and Numba
+compiles that case without the lookup. Sums of squares follow the reference's order
+(``LANES`` lanes per ``BLOCK``-element block, then a pairwise tree), so results do not
+depend on the number of threads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .reference import BLOCK, LANES
+
+_STEPS = BLOCK // LANES
+
+
+@njit(cache=True, inline="always")
+def _load(src, lut, i):
+    if lut is None:
+        return np.float32(src[i])
+    return lut[src[i]]
+
+
+@njit(cache=True)
+def tree_sum(values):
+    """Pairwise tree sum of float64 values (see ``reference.tree_sum``).
+
+    1. Copy into a zero-padded power-of-two buffer.
+    2. Halve it in place, v[i] += v[i + half], until one value is left.
+    """
+    size = 1
+    while size < values.size:
+        size *= 2
+    v = np.zeros(size, np.float64)
+    v[: values.size] = values
+    while size > 1:
+        size //= 2
+        for i in range(size):
+            v[i] += v[i + size]
+    return v[0]
+
+
+@njit(parallel=True, cache=True)
+def compensated_sumsq(src, lut, err, n_src):
+    """Sum of squares of x = err + src (src zero beyond n_src), without writing anything.
+
+    1. Each block of BLOCK elements keeps LANES float64 accumulators; element
+       i adds float64(x_i)^2 to lane i % LANES, in order.
+    2. The block-major lane sums are combined by ``tree_sum``.
+
+    Returns the float64 sum; it is not finite when any x_i is not.
+    """
+    n = err.size
+    nblocks = max(1, (n + BLOCK - 1) // BLOCK)
+    partial = np.zeros((nblocks, LANES), np.float64)
+    for b in prange(nblocks):
+        lo = b * BLOCK
+        for k in range(_STEPS):
+            base = lo + k * LANES
+            if base >= n:
+                break
+            for lane in range(LANES):
+                i = base + lane
+                if i < n:
+                    x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                    x64 = np.float64(x)
+                    partial[b, lane] += x64 * x64
+    return tree_sum(partial.reshape(-1))
+
+
+@njit(parallel=True, cache=True)
+def compensate_encode(src, lut, err, n_src, scale, bits):
+    """Compensate, take signs, pack them and update the error, in one pass.
+
+    For every element i (src zero beyond n_src; err.size is a multiple of 8):
+    1. x = err[i] + src[i] in float32.
+    2. bit = x >= 0 (sign(0) = +1); bits[i // 8] has element i at bit 7 - i % 8.
+    3. err[i] = x - scale * (+1 if bit else -1).
+    """
+    nbytes = err.size // 8
+    per_block = BLOCK // 8
+    nblocks = (nbytes + per_block - 1) // per_block
+    for b in prange(nblocks):
+        hi = min(nbytes, (b + 1) * per_block)
+        for k in range(b * per_block, hi):
+            byte = 0
+            for j in range(8):
+                i = 8 * k + j
+                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                if x >= 0:
+                    byte |= 1 << (7 - j)
+                    err[i] = x - scale
+                else:
+                    err[i] = x + scale
+            bits[k] = byte
+
+
+@njit(parallel=True, cache=True)
+def accumulate_signs(bits, weights, base, out, n_out):
+    """out = sum_r weights[r] * signs(bits[r]) (+ base), and its sum of squares.
+
+    ``bits`` is (n, nbytes): row r holds the packed signs of the same n_out elements
+    from rank r. ``base`` is None or a float32 vector added after the rank sum (it may
+    be ``out`` itself, for an in-place update).
+    1. For each element, acc = 0; for r in rank order acc += +-weights[r] (float32).
+    2. out[i] = acc + base[i] (or acc).
+    3. Sum of squares of out in the order of ``compensated_sumsq``.
+    """
+    nranks = bits.shape[0]
+    nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
+    partial = np.zeros((nblocks, LANES), np.float64)
+    for b in prange(nblocks):
+        lo = b * BLOCK
+        for k in range(_STEPS):
+            start = lo + k * LANES
+            if start >= n_out:
+                break
+            for lane in range(LANES):
+                i = start + lane
+                if i < n_out:
+                    byte_index = i >> 3
+                    shift = 7 - (i & 7)
+                    acc = np.float32(0)
+                    for r in range(nranks):
+                        if (bits[r, byte_index] >> shift) & 1:
+                            acc += weights[r]
+                        else:
+                            acc -= weights[r]
+                    if base is not None:
+                        acc = acc + base[i]
+                    out[i] = acc
+                    x64 = np.float64(acc)
+                    partial[b, lane] += x64 * x64
+    return tree_sum(partial.reshape(-1))
+
+
+@njit(parallel=True, cache=True)
+def select_decode(bits, positive, negative, out, n_out):
+    """Decode rows of packed signs: out[i] = positive[r] if the bit is set, else negative[r].
+
+    ``bits`` is (n, nbytes): row r holds elements [r * 8 * nbytes, (r + 1) * 8 * nbytes).
+    ``positive`` / ``negative`` hold the already rounded output values (+s_r, -s_r) in the
+    output's storage type, so a float16 / bfloat16 output is written as raw bits.
+    1. For every byte of every row, in parallel, and each of its 8 bits:
+    2. write the row's positive or negative value, skipping elements >= n_out.
+    """
+    nranks, nbytes = bits.shape
+    per_block = BLOCK // 8
+    blocks_per_row = (nbytes + per_block - 1) // per_block
+    for t in prange(nranks * blocks_per_row):
+        r = t // blocks_per_row
+        lo = (t % blocks_per_row) * per_block
+        hi = min(nbytes, lo + per_block)
+        pos = positive[r]
+        neg = negative[r]
+        first = r * nbytes * 8
+        for k in range(lo, hi):
+            byte = bits[r, k]
+            for j in range(8):
+                i = first + 8 * k + j
+                if i < n_out:
+                    out[i] = pos if (byte >> (7 - j)) & 1 else neg

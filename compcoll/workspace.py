@@ -1,0 +1,22 @@
+"""Scratch buffers reused across calls, so hot paths allocate nothing per call."""
+
+from __future__ import annotations
+
+import torch
+
+_buffers: dict[tuple[str, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 1-D tensor of ``numel`` elements named ``name``; contents are undefined.
+
+    1. Look up the buffer kept for (name, device, dtype).
+    2. Grow it (never shrink) when it is smaller than ``numel``.
+    3. Return a view of its first ``numel`` elements.
+    """
+    key = (name, torch.device(device), dtype)
+    buf = _buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        _buffers[key] = buf
+    return buf[:numel]

@@ -44,9 +44,7 @@ def _storage(tensor: torch.Tensor) -> np.ndarray:
 
 def check_device(tensor: torch.Tensor) -> None:
     if tensor.device.type != "cpu":
-        raise NotImplementedError(
-            f"compcoll: tensors on {tensor.device} are not supported yet; only CPU tensors are"
-        )
+        raise ValueError(f"compcoll: tensors on {tensor.device} are not supported; use CPU tensors")
 
 
 def l2_scale(sumsq: float, numel: int) -> float:

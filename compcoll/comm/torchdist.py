@@ -7,7 +7,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import CollectiveTimeout
+from ..errors import CollectiveTimeout, CompcollError
 from .base import Communicator
 
 
@@ -15,7 +15,8 @@ class TorchComm(Communicator):
     """A Communicator over a torch.distributed ProcessGroup.
 
     Collectives are issued with ``async_op=True`` and waited on with ``timeout`` seconds,
-    using ``all_to_all_single`` and ``all_gather_into_tensor`` (what NCCL is fastest at).
+    using ``all_to_all_single`` and ``all_gather_single`` (``all_gather_into_tensor`` before
+    torch 2.13), the flat-tensor forms NCCL is fastest at.
 
     Args:
         group: a ProcessGroup; None means the default (WORLD) group, which must be initialised.
@@ -37,7 +38,9 @@ class TorchComm(Communicator):
             work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as exc:
             if "timed out" not in str(exc).lower():
-                raise
+                raise CompcollError(
+                    f"torch.distributed ({self.backend}) {what} failed on rank {self.rank}: {exc}"
+                ) from exc
             raise CollectiveTimeout(
                 f"torch.distributed ({self.backend}) {what} on rank {self.rank} of {self.size} did "
                 f"not complete within {self.timeout:g} s (COMPCOLL_TIMEOUT): did every rank call "
@@ -48,7 +51,7 @@ class TorchComm(Communicator):
         self._wait(dist.all_to_all_single(recv, send, group=self.group, async_op=True), "alltoall")
 
     def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._wait(dist.all_gather_into_tensor(recv, send, group=self.group, async_op=True), "allgather")
+        self._wait(_all_gather_single(recv, send, group=self.group, async_op=True), "allgather")
 
     def _allreduce(self, tensor: torch.Tensor) -> None:
         self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), "allreduce")
@@ -58,7 +61,7 @@ class TorchComm(Communicator):
         self._wait(dist.broadcast(tensor, src=source, group=self.group, async_op=True), "bcast")
 
     def _barrier(self) -> None:
-        self._allreduce(torch.zeros(1, device=_device(self.backend)))
+        self._wait(dist.barrier(group=self.group, async_op=True), "barrier")
 
     def _split(self, color: int, key: int) -> "TorchComm":
         """Every rank builds every color's group (torch requires all ranks in new_group).
@@ -77,5 +80,8 @@ class TorchComm(Communicator):
         return TorchComm(mine, self.timeout)
 
 
-def _device(backend: str) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+def _all_gather_single(recv, send, **kwargs):
+    """torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(recv, send, **kwargs)
+

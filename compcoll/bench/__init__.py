@@ -1,0 +1,1 @@
+"""Benchmark harness: ``python -m compcoll.bench`` (also the ``compcoll-bench`` script)."""

@@ -1,0 +1,5 @@
+"""Entry point of ``python -m compcoll.bench``."""
+
+from .cli import main
+
+main()

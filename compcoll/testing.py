@@ -1,0 +1,175 @@
+"""Run a function on N local processes (mpiexec, or torchrun-style Gloo), with a timeout.
+
+Used by the tests and by the benchmark's ``--launch``. The parent starts the ranks, each
+rank runs ``function(comm, *args)`` on the communicator ``compcoll.init`` builds and
+reports through its exit code; the parent raises ``WorkerFailure`` with their output if
+any rank fails or the whole run exceeds its timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+BACKENDS = ("mpi", "gloo")
+
+
+class WorkerFailure(AssertionError):
+    """A multi-process run failed or timed out; the message holds the ranks' output."""
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` beside ``sys.executable`` (the mpich wheel's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if not found:
+        raise FileNotFoundError("no mpiexec found: pip install 'compcoll[mpi]' (mpi4py and mpich)")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _base_env(world_size: int, extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p and Path(p).is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    threads = str(max(1, (os.cpu_count() or 1) // world_size))
+    env.setdefault("NUMBA_NUM_THREADS", threads)
+    env.setdefault("OMP_NUM_THREADS", threads)
+    env.update(extra or {})
+    return env
+
+
+def run(
+    target: str,
+    world_size: int,
+    backend: str = "mpi",
+    *,
+    args: tuple = (),
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run ``target`` ("package.module:function") on ``world_size`` local processes.
+
+    1. Start the ranks: ``mpiexec -n N`` for "mpi"; N processes with RANK, WORLD_SIZE,
+       MASTER_ADDR/PORT (as torchrun sets them) for "gloo".
+    2. Each rank calls ``function(comm, *args)``; ``args`` must be JSON-serialisable.
+    3. Wait up to ``timeout`` seconds for all ranks, killing them all past it.
+
+    Returns the ranks' combined output; raises ``WorkerFailure`` if any rank failed.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    command = [sys.executable, "-m", "compcoll.testing", backend, target, json.dumps(list(args))]
+    base = _base_env(world_size, env)
+    if backend == "mpi":
+        procs = [_start([mpiexec(), "-n", str(world_size), *command], base)]
+    else:
+        port = str(_free_port())
+        procs = [
+            _start(command, {**base, "RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
+                             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                             "MASTER_PORT": port})
+            for r in range(world_size)
+        ]
+    outputs, failed = _collect(procs, timeout)
+    text = "\n".join(outputs)
+    if failed:
+        raise WorkerFailure(f"{target} on {world_size} {backend} rank(s): {failed}\n{text[-20000:]}")
+    return text
+
+
+def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def _collect(procs: list[subprocess.Popen], timeout: float) -> tuple[list[str], str]:
+    """Wait for every process; past ``timeout`` kill the rest. Returns outputs and a failure note."""
+    deadline = time.monotonic() + timeout
+    outputs, failures = [], []
+    for i, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                _kill(q)
+            out, _ = p.communicate()
+            failures.append(f"timed out after {timeout:g} s")
+        outputs.append(out)
+        if p.returncode:
+            failures.append(f"process {i} exited with {p.returncode}")
+    return outputs, "; ".join(failures)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _worker(backend: str, target: str, args_json: str) -> int:
+    """One rank: build the communicator, run the target, turn the outcome into an exit code."""
+    import compcoll
+
+    module_name, func_name = target.split(":")
+    comm = compcoll.init("mpi" if backend == "mpi" else "torch")
+    try:
+        getattr(importlib.import_module(module_name), func_name)(comm, *json.loads(args_json))
+    except BaseException:
+        print(f"[rank {comm.rank}] FAILED:\n{traceback.format_exc()}", flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    _shutdown(comm)
+    return 0
+
+
+def _shutdown(comm) -> None:
+    """Let every rank finish, close torch.distributed, and leave without C++ static teardown.
+
+    A rank whose communicator broke (a timeout test) skips the barrier; a barrier that
+    times out because a peer broke is not an error of the target. Gloo ranks then exit
+    with ``os._exit``: after all work is done, exiting through interpreter teardown
+    aborted now and then ("terminate called without an active exception") in these
+    short-lived ranks.
+    """
+    import torch.distributed as dist
+
+    from .errors import CompcollError
+
+    sys.stdout.flush()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        comm.barrier()
+    except CompcollError:
+        pass
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("backend", choices=BACKENDS)
+    parser.add_argument("target")
+    parser.add_argument("args", nargs="?", default="[]")
+    ns = parser.parse_args()
+    sys.exit(_worker(ns.backend, ns.target, ns.args))

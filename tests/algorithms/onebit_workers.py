@@ -1,0 +1,185 @@
+"""Rank-side bodies of the multi-process compressed_allreduce tests (run by compcoll.testing)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import torch
+
+import compcoll
+from compcoll.algorithms.onebit import PROTOCOLS
+from compcoll.kernels import reference
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def make_input(rank: int, step: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Fresh random input of one rank at one step; scales differ by rank; a few exact zeros."""
+    gen = torch.Generator().manual_seed(1000003 * step + 7919 * rank + int(np.prod(shape)))
+    x = torch.randn(shape, generator=gen) * (1.0 + rank) + 0.1 * step
+    x.view(-1)[::97] = 0.0
+    return x.to(dtype)
+
+
+def assert_same_on_all_ranks(comm: compcoll.Communicator, tensor: torch.Tensor) -> None:
+    raw = tensor.detach().reshape(-1).view(torch.uint8).clone()
+    table = torch.empty(comm.size * raw.numel(), dtype=torch.uint8)
+    comm.allgather(raw, table)
+    rows = table.view(comm.size, -1)
+    for r in range(comm.size):
+        assert torch.equal(rows[r], rows[0]), f"rank {r}'s output differs from rank 0's"
+
+
+def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
+    """Outputs, both error buffers and bytes sent equal the reference, step after step."""
+    n, rank = comm.size, comm.rank
+    for dtype in DTYPES:
+        for protocol in PROTOCOLS:
+            for shape in map(tuple, shapes):
+                numel = int(np.prod(shape))
+                full = compcoll.padded_numel(numel, n)
+                we, se = torch.zeros(full), torch.zeros(full // n)
+                ref_we = [np.zeros(full, np.float32) for _ in range(n)]
+                ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
+                for step in range(steps):
+                    xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                    before, sent_before = xs[rank].clone(), comm.bytes_sent
+                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, protocol=protocol)
+                    sent = comm.bytes_sent - sent_before
+                    outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol
+                    )
+                    where = f"{dtype} {protocol} shape {shape} step {step}"
+                    assert torch.equal(xs[rank], before), f"input was modified ({where})"
+                    assert out.shape == shape and out.dtype == dtype, where
+                    expected = torch.from_numpy(outs[rank]).to(dtype).view(shape)
+                    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), f"output ({where})"
+                    assert np.array_equal(we.numpy(), ref_we[rank]), f"worker error ({where})"
+                    assert np.array_equal(se.numpy(), ref_se[rank]), f"server error ({where})"
+                    assert sent == ref_sent[rank], f"bytes sent {sent} != {ref_sent[rank]} ({where})"
+                    assert_same_on_all_ranks(comm, out)
+
+
+def in_place_and_stateful(comm: compcoll.Communicator) -> None:
+    """out=tensor works in place; the stateful form resumes exactly from a saved state."""
+    n = comm.size
+    x = make_input(comm.rank, 0, (1001,), torch.float32)
+    we, se = torch.zeros(compcoll.padded_numel(1001, n)), torch.zeros(compcoll.padded_numel(1001, n) // n)
+    expected = compcoll.compressed_allreduce(x, we.clone(), se.clone(), comm)
+    result = compcoll.compressed_allreduce(x, we, se, comm, out=x)
+    assert result is x and torch.equal(x, expected)
+
+    shapes = {"a": (333,), "b": (17, 5)}
+    straight = compcoll.CompressedAllreduce(comm)
+    resumed = compcoll.CompressedAllreduce(comm)
+    for step in range(5):
+        if step == 2:
+            buffer = io.BytesIO()
+            torch.save(resumed.state_dict(), buffer)
+            buffer.seek(0)
+            resumed = compcoll.CompressedAllreduce(comm)
+            resumed.load_state_dict(torch.load(buffer))
+        for key, shape in shapes.items():
+            grad = make_input(comm.rank, step, shape, torch.float32)
+            assert torch.equal(straight(grad, key), resumed(grad, key)), f"step {step} key {key}"
+    state = resumed.state_dict()
+    state["world_size"] = n + 1
+    try:
+        compcoll.CompressedAllreduce(comm).load_state_dict(state)
+    except ValueError as exc:
+        assert "world size" in str(exc)
+    else:
+        raise AssertionError("a checkpoint from another world size was accepted")
+
+
+def _expect(exc_type: type, fragment: str, fn, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except exc_type as exc:
+        assert fragment in str(exc), f"{exc_type.__name__} message {str(exc)!r} lacks {fragment!r}"
+    else:
+        raise AssertionError(f"expected {exc_type.__name__} ({fragment})")
+
+
+def bad_inputs(comm: compcoll.Communicator) -> None:
+    """Every bad input raises a clear error; collective ones on every rank; buffers stay put."""
+    n, rank = comm.size, comm.rank
+    numel = 1234
+    full = compcoll.padded_numel(numel, n)
+    x = make_input(rank, 0, (numel,), torch.float32)
+    we = torch.randn(full, generator=torch.Generator().manual_seed(rank)) * 0.01
+    se = torch.randn(full // n, generator=torch.Generator().manual_seed(99 + rank)) * 0.01
+    car = compcoll.compressed_allreduce
+
+    sent = comm.bytes_sent
+    _expect(TypeError, "int32", car, x.to(torch.int32), we, se, comm)
+    _expect(TypeError, "float64", car, x.double(), we, se, comm)
+    _expect(TypeError, "worker_error must be float32", car, x, we.half(), se, comm)
+    _expect(ValueError, f"{full} elements", car, x, we[:-8], se, comm)
+    _expect(ValueError, f"{full // n} elements", car, x, we, torch.zeros(full // n + 8), comm)
+    _expect(ValueError, "worker_error is on meta", car, x, torch.empty(full, device="meta"), se, comm)
+    _expect(ValueError, "not supported", car, x.to("meta"), we.to("meta"), se.to("meta"), comm)
+    _expect(ValueError, "protocol", car, x, we, se, comm, protocol="ring")
+    _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
+    assert comm.bytes_sent == sent, "a locally invalid call communicated"
+
+    saved = we.clone(), se.clone()
+
+    def unchanged() -> None:
+        assert torch.equal(we, saved[0]) and torch.equal(se, saved[1]), "an error buffer changed"
+
+    other = numel + 100 * rank
+    other_we = torch.zeros(compcoll.padded_numel(other, n))
+    other_se = torch.zeros(other_we.numel() // n)
+    if n > 1:
+        _expect(compcoll.RankMismatchError, "sizes differ", car, make_input(rank, 0, (other,), torch.float32),
+                other_we, other_se, comm)
+        assert not other_we.any() and not other_se.any(), "an error buffer changed"
+        shape = (2, numel // 2) if rank % 2 else (numel // 2, 2)
+        _expect(compcoll.RankMismatchError, "shapes differ", car, x.view(shape), we, se, comm)
+        unchanged()
+        protocol = PROTOCOLS[rank % 2]
+        _expect(compcoll.RankMismatchError, "different protocols", car, x, we, se, comm, protocol=protocol)
+        unchanged()
+
+    poisoned = x.clone()
+    if rank == n - 1:
+        poisoned[numel // 2] = float("nan")
+    _expect(compcoll.NonFiniteError, f"rank(s) [{n - 1}]", car, poisoned, we, se, comm)
+    unchanged()
+    bad_error = we.clone()
+    if rank == 0:
+        bad_error[-1] = float("inf")
+    _expect(compcoll.NonFiniteError, "rank(s) [0]", car, x, bad_error, se, comm)
+    unchanged()
+    half = x.half()
+    if rank == 0:
+        half[3] = float("inf")
+    _expect(compcoll.NonFiniteError, "rank(s) [0]", car, half, we, se, comm)
+    unchanged()
+
+    xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
+    ref_we = [torch.randn(full, generator=torch.Generator().manual_seed(q)).mul(0.01).numpy() for q in range(n)]
+    ref_se = [torch.randn(full // n, generator=torch.Generator().manual_seed(99 + q)).mul(0.01).numpy() for q in range(n)]
+    outs, ref_we, ref_se, _ = reference.compressed_allreduce([v.numpy() for v in xs], ref_we, ref_se)
+    out = car(x, we, se, comm)
+    assert torch.equal(out, torch.from_numpy(outs[rank])), "the communicator is not usable after the errors"
+    assert np.array_equal(we.numpy(), ref_we[rank]) and np.array_equal(se.numpy(), ref_se[rank])
+
+
+def late_rank(comm: compcoll.Communicator, delay: float) -> None:
+    """A rank that arrives after the timeout: the others raise CollectiveTimeout, not hang."""
+    comm.timeout = delay / 3
+    numel = 100
+    full = compcoll.padded_numel(numel, comm.size)
+    we, se = torch.zeros(full), torch.zeros(full // comm.size)
+    if comm.rank == comm.size - 1:
+        time.sleep(delay)
+        return
+    start = time.monotonic()
+    _expect(compcoll.CollectiveTimeout, "did not complete within", compcoll.compressed_allreduce,
+            torch.randn(numel), we, se, comm)
+    assert time.monotonic() - start < delay, "the timeout fired late"
+    _expect(compcoll.CommunicatorBroken, "unusable", comm.barrier)

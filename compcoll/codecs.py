@@ -96,7 +96,7 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
 
 def frame(row: torch.Tensor, scale: float) -> torch.Tensor:
     """Write ``scale`` at the head of a wire row; return the row's sign bytes that follow it."""
-    row[:SCALE_BYTES].view(torch.float32).fill_(scale)
+    row[:SCALE_BYTES].copy_(torch.tensor([scale], dtype=torch.float32).view(torch.uint8))
     return row[SCALE_BYTES:]
 
 

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up, then show compressed vs plain allreduce on 4 local MPI ranks: accuracy, bytes, time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+echo "== examples/direct_allreduce.py on 4 MPI ranks: accuracy and bytes per step"
+.venv/bin/mpiexec -n 4 .venv/bin/python examples/direct_allreduce.py
+echo
+echo "== python -m compcoll.bench on 4 local MPI ranks: time and bytes, plain vs 1-bit"
+.venv/bin/python -m compcoll.bench --launch 4 --backend mpi -b 64K -e 16M

@@ -1,0 +1,86 @@
+"""compressed_allreduce against the numpy reference, on 1-4 ranks over MPI and Gloo."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import compcoll
+from compcoll.kernels import reference
+from compcoll.testing import BACKENDS, run
+
+WORKERS = "tests.algorithms.onebit_workers"
+SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_matches_reference_over_steps(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:numerics", world_size, backend, args=(SHAPES, 3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_bad_inputs_raise_on_every_rank(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:bad_inputs", world_size, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_in_place_and_stateful_resume(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:in_place_and_stateful", world_size, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_late_rank_times_out_instead_of_hanging(backend: str) -> None:
+    run(f"{WORKERS}:late_rank", 3, backend, args=(3.0,), timeout=60)
+
+
+@pytest.mark.parametrize("numel,world,expected", [(0, 1, 0), (1, 1, 8), (8, 1, 8), (9, 2, 16), (100, 3, 120)])
+def test_padded_numel(numel: int, world: int, expected: int) -> None:
+    assert compcoll.padded_numel(numel, world) == expected
+
+
+def test_padded_numel_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="world_size >= 1"):
+        compcoll.padded_numel(10, 0)
+
+
+def test_single_rank_error_feedback_tracks_the_running_sum() -> None:
+    """On one rank the sum of outputs stays within one step's error of the sum of inputs."""
+    comm = compcoll.SingleComm()
+    numel = 5003
+    full = compcoll.padded_numel(numel, 1)
+    we, se = torch.zeros(full), torch.zeros(full)
+    gen = torch.Generator().manual_seed(5)
+    total_in, total_out = torch.zeros(numel, dtype=torch.float64), torch.zeros(numel, dtype=torch.float64)
+    for _ in range(200):
+        x = torch.randn(numel, generator=gen)
+        total_in += x
+        total_out += compcoll.compressed_allreduce(x, we, se, comm).double()
+    gap = (total_in - total_out).norm().item()
+    expected_gap = (we[:numel].double() + se[:numel].double()).norm().item()
+    assert gap == pytest.approx(expected_gap, rel=1e-3)
+    assert gap < 0.05 * total_in.norm().item() * 200 ** 0.5
+
+
+def test_empty_tensor() -> None:
+    out = compcoll.compressed_allreduce(torch.empty(0), torch.zeros(0), torch.zeros(0), compcoll.SingleComm())
+    assert out.shape == (0,)
+
+
+def test_default_communicator_is_used() -> None:
+    compcoll.set_default(compcoll.SingleComm())
+    x = torch.randn(20)
+    out = compcoll.compressed_allreduce(x, torch.zeros(24), torch.zeros(24))
+    expected = reference.compressed_allreduce([x.numpy()], [np.zeros(24, np.float32)], [np.zeros(24, np.float32)])[0][0]
+    assert np.array_equal(out.numpy(), expected)
+
+
+def test_non_contiguous_input() -> None:
+    x = torch.randn(30, 40).t()
+    comm = compcoll.SingleComm()
+    out = compcoll.compressed_allreduce(x, torch.zeros(1200), torch.zeros(1200), comm)
+    ref = compcoll.compressed_allreduce(x.contiguous(), torch.zeros(1200), torch.zeros(1200), comm)
+    assert out.shape == x.shape and torch.equal(out, ref)

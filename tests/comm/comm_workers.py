@@ -1,0 +1,55 @@
+"""Rank-side bodies of the Communicator tests (run by compcoll.testing)."""
+
+from __future__ import annotations
+
+import torch
+
+import compcoll
+
+
+def collectives(comm: compcoll.Communicator) -> None:
+    """Each collective moves the right data and counts the documented bytes."""
+    n, rank = comm.size, comm.rank
+    block = 5
+    send = torch.arange(n * block, dtype=torch.int64) + 1000 * rank
+    recv = torch.empty_like(send)
+    before = comm.bytes_sent
+    comm.alltoall(send, recv)
+    assert comm.bytes_sent - before == (n - 1) * block * 8
+    for i in range(n):
+        expected = torch.arange(rank * block, (rank + 1) * block) + 1000 * i
+        assert torch.equal(recv[i * block:(i + 1) * block], expected), f"alltoall block from {i}"
+
+    mine = torch.full((3,), rank, dtype=torch.uint8)
+    table = torch.empty(3 * n, dtype=torch.uint8)
+    before = comm.bytes_sent
+    comm.allgather(mine, table)
+    assert comm.bytes_sent - before == (n - 1) * 3
+    assert torch.equal(table, torch.arange(n, dtype=torch.uint8).repeat_interleave(3))
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        x = torch.full((16,), rank + 1.0, dtype=dtype)
+        before = comm.bytes_sent
+        comm.allreduce(x)
+        assert comm.bytes_sent - before == 2 * (n - 1) * 16 * x.element_size() // n
+        assert torch.all(x == n * (n + 1) / 2), f"allreduce {dtype}"
+
+    root = n - 1
+    b = torch.full((4,), float(rank), dtype=torch.bfloat16)
+    comm.bcast(b, root=root)
+    assert torch.all(b == root)
+    comm.barrier()
+
+    half = comm.split(rank % 2)
+    assert half.size == (n + 1 - rank % 2) // 2 and half.rank == rank // 2
+    total = torch.tensor([float(rank)])
+    half.allreduce(total)
+    assert total.item() == sum(r for r in range(n) if r % 2 == rank % 2)
+
+    try:
+        comm.allgather(torch.zeros(2), torch.zeros(2 * n + 1))
+    except ValueError as exc:
+        assert "allgather needs" in str(exc)
+    else:
+        raise AssertionError("a mis-sized allgather was accepted")
+    comm.barrier()

@@ -1,0 +1,38 @@
+"""MPIComm and TorchComm collectives on 1-4 ranks; SingleComm in process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compcoll
+from compcoll.testing import BACKENDS, run
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_collectives(backend: str, world_size: int) -> None:
+    run("tests.comm.comm_workers:collectives", world_size, backend)
+
+
+def test_single_comm() -> None:
+    comm = compcoll.SingleComm()
+    x = torch.arange(4.0)
+    y = torch.empty(4)
+    comm.alltoall(x, y)
+    assert torch.equal(x, y) and comm.bytes_sent == 0
+    comm.allreduce(x)
+    assert torch.equal(x, torch.arange(4.0))
+    assert comm.split(3).size == 1
+
+
+def test_collectives_reject_non_flat_tensors() -> None:
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        compcoll.SingleComm().allreduce(torch.zeros(2, 2))
+
+
+def test_broken_communicator_refuses_work() -> None:
+    comm = compcoll.SingleComm()
+    comm._broken = "CollectiveTimeout: test"
+    with pytest.raises(compcoll.CommunicatorBroken, match="unusable"):
+        comm.barrier()

@@ -1,0 +1,45 @@
+"""compcoll.init() picks the communicator from the environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import compcoll
+from compcoll.testing import mpiexec
+
+_PROBE = "import compcoll; c = compcoll.init(); print(type(c).__name__, c.rank, c.size)"
+_LAUNCH_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE", "MASTER_ADDR")
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+
+
+def test_no_launcher_gives_single(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    comm = compcoll.init()
+    assert isinstance(comm, compcoll.SingleComm) and comm.size == 1
+    assert compcoll.get_default() is comm
+
+
+def test_mpiexec_gives_mpicomm() -> None:
+    out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", _PROBE], env=_clean_env(),
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert sorted(out.split("\n")[:2]) == ["MPIComm 0 2", "MPIComm 1 2"]
+
+
+def test_torchrun_variables_give_torchcomm() -> None:
+    env = {**_clean_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29581"}
+    out = subprocess.run([sys.executable, "-c", _PROBE + "; import torch.distributed as d; d.destroy_process_group()"],
+                         env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split("\n")[0] == "TorchComm 0 1"
+
+
+def test_unknown_backend() -> None:
+    with pytest.raises(ValueError, match="unknown backend"):
+        compcoll.init("carrier-pigeon")

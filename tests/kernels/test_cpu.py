@@ -1,0 +1,98 @@
+"""Fused Numba CPU kernels are bit-identical to the numpy reference, whatever the thread count."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from compcoll import codecs
+from compcoll.kernels import cpu, reference
+
+LENGTHS = [1, 7, 31, 8191, 8193, 40001, 262147]
+
+
+def _rng(numel: int) -> np.random.Generator:
+    return np.random.default_rng(numel)
+
+
+@pytest.mark.parametrize("numel", LENGTHS)
+@pytest.mark.parametrize("world", [1, 3])
+def test_compensate_and_encode(numel: int, world: int) -> None:
+    rng = _rng(numel)
+    full = reference.padded_numel(numel, world)
+    src = rng.standard_normal(numel).astype(np.float32)
+    src[::11] = 0.0
+    err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = src
+
+    total = cpu.compensated_sumsq(src, None, err, numel)
+    assert total == reference.sumsq(padded + err)
+    scale = np.float32(np.sqrt(total) / np.sqrt(full))
+    bits = np.empty(full // 8, np.uint8)
+    new_err = err.copy()
+    cpu.compensate_encode(src, None, new_err, numel, scale, bits)
+    ref_bits, ref_scale, ref_err = reference.compress(padded, err)
+    assert scale == ref_scale
+    assert np.array_equal(bits, ref_bits) and np.array_equal(new_err, ref_err)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sixteen_bit_inputs_convert_exactly(dtype: torch.dtype) -> None:
+    numel = 10007
+    t = torch.randn(numel, generator=torch.Generator().manual_seed(1)).to(dtype)
+    full = reference.padded_numel(numel, 2)
+    err = torch.randn(full, generator=torch.Generator().manual_seed(2))
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = t.float().numpy()
+    assert codecs.compensated_sumsq(t, err) == reference.sumsq(padded + err.numpy())
+    bits = torch.empty(full // 8, dtype=torch.uint8)
+    work = err.clone()
+    scale = codecs.l2_scale(codecs.compensated_sumsq(t, err), full)
+    codecs.compensate_encode(t, work, scale, bits)
+    ref_bits, _, ref_err = reference.compress(padded, err.numpy())
+    assert np.array_equal(bits.numpy(), ref_bits) and np.array_equal(work.numpy(), ref_err)
+
+
+@pytest.mark.parametrize("numel", LENGTHS)
+def test_accumulate_signs(numel: int) -> None:
+    rng = _rng(numel)
+    ranks = 3
+    nbytes = -(-numel // 8)
+    bits = rng.integers(0, 256, (ranks, nbytes), dtype=np.uint8)
+    scales = (rng.random(ranks) + 0.5).astype(np.float32)
+    weights = (scales / np.float32(ranks)).astype(np.float32)
+    expected = reference.average_signs(list(bits), list(scales), numel)
+    out = np.empty(numel, np.float32)
+    assert cpu.accumulate_signs(bits, weights, None, out, numel) == reference.sumsq(expected)
+    assert np.array_equal(out, expected)
+    base = rng.standard_normal(numel).astype(np.float32)
+    in_place = base.copy()
+    cpu.accumulate_signs(bits, weights, in_place, in_place, numel)
+    assert np.array_equal(in_place, (expected + base).astype(np.float32))
+
+
+@pytest.mark.parametrize("numel", LENGTHS)
+def test_select_decode(numel: int) -> None:
+    rng = _rng(numel)
+    ranks = 4
+    nbytes = -(-numel // (8 * ranks))
+    wire = rng.integers(0, 256, (ranks, nbytes + 3), dtype=np.uint8)
+    rows = wire[:, 3:]
+    scales = (rng.random(ranks) + 0.1).astype(np.float32)
+    out = np.empty(numel, np.float32)
+    cpu.select_decode(rows, scales, -scales, out, numel)
+    expected = np.concatenate([s * reference.unpack(r, nbytes * 8) for r, s in zip(rows, scales)])[:numel]
+    assert np.array_equal(out, expected)
+
+
+def test_results_do_not_depend_on_thread_count() -> None:
+    rng = _rng(3)
+    x = rng.standard_normal(300007).astype(np.float32)
+    err = np.zeros(300008, np.float32)
+    numba.set_num_threads(1)
+    one = cpu.compensated_sumsq(x, None, err, x.size)
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert one == cpu.compensated_sumsq(x, None, err, x.size)

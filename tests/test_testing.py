@@ -1,0 +1,31 @@
+"""The multi-process harness reports failures and kills runs that exceed their timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from compcoll.testing import WorkerFailure, run
+
+
+def fails_on_last_rank(comm) -> None:
+    if comm.rank == comm.size - 1:
+        raise RuntimeError("deliberate failure")
+
+
+def sleeps(comm, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_failure_is_reported(backend: str) -> None:
+    with pytest.raises(WorkerFailure, match="deliberate failure"):
+        run("tests.test_testing:fails_on_last_rank", 2, backend)
+
+
+def test_timeout_kills_the_run() -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure, match="timed out"):
+        run("tests.test_testing:sleeps", 2, "mpi", args=(60,), timeout=5)
+    assert time.monotonic() - start < 30

@@ -63,12 +63,11 @@ def compensated_sumsq(src, lut, err, n_src):
             base = lo + k * LANES
             if base >= n:
                 break
-            for lane in range(LANES):
+            for lane in range(min(LANES, n - base)):
                 i = base + lane
-                if i < n:
-                    x = err[i] + _load(src, lut, i) if i < n_src else err[i]
-                    x64 = np.float64(x)
-                    partial[b, lane] += x64 * x64
+                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                x64 = np.float64(x)
+                partial[b, lane] += x64 * x64
     return tree_sum(partial.reshape(-1))
 
 
@@ -88,9 +87,10 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
         hi = min(nbytes, (b + 1) * per_block)
         for k in range(b * per_block, hi):
             byte = 0
+            full = 8 * k + 8 <= n_src
             for j in range(8):
                 i = 8 * k + j
-                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                x = err[i] + _load(src, lut, i) if full or i < n_src else err[i]
                 if x >= 0:
                     byte |= 1 << (7 - j)
                     err[i] = x - scale
@@ -119,22 +119,21 @@ def accumulate_signs(bits, weights, base, out, n_out):
             start = lo + k * LANES
             if start >= n_out:
                 break
-            for lane in range(LANES):
+            for lane in range(min(LANES, n_out - start)):
                 i = start + lane
-                if i < n_out:
-                    byte_index = i >> 3
-                    shift = 7 - (i & 7)
-                    acc = np.float32(0)
-                    for r in range(nranks):
-                        if (bits[r, byte_index] >> shift) & 1:
-                            acc += weights[r]
-                        else:
-                            acc -= weights[r]
-                    if base is not None:
-                        acc = acc + base[i]
-                    out[i] = acc
-                    x64 = np.float64(acc)
-                    partial[b, lane] += x64 * x64
+                byte_index = i >> 3
+                shift = 7 - (i & 7)
+                acc = np.float32(0)
+                for r in range(nranks):
+                    if (bits[r, byte_index] >> shift) & 1:
+                        acc += weights[r]
+                    else:
+                        acc -= weights[r]
+                if base is not None:
+                    acc = acc + base[i]
+                out[i] = acc
+                x64 = np.float64(acc)
+                partial[b, lane] += x64 * x64
     return tree_sum(partial.reshape(-1))
 
 
@@ -160,7 +159,10 @@ def select_decode(bits, positive, negative, out, n_out):
         first = r * nbytes * 8
         for k in range(lo, hi):
             byte = bits[r, k]
-            for j in range(8):
-                i = first + 8 * k + j
-                if i < n_out:
-                    out[i] = pos if (byte >> (7 - j)) & 1 else neg
+            start = first + 8 * k
+            if start + 8 <= n_out:
+                for j in range(8):
+                    out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
+            else:
+                for j in range(min(8, n_out - start)):
+                    out[start + j] = pos if (byte >> (7 - j)) & 1 else neg

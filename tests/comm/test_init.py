@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,10 +28,13 @@ def test_no_launcher_gives_single(monkeypatch: pytest.MonkeyPatch) -> None:
     assert compcoll.get_default() is comm
 
 
-def test_mpiexec_gives_mpicomm() -> None:
-    out = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", _PROBE], env=_clean_env(),
-                         capture_output=True, text=True, timeout=120, check=True).stdout
-    assert sorted(out.split("\n")[:2]) == ["MPIComm 0 2", "MPIComm 1 2"]
+def test_mpiexec_gives_mpicomm(tmp_path: Path) -> None:
+    """Each rank writes its own file: lines forwarded by mpiexec may interleave."""
+    probe = ("import compcoll, pathlib; c = compcoll.init(); "
+             f"pathlib.Path({str(tmp_path)!r}, str(c.rank)).write_text(f'{{type(c).__name__}} {{c.rank}} {{c.size}}')")
+    subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", probe], env=_clean_env(),
+                   capture_output=True, text=True, timeout=120, check=True)
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["MPIComm 0 2", "MPIComm 1 2"]
 
 
 def test_torchrun_variables_give_torchcomm() -> None:

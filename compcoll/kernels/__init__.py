@@ -1,0 +1,1 @@
+"""Codec kernels: the numpy reference (the oracle) and fused Numba kernels, same names per device."""

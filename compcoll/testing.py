@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -77,44 +78,54 @@ def run(
     command = [sys.executable, "-m", "compcoll.testing", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi":
-        procs = [_start([mpiexec(), "-n", str(world_size), *command], base)]
+        launches = [([mpiexec(), "-n", str(world_size), *command], base)]
     else:
         port = str(_free_port())
-        procs = [
-            _start(command, {**base, "RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
-                             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                             "MASTER_PORT": port})
+        launches = [
+            (command, {**base, "RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
+                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
             for r in range(world_size)
         ]
-    outputs, failed = _collect(procs, timeout)
-    text = "\n".join(outputs)
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
+    try:
+        procs = [
+            subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            for (cmd, e), log in zip(launches, logs)
+        ]
+        failed = _wait_all(procs, timeout)
+        text = "\n".join(_read(log) for log in logs)
+    finally:
+        for log in logs:
+            log.close()
     if failed:
         raise WorkerFailure(f"{target} on {world_size} {backend} rank(s): {failed}\n{text[-20000:]}")
     return text
 
 
-def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+def _read(log) -> str:
+    log.seek(0)
+    return log.read()
 
 
-def _collect(procs: list[subprocess.Popen], timeout: float) -> tuple[list[str], str]:
-    """Wait for every process; past ``timeout`` kill the rest. Returns outputs and a failure note."""
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> str:
+    """Wait for every process; past ``timeout`` kill them all. Returns a failure note ("" if none).
+
+    Ranks write to files, not pipes, so a rank with much output never blocks on a pipe
+    that the parent is not reading yet.
+    """
     deadline = time.monotonic() + timeout
-    outputs, failures = [], []
+    failures = []
     for i, p in enumerate(procs):
         try:
-            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 _kill(q)
-            out, _ = p.communicate()
+            p.wait()
             failures.append(f"timed out after {timeout:g} s")
-        outputs.append(out)
         if p.returncode:
             failures.append(f"process {i} exited with {p.returncode}")
-    return outputs, "; ".join(failures)
+    return "; ".join(failures)
 
 
 def _kill(proc: subprocess.Popen) -> None:

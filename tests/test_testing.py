@@ -29,3 +29,13 @@ def test_timeout_kills_the_run() -> None:
     with pytest.raises(WorkerFailure, match="timed out"):
         run("tests.test_testing:sleeps", 2, "mpi", args=(60,), timeout=5)
     assert time.monotonic() - start < 30
+
+
+def prints_a_lot(comm) -> None:
+    print("x" * 200_000, flush=True)
+    comm.barrier()
+
+
+def test_large_output_does_not_block_the_ranks() -> None:
+    out = run("tests.test_testing:prints_a_lot", 3, "gloo", timeout=60)
+    assert out.count("x" * 200_000) == 3

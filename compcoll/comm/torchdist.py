@@ -84,4 +84,3 @@ def _all_gather_single(recv, send, **kwargs):
     """torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(recv, send, **kwargs)
-

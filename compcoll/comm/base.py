@@ -24,7 +24,12 @@ class Communicator(ABC):
     counts in ``bytes_sent`` the payload bytes this rank sends under a bandwidth-optimal
     schedule: alltoall the (n-1) blocks meant for other ranks, allgather (n-1) copies
     of its own block, allreduce 2(n-1)/n of the tensor (ring), bcast the tensor on the
-    root. A collective that does not finish within ``timeout`` seconds raises
+    root. ``bytes_sent_to[r]`` splits that count by destination rank: alltoall block r
+    goes to rank r, allgather sends its block to every peer, allreduce and bcast spread
+    their bytes evenly over the peers. A sub-communicator made by ``split`` also adds
+    its bytes to its parent's counters (under the parent's rank numbers), so the world
+    communicator's counters hold everything a rank sent, and a topology can tell
+    intra-node from inter-node bytes. A collective that does not finish within ``timeout`` seconds raises
     ``CollectiveTimeout`` and leaves the communicator unusable (``CommunicatorBroken``
     afterwards), since a half-done collective cannot be taken back.
 
@@ -36,7 +41,10 @@ class Communicator(ABC):
         self.size = size
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self.bytes_sent = 0
+        self.bytes_sent_to = [0] * size
         self._broken: str | None = None
+        self._parent: Communicator | None = None
+        self._parent_ranks: list[int] = []
 
     def alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
         """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i.
@@ -49,7 +57,7 @@ class Communicator(ABC):
                 f"alltoall needs equal send/recv sizes divisible by {self.size}, "
                 f"got {send.numel()} and {recv.numel()}"
             )
-        self.bytes_sent += (self.size - 1) * _nbytes(send) // self.size
+        self._count_each(_nbytes(send) // self.size)
         self._guard(self._alltoall, send, recv)
 
     def allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
@@ -59,13 +67,13 @@ class Communicator(ABC):
             raise ValueError(
                 f"allgather needs recv of {self.size} x {send.numel()} elements, got {recv.numel()}"
             )
-        self.bytes_sent += (self.size - 1) * _nbytes(send)
+        self._count_each(_nbytes(send))
         self._guard(self._allgather, send, recv)
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         """Sum ``tensor`` over all ranks, in place."""
         self._check(tensor)
-        self.bytes_sent += 2 * (self.size - 1) * _nbytes(tensor) // self.size
+        self._count_spread(2 * (self.size - 1) * _nbytes(tensor) // self.size)
         self._guard(self._allreduce, tensor)
 
     def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
@@ -73,8 +81,8 @@ class Communicator(ABC):
         self._check(tensor)
         if not 0 <= root < self.size:
             raise ValueError(f"bcast root {root} is not a rank of a size-{self.size} communicator")
-        if self.rank == root and self.size > 1:
-            self.bytes_sent += _nbytes(tensor)
+        if self.rank == root:
+            self._count_spread(_nbytes(tensor))
         self._guard(self._bcast, tensor, root)
 
     def barrier(self) -> None:
@@ -82,8 +90,39 @@ class Communicator(ABC):
         self._guard(self._barrier)
 
     def split(self, color: int, key: int | None = None) -> "Communicator":
-        """Sub-communicator of the ranks that pass the same ``color``, ordered by (key, rank)."""
-        return self._guard(self._split, int(color), self.rank if key is None else int(key))
+        """Sub-communicator of the ranks that pass the same ``color``, ordered by (key, rank).
+
+        1. Allgather every rank's (color, key) and group the ranks by color.
+        2. Let the transport build the group of this rank's color.
+        3. Link it to this communicator, so its bytes count here too.
+        """
+        groups = self._color_groups(int(color), self.rank if key is None else int(key))
+        child = self._guard(self._split, int(color), groups)
+        child._parent = self
+        child._parent_ranks = groups[int(color)]
+        return child
+
+    def _count_each(self, nbytes: int) -> None:
+        """Count ``nbytes`` sent to every other rank."""
+        self._count({peer: nbytes for peer in range(self.size) if peer != self.rank})
+
+    def _count_spread(self, total: int) -> None:
+        """Count ``total`` bytes spread evenly over the other ranks (the first peers take the remainder)."""
+        peers = [peer for peer in range(self.size) if peer != self.rank]
+        if peers:
+            share, extra = divmod(total, len(peers))
+            self._count({peer: share + (i < extra) for i, peer in enumerate(peers)})
+
+    def _count(self, sent: dict[int, int]) -> None:
+        """Add bytes per destination rank here and, translated to their ranks, in every parent."""
+        comm: Communicator | None = self
+        while comm is not None:
+            for peer, nbytes in sent.items():
+                comm.bytes_sent_to[peer] += nbytes
+            comm.bytes_sent += sum(sent.values())
+            if comm._parent is not None:
+                sent = {comm._parent_ranks[peer]: nbytes for peer, nbytes in sent.items()}
+            comm = comm._parent
 
     def _check(self, *tensors: torch.Tensor) -> None:
         if self._broken:
@@ -128,7 +167,8 @@ class Communicator(ABC):
     def _barrier(self) -> None: ...
 
     @abstractmethod
-    def _split(self, color: int, key: int) -> "Communicator": ...
+    def _split(self, color: int, groups: dict[int, list[int]]) -> "Communicator":
+        """The communicator of ``groups[color]`` (every color's ranks, in order)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"

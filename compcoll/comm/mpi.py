@@ -81,7 +81,6 @@ class MPIComm(Communicator):
     def _barrier(self) -> None:
         self._wait(self.mpi_comm.Ibarrier(), "barrier")
 
-    def _split(self, color: int, key: int) -> "MPIComm":
-        members = self._color_groups(color, key)[color]
-        group = self.mpi_comm.Get_group().Incl(members)
+    def _split(self, color: int, groups: dict[int, list[int]]) -> "MPIComm":
+        group = self.mpi_comm.Get_group().Incl(groups[color])
         return MPIComm(self.mpi_comm.Create_group(group), self.cuda_aware, self.timeout)

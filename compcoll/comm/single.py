@@ -28,5 +28,5 @@ class SingleComm(Communicator):
     def _barrier(self) -> None:
         pass
 
-    def _split(self, color: int, key: int) -> "SingleComm":
+    def _split(self, color: int, groups: dict[int, list[int]]) -> "SingleComm":
         return SingleComm(timeout=self.timeout)

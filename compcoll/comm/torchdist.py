@@ -63,14 +63,14 @@ class TorchComm(Communicator):
     def _barrier(self) -> None:
         self._wait(dist.barrier(group=self.group, async_op=True), "barrier")
 
-    def _split(self, color: int, key: int) -> "TorchComm":
+    def _split(self, color: int, groups: dict[int, list[int]]) -> "TorchComm":
         """Every rank builds every color's group (torch requires all ranks in new_group).
 
         torch.distributed orders a group's ranks by global rank, so a ``key`` that would
         order them otherwise is refused.
         """
         mine = None
-        for c, members in self._color_groups(color, key).items():
+        for c, members in groups.items():
             if members != sorted(members):
                 raise ValueError("TorchComm.split keeps rank order; a key that reorders ranks is not supported")
             ranks = [dist.get_global_rank(self.group, r) for r in members]

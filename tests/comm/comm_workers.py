@@ -13,9 +13,11 @@ def collectives(comm: compcoll.Communicator) -> None:
     block = 5
     send = torch.arange(n * block, dtype=torch.int64) + 1000 * rank
     recv = torch.empty_like(send)
-    before = comm.bytes_sent
+    before, before_to = comm.bytes_sent, list(comm.bytes_sent_to)
     comm.alltoall(send, recv)
     assert comm.bytes_sent - before == (n - 1) * block * 8
+    sent_to = [now - then for now, then in zip(comm.bytes_sent_to, before_to)]
+    assert sent_to == [0 if r == rank else block * 8 for r in range(n)], sent_to
     for i in range(n):
         expected = torch.arange(rank * block, (rank + 1) * block) + 1000 * i
         assert torch.equal(recv[i * block:(i + 1) * block], expected), f"alltoall block from {i}"
@@ -43,8 +45,16 @@ def collectives(comm: compcoll.Communicator) -> None:
     half = comm.split(rank % 2)
     assert half.size == (n + 1 - rank % 2) // 2 and half.rank == rank // 2
     total = torch.tensor([float(rank)])
+    before, before_to = comm.bytes_sent, list(comm.bytes_sent_to)
+    half.allreduce(torch.zeros(3 * half.size))
+    half.allgather(total.clone(), torch.empty(half.size))
     half.allreduce(total)
     assert total.item() == sum(r for r in range(n) if r % 2 == rank % 2)
+    assert comm.bytes_sent - before == half.bytes_sent > 0 or half.size == 1
+    assert sum(half.bytes_sent_to) == half.bytes_sent
+    sent_to = [now - then for now, then in zip(comm.bytes_sent_to, before_to)]
+    assert sent_to == [half.bytes_sent_to[r // 2] if r % 2 == rank % 2 else 0 for r in range(n)], sent_to
+    assert sum(comm.bytes_sent_to) == comm.bytes_sent
 
     try:
         comm.allgather(torch.zeros(2), torch.zeros(2 * n + 1))

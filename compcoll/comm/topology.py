@@ -1,0 +1,143 @@
+"""Which ranks share a node: intra-node and inter-node sub-communicators, built once per communicator."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import RankMismatchError
+from .base import Communicator
+
+RANKS_PER_NODE_ENV = "COMPCOLL_RANKS_PER_NODE"
+
+_cache: "weakref.WeakKeyDictionary[Communicator, dict[int, Topology]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How the ranks of a communicator sit on nodes.
+
+    Every node holds ``ranks_per_node`` ranks. ``intra`` joins this rank with the others
+    on its node (its rank there is ``local_rank``); ``inter`` joins it with the ranks of
+    the same local rank on the other nodes, one per node. Both order their members by
+    rank in the parent communicator. ``node_of[r]`` is the node of rank r, nodes being
+    numbered in the order of their first ranks.
+    """
+
+    ranks_per_node: int
+    nodes: int
+    node: int
+    local_rank: int
+    node_of: tuple[int, ...]
+    intra: Communicator
+    inter: Communicator
+
+    def traffic(self, comm: Communicator) -> tuple[int, int]:
+        """Bytes ``comm`` (the communicator this topology describes) has sent (intra-node, inter-node).
+
+        Reads ``comm.bytes_sent_to``, which also holds the bytes of its sub-communicators.
+        """
+        if len(comm.bytes_sent_to) != len(self.node_of):
+            raise ValueError(f"this topology describes {len(self.node_of)} ranks, the communicator has {comm.size}")
+        mine = self.node_of[comm.rank]
+        intra = sum(b for r, b in enumerate(comm.bytes_sent_to) if self.node_of[r] == mine)
+        return intra, comm.bytes_sent - intra
+
+
+def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
+    """The node layout of ``comm``, discovered once and then reused (a collective on first use).
+
+    1. The requested layout is ``ranks_per_node`` if given, else ``COMPCOLL_RANKS_PER_NODE``
+       if set, else "discover". A layout already built for that request is returned.
+    2. Allgather (hash of the hostname, requested ranks_per_node) over ``comm``; every
+       rank checks that all ranks asked for the same thing.
+    3. With ranks_per_node = k, consecutive ranks share a node (node = rank // k, as
+       launchers place them); ``comm.size`` must be a multiple of k. Otherwise ranks with
+       the same hostname share a node, nodes numbered by their first rank, and every node
+       must hold the same number of ranks.
+    4. Split ``comm`` into the intra-node and inter-node communicators.
+
+    Every rank must call it with the same ``ranks_per_node``. Layout errors are raised
+    on every rank alike, so none is left waiting.
+
+    Raises:
+        ValueError: ranks_per_node does not divide the world, or nodes hold different
+            numbers of ranks (pass ``ranks_per_node`` or use the flat algorithm).
+        RankMismatchError: ranks asked for different ranks_per_node.
+    """
+    requested = _requested(ranks_per_node)
+    built = _cache.setdefault(comm, {})
+    if requested in built:
+        return built[requested]
+    mine = torch.tensor([_host_id(), requested], dtype=torch.int64)
+    table = torch.empty(2 * comm.size, dtype=torch.int64)
+    comm.allgather(mine, table)
+    hosts, asked = table.view(comm.size, 2).t().tolist()
+    if len(set(asked)) > 1:
+        listed = ", ".join(f"rank {r}: {k or 'discover'}" for r, k in enumerate(asked))
+        raise RankMismatchError(f"topology: ranks asked for different ranks_per_node ({listed})")
+    node_of = _layout(hosts, requested)
+    node = node_of[comm.rank]
+    local_rank = sum(1 for r in range(comm.rank) if node_of[r] == node)
+    intra = comm.split(node)
+    inter = comm.split(local_rank)
+    layout = Topology(
+        ranks_per_node=intra.size,
+        nodes=inter.size,
+        node=node,
+        local_rank=local_rank,
+        node_of=tuple(node_of),
+        intra=intra,
+        inter=inter,
+    )
+    built[requested] = layout
+    return layout
+
+
+def _requested(ranks_per_node: int | None) -> int:
+    """The requested ranks per node; 0 means discover from hostnames."""
+    if ranks_per_node is None:
+        value = os.environ.get(RANKS_PER_NODE_ENV, "")
+        if not value:
+            return 0
+        if not value.isdigit():
+            raise ValueError(f"{RANKS_PER_NODE_ENV}={value!r} is not a positive integer")
+        ranks_per_node = int(value)
+    if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
+        raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+    return ranks_per_node
+
+
+def _host_id() -> int:
+    """A signed 64-bit hash of this machine's hostname."""
+    digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _layout(hosts: list[int], ranks_per_node: int) -> list[int]:
+    """Node index of every rank, from the requested ranks per node or else from hostnames."""
+    size = len(hosts)
+    if ranks_per_node:
+        if size % ranks_per_node:
+            raise ValueError(
+                f"topology: ranks_per_node={ranks_per_node} does not divide the {size} ranks; "
+                f"every node must hold the same number of ranks"
+            )
+        return [r // ranks_per_node for r in range(size)]
+    first_rank: dict[int, int] = {}
+    for r, host in enumerate(hosts):
+        first_rank.setdefault(host, len(first_rank))
+    node_of = [first_rank[host] for host in hosts]
+    counts = [node_of.count(node) for node in range(len(first_rank))]
+    if len(set(counts)) > 1:
+        raise ValueError(
+            f"topology: nodes hold different numbers of ranks ({counts}, by hostname); launch the "
+            f"same number of ranks per node, pass ranks_per_node=k to group consecutive ranks, "
+            f"or use the flat compressed_allreduce"
+        )
+    return node_of

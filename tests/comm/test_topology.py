@@ -1,0 +1,49 @@
+"""Node discovery and the intra/inter sub-communicators, on 1-6 local ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll.comm.topology import RANKS_PER_NODE_ENV, _layout, _requested
+from compcoll.testing import run
+
+
+@pytest.mark.parametrize(
+    "world_size,ranks_per_node,backend",
+    [(1, 1, "mpi"), (4, 2, "mpi"), (4, 2, "gloo"), (6, 2, "mpi"), (6, 3, "gloo"), (3, None, "mpi")],
+)
+def test_layout(world_size: int, ranks_per_node: int | None, backend: str) -> None:
+    run("tests.comm.topology_workers:layout", world_size, backend, args=(ranks_per_node,))
+
+
+def test_layout_from_environment() -> None:
+    run("tests.comm.topology_workers:layout", 4, "mpi", args=(2,), env={RANKS_PER_NODE_ENV: "2"})
+
+
+def test_uneven_nodes_are_refused_on_every_rank() -> None:
+    run("tests.comm.topology_workers:refused", 3, "mpi", args=([2, 2, 2], "does not divide the 3 ranks"))
+
+
+def test_disagreeing_ranks_are_refused_on_every_rank() -> None:
+    run("tests.comm.topology_workers:refused", 4, "gloo", args=([2, 2, 1, 2], "different ranks_per_node"))
+
+
+def test_hostname_layout() -> None:
+    a, b = 11, -7
+    assert _layout([a, b, a, b], 0) == [0, 1, 0, 1]
+    assert _layout([b, b, a, a, a, b], 0) == [0, 0, 1, 1, 1, 0]
+    with pytest.raises(ValueError, match=r"different numbers of ranks \(\[2, 1\]"):
+        _layout([a, a, b], 0)
+
+
+def test_requested_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(RANKS_PER_NODE_ENV, raising=False)
+    assert _requested(None) == 0 and _requested(3) == 3
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, "4")
+    assert _requested(None) == 4
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, "two")
+    with pytest.raises(ValueError, match="not a positive integer"):
+        _requested(None)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            _requested(bad)

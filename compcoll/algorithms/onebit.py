@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Any, Hashable
 
 import torch
 
 from .. import codecs
 from ..comm import Communicator, get_default
-from ..errors import NonFiniteError, RankMismatchError
-from ..kernels.reference import META_FIELDS, padded_numel as _padded_numel
+from ..kernels.reference import padded_numel as _padded_numel
 from ..state import ErrorFeedbackState
 from ..workspace import scratch
+from .agreement import Option, agree
 
 PROTOCOLS = ("gather_scatter", "allgather")
-_NUMEL, _SHAPE, _PROTOCOL, _FINITE, _SCALE = range(META_FIELDS)
 
 
 def padded_numel(numel: int, world_size: int) -> int:
@@ -92,28 +90,34 @@ def compressed_allreduce(
     sumsq = codecs.compensated_sumsq(tensor, worker_error)
     finite = math.isfinite(sumsq)
     scale = codecs.l2_scale(sumsq, full) if finite and full else 0.0
-    mine = torch.tensor(
-        [numel, _shape_code(tensor), PROTOCOLS.index(protocol), float(finite), scale], dtype=torch.float64
-    )
-    table = torch.empty(n * META_FIELDS, dtype=torch.float64)
-    comm.allgather(mine, table)
-    table = table.view(n, META_FIELDS)
-    _check_agreement(table)
+    protocol_option = Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS)
+    scales = agree(comm, "compressed_allreduce", tensor, finite, (protocol_option,), (scale,))[:, 0]
     if numel == 0:
         return result
 
     bits = scratch("onebit.bits", full // 8, torch.uint8, tensor.device)
     codecs.compensate_encode(tensor, worker_error, scale, bits)
-    weights = table[:, _SCALE].float() / n
+    weights = scales.float() / n
     if protocol == "allgather":
         return _allgather_average(bits, weights, comm, result)
-    return _gather_scatter(bits, weights, server_error, comm, result)
+    gathered = serve(bits, weights, server_error, comm)
+    scales, rows = codecs.unframe(gathered)
+    codecs.decode(rows, scales, result.view(-1))
+    return result
 
 
-def _gather_scatter(
-    bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator, out: torch.Tensor
-) -> torch.Tensor:
-    """Steps 4-6 of the gather-scatter protocol."""
+def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator) -> torch.Tensor:
+    """Steps 4-6 of the gather-scatter protocol, up to the decode.
+
+    1. All-to-all of the packed chunks of ``bits``.
+    2. c = sum_i weights[i] * signs_i + server_error; s_s = ||c||_2 / sqrt(chunk);
+       server_error = c - s_s * sign(c); pack sign(c) behind s_s.
+    3. All-gather of the framed server chunks.
+
+    Returns:
+        The (n, SCALE_BYTES + chunk / 8) wire rows, rank r's chunk in row r, the same on
+        every rank; ``codecs.unframe`` splits them into scales and signs.
+    """
     n = comm.size
     chunk = server_error.numel()
     cb = chunk // 8
@@ -125,9 +129,7 @@ def _gather_scatter(
     codecs.compensate_encode(None, server_error, server_scale, codecs.frame(send, server_scale))
     gathered = scratch("onebit.gathered", n * send.numel(), torch.uint8, bits.device)
     comm.allgather(send, gathered)
-    scales, rows = codecs.unframe(gathered.view(n, -1))
-    codecs.decode(rows, scales, out.view(-1))
-    return out
+    return gathered.view(n, -1)
 
 
 def _allgather_average(bits: torch.Tensor, weights: torch.Tensor, comm: Communicator, out: torch.Tensor) -> torch.Tensor:
@@ -141,10 +143,6 @@ def _allgather_average(bits: torch.Tensor, weights: torch.Tensor, comm: Communic
     if average is not flat:
         flat.copy_(average)
     return out
-
-
-def _shape_code(tensor: torch.Tensor) -> int:
-    return zlib.crc32(repr(tuple(tensor.shape)).encode())
 
 
 def _validate(
@@ -187,31 +185,6 @@ def _validate(
             f"dtype {tensor.dtype} and device {tensor.device}"
         )
     codecs.check_device(tensor)
-
-
-def _check_agreement(table: torch.Tensor) -> None:
-    """Raise the same error on every rank when the gathered metadata disagree or is not finite."""
-    def differing(column: int) -> bool:
-        return bool((table[:, column] != table[0, column]).any())
-
-    if differing(_NUMEL):
-        sizes = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(table[:, _NUMEL].tolist()))
-        raise RankMismatchError(f"compressed_allreduce: tensor sizes differ across ranks ({sizes} elements)")
-    if differing(_SHAPE):
-        raise RankMismatchError(
-            "compressed_allreduce: tensor shapes differ across ranks (same number of elements); "
-            "reshape them alike"
-        )
-    if differing(_PROTOCOL):
-        names = ", ".join(f"rank {r}: {PROTOCOLS[int(v)]}" for r, v in enumerate(table[:, _PROTOCOL].tolist()))
-        raise RankMismatchError(f"compressed_allreduce: ranks asked for different protocols ({names})")
-    bad = [r for r, ok in enumerate(table[:, _FINITE].tolist()) if not ok]
-    if bad:
-        raise NonFiniteError(
-            f"compressed_allreduce: NaN or Inf in tensor + worker_error on rank(s) {bad}; no buffer "
-            f"was changed on any rank and the communicator is still usable (skip this step, as a "
-            f"loss scaler does, or fix the input)"
-        )
 
 
 class CompressedAllreduce:

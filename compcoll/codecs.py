@@ -1,4 +1,4 @@
-"""Scaled-sign codec on torch tensors: dtype handling, wire layout, and dispatch to kernels.
+"""1-bit codecs on torch tensors (scaled sign, binary randomization): dtypes, wire layout, kernels.
 
 The algorithms call only this module; it picks the kernels for the tensor's device and
 hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .kernels import cpu as cpu_kernels
+from .kernels.reference import STAGES, stream_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCALE_BYTES = 4
@@ -94,10 +95,43 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
     cpu_kernels.select_decode(bits.numpy(), positive, negative, _storage(out), out.numel())
 
 
-def frame(row: torch.Tensor, scale: float) -> torch.Tensor:
-    """Write ``scale`` at the head of a wire row; return the row's sign bytes that follow it."""
-    row[:SCALE_BYTES].copy_(torch.tensor([scale], dtype=torch.float32).view(torch.uint8))
-    return row[SCALE_BYTES:]
+def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+    """Per-row max |x| of ``source`` zero-padded to ``length`` and cut into ``rows`` rows (float32).
+
+    A row holding NaN gets NaN, one holding Inf gets Inf.
+    """
+    check_device(source)
+    src, lut = _source(source)
+    out = torch.empty(rows, dtype=torch.float32)
+    cpu_kernels.row_absmax(src, lut, src.size, length // rows, out.numpy())
+    return out
+
+
+def randomized_encode(
+    source: torch.Tensor, scales: torch.Tensor, seed: int, step: int, stage: str, rank: int, start: int,
+    bits: torch.Tensor,
+) -> None:
+    """bits[r] <- Birder's binary randomization of row r of ``source`` (zero-padded), scale scales[r].
+
+    The random stream is the one of (seed, step, stage, rank); element i of ``source``
+    draws the threshold of index start + i. ``bits`` is (rows, row_bytes), possibly a
+    strided view of framed wire rows.
+    """
+    check_device(source)
+    src, lut = _source(source)
+    key = np.uint64(stream_key(seed, step, STAGES[stage], rank))
+    cpu_kernels.randomized_encode(src, lut, src.size, scales.numpy(), key, start, bits.numpy())
+
+
+def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
+    """Write the scales at the heads of (n, SCALE_BYTES + nbytes) wire rows; return their sign bytes.
+
+    A 1-D ``rows`` is one row, and ``scales`` may then be a single float.
+    """
+    table = rows.view(1, -1) if rows.dim() == 1 else rows
+    values = torch.as_tensor(scales, dtype=torch.float32).reshape(-1, 1)
+    table[:, :SCALE_BYTES].copy_(values.view(torch.uint8))
+    return rows[..., SCALE_BYTES:]
 
 
 def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from ..kernels.reference import padded_numel as _padded_numel
 from ..state import ErrorFeedbackState
 from ..workspace import scratch
 from .agreement import Option, agree
+from .inputs import check_error_buffer, check_length, check_tensor
 
 PROTOCOLS = ("gather_scatter", "allgather")
 
@@ -82,9 +83,9 @@ def compressed_allreduce(
     """
     comm = get_default() if comm is None else comm
     n = comm.size
+    _validate(tensor, worker_error, server_error, out, n, protocol)
     numel = tensor.numel()
     full = padded_numel(numel, n)
-    _validate(tensor, worker_error, server_error, out, full, n, protocol)
     result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
 
     sumsq = codecs.compensated_sumsq(tensor, worker_error)
@@ -150,41 +151,22 @@ def _validate(
     worker_error: torch.Tensor,
     server_error: torch.Tensor,
     out: torch.Tensor | None,
-    full: int,
     n: int,
     protocol: str,
 ) -> None:
     """Local checks, made before any communication."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"compressed_allreduce: tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in codecs.SUPPORTED_DTYPES:
-        raise TypeError(
-            f"compressed_allreduce: tensor dtype {tensor.dtype} is not supported; "
-            f"use float32, float16 or bfloat16"
-        )
+    what = "compressed_allreduce"
+    check_tensor(what, tensor, out)
     if protocol not in PROTOCOLS:
-        raise ValueError(f"compressed_allreduce: protocol {protocol!r} is not one of {PROTOCOLS}")
-    for name, buf, length in (("worker_error", worker_error, full), ("server_error", server_error, full // n)):
-        if not isinstance(buf, torch.Tensor):
-            raise TypeError(f"compressed_allreduce: {name} must be a torch.Tensor, got {type(buf).__name__}")
-        if buf.dtype != torch.float32:
-            raise TypeError(f"compressed_allreduce: {name} must be float32, got {buf.dtype}")
-        if buf.device != tensor.device:
-            raise ValueError(f"compressed_allreduce: {name} is on {buf.device}, tensor on {tensor.device}")
-        if buf.dim() != 1 or not buf.is_contiguous() or buf.numel() != length:
-            raise ValueError(
-                f"compressed_allreduce: {name} must be a contiguous 1-D float32 tensor of "
-                f"{length} elements (padded_numel({tensor.numel()}, {n})"
-                f"{'' if name == 'worker_error' else f' // {n}'}), got shape {tuple(buf.shape)}"
-            )
-    if out is not None and (
-        out.shape != tensor.shape or out.dtype != tensor.dtype or out.device != tensor.device or not out.is_contiguous()
+        raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+    numel = tensor.numel()
+    full = padded_numel(numel, n)
+    for name, buf, length, formula in (
+        ("worker_error", worker_error, full, f"padded_numel({numel}, {n})"),
+        ("server_error", server_error, full // n, f"padded_numel({numel}, {n}) // {n}"),
     ):
-        raise ValueError(
-            f"compressed_allreduce: out must be contiguous with the tensor's shape {tuple(tensor.shape)}, "
-            f"dtype {tensor.dtype} and device {tensor.device}"
-        )
-    codecs.check_device(tensor)
+        check_error_buffer(what, name, buf, tensor)
+        check_length(what, name, buf, length, formula)
 
 
 class CompressedAllreduce:

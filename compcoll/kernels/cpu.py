@@ -13,9 +13,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .reference import BLOCK, LANES
+from .reference import BLOCK, GOLDEN, LANES, MIX1, MIX2, UNIFORM_BITS
 
 _STEPS = BLOCK // LANES
+_GOLDEN = np.uint64(GOLDEN)
+_MIX1 = np.uint64(MIX1)
+_MIX2 = np.uint64(MIX2)
+_SHIFT = np.uint64(64 - UNIFORM_BITS)
+_CELLS = float(1 << UNIFORM_BITS)
 
 
 @njit(cache=True, inline="always")
@@ -166,3 +171,70 @@ def select_decode(bits, positive, negative, out, n_out):
             else:
                 for j in range(min(8, n_out - start)):
                     out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
+
+
+@njit(cache=True, inline="always")
+def _threshold(key, index):
+    """Uniform threshold in (-1, 1) of element ``index`` of stream ``key`` (see ``reference.thresholds``)."""
+    z = key + np.uint64(index + 1) * _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
+
+
+@njit(parallel=True, cache=True)
+def row_absmax(src, lut, n_src, row_len, out):
+    """out[r] = max |x_i| over row r (elements [r * row_len, (r + 1) * row_len)).
+
+    x is src zero-padded beyond n_src. A NaN makes its row's maximum NaN.
+    1. Each block of BLOCK elements of a row takes its own maximum, in parallel.
+    2. Each row's block maxima are combined in order.
+    """
+    rows = out.size
+    per_row = max(1, (row_len + BLOCK - 1) // BLOCK)
+    partial = np.zeros(rows * per_row, np.float32)
+    for t in prange(rows * per_row):
+        lo = (t // per_row) * row_len + (t % per_row) * BLOCK
+        hi = min(min((t // per_row + 1) * row_len, lo + BLOCK), n_src)
+        m = np.float32(0)
+        for i in range(lo, hi):
+            a = abs(_load(src, lut, i))
+            if a > m or a != a:
+                m = a
+        partial[t] = m
+    for r in range(rows):
+        m = np.float32(0)
+        for t in range(r * per_row, (r + 1) * per_row):
+            a = partial[t]
+            if a > m or a != a:
+                m = a
+        out[r] = m
+
+
+@njit(parallel=True, cache=True)
+def randomized_encode(src, lut, n_src, scales, key, start, bits):
+    """Birder's binary randomization, packed: bits[r] holds row r of x (src zero beyond n_src).
+
+    ``bits`` is (rows, row_bytes) and may be a strided view (rows behind their scales).
+    For element i of x, in row r = i // (8 * row_bytes):
+    1. t = threshold of index start + i in stream ``key``.
+    2. The bit is set when float64(x_i) > t * float64(scales[r]) (an exact product).
+    """
+    rows, row_bytes = bits.shape
+    per_block = BLOCK // 8
+    blocks_per_row = (row_bytes + per_block - 1) // per_block
+    for t in prange(rows * blocks_per_row):
+        r = t // blocks_per_row
+        lo = (t % blocks_per_row) * per_block
+        hi = min(row_bytes, lo + per_block)
+        scale = np.float64(scales[r])
+        for k in range(lo, hi):
+            first = (r * row_bytes + k) * 8
+            byte = 0
+            for j in range(8):
+                i = first + j
+                x = _load(src, lut, i) if i < n_src else np.float32(0)
+                if np.float64(x) > _threshold(key, start + i) * scale:
+                    byte |= 1 << (7 - j)
+            bits[r, k] = byte

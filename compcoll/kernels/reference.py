@@ -2,6 +2,7 @@
 
 Everything here favours being obviously right over being fast. It simulates the whole
 world at once: a collective takes a list with one array per rank and returns one per rank.
+The hierarchical simulations place rank r on node r // k, as ``ranks_per_node=k`` does.
 
 Summation order is part of the definition, so that the fused kernels can reproduce it bit
 for bit: a sum of squares over ``x`` is taken in blocks of ``BLOCK`` elements; inside a block
@@ -16,6 +17,14 @@ import numpy as np
 LANES = 32
 BLOCK = 8192
 META_FIELDS = 5
+HIERARCHICAL_META_FIELDS = 4
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+UNIFORM_BITS = 24
+STAGES = {"node": 1, "inter": 2, "server": 3}
 
 
 def tree_sum(values: np.ndarray) -> float:
@@ -160,3 +169,166 @@ def compressed_allreduce(
     out = out.astype(np.float32)[:numel]
     sent = meta_bytes + (n - 1) * cb + (n - 1) * (cb + 4)
     return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on uint64 values (arithmetic modulo 2^64)."""
+    z = np.asarray(z, dtype=np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def stream_key(seed: int, step: int, stage: int, rank: int) -> int:
+    """The 64-bit key of one rank's random stream in one stage of one call.
+
+    1. k = 0.
+    2. For each of (seed, step, stage, rank), taken modulo 2^64: k = mix64((k ^ part) + GOLDEN).
+    """
+    key = 0
+    for part in (seed, step, stage, rank):
+        key = int(mix64(np.array([((key ^ (part & MASK64)) + GOLDEN) & MASK64], dtype=np.uint64))[0])
+    return key
+
+
+def thresholds(key: int, start: int, count: int) -> np.ndarray:
+    """The uniform thresholds of elements start .. start+count-1 of a stream, in (-1, 1).
+
+    1. u = mix64(key + (index + 1) * GOLDEN) >> 40 (the top 24 bits), modulo 2^64.
+    2. r = (2u + 1 - 2^24) / 2^24: the midpoints of 2^24 equal cells of (-1, 1), exact in float64.
+    """
+    index = np.arange(start + 1, start + count + 1, dtype=np.uint64)
+    u = mix64(np.uint64(key) + index * np.uint64(GOLDEN)) >> np.uint64(64 - UNIFORM_BITS)
+    cells = float(1 << UNIFORM_BITS)
+    return (u.astype(np.float64) * 2 + 1 - cells) / cells
+
+
+def absmax_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    """max |x| over each of ``rows`` equal rows of a float32 vector (NaN if a row holds one)."""
+    return np.abs(np.asarray(x, dtype=np.float32)).reshape(rows, -1).max(axis=1)
+
+
+def binarize(z: np.ndarray, scales: np.ndarray, key: int, start: int) -> np.ndarray:
+    """Birder's binary randomization of DESIGN §3.2, one scale per row, packed per row.
+
+    Element i of row r, with s = scales[r] >= |z_i| and threshold t_i of index start + i:
+    1. bit_i = z_i > t_i * s (in float64, where t_i * s is exact), so that
+       P(bit_i) = (1 + z_i / s) / 2 up to the 2^-24 grid of t.
+    2. The decode s * (2 bit_i - 1) is then an unbiased estimate of z_i.
+
+    Returns the (rows, row_length / 8) packed bits.
+    """
+    rows = len(scales)
+    z64 = np.asarray(z, dtype=np.float32).astype(np.float64).reshape(rows, -1)
+    t = thresholds(key, start, z64.size).reshape(rows, -1)
+    bits = z64 > t * np.asarray(scales, dtype=np.float32).astype(np.float64)[:, None]
+    return np.packbits(bits, axis=1)
+
+
+def _randomized_rows(z: np.ndarray, rows: int, key: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(per-row max scales, packed rows) of ``z`` split into ``rows`` rows."""
+    scales = absmax_rows(z, rows)
+    return scales, binarize(z, scales, key, start)
+
+
+def hierarchical_allreduce(
+    xs: list[np.ndarray], ranks_per_node: int, seed: int, step: int
+) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
+    """Birder's all-1-bit hierarchical allreduce (DESIGN §3.3), simulated for the whole world.
+
+    n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n),
+    shard j = elements [j Np/k, (j+1) Np/k), split into N sub-chunks of Np/n.
+    1. Every rank binarizes its padded input, one max scale per shard (stream "node").
+    2. Local rank j of node m averages its node's k shard-j rows (weights float32(s/k)),
+       then binarizes that, one max scale per sub-chunk (stream "inter").
+    3. Local rank j of node m averages sub-chunk m of shard j from all N nodes
+       (weights float32(s/N)) and binarizes it with one max scale (stream "server").
+    4. Every rank decodes all n sub-chunks: shard j's, sub-chunk m's row comes from
+       rank m * k + j.
+    Index i of every stream is the element's position in the padded vector.
+
+    Returns:
+        (outputs (float32, unpadded), (intra-node, inter-node) payload bytes per rank).
+    """
+    n, k = len(xs), ranks_per_node
+    nodes = n // k
+    numel = xs[0].size
+    full = padded_numel(numel, n)
+    shard, sub = full // k, full // n
+    first = []
+    for r, x in enumerate(xs):
+        padded = np.zeros(full, dtype=np.float32)
+        padded[:numel] = x
+        first.append(_randomized_rows(padded, k, stream_key(seed, step, STAGES["node"], r), 0))
+    second = []
+    for r in range(n):
+        m, j = divmod(r, k)
+        peers = [first[m * k + i] for i in range(k)]
+        avg = average_signs([bits[j] for _, bits in peers], [scales[j] for scales, _ in peers], shard)
+        second.append(_randomized_rows(avg, nodes, stream_key(seed, step, STAGES["inter"], r), j * shard))
+    third = {}
+    for r in range(n):
+        m, j = divmod(r, k)
+        peers = [second[p * k + j] for p in range(nodes)]
+        avg = average_signs([bits[m] for _, bits in peers], [scales[m] for scales, _ in peers], sub)
+        third[(j, m)] = _randomized_rows(avg, 1, stream_key(seed, step, STAGES["server"], r), j * shard + m * sub)
+    out = np.concatenate(
+        [third[(j, m)][0][0] * unpack(third[(j, m)][1][0], sub) for j in range(k) for m in range(nodes)]
+    ).astype(np.float32)[:numel]
+    meta = HIERARCHICAL_META_FIELDS * 8
+    intra = (k - 1) * (meta + 4 + shard // 8) + (k - 1) * nodes * (4 + sub // 8)
+    inter = (n - k) * meta + 2 * (nodes - 1) * (4 + sub // 8)
+    return [out.copy() for _ in range(n)], [(intra, inter)] * n
+
+
+def hierarchical_compressed_allreduce(
+    xs: list[np.ndarray],
+    worker_errors: list[np.ndarray],
+    server_errors: list[np.ndarray],
+    ranks_per_node: int,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
+    """The error-compensated hierarchical allreduce, simulated for the whole world.
+
+    n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n).
+    1. Node average of shard j at local rank j: the k ranks' float32 shards summed in
+       local-rank order, divided by k.
+    2. The N local ranks j run ``compressed_allreduce`` (gather-scatter) on their node
+       averages with their own worker errors (length Np/k) and server errors (Np/n).
+    3. Every rank decodes every shard's server rows.
+
+    Returns:
+        (outputs, new worker errors, new server errors, (intra-node, inter-node) bytes
+        per rank).
+    """
+    n, k = len(xs), ranks_per_node
+    nodes = n // k
+    numel = xs[0].size
+    full = padded_numel(numel, n)
+    shard, sub = full // k, full // n
+    padded = []
+    for x in xs:
+        p = np.zeros(full, dtype=np.float32)
+        p[:numel] = x
+        padded.append(p.reshape(k, shard))
+    new_we, new_se = list(worker_errors), list(server_errors)
+    pieces = []
+    for j in range(k):
+        averages = []
+        for m in range(nodes):
+            acc = padded[m * k].copy()[j]
+            for i in range(1, k):
+                acc = (acc + padded[m * k + i][j]).astype(np.float32)
+            averages.append((acc / np.float32(k)).astype(np.float32))
+        group = [m * k + j for m in range(nodes)]
+        outs, wes, ses, _ = compressed_allreduce(
+            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group]
+        )
+        pieces.append(outs[0])
+        for r, we, se in zip(group, wes, ses):
+            new_we[r], new_se[r] = we, se
+    out = np.concatenate(pieces).astype(np.float32)[:numel]
+    meta = 2 * HIERARCHICAL_META_FIELDS * 8
+    cb = sub // 8
+    intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * (4 + cb)
+    inter = (n - k) * meta + (nodes - 1) * (2 * cb + 4)
+    return [out.copy() for _ in range(n)], new_we, new_se, [(intra, inter)] * n

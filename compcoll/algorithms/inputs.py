@@ -1,0 +1,48 @@
+"""Local checks of an allreduce's arguments, made before any communication."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import codecs
+
+
+def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
+    """The input is a supported torch tensor on a supported device, and ``out`` fits it."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in codecs.SUPPORTED_DTYPES:
+        raise TypeError(f"{what}: tensor dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16")
+    if out is not None and (
+        not isinstance(out, torch.Tensor)
+        or out.shape != tensor.shape
+        or out.dtype != tensor.dtype
+        or out.device != tensor.device
+        or not out.is_contiguous()
+    ):
+        raise ValueError(
+            f"{what}: out must be contiguous with the tensor's shape {tuple(tensor.shape)}, "
+            f"dtype {tensor.dtype} and device {tensor.device}"
+        )
+    codecs.check_device(tensor)
+
+
+def check_error_buffer(what: str, name: str, buf: torch.Tensor, tensor: torch.Tensor) -> None:
+    """An error-feedback buffer is a contiguous 1-D float32 tensor on the input's device."""
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(buf).__name__}")
+    if buf.dtype != torch.float32:
+        raise TypeError(f"{what}: {name} must be float32, got {buf.dtype}")
+    if buf.device != tensor.device:
+        raise ValueError(f"{what}: {name} is on {buf.device}, tensor on {tensor.device}")
+    if buf.dim() != 1 or not buf.is_contiguous():
+        raise ValueError(f"{what}: {name} must be a contiguous 1-D float32 tensor, got shape {tuple(buf.shape)}")
+
+
+def check_length(what: str, name: str, buf: torch.Tensor, length: int, formula: str) -> None:
+    """An error-feedback buffer holds exactly ``length`` elements (``formula`` says why)."""
+    if buf.numel() != length:
+        raise ValueError(
+            f"{what}: {name} must be a contiguous 1-D float32 tensor of {length} elements ({formula}), "
+            f"got shape {tuple(buf.shape)}"
+        )

@@ -1,7 +1,13 @@
-"""compcoll: compressed collectives (error-compensated 1-bit allreduce) for data-parallel training."""
+"""compcoll: compressed collectives (error-compensated and hierarchical 1-bit allreduce) for data-parallel training."""
 
+from .algorithms.hierarchical import (
+    hierarchical_allreduce,
+    hierarchical_compressed_allreduce,
+    hierarchical_error_numels,
+)
 from .algorithms.onebit import CompressedAllreduce, compressed_allreduce, padded_numel
 from .comm import Communicator, SingleComm, get_default, init, set_default
+from .comm.topology import Topology, topology
 from .errors import CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError
 from .state import ErrorFeedbackState
 
@@ -19,11 +25,16 @@ __all__ = [
     "RankMismatchError",
     "SingleComm",
     "TorchComm",
+    "Topology",
     "compressed_allreduce",
     "get_default",
+    "hierarchical_allreduce",
+    "hierarchical_compressed_allreduce",
+    "hierarchical_error_numels",
     "init",
     "padded_numel",
     "set_default",
+    "topology",
 ]
 
 

@@ -26,7 +26,8 @@ class Topology:
     on its node (its rank there is ``local_rank``); ``inter`` joins it with the ranks of
     the same local rank on the other nodes, one per node. Both order their members by
     rank in the parent communicator. ``node_of[r]`` is the node of rank r, nodes being
-    numbered in the order of their first ranks.
+    numbered in the order of their first ranks; ``intra_ranks`` and ``inter_ranks`` are
+    the members of ``intra`` and ``inter`` as ranks of the parent.
     """
 
     ranks_per_node: int
@@ -34,6 +35,8 @@ class Topology:
     node: int
     local_rank: int
     node_of: tuple[int, ...]
+    intra_ranks: tuple[int, ...]
+    inter_ranks: tuple[int, ...]
     intra: Communicator
     inter: Communicator
 
@@ -70,7 +73,7 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
             numbers of ranks (pass ``ranks_per_node`` or use the flat algorithm).
         RankMismatchError: ranks asked for different ranks_per_node.
     """
-    requested = _requested(ranks_per_node)
+    requested = requested_ranks_per_node(ranks_per_node)
     built = _cache.setdefault(comm, {})
     if requested in built:
         return built[requested]
@@ -83,7 +86,12 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
         raise RankMismatchError(f"topology: ranks asked for different ranks_per_node ({listed})")
     node_of = _layout(hosts, requested)
     node = node_of[comm.rank]
-    local_rank = sum(1 for r in range(comm.rank) if node_of[r] == node)
+    seen: dict[int, int] = {}
+    local_of = []
+    for r in range(comm.size):
+        local_of.append(seen.get(node_of[r], 0))
+        seen[node_of[r]] = local_of[-1] + 1
+    local_rank = local_of[comm.rank]
     intra = comm.split(node)
     inter = comm.split(local_rank)
     layout = Topology(
@@ -92,6 +100,8 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
         node=node,
         local_rank=local_rank,
         node_of=tuple(node_of),
+        intra_ranks=tuple(r for r in range(comm.size) if node_of[r] == node),
+        inter_ranks=tuple(r for r in range(comm.size) if local_of[r] == local_rank),
         intra=intra,
         inter=inter,
     )
@@ -99,8 +109,8 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
     return layout
 
 
-def _requested(ranks_per_node: int | None) -> int:
-    """The requested ranks per node; 0 means discover from hostnames."""
+def requested_ranks_per_node(ranks_per_node: int | None) -> int:
+    """The ranks per node asked for by the argument, else by ``COMPCOLL_RANKS_PER_NODE``; 0: discover."""
     if ranks_per_node is None:
         value = os.environ.get(RANKS_PER_NODE_ENV, "")
         if not value:

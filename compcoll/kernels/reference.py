@@ -18,6 +18,7 @@ LANES = 32
 BLOCK = 8192
 META_FIELDS = 5
 HIERARCHICAL_META_FIELDS = 4
+COMPENSATED_META_FIELDS = 10
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -327,7 +328,7 @@ def hierarchical_compressed_allreduce(
         for r, we, se in zip(group, wes, ses):
             new_we[r], new_se[r] = we, se
     out = np.concatenate(pieces).astype(np.float32)[:numel]
-    meta = 2 * HIERARCHICAL_META_FIELDS * 8
+    meta = COMPENSATED_META_FIELDS * 8
     cb = sub // 8
     intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * (4 + cb)
     inter = (n - k) * meta + (nodes - 1) * (2 * cb + 4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.comm.topology import RANKS_PER_NODE_ENV, _layout, _requested
+from compcoll.comm.topology import RANKS_PER_NODE_ENV, _layout, requested_ranks_per_node
 from compcoll.testing import run
 
 
@@ -36,14 +36,14 @@ def test_hostname_layout() -> None:
         _layout([a, a, b], 0)
 
 
-def test_requested_values(monkeypatch: pytest.MonkeyPatch) -> None:
+def testrequested_ranks_per_node_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(RANKS_PER_NODE_ENV, raising=False)
-    assert _requested(None) == 0 and _requested(3) == 3
+    assert requested_ranks_per_node(None) == 0 and requested_ranks_per_node(3) == 3
     monkeypatch.setenv(RANKS_PER_NODE_ENV, "4")
-    assert _requested(None) == 4
+    assert requested_ranks_per_node(None) == 4
     monkeypatch.setenv(RANKS_PER_NODE_ENV, "two")
     with pytest.raises(ValueError, match="not a positive integer"):
-        _requested(None)
+        requested_ranks_per_node(None)
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="positive integer"):
-            _requested(bad)
+            requested_ranks_per_node(bad)

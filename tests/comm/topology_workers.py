@@ -16,6 +16,8 @@ def layout(comm: compcoll.Communicator, ranks_per_node: int | None) -> None:
     assert (topo.ranks_per_node, topo.nodes) == (k, n // k)
     assert (topo.node, topo.local_rank) == (rank // k, rank % k)
     assert topo.node_of == tuple(r // k for r in range(n))
+    assert topo.intra_ranks == tuple(topo.node * k + j for j in range(k))
+    assert topo.inter_ranks == tuple(m * k + topo.local_rank for m in range(n // k))
     mine = torch.tensor([rank], dtype=torch.int64)
     peers = torch.empty(k, dtype=torch.int64)
     topo.intra.allgather(mine, peers)

@@ -1,0 +1,256 @@
+"""Hierarchical intra/inter-node 1-bit allreduce (DESIGN §3.3): Birder's all-1-bit form and an error-compensated form."""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+
+from .. import codecs
+from ..comm import Communicator, get_default
+from ..comm.topology import Topology, requested_ranks_per_node, topology
+from ..workspace import scratch
+from .agreement import Option, agree
+from .inputs import check_error_buffer, check_length, check_tensor
+from .onebit import padded_numel, serve
+
+_steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
+
+
+def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) -> tuple[int, int]:
+    """Lengths of the (worker, server) error buffers of ``hierarchical_compressed_allreduce``.
+
+    With Np = padded_numel(numel, world_size): the worker error covers one shard, Np / k;
+    the server error one sub-chunk, Np / world_size.
+    """
+    if ranks_per_node < 1 or world_size % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node} does not divide world_size={world_size}")
+    full = padded_numel(numel, world_size)
+    return full // ranks_per_node, full // world_size
+
+
+def hierarchical_allreduce(
+    tensor: torch.Tensor,
+    comm: Communicator | None = None,
+    *,
+    ranks_per_node: int | None = None,
+    seed: int = 0,
+    step: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Unbiased 1-bit estimate of the average of ``tensor`` over all ranks, Birder style.
+
+    n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j
+    (Np / k elements), made of N sub-chunks of Np / n. Every quantization is Birder's
+    binary randomization (DESIGN §3.2) with a max-abs scale per row, so each is unbiased
+    and the result is too; there is no error feedback.
+    1. One small allgather of (numel, shape, ranks_per_node, finite?) over ``comm``: all
+       ranks agree or all raise. The node layout is discovered on first use, then reused.
+    2. Every rank binarizes its padded tensor, one scale per shard; intra-node
+       all-to-all: local rank j receives its k peers' shard j and averages them.
+    3. Local rank j binarizes that average, one scale per sub-chunk; inter-node
+       all-to-all among the local ranks j of all nodes: each receives one sub-chunk from
+       every node and averages them.
+    4. It binarizes its sub-chunk average (one scale); inter-node all-gather, then
+       intra-node all-gather of the 1-bit rows; every rank decodes the same n rows.
+    Bytes per rank: intra (k-1) Np/(8k) + (k-1) Np/(8k); inter 2(N-1)/N Np/(8k), which is
+    1/k of the flat gather-scatter's inter-node bytes (plus 4 bytes per row and 32 per
+    rank of metadata).
+
+    Randomness is counter-based: element i of a stage draws from (seed, step, stage,
+    rank, i), so CPU and GPU give the same bits and a run is reproduced from its seed.
+
+    Args:
+        tensor: any shape, float32 / float16 / bfloat16, CPU; not modified.
+        comm: the communicator; None means ``compcoll.get_default()``.
+        ranks_per_node: k consecutive ranks form a node; None discovers the nodes from
+            hostnames (or ``COMPCOLL_RANKS_PER_NODE``). Every rank must pass the same.
+        seed: the random seed; every call with the same seed and step draws the same bits.
+        step: the call counter mixed into the randomness; None takes the communicator's
+            own counter, which advances on every such call, so every call draws fresh bits.
+        out: where to write the result (may be ``tensor``); None allocates it.
+
+    Returns:
+        The estimate of the average, shaped and typed like ``tensor``, bit-identical on
+        every rank.
+
+    Raises:
+        TypeError / ValueError: bad input or option (before any communication, on the
+            rank that passed it); a layout whose nodes differ in size (on every rank).
+        RankMismatchError: ranks disagree on size, shape or ranks_per_node.
+        NonFiniteError: NaN / Inf in some rank's tensor (no buffer changed).
+        CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
+    """
+    what = "hierarchical_allreduce"
+    comm = get_default() if comm is None else comm
+    check_tensor(what, tensor, out)
+    requested = requested_ranks_per_node(ranks_per_node)
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
+    n = comm.size
+    numel = tensor.numel()
+    full = padded_numel(numel, n)
+    maxima = codecs.row_absmax(tensor, n, full)
+    finite = bool(torch.isfinite(maxima).all())
+    agree(comm, what, tensor, finite, (Option("ranks_per_node", requested),))
+    layout = topology(comm, ranks_per_node)
+    if step is None:
+        step = _steps.get(comm, 0)
+        _steps[comm] = step + 1
+    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
+    if numel == 0:
+        return result
+
+    k, nodes = layout.ranks_per_node, layout.nodes
+    shard, sub = full // k, full // n
+    base = layout.local_rank * shard
+    shard_average = _binarize_exchange(
+        tensor, maxima.view(k, nodes).amax(dim=1), layout.intra, (seed, step, "node", comm.rank, 0), shard, "hier.node"
+    )
+    sub_average = _binarize_exchange(
+        shard_average, codecs.row_absmax(shard_average, nodes, shard), layout.inter,
+        (seed, step, "inter", comm.rank, base), sub, "hier.inter",
+    )
+    row = scratch("hier.server", codecs.SCALE_BYTES + sub // 8, torch.uint8, tensor.device)
+    own_scale = codecs.row_absmax(sub_average, 1, sub)
+    codecs.randomized_encode(
+        sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub,
+        codecs.frame(row.view(1, -1), own_scale),
+    )
+    shard_rows = scratch("hier.shard_rows", nodes * row.numel(), torch.uint8, tensor.device)
+    layout.inter.allgather(row, shard_rows)
+    _gather_decode(shard_rows, layout, result)
+    return result
+
+
+def _binarize_exchange(
+    source: torch.Tensor, scales: torch.Tensor, group: Communicator, stream: tuple, length: int, name: str
+) -> torch.Tensor:
+    """Binarize ``source`` into ``group.size`` framed rows, all-to-all them, average what comes back.
+
+    1. Row r (``length`` elements, scale scales[r]) is binarized with the random stream
+       (seed, step, stage, rank), element i drawing index start + i, and framed.
+    2. All-to-all: rank r of ``group`` receives row r of every member.
+    3. The received rows are decoded and averaged with weights float32(s / size), in
+       member order.
+
+    Returns the float32 average (a scratch buffer named ``name``).
+    """
+    seed, step, stage, rank, start = stream
+    size = group.size
+    width = codecs.SCALE_BYTES + length // 8
+    wire = scratch(name + ".send", size * width, torch.uint8, source.device).view(size, width)
+    codecs.randomized_encode(source, scales, seed, step, stage, rank, start, codecs.frame(wire, scales))
+    received = scratch(name + ".recv", size * width, torch.uint8, source.device)
+    group.alltoall(wire.view(-1), received)
+    row_scales, rows = codecs.unframe(received.view(size, width))
+    average = scratch(name + ".average", length, torch.float32, source.device)
+    codecs.accumulate_signs(rows, row_scales / size, None, average, length)
+    return average
+
+
+def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor) -> None:
+    """Intra-node all-gather of every local rank's shard rows; decode all n rows into ``out``."""
+    n = layout.ranks_per_node * layout.nodes
+    gathered = scratch("hier.all_rows", layout.ranks_per_node * shard_rows.numel(), torch.uint8, out.device)
+    layout.intra.allgather(shard_rows, gathered)
+    scales, rows = codecs.unframe(gathered.view(n, -1))
+    codecs.decode(rows, scales, out.view(-1))
+
+
+def hierarchical_compressed_allreduce(
+    tensor: torch.Tensor,
+    worker_error: torch.Tensor,
+    server_error: torch.Tensor,
+    comm: Communicator | None = None,
+    *,
+    ranks_per_node: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Error-compensated 1-bit allreduce with an uncompressed intra-node stage, for 1-bit Adam.
+
+    n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j.
+    1. One small allgather of (numel, shape, ranks_per_node, buffer lengths): all ranks
+       agree or all raise; then the node layout (built once) and the buffer lengths.
+    2. Intra-node reduce-scatter in float32 (all-to-all of shards, summed in local-rank
+       order, divided by k): local rank j holds its node's average of shard j.
+    3. Sum of squares of that average + worker_error; one small allgather of (finite?,
+       worker scale) over ``comm``, so all ranks raise alike on NaN / Inf.
+    4. Between nodes, the local ranks j run the gather-scatter protocol of
+       ``compressed_allreduce`` (DESIGN §3.1) on shard j with their own error buffers.
+    5. Intra-node all-gather of the 1-bit server rows; every rank decodes all n rows.
+    The mean of the node averages is the global average, so this estimates what the
+    flat ``compressed_allreduce`` does, with inter-node bytes 2(N-1)/N Np/(8k) per rank,
+    1/k of the flat algorithm's.
+
+    Args:
+        tensor: any shape, float32 / float16 / bfloat16, CPU; not modified.
+        worker_error: float32, 1-D, Np / k elements (``hierarchical_error_numels``);
+            updated in place.
+        server_error: float32, 1-D, Np / n elements; updated in place.
+        comm: the communicator; None means ``compcoll.get_default()``.
+        ranks_per_node: as for ``hierarchical_allreduce``.
+        out: where to write the result (may be ``tensor``); None allocates it.
+
+    Returns:
+        The estimate of the average, shaped and typed like ``tensor``, bit-identical on
+        every rank.
+
+    Raises:
+        as ``hierarchical_allreduce``; a wrong buffer length raises ValueError on every
+        rank (RankMismatchError if the ranks' lengths differ).
+    """
+    what = "hierarchical_compressed_allreduce"
+    comm = get_default() if comm is None else comm
+    check_tensor(what, tensor, out)
+    for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
+        check_error_buffer(what, name, buf, tensor)
+    requested = requested_ranks_per_node(ranks_per_node)
+    agree(comm, what, tensor, None, (
+        Option("ranks_per_node", requested),
+        Option("worker_error lengths", worker_error.numel()),
+        Option("server_error lengths", server_error.numel()),
+    ))
+    layout = topology(comm, ranks_per_node)
+    n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes
+    numel = tensor.numel()
+    shard, sub = hierarchical_error_numels(numel, n, k)
+    check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}")
+    check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}")
+    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
+    if numel == 0:
+        return result
+
+    average = _node_average(tensor, layout.intra, shard)
+    sumsq = codecs.compensated_sumsq(average, worker_error)
+    finite = math.isfinite(sumsq)
+    scale = codecs.l2_scale(sumsq, shard) if finite else 0.0
+    scales = agree(comm, what, tensor, finite, (), (scale,))[:, 0]
+    weights = scales[list(layout.inter_ranks)].float() / nodes
+    bits = scratch("hier.bits", shard // 8, torch.uint8, tensor.device)
+    codecs.compensate_encode(average, worker_error, scale, bits)
+    _gather_decode(serve(bits, weights, server_error, layout.inter).view(-1), layout, result)
+    return result
+
+
+def _node_average(tensor: torch.Tensor, intra: Communicator, shard: int) -> torch.Tensor:
+    """Intra-node reduce-scatter: this rank's shard averaged over its node, in float32.
+
+    1. Copy the tensor, as float32, into a zero-padded buffer of k shards.
+    2. All-to-all: local rank j receives shard j of every peer.
+    3. Sum the k rows in local-rank order, then divide by k.
+    """
+    k = intra.size
+    numel = tensor.numel()
+    padded = scratch("hier.padded", k * shard, torch.float32, tensor.device)
+    padded[:numel].copy_(tensor.reshape(-1))
+    padded[numel:].zero_()
+    received = scratch("hier.shards", k * shard, torch.float32, tensor.device)
+    intra.alltoall(padded, received)
+    rows = received.view(k, shard)
+    average = scratch("hier.node_average", shard, torch.float32, tensor.device)
+    average.copy_(rows[0])
+    for i in range(1, k):
+        average.add_(rows[i])
+    return average.div_(k)

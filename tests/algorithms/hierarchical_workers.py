@@ -1,0 +1,147 @@
+"""Rank-side bodies of the hierarchical allreduce tests (run by compcoll.testing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import compcoll
+from compcoll.kernels import reference
+from tests.algorithms.onebit_workers import DTYPES, _expect, assert_same_on_all_ranks, make_input
+
+SEED = 20261121
+
+
+def _traffic(comm: compcoll.Communicator, topo: compcoll.Topology, fn, *args, **kwargs):
+    """(fn's result, (intra, inter) bytes this rank sent during it)."""
+    intra0, inter0 = topo.traffic(comm)
+    result = fn(*args, **kwargs)
+    intra1, inter1 = topo.traffic(comm)
+    return result, (intra1 - intra0, inter1 - inter0)
+
+
+def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps: int) -> None:
+    """Both hierarchical forms equal the reference bit for bit, with the reference's byte counts."""
+    n, rank = comm.size, comm.rank
+    topo = compcoll.topology(comm, k)
+    step = 0
+    for dtype in DTYPES:
+        for shape in map(tuple, shapes):
+            numel = int(np.prod(shape))
+            wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
+            we, se = torch.zeros(wn), torch.zeros(sn)
+            ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
+            ref_se = [np.zeros(sn, np.float32) for _ in range(n)]
+            for call in range(steps):
+                xs = [make_input(q, call, shape, dtype) for q in range(n)]
+                flat = [x.float().reshape(-1).numpy() for x in xs]
+                before = xs[rank].clone()
+                where = f"{dtype} shape {shape} call {call}"
+
+                out, sent = _traffic(comm, topo, compcoll.hierarchical_allreduce, xs[rank], comm,
+                                     ranks_per_node=k, seed=SEED)
+                outs, ref_sent = reference.hierarchical_allreduce(flat, k, SEED, step)
+                step += 1
+                expected = torch.from_numpy(outs[rank]).to(dtype).view(shape)
+                assert out.shape == shape and out.dtype == dtype, where
+                assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), f"1-bit output ({where})"
+                assert sent == ref_sent[rank], f"1-bit bytes {sent} != {ref_sent[rank]} ({where})"
+                assert_same_on_all_ranks(comm, out)
+
+                out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
+                                     comm, ranks_per_node=k)
+                outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(flat, ref_we, ref_se, k)
+                expected = torch.from_numpy(outs[rank]).to(dtype).view(shape)
+                assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), f"compensated output ({where})"
+                assert np.array_equal(we.numpy(), ref_we[rank]), f"worker error ({where})"
+                assert np.array_equal(se.numpy(), ref_se[rank]), f"server error ({where})"
+                assert sent == ref_sent[rank], f"compensated bytes {sent} != {ref_sent[rank]} ({where})"
+                assert_same_on_all_ranks(comm, out)
+                assert torch.equal(xs[rank], before), f"input was modified ({where})"
+
+
+def statistics(comm: compcoll.Communicator, k: int, numel: int, calls: int) -> None:
+    """Unbiased, really 1-bit, reproducible, and 1/k of the flat algorithm's inter-node bytes.
+
+    Over ``calls`` calls on fixed inputs, the per-element mean of the outputs must sit
+    within its predicted standard error of the true average: the statistic
+    mean_j (mean_j - true_j)^2 / (var_j / T), chi-square over its degrees of freedom,
+    must be near 1 at T = calls / 4 and T = calls alike, so the error shrinks as
+    1/sqrt(T), as the variance predicts. A biased estimator makes it grow with T.
+    """
+    n, rank = comm.size, comm.rank
+    topo = compcoll.topology(comm, k)
+    xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
+    truth = torch.stack([x.double() for x in xs]).mean(dim=0)
+    full = compcoll.padded_numel(numel, n)
+    sub = full // n
+    total = torch.zeros(numel, dtype=torch.float64)
+    squares = torch.zeros(numel, dtype=torch.float64)
+    stats = []
+    for call in range(1, calls + 1):
+        out = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=k, seed=SEED)
+        for row in range(n):
+            magnitudes = out[row * sub:(row + 1) * sub].abs().unique()
+            assert magnitudes.numel() <= 1, f"row {row} holds {magnitudes.numel()} magnitudes: not a 1-bit decode"
+        total += out.double()
+        squares += out.double() ** 2
+        if call in (calls // 4, calls):
+            mean = total / call
+            variance = (squares / call - mean**2) * call / (call - 1)
+            live = variance > 0
+            stats.append(float((((mean - truth) ** 2)[live] / (variance[live] / call)).mean()))
+    for calls_seen, stat in zip((calls // 4, calls), stats):
+        assert 0.8 < stat < 1.25, f"chi-square/dof {stat:.3f} after {calls_seen} calls: biased or mis-scaled"
+    if rank == 0:
+        print(f"chi-square/dof after {calls // 4} and {calls} calls: {stats[0]:.3f} {stats[1]:.3f}")
+
+    again = [compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=k, seed=SEED, step=7) for _ in range(2)]
+    assert torch.equal(again[0], again[1]), "same seed and step gave different outputs"
+    other_step = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=k, seed=SEED, step=8)
+    other_seed = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=k, seed=SEED + 1, step=7)
+    assert not torch.equal(again[0], other_step), "a new step drew the same bits"
+    assert not torch.equal(again[0], other_seed), "a new seed drew the same bits"
+
+    big = make_input(rank, 1, (100003,), torch.float32)
+    full = compcoll.padded_numel(big.numel(), n)
+    _, (_, flat) = _traffic(comm, topo, compcoll.compressed_allreduce, big, torch.zeros(full), torch.zeros(full // n), comm)
+    _, (_, birder) = _traffic(comm, topo, compcoll.hierarchical_allreduce, big, comm, ranks_per_node=k)
+    wn, sn = compcoll.hierarchical_error_numels(big.numel(), n, k)
+    _, (_, compensated) = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, big,
+                                   torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k)
+    for name, inter in (("hierarchical_allreduce", birder), ("hierarchical_compressed_allreduce", compensated)):
+        ratio = inter / flat if flat else 0.0
+        assert (k == n and inter == 0) or abs(ratio * k - 1) < 0.05, f"{name}: inter-node bytes {inter} vs flat {flat}"
+    if rank == 0:
+        print(f"inter-node bytes per rank, 100003 elements: flat {flat}, 1-bit {birder}, compensated {compensated}")
+
+
+def bad_inputs(comm: compcoll.Communicator, k: int) -> None:
+    """Collective errors are raised on every rank; the communicator stays usable."""
+    n, rank = comm.size, comm.rank
+    x = make_input(rank, 0, (999,), torch.float32)
+    har, hcar = compcoll.hierarchical_allreduce, compcoll.hierarchical_compressed_allreduce
+    wn, sn = compcoll.hierarchical_error_numels(999, n, k)
+    we, se = torch.zeros(wn), torch.zeros(sn)
+    expected = har(x, comm, ranks_per_node=k, step=3)
+
+    poisoned = x.clone()
+    if rank == n - 1:
+        poisoned[5] = float("nan")
+    _expect(compcoll.NonFiniteError, f"rank(s) [{n - 1}]", har, poisoned, comm, ranks_per_node=k)
+    _expect(compcoll.NonFiniteError, f"rank(s) [{n - 1}]" if k == 1 else "rank(s)", hcar, poisoned, we, se, comm,
+            ranks_per_node=k)
+    assert not we.any() and not se.any(), "a failed call changed the error buffers"
+    if n > 1:
+        _expect(compcoll.RankMismatchError, "different ranks_per_node", har, x, comm,
+                ranks_per_node=k if rank else n)
+        _expect(compcoll.RankMismatchError, "sizes differ", har, x[: 999 - (rank == 1)], comm, ranks_per_node=k)
+        _expect(compcoll.RankMismatchError, "different worker_error lengths", hcar, x,
+                torch.zeros(wn + (rank == 0) * 8), se, comm, ranks_per_node=k)
+    _expect(ValueError, "worker_error must be a contiguous 1-D float32 tensor of", hcar, x, torch.zeros(wn + 8), se,
+            comm, ranks_per_node=k)
+    if n % (k + 1):
+        _expect(ValueError, "does not divide", har, x, comm, ranks_per_node=k + 1)
+    _expect(TypeError, "dtype torch.float64", har, x.double(), comm, ranks_per_node=k)
+    _expect(ValueError, "step must be", har, x, comm, ranks_per_node=k, step=-1)
+    assert torch.equal(har(x, comm, ranks_per_node=k, step=3), expected), "the communicator broke after the errors"

@@ -1,0 +1,30 @@
+"""hierarchical_allreduce and hierarchical_compressed_allreduce at 1-6 ranks, as N nodes x k ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll.testing import run
+
+WORKERS = "tests.algorithms.hierarchical_workers"
+SHAPES = [[1], [37], [3, 7, 11], [12289]]
+LAYOUTS = [(1, 1), (3, 1), (2, 2), (4, 2), (6, 2), (6, 3)]
+
+
+@pytest.mark.parametrize("world_size,k", LAYOUTS)
+def test_matches_reference(world_size: int, k: int) -> None:
+    run(f"{WORKERS}:numerics", world_size, "mpi", args=(k, SHAPES, 2), timeout=300)
+
+
+def test_matches_reference_over_gloo() -> None:
+    run(f"{WORKERS}:numerics", 4, "gloo", args=(2, SHAPES, 2), timeout=300)
+
+
+@pytest.mark.parametrize("world_size,k", [(4, 2), (6, 2), (6, 3)])
+def test_unbiased_one_bit_and_a_kth_of_the_inter_node_bytes(world_size: int, k: int) -> None:
+    run(f"{WORKERS}:statistics", world_size, "mpi", args=(k, 1001, 400), timeout=300)
+
+
+@pytest.mark.parametrize("world_size,k,backend", [(1, 1, "mpi"), (4, 2, "mpi"), (6, 3, "gloo")])
+def test_bad_inputs_raise_on_every_rank(world_size: int, k: int, backend: str) -> None:
+    run(f"{WORKERS}:bad_inputs", world_size, backend, args=(k,))

@@ -1,4 +1,9 @@
-"""nccl-tests style benchmark: compressed vs plain allreduce on the same communicator.
+"""nccl-tests style benchmark: compressed, hierarchical and plain allreduce on the same communicator.
+
+Methods: ``plain`` (the communicator's allreduce, then / n), ``1bit``
+(``compressed_allreduce``), ``hier`` (``hierarchical_allreduce``), ``hier-ef``
+(``hierarchical_compressed_allreduce``). Every row also splits the bytes sent into
+intra-node and inter-node traffic, from the node layout (``--ranks-per-node`` or hostnames).
 
 Run it under a launcher (``mpiexec -n 4 python -m compcoll.bench``, ``torchrun
 --nproc-per-node 4 -m compcoll.bench``) or let it start local ranks itself
@@ -23,6 +28,7 @@ from compcoll.comm import Communicator
 from compcoll.kernels import reference
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+METHODS = ("plain", "1bit", "hier", "hier-ef")
 _REFERENCE_LIMIT = 1 << 20
 
 
@@ -40,6 +46,15 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
         out.append(size // 4 * 4)
         size = int(size * factor) if factor > 1 else end + 1
     return out
+
+
+def _method_list(text: str) -> list[str]:
+    """'plain,1bit,hier' -> the listed methods, each known and given once."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in METHODS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"methods must be distinct names from {', '.join(METHODS)}; got {text!r}")
+    return names
 
 
 def _max_over_ranks(comm: Communicator, value: float) -> float:
@@ -74,6 +89,13 @@ def _verify_plain(comm: Communicator, count: int) -> int:
     return int((~torch.isclose(x.double(), expected, rtol=1e-5, atol=1e-5)).sum())
 
 
+def _agree_everywhere(comm: Communicator, out: torch.Tensor) -> int:
+    """Elements to count as wrong when the ranks' outputs are not bit-identical (all of them)."""
+    checksums = torch.empty(comm.size, dtype=torch.int64)
+    comm.allgather(torch.tensor([zlib.crc32(out.numpy().tobytes())]), checksums)
+    return int((checksums != checksums[0]).sum()) * out.numel()
+
+
 def _verify_compressed(comm: Communicator, count: int, protocol: str) -> int:
     """Wrong elements of one compressed call: vs the reference (small sizes) and across ranks."""
     full = compcoll.padded_numel(count, comm.size)
@@ -88,16 +110,46 @@ def _verify_compressed(comm: Communicator, count: int, protocol: str) -> int:
             [_input(r, count).numpy() for r in range(comm.size)], zeros_w, zeros_s, protocol
         )[0][comm.rank]
         wrong = int((out.numpy() != expected).sum())
-    checksums = torch.empty(comm.size, dtype=torch.int64)
-    comm.allgather(torch.tensor([zlib.crc32(out.numpy().tobytes())]), checksums)
-    return wrong + int((checksums != checksums[0]).sum()) * count
+    return wrong + _agree_everywhere(comm, out)
 
 
-def measure(comm: Communicator, size: int, args: argparse.Namespace) -> dict:
-    """One row: plain and compressed allreduce of ``size`` bytes of float32, side by side."""
-    n, count = comm.size, size // 4
-    x = _input(comm.rank, count)
-    plain = x.clone()
+def _consecutive(topo: compcoll.Topology) -> bool:
+    """Whether node = rank // k, the layout the reference simulates."""
+    return topo.node_of == tuple(r // topo.ranks_per_node for r in range(len(topo.node_of)))
+
+
+def _verify_hierarchical(comm: Communicator, topo: compcoll.Topology, count: int) -> int:
+    """Wrong elements of one hierarchical_allreduce: vs the reference (small sizes) and across ranks."""
+    k = topo.ranks_per_node
+    out = compcoll.hierarchical_allreduce(_input(comm.rank, count), comm, ranks_per_node=k, seed=1, step=0)
+    wrong = 0
+    if count * comm.size <= _REFERENCE_LIMIT and _consecutive(topo):
+        inputs = [_input(r, count).numpy() for r in range(comm.size)]
+        expected = reference.hierarchical_allreduce(inputs, k, 1, 0)[0][comm.rank]
+        wrong = int((out.numpy() != expected).sum())
+    return wrong + _agree_everywhere(comm, out)
+
+
+def _verify_compensated(comm: Communicator, topo: compcoll.Topology, count: int) -> int:
+    """Wrong elements of one hierarchical_compressed_allreduce: vs the reference and across ranks."""
+    n, k = comm.size, topo.ranks_per_node
+    wn, sn = compcoll.hierarchical_error_numels(count, n, k)
+    out = compcoll.hierarchical_compressed_allreduce(
+        _input(comm.rank, count), torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k
+    )
+    wrong = 0
+    if count * n <= _REFERENCE_LIMIT and _consecutive(topo):
+        inputs = [_input(r, count).numpy() for r in range(n)]
+        zeros_w, zeros_s = [np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n
+        expected = reference.hierarchical_compressed_allreduce(inputs, zeros_w, zeros_s, k)[0][comm.rank]
+        wrong = int((out.numpy() != expected).sum())
+    return wrong + _agree_everywhere(comm, out)
+
+
+def _methods(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor, args: argparse.Namespace) -> dict:
+    """name -> (one timed call, a verification returning the number of wrong elements)."""
+    n, count, k = comm.size, x.numel(), topo.ranks_per_node
+    plain, out = x.clone(), torch.empty_like(x)
 
     def plain_step() -> None:
         plain.copy_(x)
@@ -105,67 +157,103 @@ def measure(comm: Communicator, size: int, args: argparse.Namespace) -> dict:
         plain.div_(n)
 
     full = compcoll.padded_numel(count, n)
-    worker, server, out = torch.zeros(full), torch.zeros(full // n), torch.empty_like(x)
+    worker, server = torch.zeros(full), torch.zeros(full // n)
+    node_worker, node_server = (torch.zeros(m) for m in compcoll.hierarchical_error_numels(count, n, k))
+    return {
+        "plain": (plain_step, lambda: _verify_plain(comm, count)),
+        "1bit": (
+            lambda: compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out),
+            lambda: _verify_compressed(comm, count, args.protocol),
+        ),
+        "hier": (
+            lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, out=out),
+            lambda: _verify_hierarchical(comm, topo, count),
+        ),
+        "hier-ef": (
+            lambda: compcoll.hierarchical_compressed_allreduce(
+                x, node_worker, node_server, comm, ranks_per_node=k, out=out
+            ),
+            lambda: _verify_compensated(comm, topo, count),
+        ),
+    }
 
-    def compressed_step() -> None:
-        compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out)
 
-    row = {"size": size, "count": count, "ranks": n}
-    for name, step, verify in (
-        ("plain", plain_step, lambda: _verify_plain(comm, count)),
-        ("1bit", compressed_step, lambda: _verify_compressed(comm, count, args.protocol)),
-    ):
-        sent = comm.bytes_sent
+def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argparse.Namespace) -> dict:
+    """One size: every method of ``args.methods`` on ``size`` bytes of float32, side by side.
+
+    1. One untimed call per method counts its bytes (all, intra-node, inter-node).
+    2. The timed runs (median of per-iteration times of the slowest rank).
+    3. One verified call per method, when ``args.check``.
+    Speedup and byte ratios are relative to the first method (plain allreduce by default).
+    """
+    n, count = comm.size, size // 4
+    x = _input(comm.rank, count)
+    available = _methods(comm, topo, x, args)
+    row: dict = {"size": size, "count": count, "ranks": n, "ranks_per_node": topo.ranks_per_node}
+    for name in args.methods:
+        step, verify = available[name]
+        sent, (intra, inter) = comm.bytes_sent, topo.traffic(comm)
         step()
-        per_call = comm.bytes_sent - sent
+        sent, (intra, inter) = comm.bytes_sent - sent, (a - b for a, b in zip(topo.traffic(comm), (intra, inter)))
         seconds = _timed(comm, step, args.iters, args.warmup, args.runs)
         algbw = size / seconds / 1e9
         row[name] = {
             "time_us": seconds * 1e6,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (n - 1) / n,
-            "bytes_sent": per_call,
+            "bytes_sent": sent,
+            "intra_bytes": intra,
+            "inter_bytes": inter,
             "wrong": verify() if args.check else None,
         }
-    row["speedup"] = row["plain"]["time_us"] / row["1bit"]["time_us"]
-    row["compression"] = row["plain"]["bytes_sent"] / row["1bit"]["bytes_sent"] if n > 1 else None
+    base = row[args.methods[0]]
+    for name in args.methods:
+        m = row[name]
+        m["speedup"] = base["time_us"] / m["time_us"]
+        m["bytes_ratio"] = base["bytes_sent"] / m["bytes_sent"] if m["bytes_sent"] else None
+        m["inter_ratio"] = base["inter_bytes"] / m["inter_bytes"] if m["inter_bytes"] else None
     return row
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace) -> str:
+    first = rows[0] if rows else {"ranks_per_node": "?"}
     head = (
-        f"# compcoll.bench: {type(comm).__name__} {comm.size} rank(s), protocol {args.protocol}, "
-        f"{args.iters} iters x {args.runs} runs (median), {args.warmup} warmup\n"
-        f"# {'size(B)':>12} {'count':>11} | {'plain us':>10} {'algbw':>7} {'busbw':>7} {'sent(B)':>11} "
-        f"{'wrong':>5} | {'1bit us':>10} {'algbw':>7} {'busbw':>7} {'sent(B)':>11} {'wrong':>5} | "
-        f"{'speedup':>7} {'bytes x':>7}"
+        f"# compcoll.bench: {type(comm).__name__} {comm.size} rank(s), {first['ranks_per_node']} per node, "
+        f"protocol {args.protocol}, {args.iters} iters x {args.runs} runs (median), {args.warmup} warmup; "
+        f"ratios vs {args.methods[0]}\n"
+        f"# {'size(B)':>12} {'count':>11} {'method':>8} | {'time us':>10} {'algbw':>7} {'busbw':>7} | "
+        f"{'sent(B)':>11} {'intra(B)':>11} {'inter(B)':>11} {'wrong':>5} | {'speedup':>7} {'bytes x':>7} "
+        f"{'inter x':>7}"
     )
     lines = [head]
     for r in rows:
-        cells = [f"  {r['size']:>12} {r['count']:>11}"]
-        for name in ("plain", "1bit"):
+        for name in args.methods:
             m = r[name]
             wrong = "-" if m["wrong"] is None else str(m["wrong"])
-            cells.append(
-                f"{m['time_us']:>10.1f} {m['algbw_GBps']:>7.3f} {m['busbw_GBps']:>7.3f} "
-                f"{m['bytes_sent']:>11.0f} {wrong:>5}"
+            lines.append(
+                f"  {r['size']:>12} {r['count']:>11} {name:>8} | {m['time_us']:>10.1f} {m['algbw_GBps']:>7.3f} "
+                f"{m['busbw_GBps']:>7.3f} | {m['bytes_sent']:>11} {m['intra_bytes']:>11} {m['inter_bytes']:>11} "
+                f"{wrong:>5} | {m['speedup']:>7.2f} {_ratio(m['bytes_ratio']):>7} {_ratio(m['inter_ratio']):>7}"
             )
-        ratio = "-" if r["compression"] is None else f"{r['compression']:.1f}"
-        cells.append(f"{r['speedup']:>7.2f} {ratio:>7}")
-        lines.append(" | ".join(cells))
     return "\n".join(lines)
 
 
 def run_benchmark(comm: Communicator, args: argparse.Namespace) -> list[dict]:
     """Measure every size; rank 0 prints a line per size as it goes, then the table or JSON."""
+    topo = compcoll.topology(comm, args.ranks_per_node)
     rows = []
     for size in sizes(args.begin, args.end, args.factor):
-        rows.append(measure(comm, size, args))
+        rows.append(measure(comm, topo, size, args))
         if comm.rank == 0 and not args.quiet:
             print(f"# measured {size} bytes", file=sys.stderr, flush=True)
     if comm.rank == 0:
-        report = {"communicator": type(comm).__name__, "ranks": comm.size, "protocol": args.protocol,
-                  "iters": args.iters, "runs": args.runs, "warmup": args.warmup, "rows": rows}
+        report = {"communicator": type(comm).__name__, "ranks": comm.size, "ranks_per_node": topo.ranks_per_node,
+                  "methods": args.methods, "protocol": args.protocol, "iters": args.iters, "runs": args.runs,
+                  "warmup": args.warmup, "rows": rows}
         if args.json:
             text = json.dumps(report, indent=1)
             if args.json == "-":
@@ -187,7 +275,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--runs", type=int, default=5, help="runs whose median is reported (5)")
     p.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations first (2)")
     p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 yes, 0 no (1)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="gather_scatter")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="gather_scatter", help="of the 1bit method")
+    p.add_argument("--methods", type=_method_list, default=["plain", "1bit"],
+                   help=f"comma-separated, side by side, the first is the baseline: {','.join(METHODS)} "
+                        "(plain,1bit)")
+    p.add_argument("--ranks-per-node", type=int, metavar="K",
+                   help="k consecutive ranks form a node (default: by hostname, or COMPCOLL_RANKS_PER_NODE)")
     p.add_argument("--json", metavar="PATH", help="also write JSON to PATH ('-' prints only JSON)")
     p.add_argument("--launch", type=int, metavar="N", help="start N local ranks (no launcher needed)")
     p.add_argument("--backend", choices=("mpi", "gloo"), default="mpi", help="with --launch (mpi)")

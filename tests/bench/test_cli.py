@@ -9,12 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from compcoll.bench.cli import parse_size, sizes
+from compcoll.bench.cli import parser, parse_size, sizes
 
 
 def test_parse_size_and_sweep() -> None:
     assert parse_size("64K") == 65536 and parse_size("16M") == 1 << 24 and parse_size("100") == 100
     assert sizes(1024, 16384, 4) == [1024, 4096, 16384]
+
+
+def test_methods_option() -> None:
+    assert parser().parse_args(["--methods", "1bit,hier"]).methods == ["1bit", "hier"]
+    for bad in ("plain,plain", "zfp", ""):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--methods", bad])
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
@@ -28,4 +35,21 @@ def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
     assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 65536]
     for row in report["rows"]:
         assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0
-        assert row["compression"] > 20
+        assert row["1bit"]["bytes_ratio"] > 20
+
+
+def test_cli_hierarchical_as_two_nodes(tmp_path: Path) -> None:
+    """4 local ranks as 2 nodes x 2: every method verified, intra and inter bytes split."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "64K", "-e", "64K", "-n", "2", "-r", "2",
+           "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4", "--json", str(out)]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "inter(B)" in text and "hier-ef" in text
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["ranks_per_node"] == 2
+    for name in ("plain", "1bit", "hier", "hier-ef"):
+        m = row[name]
+        assert m["wrong"] == 0, name
+        assert m["intra_bytes"] + m["inter_bytes"] == m["bytes_sent"] and m["inter_bytes"] > 0, name
+    assert row["hier"]["inter_bytes"] < 0.55 * row["1bit"]["inter_bytes"]
+    assert row["hier-ef"]["inter_bytes"] < 0.55 * row["1bit"]["inter_bytes"]

@@ -41,7 +41,7 @@ def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
 def test_cli_hierarchical_as_two_nodes(tmp_path: Path) -> None:
     """4 local ranks as 2 nodes x 2: every method verified, intra and inter bytes split."""
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "64K", "-e", "64K", "-n", "2", "-r", "2",
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
            "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4", "--json", str(out)]
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     assert "inter(B)" in text and "hier-ef" in text

@@ -21,6 +21,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Sequence
 
 BACKENDS = ("mpi", "gloo")
 
@@ -63,6 +64,9 @@ def run(
     args: tuple = (),
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
+    rank_prefix: Sequence[Sequence[str]] | None = None,
+    rank_env: Sequence[dict[str, str]] | None = None,
+    master_addr: str = "127.0.0.1",
 ) -> str:
     """Run ``target`` ("package.module:function") on ``world_size`` local processes.
 
@@ -71,6 +75,10 @@ def run(
     2. Each rank calls ``function(comm, *args)``; ``args`` must be JSON-serialisable.
     3. Wait up to ``timeout`` seconds for all ranks, killing them all past it.
 
+    Gloo ranks can be placed on emulated nodes: ``rank_prefix[r]`` goes in front of rank
+    r's command (``ip netns exec ns``), ``rank_env[r]`` is added to its environment
+    (``GLOO_SOCKET_IFNAME``), and ``master_addr`` is rank 0's address.
+
     Returns the ranks' combined output; raises ``WorkerFailure`` if any rank failed.
     """
     if backend not in BACKENDS:
@@ -78,12 +86,16 @@ def run(
     command = [sys.executable, "-m", "compcoll.testing", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi":
+        if rank_prefix or rank_env:
+            raise ValueError("rank_prefix and rank_env place Gloo ranks; mpiexec places MPI ranks itself")
         launches = [([mpiexec(), "-n", str(world_size), *command], base)]
     else:
         port = str(_free_port())
         launches = [
-            (command, {**base, "RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
-                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+            ([*(rank_prefix[r] if rank_prefix else ()), *command],
+             {**base, "RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
+              "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
+              **(rank_env[r] if rank_env else {})})
             for r in range(world_size)
         ]
     logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]

@@ -56,6 +56,8 @@ def compensated_sumsq(src, lut, err, n_src):
     1. Each block of BLOCK elements keeps LANES float64 accumulators; element
        i adds float64(x_i)^2 to lane i % LANES, in order.
     2. The block-major lane sums are combined by ``tree_sum``.
+    Inside a block, whole rows of LANES elements go through a zero-based loop over the
+    lanes (vectorized); rows that straddle n_src or the end take a checked loop.
 
     Returns the float64 sum; it is not finite when any x_i is not.
     """
@@ -64,16 +66,39 @@ def compensated_sumsq(src, lut, err, n_src):
     partial = np.zeros((nblocks, LANES), np.float64)
     for b in prange(nblocks):
         lo = b * BLOCK
-        for k in range(_STEPS):
-            base = lo + k * LANES
-            if base >= n:
-                break
-            for lane in range(min(LANES, n - base)):
-                i = base + lane
-                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
-                x64 = np.float64(x)
-                partial[b, lane] += x64 * x64
+        count = max(0, min(BLOCK, n - lo))
+        valid = min(count, max(0, n_src - lo))
+        errs = err[lo:lo + count]
+        values = src[lo:lo + valid]
+        acc = partial[b]
+        for k in range((count + LANES - 1) // LANES):
+            row_err = errs[k * LANES:(k + 1) * LANES]
+            if (k + 1) * LANES <= valid:
+                row = values[k * LANES:(k + 1) * LANES]
+                for lane in range(LANES):
+                    x = np.float64(row_err[lane] + _load(row, lut, lane))
+                    acc[lane] += x * x
+            elif k * LANES >= valid and (k + 1) * LANES <= count:
+                for lane in range(LANES):
+                    x = np.float64(row_err[lane])
+                    acc[lane] += x * x
+            else:
+                for lane in range(row_err.size):
+                    i = k * LANES + lane
+                    x = np.float64(row_err[lane] + _load(values, lut, i) if i < valid else row_err[lane])
+                    acc[lane] += x * x
     return tree_sum(partial.reshape(-1))
+
+
+@njit(cache=True, inline="always")
+def _pack(flags, out):
+    """out[k] <- flags[8k .. 8k+7] (bytes 0/1), the first in the most significant bit."""
+    for k in range(out.size):
+        e = 8 * k
+        out[k] = (
+            (flags[e] << 7) | (flags[e + 1] << 6) | (flags[e + 2] << 5) | (flags[e + 3] << 4)
+            | (flags[e + 4] << 3) | (flags[e + 5] << 2) | (flags[e + 6] << 1) | flags[e + 7]
+        )
 
 
 @njit(parallel=True, cache=True)
@@ -84,24 +109,29 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
     1. x = err[i] + src[i] in float32.
     2. bit = x >= 0 (sign(0) = +1); bits[i // 8] has element i at bit 7 - i % 8.
     3. err[i] = x - scale * (+1 if bit else -1).
+    Each block writes its bits as bytes 0/1 in zero-based loops (vectorized), then packs them.
     """
     nbytes = err.size // 8
     per_block = BLOCK // 8
     nblocks = (nbytes + per_block - 1) // per_block
     for b in prange(nblocks):
-        hi = min(nbytes, (b + 1) * per_block)
-        for k in range(b * per_block, hi):
-            byte = 0
-            full = 8 * k + 8 <= n_src
-            for j in range(8):
-                i = 8 * k + j
-                x = err[i] + _load(src, lut, i) if full or i < n_src else err[i]
-                if x >= 0:
-                    byte |= 1 << (7 - j)
-                    err[i] = x - scale
-                else:
-                    err[i] = x + scale
-            bits[k] = byte
+        lo = b * per_block
+        hi = min(nbytes, lo + per_block)
+        first = lo * 8
+        count = (hi - lo) * 8
+        valid = min(count, max(0, n_src - first))
+        errs = err[first:first + count]
+        values = src[first:first + valid]
+        flags = np.empty(count, np.uint8)
+        for e in range(valid):
+            x = errs[e] + _load(values, lut, e)
+            flags[e] = x >= 0
+            errs[e] = x - scale if x >= 0 else x + scale
+        for e in range(valid, count):
+            x = errs[e]
+            flags[e] = x >= 0
+            errs[e] = x - scale if x >= 0 else x + scale
+        _pack(flags, bits[lo:hi])
 
 
 @njit(parallel=True, cache=True)
@@ -114,31 +144,40 @@ def accumulate_signs(bits, weights, base, out, n_out):
     1. For each element, acc = 0; for r in rank order acc += +-weights[r] (float32).
     2. out[i] = acc + base[i] (or acc).
     3. Sum of squares of out in the order of ``compensated_sumsq``.
+    Each row of LANES elements is summed rank by rank across its lanes, in zero-based
+    loops that Numba vectorizes.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
     partial = np.zeros((nblocks, LANES), np.float64)
     for b in prange(nblocks):
         lo = b * BLOCK
-        for k in range(_STEPS):
-            start = lo + k * LANES
-            if start >= n_out:
-                break
-            for lane in range(min(LANES, n_out - start)):
-                i = start + lane
-                byte_index = i >> 3
-                shift = 7 - (i & 7)
-                acc = np.float32(0)
-                for r in range(nranks):
-                    if (bits[r, byte_index] >> shift) & 1:
-                        acc += weights[r]
+        count = max(0, min(BLOCK, n_out - lo))
+        block_bits = bits[:, lo // 8:(lo + count + 7) // 8]
+        block_out = out[lo:lo + count]
+        block_base = block_out if base is None else base[lo:lo + count]
+        sums = partial[b]
+        acc = np.empty(LANES, np.float32)
+        for k in range((count + LANES - 1) // LANES):
+            width = min(LANES, count - k * LANES)
+            row_bits = block_bits[:, k * (LANES // 8):(k + 1) * (LANES // 8)]
+            acc[:] = 0
+            for r in range(nranks):
+                w = weights[r]
+                for lane in range(width):
+                    if (row_bits[r, lane >> 3] >> (7 - (lane & 7))) & 1:
+                        acc[lane] += w
                     else:
-                        acc -= weights[r]
-                if base is not None:
-                    acc = acc + base[i]
-                out[i] = acc
-                x64 = np.float64(acc)
-                partial[b, lane] += x64 * x64
+                        acc[lane] -= w
+            row_out = block_out[k * LANES:k * LANES + width]
+            if base is not None:
+                row_base = block_base[k * LANES:k * LANES + width]
+                for lane in range(width):
+                    acc[lane] = acc[lane] + row_base[lane]
+            for lane in range(width):
+                row_out[lane] = acc[lane]
+                x = np.float64(acc[lane])
+                sums[lane] += x * x
     return tree_sum(partial.reshape(-1))
 
 
@@ -197,9 +236,10 @@ def row_absmax(src, lut, n_src, row_len, out):
     for t in prange(rows * per_row):
         lo = (t // per_row) * row_len + (t % per_row) * BLOCK
         hi = min(min((t // per_row + 1) * row_len, lo + BLOCK), n_src)
+        values = src[lo:max(lo, hi)]
         m = np.float32(0)
-        for i in range(lo, hi):
-            a = abs(_load(src, lut, i))
+        for e in range(values.size):
+            a = abs(_load(values, lut, e))
             if a > m or a != a:
                 m = a
         partial[t] = m
@@ -220,6 +260,8 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits):
     For element i of x, in row r = i // (8 * row_bytes):
     1. t = threshold of index start + i in stream ``key``.
     2. The bit is set when float64(x_i) > t * float64(scales[r]) (an exact product).
+    Each block first writes its bits as bytes 0/1 in a loop that indexes from zero (so
+    that Numba drops negative-index checks and LLVM vectorizes the hash), then packs them.
     """
     rows, row_bytes = bits.shape
     per_block = BLOCK // 8
@@ -229,12 +271,13 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits):
         lo = (t % blocks_per_row) * per_block
         hi = min(row_bytes, lo + per_block)
         scale = np.float64(scales[r])
-        for k in range(lo, hi):
-            first = (r * row_bytes + k) * 8
-            byte = 0
-            for j in range(8):
-                i = first + j
-                x = _load(src, lut, i) if i < n_src else np.float32(0)
-                if np.float64(x) > _threshold(key, start + i) * scale:
-                    byte |= 1 << (7 - j)
-            bits[r, k] = byte
+        first = (r * row_bytes + lo) * 8
+        count = (hi - lo) * 8
+        valid = min(count, max(0, n_src - first))
+        values = src[first:first + valid]
+        flags = np.empty(count, np.uint8)
+        for e in range(valid):
+            flags[e] = np.float64(_load(values, lut, e)) > _threshold(key, start + first + e) * scale
+        for e in range(valid, count):
+            flags[e] = 0.0 > _threshold(key, start + first + e) * scale
+        _pack(flags, bits[r, lo:hi])

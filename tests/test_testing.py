@@ -39,3 +39,8 @@ def prints_a_lot(comm) -> None:
 def test_large_output_does_not_block_the_ranks() -> None:
     out = run("tests.test_testing:prints_a_lot", 3, "gloo", timeout=60)
     assert out.count("x" * 200_000) == 3
+
+
+def test_rank_placement_is_for_gloo_only() -> None:
+    with pytest.raises(ValueError, match="mpiexec places MPI ranks"):
+        run("tests.comm.comm_workers:collectives", 1, "mpi", rank_prefix=[["env"]])

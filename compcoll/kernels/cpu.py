@@ -127,10 +127,11 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
             x = errs[e] + _load(values, lut, e)
             flags[e] = x >= 0
             errs[e] = x - scale if x >= 0 else x + scale
-        for e in range(valid, count):
-            x = errs[e]
-            flags[e] = x >= 0
-            errs[e] = x - scale if x >= 0 else x + scale
+        tail_errs, tail_flags = errs[valid:], flags[valid:]
+        for e in range(count - valid):
+            x = tail_errs[e]
+            tail_flags[e] = x >= 0
+            tail_errs[e] = x - scale if x >= 0 else x + scale
         _pack(flags, bits[lo:hi])
 
 
@@ -278,6 +279,7 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits):
         flags = np.empty(count, np.uint8)
         for e in range(valid):
             flags[e] = np.float64(_load(values, lut, e)) > _threshold(key, start + first + e) * scale
-        for e in range(valid, count):
-            flags[e] = 0.0 > _threshold(key, start + first + e) * scale
+        tail_flags = flags[valid:]
+        for e in range(count - valid):
+            tail_flags[e] = 0.0 > _threshold(key, start + first + valid + e) * scale
         _pack(flags, bits[r, lo:hi])

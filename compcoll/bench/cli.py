@@ -89,28 +89,32 @@ def _verify_plain(comm: Communicator, count: int) -> int:
     return int((~torch.isclose(x.double(), expected, rtol=1e-5, atol=1e-5)).sum())
 
 
-def _agree_everywhere(comm: Communicator, out: torch.Tensor) -> int:
-    """Elements to count as wrong when the ranks' outputs are not bit-identical (all of them)."""
+def _count_wrong(comm: Communicator, out: torch.Tensor, simulate) -> int:
+    """Wrong elements of one call's ``out``: against the reference (small sizes) and across ranks.
+
+    1. If ``simulate`` is given and the world's inputs are small enough, compare with
+       ``simulate(every rank's input)``, the reference's output for this rank.
+    2. All-gather a checksum of ``out``; if any rank differs, every element counts as wrong.
+    """
+    wrong = 0
+    if simulate is not None and out.numel() * comm.size <= _REFERENCE_LIMIT:
+        expected = simulate([_input(r, out.numel()).numpy() for r in range(comm.size)])
+        wrong = int((out.numpy() != expected).sum())
     checksums = torch.empty(comm.size, dtype=torch.int64)
     comm.allgather(torch.tensor([zlib.crc32(out.numpy().tobytes())]), checksums)
-    return int((checksums != checksums[0]).sum()) * out.numel()
+    return wrong + int((checksums != checksums[0]).sum()) * out.numel()
 
 
 def _verify_compressed(comm: Communicator, count: int, protocol: str) -> int:
-    """Wrong elements of one compressed call: vs the reference (small sizes) and across ranks."""
-    full = compcoll.padded_numel(count, comm.size)
+    """Wrong elements of one compressed_allreduce from zero error buffers."""
+    n, full = comm.size, compcoll.padded_numel(count, comm.size)
     out = compcoll.compressed_allreduce(
-        _input(comm.rank, count), torch.zeros(full), torch.zeros(full // comm.size), comm, protocol=protocol
+        _input(comm.rank, count), torch.zeros(full), torch.zeros(full // n), comm, protocol=protocol
     )
-    wrong = 0
-    if count * comm.size <= _REFERENCE_LIMIT:
-        zeros_w = [np.zeros(full, np.float32)] * comm.size
-        zeros_s = [np.zeros(full // comm.size, np.float32)] * comm.size
-        expected = reference.compressed_allreduce(
-            [_input(r, count).numpy() for r in range(comm.size)], zeros_w, zeros_s, protocol
-        )[0][comm.rank]
-        wrong = int((out.numpy() != expected).sum())
-    return wrong + _agree_everywhere(comm, out)
+    zeros_w, zeros_s = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
+    return _count_wrong(
+        comm, out, lambda xs: reference.compressed_allreduce(xs, zeros_w, zeros_s, protocol)[0][comm.rank]
+    )
 
 
 def _consecutive(topo: compcoll.Topology) -> bool:
@@ -119,31 +123,26 @@ def _consecutive(topo: compcoll.Topology) -> bool:
 
 
 def _verify_hierarchical(comm: Communicator, topo: compcoll.Topology, count: int) -> int:
-    """Wrong elements of one hierarchical_allreduce: vs the reference (small sizes) and across ranks."""
+    """Wrong elements of one hierarchical_allreduce (seed 1, step 0)."""
     k = topo.ranks_per_node
     out = compcoll.hierarchical_allreduce(_input(comm.rank, count), comm, ranks_per_node=k, seed=1, step=0)
-    wrong = 0
-    if count * comm.size <= _REFERENCE_LIMIT and _consecutive(topo):
-        inputs = [_input(r, count).numpy() for r in range(comm.size)]
-        expected = reference.hierarchical_allreduce(inputs, k, 1, 0)[0][comm.rank]
-        wrong = int((out.numpy() != expected).sum())
-    return wrong + _agree_everywhere(comm, out)
+    simulate = (lambda xs: reference.hierarchical_allreduce(xs, k, 1, 0)[0][comm.rank]) if _consecutive(topo) else None
+    return _count_wrong(comm, out, simulate)
 
 
 def _verify_compensated(comm: Communicator, topo: compcoll.Topology, count: int) -> int:
-    """Wrong elements of one hierarchical_compressed_allreduce: vs the reference and across ranks."""
+    """Wrong elements of one hierarchical_compressed_allreduce from zero error buffers."""
     n, k = comm.size, topo.ranks_per_node
     wn, sn = compcoll.hierarchical_error_numels(count, n, k)
     out = compcoll.hierarchical_compressed_allreduce(
         _input(comm.rank, count), torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k
     )
-    wrong = 0
-    if count * n <= _REFERENCE_LIMIT and _consecutive(topo):
-        inputs = [_input(r, count).numpy() for r in range(n)]
-        zeros_w, zeros_s = [np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n
-        expected = reference.hierarchical_compressed_allreduce(inputs, zeros_w, zeros_s, k)[0][comm.rank]
-        wrong = int((out.numpy() != expected).sum())
-    return wrong + _agree_everywhere(comm, out)
+    zeros_w, zeros_s = [np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n
+    simulate = (
+        (lambda xs: reference.hierarchical_compressed_allreduce(xs, zeros_w, zeros_s, k)[0][comm.rank])
+        if _consecutive(topo) else None
+    )
+    return _count_wrong(comm, out, simulate)
 
 
 def _methods(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor, args: argparse.Namespace) -> dict:

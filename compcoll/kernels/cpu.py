@@ -15,7 +15,6 @@ from numba import njit, prange
 
 from .reference import BLOCK, GOLDEN, LANES, MIX1, MIX2, UNIFORM_BITS
 
-_STEPS = BLOCK // LANES
 _GOLDEN = np.uint64(GOLDEN)
 _MIX1 = np.uint64(MIX1)
 _MIX2 = np.uint64(MIX2)
@@ -223,6 +222,12 @@ def _threshold(key, index):
     return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
 
 
+@njit(cache=True, inline="always")
+def _max_keeping_nan(m, a):
+    """max(m, a), where a NaN on either side wins (and then stays)."""
+    return a if a > m or a != a else m
+
+
 @njit(parallel=True, cache=True)
 def row_absmax(src, lut, n_src, row_len, out):
     """out[r] = max |x_i| over row r (elements [r * row_len, (r + 1) * row_len)).
@@ -240,16 +245,12 @@ def row_absmax(src, lut, n_src, row_len, out):
         values = src[lo:max(lo, hi)]
         m = np.float32(0)
         for e in range(values.size):
-            a = abs(_load(values, lut, e))
-            if a > m or a != a:
-                m = a
+            m = _max_keeping_nan(m, abs(_load(values, lut, e)))
         partial[t] = m
     for r in range(rows):
         m = np.float32(0)
         for t in range(r * per_row, (r + 1) * per_row):
-            a = partial[t]
-            if a > m or a != a:
-                m = a
+            m = _max_keeping_nan(m, partial[t])
         out[r] = m
 
 

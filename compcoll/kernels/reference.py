@@ -86,6 +86,13 @@ def padded_numel(numel: int, world_size: int) -> int:
     return -(-numel // unit) * unit
 
 
+def pad(x: np.ndarray, length: int) -> np.ndarray:
+    """``x`` as float32, zero-padded to ``length`` elements."""
+    padded = np.zeros(length, dtype=np.float32)
+    padded[: x.size] = x
+    return padded
+
+
 def compress(x: np.ndarray, error: np.ndarray) -> tuple[np.ndarray, np.float32, np.ndarray]:
     """One error-compensated 1-bit compression.
 
@@ -148,9 +155,7 @@ def compressed_allreduce(
     cb = chunk // 8
     packed, scales, new_we = [], [], []
     for x, we in zip(xs, worker_errors):
-        padded = np.zeros(np_, dtype=np.float32)
-        padded[:numel] = x
-        bits, s, err = compress(padded, we)
+        bits, s, err = compress(pad(x, np_), we)
         packed.append(bits)
         scales.append(s)
         new_we.append(err)
@@ -258,9 +263,7 @@ def hierarchical_allreduce(
     shard, sub = full // k, full // n
     first = []
     for r, x in enumerate(xs):
-        padded = np.zeros(full, dtype=np.float32)
-        padded[:numel] = x
-        first.append(_randomized_rows(padded, k, stream_key(seed, step, STAGES["node"], r), 0))
+        first.append(_randomized_rows(pad(x, full), k, stream_key(seed, step, STAGES["node"], r), 0))
     second = []
     for r in range(n):
         m, j = divmod(r, k)
@@ -306,17 +309,13 @@ def hierarchical_compressed_allreduce(
     numel = xs[0].size
     full = padded_numel(numel, n)
     shard, sub = full // k, full // n
-    padded = []
-    for x in xs:
-        p = np.zeros(full, dtype=np.float32)
-        p[:numel] = x
-        padded.append(p.reshape(k, shard))
+    padded = [pad(x, full).reshape(k, shard) for x in xs]
     new_we, new_se = list(worker_errors), list(server_errors)
     pieces = []
     for j in range(k):
         averages = []
         for m in range(nodes):
-            acc = padded[m * k].copy()[j]
+            acc = padded[m * k][j].copy()
             for i in range(1, k):
                 acc = (acc + padded[m * k + i][j]).astype(np.float32)
             averages.append((acc / np.float32(k)).astype(np.float32))

@@ -7,7 +7,14 @@ import torch
 
 import compcoll
 from compcoll.kernels import reference
-from tests.algorithms.onebit_workers import DTYPES, _expect, assert_same_on_all_ranks, make_input
+from tests.algorithms.onebit_workers import (
+    DTYPES,
+    _expect,
+    assert_errors_match,
+    assert_matches_reference,
+    assert_same_on_all_ranks,
+    make_input,
+)
 
 SEED = 20261121
 
@@ -42,19 +49,16 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
                                      ranks_per_node=k, seed=SEED)
                 outs, ref_sent = reference.hierarchical_allreduce(flat, k, SEED, step)
                 step += 1
-                expected = torch.from_numpy(outs[rank]).to(dtype).view(shape)
                 assert out.shape == shape and out.dtype == dtype, where
-                assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), f"1-bit output ({where})"
+                assert_matches_reference(out, outs[rank], f"1-bit, {where}")
                 assert sent == ref_sent[rank], f"1-bit bytes {sent} != {ref_sent[rank]} ({where})"
                 assert_same_on_all_ranks(comm, out)
 
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
                                      comm, ranks_per_node=k)
                 outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(flat, ref_we, ref_se, k)
-                expected = torch.from_numpy(outs[rank]).to(dtype).view(shape)
-                assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), f"compensated output ({where})"
-                assert np.array_equal(we.numpy(), ref_we[rank]), f"worker error ({where})"
-                assert np.array_equal(se.numpy(), ref_se[rank]), f"server error ({where})"
+                assert_matches_reference(out, outs[rank], f"compensated, {where}")
+                assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
                 assert sent == ref_sent[rank], f"compensated bytes {sent} != {ref_sent[rank]} ({where})"
                 assert_same_on_all_ranks(comm, out)
                 assert torch.equal(xs[rank], before), f"input was modified ({where})"

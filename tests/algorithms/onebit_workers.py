@@ -32,6 +32,18 @@ def assert_same_on_all_ranks(comm: compcoll.Communicator, tensor: torch.Tensor) 
         assert torch.equal(rows[r], rows[0]), f"rank {r}'s output differs from rank 0's"
 
 
+def assert_matches_reference(out: torch.Tensor, expected: np.ndarray, where: str) -> None:
+    """``out`` equals the reference's float32 result rounded to its dtype, bit for bit."""
+    want = torch.from_numpy(expected).to(out.dtype).view(out.shape)
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8)), f"output ({where})"
+
+
+def assert_errors_match(we: torch.Tensor, se: torch.Tensor, ref_we: np.ndarray, ref_se: np.ndarray, where: str) -> None:
+    """Both error-feedback buffers equal the reference's exactly."""
+    assert np.array_equal(we.numpy(), ref_we), f"worker error ({where})"
+    assert np.array_equal(se.numpy(), ref_se), f"server error ({where})"
+
+
 def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
     """Outputs, both error buffers and bytes sent equal the reference, step after step."""
     n, rank = comm.size, comm.rank
@@ -54,10 +66,8 @@ def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -
                     where = f"{dtype} {protocol} shape {shape} step {step}"
                     assert torch.equal(xs[rank], before), f"input was modified ({where})"
                     assert out.shape == shape and out.dtype == dtype, where
-                    expected = torch.from_numpy(outs[rank]).to(dtype).view(shape)
-                    assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8)), f"output ({where})"
-                    assert np.array_equal(we.numpy(), ref_we[rank]), f"worker error ({where})"
-                    assert np.array_equal(se.numpy(), ref_se[rank]), f"server error ({where})"
+                    assert_matches_reference(out, outs[rank], where)
+                    assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
                     assert sent == ref_sent[rank], f"bytes sent {sent} != {ref_sent[rank]} ({where})"
                     assert_same_on_all_ranks(comm, out)
 

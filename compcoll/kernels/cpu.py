@@ -222,12 +222,6 @@ def _threshold(key, index):
     return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
 
 
-@njit(cache=True, inline="always")
-def _max_keeping_nan(m, a):
-    """max(m, a), where a NaN on either side wins (and then stays)."""
-    return a if a > m or a != a else m
-
-
 @njit(parallel=True, cache=True)
 def row_absmax(src, lut, n_src, row_len, out):
     """out[r] = max |x_i| over row r (elements [r * row_len, (r + 1) * row_len)).
@@ -245,12 +239,16 @@ def row_absmax(src, lut, n_src, row_len, out):
         values = src[lo:max(lo, hi)]
         m = np.float32(0)
         for e in range(values.size):
-            m = _max_keeping_nan(m, abs(_load(values, lut, e)))
+            a = abs(_load(values, lut, e))
+            if a > m or a != a:
+                m = a
         partial[t] = m
     for r in range(rows):
         m = np.float32(0)
         for t in range(r * per_row, (r + 1) * per_row):
-            m = _max_keeping_nan(m, partial[t])
+            a = partial[t]
+            if a > m or a != a:
+                m = a
         out[r] = m
 
 

@@ -60,6 +60,17 @@ def compensated_sumsq(tensor: torch.Tensor, error: torch.Tensor) -> float:
     return float(cpu_kernels.compensated_sumsq(src, lut, error.numpy(), src.size))
 
 
+def sumsq(tensor: torch.Tensor) -> float:
+    """Float64 sum of squares of a 1-D float32 tensor, in an order fixed by its length alone.
+
+    The same kernel as ``compensated_sumsq`` (the tensor in the error slot, no source),
+    so the result does not depend on the number of threads: ranks holding the same bits
+    compute the same norm.
+    """
+    check_device(tensor)
+    return float(cpu_kernels.compensated_sumsq(np.empty(0, np.float32), None, tensor.numpy(), 0))
+
+
 def compensate_encode(
     tensor: torch.Tensor | None, error: torch.Tensor, scale: float, bits: torch.Tensor
 ) -> None:

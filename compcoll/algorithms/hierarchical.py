@@ -12,6 +12,7 @@ from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..workspace import scratch
 from .agreement import Option, agree
+from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_tensor
 from .onebit import padded_numel, serve
 
@@ -222,7 +223,7 @@ def hierarchical_compressed_allreduce(
     if numel == 0:
         return result
 
-    average = _node_average(tensor, layout.intra, shard)
+    average = shard_average(tensor, layout.intra, shard, "hier.node")
     sumsq = codecs.compensated_sumsq(average, worker_error)
     finite = math.isfinite(sumsq)
     scale = codecs.l2_scale(sumsq, shard) if finite else 0.0
@@ -232,25 +233,3 @@ def hierarchical_compressed_allreduce(
     codecs.compensate_encode(average, worker_error, scale, bits)
     _gather_decode(serve(bits, weights, server_error, layout.inter).view(-1), layout, result)
     return result
-
-
-def _node_average(tensor: torch.Tensor, intra: Communicator, shard: int) -> torch.Tensor:
-    """Intra-node reduce-scatter: this rank's shard averaged over its node, in float32.
-
-    1. Copy the tensor, as float32, into a zero-padded buffer of k shards.
-    2. All-to-all: local rank j receives shard j of every peer.
-    3. Sum the k rows in local-rank order, then divide by k.
-    """
-    k = intra.size
-    numel = tensor.numel()
-    padded = scratch("hier.padded", k * shard, torch.float32, tensor.device)
-    padded[:numel].copy_(tensor.reshape(-1))
-    padded[numel:].zero_()
-    received = scratch("hier.shards", k * shard, torch.float32, tensor.device)
-    intra.alltoall(padded, received)
-    rows = received.view(k, shard)
-    average = scratch("hier.node_average", shard, torch.float32, tensor.device)
-    average.copy_(rows[0])
-    for i in range(1, k):
-        average.add_(rows[i])
-    return average.div_(k)

@@ -1,0 +1,50 @@
+"""Uncompressed float32 averages over ranks that are bit-identical on every rank (fixed summation order)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm import Communicator
+from ..workspace import scratch
+
+
+def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, name: str) -> torch.Tensor:
+    """Reduce-scatter: this rank's shard of ``tensor`` averaged over ``comm``, in float32.
+
+    1. Copy the tensor, as float32, into a zero-padded buffer of ``comm.size`` shards.
+    2. All-to-all: rank r receives shard r of every rank.
+    3. Sum the rows in rank order, then divide by the number of ranks.
+
+    Returns a scratch buffer (named ``name``) of ``shard`` elements.
+    """
+    n = comm.size
+    numel = tensor.numel()
+    padded = scratch(name + ".padded", n * shard, torch.float32, tensor.device)
+    padded[:numel].copy_(tensor.reshape(-1))
+    padded[numel:].zero_()
+    received = scratch(name + ".shards", n * shard, torch.float32, tensor.device)
+    comm.alltoall(padded, received)
+    rows = received.view(n, shard)
+    average = scratch(name + ".average", shard, torch.float32, tensor.device)
+    average.copy_(rows[0])
+    for i in range(1, n):
+        average.add_(rows[i])
+    return average.div_(n)
+
+
+def exact_average(tensor: torch.Tensor, comm: Communicator, out: torch.Tensor) -> torch.Tensor:
+    """Average a 1-D float32 ``tensor`` over ``comm`` into ``out``, the same bits on every rank.
+
+    1. ``shard_average``: rank r sums shard r of every rank in rank order and divides by n.
+    2. All-gather the averaged shards.
+    A NaN or Inf on any rank reaches the same elements of every rank's result. Bytes sent
+    per rank are those of a ring allreduce, 2(n-1)/n * 4 * numel (plus padding to n shards).
+    """
+    n = comm.size
+    numel = tensor.numel()
+    shard = -(-numel // n)
+    average = shard_average(tensor, comm, shard, "exact")
+    gathered = scratch("exact.gathered", n * shard, torch.float32, tensor.device)
+    comm.allgather(average, gathered)
+    out.copy_(gathered[:numel])
+    return out

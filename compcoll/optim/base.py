@@ -1,0 +1,197 @@
+"""The shared frame of compcoll's optimizers: flat parameters, rank-0 broadcast, skipped steps, per-rank state_dict."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from ..algorithms.agreement import Option, agree
+from ..algorithms.exact import exact_average
+from ..comm import Communicator, get_default
+from ..errors import NonFiniteError
+from .flat import FlatParams
+
+NONFINITE_POLICIES = ("skip", "raise")
+
+
+class CompressedOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that averages over ranks itself; subclasses give ``_update``.
+
+    Construction:
+    1. Lay every parameter of every group into one flat float32 buffer (``FlatParams``);
+       parameters become views of it, so one step sends one vector.
+    2. Check that all ranks hold the same groups and shapes (one small allgather; a
+       ``RankMismatchError`` on every rank otherwise) and broadcast the buffer from rank 0,
+       so replicas start identical.
+
+    ``step()``:
+    1. Gather the local gradients into one flat vector (zeros where ``p.grad`` is None).
+    2. Run the algorithm's ``_update``, which raises ``NonFiniteError`` on every rank,
+       before it changes anything, when a gradient is NaN / Inf on some rank.
+    3. On that error, ``nonfinite="skip"`` (default) leaves parameters and state as they
+       were on every rank and counts the step in ``skipped_steps``, as a loss scaler
+       does; ``"raise"`` lets the error through (still on every rank, nothing changed).
+
+    ``state_dict()`` holds this rank's whole state (moments, error-feedback buffers,
+    phase counters); save one per rank and load it on the same rank of a world of the
+    same size: the run then continues bit for bit as if uninterrupted.
+    """
+
+    _scalar_names: tuple[str, ...] = ()
+
+    def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str) -> None:
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        self._built = False
+        super().__init__(params, defaults)
+        self.comm = get_default() if comm is None else comm
+        self.nonfinite = nonfinite
+        self.flat = FlatParams(self.param_groups, type(self).__name__)
+        agree(
+            self.comm, type(self).__name__, self.flat.data, None,
+            (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),),
+        )
+        self.comm.bcast(self.flat.data, 0)
+        self.steps = 0
+        self.skipped_steps = 0
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._built = True
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_built", False):
+            raise RuntimeError(
+                f"{type(self).__name__}: parameter groups are fixed at construction (they share one "
+                f"flat buffer); build a new optimizer with all groups"
+            )
+        super().add_param_group(param_group)
+
+    def _buffer(self, name: str, numel: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zero state buffer kept in ``state_dict`` (``numel`` defaults to the parameter count)."""
+        buf = torch.zeros(self.flat.numel if numel is None else numel, dtype=dtype)
+        self._buffers[name] = buf
+        return buf
+
+    def _keep(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Keep an existing tensor (an error buffer) in ``state_dict`` under ``name``."""
+        self._buffers[name] = tensor
+        return tensor
+
+    def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:
+        """(hyperparameters, slice of the flat buffers) of every parameter group."""
+        for group, (start, stop) in zip(self.param_groups, self.flat.groups):
+            yield group, slice(start, stop)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None):
+        """One optimization step on the local gradients; all communication happens here.
+
+        Returns the closure's loss, if a closure was given.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad = self.flat.gather_grads()
+        try:
+            self._update(grad)
+        except NonFiniteError:
+            if self.nonfinite == "raise":
+                raise
+            self.skipped_steps += 1
+            return loss
+        self.steps += 1
+        return loss
+
+    def _update(self, grad: torch.Tensor) -> None:
+        """The algorithm: read ``grad`` (this rank's, flat), update ``self.flat.data`` and the state."""
+        raise NotImplementedError
+
+    def _average(self, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The exact average of ``grad`` over ranks into ``out``; NonFiniteError (on every rank) if not finite."""
+        exact_average(grad, self.comm, out)
+        if not bool(torch.isfinite(out).all()):
+            raise NonFiniteError(
+                f"{type(self).__name__}: the averaged gradient holds NaN or Inf (a rank's gradient was not "
+                f"finite); every rank skips this step alike"
+            )
+        return out
+
+    def _check_finite(self, grad: torch.Tensor, values: tuple[float, ...] = ()) -> torch.Tensor:
+        """One small allgather of (finite?, ``values``): NonFiniteError on every rank if some rank's grad is not finite.
+
+        Returns the (size, len(values)) table of every rank's values.
+        """
+        finite = bool(torch.isfinite(grad).all())
+        return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters."""
+        groups = []
+        index = 0
+        for group in self.param_groups:
+            saved = {k: v for k, v in group.items() if k != "params"}
+            saved["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(saved)
+        return {
+            "state": {
+                "algorithm": type(self).__name__,
+                "world_size": self.comm.size,
+                "rank": self.comm.rank,
+                "layout": self.flat.layout_code(),
+                "steps": self.steps,
+                "skipped_steps": self.skipped_steps,
+                "scalars": {name: getattr(self, name) for name in self._scalar_names},
+                "buffers": {name: buf.clone() for name, buf in self._buffers.items()},
+            },
+            "param_groups": groups,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved on this rank of a world of the same size.
+
+        Raises:
+            ValueError: the checkpoint is another algorithm's, another rank's or world
+                size's, or for other parameter groups and shapes. Error-feedback buffers
+                and local moments belong to one rank and one chunking of the vector, so a
+                changed world size is refused rather than silently re-chunked.
+        """
+        name = type(self).__name__
+        state = state_dict["state"]
+        if state.get("algorithm") != name:
+            raise ValueError(f"{name}: this checkpoint is a {state.get('algorithm')!r} optimizer's state")
+        if (state["world_size"], state["rank"]) != (self.comm.size, self.comm.rank):
+            raise ValueError(
+                f"{name}: checkpoint is from rank {state['rank']} of a world of {state['world_size']}, this is "
+                f"rank {self.comm.rank} of {self.comm.size}; error-feedback buffers and local moments belong to "
+                f"one rank, so resume with the same world size and each rank's own state_dict"
+            )
+        if state["layout"] != self.flat.layout_code() or len(state_dict["param_groups"]) != len(self.param_groups):
+            raise ValueError(f"{name}: checkpoint is for other parameter groups or shapes than this optimizer's")
+        missing = set(self._buffers) ^ set(state["buffers"])
+        if missing:
+            raise ValueError(f"{name}: checkpoint buffers differ from this optimizer's: {sorted(missing)}")
+        for key, saved in state["buffers"].items():
+            if saved.shape != self._buffers[key].shape:
+                raise ValueError(f"{name}: checkpoint buffer {key!r} has shape {tuple(saved.shape)}")
+        for key, saved in state["buffers"].items():
+            self._buffers[key].copy_(saved)
+        for key, value in state["scalars"].items():
+            setattr(self, key, value)
+        self.steps = state["steps"]
+        self.skipped_steps = state["skipped_steps"]
+        for group, saved in zip(self.param_groups, state_dict["param_groups"]):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def check_hyperparameters(what: str, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    """ValueError naming the first bad hyperparameter (eps must be > 0: a zero variance divides by it)."""
+    if not lr >= 0.0:
+        raise ValueError(f"{what}: lr must be >= 0, got {lr}")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{what}: betas must be two numbers in [0, 1), got {tuple(betas)}")
+    if not eps > 0.0:
+        raise ValueError(f"{what}: eps must be > 0, got {eps}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"{what}: weight_decay must be >= 0, got {weight_decay}")

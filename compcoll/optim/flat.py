@@ -1,0 +1,94 @@
+"""All parameters of an optimizer as views into one flat float32 buffer, and their gradients gathered beside it."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One parameter's place in the flat buffer: elements [start, start + numel), in group ``group``."""
+
+    start: int
+    numel: int
+    group: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.numel
+
+
+class FlatParams:
+    """The parameters of every group, laid out group after group in one flat buffer.
+
+    1. Check that every parameter is a dense float32 tensor on one CPU device.
+    2. Copy them, in group order, into ``data``, and make each parameter a view of its
+       slice (``p.data = data[slice].view_as(p)``), so the model trains the flat buffer.
+    3. ``gather_grads`` copies every ``p.grad`` into ``grad`` (zeros where a parameter
+       has no gradient), so an optimizer step reads one contiguous vector.
+
+    Attributes:
+        data: the flat parameter buffer.
+        grad: the flat gradient buffer, filled by ``gather_grads``.
+        segments: one ``Segment`` per parameter, in order.
+        groups: (start, stop) of each parameter group.
+    """
+
+    def __init__(self, param_groups: list[dict], what: str) -> None:
+        params = [p for group in param_groups for p in group["params"]]
+        if not params:
+            raise ValueError(f"{what}: got no parameters to optimize")
+        device = params[0].device
+        for p in params:
+            if p.dtype != torch.float32:
+                raise TypeError(
+                    f"{what}: parameters must be float32 (keep float32 master weights for mixed "
+                    f"precision), got a {p.dtype} parameter of shape {tuple(p.shape)}"
+                )
+            if p.is_sparse or p.device != device or device.type != "cpu":
+                raise ValueError(f"{what}: parameters must be dense and on one CPU device, got {p.device}")
+        self.shapes = [tuple(p.shape) for p in params]
+        self.segments: list[Segment] = []
+        self.groups: list[tuple[int, int]] = []
+        start = 0
+        for index, group in enumerate(param_groups):
+            first = start
+            for p in group["params"]:
+                self.segments.append(Segment(start, p.numel(), index))
+                start += p.numel()
+            self.groups.append((first, start))
+        self.numel = start
+        self.params = params
+        self.data = torch.empty(self.numel, dtype=torch.float32, device=device)
+        self.grad = torch.zeros(self.numel, dtype=torch.float32, device=device)
+        for p, seg in zip(params, self.segments):
+            view = self.data[seg.start:seg.stop]
+            view.copy_(p.detach().reshape(-1))
+            p.data = view.view_as(p)
+
+    def layout_code(self) -> int:
+        """A checksum of the group sizes and parameter shapes, for checking that ranks agree."""
+        return zlib.crc32(repr((self.groups, self.shapes)).encode())
+
+    def gather_grads(self) -> torch.Tensor:
+        """Copy every parameter's gradient into ``grad`` (zeros for None) and return it."""
+        for p, seg in zip(self.params, self.segments):
+            view = self.grad[seg.start:seg.stop]
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.is_sparse or p.grad.shape != p.shape:
+                raise ValueError(
+                    f"gradient of a parameter of shape {tuple(p.shape)} is "
+                    f"{'sparse' if p.grad.is_sparse else 'of shape ' + str(tuple(p.grad.shape))}; "
+                    f"dense gradients of the parameter's shape are needed"
+                )
+            else:
+                view.copy_(p.grad.reshape(-1))
+        return self.grad
+
+    def views(self, flat: torch.Tensor) -> list[tuple[Segment, torch.Tensor]]:
+        """(segment, slice of ``flat``) for every parameter: per-layer views of a flat state buffer."""
+        return [(seg, flat[seg.start:seg.stop]) for seg in self.segments]

@@ -1,0 +1,197 @@
+"""1-bit LAMB (Li et al. 2021): LAMB in warmup, then fused 1-bit momentum with frozen, factor-adjusted layer trust ratios."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import codecs
+from ..comm import Communicator
+from ..workspace import scratch
+from .base import CompressedOptimizer, check_hyperparameters
+from .channel import ErrorFeedbackChannel
+
+
+class OneBitLamb(CompressedOptimizer):
+    """1-bit LAMB, standing alone: call ``loss.backward(); opt.step()`` on local gradients.
+
+    Layers are the parameters; ||.|| is a float64 norm in a fixed order. Per step:
+    1. Warmup (the first ``freeze_step`` steps): g_avg = exact average of g over ranks;
+       m = b1*m + (1-b1)*g_avg; v = b2*v + (1-b2)*g_avg^2 (at the last warmup step
+       v_fresh = v). Per layer: u = m/(sqrt(v)+eps) + wd*p; c = clip(||p||/||u||,
+       min_coeff, max_coeff) (1 if either norm is 0); where c != 1 the frozen ratio
+       follows c_frozen = coeff_beta*c_frozen + (1-coeff_beta)*c; p -= lr*c*u.
+    2. Compression: at its first step each layer gets a scaling s_l = mean_k(r_k) / r_l,
+       r_l = ||m_l|| / sqrt(numel_l), so that all layers' momenta share the one 1-bit
+       scale fairly. Each step: m_last = m; m = (b1*m + (1-b1)*g) * s_l per layer; one
+       compressed_allreduce of the whole vector (hierarchical across several nodes);
+       m /= s_l. Coordinates whose frozen v is 0 are kept at m = 0.
+    3. The reconstructed gradient g~ = (m - b1*m_last)/(1-b1) updates a fresh variance
+       v_fresh = b2*v_fresh + (1-b2)*g~^2. Per layer: u = m/(sqrt(v)+eps) + wd*p;
+       f = max(denominator / (sqrt(v_fresh)+eps)) (blended towards 1 by the share of
+       the weight decay in ||u|| when wd > 0), clipped to [factor_min, factor_max] and
+       to (1 -/+ factor_threshold) times the last step's f; p -= lr * c_frozen * f * u.
+    As DeepSpeed's, no bias correction; unlike DeepSpeed's, no step is spent on setup,
+    a layer with zero momentum gets s_l = 1 rather than a division by zero, and the state
+    (frozen ratios, factors, scalings, error buffers) is all in ``state_dict``.
+    ``lamb_coeffs`` holds the last step's per-layer coefficients.
+
+    Args:
+        params, lr, freeze_step (>= 1), betas, eps, weight_decay, comm, ranks_per_node,
+            hierarchical, nonfinite: as for ``OneBitAdam``.
+        max_coeff / min_coeff: clip of the warmup trust ratio.
+        coeff_beta: decay of the frozen trust ratio's moving average (1/(1-coeff_beta)
+            should not exceed freeze_step).
+        factor_max / factor_min: clip of the compression-phase factor.
+        factor_threshold: how much the factor may change from one step to the next.
+    """
+
+    _scalar_names = ("scaled",)
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        freeze_step: int = 100000,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_coeff: float = 10.0,
+        min_coeff: float = 0.01,
+        coeff_beta: float = 0.9,
+        factor_max: float = 4.0,
+        factor_min: float = 0.5,
+        factor_threshold: float = 0.1,
+        comm: Communicator | None = None,
+        *,
+        ranks_per_node: int | None = None,
+        hierarchical: bool | None = None,
+        nonfinite: str = "skip",
+    ) -> None:
+        what = type(self).__name__
+        check_hyperparameters(what, lr, betas, eps, weight_decay)
+        if freeze_step < 1:
+            raise ValueError(f"{what}: freeze_step must be >= 1 (warmup estimates the variance), got {freeze_step}")
+        if not 0 < min_coeff <= max_coeff or not 0 < factor_min <= factor_max or not 0 <= coeff_beta < 1:
+            raise ValueError(
+                f"{what}: need 0 < min_coeff <= max_coeff, 0 < factor_min <= factor_max and 0 <= coeff_beta < 1, "
+                f"got {min_coeff}, {max_coeff}, {factor_min}, {factor_max}, {coeff_beta}"
+            )
+        if not factor_threshold >= 0:
+            raise ValueError(f"{what}: factor_threshold must be >= 0, got {factor_threshold}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        max_coeff=max_coeff, min_coeff=min_coeff)
+        super().__init__(params, defaults, comm, nonfinite)
+        self.freeze_step = int(freeze_step)
+        self.coeff_beta, self.factor_max, self.factor_min = coeff_beta, factor_max, factor_min
+        self.factor_threshold = factor_threshold
+        layers = len(self.flat.segments)
+        self.exp_avg = self._buffer("exp_avg")
+        self.exp_avg_sq = self._buffer("exp_avg_sq")
+        self.exp_avg_sq_fresh = self._buffer("exp_avg_sq_fresh")
+        self.coeff_freeze = self._buffer("lamb_coeff_freeze", layers, torch.float64)
+        self.last_factor = self._buffer("last_factor", layers, torch.float64).fill_(1.0)
+        self.scaling_coeff = self._buffer("scaling_coeff", layers, torch.float64)
+        self.scaled = False
+        self.lamb_coeffs: list[float] = []
+        self.channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
+        self._keep("worker_error", self.channel.worker_error)
+        self._keep("server_error", self.channel.server_error)
+
+    @property
+    def compressing(self) -> bool:
+        """Whether the next step communicates 1-bit momentum (warmup is over)."""
+        return self.steps >= self.freeze_step
+
+    def _update(self, grad: torch.Tensor) -> None:
+        if self.compressing:
+            self._compressed_step(grad)
+        else:
+            self._warmup_step(grad)
+
+    def _warmup_step(self, grad: torch.Tensor) -> None:
+        m, v, p = self.exp_avg, self.exp_avg_sq, self.flat.data
+        average = self._average(grad, scratch("optim.average", grad.numel(), torch.float32, grad.device))
+        for group, sl in self._groups():
+            b1, b2 = group["betas"]
+            m[sl].mul_(b1).add_(average[sl], alpha=1 - b1)
+            v[sl].mul_(b2).addcmul_(average[sl], average[sl], value=1 - b2)
+        if self.steps + 1 == self.freeze_step:
+            self.exp_avg_sq_fresh.copy_(v)
+        self.lamb_coeffs = []
+        for index, (seg, p_l) in enumerate(self.flat.views(p)):
+            group = self.param_groups[seg.group]
+            update = m[seg.start:seg.stop] / v[seg.start:seg.stop].sqrt().add_(group["eps"])
+            if group["weight_decay"]:
+                update.add_(p_l, alpha=group["weight_decay"])
+            weight_norm, update_norm = _norm(p_l), _norm(update)
+            coeff = 1.0
+            if weight_norm and update_norm:
+                coeff = min(max(weight_norm / update_norm, group["min_coeff"]), group["max_coeff"])
+            if coeff != 1.0:
+                frozen = self.coeff_freeze[index].item()
+                self.coeff_freeze[index] = self.coeff_beta * frozen + (1 - self.coeff_beta) * coeff
+            self.lamb_coeffs.append(coeff)
+            p_l.add_(update, alpha=-group["lr"] * coeff)
+
+    def _compressed_step(self, grad: torch.Tensor) -> None:
+        m, v, fresh, p = self.exp_avg, self.exp_avg_sq, self.exp_avg_sq_fresh, self.flat.data
+        if not self.scaled:
+            self._set_scaling()
+        last = scratch("optim.last", m.numel(), torch.float32, m.device)
+        last.copy_(m)
+        local = scratch("optim.local", m.numel(), torch.float32, m.device)
+        for group, sl in self._groups():
+            b1 = group["betas"][0]
+            torch.add(m[sl].mul(b1), grad[sl], alpha=1 - b1, out=local[sl])
+        for index, (seg, local_l) in enumerate(self.flat.views(local)):
+            local_l.mul_(self.scaling_coeff[index].item())
+        self.channel(local, out=m)
+        for index, (seg, m_l) in enumerate(self.flat.views(m)):
+            m_l.div_(self.scaling_coeff[index].item())
+        silent = v == 0
+        m.masked_fill_(silent, 0.0)
+        self.channel.forget(silent)
+        for group, sl in self._groups():
+            b1, b2 = group["betas"]
+            rebuilt = (m[sl] - last[sl] * b1) / (1 - b1)
+            fresh[sl].mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
+        self.lamb_coeffs = []
+        for index, (seg, p_l) in enumerate(self.flat.views(p)):
+            if not seg.numel:
+                self.lamb_coeffs.append(0.0)
+                continue
+            group = self.param_groups[seg.group]
+            sl = slice(seg.start, seg.stop)
+            denom = v[sl].sqrt().add_(group["eps"])
+            prelim = m[sl] / denom
+            update = prelim.add(p_l, alpha=group["weight_decay"]) if group["weight_decay"] else prelim
+            factor = (denom / fresh[sl].sqrt().add_(group["eps"])).max().item()
+            if group["weight_decay"]:
+                update_norm = _norm(update)
+                ratio = min(1.0, _norm(prelim) / update_norm) if update_norm else 1.0
+                factor = factor * ratio + (1.0 - ratio)
+            last_factor = self.last_factor[index].item()
+            factor = min(max(factor, self.factor_min), self.factor_max)
+            factor = min(max(factor, last_factor * (1.0 - self.factor_threshold)),
+                         last_factor * (1.0 + self.factor_threshold))
+            self.last_factor[index] = factor
+            coeff = self.coeff_freeze[index].item() * factor
+            self.lamb_coeffs.append(coeff)
+            p_l.add_(update, alpha=-group["lr"] * coeff)
+
+    def _set_scaling(self) -> None:
+        """s_l = mean_k(r_k) / r_l with r_l = ||m_l|| / sqrt(numel_l); 1 for a layer with zero momentum."""
+        ratios = [
+            _norm(m_l) / math.sqrt(seg.numel) if seg.numel else 0.0 for seg, m_l in self.flat.views(self.exp_avg)
+        ]
+        united = sum(ratios) / len(ratios)
+        for index, r in enumerate(ratios):
+            self.scaling_coeff[index] = united / r if r else 1.0
+        self.scaled = True
+
+
+def _norm(tensor: torch.Tensor) -> float:
+    """||tensor||_2 in float64, summed in an order fixed by the length (the same on every rank)."""
+    return math.sqrt(codecs.sumsq(tensor))

@@ -1,0 +1,166 @@
+"""0/1 Adam (Lu et al. 2022): variance refreshed at doubling intervals, 1-bit steps between, then 1-bit synced local steps."""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm import Communicator
+from ..workspace import scratch
+from .base import CompressedOptimizer, check_hyperparameters
+from .channel import ErrorFeedbackChannel
+from .onebit_adam import adam_step
+
+
+class ZeroOneAdam(CompressedOptimizer):
+    """0/1 Adam, standing alone: call ``loss.backward(); opt.step()`` on local gradients.
+
+    Steps are numbered s = 1, 2, ... Per step:
+    1. Variance phase (s <= var_freeze_step). If s is a multiple of ``var_interval``:
+       g_avg = exact average of g over ranks, v = b2*v + (1-b2)*g_avg^2,
+       m = b1*m + (1-b1)*g_avg; after ``var_update_scaler`` such refreshes the interval
+       doubles. Otherwise m = b1*m + (1-b1)*compressed_allreduce(g) (error-compensated
+       1 bit). Then p -= lr*(m/(sqrt(v)+eps) + wd*p).
+    2. Local phase (s > var_freeze_step; v frozen): m = b1*m + (1-b1)*g with the local
+       gradient; p -= lr*u_s and the accumulator a += lr*u_s, u_s = m/(sqrt(v)+eps) + wd*p;
+       no vector is sent. Every ``local_interval`` steps the ranks synchronise: the
+       accumulated step a*(sqrt(v)+eps) goes through ``compressed_allreduce`` (error
+       buffers reset once when the phase starts, since they now hold another quantity),
+       p = p_sync + mean/(sqrt(v)+eps) from the parameters p_sync of the last
+       synchronisation, and m = mean / (the group's sum of lr since then). The interval doubles every
+       ``local_step_scaler`` steps, up to ``local_step_clipper``.
+    Replicas are bit-identical after every step of phase 1 and after every
+    synchronisation (``synchronized`` is True then); between synchronisations each rank
+    trains its own copy, as the algorithm intends. Unlike DeepSpeed's, the first step
+    updates the parameters and synchronised parameters are rebuilt from the common
+    p_sync (DeepSpeed subtracts the local steps again, which leaves rounding differences
+    between replicas). Coordinates whose v is 0 (no gradient at any refresh so far) keep
+    m = 0, no momentum step and no error-feedback residue. In the local phase one
+    32-byte allgather per step lets every rank skip a step with a non-finite gradient alike.
+
+    Args:
+        params, lr, betas, eps, weight_decay, comm, ranks_per_node, hierarchical,
+            nonfinite: as for ``OneBitAdam``.
+        var_freeze_step: the last step of the variance phase.
+        var_update_scaler: refreshes of v per interval before the interval doubles.
+        local_step_scaler: local-phase steps per doubling of the synchronisation interval.
+        local_step_clipper: the largest synchronisation interval.
+    """
+
+    _scalar_names = ("var_interval", "var_counter", "local_interval", "local_counter", "pending")
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        var_freeze_step: int = 100000,
+        var_update_scaler: int = 16,
+        local_step_scaler: int = 32678,
+        local_step_clipper: int = 16,
+        comm: Communicator | None = None,
+        *,
+        ranks_per_node: int | None = None,
+        hierarchical: bool | None = None,
+        nonfinite: str = "skip",
+    ) -> None:
+        what = type(self).__name__
+        check_hyperparameters(what, lr, betas, eps, weight_decay)
+        for name, value in (("var_freeze_step", var_freeze_step), ("var_update_scaler", var_update_scaler),
+                            ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{what}: {name} must be a positive integer, got {value!r}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite)
+        self.var_freeze_step = var_freeze_step
+        self.var_update_scaler = var_update_scaler
+        self.local_step_scaler = local_step_scaler
+        self.local_step_clipper = local_step_clipper
+        self.var_interval, self.var_counter = 1, 0
+        self.local_interval, self.local_counter = 1, 0
+        self.pending = 0
+        self.exp_avg = self._buffer("exp_avg")
+        self.exp_avg_sq = self._buffer("exp_avg_sq")
+        self.accumulator = self._buffer("momentum_accumulator")
+        self.synced_params = self._buffer("synced_params")
+        self.lr_sums = self._buffer("lr_sums", len(self.param_groups), torch.float64)
+        self.channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
+        self._keep("worker_error", self.channel.worker_error)
+        self._keep("server_error", self.channel.server_error)
+
+    @property
+    def synchronized(self) -> bool:
+        """Whether every rank holds the same parameters now (phase 1, or just after a synchronisation)."""
+        return self.pending == 0
+
+    def _update(self, grad: torch.Tensor) -> None:
+        if self.steps + 1 <= self.var_freeze_step:
+            self._variance_phase_step(grad, self.steps + 1)
+        else:
+            self._local_phase_step(grad, self.steps + 1)
+
+    def _variance_phase_step(self, grad: torch.Tensor, s: int) -> None:
+        m, v = self.exp_avg, self.exp_avg_sq
+        source = scratch("optim.average", grad.numel(), torch.float32, grad.device)
+        refresh = s % self.var_interval == 0
+        if refresh:
+            self._average(grad, source)
+        else:
+            self.channel(grad, out=source)
+            silent = v == 0
+            source.masked_fill_(silent, 0.0)
+            self.channel.forget(silent)
+        for group, sl in self._groups():
+            b1, b2 = group["betas"]
+            if refresh:
+                v[sl].mul_(b2).addcmul_(source[sl], source[sl], value=1 - b2)
+            m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
+        adam_step(self, self.flat.data, m, v)
+        if refresh:
+            self.var_counter += 1
+            if self.var_counter == self.var_update_scaler:
+                self.var_counter, self.var_interval = 0, self.var_interval * 2
+        if s == self.var_freeze_step:
+            self.channel.reset()
+            self.synced_params.copy_(self.flat.data)
+
+    def _local_phase_step(self, grad: torch.Tensor, s: int) -> None:
+        self._check_finite(grad)
+        m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
+        silent = v == 0
+        for index, (group, sl) in enumerate(self._groups()):
+            b1 = group["betas"][0]
+            m[sl].mul_(b1).add_(grad[sl], alpha=1 - b1)
+            update = m[sl] / v[sl].sqrt().add_(group["eps"])
+            update.masked_fill_(silent[sl], 0.0)
+            if group["weight_decay"]:
+                update.add_(p[sl], alpha=group["weight_decay"])
+            p[sl].add_(update, alpha=-group["lr"])
+            acc[sl].add_(update, alpha=group["lr"])
+            self.lr_sums[index] += group["lr"]
+        self.pending += 1
+        if s % self.local_interval == 0:
+            self._synchronize(silent)
+        self.local_counter += 1
+        if self.local_counter == self.local_step_scaler:
+            self.local_counter = 0
+            self.local_interval = min(self.local_step_clipper, self.local_interval * 2)
+
+    def _synchronize(self, silent: torch.Tensor) -> None:
+        """Average the accumulated steps in 1 bit and rebuild p and m from it, identically on every rank."""
+        m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
+        for group, sl in self._groups():
+            acc[sl].mul_(v[sl].sqrt().add_(group["eps"]))
+        self.channel(acc, out=acc)
+        acc.masked_fill_(silent, 0.0)
+        self.channel.forget(silent)
+        for index, (group, sl) in enumerate(self._groups()):
+            denom = v[sl].sqrt().add_(group["eps"])
+            torch.sub(self.synced_params[sl], acc[sl] / denom, out=p[sl])
+            lr_sum = self.lr_sums[index].item()
+            if lr_sum:
+                torch.div(acc[sl], lr_sum, out=m[sl])
+        self.synced_params.copy_(p)
+        acc.zero_()
+        self.lr_sums.zero_()
+        self.pending = 0

@@ -1,0 +1,199 @@
+"""Rank-side bodies of the multi-process optimizer tests (run by compcoll.testing)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+
+import compcoll
+from compcoll.kernels import reference
+from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+from tests.algorithms.onebit_workers import assert_same_on_all_ranks
+
+STEPS = 16
+UNUSED_ROWS = slice(10, 20)
+ZERO_INPUT = 4 + 1
+
+CONFIGS = {
+    "OneBitAdam": (OneBitAdam, dict(lr=1e-2, freeze_step=4)),
+    "OneBitLamb": (OneBitLamb, dict(lr=1e-2, freeze_step=4)),
+    "ZeroOneAdam": (ZeroOneAdam, dict(lr=1e-2, var_freeze_step=6, var_update_scaler=2, local_step_scaler=3,
+                                      local_step_clipper=4)),
+    "Birder": (Birder, dict(lr=1e-3)),
+}
+
+
+class Net(torch.nn.Module):
+    """An embedding of which rows 10-19 are never used, and an MLP whose input 5 is always zero."""
+
+    def __init__(self, hidden: int = 5) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 4)
+        self.hidden = torch.nn.Linear(7, hidden)
+        self.out = torch.nn.Linear(hidden, 3)
+
+    def forward(self, tokens: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.hidden(torch.cat([self.emb(tokens), x], dim=1))))
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh data of one rank at one step: tokens 0-9 only, input column 1 always zero."""
+    gen = torch.Generator().manual_seed(7919 * rank + 104729 * step + 1)
+    tokens = torch.randint(0, 10, (8,), generator=gen)
+    x = torch.randn(8, 3, generator=gen) * (1 + rank)
+    x[:, 1] = 0.0
+    return tokens, x, torch.randint(0, 3, (8,), generator=gen)
+
+
+def build(comm: compcoll.Communicator, name: str, **overrides):
+    """A model initialised differently on every rank (the optimizer broadcasts rank 0's) and its optimizer."""
+    torch.manual_seed(100 + comm.rank)
+    model = Net()
+    cls, kwargs = CONFIGS[name]
+    return model, cls(model.parameters(), comm=comm, **{**kwargs, **overrides})
+
+
+def train(comm, model, opt, steps: range, poison: int | None = None) -> None:
+    """Run ``steps`` on this rank's batches; at step ``poison`` the last rank's gradient gets a NaN."""
+    for step in steps:
+        opt.zero_grad()
+        tokens, x, y = batch(comm.rank, step)
+        torch.nn.functional.cross_entropy(model(tokens, x), y).backward()
+        if step == poison and comm.rank == comm.size - 1:
+            model.hidden.weight.grad[0, 0] = float("nan")
+        opt.step()
+        if getattr(opt, "synchronized", True):
+            assert_same_on_all_ranks(comm, opt.flat.data)
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def replicas(comm: compcoll.Communicator, name: str) -> None:
+    """Replicas start from rank 0's weights, stay bit-identical, train, and never move unused coordinates."""
+    model, opt = build(comm, name)
+    start = flat_params(model).clone()
+    assert_same_on_all_ranks(comm, start)
+    train(comm, model, opt, range(STEPS))
+    assert getattr(opt, "synchronized", True), "the test's schedule should end on a synchronisation"
+    assert_same_on_all_ranks(comm, opt.flat.data)
+    assert opt.steps == STEPS and opt.skipped_steps == 0
+    assert not torch.equal(flat_params(model), start), "nothing trained"
+    initial = Net()
+    torch.nn.utils.vector_to_parameters(start, initial.parameters())
+    assert torch.equal(model.emb.weight[UNUSED_ROWS], initial.emb.weight[UNUSED_ROWS]), \
+        "embedding rows that never had a gradient moved"
+    assert torch.equal(model.hidden.weight[:, ZERO_INPUT], initial.hidden.weight[:, ZERO_INPUT]), \
+        "weights of an always-zero input moved"
+    assert not torch.equal(model.emb.weight[:10], initial.emb.weight[:10]), "used embedding rows did not train"
+
+
+def _checkpoint(model, opt) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buffer)
+    return buffer.getvalue()
+
+
+def resume(comm: compcoll.Communicator, name: str, at: int) -> None:
+    """A run resumed from a torch.save checkpoint at step ``at`` ends bit-identical to the uninterrupted run."""
+    model, opt = build(comm, name)
+    train(comm, model, opt, range(at))
+    saved = _checkpoint(model, opt)
+    train(comm, model, opt, range(at, STEPS))
+    torch.manual_seed(12345)
+    model2, opt2 = build(comm, name)
+    loaded = torch.load(io.BytesIO(saved), weights_only=True)
+    model2.load_state_dict(loaded["model"])
+    opt2.load_state_dict(loaded["optimizer"])
+    assert opt2.steps == at
+    train(comm, model2, opt2, range(at, STEPS))
+    assert torch.equal(flat_params(model2).view(torch.int32), flat_params(model).view(torch.int32)), \
+        f"resumed at step {at}, the parameters differ from the uninterrupted run's"
+    for key, value in opt.state_dict()["state"]["buffers"].items():
+        assert torch.equal(value, opt2.state_dict()["state"]["buffers"][key]), f"state buffer {key} differs"
+
+
+def nonfinite(comm: compcoll.Communicator, name: str, at: int, policy: str) -> None:
+    """A NaN gradient on the last rank at step ``at``: every rank skips (or raises) alike, nothing changes."""
+    model, opt = build(comm, name, nonfinite=policy)
+    train(comm, model, opt, range(at))
+    before_params = opt.flat.data.clone()
+    before_state = opt.state_dict()["state"]
+    if policy == "raise":
+        try:
+            train(comm, model, opt, range(at, at + 1), poison=at)
+        except compcoll.NonFiniteError as exc:
+            assert "NaN or Inf" in str(exc)
+        else:
+            raise AssertionError("no NonFiniteError")
+    else:
+        train(comm, model, opt, range(at, at + 1), poison=at)
+        assert opt.skipped_steps == 1
+    assert torch.equal(opt.flat.data, before_params), "a skipped step changed the parameters"
+    after_state = opt.state_dict()["state"]
+    assert after_state["steps"] == at
+    for key, value in before_state["buffers"].items():
+        assert torch.equal(value, after_state["buffers"][key]), f"a skipped step changed {key}"
+    train(comm, model, opt, range(at + 1, STEPS))
+    assert opt.steps == STEPS - 1
+
+
+def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
+    """Ranks whose models differ get RankMismatchError at construction, on every rank."""
+    model = Net(hidden=5 if comm.rank == 0 else 6)
+    cls, kwargs = CONFIGS[name]
+    try:
+        cls(model.parameters(), comm=comm, **kwargs)
+    except compcoll.RankMismatchError as exc:
+        assert "differ across ranks" in str(exc)
+    else:
+        raise AssertionError("no RankMismatchError")
+
+
+def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int) -> None:
+    """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit."""
+    n = comm.size
+    model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01)
+    b1, b2, lr, eps, wd = 0.9, 0.999, 1e-2, 1e-8, 0.01
+    torch.manual_seed(100)
+    sim = Net()
+    p = flat_params(sim).clone()
+    numel = p.numel()
+    full = compcoll.padded_numel(numel, n)
+    m, v = torch.zeros(numel), torch.zeros(numel)
+    we = [np.zeros(full, np.float32) for _ in range(n)]
+    se = [np.zeros(full // n, np.float32) for _ in range(n)]
+    for step in range(steps):
+        grads = []
+        for q in range(n):
+            torch.nn.utils.vector_to_parameters(p, sim.parameters())
+            sim.zero_grad()
+            tokens, x, y = batch(q, step)
+            torch.nn.functional.cross_entropy(sim(tokens, x), y).backward()
+            grads.append(torch.cat([t.grad.reshape(-1) for t in sim.parameters()]))
+        if step < freeze_step:
+            avg = grads[0].clone()
+            for g in grads[1:]:
+                avg.add_(g)
+            avg.div_(n)
+            m.mul_(b1).add_(avg, alpha=1 - b1)
+            v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
+        else:
+            locals_ = [torch.add(m.mul(b1), g, alpha=1 - b1).numpy() for g in grads]
+            outs, we, se, _ = reference.compressed_allreduce(locals_, we, se)
+            silent = (v == 0).numpy()
+            m = torch.from_numpy(outs[0]).masked_fill_(torch.from_numpy(silent), 0.0)
+            chunk = full // n
+            for q in range(n):
+                we[q][:numel][silent] = 0.0
+                span = silent[q * chunk:(q + 1) * chunk]
+                se[q][:span.size][span] = 0.0
+        update = (m / v.sqrt().add_(eps)).add_(p, alpha=wd)
+        p.add_(update, alpha=-lr)
+        train(comm, model, opt, range(step, step + 1))
+        assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params differ"
+        assert np.array_equal(opt.channel.worker_error.numpy(), we[comm.rank]), f"step {step}: worker error"
+        assert np.array_equal(opt.channel.server_error.numpy(), se[comm.rank]), f"step {step}: server error"

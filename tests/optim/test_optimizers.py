@@ -1,0 +1,46 @@
+"""The four optimizers on 1-4 ranks: identical replicas, exact resume, skipped non-finite steps, untouched unused coordinates."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll.testing import run
+
+WORKERS = "tests.optim.optim_workers"
+NAMES = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder"]
+# a warmup / variance-phase step and a compression / local-phase step (ZeroOneAdam: between syncs)
+RESUME_AT = {"OneBitAdam": (2, 9), "OneBitLamb": (3, 9), "ZeroOneAdam": (5, 11), "Birder": (1, 9)}
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_replicas_stay_identical_and_unused_coordinates_untouched(name: str, world_size: int) -> None:
+    run(f"{WORKERS}:replicas", world_size, "mpi", args=(name,))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_replicas_over_gloo_with_two_nodes(name: str) -> None:
+    run(f"{WORKERS}:replicas", 4, "gloo", args=(name,), env={"COMPCOLL_RANKS_PER_NODE": "2"})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_exact_resume_in_both_phases(name: str) -> None:
+    for at in RESUME_AT[name]:
+        run(f"{WORKERS}:resume", 3, "mpi", args=(name, at))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("policy", ["skip", "raise"])
+def test_nonfinite_gradient_skips_alike(name: str, policy: str) -> None:
+    for at in RESUME_AT[name]:
+        run(f"{WORKERS}:nonfinite", 2, "mpi", args=(name, at, policy))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_different_models_raise_on_every_rank(name: str) -> None:
+    run(f"{WORKERS}:layout_mismatch", 2, "mpi", args=(name,))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_onebit_adam_matches_simulation(world_size: int) -> None:
+    run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8))

@@ -8,7 +8,7 @@ from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm import Communicator
 from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
-from .live import any_rank
+from .live import add_fresh
 
 
 class Birder(CompressedOptimizer):
@@ -17,9 +17,9 @@ class Birder(CompressedOptimizer):
     Per step, t = the number of steps taken so far (g: this rank's gradient):
     1. One 32-byte allgather per rank: every rank learns whether some rank's gradient is
        not finite (then all skip the step) and whether some rank saw a gradient on a
-       coordinate none had seen before; if so, an allgather of 1-bit "seen" masks makes
-       ``live``, the coordinates that have had a gradient on any rank (rare after the
-       first step).
+       coordinate none had seen before, and how many; if so, the ranks all-gather the
+       indices of those coordinates (or, when many, 1-bit masks) to grow ``live``, the
+       coordinates that have had a gradient on any rank.
     2. m = b1*m + (1-b1)*g; b = b2*b + (1-b2)*|g|; r = m / b (0 where b = 0), so
        |r| <= 1 when b1 = b2.
     3. R = hierarchical_allreduce(r, seed, step=t): three unbiased binary
@@ -66,12 +66,12 @@ class Birder(CompressedOptimizer):
         self.live = self._buffer("live", dtype=torch.bool)
 
     def _update(self, grad: torch.Tensor) -> None:
-        touched = grad != 0
-        fresh = float(bool((touched & ~self.live).any()))
-        table = self._check_finite(grad, (fresh,))
-        self.seen |= touched
-        if bool(table.any()):
-            self.live.copy_(any_rank(self.seen, self.comm))
+        seen = self.seen | (grad != 0)
+        fresh = int((seen & ~self.live).sum())
+        counts = [int(c) for c in self._check_finite(grad, (fresh,))[:, 0].tolist()]
+        self.seen.copy_(seen)
+        if any(counts):
+            add_fresh(self.live, self.seen, counts, self.comm)
         m, b, p = self.exp_avg, self.exp_avg_abs, self.flat.data
         ratio = scratch("optim.local", grad.numel(), torch.float32, grad.device)
         for group, sl in self._groups():

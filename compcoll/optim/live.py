@@ -28,3 +28,23 @@ def any_rank(mask: torch.Tensor, comm: Communicator) -> torch.Tensor:
     for row in rows[1:]:
         union |= row
     return (union.view(-1, 1) & weights).ne(0).view(-1)[:numel]
+
+
+def add_fresh(live: torch.Tensor, seen: torch.Tensor, counts: list[int], comm: Communicator) -> None:
+    """live |= every rank's ``seen``, given every rank's count of seen coordinates not yet in ``live``.
+
+    1. If the largest count c is small (4c bytes below numel/8), every rank all-gathers the
+       indices of its new coordinates, padded with -1 to c: (n-1)*4c bytes per rank.
+    2. Otherwise the whole masks travel, 1 bit per element (``any_rank``).
+    Every rank holds the same ``live`` afterwards, which only grows.
+    """
+    most = max(counts)
+    if 4 * most * 8 < live.numel():
+        fresh = (seen & ~live).nonzero().view(-1).to(torch.int32)
+        send = torch.full((most,), -1, dtype=torch.int32, device=live.device)
+        send[:fresh.numel()] = fresh
+        gathered = torch.empty(comm.size * most, dtype=torch.int32, device=live.device)
+        comm.allgather(send, gathered)
+        live[gathered[gathered >= 0].long()] = True
+    else:
+        live |= any_rank(seen, comm)

@@ -103,6 +103,14 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.steps += 1
         return loss
 
+    @property
+    def synchronized(self) -> bool:
+        """Whether every rank holds the same parameters now (always, except between 0/1 Adam's syncs)."""
+        return True
+
+    def synchronize(self) -> None:
+        """Make the replicas identical now (a collective: every rank calls it); a no-op when they are."""
+
     def _update(self, grad: torch.Tensor) -> None:
         """The algorithm: read ``grad`` (this rank's, flat), update ``self.flat.data`` and the state."""
         raise NotImplementedError

@@ -79,11 +79,10 @@ class FlatParams:
             view = self.grad[seg.start:seg.stop]
             if p.grad is None:
                 view.zero_()
-            elif p.grad.is_sparse or p.grad.shape != p.shape:
+            elif p.grad.is_sparse:
                 raise ValueError(
-                    f"gradient of a parameter of shape {tuple(p.shape)} is "
-                    f"{'sparse' if p.grad.is_sparse else 'of shape ' + str(tuple(p.grad.shape))}; "
-                    f"dense gradients of the parameter's shape are needed"
+                    f"the gradient of a parameter of shape {tuple(p.shape)} is sparse; compcoll's optimizers "
+                    f"need dense gradients (e.g. torch.nn.Embedding(..., sparse=False))"
                 )
             else:
                 view.copy_(p.grad.reshape(-1))

@@ -93,6 +93,15 @@ class ZeroOneAdam(CompressedOptimizer):
         """Whether every rank holds the same parameters now (phase 1, or just after a synchronisation)."""
         return self.pending == 0
 
+    def synchronize(self) -> None:
+        """Average the pending local steps now, before evaluating or saving one copy of the model.
+
+        A collective: every rank calls it. It is what a scheduled synchronisation does; the
+        schedule of later ones is unchanged.
+        """
+        if self.pending:
+            self._synchronize(self.exp_avg_sq == 0)
+
     def _update(self, grad: torch.Tensor) -> None:
         if self.steps + 1 <= self.var_freeze_step:
             self._variance_phase_step(grad, self.steps + 1)

@@ -197,3 +197,18 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params differ"
         assert np.array_equal(opt.channel.worker_error.numpy(), we[comm.rank]), f"step {step}: worker error"
         assert np.array_equal(opt.channel.server_error.numpy(), se[comm.rank]), f"step {step}: server error"
+
+
+def synchronize_between_syncs(comm: compcoll.Communicator, at: int) -> None:
+    """ZeroOneAdam between synchronisations: replicas differ; ``synchronize()`` makes them bit-identical."""
+    model, opt = build(comm, "ZeroOneAdam")
+    train(comm, model, opt, range(at))
+    assert not opt.synchronized
+    rows = torch.empty(comm.size * opt.flat.numel)
+    comm.allgather(opt.flat.data, rows)
+    if comm.size > 1:
+        assert not torch.equal(rows.view(comm.size, -1)[0], rows.view(comm.size, -1)[1]), "local steps left no trace"
+    opt.synchronize()
+    assert opt.synchronized
+    assert_same_on_all_ranks(comm, opt.flat.data)
+    train(comm, model, opt, range(at, STEPS))

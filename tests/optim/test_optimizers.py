@@ -44,3 +44,8 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_onebit_adam_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8))
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_zero_one_adam_synchronize_between_syncs(world_size: int) -> None:
+    run(f"{WORKERS}:synchronize_between_syncs", world_size, "mpi", args=(11,))

@@ -1,0 +1,30 @@
+"""bench/convergence runs end to end on a short schedule and writes its table, JSON and plot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_short_convergence_run_writes_results(tmp_path: Path) -> None:
+    out = tmp_path / "conv"
+    done = subprocess.run(
+        [sys.executable, "bench/convergence/run.py", "--ranks", "2", "--steps", "40", "--eval-every", "20",
+         "--hidden", "32", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "0/1 Adam", "Birder", "LAMB", "1-bit LAMB"]
+    by_name = {r["name"]: r for r in runs}
+    plain = by_name["Adam"]["bytes_per_rank"][0]
+    assert by_name["Birder"]["bytes_per_rank"][0] * 20 < plain
+    assert by_name["1-bit Adam"]["bytes_per_rank"][0] < plain
+    for r in runs:
+        assert r["curve"][-1]["train_loss"] < r["curve"][0]["train_loss"], r["name"]
+    table = out.with_suffix(".txt").read_text()
+    assert "reduction" in table and out.with_suffix(".png").stat().st_size > 10000

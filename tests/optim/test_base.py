@@ -1,0 +1,70 @@
+"""The shared optimizer frame on one process: hyperparameter checks, checkpoints refused with a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compcoll
+from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+
+ALL = [OneBitAdam, OneBitLamb, ZeroOneAdam, Birder]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(5, 3)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_bad_options_name_the_problem(cls) -> None:
+    comm = compcoll.SingleComm()
+    with pytest.raises(ValueError, match="lr"):
+        cls(_model().parameters(), lr=-1.0, comm=comm)
+    with pytest.raises(ValueError, match="betas"):
+        cls(_model().parameters(), betas=(0.9, 1.0), comm=comm)
+    with pytest.raises(ValueError, match="nonfinite"):
+        cls(_model().parameters(), comm=comm, nonfinite="ignore")
+    with pytest.raises(TypeError, match="float32"):
+        cls(_model().half().parameters(), comm=comm)
+
+
+def test_phase_options_are_checked() -> None:
+    comm = compcoll.SingleComm()
+    with pytest.raises(ValueError, match="eps"):
+        OneBitAdam(_model().parameters(), eps=0.0, comm=comm)
+    with pytest.raises(ValueError, match="freeze_step"):
+        OneBitLamb(_model().parameters(), freeze_step=0, comm=comm)
+    with pytest.raises(ValueError, match="local_step_clipper"):
+        ZeroOneAdam(_model().parameters(), local_step_clipper=0, comm=comm)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_checkpoints_of_another_world_rank_or_model_are_refused(cls) -> None:
+    comm = compcoll.SingleComm()
+    model = _model()
+    opt = cls(model.parameters(), comm=comm)
+    model(torch.randn(4, 5)).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    other_world = {**state, "state": {**state["state"], "world_size": 2}}
+    with pytest.raises(ValueError, match="same world size"):
+        cls(_model().parameters(), comm=comm).load_state_dict(other_world)
+    with pytest.raises(ValueError, match="other parameter groups or shapes"):
+        cls(torch.nn.Linear(5, 4).parameters(), comm=comm).load_state_dict(state)
+    other = next(c for c in ALL if c is not cls)
+    with pytest.raises(ValueError, match=cls.__name__):
+        other(_model().parameters(), comm=comm).load_state_dict(state)
+
+
+def test_groups_are_fixed_and_hyperparameters_restored() -> None:
+    comm = compcoll.SingleComm()
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))
+    opt = OneBitAdam([{"params": model[0].parameters()}, {"params": model[1].parameters(), "lr": 0.5}], comm=comm)
+    with pytest.raises(RuntimeError, match="fixed at construction"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+    state = opt.state_dict()
+    opt.param_groups[1]["lr"] = 0.1
+    opt.load_state_dict(state)
+    assert opt.param_groups[1]["lr"] == 0.5 and opt.param_groups[0]["lr"] == 1e-3
+    assert opt.synchronized

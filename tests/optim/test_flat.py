@@ -1,0 +1,45 @@
+"""FlatParams: parameters become views of one buffer; gradients gathered with zeros for None; bad parameters refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compcoll.optim.flat import FlatParams
+
+
+def _groups():
+    torch.manual_seed(0)
+    a, b, c = torch.nn.Parameter(torch.randn(3, 5)), torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.randn(2))
+    return [{"params": [a, b]}, {"params": [c]}], (a, b, c)
+
+
+def test_parameters_become_views_of_the_flat_buffer() -> None:
+    groups, (a, b, c) = _groups()
+    before = torch.cat([a.detach().reshape(-1), b.detach(), c.detach()]).clone()
+    flat = FlatParams(groups, "test")
+    assert flat.numel == 24 and flat.groups == [(0, 22), (22, 24)]
+    assert torch.equal(flat.data, before)
+    flat.data.add_(1.0)
+    assert torch.equal(a.detach().reshape(-1), before[:15] + 1) and torch.equal(c.detach(), before[22:] + 1)
+    assert [s.group for s in flat.segments] == [0, 0, 1]
+
+
+def test_gradients_gathered_with_zeros_where_none() -> None:
+    groups, (a, b, c) = _groups()
+    flat = FlatParams(groups, "test")
+    (a.sum() * 2 + c.sum()).backward()
+    grad = flat.gather_grads()
+    assert torch.equal(grad, torch.cat([torch.full((15,), 2.0), torch.zeros(7), torch.ones(2)]))
+    b.grad = torch.ones(7).to_sparse()
+    with pytest.raises(ValueError, match="sparse"):
+        flat.gather_grads()
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(TypeError, match="float32"):
+        FlatParams([{"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))]}], "test")
+    with pytest.raises(ValueError, match="no parameters"):
+        FlatParams([{"params": []}], "test")
+    assert FlatParams([{"params": [torch.nn.Parameter(torch.zeros(4))]}], "t").layout_code() != \
+        FlatParams([{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], "t").layout_code()

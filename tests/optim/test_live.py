@@ -1,0 +1,13 @@
+"""The OR of boolean masks across 1-4 ranks, sent as packed bits or as indices of the new coordinates."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll.testing import run
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_union_of_masks(world_size: int) -> None:
+    for numel, density in ((1, 0.5), (37, 0.3), (10007, 0.001), (10007, 0.2)):
+        run("tests.optim.live_workers:union", world_size, "mpi", args=(numel, density))

@@ -1,0 +1,43 @@
+"""The examples run as the README says, under mpiexec and torchrun, and end with identical replicas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compcoll.testing import mpiexec
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def _run(command: list[str]) -> str:
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("optimizer", ["onebit_adam", "onebit_lamb", "zero_one_adam", "birder"])
+def test_train_example_under_mpiexec(optimizer: str) -> None:
+    out = _run([mpiexec(), "-n", "3", sys.executable, "examples/train.py", "--optimizer", optimizer, "--steps", "60"])
+    assert "replicas bit-identical: True" in out
+
+
+def test_train_example_under_torchrun() -> None:
+    out = _run([str(TORCHRUN), "--nproc-per-node", "2", "examples/train.py", "--optimizer", "zero_one_adam",
+                "--steps", "60"])
+    assert "ZeroOneAdam on 2 ranks: replicas bit-identical: True" in out
+
+
+def test_custom_optimizer_example_learns() -> None:
+    out = _run([mpiexec(), "-n", "2", sys.executable, "examples/custom_optimizer.py"])
+    error = float(out.strip().splitlines()[-1].split(":")[-1])
+    assert error < 0.1, out
+
+
+def test_direct_allreduce_example() -> None:
+    out = _run([mpiexec(), "-n", "2", sys.executable, "examples/direct_allreduce.py"])
+    assert out.strip().splitlines()[-1].split()[0] == "10", out

@@ -212,3 +212,127 @@ def synchronize_between_syncs(comm: compcoll.Communicator, at: int) -> None:
     assert opt.synchronized
     assert_same_on_all_ranks(comm, opt.flat.data)
     train(comm, model, opt, range(at, STEPS))
+
+
+def _world_grads(sims: list[Net], params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+    """Every rank's flat gradient at ``step``, rank q's computed at ``params[q]``."""
+    grads = []
+    for q, (sim, p) in enumerate(zip(sims, params)):
+        torch.nn.utils.vector_to_parameters(p, sim.parameters())
+        sim.zero_grad()
+        tokens, x, y = batch(q, step)
+        torch.nn.functional.cross_entropy(sim(tokens, x), y).backward()
+        grads.append(torch.cat([t.grad.reshape(-1) for t in sim.parameters()]))
+    return grads
+
+
+def _exact(grads: list[torch.Tensor]) -> torch.Tensor:
+    total = grads[0].clone()
+    for g in grads[1:]:
+        total.add_(g)
+    return total.div_(len(grads))
+
+
+def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor) -> torch.Tensor:
+    """The reference 1-bit allreduce of every rank's vector, zero where ``silent``, errors cleared there."""
+    outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se)
+    n, numel, chunk = len(values), values[0].numel(), se[0].size
+    mask = silent.numpy()
+    for q in range(n):
+        we[q][:] = new_we[q]
+        we[q][:numel][mask] = 0.0
+        span = mask[q * chunk:(q + 1) * chunk]
+        se[q][:] = new_se[q]
+        se[q][:span.size][span] = 0.0
+    return torch.from_numpy(outs[0]).masked_fill_(silent, 0.0)
+
+
+def zero_one_adam_reference(comm: compcoll.Communicator, steps: int) -> None:
+    """ZeroOneAdam equals a one-process simulation of every rank's copy, bit for bit, through both phases."""
+    n, wd = comm.size, 0.01
+    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd)
+    kw = CONFIGS["ZeroOneAdam"][1]
+    b1, b2, lr, eps, vf = 0.9, 0.999, kw["lr"], 1e-8, kw["var_freeze_step"]
+    torch.manual_seed(100)
+    start = flat_params(Net()).clone()
+    sims = [Net() for _ in range(n)]
+    numel = start.numel()
+    full = compcoll.padded_numel(numel, n)
+    p = [start.clone() for _ in range(n)]
+    m = [torch.zeros(numel) for _ in range(n)]
+    acc = [torch.zeros(numel) for _ in range(n)]
+    v, synced = torch.zeros(numel), None
+    we = [np.zeros(full, np.float32) for _ in range(n)]
+    se = [np.zeros(full // n, np.float32) for _ in range(n)]
+    var_interval, var_count, local_interval, local_count, lr_sum = 1, 0, 1, 0, 0.0
+    for step in range(steps):
+        s = step + 1
+        grads = _world_grads(sims, p, step)
+        silent = v == 0
+        if s <= vf:
+            refresh = s % var_interval == 0
+            source = _exact(grads) if refresh else _onebit(grads, we, se, silent)
+            if refresh:
+                v.mul_(b2).addcmul_(source, source, value=1 - b2)
+            for q in range(n):
+                m[q].mul_(b1).add_(source, alpha=1 - b1)
+                update = (m[q] / v.sqrt().add_(eps)).add_(p[q], alpha=wd)
+                p[q].add_(update, alpha=-lr)
+            if refresh:
+                var_count += 1
+                if var_count == kw["var_update_scaler"]:
+                    var_count, var_interval = 0, var_interval * 2
+            if s == vf:
+                we = [np.zeros_like(e) for e in we]
+                se = [np.zeros_like(e) for e in se]
+                synced = p[0].clone()
+        else:
+            for q in range(n):
+                m[q].mul_(b1).add_(grads[q], alpha=1 - b1)
+                update = (m[q] / v.sqrt().add_(eps)).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
+                p[q].add_(update, alpha=-lr)
+                acc[q].add_(update, alpha=lr)
+            lr_sum += lr
+            if s % local_interval == 0:
+                mean = _onebit([a.mul(v.sqrt().add_(eps)) for a in acc], we, se, silent)
+                synced = synced - mean / v.sqrt().add_(eps)
+                p = [synced.clone() for _ in range(n)]
+                m = [mean / lr_sum for _ in range(n)]
+                acc = [torch.zeros(numel) for _ in range(n)]
+                lr_sum = 0.0
+            local_count += 1
+            if local_count == kw["local_step_scaler"]:
+                local_count, local_interval = 0, min(kw["local_step_clipper"], local_interval * 2)
+        train(comm, model, opt, range(step, step + 1))
+        assert torch.equal(opt.flat.data.view(torch.int32), p[comm.rank].view(torch.int32)), f"step {step}: params"
+        assert torch.equal(opt.exp_avg.view(torch.int32), m[comm.rank].view(torch.int32)), f"step {step}: momentum"
+        assert np.array_equal(opt.channel.worker_error.numpy(), we[comm.rank]), f"step {step}: worker error"
+
+
+def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
+    """Birder equals a one-process simulation (reference hierarchical allreduce, OR of seen masks), bit for bit."""
+    n, wd, b1, b2 = comm.size, 0.01, 0.9, 0.9
+    model, opt = build(comm, "Birder", weight_decay=wd)
+    lr = CONFIGS["Birder"][1]["lr"]
+    torch.manual_seed(100)
+    p = flat_params(Net()).clone()
+    sims = [Net() for _ in range(n)]
+    numel = p.numel()
+    m = [torch.zeros(numel) for _ in range(n)]
+    b = [torch.zeros(numel) for _ in range(n)]
+    seen = [torch.zeros(numel, dtype=torch.bool) for _ in range(n)]
+    for step in range(steps):
+        grads = _world_grads(sims, [p] * n, step)
+        ratios = []
+        for q in range(n):
+            seen[q] |= grads[q] != 0
+            m[q].mul_(b1).add_(grads[q], alpha=1 - b1)
+            b[q].mul_(b2).add_(grads[q].abs(), alpha=1 - b2)
+            ratios.append((m[q] / b[q]).masked_fill_(b[q] == 0, 0.0).numpy())
+        live = torch.stack(seen).any(dim=0)
+        outs, _ = reference.hierarchical_allreduce(ratios, n, 0, step)
+        mean = torch.from_numpy(outs[0]).masked_fill_(~live, 0.0).add_(p, alpha=wd)
+        p = p.add(mean, alpha=-lr)
+        train(comm, model, opt, range(step, step + 1))
+        assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
+        assert torch.equal(opt.live, live), f"step {step}: live coordinates"

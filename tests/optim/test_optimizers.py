@@ -6,6 +6,8 @@ import pytest
 
 from compcoll.testing import run
 
+from .optim_workers import STEPS
+
 WORKERS = "tests.optim.optim_workers"
 NAMES = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder"]
 # a warmup / variance-phase step and a compression / local-phase step (ZeroOneAdam: between syncs)
@@ -49,3 +51,13 @@ def test_onebit_adam_matches_simulation(world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_zero_one_adam_synchronize_between_syncs(world_size: int) -> None:
     run(f"{WORKERS}:synchronize_between_syncs", world_size, "mpi", args=(11,))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_zero_one_adam_matches_simulation(world_size: int) -> None:
+    run(f"{WORKERS}:zero_one_adam_reference", world_size, "mpi", args=(STEPS,))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_birder_matches_simulation(world_size: int) -> None:
+    run(f"{WORKERS}:birder_reference", world_size, "mpi", args=(8,))

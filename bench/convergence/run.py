@@ -81,7 +81,7 @@ def report(results: list[dict], args) -> str:
     lines = [
         f"# digits MLP 64-{args.hidden}-{args.hidden}-10 ({results[0]['params']} parameters), {args.ranks} MPI ranks, "
         f"global batch {args.batch}, {args.steps} steps; bytes = comm.bytes_sent per rank (max over ranks)",
-        f"# reduction = bytes of the uncompressed allreduce every step (the Adam run) / bytes of the run",
+        "# reduction = bytes of the uncompressed allreduce every step (the Adam run) / bytes of the run",
         f"{'run':<12}{'final loss':>11}{'test acc':>10}{'acc last 4':>11}{'vs base':>9}{'MB/rank':>10}{'reduction':>11}",
     ]
     for r in results:

@@ -10,6 +10,7 @@ from ..algorithms.agreement import Option, agree
 from ..algorithms.exact import exact_average
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
+from .channel import ErrorFeedbackChannel
 from .flat import FlatParams
 
 NONFINITE_POLICIES = ("skip", "raise")
@@ -76,6 +77,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """Keep an existing tensor (an error buffer) in ``state_dict`` under ``name``."""
         self._buffers[name] = tensor
         return tensor
+
+    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None) -> ErrorFeedbackChannel:
+        """The 1-bit channel for the flat vector, its error buffers kept in ``state_dict``."""
+        channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
+        self._keep("worker_error", channel.worker_error)
+        self._keep("server_error", channel.server_error)
+        return channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:
         """(hyperparameters, slice of the flat buffers) of every parameter group."""

@@ -59,6 +59,17 @@ class ErrorFeedbackChannel:
             )
         return compressed_allreduce(tensor, self.worker_error, self.server_error, self.comm, out=out)
 
+    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
+        """``self(tensor, out)``, then zero where ``silent`` in ``out`` and in both error buffers.
+
+        A 1-bit sign has no zero: without this, coordinates that should not move would get
+        +-scale every step and carry it in their error feedback.
+        """
+        self(tensor, out)
+        out.masked_fill_(silent, 0.0)
+        self.forget(silent)
+        return out
+
     def forget(self, coordinates: torch.Tensor) -> None:
         """Zero both error buffers at the coordinates where the bool vector ``coordinates`` is True."""
         for buffer, start in self._spans:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
-from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
-from .channel import ErrorFeedbackChannel
+from .moments import adam_step, averaged_moments, local_momentum
 
 
 class OneBitAdam(CompressedOptimizer):
@@ -70,9 +69,7 @@ class OneBitAdam(CompressedOptimizer):
         self.freeze_step = int(freeze_step)
         self.exp_avg = self._buffer("exp_avg")
         self.exp_avg_sq = self._buffer("exp_avg_sq")
-        self.channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
-        self._keep("worker_error", self.channel.worker_error)
-        self._keep("server_error", self.channel.server_error)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical)
 
     @property
     def compressing(self) -> bool:
@@ -81,28 +78,8 @@ class OneBitAdam(CompressedOptimizer):
 
     def _update(self, grad: torch.Tensor) -> None:
         m, v = self.exp_avg, self.exp_avg_sq
-        if not self.compressing:
-            average = self._average(grad, scratch("optim.average", grad.numel(), torch.float32, grad.device))
-            for group, sl in self._groups():
-                b1, b2 = group["betas"]
-                m[sl].mul_(b1).add_(average[sl], alpha=1 - b1)
-                v[sl].mul_(b2).addcmul_(average[sl], average[sl], value=1 - b2)
+        if self.compressing:
+            self.channel.average_except(local_momentum(self, grad, m), m, v == 0)
         else:
-            local = scratch("optim.local", grad.numel(), torch.float32, grad.device)
-            for group, sl in self._groups():
-                b1 = group["betas"][0]
-                torch.add(m[sl].mul(b1), grad[sl], alpha=1 - b1, out=local[sl])
-            self.channel(local, out=m)
-            silent = v == 0
-            m.masked_fill_(silent, 0.0)
-            self.channel.forget(silent)
+            averaged_moments(self, grad, m, v)
         adam_step(self, self.flat.data, m, v)
-
-
-def adam_step(opt: CompressedOptimizer, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
-    """p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), with each group's hyperparameters."""
-    for group, sl in opt._groups():
-        update = m[sl] / v[sl].sqrt().add_(group["eps"])
-        if group["weight_decay"]:
-            update.add_(p[sl], alpha=group["weight_decay"])
-        p[sl].add_(update, alpha=-group["lr"])

@@ -10,7 +10,7 @@ from .. import codecs
 from ..comm import Communicator
 from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
-from .channel import ErrorFeedbackChannel
+from .moments import averaged_moments, local_momentum
 
 
 class OneBitLamb(CompressedOptimizer):
@@ -95,9 +95,7 @@ class OneBitLamb(CompressedOptimizer):
         self.scaling_coeff = self._buffer("scaling_coeff", layers, torch.float64)
         self.scaled = False
         self.lamb_coeffs: list[float] = []
-        self.channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
-        self._keep("worker_error", self.channel.worker_error)
-        self._keep("server_error", self.channel.server_error)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical)
 
     @property
     def compressing(self) -> bool:
@@ -112,11 +110,7 @@ class OneBitLamb(CompressedOptimizer):
 
     def _warmup_step(self, grad: torch.Tensor) -> None:
         m, v, p = self.exp_avg, self.exp_avg_sq, self.flat.data
-        average = self._average(grad, scratch("optim.average", grad.numel(), torch.float32, grad.device))
-        for group, sl in self._groups():
-            b1, b2 = group["betas"]
-            m[sl].mul_(b1).add_(average[sl], alpha=1 - b1)
-            v[sl].mul_(b2).addcmul_(average[sl], average[sl], value=1 - b2)
+        averaged_moments(self, grad, m, v)
         if self.steps + 1 == self.freeze_step:
             self.exp_avg_sq_fresh.copy_(v)
         self.lamb_coeffs = []
@@ -141,18 +135,12 @@ class OneBitLamb(CompressedOptimizer):
             self._set_scaling()
         last = scratch("optim.last", m.numel(), torch.float32, m.device)
         last.copy_(m)
-        local = scratch("optim.local", m.numel(), torch.float32, m.device)
-        for group, sl in self._groups():
-            b1 = group["betas"][0]
-            torch.add(m[sl].mul(b1), grad[sl], alpha=1 - b1, out=local[sl])
+        local = local_momentum(self, grad, m)
         for index, (seg, local_l) in enumerate(self.flat.views(local)):
             local_l.mul_(self.scaling_coeff[index].item())
-        self.channel(local, out=m)
+        self.channel.average_except(local, m, v == 0)
         for index, (seg, m_l) in enumerate(self.flat.views(m)):
             m_l.div_(self.scaling_coeff[index].item())
-        silent = v == 0
-        m.masked_fill_(silent, 0.0)
-        self.channel.forget(silent)
         for group, sl in self._groups():
             b1, b2 = group["betas"]
             rebuilt = (m[sl] - last[sl] * b1) / (1 - b1)

@@ -7,8 +7,7 @@ import torch
 from ..comm import Communicator
 from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
-from .channel import ErrorFeedbackChannel
-from .onebit_adam import adam_step
+from .moments import adam_step
 
 
 class ZeroOneAdam(CompressedOptimizer):
@@ -84,9 +83,7 @@ class ZeroOneAdam(CompressedOptimizer):
         self.accumulator = self._buffer("momentum_accumulator")
         self.synced_params = self._buffer("synced_params")
         self.lr_sums = self._buffer("lr_sums", len(self.param_groups), torch.float64)
-        self.channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
-        self._keep("worker_error", self.channel.worker_error)
-        self._keep("server_error", self.channel.server_error)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical)
 
     @property
     def synchronized(self) -> bool:
@@ -115,10 +112,7 @@ class ZeroOneAdam(CompressedOptimizer):
         if refresh:
             self._average(grad, source)
         else:
-            self.channel(grad, out=source)
-            silent = v == 0
-            source.masked_fill_(silent, 0.0)
-            self.channel.forget(silent)
+            self.channel.average_except(grad, source, v == 0)
         for group, sl in self._groups():
             b1, b2 = group["betas"]
             if refresh:
@@ -160,9 +154,7 @@ class ZeroOneAdam(CompressedOptimizer):
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
         for group, sl in self._groups():
             acc[sl].mul_(v[sl].sqrt().add_(group["eps"]))
-        self.channel(acc, out=acc)
-        acc.masked_fill_(silent, 0.0)
-        self.channel.forget(silent)
+        self.channel.average_except(acc, acc, silent)
         for index, (group, sl) in enumerate(self._groups()):
             denom = v[sl].sqrt().add_(group["eps"])
             torch.sub(self.synced_params[sl], acc[sl] / denom, out=p[sl])

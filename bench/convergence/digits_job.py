@@ -61,7 +61,8 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     1. Every rank takes its own quarter of each global batch (same batch order in every run).
     2. Every ``eval_every`` steps rank 0 records the loss on the whole training set and the
        test accuracy of its own parameters.
-    3. At the end every rank's ``comm.bytes_sent`` is gathered.
+    3. At the end every rank's ``comm.bytes_sent`` and its intra-node / inter-node split
+       (``compcoll.topology(comm).traffic``) are gathered.
     """
     config = json.loads(config_json)
     x_train, y_train, x_test, y_test = load_digits()
@@ -75,6 +76,8 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     rng = np.random.default_rng(config["seed"])
     order = np.concatenate([rng.permutation(len(y_train)) for _ in range(config["steps"] * config["batch"] // len(y_train) + 2)])
     curve = []
+    layout = compcoll.topology(comm)
+    start_traffic = layout.traffic(comm)
     start_bytes, start = comm.bytes_sent, time.perf_counter()
     for step in range(config["steps"] + 1):
         if step % config["eval_every"] == 0 or step == config["steps"]:
@@ -90,13 +93,16 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
         torch.nn.functional.cross_entropy(model(x_train[index]), y_train[index]).backward()
         opt.step()
     seconds = time.perf_counter() - start
-    sent = torch.tensor([float(comm.bytes_sent - start_bytes)], dtype=torch.float64)
-    every = torch.empty(comm.size, dtype=torch.float64)
+    traffic = [now - before for now, before in zip(layout.traffic(comm), start_traffic)]
+    sent = torch.tensor([float(comm.bytes_sent - start_bytes), *map(float, traffic)], dtype=torch.float64)
+    every = torch.empty(3 * comm.size, dtype=torch.float64)
     comm.allgather(sent, every)
+    every = every.view(comm.size, 3)
     if comm.rank == 0:
         result = {"name": config["name"], "optimizer": kind, "kwargs": kwargs, "world_size": comm.size,
                   "params": sum(p.numel() for p in model.parameters()), "curve": curve,
-                  "bytes_per_rank": every.tolist(), "seconds": seconds,
+                  "bytes_per_rank": every[:, 0].tolist(), "intra_bytes_per_rank": every[:, 1].tolist(),
+                  "inter_bytes_per_rank": every[:, 2].tolist(), "nodes": layout.nodes, "seconds": seconds,
                   "skipped_steps": getattr(opt, "skipped_steps", 0)}
         with open(config["out"], "w") as f:
             json.dump(result, f)

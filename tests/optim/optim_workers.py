@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 import torch
@@ -336,3 +337,71 @@ def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
         train(comm, model, opt, range(step, step + 1))
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
         assert torch.equal(opt.live, live), f"step {step}: live coordinates"
+
+
+def _norm(t: torch.Tensor) -> float:
+    return math.sqrt(reference.sumsq(t.numpy()))
+
+
+def onebit_lamb_reference(comm: compcoll.Communicator, steps: int) -> None:
+    """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression."""
+    n, wd, lr, fs = comm.size, 0.01, CONFIGS["OneBitLamb"][1]["lr"], CONFIGS["OneBitLamb"][1]["freeze_step"]
+    b1, b2, eps, cb, fmin, fmax, thr = 0.9, 0.999, 1e-8, 0.9, 0.5, 4.0, 0.1
+    model, opt = build(comm, "OneBitLamb", weight_decay=wd)
+    torch.manual_seed(100)
+    sim = Net()
+    p = flat_params(sim).clone()
+    layers, start = [], 0
+    for t in sim.parameters():
+        layers.append(slice(start, start + t.numel()))
+        start += t.numel()
+    numel = p.numel()
+    full = compcoll.padded_numel(numel, n)
+    m, v, fresh = torch.zeros(numel), torch.zeros(numel), torch.zeros(numel)
+    frozen, last_factor, scaling = [0.0] * len(layers), [1.0] * len(layers), None
+    we = [np.zeros(full, np.float32) for _ in range(n)]
+    se = [np.zeros(full // n, np.float32) for _ in range(n)]
+    for step in range(steps):
+        grads = _world_grads([sim] * n, [p] * n, step)
+        if step < fs:
+            avg = _exact(grads)
+            m.mul_(b1).add_(avg, alpha=1 - b1)
+            v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
+            if step + 1 == fs:
+                fresh = v.clone()
+            for i, sl in enumerate(layers):
+                update = (m[sl] / v[sl].sqrt().add_(eps)).add_(p[sl], alpha=wd)
+                w, u = _norm(p[sl]), _norm(update)
+                coeff = min(max(w / u, 0.01), 10.0) if w and u else 1.0
+                if coeff != 1.0:
+                    frozen[i] = cb * frozen[i] + (1 - cb) * coeff
+                p[sl].add_(update, alpha=-lr * coeff)
+        else:
+            if scaling is None:
+                ratios = [_norm(m[sl]) / math.sqrt(sl.stop - sl.start) for sl in layers]
+                scaling = [(sum(ratios) / len(ratios)) / r if r else 1.0 for r in ratios]
+            last = m.clone()
+            locals_ = []
+            for g in grads:
+                local = torch.add(m.mul(b1), g, alpha=1 - b1)
+                for sl, s in zip(layers, scaling):
+                    local[sl].mul_(s)
+                locals_.append(local)
+            m = _onebit(locals_, we, se, v == 0)
+            for sl, s in zip(layers, scaling):
+                m[sl].div_(s)
+            rebuilt = (m - last * b1) / (1 - b1)
+            fresh.mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
+            for i, sl in enumerate(layers):
+                denom = v[sl].sqrt().add_(eps)
+                prelim = m[sl] / denom
+                update = prelim.add(p[sl], alpha=wd)
+                factor = (denom / fresh[sl].sqrt().add_(eps)).max().item()
+                ratio = min(1.0, _norm(prelim) / _norm(update))
+                factor = min(max(factor * ratio + (1.0 - ratio), fmin), fmax)
+                factor = min(max(factor, last_factor[i] * (1 - thr)), last_factor[i] * (1 + thr))
+                last_factor[i] = factor
+                p[sl].add_(update, alpha=-lr * frozen[i] * factor)
+        train(comm, model, opt, range(step, step + 1))
+        assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
+        assert np.array_equal(opt.channel.server_error.numpy(), se[comm.rank]), f"step {step}: server error"

@@ -61,3 +61,8 @@ def test_zero_one_adam_matches_simulation(world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_birder_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:birder_reference", world_size, "mpi", args=(8,))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_onebit_lamb_matches_simulation(world_size: int) -> None:
+    run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(10,))

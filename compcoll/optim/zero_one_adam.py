@@ -152,9 +152,10 @@ class ZeroOneAdam(CompressedOptimizer):
     def _synchronize(self, silent: torch.Tensor) -> None:
         """Average the accumulated steps in 1 bit and rebuild p and m from it, identically on every rank."""
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
+        scaled = scratch("optim.local", acc.numel(), torch.float32, acc.device)
         for group, sl in self._groups():
-            acc[sl].mul_(v[sl].sqrt().add_(group["eps"]))
-        self.channel.average_except(acc, acc, silent)
+            torch.mul(acc[sl], v[sl].sqrt().add_(group["eps"]), out=scaled[sl])
+        self.channel.average_except(scaled, acc, silent)
         for index, (group, sl) in enumerate(self._groups()):
             denom = v[sl].sqrt().add_(group["eps"])
             torch.sub(self.synced_params[sl], acc[sl] / denom, out=p[sl])

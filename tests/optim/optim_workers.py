@@ -154,44 +154,34 @@ def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
         raise AssertionError("no RankMismatchError")
 
 
-def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int) -> None:
-    """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit."""
+def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0) -> None:
+    """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit.
+
+    With ``ranks_per_node`` the ranks form nodes and the optimizer must pick the
+    hierarchical compensated allreduce; the simulation uses its reference.
+    """
     n = comm.size
     model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01)
+    assert opt.channel.hierarchical == bool(ranks_per_node)
     b1, b2, lr, eps, wd = 0.9, 0.999, 1e-2, 1e-8, 0.01
     torch.manual_seed(100)
     sim = Net()
     p = flat_params(sim).clone()
     numel = p.numel()
-    full = compcoll.padded_numel(numel, n)
+    lengths = compcoll.hierarchical_error_numels(numel, n, ranks_per_node or n)
+    if not ranks_per_node:
+        lengths = (compcoll.padded_numel(numel, n), lengths[1])
     m, v = torch.zeros(numel), torch.zeros(numel)
-    we = [np.zeros(full, np.float32) for _ in range(n)]
-    se = [np.zeros(full // n, np.float32) for _ in range(n)]
+    we = [np.zeros(lengths[0], np.float32) for _ in range(n)]
+    se = [np.zeros(lengths[1], np.float32) for _ in range(n)]
     for step in range(steps):
-        grads = []
-        for q in range(n):
-            torch.nn.utils.vector_to_parameters(p, sim.parameters())
-            sim.zero_grad()
-            tokens, x, y = batch(q, step)
-            torch.nn.functional.cross_entropy(sim(tokens, x), y).backward()
-            grads.append(torch.cat([t.grad.reshape(-1) for t in sim.parameters()]))
+        grads = _world_grads([sim] * n, [p] * n, step)
         if step < freeze_step:
-            avg = grads[0].clone()
-            for g in grads[1:]:
-                avg.add_(g)
-            avg.div_(n)
+            avg = _exact(grads)
             m.mul_(b1).add_(avg, alpha=1 - b1)
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
         else:
-            locals_ = [torch.add(m.mul(b1), g, alpha=1 - b1).numpy() for g in grads]
-            outs, we, se, _ = reference.compressed_allreduce(locals_, we, se)
-            silent = (v == 0).numpy()
-            m = torch.from_numpy(outs[0]).masked_fill_(torch.from_numpy(silent), 0.0)
-            chunk = full // n
-            for q in range(n):
-                we[q][:numel][silent] = 0.0
-                span = silent[q * chunk:(q + 1) * chunk]
-                se[q][:span.size][span] = 0.0
+            m = _onebit([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, ranks_per_node)
         update = (m / v.sqrt().add_(eps)).add_(p, alpha=wd)
         p.add_(update, alpha=-lr)
         train(comm, model, opt, range(step, step + 1))
@@ -234,17 +224,29 @@ def _exact(grads: list[torch.Tensor]) -> torch.Tensor:
     return total.div_(len(grads))
 
 
-def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor) -> torch.Tensor:
-    """The reference 1-bit allreduce of every rank's vector, zero where ``silent``, errors cleared there."""
-    outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se)
-    n, numel, chunk = len(values), values[0].numel(), se[0].size
-    mask = silent.numpy()
-    for q in range(n):
+def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
+            ranks_per_node: int = 0) -> torch.Tensor:
+    """The reference 1-bit allreduce of every rank's vector, zero where ``silent``, errors cleared there.
+
+    With ``ranks_per_node`` k, the hierarchical compensated form: rank m*k + j's worker error
+    covers shard j of the padded vector, its server error sub-chunk m of that shard.
+    """
+    n = len(values)
+    if ranks_per_node:
+        outs, new_we, new_se, _ = reference.hierarchical_compressed_allreduce(
+            [v.numpy() for v in values], we, se, ranks_per_node)
+        shard, sub = we[0].size, se[0].size
+        starts = [((r % ranks_per_node) * shard, (r % ranks_per_node) * shard + (r // ranks_per_node) * sub)
+                  for r in range(n)]
+    else:
+        outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se)
+        starts = [(0, r * se[0].size) for r in range(n)]
+    mask = np.concatenate([silent.numpy(), np.zeros(n * se[0].size, bool)])
+    for q, (worker_start, server_start) in enumerate(starts):
         we[q][:] = new_we[q]
-        we[q][:numel][mask] = 0.0
-        span = mask[q * chunk:(q + 1) * chunk]
+        we[q][mask[worker_start:worker_start + we[q].size]] = 0.0
         se[q][:] = new_se[q]
-        se[q][:span.size][span] = 0.0
+        se[q][mask[server_start:server_start + se[q].size]] = 0.0
     return torch.from_numpy(outs[0]).masked_fill_(silent, 0.0)
 
 

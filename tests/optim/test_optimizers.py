@@ -48,6 +48,12 @@ def test_onebit_adam_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8))
 
 
+@pytest.mark.parametrize("world_size, ranks_per_node", [(4, 2), (6, 3)])
+def test_onebit_adam_hierarchical_matches_simulation(world_size: int, ranks_per_node: int) -> None:
+    run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8, ranks_per_node),
+        env={"COMPCOLL_RANKS_PER_NODE": str(ranks_per_node)})
+
+
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_zero_one_adam_synchronize_between_syncs(world_size: int) -> None:
     run(f"{WORKERS}:synchronize_between_syncs", world_size, "mpi", args=(11,))

@@ -201,13 +201,15 @@ class CompressedOptimizer(torch.optim.Optimizer):
             group.update({k: v for k, v in saved.items() if k != "params"})
 
 
-def check_hyperparameters(what: str, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    """ValueError naming the first bad hyperparameter (eps must be > 0: a zero variance divides by it)."""
+def check_hyperparameters(
+    what: str, lr: float, betas: tuple[float, float], eps: float | None, weight_decay: float
+) -> None:
+    """ValueError naming the first bad hyperparameter (eps, if the algorithm has one, must be > 0: v = 0 divides by it)."""
     if not lr >= 0.0:
         raise ValueError(f"{what}: lr must be >= 0, got {lr}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"{what}: betas must be two numbers in [0, 1), got {tuple(betas)}")
-    if not eps > 0.0:
+    if eps is not None and not eps > 0.0:
         raise ValueError(f"{what}: eps must be > 0, got {eps}")
     if not weight_decay >= 0.0:
         raise ValueError(f"{what}: weight_decay must be >= 0, got {weight_decay}")

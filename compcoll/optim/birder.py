@@ -56,7 +56,7 @@ class Birder(CompressedOptimizer):
         seed: int = 0,
         nonfinite: str = "skip",
     ) -> None:
-        check_hyperparameters(type(self).__name__, lr, betas, 1.0, weight_decay)
+        check_hyperparameters(type(self).__name__, lr, betas, None, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), comm, nonfinite)
         self.ranks_per_node = ranks_per_node
         self.seed = int(seed)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from compcoll import codecs
+from compcoll.kernels import reference
 
 
 def test_frame_and_unframe() -> None:
@@ -31,3 +32,9 @@ def test_decode_rounds_like_torch(dtype: torch.dtype) -> None:
 def test_unsupported_device() -> None:
     with pytest.raises(ValueError, match="not supported"):
         codecs.check_device(torch.empty(1, device="meta"))
+
+
+def test_sumsq_matches_the_reference_order() -> None:
+    for numel in (0, 1, 31, 8193, 100003):
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+        assert codecs.sumsq(x) == reference.sumsq(x.numpy())

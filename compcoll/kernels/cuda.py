@@ -1,0 +1,233 @@
+"""Fused numba.cuda kernels for the 1-bit codec, with the CPU kernels' names and results (``kernels.reference`` bits).
+
+Every function takes device arrays (anything with ``__cuda_array_interface__``: torch
+CUDA tensors, cupy arrays, numba device arrays; host numpy arrays under the simulator,
+``NUMBA_ENABLE_CUDASIM=1``) and an optional ``stream`` (``numba.cuda.external_stream``
+of torch's current stream, so kernels queue behind the work that produced their input).
+Kernels use grid-stride loops and no warp intrinsics. Sums of squares follow the CPU
+order exactly: thread (block b, lane l) accumulates elements b*BLOCK + k*LANES + l for
+k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
+coalesce), then the block-major lane sums are combined by the same pairwise tree, in
+log2 launches on the device; only the final float64 crosses to the host. 16-bit inputs
+arrive as raw uint16 with the 65536-entry float32 table, as on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from .reference import BLOCK, GOLDEN, LANES, MIX1, MIX2, UNIFORM_BITS
+
+THREADS = 128
+MAX_BLOCKS = 4096
+_GOLDEN = np.uint64(GOLDEN)
+_MIX1 = np.uint64(MIX1)
+_MIX2 = np.uint64(MIX2)
+_SHIFT = np.uint64(64 - UNIFORM_BITS)
+_CELLS = float(1 << UNIFORM_BITS)
+_ROWS_PER_BLOCK = BLOCK // LANES
+
+
+def _grid(work: int) -> int:
+    """Blocks for ``work`` items of a grid-stride loop."""
+    return max(1, min(MAX_BLOCKS, -(-work // THREADS)))
+
+
+@cuda.jit(device=True)
+def _load(src, lut, i):
+    if lut is None:
+        return np.float32(src[i])
+    return lut[src[i]]
+
+
+@cuda.jit(device=True)
+def _threshold(key, index):
+    """Uniform threshold in (-1, 1) of element ``index`` of stream ``key`` (see ``reference.thresholds``)."""
+    z = key + np.uint64(index + 1) * _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
+
+
+@cuda.jit
+def _halve(values, half):
+    """values[i] += values[i + half] for i < half: one level of the pairwise tree."""
+    for i in range(cuda.grid(1), half, cuda.gridsize(1)):
+        values[i] += values[i + half]
+
+
+def tree_sum(partial, stream=0) -> float:
+    """Pairwise tree sum of a device float64 vector, as ``reference.tree_sum``; returns the float64.
+
+    1. Copy into a zero-padded power-of-two device buffer.
+    2. Halve it, one launch per level, until one value is left; copy that to the host.
+    """
+    size = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
+    values = cuda.device_array(size, np.float64, stream=stream)
+    _fill_padded[_grid(size), THREADS, stream](partial, values)
+    while size > 1:
+        size //= 2
+        _halve[_grid(size), THREADS, stream](values, size)
+    return float(values[:1].copy_to_host(stream=stream)[0])
+
+
+@cuda.jit
+def _fill_padded(source, out):
+    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        out[i] = source[i] if i < source.size else 0.0
+
+
+@cuda.jit
+def _sumsq_lanes(src, lut, err, n_src, partial):
+    """partial[b*LANES + l] = sum over k of float64(err[i] + src[i])^2, i = b*BLOCK + k*LANES + l."""
+    n = err.size
+    for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+        base = (t // LANES) * BLOCK + t % LANES
+        acc = 0.0
+        for k in range(_ROWS_PER_BLOCK):
+            i = base + k * LANES
+            if i < n:
+                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                acc += np.float64(x) * np.float64(x)
+        partial[t] = acc
+
+
+def compensated_sumsq(src, lut, err, n_src, stream=0) -> float:
+    """Sum of squares of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing else."""
+    nblocks = max(1, -(-err.size // BLOCK))
+    partial = cuda.device_array(nblocks * LANES, np.float64, stream=stream)
+    _sumsq_lanes[_grid(partial.size), THREADS, stream](src, lut, err, n_src, partial)
+    return tree_sum(partial, stream)
+
+
+@cuda.jit
+def _compensate_encode(src, lut, err, n_src, scale, bits):
+    for k in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
+        byte = 0
+        for j in range(8):
+            i = 8 * k + j
+            x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+            if x >= 0:
+                byte |= 1 << (7 - j)
+                err[i] = x - scale
+            else:
+                err[i] = x + scale
+        bits[k] = byte
+
+
+def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
+    """One pass per packed byte: x = err + src; bit = x >= 0; err = x -+ scale (float32), as the CPU kernel."""
+    _compensate_encode[_grid(bits.size), THREADS, stream](src, lut, err, n_src, np.float32(scale), bits)
+
+
+@cuda.jit
+def _accumulate_lanes(bits, weights, base, out, n_out, partial):
+    nranks = bits.shape[0]
+    for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+        first = (t // LANES) * BLOCK + t % LANES
+        sums = 0.0
+        for k in range(_ROWS_PER_BLOCK):
+            i = first + k * LANES
+            if i < n_out:
+                acc = np.float32(0)
+                for r in range(nranks):
+                    if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
+                        acc += weights[r]
+                    else:
+                        acc -= weights[r]
+                if base is not None:
+                    acc = acc + base[i]
+                out[i] = acc
+                sums += np.float64(acc) * np.float64(acc)
+        partial[t] = sums
+
+
+def accumulate_signs(bits, weights, base, out, n_out, stream=0) -> float:
+    """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; returns its sum of squares."""
+    nblocks = max(1, -(-n_out // BLOCK))
+    partial = cuda.device_array(nblocks * LANES, np.float64, stream=stream)
+    _accumulate_lanes[_grid(partial.size), THREADS, stream](bits, weights, base, out, n_out, partial)
+    return tree_sum(partial, stream)
+
+
+@cuda.jit
+def _select_decode(bits, positive, negative, out, n_out):
+    nranks, nbytes = bits.shape
+    for t in range(cuda.grid(1), nranks * nbytes, cuda.gridsize(1)):
+        r = t // nbytes
+        k = t % nbytes
+        byte = bits[r, k]
+        start = (r * nbytes + k) * 8
+        for j in range(8):
+            if start + j < n_out:
+                out[start + j] = positive[r] if (byte >> (7 - j)) & 1 else negative[r]
+
+
+def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
+    """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out."""
+    _select_decode[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](bits, positive, negative, out, n_out)
+
+
+@cuda.jit
+def _absmax_lanes(src, lut, n_src, row_len, per_row, partial):
+    for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+        lane = t % LANES
+        piece = t // LANES
+        row = piece // per_row
+        lo = row * row_len + (piece % per_row) * BLOCK
+        hi = min(min((row + 1) * row_len, lo + BLOCK), n_src)
+        m = np.float32(0)
+        for i in range(lo + lane, hi, LANES):
+            a = abs(_load(src, lut, i))
+            if a > m or a != a:
+                m = a
+        partial[t] = m
+
+
+@cuda.jit
+def _absmax_rows(partial, per_row, out):
+    for r in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        m = np.float32(0)
+        for t in range(r * per_row * LANES, (r + 1) * per_row * LANES):
+            a = partial[t]
+            if a > m or a != a:
+                m = a
+        out[r] = m
+
+
+def row_absmax(src, lut, n_src, row_len, out, stream=0) -> None:
+    """out[r] = max |x| over row r of x (src zero-padded beyond n_src); NaN if the row holds one.
+
+    The maximum does not depend on the order, so lanes take partial maxima in parallel.
+    """
+    per_row = max(1, -(-row_len // BLOCK))
+    partial = cuda.device_array(out.size * per_row * LANES, np.float32, stream=stream)
+    _absmax_lanes[_grid(partial.size), THREADS, stream](src, lut, n_src, row_len, per_row, partial)
+    _absmax_rows[_grid(out.size), THREADS, stream](partial, per_row, out)
+
+
+@cuda.jit
+def _randomized_encode(src, lut, n_src, scales, key, start, bits):
+    rows, row_bytes = bits.shape
+    for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
+        r = t // row_bytes
+        scale = np.float64(scales[r])
+        first = t * 8
+        byte = 0
+        for j in range(8):
+            i = first + j
+            x = np.float64(_load(src, lut, i)) if i < n_src else 0.0
+            if x > _threshold(key, start + i) * scale:
+                byte |= 1 << (7 - j)
+        bits[r, t % row_bytes] = byte
+
+
+def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> None:
+    """bits[r] <- Birder's binary randomization of row r of x: bit i set when x_i > t_i * scale_r, as the CPU kernel."""
+    _randomized_encode[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
+        src, lut, n_src, scales, np.uint64(key), start, bits
+    )

@@ -1,0 +1,98 @@
+"""CUDA kernels against the CPU kernels, bit for bit; run in a process with NUMBA_ENABLE_CUDASIM=1 (or on a GPU)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+from compcoll import codecs
+from compcoll.kernels import cpu, cuda, reference
+
+
+def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(kernel source, lookup table or None, its exact float32 values); a few zeros and ties."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed)) * 3
+    x[::13] = 0.0
+    x = x.to(dtype)
+    if dtype == torch.float32:
+        return x.numpy(), None, x.numpy()
+    return x.view(torch.int16).numpy().view(np.uint16), codecs._lookup_table(dtype), x.float().numpy()
+
+
+def check(numel: int, world: int, dtype: torch.dtype) -> None:
+    src, lut, values = _source(numel, dtype, numel + world)
+    full = reference.padded_numel(numel, world)
+    rng = np.random.default_rng(numel)
+    err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+    d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
+
+    total = cpu.compensated_sumsq(src, lut, err, numel)
+    assert cuda.compensated_sumsq(d_src, d_lut, cuda.cuda.to_device(err), numel) == total, "sumsq"
+    scale = np.float32(np.sqrt(total) / np.sqrt(full))
+    cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
+    cpu.compensate_encode(src, lut, cpu_err, numel, scale, cpu_bits)
+    d_err, d_bits = cuda.cuda.to_device(err), cuda.cuda.device_array(full // 8, np.uint8)
+    cuda.compensate_encode(d_src, d_lut, d_err, numel, scale, d_bits)
+    assert np.array_equal(d_bits.copy_to_host(), cpu_bits), "encoded bits"
+    assert np.array_equal(d_err.copy_to_host(), cpu_err), "worker error"
+
+    rows = cpu_bits.reshape(world, -1)
+    weights = (rng.random(world) + 0.5).astype(np.float32)
+    chunk = full // world
+    for base in (None, (rng.standard_normal(chunk) * 0.1).astype(np.float32)):
+        out = np.empty(chunk, np.float32)
+        want = cpu.accumulate_signs(rows[:, :chunk // 8].copy(), weights, base, out, chunk)
+        d_out = cuda.cuda.device_array(chunk, np.float32)
+        got = cuda.accumulate_signs(cuda.cuda.to_device(rows[:, :chunk // 8].copy()), cuda.cuda.to_device(weights),
+                                    None if base is None else cuda.cuda.to_device(base), d_out, chunk)
+        assert got == want and np.array_equal(d_out.copy_to_host(), out), "accumulate_signs"
+
+    positive, negative = weights, -weights
+    out = np.empty(numel, np.float32)
+    cpu.select_decode(rows, positive, negative, out, numel)
+    d_out = cuda.cuda.device_array(numel, np.float32)
+    cuda.select_decode(cuda.cuda.to_device(rows), cuda.cuda.to_device(positive), cuda.cuda.to_device(negative),
+                       d_out, numel)
+    assert np.array_equal(d_out.copy_to_host(), out), "select_decode"
+
+    poisoned = src.copy()
+    if numel > 5 and lut is None:
+        poisoned[5] = np.nan
+    for source in (src, poisoned):
+        maxima = np.empty(world, np.float32)
+        cpu.row_absmax(source, lut, numel, full // world, maxima)
+        d_max = cuda.cuda.device_array(world, np.float32)
+        cuda.row_absmax(cuda.cuda.to_device(source), d_lut, numel, full // world, d_max)
+        assert np.array_equal(d_max.copy_to_host(), maxima, equal_nan=True), "row_absmax"
+
+    key = reference.stream_key(7, 3, reference.STAGES["inter"], 1)
+    width = codecs.SCALE_BYTES + chunk // 8
+    framed = np.zeros((world, width), np.uint8)
+    cpu.randomized_encode(src, lut, numel, maxima, np.uint64(key), 11, framed[:, codecs.SCALE_BYTES:])
+    d_framed = cuda.cuda.to_device(np.zeros((world, width), np.uint8))
+    cuda.randomized_encode(d_src, d_lut, numel, cuda.cuda.to_device(maxima), key, 11,
+                           d_framed[:, codecs.SCALE_BYTES:])
+    assert np.array_equal(d_framed.copy_to_host(), framed), "randomized_encode"
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = values
+    assert np.array_equal(framed[:, codecs.SCALE_BYTES:].reshape(-1),
+                          reference.binarize(padded, maxima, key, 11).reshape(-1)), "randomized vs reference"
+
+
+def main(lengths: list[int]) -> int:
+    assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
+    # the simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as intended)
+    warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for numel in lengths:
+            for world in (1, 3):
+                check(numel, world, dtype)
+    print(f"cuda kernels == cpu kernels on lengths {lengths}, world 1 and 3, float32/float16/bfloat16")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([int(a) for a in sys.argv[1:]] or [1, 37, 1000, 8200]))

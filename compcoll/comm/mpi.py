@@ -10,6 +10,7 @@ import torch
 
 from ..errors import CollectiveTimeout
 from .base import Communicator
+from .cuda_aware import detect_cuda_aware
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SPIN_S = 0.01
@@ -23,6 +24,25 @@ def _buffer(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+class DeviceBuffer:
+    """A flat tensor's memory described by ``__cuda_array_interface__``: what mpi4py hands a CUDA-aware MPI.
+
+    16-bit floats are described as int16 (MPI only moves them). The stream is None: the
+    caller synchronises the producing stream before MPI sees the pointer.
+    """
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        dtype = torch.int16 if tensor.dtype in _HALF_TYPES else tensor.dtype
+        self.__cuda_array_interface__ = {
+            "shape": (tensor.numel(),),
+            "typestr": np.dtype(torch.empty(0, dtype=dtype).numpy().dtype).str,
+            "data": (tensor.data_ptr(), False),
+            "strides": None,
+            "stream": None,
+            "version": 3,
+        }
+
+
 class MPIComm(Communicator):
     """A Communicator over an mpi4py communicator (``MPI.COMM_WORLD`` by default).
 
@@ -33,8 +53,10 @@ class MPIComm(Communicator):
 
     Args:
         mpi_comm: an ``mpi4py.MPI.Comm``; None means ``MPI.COMM_WORLD``.
-        cuda_aware: whether device buffers may be handed to MPI directly; None detects.
-            Only host (CPU) tensors are moved by this version, so it is recorded only.
+        cuda_aware: whether CUDA tensors go to MPI as device pointers; None detects it
+            (``COMPCOLL_CUDA_AWARE``, else ``MPIX_Query_cuda_support`` of the loaded
+            libmpi). Otherwise they are staged through host buffers (pinned when CUDA is
+            available), kept and reused across calls.
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
     """
 
@@ -43,8 +65,48 @@ class MPIComm(Communicator):
 
         self._mpi = MPI
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
-        self.cuda_aware = bool(cuda_aware)
+        self.cuda_aware = detect_cuda_aware() if cuda_aware is None else bool(cuda_aware)
+        self._staging: dict[tuple[str, torch.dtype], torch.Tensor] = {}
         super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
+
+    def _is_device(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lives in device memory (the CUDA-aware or staged path)."""
+        return tensor.device.type == "cuda"
+
+    def _stage(self, name: str, tensor: torch.Tensor, copy_in: bool) -> torch.Tensor:
+        """The host buffer ``name`` for ``tensor`` (grown, never shrunk), filled from it if ``copy_in``."""
+        key = (name, tensor.dtype)
+        host = self._staging.get(key)
+        if host is None or host.numel() < tensor.numel():
+            host = torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
+            self._staging[key] = host
+        host = host[:tensor.numel()]
+        if copy_in:
+            host.copy_(tensor)
+        return host
+
+    def _run(self, what: str, start, send: torch.Tensor | None, recv: torch.Tensor) -> None:
+        """Start ``start(send_buffer, recv_buffer)`` and wait for it, moving device tensors as this MPI can.
+
+        1. Host tensors: zero-copy numpy views.
+        2. Device tensors, CUDA-aware MPI: synchronise the current CUDA stream (the data
+           must be complete), then pass the device pointers (``DeviceBuffer``).
+        3. Device tensors otherwise: copy into reused host buffers, run on those, copy the
+           result back.
+        """
+        tensors = [t for t in (send, recv) if t is not None]
+        if not any(self._is_device(t) for t in tensors):
+            self._wait(start(None if send is None else _buffer(send), _buffer(recv)), what)
+            return
+        if self.cuda_aware:
+            if torch.cuda.is_available():
+                torch.cuda.current_stream().synchronize()
+            self._wait(start(None if send is None else DeviceBuffer(send), DeviceBuffer(recv)), what)
+            return
+        host_send = None if send is None else self._stage("send", send, True)
+        host_recv = self._stage("recv", recv, send is None)
+        self._wait(start(None if host_send is None else _buffer(host_send), _buffer(host_recv)), what)
+        recv.copy_(host_recv)
 
     def _wait(self, request, what: str) -> None:
         start = time.monotonic()
@@ -64,19 +126,20 @@ class MPIComm(Communicator):
                     time.sleep(_NAP_S)
 
     def _alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._wait(self.mpi_comm.Ialltoall(_buffer(send), _buffer(recv)), "alltoall")
+        self._run("alltoall", self.mpi_comm.Ialltoall, send, recv)
 
     def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._wait(self.mpi_comm.Iallgather(_buffer(send), _buffer(recv)), "allgather")
+        self._run("allgather", self.mpi_comm.Iallgather, send, recv)
 
     def _allreduce(self, tensor: torch.Tensor) -> None:
         work = tensor.float() if tensor.dtype in _HALF_TYPES else tensor
-        self._wait(self.mpi_comm.Iallreduce(self._mpi.IN_PLACE, _buffer(work), self._mpi.SUM), "allreduce")
+        in_place = self._mpi.IN_PLACE
+        self._run("allreduce", lambda _, buf: self.mpi_comm.Iallreduce(in_place, buf, self._mpi.SUM), None, work)
         if work is not tensor:
             tensor.copy_(work)
 
     def _bcast(self, tensor: torch.Tensor, root: int) -> None:
-        self._wait(self.mpi_comm.Ibcast(_buffer(tensor), root), "bcast")
+        self._run("bcast", lambda _, buf: self.mpi_comm.Ibcast(buf, root), None, tensor)
 
     def _barrier(self) -> None:
         self._wait(self.mpi_comm.Ibarrier(), "barrier")

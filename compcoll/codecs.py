@@ -1,7 +1,8 @@
 """1-bit codecs on torch tensors (scaled sign, binary randomization): dtypes, wire layout, kernels.
 
-The algorithms call only this module; it picks the kernels for the tensor's device and
-hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
+The algorithms call only this module; it picks the kernels for the tensor's device (CPU:
+``kernels.cpu`` on numpy views; CUDA: ``kernels.cuda`` on ``__cuda_array_interface__``
+views, queued on torch's current stream) and hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
 element in the most significant bit), preceded, where a scale travels with it, by that
 scale as 4 native-endian float32 bytes.
 """
@@ -28,24 +29,56 @@ def _lookup_table(dtype: torch.dtype) -> np.ndarray:
     return patterns.view(dtype).float().numpy()
 
 
-def _source(tensor: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
-    """A flat kernel view of ``tensor`` and the lookup table its dtype needs (or None)."""
-    flat = tensor.detach().reshape(-1)
-    if tensor.dtype == torch.float32:
-        return flat.numpy(), None
-    return flat.view(torch.int16).numpy().view(np.uint16), _lookup_table(tensor.dtype)
-
-
-def _storage(tensor: torch.Tensor) -> np.ndarray:
-    """A writable flat kernel view of an output tensor (16-bit types as raw int16)."""
-    if tensor.dtype == torch.float32:
-        return tensor.view(-1).numpy()
-    return tensor.view(-1).view(torch.int16).numpy()
+@lru_cache(maxsize=None)
+def _device_lookup_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The lookup table of ``dtype`` kept on a CUDA device."""
+    return torch.from_numpy(_lookup_table(dtype)).to(device)
 
 
 def check_device(tensor: torch.Tensor) -> None:
-    if tensor.device.type != "cpu":
-        raise ValueError(f"compcoll: tensors on {tensor.device} are not supported; use CPU tensors")
+    """Raise ValueError for a device that has no kernels (CPU and CUDA have)."""
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"compcoll: tensors on {tensor.device} are not supported; use CPU or CUDA tensors")
+
+
+def _array(tensor: torch.Tensor):
+    """A zero-copy kernel view: numpy for CPU tensors, a numba device array for CUDA tensors."""
+    if tensor.device.type == "cpu":
+        return tensor.detach().numpy()
+    from numba import cuda
+
+    # no stream sync on import: the kernels run on torch's current stream, behind the producer
+    return cuda.as_cuda_array(tensor.detach(), sync=False)
+
+
+def _source(tensor: torch.Tensor):
+    """A flat kernel view of ``tensor`` and the lookup table its dtype needs (or None)."""
+    flat = tensor.detach().reshape(-1)
+    if tensor.dtype == torch.float32:
+        return _array(flat), None
+    raw = flat.view(torch.int16)
+    if tensor.device.type == "cpu":
+        return raw.numpy().view(np.uint16), _lookup_table(tensor.dtype)
+    return _array(raw).view(np.uint16), _array(_device_lookup_table(tensor.dtype, tensor.device))
+
+
+def _storage(tensor: torch.Tensor):
+    """A writable flat kernel view of an output tensor (16-bit types as raw int16)."""
+    flat = tensor.view(-1)
+    return _array(flat if tensor.dtype == torch.float32 else flat.view(torch.int16))
+
+
+def _run(kernel: str, tensor: torch.Tensor, *args):
+    """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream)."""
+    check_device(tensor)
+    if tensor.device.type == "cpu":
+        return getattr(cpu_kernels, kernel)(*args)
+    from numba import cuda
+
+    from .kernels import cuda as cuda_kernels
+
+    stream = cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+    return getattr(cuda_kernels, kernel)(*args, stream=stream)
 
 
 def l2_scale(sumsq: float, numel: int) -> float:
@@ -55,9 +88,8 @@ def l2_scale(sumsq: float, numel: int) -> float:
 
 def compensated_sumsq(tensor: torch.Tensor, error: torch.Tensor) -> float:
     """Sum of squares of ``error + pad(tensor)``; reads both, writes nothing."""
-    check_device(tensor)
     src, lut = _source(tensor)
-    return float(cpu_kernels.compensated_sumsq(src, lut, error.numpy(), src.size))
+    return float(_run("compensated_sumsq", tensor, src, lut, _array(error), tensor.numel()))
 
 
 def sumsq(tensor: torch.Tensor) -> float:
@@ -67,8 +99,7 @@ def sumsq(tensor: torch.Tensor) -> float:
     so the result does not depend on the number of threads: ranks holding the same bits
     compute the same norm.
     """
-    check_device(tensor)
-    return float(cpu_kernels.compensated_sumsq(np.empty(0, np.float32), None, tensor.numpy(), 0))
+    return float(_run("compensated_sumsq", tensor, _array(tensor[:0]), None, _array(tensor), 0))
 
 
 def compensate_encode(
@@ -78,22 +109,18 @@ def compensate_encode(
 
     ``tensor=None`` encodes ``error`` alone (the server step, where it holds the sum).
     """
-    if tensor is None:
-        src, lut = np.empty(0, np.float32), None
-    else:
-        check_device(tensor)
-        src, lut = _source(tensor)
-    cpu_kernels.compensate_encode(src, lut, error.numpy(), src.size, np.float32(scale), bits.numpy())
+    src, lut = (_array(error[:0]), None) if tensor is None else _source(tensor)
+    n_src = 0 if tensor is None else tensor.numel()
+    _run("compensate_encode", error, src, lut, _array(error), n_src, np.float32(scale), _array(bits))
 
 
 def accumulate_signs(
     bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int
 ) -> float:
     """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of squares."""
-    base_view = None if base is None else base.numpy()
-    return float(
-        cpu_kernels.accumulate_signs(bits.numpy(), weights.numpy(), base_view, out.numpy(), count)
-    )
+    base_view = None if base is None else _array(base)
+    weights = weights.to(device=out.device, dtype=torch.float32)
+    return float(_run("accumulate_signs", out, _array(bits), _array(weights), base_view, _array(out), count))
 
 
 def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
@@ -101,9 +128,10 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
 
     The values +-scale are rounded to the output dtype once (by torch), then selected.
     """
+    scales = scales.to(device=out.device)
     positive = _storage(scales.to(out.dtype))
     negative = _storage((-scales).to(out.dtype))
-    cpu_kernels.select_decode(bits.numpy(), positive, negative, _storage(out), out.numel())
+    _run("select_decode", out, _array(bits), positive, negative, _storage(out), out.numel())
 
 
 def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -111,10 +139,9 @@ def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:
 
     A row holding NaN gets NaN, one holding Inf gets Inf.
     """
-    check_device(source)
     src, lut = _source(source)
-    out = torch.empty(rows, dtype=torch.float32)
-    cpu_kernels.row_absmax(src, lut, src.size, length // rows, out.numpy())
+    out = torch.empty(rows, dtype=torch.float32, device=source.device)
+    _run("row_absmax", source, src, lut, source.numel(), length // rows, _array(out))
     return out
 
 
@@ -128,10 +155,10 @@ def randomized_encode(
     draws the threshold of index start + i. ``bits`` is (rows, row_bytes), possibly a
     strided view of framed wire rows.
     """
-    check_device(source)
     src, lut = _source(source)
     key = np.uint64(stream_key(seed, step, STAGES[stage], rank))
-    cpu_kernels.randomized_encode(src, lut, src.size, scales.numpy(), key, start, bits.numpy())
+    scales = scales.to(device=source.device, dtype=torch.float32)
+    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), key, start, _array(bits))
 
 
 def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:

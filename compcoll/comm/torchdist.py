@@ -16,7 +16,10 @@ class TorchComm(Communicator):
 
     Collectives are issued with ``async_op=True`` and waited on with ``timeout`` seconds,
     using ``all_to_all_single`` and ``all_gather_single`` (``all_gather_into_tensor`` before
-    torch 2.13), the flat-tensor forms NCCL is fastest at.
+    torch 2.13), the flat-tensor forms NCCL is fastest at. CUDA tensors go to NCCL as they
+    are (NCCL orders its work after torch's current stream); a tensor on the other kind
+    of device than the backend moves (NCCL: the small CPU metadata of an agreement; Gloo:
+    CUDA tensors) is copied to the backend's device and back.
 
     Args:
         group: a ProcessGroup; None means the default (WORLD) group, which must be initialised.
@@ -31,7 +34,18 @@ class TorchComm(Communicator):
             )
         self.group = dist.group.WORLD if group is None else group
         self.backend = dist.get_backend(self.group)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
+
+    def _run(self, what: str, op, send: torch.Tensor | None, recv: torch.Tensor) -> None:
+        """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there and back."""
+        if recv.device.type == self.device.type and (send is None or send.device.type == self.device.type):
+            self._wait(op(send, recv), what)
+            return
+        moved_send = None if send is None else send.to(self.device)
+        moved_recv = recv.to(self.device) if send is None else torch.empty_like(recv, device=self.device)
+        self._wait(op(moved_send, moved_recv), what)
+        recv.copy_(moved_recv)
 
     def _wait(self, work, what: str) -> None:
         try:
@@ -48,17 +62,17 @@ class TorchComm(Communicator):
             ) from exc
 
     def _alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._wait(dist.all_to_all_single(recv, send, group=self.group, async_op=True), "alltoall")
+        self._run("alltoall", lambda s, r: dist.all_to_all_single(r, s, group=self.group, async_op=True), send, recv)
 
     def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._wait(_all_gather_single(recv, send, group=self.group, async_op=True), "allgather")
+        self._run("allgather", lambda s, r: _all_gather_single(r, s, group=self.group, async_op=True), send, recv)
 
     def _allreduce(self, tensor: torch.Tensor) -> None:
-        self._wait(dist.all_reduce(tensor, group=self.group, async_op=True), "allreduce")
+        self._run("allreduce", lambda _, t: dist.all_reduce(t, group=self.group, async_op=True), None, tensor)
 
     def _bcast(self, tensor: torch.Tensor, root: int) -> None:
         source = dist.get_global_rank(self.group, root)
-        self._wait(dist.broadcast(tensor, src=source, group=self.group, async_op=True), "bcast")
+        self._run("bcast", lambda _, t: dist.broadcast(t, src=source, group=self.group, async_op=True), None, tensor)
 
     def _barrier(self) -> None:
         self._wait(dist.barrier(group=self.group, async_op=True), "barrier")

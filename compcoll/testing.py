@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 BACKENDS = ("mpi", "gloo")
+ALL_BACKENDS = (*BACKENDS, "nccl")
 
 
 class WorkerFailure(AssertionError):
@@ -71,7 +72,8 @@ def run(
     """Run ``target`` ("package.module:function") on ``world_size`` local processes.
 
     1. Start the ranks: ``mpiexec -n N`` for "mpi"; N processes with RANK, WORLD_SIZE,
-       MASTER_ADDR/PORT (as torchrun sets them) for "gloo".
+       MASTER_ADDR/PORT (as torchrun sets them) for "gloo" or "nccl" (that process-group
+       backend, through ``COMPCOLL_TORCH_BACKEND``).
     2. Each rank calls ``function(comm, *args)``; ``args`` must be JSON-serialisable.
     3. Wait up to ``timeout`` seconds for all ranks, killing them all past it.
 
@@ -81,8 +83,8 @@ def run(
 
     Returns the ranks' combined output; raises ``WorkerFailure`` if any rank failed.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in ALL_BACKENDS:
+        raise ValueError(f"backend must be one of {ALL_BACKENDS}, got {backend!r}")
     command = [sys.executable, "-m", "compcoll.testing", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi":
@@ -93,8 +95,8 @@ def run(
         port = str(_free_port())
         launches = [
             ([*(rank_prefix[r] if rank_prefix else ()), *command],
-             {**base, "RANK": str(r), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(r),
-              "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
+             {**base, "COMPCOLL_TORCH_BACKEND": backend, "RANK": str(r), "WORLD_SIZE": str(world_size),
+              "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
               **(rank_env[r] if rank_env else {})})
             for r in range(world_size)
         ]
@@ -191,7 +193,7 @@ def _shutdown(comm) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("backend", choices=BACKENDS)
+    parser.add_argument("backend", choices=ALL_BACKENDS)
     parser.add_argument("target")
     parser.add_argument("args", nargs="?", default="[]")
     ns = parser.parse_args()

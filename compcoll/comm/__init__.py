@@ -35,14 +35,18 @@ def _torch_initialised() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+TORCH_BACKEND_ENV = "COMPCOLL_TORCH_BACKEND"
+
+
 def init(backend: str | None = None, timeout: float | None = None) -> Communicator:
     """Create the default communicator from the environment and return it.
 
     1. ``backend="mpi" | "torch" | "single"`` forces a kind; otherwise:
     2. an initialised torch.distributed -> TorchComm on its WORLD group;
     3. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
-    4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (NCCL if
-       CUDA is available, else Gloo) and TorchComm;
+    4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
+       ``COMPCOLL_TORCH_BACKEND`` backend if set, else NCCL if CUDA is available (on the
+       GPU ``LOCAL_RANK``), else Gloo) and TorchComm;
     5. srun (SLURM_NTASKS > 1) -> MPIComm;
     6. otherwise a SingleComm of size 1.
     """
@@ -74,7 +78,10 @@ def _init_torch(timeout: float | None) -> Communicator:
     from .torchdist import TorchComm
 
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = os.environ.get(TORCH_BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        dist.init_process_group(backend)
     return TorchComm(timeout=timeout)
 
 

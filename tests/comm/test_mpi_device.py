@@ -15,9 +15,9 @@ def test_device_paths_move_the_right_bytes(cuda_aware: bool, world_size: int) ->
 
 
 def test_detection_reads_the_loaded_library_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mpi4py import MPI  # noqa: F401  (loads libmpi)
+    from mpi4py import MPI
 
-    assert any("libmpi" in path for path in loaded_mpi_libraries())
+    assert any("libmpi" in path for path in loaded_mpi_libraries()), MPI.Get_library_version()
     monkeypatch.delenv("COMPCOLL_CUDA_AWARE", raising=False)
     assert detect_cuda_aware() is False  # the mpich wheel is built without CUDA
     monkeypatch.setenv("COMPCOLL_CUDA_AWARE", "1")

@@ -1,0 +1,127 @@
+"""GPU suite: fused CUDA kernels vs a device copy and vs the DeepSpeed-style path (torch ops + cupy.packbits), one run.
+
+Usage (on a machine with an NVIDIA GPU, torch with CUDA, numba-cuda and cupy):
+    python bench/gpu_suite.py --out bench/results/gpu_kernels
+
+For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of:
+1. a device-to-device copy of the tensor (reads and writes 4 bytes per element): the
+   memory bandwidth the kernels are compared with;
+2. every fused kernel, with the bytes it must move (e.g. compensate + encode reads the
+   input and the error, writes the error and the bits: 12.125 bytes per element), as
+   GB/s and as a fraction of the copy's;
+3. the worker step both ways: fused (sum of squares + compensate/encode) against the
+   DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
+4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors.
+Writes OUT.txt and OUT.json with the GPU's name and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import compcoll
+from compcoll import codecs
+
+
+def timed(fn, runs: int, warmup: int = 3) -> float:
+    """Median seconds of ``fn`` over ``runs`` runs, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times)
+
+
+def deepspeed_style_worker(x: torch.Tensor, err: torch.Tensor):
+    """The worker step as DeepSpeed writes it: torch ops for compensation and scale, cupy.packbits for the signs."""
+    import cupy
+
+    buf = x + err
+    scale = buf.norm() / math.sqrt(buf.numel())
+    sign = torch.where(buf >= 0, 1.0, -1.0)
+    err.copy_(buf - scale * sign)
+    return cupy.packbits(cupy.asarray((sign > 0).to(torch.uint8)))
+
+
+def measure(numel: int, runs: int) -> dict:
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(numel)
+    x = torch.randn(numel, device=dev, generator=gen)
+    err = torch.randn(numel, device=dev, generator=gen) * 0.1
+    bits = torch.empty(numel // 8, dtype=torch.uint8, device=dev)
+    out = torch.empty(numel, device=dev)
+    dst = torch.empty_like(x)
+    rows = bits.view(1, -1)
+    one = torch.ones(1, device=dev)
+    scales = torch.ones(8, device=dev)
+    wire = torch.empty(8, numel // 64, dtype=torch.uint8, device=dev)
+    copy_s = timed(lambda: dst.copy_(x), runs)
+    copy_bw = 8 * numel / copy_s
+    kernels = {
+        "sum of squares (x + err)": (lambda: codecs.compensated_sumsq(x, err), 8.0),
+        "compensate + encode": (lambda: codecs.compensate_encode(x, err, 0.5, bits), 12.125),
+        "accumulate signs (1 row)": (lambda: codecs.accumulate_signs(rows, one, None, out, numel), 4.125),
+        "decode": (lambda: codecs.decode(rows, one, out), 4.125),
+        "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0),
+        "randomized encode": (lambda: codecs.randomized_encode(x, scales, 1, 2, "node", 0, 0, wire), 4.125),
+    }
+    result = {"numel": numel, "copy_s": copy_s, "copy_GBps": copy_bw / 1e9, "kernels": {}}
+    for name, (fn, per_element) in kernels.items():
+        seconds = timed(fn, runs)
+        bandwidth = per_element * numel / seconds
+        result["kernels"][name] = {"s": seconds, "GBps": bandwidth / 1e9, "of_copy": bandwidth / copy_bw}
+    fused = timed(lambda: (codecs.compensated_sumsq(x, err), codecs.compensate_encode(x, err, 0.5, bits)), runs)
+    baseline = timed(lambda: deepspeed_style_worker(x, err), runs)
+    result["worker_step"] = {"fused_s": fused, "deepspeed_style_s": baseline, "speedup": baseline / fused}
+    full = compcoll.padded_numel(numel, 1)
+    we, se = torch.zeros(full, device=dev), torch.zeros(full, device=dev)
+    comm = compcoll.SingleComm()
+    result["compressed_allreduce_1rank_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs)
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1048576,16777216,67108864,268435456", help="float32 elements, comma-separated")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here: run this on a machine with one", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.get_device_name()
+    results = [measure(int(s), args.runs) for s in args.sizes.split(",")]
+    lines = [f"# {gpu}; medians of {args.runs} runs (CUDA events); GB/s of the bytes each kernel must move",
+             f"{'elements':>11} {'kernel':<26} {'time us':>10} {'GB/s':>8} {'of copy':>8}"]
+    for r in results:
+        lines.append(f"{r['numel']:>11} {'device copy':<26} {1e6 * r['copy_s']:>10.1f} {r['copy_GBps']:>8.1f} {1:>8.2f}")
+        for name, k in r["kernels"].items():
+            lines.append(f"{r['numel']:>11} {name:<26} {1e6 * k['s']:>10.1f} {k['GBps']:>8.1f} {k['of_copy']:>8.2f}")
+        w = r["worker_step"]
+        lines.append(f"{r['numel']:>11} worker step: fused {1e6 * w['fused_s']:.1f} us, DeepSpeed-style "
+                     f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x; compressed_allreduce (1 rank) "
+                     f"{1e6 * r['compressed_allreduce_1rank_s']:.1f} us")
+    table = "\n".join(lines)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".txt").write_text(table + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"gpu": gpu, "command": " ".join(sys.argv),
+                                                         "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""CUDA tensors end to end (needs a GPU; skipped otherwise): codecs equal the CPU's, collectives equal the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compcoll import codecs
+from compcoll.testing import run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+WORKERS = "tests.gpu.gpu_workers"
+SHAPES = [[1], [37], [3, 7, 11], [100003]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("numel", [1, 37, 8193, 1 << 20])
+def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
+    gen = torch.Generator().manual_seed(numel)
+    x = (torch.randn(numel, generator=gen) * 3).to(dtype)
+    full = -(-numel // 24) * 24
+    err = torch.randn(full, generator=gen) * 0.1
+    results = {}
+    for device in ("cpu", "cuda"):
+        xd, ed = x.to(device), err.clone().to(device)
+        total = codecs.compensated_sumsq(xd, ed)
+        bits = torch.empty(full // 8, dtype=torch.uint8, device=device)
+        codecs.compensate_encode(xd, ed, 0.5, bits)
+        rows = bits.view(3, -1)
+        acc = torch.empty(full // 3, device=device)
+        squares = codecs.accumulate_signs(rows, torch.tensor([0.3, 0.2, 0.1]), None, acc, full // 3)
+        out = torch.empty(numel, dtype=dtype, device=device)
+        codecs.decode(rows, torch.tensor([1.5, 2.5, 3.5]), out)
+        maxima = codecs.row_absmax(xd, 3, full)
+        wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8, device=device)
+        codecs.randomized_encode(xd, maxima, 7, 2, "node", 1, 0, codecs.frame(wire, maxima))
+        torch.cuda.synchronize()
+        results[device] = (total, squares, bits.cpu(), ed.cpu(), acc.cpu(), out.cpu(), maxima.cpu(), wire.cpu())
+    for name, a, b in zip(("sumsq", "accumulate sumsq", "bits", "error", "accumulate", "decode", "absmax", "wire"),
+                          results["cpu"], results["cuda"]):
+        same = a == b if isinstance(a, float) else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy())
+        assert same, name
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_mpi_ranks_sharing_the_gpu(world_size: int) -> None:
+    run(f"{WORKERS}:cuda_numerics", world_size, "mpi", args=(SHAPES, 2))
+
+
+def test_nccl_at_world_size_one() -> None:
+    run(f"{WORKERS}:cuda_numerics", 1, "nccl", args=(SHAPES, 2))

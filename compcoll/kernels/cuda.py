@@ -72,7 +72,10 @@ def tree_sum(partial, stream=0) -> float:
     while size > 1:
         size //= 2
         _halve[_grid(size), THREADS, stream](values, size)
-    return float(values[:1].copy_to_host(stream=stream)[0])
+    host = values[:1].copy_to_host(stream=stream)
+    if stream:
+        stream.synchronize()
+    return float(host[0])
 
 
 @cuda.jit

@@ -13,20 +13,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .reference import BLOCK, GOLDEN, LANES, MIX1, MIX2, UNIFORM_BITS
-
-_GOLDEN = np.uint64(GOLDEN)
-_MIX1 = np.uint64(MIX1)
-_MIX2 = np.uint64(MIX2)
-_SHIFT = np.uint64(64 - UNIFORM_BITS)
-_CELLS = float(1 << UNIFORM_BITS)
+from . import scalar
+from .reference import BLOCK, LANES
 
 
-@njit(cache=True, inline="always")
-def _load(src, lut, i):
-    if lut is None:
-        return np.float32(src[i])
-    return lut[src[i]]
+_load = njit(cache=True, inline="always")(scalar.load)
+_threshold = njit(cache=True, inline="always")(scalar.threshold)
 
 
 @njit(cache=True)
@@ -210,16 +202,6 @@ def select_decode(bits, positive, negative, out, n_out):
             else:
                 for j in range(min(8, n_out - start)):
                     out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
-
-
-@njit(cache=True, inline="always")
-def _threshold(key, index):
-    """Uniform threshold in (-1, 1) of element ``index`` of stream ``key`` (see ``reference.thresholds``)."""
-    z = key + np.uint64(index + 1) * _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
 
 
 @njit(parallel=True, cache=True)

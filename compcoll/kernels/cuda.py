@@ -19,15 +19,11 @@ import math
 import numpy as np
 from numba import cuda
 
-from .reference import BLOCK, GOLDEN, LANES, MIX1, MIX2, UNIFORM_BITS
+from . import scalar
+from .reference import BLOCK, LANES
 
 THREADS = 128
 MAX_BLOCKS = 4096
-_GOLDEN = np.uint64(GOLDEN)
-_MIX1 = np.uint64(MIX1)
-_MIX2 = np.uint64(MIX2)
-_SHIFT = np.uint64(64 - UNIFORM_BITS)
-_CELLS = float(1 << UNIFORM_BITS)
 _ROWS_PER_BLOCK = BLOCK // LANES
 
 
@@ -36,21 +32,8 @@ def _grid(work: int) -> int:
     return max(1, min(MAX_BLOCKS, -(-work // THREADS)))
 
 
-@cuda.jit(device=True)
-def _load(src, lut, i):
-    if lut is None:
-        return np.float32(src[i])
-    return lut[src[i]]
-
-
-@cuda.jit(device=True)
-def _threshold(key, index):
-    """Uniform threshold in (-1, 1) of element ``index`` of stream ``key`` (see ``reference.thresholds``)."""
-    z = key + np.uint64(index + 1) * _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
+_load = cuda.jit(device=True)(scalar.load)
+_threshold = cuda.jit(device=True)(scalar.threshold)
 
 
 @cuda.jit

@@ -1,0 +1,33 @@
+"""Per-element helpers that both kernel modules compile (Numba CPU and numba.cuda): input loading and the threshold hash."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import GOLDEN, MIX1, MIX2, UNIFORM_BITS
+
+_GOLDEN = np.uint64(GOLDEN)
+_MIX1 = np.uint64(MIX1)
+_MIX2 = np.uint64(MIX2)
+_SHIFT = np.uint64(64 - UNIFORM_BITS)
+_CELLS = float(1 << UNIFORM_BITS)
+
+
+def load(src, lut, i):
+    """Element i of an input as float32: itself (lut None) or its 16-bit pattern looked up in ``lut``."""
+    if lut is None:
+        return np.float32(src[i])
+    return lut[src[i]]
+
+
+def threshold(key, index):
+    """Uniform threshold in (-1, 1) of element ``index`` of stream ``key`` (see ``reference.thresholds``).
+
+    1. SplitMix64 of key + (index + 1) * golden ratio.
+    2. Its top UNIFORM_BITS bits u give (2u + 1 - 2^bits) / 2^bits.
+    """
+    z = key + np.uint64(index + 1) * _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS

@@ -9,12 +9,15 @@ order exactly: thread (block b, lane l) accumulates elements b*BLOCK + k*LANES +
 k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
 coalesce), then the block-major lane sums are combined by the same pairwise tree, in
 log2 launches on the device; only the final float64 crosses to the host. 16-bit inputs
-arrive as raw uint16 with the 65536-entry float32 table, as on the CPU.
+arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No kernel takes a
+None argument: each is built per variant (with or without a table, with or without a base
+vector) and cached.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from numba import cuda
@@ -27,12 +30,22 @@ MAX_BLOCKS = 4096
 _ROWS_PER_BLOCK = BLOCK // LANES
 
 
+@lru_cache(maxsize=None)
+def _no_table():
+    return cuda.to_device(np.zeros(1, np.float32))
+
+
+def _table(lut):
+    """The lookup table, or a one-element stand-in when there is none (kernels take no None arguments)."""
+    return _no_table() if lut is None else lut
+
+
 def _grid(work: int) -> int:
     """Blocks for ``work`` items of a grid-stride loop."""
     return max(1, min(MAX_BLOCKS, -(-work // THREADS)))
 
 
-_load = cuda.jit(device=True)(scalar.load)
+_LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
 
 
@@ -67,76 +80,96 @@ def _fill_padded(source, out):
         out[i] = source[i] if i < source.size else 0.0
 
 
-@cuda.jit
-def _sumsq_lanes(src, lut, err, n_src, partial):
+@lru_cache(maxsize=None)
+def _sumsq_lanes(with_lut: bool):
     """partial[b*LANES + l] = sum over k of float64(err[i] + src[i])^2, i = b*BLOCK + k*LANES + l."""
-    n = err.size
-    for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
-        base = (t // LANES) * BLOCK + t % LANES
-        acc = 0.0
-        for k in range(_ROWS_PER_BLOCK):
-            i = base + k * LANES
-            if i < n:
-                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
-                acc += np.float64(x) * np.float64(x)
-        partial[t] = acc
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, partial):
+        n = err.size
+        for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+            base = (t // LANES) * BLOCK + t % LANES
+            acc = 0.0
+            for k in range(_ROWS_PER_BLOCK):
+                i = base + k * LANES
+                if i < n:
+                    x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                    acc += np.float64(x) * np.float64(x)
+            partial[t] = acc
+
+    return kernel
 
 
 def compensated_sumsq(src, lut, err, n_src, stream=0) -> float:
     """Sum of squares of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing else."""
     nblocks = max(1, -(-err.size // BLOCK))
     partial = cuda.device_array(nblocks * LANES, np.float64, stream=stream)
-    _sumsq_lanes[_grid(partial.size), THREADS, stream](src, lut, err, n_src, partial)
+    _sumsq_lanes(lut is not None)[_grid(partial.size), THREADS, stream](src, _table(lut), err, n_src, partial)
     return tree_sum(partial, stream)
 
 
-@cuda.jit
-def _compensate_encode(src, lut, err, n_src, scale, bits):
-    for k in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
-        byte = 0
-        for j in range(8):
-            i = 8 * k + j
-            x = err[i] + _load(src, lut, i) if i < n_src else err[i]
-            if x >= 0:
-                byte |= 1 << (7 - j)
-                err[i] = x - scale
-            else:
-                err[i] = x + scale
-        bits[k] = byte
+@lru_cache(maxsize=None)
+def _compensate_encode(with_lut: bool):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, scale, bits):
+        for k in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
+            byte = 0
+            for j in range(8):
+                i = 8 * k + j
+                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                if x >= 0:
+                    byte |= 1 << (7 - j)
+                    err[i] = x - scale
+                else:
+                    err[i] = x + scale
+            bits[k] = byte
+
+    return kernel
 
 
 def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
     """One pass per packed byte: x = err + src; bit = x >= 0; err = x -+ scale (float32), as the CPU kernel."""
-    _compensate_encode[_grid(bits.size), THREADS, stream](src, lut, err, n_src, np.float32(scale), bits)
+    _compensate_encode(lut is not None)[_grid(bits.size), THREADS, stream](
+        src, _table(lut), err, n_src, np.float32(scale), bits
+    )
 
 
-@cuda.jit
-def _accumulate_lanes(bits, weights, base, out, n_out, partial):
-    nranks = bits.shape[0]
-    for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
-        first = (t // LANES) * BLOCK + t % LANES
-        sums = 0.0
-        for k in range(_ROWS_PER_BLOCK):
-            i = first + k * LANES
-            if i < n_out:
-                acc = np.float32(0)
-                for r in range(nranks):
-                    if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
-                        acc += weights[r]
-                    else:
-                        acc -= weights[r]
-                if base is not None:
-                    acc = acc + base[i]
-                out[i] = acc
-                sums += np.float64(acc) * np.float64(acc)
-        partial[t] = sums
+@lru_cache(maxsize=None)
+def _accumulate_lanes(with_base: bool):
+    @cuda.jit
+    def kernel(bits, weights, base, out, n_out, partial):
+        nranks = bits.shape[0]
+        for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+            first = (t // LANES) * BLOCK + t % LANES
+            sums = 0.0
+            for k in range(_ROWS_PER_BLOCK):
+                i = first + k * LANES
+                if i < n_out:
+                    acc = np.float32(0)
+                    for r in range(nranks):
+                        if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
+                            acc += weights[r]
+                        else:
+                            acc -= weights[r]
+                    if with_base:
+                        acc = acc + base[i]
+                    out[i] = acc
+                    sums += np.float64(acc) * np.float64(acc)
+            partial[t] = sums
+
+    return kernel
 
 
 def accumulate_signs(bits, weights, base, out, n_out, stream=0) -> float:
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; returns its sum of squares."""
     nblocks = max(1, -(-n_out // BLOCK))
     partial = cuda.device_array(nblocks * LANES, np.float64, stream=stream)
-    _accumulate_lanes[_grid(partial.size), THREADS, stream](bits, weights, base, out, n_out, partial)
+    _accumulate_lanes(base is not None)[_grid(partial.size), THREADS, stream](
+        bits, weights, out if base is None else base, out, n_out, partial
+    )
     return tree_sum(partial, stream)
 
 
@@ -158,20 +191,26 @@ def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     _select_decode[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](bits, positive, negative, out, n_out)
 
 
-@cuda.jit
-def _absmax_lanes(src, lut, n_src, row_len, per_row, partial):
-    for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
-        lane = t % LANES
-        piece = t // LANES
-        row = piece // per_row
-        lo = row * row_len + (piece % per_row) * BLOCK
-        hi = min(min((row + 1) * row_len, lo + BLOCK), n_src)
-        m = np.float32(0)
-        for i in range(lo + lane, hi, LANES):
-            a = abs(_load(src, lut, i))
-            if a > m or a != a:
-                m = a
-        partial[t] = m
+@lru_cache(maxsize=None)
+def _absmax_lanes(with_lut: bool):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, n_src, row_len, per_row, partial):
+        for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+            lane = t % LANES
+            piece = t // LANES
+            row = piece // per_row
+            lo = row * row_len + (piece % per_row) * BLOCK
+            hi = min(min((row + 1) * row_len, lo + BLOCK), n_src)
+            m = np.float32(0)
+            for i in range(lo + lane, hi, LANES):
+                a = abs(load(src, lut, i))
+                if a > m or a != a:
+                    m = a
+            partial[t] = m
+
+    return kernel
 
 
 @cuda.jit
@@ -192,28 +231,36 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0) -> None:
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = cuda.device_array(out.size * per_row * LANES, np.float32, stream=stream)
-    _absmax_lanes[_grid(partial.size), THREADS, stream](src, lut, n_src, row_len, per_row, partial)
+    _absmax_lanes(lut is not None)[_grid(partial.size), THREADS, stream](
+        src, _table(lut), n_src, row_len, per_row, partial
+    )
     _absmax_rows[_grid(out.size), THREADS, stream](partial, per_row, out)
 
 
-@cuda.jit
-def _randomized_encode(src, lut, n_src, scales, key, start, bits):
-    rows, row_bytes = bits.shape
-    for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
-        r = t // row_bytes
-        scale = np.float64(scales[r])
-        first = t * 8
-        byte = 0
-        for j in range(8):
-            i = first + j
-            x = np.float64(_load(src, lut, i)) if i < n_src else 0.0
-            if x > _threshold(key, start + i) * scale:
-                byte |= 1 << (7 - j)
-        bits[r, t % row_bytes] = byte
+@lru_cache(maxsize=None)
+def _randomized_encode(with_lut: bool):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, n_src, scales, key, start, bits):
+        rows, row_bytes = bits.shape
+        for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
+            r = t // row_bytes
+            scale = np.float64(scales[r])
+            first = t * 8
+            byte = 0
+            for j in range(8):
+                i = first + j
+                x = np.float64(load(src, lut, i)) if i < n_src else 0.0
+                if x > _threshold(key, start + i) * scale:
+                    byte |= 1 << (7 - j)
+            bits[r, t % row_bytes] = byte
+
+    return kernel
 
 
 def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> None:
     """bits[r] <- Birder's binary randomization of row r of x: bit i set when x_i > t_i * scale_r, as the CPU kernel."""
-    _randomized_encode[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
-        src, lut, n_src, scales, np.uint64(key), start, bits
+    _randomized_encode(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
+        src, _table(lut), n_src, scales, np.uint64(key), start, bits
     )

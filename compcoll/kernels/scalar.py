@@ -20,6 +20,16 @@ def load(src, lut, i):
     return lut[src[i]]
 
 
+def load_value(src, lut, i):
+    """Element i of a float32 input (``lut`` unused: device kernels take no None arguments)."""
+    return np.float32(src[i])
+
+
+def load_table(src, lut, i):
+    """Element i of a 16-bit input: its pattern looked up in the float32 table ``lut``."""
+    return lut[src[i]]
+
+
 def threshold(key, index):
     """Uniform threshold in (-1, 1) of element ``index`` of stream ``key`` (see ``reference.thresholds``).
 

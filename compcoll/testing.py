@@ -77,9 +77,11 @@ def run(
     2. Each rank calls ``function(comm, *args)``; ``args`` must be JSON-serialisable.
     3. Wait up to ``timeout`` seconds for all ranks, killing them all past it.
 
-    Gloo ranks can be placed on emulated nodes: ``rank_prefix[r]`` goes in front of rank
-    r's command (``ip netns exec ns``), ``rank_env[r]`` is added to its environment
-    (``GLOO_SOCKET_IFNAME``), and ``master_addr`` is rank 0's address.
+    Ranks can be placed on emulated nodes: ``rank_prefix[r]`` goes in front of rank r's
+    command (``ip netns exec ns``) and ``rank_env[r]`` is added to its environment (Gloo:
+    ``GLOO_SOCKET_IFNAME``; MPI: what keeps MPICH off shared memory). MPI ranks are then
+    started as one mpiexec with a segment per rank (``-n 1 -env ... prefix python ...``);
+    for Gloo, ``master_addr`` is rank 0's address.
 
     Returns the ranks' combined output; raises ``WorkerFailure`` if any rank failed.
     """
@@ -87,9 +89,16 @@ def run(
         raise ValueError(f"backend must be one of {ALL_BACKENDS}, got {backend!r}")
     command = [sys.executable, "-m", "compcoll.testing", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
-    if backend == "mpi":
-        if rank_prefix or rank_env:
-            raise ValueError("rank_prefix and rank_env place Gloo ranks; mpiexec places MPI ranks itself")
+    if backend == "mpi" and (rank_prefix or rank_env):
+        segments: list[str] = []
+        for r in range(world_size):
+            segments += [":"] if r else []
+            segments += ["-n", "1"]
+            for name, value in (rank_env[r] if rank_env else {}).items():
+                segments += ["-env", name, value]
+            segments += [*(rank_prefix[r] if rank_prefix else ()), *command]
+        launches = [([mpiexec(), *segments], base)]
+    elif backend == "mpi":
         launches = [([mpiexec(), "-n", str(world_size), *command], base)]
     else:
         port = str(_free_port())

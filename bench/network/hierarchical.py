@@ -6,8 +6,9 @@ Usage (as root, from the repository root):
 
 1. Build ``--nodes`` network namespaces on a bridge, every link shaped to ``--rate``.
 2. Measure the link's TCP goodput between node 0 and node 1.
-3. Run ``compcoll.bench`` on Gloo with ``--ranks-per-node`` ranks in each namespace
-   (consecutive ranks per node), methods plain, 1bit, hier and hier-ef side by side.
+3. Run ``compcoll.bench`` on Gloo or MPI (``--backend``) with ``--ranks-per-node`` ranks
+   in each namespace (consecutive ranks per node), methods plain, 1bit, hier and hier-ef
+   side by side.
 4. Write the table (.txt) and JSON (.json, with the link rate and the command), then
    delete the namespaces.
 """
@@ -37,6 +38,8 @@ def main() -> int:
     p.add_argument("-n", "--iters", default="3")
     p.add_argument("-r", "--runs", default="5")
     p.add_argument("--methods", default="plain,1bit,hier,hier-ef")
+    p.add_argument("--backend", choices=("gloo", "mpi"), default="gloo",
+                   help="Gloo process group, or MPICH over TCP (shared memory and UCX's local transports off)")
     p.add_argument("--out", type=Path, help="write OUT.txt and OUT.json")
     p.add_argument("--timeout", type=float, default=3000.0, help="seconds for the whole run (3000)")
     args = p.parse_args()
@@ -53,9 +56,10 @@ def main() -> int:
                       "-w", "1", "--methods", args.methods, "--ranks-per-node", str(k), "--json", str(report),
                       "--quiet"]
         text = run(
-            "compcoll.bench.cli:launched", args.nodes * k, "gloo", args=(bench_args,), timeout=args.timeout,
+            "compcoll.bench.cli:launched", args.nodes * k, args.backend, args=(bench_args,), timeout=args.timeout,
             rank_prefix=[nodes[r // k].prefix() for r in range(args.nodes * k)],
-            rank_env=[{"GLOO_SOCKET_IFNAME": nodes[r // k].interface} for r in range(args.nodes * k)],
+            rank_env=[nodes[r // k].gloo_env() if args.backend == "gloo" else nodes[r // k].mpi_env()
+                      for r in range(args.nodes * k)],
             master_addr=nodes[0].address,
         ).strip()
         print(text)

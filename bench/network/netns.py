@@ -22,6 +22,15 @@ class Node:
     address: str
     interface: str = INTERFACE
 
+    def gloo_env(self) -> dict[str, str]:
+        """Environment that makes Gloo use this node's link."""
+        return {"GLOO_SOCKET_IFNAME": self.interface}
+
+    def mpi_env(self) -> dict[str, str]:
+        """Environment that makes MPICH (UCX) use this node's link: the namespaces share one
+        host, so without it ranks would meet through shared memory and never touch the link."""
+        return {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": self.interface}
+
     def prefix(self) -> list[str]:
         """The command prefix that runs a program inside this node."""
         return ["ip", "netns", "exec", self.namespace]

@@ -31,7 +31,7 @@ def test_shaped_nodes_run_a_job_and_are_removed() -> None:
         assert netns.link_rate_gbit(nodes[0], nodes[1], megabytes=8) > 0
         run("tests.algorithms.onebit_workers:numerics", 2, "gloo", args=([[37], [12289]], 2),
             rank_prefix=[node.prefix() for node in nodes],
-            rank_env=[{"GLOO_SOCKET_IFNAME": node.interface} for node in nodes],
+            rank_env=[node.gloo_env() for node in nodes],
             master_addr=nodes[0].address)
         assert {node.namespace for node in nodes} <= _namespaces()
     assert _namespaces() == before
@@ -43,3 +43,20 @@ def test_namespaces_are_removed_after_an_error() -> None:
         with netns.emulated_nodes(2, None):
             raise RuntimeError("inside")
     assert _namespaces() == before
+
+
+def _sent_through(node: netns.Node) -> int:
+    """Bytes the tbf qdisc on the node's link has sent."""
+    stats = subprocess.run([*node.prefix(), "tc", "-s", "qdisc", "show", "dev", node.interface],
+                           capture_output=True, text=True, check=True).stdout
+    return int(stats.split("Sent ")[1].split()[0])
+
+
+def test_mpi_ranks_on_two_nodes_send_through_the_shaped_link() -> None:
+    with netns.emulated_nodes(2, "1gbit") as nodes:
+        before = [_sent_through(node) for node in nodes]
+        run("tests.bench.network_workers:exchange", 2, "mpi", args=(4 << 20,),
+            rank_prefix=[node.prefix() for node in nodes], rank_env=[node.mpi_env() for node in nodes])
+        crossed = [_sent_through(node) - b for node, b in zip(nodes, before)]
+    assert all(c >= 4 << 20 for c in crossed), f"only {crossed} bytes crossed the links: shared memory was used"
+

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from compcoll.testing import WorkerFailure, run
+from compcoll.testing import BACKENDS, WorkerFailure, run
 
 
 def fails_on_last_rank(comm) -> None:
@@ -41,6 +41,7 @@ def test_large_output_does_not_block_the_ranks() -> None:
     assert out.count("x" * 200_000) == 3
 
 
-def test_rank_placement_is_for_gloo_only() -> None:
-    with pytest.raises(ValueError, match="mpiexec places MPI ranks"):
-        run("tests.comm.comm_workers:collectives", 1, "mpi", rank_prefix=[["env"]])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_rank_gets_its_own_prefix_and_environment(backend: str) -> None:
+    run("tests.testing_workers:placed", 3, backend,
+        rank_prefix=[["env", f"PREFIXED={r}"] for r in range(3)], rank_env=[{"PLACED": str(r)} for r in range(3)])

@@ -6,7 +6,7 @@ from .algorithms.hierarchical import (
     hierarchical_error_numels,
 )
 from .algorithms.onebit import CompressedAllreduce, compressed_allreduce, padded_numel
-from .comm import Communicator, SingleComm, get_default, init, set_default
+from .comm import Communicator, SingleComm, get_default, init, set_default, shutdown
 from .comm.topology import Topology, topology
 from .errors import CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError
 from .state import ErrorFeedbackState
@@ -34,6 +34,7 @@ __all__ = [
     "init",
     "padded_numel",
     "set_default",
+    "shutdown",
     "topology",
 ]
 

@@ -61,3 +61,4 @@ if __name__ == "__main__":
             print(f"step {step}: loss {loss.item():.5f}, {comm.bytes_sent} bytes sent")
     if comm.rank == 0:
         print(f"weight error vs the target: {(model.weight.detach().squeeze(0) - target).abs().max().item():.4f}")
+    compcoll.shutdown()

@@ -38,3 +38,5 @@ for step in range(1, 11):
         sum_error = ((estimate_sum - true_sum).norm() / true_sum.norm()).item()
         ratio = plain_bytes / onebit_bytes if onebit_bytes else float("nan")
         print(f"{step:>4} {plain_bytes:>12} {onebit_bytes:>12} {ratio:>6.1f} {step_error:>10.3f} {sum_error:>10.3f}")
+
+compcoll.shutdown()  # under torchrun: close the process group before the interpreter exits

@@ -67,3 +67,4 @@ if comm.rank == 0:
           f"skipped steps: {opt.skipped_steps}")
 if not identical:
     raise SystemExit(f"rank {comm.rank}: parameters differ from other ranks")
+compcoll.shutdown()  # under torchrun: close the process group before the interpreter exits

@@ -85,6 +85,22 @@ def _init_torch(timeout: float | None) -> Communicator:
     return TorchComm(timeout=timeout)
 
 
+def shutdown() -> None:
+    """Close what ``init()`` opened: destroy the torch.distributed process group, if one is open.
+
+    Call it at the end of a torchrun job. A Gloo process group left to the interpreter's
+    exit can abort in its C++ teardown ("terminate called without an active exception").
+    MPI finalizes itself at exit.
+    """
+    global _default
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    _default = None
+
+
 def get_default() -> Communicator:
     """The default communicator, made by ``init()`` on first use."""
     return _default if _default is not None else init()

@@ -73,16 +73,11 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self._buffers[name] = buf
         return buf
 
-    def _keep(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Keep an existing tensor (an error buffer) in ``state_dict`` under ``name``."""
-        self._buffers[name] = tensor
-        return tensor
-
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None) -> ErrorFeedbackChannel:
         """The 1-bit channel for the flat vector, its error buffers kept in ``state_dict``."""
         channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
-        self._keep("worker_error", channel.worker_error)
-        self._keep("server_error", channel.server_error)
+        self._buffers["worker_error"] = channel.worker_error
+        self._buffers["server_error"] = channel.server_error
         return channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:

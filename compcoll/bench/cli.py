@@ -2,8 +2,11 @@
 
 Methods: ``plain`` (the communicator's allreduce, then / n), ``1bit``
 (``compressed_allreduce``), ``hier`` (``hierarchical_allreduce``), ``hier-ef``
-(``hierarchical_compressed_allreduce``). Every row also splits the bytes sent into
-intra-node and inter-node traffic, from the node layout (``--ranks-per-node`` or hostnames).
+(``hierarchical_compressed_allreduce``), and the peers users would pick instead,
+PyTorch's DDP communication hooks ``fp16`` and ``powersgd`` on the same Gloo group. Every
+row also splits the bytes sent into intra-node and inter-node traffic, from the node
+layout (``--ranks-per-node`` or hostnames), and with ``--nic`` counts what the network
+interface itself sent.
 
 Run it under a launcher (``mpiexec -n 4 python -m compcoll.bench``, ``torchrun
 --nproc-per-node 4 -m compcoll.bench``) or let it start local ranks itself
@@ -18,6 +21,7 @@ import statistics
 import sys
 import time
 import zlib
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,8 +31,10 @@ from compcoll.algorithms.onebit import PROTOCOLS
 from compcoll.comm import Communicator
 from compcoll.kernels import reference
 
+from .peers import PEERS, ddp_hook_step
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-METHODS = ("plain", "1bit", "hier", "hier-ef")
+METHODS = ("plain", "1bit", "hier", "hier-ef", *PEERS)
 _REFERENCE_LIMIT = 1 << 20
 
 
@@ -145,77 +151,108 @@ def _verify_compensated(comm: Communicator, topo: compcoll.Topology, count: int)
     return _count_wrong(comm, out, simulate)
 
 
-def _methods(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor, args: argparse.Namespace) -> dict:
-    """name -> (one timed call, a verification returning the number of wrong elements)."""
+def _verify_peer(comm: Communicator, name: str, out: torch.Tensor) -> int:
+    """Wrong elements of a peer hook's last result: fp16 against the exact average (float16
+    tolerance), PowerSGD (a low-rank approximation by design) only across ranks."""
+    wrong = 0
+    if name == "fp16":
+        expected = sum(_input(r, out.numel()).double() for r in range(comm.size)) / comm.size
+        wrong = int((~torch.isclose(out.double(), expected, rtol=1e-2, atol=1e-2)).sum())
+    return wrong + _count_wrong(comm, out, None)
+
+
+def _method(name: str, comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+            args: argparse.Namespace) -> tuple:
+    """(one timed call, a verification returning the number of wrong elements) for ``name``."""
     n, count, k = comm.size, x.numel(), topo.ranks_per_node
-    plain, out = x.clone(), torch.empty_like(x)
+    out = torch.empty_like(x)
+    if name == "plain":
+        plain = x.clone()
 
-    def plain_step() -> None:
-        plain.copy_(x)
-        comm.allreduce(plain)
-        plain.div_(n)
+        def plain_step() -> None:
+            plain.copy_(x)
+            comm.allreduce(plain)
+            plain.div_(n)
 
-    full = compcoll.padded_numel(count, n)
-    worker, server = torch.zeros(full), torch.zeros(full // n)
-    node_worker, node_server = (torch.zeros(m) for m in compcoll.hierarchical_error_numels(count, n, k))
-    return {
-        "plain": (plain_step, lambda: _verify_plain(comm, count)),
-        "1bit": (
+        return plain_step, lambda: _verify_plain(comm, count)
+    if name == "1bit":
+        full = compcoll.padded_numel(count, n)
+        worker, server = torch.zeros(full), torch.zeros(full // n)
+        return (
             lambda: compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out),
             lambda: _verify_compressed(comm, count, args.protocol),
-        ),
-        "hier": (
+        )
+    if name == "hier":
+        return (
             lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, out=out),
             lambda: _verify_hierarchical(comm, topo, count),
-        ),
-        "hier-ef": (
+        )
+    if name == "hier-ef":
+        node_worker, node_server = (torch.zeros(m) for m in compcoll.hierarchical_error_numels(count, n, k))
+        return (
             lambda: compcoll.hierarchical_compressed_allreduce(
                 x, node_worker, node_server, comm, ranks_per_node=k, out=out
             ),
             lambda: _verify_compensated(comm, topo, count),
-        ),
-    }
+        )
+    step, result = ddp_hook_step(comm, x, name, args.powersgd_rank)
+    return step, lambda: _verify_peer(comm, name, result())
 
 
-def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argparse.Namespace) -> dict:
+def _nic_tx(nic: str | None) -> int:
+    """Bytes ``nic`` has sent so far (0 without one): the link traffic every method is charged."""
+    if nic is None:
+        return 0
+    with open(f"/sys/class/net/{nic}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argparse.Namespace,
+            progress: Callable[[str], None] = lambda _: None) -> dict:
     """One size: every method of ``args.methods`` on ``size`` bytes of float32, side by side.
 
-    1. One untimed call per method counts its bytes (all, intra-node, inter-node).
+    1. One untimed call per method counts its bytes (all, intra-node, inter-node; the
+       peers' DDP traffic bypasses the communicator, so only ``--nic`` sees it) and, with
+       ``args.nic``, what that interface sent (max over ranks).
     2. The timed runs (median of per-iteration times of the slowest rank).
     3. One verified call per method, when ``args.check``.
     Speedup and byte ratios are relative to the first method (plain allreduce by default).
     """
     n, count = comm.size, size // 4
     x = _input(comm.rank, count)
-    available = _methods(comm, topo, x, args)
     row: dict = {"size": size, "count": count, "ranks": n, "ranks_per_node": topo.ranks_per_node}
     for name in args.methods:
-        step, verify = available[name]
-        sent, (intra, inter) = comm.bytes_sent, topo.traffic(comm)
+        step, verify = _method(name, comm, topo, x, args)
+        sent, (intra, inter), nic = comm.bytes_sent, topo.traffic(comm), _nic_tx(args.nic)
         step()
+        nic = _max_over_ranks(comm, _nic_tx(args.nic) - nic)
         sent, (intra, inter) = comm.bytes_sent - sent, (a - b for a, b in zip(topo.traffic(comm), (intra, inter)))
         seconds = _timed(comm, step, args.iters, args.warmup, args.runs)
         algbw = size / seconds / 1e9
+        counted = name not in PEERS
         row[name] = {
             "time_us": seconds * 1e6,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (n - 1) / n,
-            "bytes_sent": sent,
-            "intra_bytes": intra,
-            "inter_bytes": inter,
+            "bytes_sent": sent if counted else None,
+            "intra_bytes": intra if counted else None,
+            "inter_bytes": inter if counted else None,
+            "nic_tx_bytes": int(nic) if args.nic else None,
             "wrong": verify() if args.check else None,
         }
+        progress(f"{size} B {name}: {seconds * 1e3:.2f} ms")
     base = row[args.methods[0]]
     for name in args.methods:
         m = row[name]
         m["speedup"] = base["time_us"] / m["time_us"]
-        m["bytes_ratio"] = base["bytes_sent"] / m["bytes_sent"] if m["bytes_sent"] else None
-        m["inter_ratio"] = base["inter_bytes"] / m["inter_bytes"] if m["inter_bytes"] else None
+        for key, ratio in (("bytes_sent", "bytes_ratio"), ("inter_bytes", "inter_ratio"), ("nic_tx_bytes", "nic_ratio")):
+            m[ratio] = base[key] / m[key] if m[key] and base[key] else None
     return row
 
 
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _cell(value: float | int | None, width: int, spec: str = "") -> str:
+    """``value`` formatted with ``spec``, or '-' for None, right-aligned in ``width``."""
+    return f"{'-' if value is None else format(value, spec):>{width}}"
 
 
 def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace) -> str:
@@ -223,36 +260,50 @@ def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace
     head = (
         f"# compcoll.bench: {type(comm).__name__} {comm.size} rank(s), {first['ranks_per_node']} per node, "
         f"protocol {args.protocol}, {args.iters} iters x {args.runs} runs (median), {args.warmup} warmup; "
-        f"ratios vs {args.methods[0]}\n"
-        f"# {'size(B)':>12} {'count':>11} {'method':>8} | {'time us':>10} {'algbw':>7} {'busbw':>7} | "
-        f"{'sent(B)':>11} {'intra(B)':>11} {'inter(B)':>11} {'wrong':>5} | {'speedup':>7} {'bytes x':>7} "
-        f"{'inter x':>7}"
+        f"ratios vs {args.methods[0]}" + (f"; nic(B): max bytes one rank's {args.nic} sent per call" if args.nic else "")
+        + f"\n# {'size(B)':>12} {'count':>11} {'method':>8} | {'time us':>10} {'algbw':>7} {'busbw':>7} | "
+        f"{'sent(B)':>11} {'intra(B)':>11} {'inter(B)':>11} {'nic(B)':>11} {'wrong':>5} | {'speedup':>7} "
+        f"{'bytes x':>7} {'inter x':>7} {'nic x':>7}"
     )
     lines = [head]
     for r in rows:
         for name in args.methods:
             m = r[name]
-            wrong = "-" if m["wrong"] is None else str(m["wrong"])
             lines.append(
                 f"  {r['size']:>12} {r['count']:>11} {name:>8} | {m['time_us']:>10.1f} {m['algbw_GBps']:>7.3f} "
-                f"{m['busbw_GBps']:>7.3f} | {m['bytes_sent']:>11} {m['intra_bytes']:>11} {m['inter_bytes']:>11} "
-                f"{wrong:>5} | {m['speedup']:>7.2f} {_ratio(m['bytes_ratio']):>7} {_ratio(m['inter_ratio']):>7}"
+                f"{m['busbw_GBps']:>7.3f} | {_cell(m['bytes_sent'], 11)} {_cell(m['intra_bytes'], 11)} "
+                f"{_cell(m['inter_bytes'], 11)} {_cell(m['nic_tx_bytes'], 11)} {_cell(m['wrong'], 5)} | "
+                f"{m['speedup']:>7.2f} {_cell(m['bytes_ratio'], 7, '.1f')} {_cell(m['inter_ratio'], 7, '.1f')} "
+                f"{_cell(m['nic_ratio'], 7, '.1f')}"
             )
     return "\n".join(lines)
 
 
 def run_benchmark(comm: Communicator, args: argparse.Namespace) -> list[dict]:
-    """Measure every size; rank 0 prints a line per size as it goes, then the table or JSON."""
+    """Measure a 4-byte allreduce (the latency), then every size; rank 0 prints a progress line per method and size on stderr as it goes
+    (or ``args.progress``; none with ``args.quiet``), then the table or JSON."""
     topo = compcoll.topology(comm, args.ranks_per_node)
-    rows = []
-    for size in sizes(args.begin, args.end, args.factor):
-        rows.append(measure(comm, topo, size, args))
-        if comm.rank == 0 and not args.quiet:
-            print(f"# measured {size} bytes", file=sys.stderr, flush=True)
+    rows, todo, start = [], sizes(args.begin, args.end, args.factor), time.perf_counter()
+
+    def progress(what: str) -> None:
+        if comm.rank != 0 or args.quiet:
+            return
+        line = f"# [{len(rows) + 1}/{len(todo)} sizes, {time.perf_counter() - start:.0f} s] {what}\n"
+        if args.progress:
+            with open(args.progress, "a") as f:
+                f.write(line)
+        else:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+    tiny = torch.ones(1)
+    latency = _timed(comm, lambda: comm.allreduce(tiny), 10, 2, 5)
+    for size in todo:
+        rows.append(measure(comm, topo, size, args, progress))
     if comm.rank == 0:
         report = {"communicator": type(comm).__name__, "ranks": comm.size, "ranks_per_node": topo.ranks_per_node,
                   "methods": args.methods, "protocol": args.protocol, "iters": args.iters, "runs": args.runs,
-                  "warmup": args.warmup, "rows": rows}
+                  "warmup": args.warmup, "latency_us": latency * 1e6, "nic": args.nic, "powersgd_rank": args.powersgd_rank, "rows": rows}
         if args.json:
             text = json.dumps(report, indent=1)
             if args.json == "-":
@@ -280,10 +331,15 @@ def parser() -> argparse.ArgumentParser:
                         "(plain,1bit)")
     p.add_argument("--ranks-per-node", type=int, metavar="K",
                    help="k consecutive ranks form a node (default: by hostname, or COMPCOLL_RANKS_PER_NODE)")
+    p.add_argument("--nic", metavar="IFACE",
+                   help="also count what network interface IFACE sends per call (/sys/class/net), max over ranks")
+    p.add_argument("--powersgd-rank", type=int, default=1, metavar="R",
+                   help="matrix_approximation_rank of the powersgd method (1, PyTorch's default)")
     p.add_argument("--json", metavar="PATH", help="also write JSON to PATH ('-' prints only JSON)")
     p.add_argument("--launch", type=int, metavar="N", help="start N local ranks (no launcher needed)")
     p.add_argument("--backend", choices=("mpi", "gloo"), default="mpi", help="with --launch (mpi)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--progress", metavar="PATH", help="append progress lines to PATH instead of stderr")
     return p
 
 
@@ -307,6 +363,11 @@ def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["model"]:
+        from .model_cli import main as model_main
+
+        model_main(argv[1:])
+        return
     args = parser().parse_args(argv)
     if args.launch:
         from compcoll.testing import run

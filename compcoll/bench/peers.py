@@ -1,0 +1,93 @@
+"""Peer compressions for the benchmark: PyTorch's fp16 and PowerSGD DDP communication hooks on the same group."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from ..comm import Communicator
+
+PEERS = ("fp16", "powersgd")
+POWERSGD_WARMUP = 2
+
+
+class _Inject(torch.autograd.Function):
+    """Forward gives a zero scalar; backward hands ``grad`` to the weight as its gradient."""
+
+    @staticmethod
+    def forward(ctx, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        ctx.grad = grad
+        return weight.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.grad, None
+
+
+class _Weight(torch.nn.Module):
+    """One parameter whose gradient is whatever tensor the forward is given."""
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(shape))
+
+    def forward(self, grad: torch.Tensor) -> torch.Tensor:
+        return _Inject.apply(self.weight, grad)
+
+
+def matrix_shape(count: int) -> tuple[int, int]:
+    """(rows, cols) with rows * cols == count and rows the largest divisor <= sqrt(count).
+
+    PowerSGD compresses a gradient as a matrix (a vector it allreduces uncompressed), so the
+    benchmark's tensor is given the squarest shape its length allows.
+    """
+    rows = next(r for r in range(math.isqrt(count), 0, -1) if count % r == 0)
+    return rows, count // rows
+
+
+def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1) -> tuple[Callable, Callable]:
+    """(step, result) running one DDP gradient allreduce of ``x`` through a comm hook.
+
+    1. A module with one parameter of ``x``'s length, shaped by ``matrix_shape``, wrapped in
+       DistributedDataParallel on ``comm``'s torch.distributed group: one bucket, no initial
+       broadcast.
+    2. The hook: ``fp16`` is ``fp16_compress_hook`` (cast to float16 / n, allreduce, cast
+       back); ``powersgd`` is ``powerSGD_hook`` with ``matrix_approximation_rank=rank``,
+       error feedback and warm start, as PyTorch's defaults have them.
+    3. ``step()`` is what a training step costs: forward, then backward, in which DDP runs
+       the hook on the gradient ``x`` and writes the average into the parameter's grad.
+       For PowerSGD the first POWERSGD_WARMUP steps (plain allreduce by its design) run here.
+    ``result()`` returns the averaged gradient of the last step.
+    """
+    group = getattr(comm, "group", None)
+    if group is None or getattr(comm, "backend", None) != "gloo":
+        raise ValueError(
+            f"method {name!r} runs PyTorch's DDP hooks, which need a torch.distributed Gloo group: "
+            f"launch with torchrun or --backend gloo (this communicator is {type(comm).__name__})"
+        )
+    model = DistributedDataParallel(
+        _Weight(matrix_shape(x.numel())), process_group=group,
+        bucket_cap_mb=x.numel() * 4 / (1 << 20) + 1, init_sync=False,
+    )
+    if name == "fp16":
+        model.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif name == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            group, matrix_approximation_rank=rank, start_powerSGD_iter=POWERSGD_WARMUP
+        )
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        raise ValueError(f"unknown peer method {name!r}; known: {', '.join(PEERS)}")
+    grad = x.view(model.module.weight.shape)
+
+    def step() -> None:
+        model.module.weight.grad = None
+        model(grad).backward()
+
+    for _ in range(POWERSGD_WARMUP if name == "powersgd" else 0):
+        step()
+    return step, lambda: model.module.weight.grad.flatten()

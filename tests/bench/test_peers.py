@@ -1,0 +1,45 @@
+"""PyTorch's fp16 and PowerSGD DDP hooks run side by side with compcoll's methods in the benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compcoll.bench.peers import matrix_shape
+
+
+@pytest.mark.parametrize("count", [1, 7, 16384, 12289, 1 << 20, 6 * 35])
+def test_matrix_shape_is_the_squarest_factorisation(count: int) -> None:
+    rows, cols = matrix_shape(count)
+    assert rows * cols == count and rows <= cols
+    assert not any(count % r == 0 for r in range(rows + 1, int(count**0.5) + 1))
+
+
+def test_hooks_beside_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "64K", "-e", "1M", "-f", "16", "-n", "2", "-r", "2",
+           "--methods", "plain,1bit,fp16,powersgd", "--nic", "lo", "--launch", "2", "--backend", "gloo",
+           "--json", str(out)]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "powersgd" in text and "fp16" in text
+    report = json.loads(out.read_text())
+    for row in report["rows"]:
+        for name in ("plain", "1bit", "fp16", "powersgd"):
+            assert row[name]["wrong"] == 0, (row["size"], name)
+            assert row[name]["nic_tx_bytes"] > 0, (row["size"], name)
+        assert row["fp16"]["bytes_sent"] is None
+        assert 1.8 < row["fp16"]["nic_ratio"] < 2.2, row["fp16"]
+        assert row["powersgd"]["nic_ratio"] > 10, row["powersgd"]
+    assert report["latency_us"] > 0
+
+
+def test_hooks_refuse_a_communicator_without_a_gloo_group() -> None:
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "4K", "--methods", "plain,fp16",
+           "--launch", "2", "--backend", "mpi"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "need a torch.distributed Gloo group" in result.stdout + result.stderr

@@ -62,10 +62,23 @@ def why_unavailable() -> str | None:
     return None
 
 
+_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def rate_bits(rate: str) -> float:
+    """'1gbit' -> 1e9: a tc rate in bits per second."""
+    for unit, scale in _RATE_UNITS.items():
+        if rate.lower().endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    raise ValueError(f"rate {rate!r} must end in one of {', '.join(_RATE_UNITS)}")
+
+
 def _shape(namespace: str, device: str, rate: str) -> None:
-    """Limit ``device``'s egress to ``rate`` with a token bucket (bursts of 1 ms at that rate)."""
+    """Limit ``device``'s egress to ``rate`` with a token bucket whose bursts last 100 us at that
+    rate (at least 64 KiB), so that small messages see the link rate too, as on a real wire."""
+    burst = max(64 << 10, int(rate_bits(rate) / 8 / 10000))
     _in(namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
-        "burst", "512kb", "latency", "50ms")
+        "burst", str(burst), "latency", "50ms")
 
 
 @contextmanager

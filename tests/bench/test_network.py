@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,42 @@ def test_mpi_ranks_on_two_nodes_send_through_the_shaped_link() -> None:
         crossed = [_sent_through(node) - b for node, b in zip(nodes, before)]
     assert all(c >= 4 << 20 for c in crossed), f"only {crossed} bytes crossed the links: shared memory was used"
 
+
+
+def test_rate_bits() -> None:
+    assert netns.rate_bits("1gbit") == 1e9 and netns.rate_bits("100mbit") == 1e8 and netns.rate_bits("10Gbit") == 1e10
+    with pytest.raises(ValueError, match="must end in"):
+        netns.rate_bits("1gbps")
+
+
+def test_scenario_counts_what_the_link_carries_for_every_method(tmp_path: Path) -> None:
+    """2 nodes x 1 Gloo rank at 1 Gbit/s: every method verified, the link's bytes counted,
+    then the suite's plots and the model's validation read the report."""
+    import plot
+    import scenario
+
+    from compcoll.bench.model_cli import calibrate, validate
+
+    args = ["-b", "256K", "-e", "256K", "-n", "1", "-r", "2", "-w", "1", "--methods", "plain,1bit,fp16,powersgd"]
+    table, report = scenario.run_scenario("1gbit", 2, 1, "gloo", args, threads=1, timeout=300)
+    assert "powersgd" in table and report["link_goodput_gbit"] > 0.5 and report["threads_per_rank"] == 1
+    (row,) = report["rows"]
+    for name in ("plain", "1bit", "fp16", "powersgd"):
+        assert row[name]["wrong"] == 0, name
+    assert row["plain"]["nic_tx_bytes"] >= 256 << 10
+    assert 25 < row["1bit"]["nic_ratio"] <= 34 and 1.8 < row["fp16"]["nic_ratio"] < 2.2
+    scenario.write(tmp_path / "gloo_1gbit_2x1", "test", table, report)
+    assert {p.name for p in plot.plot_directory(tmp_path)} == {"time_vs_size.png", "speedup_vs_bandwidth.png"}
+    assert all((tmp_path / name).stat().st_size > 10_000 for name in ("time_vs_size.png", "speedup_vs_bandwidth.png"))
+    (tmp_path / "kernels.json").write_text(json.dumps({"1": calibrate(1, 1 << 20, runs=3)}))
+    text, result = validate(tmp_path, 1 << 18)
+    assert result["summary"]["all"]["points"] == 2 and "gloo_1gbit_2x1" in text
+
+
+def test_suite_methods_per_layout() -> None:
+    import suite
+
+    assert suite.layouts("2x1,2x2") == [(2, 1), (2, 2)]
+    assert suite.methods_for("gloo", 1) == "plain,1bit,fp16,powersgd"
+    assert suite.methods_for("gloo", 2) == "plain,1bit,hier,fp16,powersgd"
+    assert suite.methods_for("mpi", 2) == "plain,1bit,hier"

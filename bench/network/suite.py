@@ -1,0 +1,73 @@
+"""The network benchmark suite: every scenario of link rate x node layout, Gloo and MPI jobs, then the plots (root only).
+
+Usage (as root, from the repository root):
+    .venv/bin/python bench/network/suite.py --rates 1gbit,10gbit --layouts 2x1,2x2 --out bench/results/network
+
+1. For each rate and layout (nodes x ranks per node), one Gloo job runs plain Gloo
+   allreduce, compcoll's flat 1-bit, hierarchical 1-bit (layouts with more than one rank
+   per node) and PyTorch's fp16 and PowerSGD DDP hooks side by side on one group; one MPI
+   job runs plain MPI_Allreduce, flat and hierarchical 1-bit side by side (``scenario.py``).
+2. Each job's table and JSON go to OUT/<backend>_<rate>_<N>x<k>.{txt,json}, with the
+   command that made them, as soon as it ends; a progress line per job on stderr.
+3. ``plot.py`` draws OUT/time_vs_size.png and OUT/speedup_vs_bandwidth.png from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from netns import why_unavailable
+from plot import plot_directory
+from scenario import bench_args, bench_options, default_threads, run_scenario, write
+
+GLOO_METHODS = ("plain", "1bit", "hier", "fp16", "powersgd")
+MPI_METHODS = ("plain", "1bit", "hier")
+
+
+def layouts(text: str) -> list[tuple[int, int]]:
+    """'2x1,2x2' -> [(2, 1), (2, 2)]."""
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
+
+
+def methods_for(backend: str, ranks_per_node: int) -> str:
+    """The side-by-side methods of one job: hierarchical only where a node has several ranks."""
+    names = GLOO_METHODS if backend == "gloo" else MPI_METHODS
+    return ",".join(m for m in names if m != "hier" or ranks_per_node > 1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", default="1gbit,10gbit")
+    p.add_argument("--layouts", type=layouts, default=layouts("2x1,2x2"))
+    p.add_argument("--backends", default="gloo,mpi")
+    p.add_argument("--out", type=Path, default=Path("bench/results/network"))
+    bench_options(p, "")
+    args = p.parse_args()
+    reason = why_unavailable()
+    if reason:
+        print(f"cannot emulate nodes here: {reason}", file=sys.stderr)
+        return 2
+    jobs = [(rate, nodes, k, backend) for rate in args.rates.split(",") for nodes, k in args.layouts
+            for backend in args.backends.split(",")]
+    start = time.perf_counter()
+    for i, (rate, nodes, k, backend) in enumerate(jobs):
+        print(f"# [{i + 1}/{len(jobs)} jobs, {time.perf_counter() - start:.0f} s] {backend} {rate} {nodes}x{k}",
+              file=sys.stderr, flush=True)
+        methods = args.methods or methods_for(backend, k)
+        table, report = run_scenario(rate, nodes, k, backend, bench_args(args, methods),
+                                     default_threads(nodes * k), args.timeout)
+        command = shlex.join([sys.executable, *sys.argv])
+        report["command"] = command
+        write(args.out / f"{backend}_{rate}_{nodes}x{k}", command, table, report)
+        print(table, flush=True)
+    for path in plot_directory(args.out):
+        print(f"# wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The performance model: its byte counts, its break-even points, calibration and validation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from compcoll.bench.model import Cluster, break_even_gbit, break_even_size, link_bytes, predict
+from compcoll.bench.model_cli import calibrate, parse_count, predictions, parser, validate
+
+RATES = {"plain": 5.0, "1bit": 2.0, "hier": 1.5}
+
+
+def _cluster(nodes: int = 2, k: int = 2, gbit: float = 1.0) -> Cluster:
+    return Cluster(nodes, k, gbit, latency_us=200.0, intra_gbyte=2.0, kernel_gbyte=RATES)
+
+
+@pytest.mark.parametrize("nodes,k", [(2, 1), (2, 2), (3, 4), (16, 8)])
+def test_link_bytes(nodes: int, k: int) -> None:
+    p = nodes * k
+    assert link_bytes("plain", nodes, k) == (2 * (p - 1) / p, 0.0)
+    inter, intra = link_bytes("1bit", nodes, k)
+    assert inter == pytest.approx(k * 2 * (p - k) / p / 32) and intra == pytest.approx(2 * (k - 1) / p / 32)
+    hier_inter, _ = link_bytes("hier", nodes, k)
+    assert hier_inter == pytest.approx(2 * (nodes - 1) / nodes / 32)
+    assert hier_inter <= inter
+    with pytest.raises(ValueError, match="the model knows"):
+        link_bytes("zfp", nodes, k)
+
+
+def test_one_node_plain_uses_the_intra_path_and_one_rank_costs_nothing() -> None:
+    assert link_bytes("plain", 1, 4) == (0.0, 1.5)
+    alone = predict(_cluster(1, 1), 1 << 20, "1bit")
+    assert alone.inter == alone.intra == alone.latency == 0.0 and alone.kernels > 0
+
+
+@pytest.mark.parametrize("method", ["1bit", "hier"])
+def test_break_even_gbit_is_where_the_times_cross(method: str) -> None:
+    size = 64 << 20
+    gbit = break_even_gbit(_cluster(), size, method)
+    assert 1.0 < gbit < 1000.0
+    at = _cluster(gbit=gbit)
+    assert predict(at, size, method).total == pytest.approx(predict(at, size, "plain").total, rel=1e-9)
+    slower, faster = _cluster(gbit=gbit / 2), _cluster(gbit=gbit * 2)
+    assert predict(slower, size, method).total < predict(slower, size, "plain").total
+    assert predict(faster, size, method).total > predict(faster, size, "plain").total
+
+
+def test_break_even_size_is_where_the_times_cross() -> None:
+    cluster = _cluster()
+    size = break_even_size(cluster, "1bit")
+    assert 0 < size < 1 << 20
+    assert predict(cluster, size, "1bit").total == pytest.approx(predict(cluster, size, "plain").total, rel=1e-9)
+    assert predict(cluster, 2 * size, "1bit").total < predict(cluster, 2 * size, "plain").total
+    assert break_even_size(Cluster(2, 1, 1e6, 200.0, 2.0, RATES), "1bit") == math.inf
+
+
+def test_calibrate_measures_every_method() -> None:
+    rates = calibrate(threads=1, size=1 << 20, runs=3)
+    assert set(rates) == {"plain", "1bit", "hier"} and all(r > 0.01 for r in rates.values())
+
+
+def test_validate_reads_reports_and_kernel_rates(tmp_path: Path) -> None:
+    """A report whose times are the model's own predictions validates to zero error."""
+    kernels = {"1": RATES}
+    (tmp_path / "kernels.json").write_text(json.dumps(kernels))
+    report = {"backend": "gloo", "ranks": 4, "ranks_per_node": 2, "nodes": 2, "threads_per_rank": 1,
+              "cpu_count": 4, "link_goodput_gbit": 1.0, "latency_us": 200.0, "methods": ["plain", "1bit", "fp16"]}
+    cluster = Cluster(2, 2, 1.0, 200.0, 2.0, RATES)
+    report["rows"] = [{"size": s, **{m: {"time_us": predict(cluster, s, m).total * 1e6} for m in ("plain", "1bit")},
+                       "fp16": {"time_us": 1.0}} for s in (1 << 20, 4 << 20)]
+    (tmp_path / "gloo_1gbit_2x2.json").write_text(json.dumps(report))
+    text, result = validate(tmp_path, 1 << 20)
+    assert result["summary"]["all"]["points"] == 4 and result["summary"]["all"]["max"] < 0.02
+    assert "fp16" not in text
+
+
+def test_predictions_table() -> None:
+    args = parser().parse_args(["--nodes", "16", "--gbit", "10", "--params", "300M,7B"])
+    assert parse_count("1.3B") == 1_300_000_000
+    lines = [line for line in predictions(args).splitlines() if not line.startswith("#")]
+    assert len(lines) == 2 and all("|" in line for line in lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 import compcoll
@@ -63,3 +65,20 @@ def collectives(comm: compcoll.Communicator) -> None:
     else:
         raise AssertionError("a mis-sized allgather was accepted")
     comm.barrier()
+
+
+def late_alltoall(comm: compcoll.Communicator, delay: float) -> None:
+    """The last rank joins an all-to-all after the timeout: the others raise, not hang."""
+    comm.timeout = delay / 3
+    send, recv = torch.ones(4 * comm.size), torch.empty(4 * comm.size)
+    if comm.rank == comm.size - 1:
+        time.sleep(delay)
+        return
+    start = time.monotonic()
+    try:
+        comm.alltoall(send, recv)
+    except compcoll.CollectiveTimeout as exc:
+        assert "alltoall" in str(exc) and "did not complete within" in str(exc), exc
+    else:
+        raise AssertionError("the all-to-all completed without the last rank")
+    assert time.monotonic() - start < delay, "the timeout fired late"

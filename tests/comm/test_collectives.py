@@ -36,3 +36,8 @@ def test_broken_communicator_refuses_work() -> None:
     comm._broken = "CollectiveTimeout: test"
     with pytest.raises(compcoll.CommunicatorBroken, match="unusable"):
         comm.barrier()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_alltoall_times_out_instead_of_hanging(backend: str) -> None:
+    run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(3.0,), timeout=60)

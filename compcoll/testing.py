@@ -75,7 +75,8 @@ def run(
        MASTER_ADDR/PORT (as torchrun sets them) for "gloo" or "nccl" (that process-group
        backend, through ``COMPCOLL_TORCH_BACKEND``).
     2. Each rank calls ``function(comm, *args)``; ``args`` must be JSON-serialisable.
-    3. Wait up to ``timeout`` seconds for all ranks, killing them all past it.
+    3. Wait up to ``timeout`` seconds for all ranks, killing them all past it (or when
+       the wait is interrupted: Ctrl-C, SIGTERM turned into SystemExit).
 
     Ranks can be placed on emulated nodes: ``rank_prefix[r]`` goes in front of rank r's
     command (``ip netns exec ns``) and ``rank_env[r]`` is added to its environment (Gloo:
@@ -115,7 +116,12 @@ def run(
             subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
             for (cmd, e), log in zip(launches, logs)
         ]
-        failed = _wait_all(procs, timeout)
+        try:
+            failed = _wait_all(procs, timeout)
+        except BaseException:
+            for p in procs:
+                _kill(p)
+            raise
         text = "\n".join(_read(log) for log in logs)
     finally:
         for log in logs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -90,7 +91,8 @@ def emulated_nodes(count: int, rate: str | None = "1gbit") -> Iterator[list[Node
     2. With a rate, both ends of every veth get a tbf qdisc, so traffic between two nodes
        crosses two links of that rate (node egress, switch-port egress), as through a
        switch; traffic inside a node goes over its loopback, unshaped.
-    3. On exit, even after an error, all the namespaces (and with them the links) are deleted.
+    3. On exit, even after an error or a SIGTERM (turned into SystemExit while inside),
+       all the namespaces (and with them the links) are deleted.
 
     Yields the nodes. Raises RuntimeError with the reason when namespaces cannot be made.
     """
@@ -101,6 +103,7 @@ def emulated_nodes(count: int, rate: str | None = "1gbit") -> Iterator[list[Node
     hub = f"{tag}hub"
     nodes = [Node(f"{tag}n{i}", f"{SUBNET}.{i + 1}") for i in range(count)]
     made = []
+    previous = signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         _ip("netns", "add", hub)
         made.append(hub)
@@ -125,6 +128,11 @@ def emulated_nodes(count: int, rate: str | None = "1gbit") -> Iterator[list[Node
     finally:
         for namespace in reversed(made):
             subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def link_rate_gbit(sender: Node, receiver: Node, megabytes: int = 64) -> float:

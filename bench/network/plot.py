@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from compcoll.bench.model import predict  # noqa: E402
+from compcoll.bench.model_cli import emulated_cluster  # noqa: E402
 
 SPEEDUP_SIZE = 64 << 20
 
@@ -49,10 +54,24 @@ def plot_time_vs_size(reports: list[dict], path: Path) -> Path:
     return path
 
 
-def plot_speedup_vs_bandwidth(reports: list[dict], path: Path, size: int = SPEEDUP_SIZE) -> Path:
+def _model_lines(ax, runs: list[dict], kernels: dict, size: int) -> None:
+    """The model's speedup of 1bit and hier over plain across link rates, for one layout
+    (its latency and threads from the slowest-link run)."""
+    base = emulated_cluster(min(runs, key=lambda r: r["link_goodput_gbit"]), kernels)
+    rates = np.logspace(-1, 2, 60)
+    for method in (m for m in ("1bit", "hier") if m in runs[0]["methods"]):
+        speedups = [predict(replace(base, inter_gbit=g), size, "plain").total
+                    / predict(replace(base, inter_gbit=g), size, method).total for g in rates]
+        ax.semilogx(rates, speedups, ":", color="gray" if method == "1bit" else "silver",
+                    label=f"model: {method}, {base.nodes}x{base.ranks_per_node}")
+
+
+def plot_speedup_vs_bandwidth(reports: list[dict], path: Path, size: int = SPEEDUP_SIZE,
+                              kernels: dict | None = None) -> Path:
     """Speedup over plain Gloo allreduce at ``size`` bytes against the measured link goodput,
-    a line per layout and method (Gloo jobs)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    a line per layout and method (Gloo jobs), and with ``kernels`` (calibrated rates) the
+    model's prediction from 0.1 to 100 Gbit/s."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
     gloo = [r for r in reports if r["backend"] == "gloo"]
     for layout in dict.fromkeys((r["nodes"], r["ranks_per_node"]) for r in gloo):
         runs = [r for r in gloo if (r["nodes"], r["ranks_per_node"]) == layout]
@@ -60,6 +79,8 @@ def plot_speedup_vs_bandwidth(reports: list[dict], path: Path, size: int = SPEED
             points = [(r["link_goodput_gbit"], row[method]["speedup"]) for r in runs for row in r["rows"]
                       if row["size"] == size]
             ax.semilogx(*zip(*points), marker="o", label=f"{method}, {layout[0]}x{layout[1]}")
+        if kernels:
+            _model_lines(ax, runs, kernels, size)
     ax.axhline(1, color="gray", lw=0.8, label="plain Gloo")
     ax.set_xlabel("link goodput (Gbit/s, measured)")
     ax.set_ylabel(f"speedup over plain Gloo at {size >> 20} MiB")
@@ -72,10 +93,13 @@ def plot_speedup_vs_bandwidth(reports: list[dict], path: Path, size: int = SPEED
 
 
 def plot_directory(directory: Path) -> list[Path]:
-    """Both plots of the reports in ``directory``, written beside them."""
+    """Both plots of the reports in ``directory``, written beside them; the model's lines
+    too when ``directory/kernels.json`` holds calibrated kernel rates."""
     reports = load(directory)
+    rates = directory / "kernels.json"
+    kernels = json.loads(rates.read_text()) if rates.exists() else None
     return [plot_time_vs_size(reports, directory / "time_vs_size.png"),
-            plot_speedup_vs_bandwidth(reports, directory / "speedup_vs_bandwidth.png")]
+            plot_speedup_vs_bandwidth(reports, directory / "speedup_vs_bandwidth.png", kernels=kernels)]
 
 
 if __name__ == "__main__":

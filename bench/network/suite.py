@@ -7,14 +7,18 @@ Usage (as root, from the repository root):
    allreduce, compcoll's flat 1-bit, hierarchical 1-bit (layouts with more than one rank
    per node) and PyTorch's fp16 and PowerSGD DDP hooks side by side on one group; one MPI
    job runs plain MPI_Allreduce, flat and hierarchical 1-bit side by side (``scenario.py``).
+   Before the jobs, on the idle machine, the kernel rates are calibrated at the jobs'
+   threads per rank into OUT/kernels.json (``compcoll.bench model --calibrate``).
 2. Each job's table and JSON go to OUT/<backend>_<rate>_<N>x<k>.{txt,json}, with the
    command that made them, as soon as it ends; a progress line per job on stderr.
-3. ``plot.py`` draws OUT/time_vs_size.png and OUT/speedup_vs_bandwidth.png from them.
+3. The model is validated against every job (OUT/model_validation.{txt,json}), and
+   ``plot.py`` draws OUT/time_vs_size.png and OUT/speedup_vs_bandwidth.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -24,8 +28,12 @@ from netns import why_unavailable
 from plot import plot_directory
 from scenario import bench_args, bench_options, default_threads, run_scenario, write
 
+from compcoll.bench.model_cli import calibrate, validate
+
 GLOO_METHODS = ("plain", "1bit", "hier", "fp16", "powersgd")
 MPI_METHODS = ("plain", "1bit", "hier")
+CALIBRATION_SIZE = 64 << 20
+VALIDATION_MIN_SIZE = 1 << 20
 
 
 def layouts(text: str) -> list[tuple[int, int]]:
@@ -51,19 +59,26 @@ def main() -> int:
     if reason:
         print(f"cannot emulate nodes here: {reason}", file=sys.stderr)
         return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    threads = sorted({default_threads(nodes * k) for nodes, k in args.layouts})
+    kernels = {str(t): calibrate(t, CALIBRATION_SIZE) for t in threads}
+    (args.out / "kernels.json").write_text(json.dumps(kernels, indent=1) + "\n")
     jobs = [(rate, nodes, k, backend) for rate in args.rates.split(",") for nodes, k in args.layouts
             for backend in args.backends.split(",")]
-    start = time.perf_counter()
+    start, command = time.perf_counter(), shlex.join([sys.executable, *sys.argv])
     for i, (rate, nodes, k, backend) in enumerate(jobs):
         print(f"# [{i + 1}/{len(jobs)} jobs, {time.perf_counter() - start:.0f} s] {backend} {rate} {nodes}x{k}",
               file=sys.stderr, flush=True)
         methods = args.methods or methods_for(backend, k)
         table, report = run_scenario(rate, nodes, k, backend, bench_args(args, methods),
                                      default_threads(nodes * k), args.timeout)
-        command = shlex.join([sys.executable, *sys.argv])
         report["command"] = command
         write(args.out / f"{backend}_{rate}_{nodes}x{k}", command, table, report)
         print(table, flush=True)
+    text, summary = validate(args.out, VALIDATION_MIN_SIZE)
+    (args.out / "model_validation.txt").write_text(f"# {command}\n{text}\n")
+    (args.out / "model_validation.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(text, flush=True)
     for path in plot_directory(args.out):
         print(f"# wrote {path}", file=sys.stderr)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import torch
 
@@ -16,3 +17,9 @@ def exchange(comm: compcoll.Communicator, nbytes: int) -> None:
     comm.allgather(mine, table)
     for r in range(comm.size):
         assert bool((table[r * nbytes:(r + 1) * nbytes] == r + 1).all()), f"block of rank {r} ({socket.gethostname()})"
+
+
+def sleep(comm: compcoll.Communicator, seconds: float) -> None:
+    """Hold the rank for ``seconds`` (a job to interrupt)."""
+    comm.barrier()
+    time.sleep(seconds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,34 @@ def test_suite_methods_per_layout() -> None:
     assert suite.methods_for("gloo", 1) == "plain,1bit,fp16,powersgd"
     assert suite.methods_for("gloo", 2) == "plain,1bit,hier,fp16,powersgd"
     assert suite.methods_for("mpi", 2) == "plain,1bit,hier"
+
+
+_INTERRUPTED_JOB = """
+import sys
+import time
+sys.path.insert(0, {network!r})
+import netns
+from compcoll.testing import run
+with netns.emulated_nodes(2, "1gbit") as nodes:
+    print("up", flush=True)
+    run("tests.bench.network_workers:sleep", 2, "gloo", args=(120,), timeout=300,
+        rank_prefix=[n.prefix() for n in nodes], rank_env=[n.gloo_env() for n in nodes], master_addr=nodes[0].address)
+"""
+
+
+def test_sigterm_removes_the_namespaces_and_kills_the_ranks() -> None:
+    before = _namespaces()
+    code = _INTERRUPTED_JOB.format(network=str(Path(netns.__file__).parent))
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                           cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert job.stdout.readline().strip() == "up"
+        time.sleep(8)
+        assert len(_namespaces() - before) == 3
+        job.terminate()
+        assert job.wait(timeout=60) == 143
+    finally:
+        job.kill()
+    assert _namespaces() == before
+    ranks = subprocess.run(["pgrep", "-f", "network_workers:sleep"], capture_output=True, text=True).stdout
+    assert ranks == "", f"ranks left running: {ranks}"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +73,8 @@ def validate(directory: Path, min_size: int) -> tuple[str, dict]:
     1. Read ``kernels.json`` (from ``--calibrate``) and every ``<backend>_<rate>_<N>x<k>.json``.
     2. For each row and method, predict with ``emulated_cluster`` and record the relative
        error (predicted / measured - 1).
-    3. Summarise |error| (median, max) over sizes >= ``min_size``, per backend and overall.
+    3. Summarise |error| (median, max) over sizes >= ``min_size``: per backend, per backend
+       and method, and overall.
     """
     kernels = json.loads((directory / "kernels.json").read_text())
     lines = [f"# model vs measured, relative error = predicted / measured - 1; summary over sizes >= {min_size} B",
@@ -86,14 +89,15 @@ def validate(directory: Path, min_size: int) -> tuple[str, dict]:
                 guess, seen = predict(cluster, row["size"], method), row[method]["time_us"] * 1e-6
                 error = guess.total / seen - 1
                 if row["size"] >= min_size:
-                    errors.setdefault(report["backend"], []).append(abs(error))
+                    for key in (report["backend"], f"{report['backend']} {method}"):
+                        errors.setdefault(key, []).append(abs(error))
                 lines.append(
                     f"  {path.stem:>18} {row['size']:>11} {method:>6} | {seen * 1e3:>11.2f} {guess.total * 1e3:>9.2f} "
                     f"{error:>+7.1%} | {guess.kernels * 1e3:>8.2f} {(guess.inter + guess.intra) * 1e3:>8.2f} "
                     f"{guess.latency * 1e3:>8.2f}"
                 )
     summary = {b: {"median": statistics.median(e), "max": max(e), "points": len(e)} for b, e in errors.items()}
-    everything = [e for values in errors.values() for e in values]
+    everything = [e for key, values in errors.items() if " " not in key for e in values]
     summary["all"] = {"median": statistics.median(everything), "max": max(everything), "points": len(everything)}
     for name, s in summary.items():
         lines.append(f"# {name}: |error| median {s['median']:.1%}, max {s['max']:.1%} over {s['points']} points")
@@ -175,7 +179,8 @@ def main(argv: list[str]) -> None:
         return
     if args.validate:
         text, summary = validate(args.validate, args.min_size)
-        (args.validate / "model_validation.txt").write_text(text + "\n")
+        command = shlex.join([sys.executable, "-m", "compcoll.bench", "model", *argv])
+        (args.validate / "model_validation.txt").write_text(f"# {command}\n{text}\n")
         (args.validate / "model_validation.json").write_text(json.dumps(summary, indent=1) + "\n")
         print(text)
         return

@@ -91,6 +91,7 @@ def plot_speedup_vs_bandwidth(reports: list[dict], path: Path, size: int = SPEED
         if kernels:
             _model_lines(ax, runs, kernels, size, style)
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.axhline(1, color="gray", lw=0.8, label="plain Gloo")
     ax.set_xlabel("link goodput (Gbit/s, measured)")
     ax.set_ylabel(f"speedup over plain Gloo at {size >> 20} MiB")

@@ -2,7 +2,7 @@
 
 Usage (as root, from the repository root):
     .venv/bin/python bench/network/scenario.py --rate 1gbit --nodes 2 --ranks-per-node 2 \
-        -b 1M -e 64M --methods plain,1bit,hier,hier-ef --out bench/results/hierarchical_1gbit_2x2
+        -b 1M -e 64M --methods plain,1bit,hier,hier-ef --out /tmp/hier_1gbit_2x2
 
 1. Build ``--nodes`` network namespaces on a bridge, every link shaped to ``--rate``.
 2. Measure the link's TCP goodput between node 0 and node 1.

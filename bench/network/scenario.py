@@ -60,8 +60,9 @@ def run_scenario(rate: str, nodes: int, ranks_per_node: int, backend: str, bench
     return f"# link {rate}: measured {link:.3f} Gbit/s TCP goodput, {threads} thread(s) per rank\n{table}", result
 
 
-def bench_options(p: argparse.ArgumentParser, methods: str) -> None:
-    """The sweep options shared by the scenario and suite scripts."""
+def parse(p: argparse.ArgumentParser, methods: str) -> argparse.Namespace:
+    """Add the sweep options the scenario and suite scripts share, parse the command line,
+    and exit with status 2 and the reason when namespaces cannot be made here."""
     p.add_argument("-b", "--begin", default="64K")
     p.add_argument("-e", "--end", default="256M")
     p.add_argument("-f", "--factor", default="4")
@@ -70,6 +71,11 @@ def bench_options(p: argparse.ArgumentParser, methods: str) -> None:
     p.add_argument("-w", "--warmup", default="1")
     p.add_argument("--methods", default=methods)
     p.add_argument("--timeout", type=float, default=3000.0, help="seconds per job (3000)")
+    args = p.parse_args()
+    reason = why_unavailable()
+    if reason:
+        p.exit(2, f"cannot emulate nodes here: {reason}\n")
+    return args
 
 
 def bench_args(args: argparse.Namespace, methods: str) -> list[str]:
@@ -93,12 +99,7 @@ def main() -> int:
                    help="Gloo process group, or MPICH over TCP (shared memory and UCX's local transports off)")
     p.add_argument("--threads", type=int, help="compute threads per rank (cores / ranks)")
     p.add_argument("--out", type=Path, help="write OUT.txt and OUT.json")
-    bench_options(p, "plain,1bit,hier,hier-ef")
-    args = p.parse_args()
-    reason = why_unavailable()
-    if reason:
-        print(f"cannot emulate nodes here: {reason}", file=sys.stderr)
-        return 2
+    args = parse(p, "plain,1bit,hier,hier-ef")
     threads = args.threads or default_threads(args.nodes * args.ranks_per_node)
     table, report = run_scenario(args.rate, args.nodes, args.ranks_per_node, args.backend,
                                  bench_args(args, args.methods), threads, args.timeout)

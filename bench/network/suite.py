@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from netns import why_unavailable
 from plot import plot_directory
-from scenario import bench_args, bench_options, default_threads, run_scenario, write
+from scenario import bench_args, default_threads, parse, run_scenario, write
 
 from compcoll.bench.model_cli import calibrate, validate
 
@@ -53,12 +52,7 @@ def main() -> int:
     p.add_argument("--layouts", type=layouts, default=layouts("2x1,2x2"))
     p.add_argument("--backends", default="gloo,mpi")
     p.add_argument("--out", type=Path, default=Path("bench/results/network"))
-    bench_options(p, "")
-    args = p.parse_args()
-    reason = why_unavailable()
-    if reason:
-        print(f"cannot emulate nodes here: {reason}", file=sys.stderr)
-        return 2
+    args = parse(p, "")
     args.out.mkdir(parents=True, exist_ok=True)
     threads = sorted({default_threads(nodes * k) for nodes, k in args.layouts})
     kernels = {str(t): calibrate(t, CALIBRATION_SIZE) for t in threads}

@@ -225,8 +225,9 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
         step, verify = _method(name, comm, topo, x, args)
         sent, (intra, inter), nic = comm.bytes_sent, topo.traffic(comm), _nic_tx(args.nic)
         step()
-        nic = _max_over_ranks(comm, _nic_tx(args.nic) - nic)
+        nic = _nic_tx(args.nic) - nic
         sent, (intra, inter) = comm.bytes_sent - sent, (a - b for a, b in zip(topo.traffic(comm), (intra, inter)))
+        nic = _max_over_ranks(comm, nic)
         seconds = _timed(comm, step, args.iters, args.warmup, args.runs)
         algbw = size / seconds / 1e9
         counted = name not in PEERS

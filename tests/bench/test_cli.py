@@ -36,6 +36,7 @@ def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0
         assert row["1bit"]["bytes_ratio"] > 20
+        assert row["plain"]["bytes_sent"] == row["size"], "only the allreduce's own bytes are counted"
 
 
 def test_cli_hierarchical_as_two_nodes(tmp_path: Path) -> None:

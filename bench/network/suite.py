@@ -7,8 +7,10 @@ Usage (as root, from the repository root):
    allreduce, compcoll's flat 1-bit, hierarchical 1-bit (layouts with more than one rank
    per node) and PyTorch's fp16 and PowerSGD DDP hooks side by side on one group; one MPI
    job runs plain MPI_Allreduce, flat and hierarchical 1-bit side by side (``scenario.py``).
-   Before the jobs, on the idle machine, the kernel rates are calibrated at the jobs'
-   threads per rank into OUT/kernels.json (``compcoll.bench model --calibrate``).
+   On the idle machine, before and after the jobs, the kernel rates are calibrated at
+   the jobs' threads per rank (``compcoll.bench model --calibrate``); OUT/kernels.json
+   keeps the faster of the two for each method, so that a passing load on the machine
+   during one of them does not skew the model (both are kept beside it).
 2. Each job's table and JSON go to OUT/<backend>_<rate>_<N>x<k>.{txt,json}, with the
    command that made them, as soon as it ends; a progress line per job on stderr.
 3. The model is validated against every job (OUT/model_validation.{txt,json}), and
@@ -55,8 +57,7 @@ def main() -> int:
     args = parse(p, "")
     args.out.mkdir(parents=True, exist_ok=True)
     threads = sorted({default_threads(nodes * k) for nodes, k in args.layouts})
-    kernels = {str(t): calibrate(t, CALIBRATION_SIZE) for t in threads}
-    (args.out / "kernels.json").write_text(json.dumps(kernels, indent=1) + "\n")
+    before = {str(t): calibrate(t, CALIBRATION_SIZE) for t in threads}
     jobs = [(rate, nodes, k, backend) for rate in args.rates.split(",") for nodes, k in args.layouts
             for backend in args.backends.split(",")]
     start, command = time.perf_counter(), shlex.join([sys.executable, *sys.argv])
@@ -69,6 +70,9 @@ def main() -> int:
         report["command"] = command
         write(args.out / f"{backend}_{rate}_{nodes}x{k}", command, table, report)
         print(table, flush=True)
+    after = {str(t): calibrate(t, CALIBRATION_SIZE) for t in threads}
+    kernels = {t: {m: max(rate, after[t][m]) for m, rate in rates.items()} for t, rates in before.items()}
+    (args.out / "kernels.json").write_text(json.dumps({**kernels, "before": before, "after": after}, indent=1) + "\n")
     text, summary = validate(args.out, VALIDATION_MIN_SIZE)
     (args.out / "model_validation.txt").write_text(f"# {command}\n{text}\n")
     (args.out / "model_validation.json").write_text(json.dumps(summary, indent=1) + "\n")

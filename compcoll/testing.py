@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import Sequence
 
+from .comm import TORCH_BACKEND_ENV
+
 BACKENDS = ("mpi", "gloo")
 ALL_BACKENDS = (*BACKENDS, "nccl")
 
@@ -105,7 +107,7 @@ def run(
         port = str(_free_port())
         launches = [
             ([*(rank_prefix[r] if rank_prefix else ()), *command],
-             {**base, "COMPCOLL_TORCH_BACKEND": backend, "RANK": str(r), "WORLD_SIZE": str(world_size),
+             {**base, TORCH_BACKEND_ENV: backend, "RANK": str(r), "WORLD_SIZE": str(world_size),
               "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
               **(rank_env[r] if rank_env else {})})
             for r in range(world_size)

@@ -37,10 +37,8 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted time of one allreduce of ``size`` bytes and where it goes (seconds)."""
+    """Predicted time of one allreduce and where it goes (seconds)."""
 
-    method: str
-    size: int
     latency: float
     kernels: float
     intra: float
@@ -115,7 +113,6 @@ def predict(cluster: Cluster, size: int, method: str) -> Prediction:
     rate = cluster.kernel_gbyte.get(method)
     work = size * kernel_work(method, cluster.nodes, cluster.ranks_per_node)
     return Prediction(
-        method=method, size=size,
         latency=COLLECTIVES[method] * cluster.latency_us * 1e-6 if cluster.ranks > 1 else 0.0,
         kernels=work / (rate * 1e9) if rate else 0.0,
         intra=size * intra / (cluster.intra_gbyte * 1e9),

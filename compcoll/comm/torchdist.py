@@ -18,10 +18,11 @@ class TorchComm(Communicator):
     Collectives are issued with ``async_op=True`` and waited on with ``timeout`` seconds,
     using ``all_to_all_single`` and ``all_gather_single`` (``all_gather_into_tensor`` before
     torch 2.13), the flat-tensor forms NCCL is fastest at; over Gloo the all-to-all (and a
-    2-rank all-gather) is point-to-point pairs with the receives posted first (``_pairwise``). CUDA tensors go to NCCL as they
-    are (NCCL orders its work after torch's current stream); a tensor on the other kind
-    of device than the backend moves (NCCL: the small CPU metadata of an agreement; Gloo:
-    CUDA tensors) is copied to the backend's device and back.
+    2-rank all-gather) is point-to-point pairs with the receives posted first
+    (``_pairwise``). CUDA tensors go to NCCL as they are (NCCL orders its work after
+    torch's current stream); a tensor on the other kind of device than the backend moves
+    (NCCL: the small CPU metadata of an agreement; Gloo: CUDA tensors) is copied to the
+    backend's device and back.
 
     Args:
         group: a ProcessGroup; None means the default (WORLD) group, which must be initialised.
@@ -38,6 +39,7 @@ class TorchComm(Communicator):
         self.backend = dist.get_backend(self.group)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
+        self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
 
     def _run(self, what: str, op, send: torch.Tensor | None, recv: torch.Tensor) -> None:
         """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there and back."""
@@ -93,16 +95,15 @@ class TorchComm(Communicator):
         out = recv.view(self.size, -1)
         out[me].copy_(blocks[me])
         peers = [p for p in range(self.size) if p != me]
-        ranks = {p: dist.get_global_rank(self.group, p) for p in peers}
-        works = [dist.irecv(out[p], src=ranks[p], group=self.group) for p in peers]
-        works += [dist.isend(blocks[p].contiguous(), dst=ranks[p], group=self.group) for p in peers]
+        works = [dist.irecv(out[p], src=self.global_ranks[p], group=self.group) for p in peers]
+        works += [dist.isend(blocks[p], dst=self.global_ranks[p], group=self.group) for p in peers]
         return _Works(works)
 
     def _allreduce(self, tensor: torch.Tensor) -> None:
         self._run("allreduce", lambda _, t: dist.all_reduce(t, group=self.group, async_op=True), None, tensor)
 
     def _bcast(self, tensor: torch.Tensor, root: int) -> None:
-        source = dist.get_global_rank(self.group, root)
+        source = self.global_ranks[root]
         self._run("bcast", lambda _, t: dist.broadcast(t, src=source, group=self.group, async_op=True), None, tensor)
 
     def _barrier(self) -> None:
@@ -118,7 +119,7 @@ class TorchComm(Communicator):
         for c, members in groups.items():
             if members != sorted(members):
                 raise ValueError("TorchComm.split keeps rank order; a key that reorders ranks is not supported")
-            ranks = [dist.get_global_rank(self.group, r) for r in members]
+            ranks = [self.global_ranks[r] for r in members]
             group = dist.new_group(ranks=ranks)
             if c == color:
                 mine = group

@@ -95,7 +95,7 @@ def measure(numel: int, runs: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="1048576,16777216,67108864,268435456", help="float32 elements, comma-separated")
+    p.add_argument("--sizes", default="4096,1048576,16777216,67108864,268435456", help="float32 elements, comma-separated")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()

@@ -20,6 +20,7 @@ from .kernels.reference import STAGES, stream_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCALE_BYTES = 4
+_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
 
 @lru_cache(maxsize=None)
@@ -68,8 +69,15 @@ def _storage(tensor: torch.Tensor):
     return _array(flat if tensor.dtype == torch.float32 else flat.view(torch.int16))
 
 
+_WITH_TEMPORARIES = ("compensated_sumsq", "accumulate_signs", "row_absmax")
+
+
 def _run(kernel: str, tensor: torch.Tensor, *args):
-    """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream)."""
+    """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream).
+
+    CUDA kernels that need temporaries take them from torch's caching allocator on the
+    same stream (numba's own allocator would cudaMalloc and free them on every call).
+    """
     check_device(tensor)
     if tensor.device.type == "cpu":
         return getattr(cpu_kernels, kernel)(*args)
@@ -78,12 +86,31 @@ def _run(kernel: str, tensor: torch.Tensor, *args):
     from .kernels import cuda as cuda_kernels
 
     stream = cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
-    return getattr(cuda_kernels, kernel)(*args, stream=stream)
+    extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
+    return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra)
+
+
+def _torch_empty(device: torch.device):
+    """An allocator for the CUDA kernels: (size, numpy dtype, stream) -> a device view of a new torch tensor."""
+    def empty(size: int, dtype, stream):
+        return _array(torch.empty(size, dtype=_TORCH_DTYPES[np.dtype(dtype)], device=device))
+
+    return empty
 
 
 def l2_scale(sumsq: float, numel: int) -> float:
     """The seed's scale ||x||_2 / sqrt(d) from a float64 sum of squares, rounded to float32."""
     return float(np.float32(math.sqrt(sumsq) / math.sqrt(numel)))
+
+
+def divide_(values: torch.Tensor, count: int) -> torch.Tensor:
+    """values /= count in place, correctly rounded on every device.
+
+    torch's CUDA division by a Python number multiplies by its reciprocal (1/3 is not
+    exact), so the divisor goes in as a tensor, which takes the IEEE division the CPU
+    and the numpy reference do.
+    """
+    return values.div_(torch.full_like(values, count))
 
 
 def compensated_sumsq(tensor: torch.Tensor, error: torch.Tensor) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import codecs
 from ..comm import Communicator
 from ..workspace import scratch
 
@@ -29,7 +30,7 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, name: st
     average.copy_(rows[0])
     for i in range(1, n):
         average.add_(rows[i])
-    return average.div_(n)
+    return codecs.divide_(average, n)
 
 
 def exact_average(tensor: torch.Tensor, comm: Communicator, out: torch.Tensor) -> torch.Tensor:

@@ -147,7 +147,7 @@ def _binarize_exchange(
     group.alltoall(wire.view(-1), received)
     row_scales, rows = codecs.unframe(received.view(size, width))
     average = scratch(name + ".average", length, torch.float32, source.device)
-    codecs.accumulate_signs(rows, row_scales / size, None, average, length)
+    codecs.accumulate_signs(rows, codecs.divide_(row_scales, size), None, average, length)
     return average
 
 
@@ -228,7 +228,7 @@ def hierarchical_compressed_allreduce(
     finite = math.isfinite(sumsq)
     scale = codecs.l2_scale(sumsq, shard) if finite else 0.0
     scales = agree(comm, what, tensor, finite, (), (scale,))[:, 0]
-    weights = scales[list(layout.inter_ranks)].float() / nodes
+    weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes)
     bits = scratch("hier.bits", shard // 8, torch.uint8, tensor.device)
     codecs.compensate_encode(average, worker_error, scale, bits)
     _gather_decode(serve(bits, weights, server_error, layout.inter).view(-1), layout, result)

@@ -98,7 +98,7 @@ def compressed_allreduce(
 
     bits = scratch("onebit.bits", full // 8, torch.uint8, tensor.device)
     codecs.compensate_encode(tensor, worker_error, scale, bits)
-    weights = scales.float() / n
+    weights = codecs.divide_(scales.float(), n)
     if protocol == "allgather":
         return _allgather_average(bits, weights, comm, result)
     gathered = serve(bits, weights, server_error, comm)

@@ -27,6 +27,8 @@ from .reference import BLOCK, LANES
 
 THREADS = 128
 MAX_BLOCKS = 4096
+TAIL = 4096
+TAIL_THREADS = 512
 _ROWS_PER_BLOCK = BLOCK // LANES
 
 
@@ -45,8 +47,21 @@ def _grid(work: int) -> int:
     return max(1, min(MAX_BLOCKS, -(-work // THREADS)))
 
 
+def _device_empty(size: int, dtype, stream=0):
+    """Default allocator of the kernels' temporaries: numba's own (callers may pass a pooled one)."""
+    return cuda.device_array(size, dtype, stream=stream)
+
+
 _LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
+
+
+@cuda.jit
+def _halve_from(source, values, half):
+    """values[i] = source[i] + source[i + half] (0 past the end of source), i < half: the tree's first level."""
+    n = source.size
+    for i in range(cuda.grid(1), half, cuda.gridsize(1)):
+        values[i] = source[i] + (source[i + half] if i + half < n else 0.0)
 
 
 @cuda.jit
@@ -56,28 +71,40 @@ def _halve(values, half):
         values[i] += values[i + half]
 
 
-def tree_sum(partial, stream=0) -> float:
-    """Pairwise tree sum of a device float64 vector, as ``reference.tree_sum``; returns the float64.
-
-    1. Copy into a zero-padded power-of-two device buffer.
-    2. Halve it, one launch per level, until one value is left; copy that to the host.
-    """
-    size = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
-    values = cuda.device_array(size, np.float64, stream=stream)
-    _fill_padded[_grid(size), THREADS, stream](partial, values)
+@cuda.jit
+def _halve_in_block(values, size):
+    """The tree's remaining levels in one block: halve ``size`` down to 1, a barrier between levels."""
     while size > 1:
         size //= 2
-        _halve[_grid(size), THREADS, stream](values, size)
+        for i in range(cuda.threadIdx.x, size, cuda.blockDim.x):
+            values[i] += values[i + size]
+        cuda.syncthreads()
+
+
+def tree_sum(partial, stream=0, empty=_device_empty) -> float:
+    """Pairwise tree sum of a device float64 vector, as ``reference.tree_sum``; returns the float64.
+
+    1. The first level reads ``partial`` as if zero-padded to a power of two (size p),
+       adding its upper half onto its lower half in a buffer of p / 2.
+    2. Levels wider than ``TAIL`` run one launch each, over the whole grid.
+    3. One block runs the rest, with a barrier between levels; the value is copied to the host.
+    """
+    size = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
+    if size == 1:
+        values = partial
+    else:
+        size //= 2
+        values = empty(size, np.float64, stream)
+        _halve_from[_grid(size), THREADS, stream](partial, values, size)
+        while size > TAIL:
+            size //= 2
+            _halve[_grid(size), THREADS, stream](values, size)
+        if size > 1:
+            _halve_in_block[1, TAIL_THREADS, stream](values, size)
     host = values[:1].copy_to_host(stream=stream)
     if stream:
         stream.synchronize()
     return float(host[0])
-
-
-@cuda.jit
-def _fill_padded(source, out):
-    for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        out[i] = source[i] if i < source.size else 0.0
 
 
 @lru_cache(maxsize=None)
@@ -101,12 +128,12 @@ def _sumsq_lanes(with_lut: bool):
     return kernel
 
 
-def compensated_sumsq(src, lut, err, n_src, stream=0) -> float:
+def compensated_sumsq(src, lut, err, n_src, stream=0, empty=_device_empty) -> float:
     """Sum of squares of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing else."""
     nblocks = max(1, -(-err.size // BLOCK))
-    partial = cuda.device_array(nblocks * LANES, np.float64, stream=stream)
+    partial = empty(nblocks * LANES, np.float64, stream)
     _sumsq_lanes(lut is not None)[_grid(partial.size), THREADS, stream](src, _table(lut), err, n_src, partial)
-    return tree_sum(partial, stream)
+    return tree_sum(partial, stream, empty)
 
 
 @lru_cache(maxsize=None)
@@ -163,32 +190,31 @@ def _accumulate_lanes(with_base: bool):
     return kernel
 
 
-def accumulate_signs(bits, weights, base, out, n_out, stream=0) -> float:
+def accumulate_signs(bits, weights, base, out, n_out, stream=0, empty=_device_empty) -> float:
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; returns its sum of squares."""
     nblocks = max(1, -(-n_out // BLOCK))
-    partial = cuda.device_array(nblocks * LANES, np.float64, stream=stream)
+    partial = empty(nblocks * LANES, np.float64, stream)
     _accumulate_lanes(base is not None)[_grid(partial.size), THREADS, stream](
         bits, weights, out if base is None else base, out, n_out, partial
     )
-    return tree_sum(partial, stream)
+    return tree_sum(partial, stream, empty)
 
 
 @cuda.jit
 def _select_decode(bits, positive, negative, out, n_out):
-    nranks, nbytes = bits.shape
-    for t in range(cuda.grid(1), nranks * nbytes, cuda.gridsize(1)):
-        r = t // nbytes
-        k = t % nbytes
-        byte = bits[r, k]
-        start = (r * nbytes + k) * 8
-        for j in range(8):
-            if start + j < n_out:
-                out[start + j] = positive[r] if (byte >> (7 - j)) & 1 else negative[r]
+    row_len = bits.shape[1] * 8
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        r = i // row_len
+        k = i - r * row_len
+        out[i] = positive[r] if (bits[r, k >> 3] >> (7 - (k & 7))) & 1 else negative[r]
 
 
 def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
-    """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out."""
-    _select_decode[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](bits, positive, negative, out, n_out)
+    """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out.
+
+    One thread per element, so that neighbouring threads write neighbouring elements.
+    """
+    _select_decode[_grid(n_out), THREADS, stream](bits, positive, negative, out, n_out)
 
 
 @lru_cache(maxsize=None)
@@ -202,10 +228,16 @@ def _absmax_lanes(with_lut: bool):
             piece = t // LANES
             row = piece // per_row
             lo = row * row_len + (piece % per_row) * BLOCK
-            hi = min(min((row + 1) * row_len, lo + BLOCK), n_src)
+            hi = lo + BLOCK
+            if (row + 1) * row_len < hi:
+                hi = (row + 1) * row_len
+            if n_src < hi:
+                hi = n_src
             m = np.float32(0)
             for i in range(lo + lane, hi, LANES):
-                a = abs(load(src, lut, i))
+                a = load(src, lut, i)
+                if a < 0:
+                    a = -a
                 if a > m or a != a:
                     m = a
             partial[t] = m
@@ -215,26 +247,41 @@ def _absmax_lanes(with_lut: bool):
 
 @cuda.jit
 def _absmax_rows(partial, per_row, out):
-    for r in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        m = np.float32(0)
-        for t in range(r * per_row * LANES, (r + 1) * per_row * LANES):
-            a = partial[t]
-            if a > m or a != a:
-                m = a
-        out[r] = m
+    """Block r: out[r] = the maximum of row r's partial maxima (threads stride, then a shared-memory tree)."""
+    best = cuda.shared.array(THREADS, np.float32)
+    r = cuda.blockIdx.x
+    lane = cuda.threadIdx.x
+    m = np.float32(0)
+    for t in range(r * per_row * LANES + lane, (r + 1) * per_row * LANES, THREADS):
+        a = partial[t]
+        if a > m or a != a:
+            m = a
+    best[lane] = m
+    cuda.syncthreads()
+    width = THREADS // 2
+    while width > 0:
+        if lane < width:
+            a = best[lane + width]
+            if a > best[lane] or a != a:
+                best[lane] = a
+        cuda.syncthreads()
+        width //= 2
+    if lane == 0:
+        out[r] = best[0]
 
 
-def row_absmax(src, lut, n_src, row_len, out, stream=0) -> None:
+def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=_device_empty) -> None:
     """out[r] = max |x| over row r of x (src zero-padded beyond n_src); NaN if the row holds one.
 
-    The maximum does not depend on the order, so lanes take partial maxima in parallel.
+    The maximum does not depend on the order, so lanes take partial maxima in parallel,
+    then one block per row reduces them.
     """
     per_row = max(1, -(-row_len // BLOCK))
-    partial = cuda.device_array(out.size * per_row * LANES, np.float32, stream=stream)
+    partial = empty(out.size * per_row * LANES, np.float32, stream)
     _absmax_lanes(lut is not None)[_grid(partial.size), THREADS, stream](
         src, _table(lut), n_src, row_len, per_row, partial
     )
-    _absmax_rows[_grid(out.size), THREADS, stream](partial, per_row, out)
+    _absmax_rows[out.size, THREADS, stream](partial, per_row, out)
 
 
 @lru_cache(maxsize=None)

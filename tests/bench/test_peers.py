@@ -24,7 +24,9 @@ def test_hooks_beside_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "compcoll.bench", "-b", "64K", "-e", "1M", "-f", "16", "-n", "2", "-r", "2",
            "--methods", "plain,1bit,fp16,powersgd", "--nic", "lo", "--launch", "2", "--backend", "gloo",
            "--json", str(out)]
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = done.stdout
     assert "powersgd" in text and "fp16" in text
     report = json.loads(out.read_text())
     for row in report["rows"]:

@@ -11,7 +11,7 @@ from tests.algorithms.onebit_workers import assert_errors_match, assert_matches_
 
 
 def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
-    """compressed_allreduce and hierarchical_allreduce on CUDA tensors equal the CPU reference, bit for bit."""
+    """compressed_allreduce and both hierarchical forms (one node of n ranks for the compensated one) on CUDA equal the reference."""
     n, rank = comm.size, comm.rank
     device = torch.device("cuda", torch.cuda.current_device())
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -22,15 +22,22 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
             se = torch.zeros(full // n, device=device)
             ref_we = [np.zeros(full, np.float32) for _ in range(n)]
             ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
+            wn, sn = compcoll.hierarchical_error_numels(numel, n, n)
+            hwe, hse = torch.zeros(wn, device=device), torch.zeros(sn, device=device)
+            ref_hwe, ref_hse = [np.zeros(wn, np.float32) for _ in range(n)], [np.zeros(sn, np.float32) for _ in range(n)]
             for step in range(steps):
                 xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                flat = [x.float().reshape(-1).numpy() for x in xs]
                 out = compcoll.compressed_allreduce(xs[rank].to(device), we, se, comm)
                 assert out.device == device
-                outs, ref_we, ref_se, _ = reference.compressed_allreduce(
-                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se)
+                outs, ref_we, ref_se, _ = reference.compressed_allreduce(flat, ref_we, ref_se)
                 where = f"{dtype} shape {shape} step {step}"
                 assert_matches_reference(out.cpu(), outs[rank], where)
                 assert_errors_match(we.cpu(), se.cpu(), ref_we[rank], ref_se[rank], where)
                 hier = compcoll.hierarchical_allreduce(xs[rank].to(device), comm, ranks_per_node=1, seed=5, step=step)
-                ref_hier, _ = reference.hierarchical_allreduce([x.float().reshape(-1).numpy() for x in xs], 1, 5, step)
+                ref_hier, _ = reference.hierarchical_allreduce(flat, 1, 5, step)
                 assert_matches_reference(hier.cpu(), ref_hier[rank], "hierarchical " + where)
+                out = compcoll.hierarchical_compressed_allreduce(xs[rank].to(device), hwe, hse, comm, ranks_per_node=n)
+                outs, ref_hwe, ref_hse, _ = reference.hierarchical_compressed_allreduce(flat, ref_hwe, ref_hse, n)
+                assert_matches_reference(out.cpu(), outs[rank], "hierarchical compensated " + where)
+                assert_errors_match(hwe.cpu(), hse.cpu(), ref_hwe[rank], ref_hse[rank], "hierarchical " + where)

@@ -82,10 +82,20 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
                           reference.binarize(padded, maxima, key, 11).reshape(-1)), "randomized vs reference"
 
 
+def check_tree_sum() -> None:
+    """The device pairwise tree adds like the reference's, across the one-block tail and wider levels."""
+    rng = np.random.default_rng(3)
+    for size in (1, 2, 3, 5, cuda.TAIL + 1, 2 * cuda.TAIL + 3, 5 * cuda.TAIL):
+        values = rng.standard_normal(size) * 10.0 ** rng.integers(-8, 8, size)
+        values[::7] = -0.0
+        assert cuda.tree_sum(cuda.cuda.to_device(values)) == reference.tree_sum(values), f"tree_sum of {size}"
+
+
 def main(lengths: list[int]) -> int:
     assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
     # the simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as intended)
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
+    check_tree_sum()
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for numel in lengths:
             for world in (1, 3):

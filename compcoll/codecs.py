@@ -10,6 +10,7 @@ scale as 4 native-endian float32 bytes.
 from __future__ import annotations
 
 import math
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -70,17 +71,22 @@ def _storage(tensor: torch.Tensor):
 
 
 _WITH_TEMPORARIES = ("compensated_sumsq", "accumulate_signs", "row_absmax")
+_CPU_KERNELS = threading.Lock()
 
 
 def _run(kernel: str, tensor: torch.Tensor, *args):
     """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream).
+
+    CPU kernels run one at a time in the process (Numba's workqueue threads are not
+    re-entrant), each on all of Numba's threads, with the GIL released.
 
     CUDA kernels that need temporaries take them from torch's caching allocator on the
     same stream (numba's own allocator would cudaMalloc and free them on every call).
     """
     check_device(tensor)
     if tensor.device.type == "cpu":
-        return getattr(cpu_kernels, kernel)(*args)
+        with _CPU_KERNELS:
+            return getattr(cpu_kernels, kernel)(*args)
     from numba import cuda
 
     from .kernels import cuda as cuda_kernels

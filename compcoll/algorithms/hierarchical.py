@@ -10,10 +10,12 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
+from ..comm.work import Work
 from ..workspace import scratch
 from .agreement import Option, agree
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_tensor
+from .launch import launch
 from .onebit import padded_numel, serve
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
@@ -39,7 +41,8 @@ def hierarchical_allreduce(
     seed: int = 0,
     step: int | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+) -> torch.Tensor | Work:
     """Unbiased 1-bit estimate of the average of ``tensor`` over all ranks, Birder style.
 
     n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j
@@ -71,10 +74,11 @@ def hierarchical_allreduce(
         step: the call counter mixed into the randomness; None takes the communicator's
             own counter, which advances on every such call, so every call draws fresh bits.
         out: where to write the result (may be ``tensor``); None allocates it.
+        async_op: return a ``Work`` at once (as ``compressed_allreduce``).
 
     Returns:
         The estimate of the average, shaped and typed like ``tensor``, bit-identical on
-        every rank.
+        every rank (or its Work, with ``async_op``).
 
     Raises:
         TypeError / ValueError: bad input or option (before any communication, on the
@@ -89,6 +93,17 @@ def hierarchical_allreduce(
     requested = requested_ranks_per_node(ranks_per_node)
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
+    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
+    return launch(comm, what, lambda: _birder(tensor, comm, requested, ranks_per_node, seed, step, result),
+                  (tensor, result), async_op)
+
+
+def _birder(
+    tensor: torch.Tensor, comm: Communicator, requested: int, ranks_per_node: int | None, seed: int,
+    step: int | None, result: torch.Tensor,
+) -> torch.Tensor:
+    """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn."""
+    what = "hierarchical_allreduce"
     n = comm.size
     numel = tensor.numel()
     full = padded_numel(numel, n)
@@ -99,7 +114,6 @@ def hierarchical_allreduce(
     if step is None:
         step = _steps.get(comm, 0)
         _steps[comm] = step + 1
-    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
     if numel == 0:
         return result
 
@@ -168,7 +182,8 @@ def hierarchical_compressed_allreduce(
     *,
     ranks_per_node: int | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+) -> torch.Tensor | Work:
     """Error-compensated 1-bit allreduce with an uncompressed intra-node stage, for 1-bit Adam.
 
     n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j.
@@ -193,6 +208,7 @@ def hierarchical_compressed_allreduce(
         comm: the communicator; None means ``compcoll.get_default()``.
         ranks_per_node: as for ``hierarchical_allreduce``.
         out: where to write the result (may be ``tensor``); None allocates it.
+        async_op: return a ``Work`` at once (as ``compressed_allreduce``).
 
     Returns:
         The estimate of the average, shaped and typed like ``tensor``, bit-identical on
@@ -208,6 +224,18 @@ def hierarchical_compressed_allreduce(
     for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
         check_error_buffer(what, name, buf, tensor)
     requested = requested_ranks_per_node(ranks_per_node)
+    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
+    return launch(comm, what,
+                  lambda: _compensated(tensor, worker_error, server_error, comm, requested, ranks_per_node, result),
+                  (tensor, worker_error, server_error, result), async_op)
+
+
+def _compensated(
+    tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, comm: Communicator,
+    requested: int, ranks_per_node: int | None, result: torch.Tensor,
+) -> torch.Tensor:
+    """Steps 1-5 of ``hierarchical_compressed_allreduce`` on locally checked arguments, in this rank's turn."""
+    what = "hierarchical_compressed_allreduce"
     agree(comm, what, tensor, None, (
         Option("ranks_per_node", requested),
         Option("worker_error lengths", worker_error.numel()),
@@ -219,7 +247,6 @@ def hierarchical_compressed_allreduce(
     shard, sub = hierarchical_error_numels(numel, n, k)
     check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}")
     check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}")
-    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
     if numel == 0:
         return result
 

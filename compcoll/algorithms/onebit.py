@@ -9,11 +9,13 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator, get_default
+from ..comm.work import Work
 from ..kernels.reference import padded_numel as _padded_numel
 from ..state import ErrorFeedbackState
 from ..workspace import scratch
 from .agreement import Option, agree
 from .inputs import check_error_buffer, check_length, check_tensor
+from .launch import launch
 
 PROTOCOLS = ("gather_scatter", "allgather")
 
@@ -36,7 +38,8 @@ def compressed_allreduce(
     *,
     protocol: str = "gather_scatter",
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    async_op: bool = False,
+) -> torch.Tensor | Work:
     """Average ``tensor`` over all ranks with 1-bit compression and error feedback.
 
     Gather-scatter protocol (the seed's, DeepSpeed-compatible numerics), n ranks,
@@ -68,26 +71,43 @@ def compressed_allreduce(
         protocol: "gather_scatter" (default) or "allgather".
         out: where to write the result (same shape, dtype and device as ``tensor``; it
             may be ``tensor`` itself for an in-place allreduce); None allocates it.
+        async_op: return a ``Work`` at once instead of the result; the call runs on the
+            communicator's ordering thread (see ``launch``), its ``wait()`` returns the
+            result or raises the errors below, and ``get_future()`` yields the result.
+            Leave ``tensor``, the buffers and ``out`` alone until then.
 
     Returns:
         The estimate of the average over ranks, shaped and typed like ``tensor``,
-        bit-identical on every rank.
+        bit-identical on every rank (or its Work, with ``async_op``).
 
     Raises:
         TypeError / ValueError: bad dtype, device, buffer length or option (before any
-            communication, on the rank that passed it).
+            communication, on the rank that passed it; at once, also with ``async_op``).
         RankMismatchError: ranks disagree on size, shape or protocol (on every rank).
         NonFiniteError: NaN/Inf in tensor + worker_error on some rank (on every rank;
             no buffer changed and the communicator stays usable).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     comm = get_default() if comm is None else comm
+    _validate(tensor, worker_error, server_error, out, comm.size, protocol)
+    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
+    return launch(comm, "compressed_allreduce",
+                  lambda: _compressed_allreduce(tensor, worker_error, server_error, comm, protocol, result),
+                  (tensor, worker_error, server_error, result), async_op)
+
+
+def _compressed_allreduce(
+    tensor: torch.Tensor,
+    worker_error: torch.Tensor,
+    server_error: torch.Tensor,
+    comm: Communicator,
+    protocol: str,
+    result: torch.Tensor,
+) -> torch.Tensor:
+    """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn."""
     n = comm.size
-    _validate(tensor, worker_error, server_error, out, n, protocol)
     numel = tensor.numel()
     full = padded_numel(numel, n)
-    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
-
     sumsq = codecs.compensated_sumsq(tensor, worker_error)
     finite = math.isfinite(sumsq)
     scale = codecs.l2_scale(sumsq, full) if finite and full else 0.0
@@ -179,7 +199,8 @@ class CompressedAllreduce:
         torch.save(allreduce.state_dict(), f"ef-rank{comm.rank}.pt")
 
     1. Look up (or create as zeros) the key's worker and server error buffers.
-    2. Run ``compressed_allreduce`` with them.
+    2. Run ``compressed_allreduce`` with them (``async_op=True``: return its Work; calls
+       on different keys may be in flight together).
 
     Args:
         comm: the communicator; None means ``compcoll.get_default()`` at construction.
@@ -193,10 +214,12 @@ class CompressedAllreduce:
         self.protocol = protocol
         self.state = ErrorFeedbackState(self.comm.rank, self.comm.size)
 
-    def __call__(self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(
+        self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
+    ) -> torch.Tensor | Work:
         worker_error, server_error = self.state.get(key, tensor)
         return compressed_allreduce(
-            tensor, worker_error, server_error, self.comm, protocol=self.protocol, out=out
+            tensor, worker_error, server_error, self.comm, protocol=self.protocol, out=out, async_op=async_op
         )
 
     def state_dict(self) -> dict[str, Any]:

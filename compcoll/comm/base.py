@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from typing import Any, Callable
 
 import torch
 
 from ..errors import CommunicatorBroken
+from .ordering import Ordering
+from .work import Work
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -20,8 +23,10 @@ def default_timeout() -> float:
 class Communicator(ABC):
     """A group of ``size`` processes that move tensors between them.
 
-    Collectives take contiguous 1-D torch tensors and complete before they return. Each
-    counts in ``bytes_sent`` the payload bytes this rank sends under a bandwidth-optimal
+    Collectives take contiguous 1-D torch tensors. They complete before they return, or,
+    with ``async_op=True``, return a ``Work`` at once; either way every collective starts
+    in the order this rank issued it (``Ordering``), which is how ranks pair them up.
+    Each counts, when it starts, in ``bytes_sent`` the payload bytes this rank sends under a bandwidth-optimal
     schedule: alltoall the (n-1) blocks meant for other ranks, allgather (n-1) copies
     of its own block, allreduce 2(n-1)/n of the tensor (ring), bcast the tensor on the
     root. ``bytes_sent_to[r]`` splits that count by destination rank: alltoall block r
@@ -45,11 +50,13 @@ class Communicator(ABC):
         self._broken: str | None = None
         self._parent: Communicator | None = None
         self._parent_ranks: list[int] = []
+        self._ordering = Ordering(self)
 
-    def alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+    def alltoall(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:
         """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i.
 
-        Both tensors hold ``size`` equal blocks.
+        Both tensors hold ``size`` equal blocks. With ``async_op=True`` it returns the
+        operation's ``Work`` (``recv`` is complete once it has been waited on).
         """
         self._check(send, recv)
         if send.numel() != recv.numel() or send.numel() % self.size:
@@ -57,50 +64,90 @@ class Communicator(ABC):
                 f"alltoall needs equal send/recv sizes divisible by {self.size}, "
                 f"got {send.numel()} and {recv.numel()}"
             )
-        self._count_each(_nbytes(send) // self.size)
-        self._guard(self._alltoall, send, recv)
+        return self._issue("alltoall", lambda: self._count_each(_nbytes(send) // self.size),
+                           lambda: self._start_alltoall(send, recv), async_op)
 
-    def allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        """Block i of ``recv`` receives rank i's ``send``."""
+    def allgather(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:
+        """Block i of ``recv`` receives rank i's ``send`` (``async_op``: as for ``alltoall``)."""
         self._check(send, recv)
         if recv.numel() != send.numel() * self.size:
             raise ValueError(
                 f"allgather needs recv of {self.size} x {send.numel()} elements, got {recv.numel()}"
             )
-        self._count_each(_nbytes(send))
-        self._guard(self._allgather, send, recv)
+        return self._issue("allgather", lambda: self._count_each(_nbytes(send)),
+                           lambda: self._start_allgather(send, recv), async_op)
 
-    def allreduce(self, tensor: torch.Tensor) -> None:
-        """Sum ``tensor`` over all ranks, in place."""
+    def allreduce(self, tensor: torch.Tensor, async_op: bool = False) -> Work | None:
+        """Sum ``tensor`` over all ranks, in place (``async_op``: as for ``alltoall``)."""
         self._check(tensor)
-        self._count_spread(2 * (self.size - 1) * _nbytes(tensor) // self.size)
-        self._guard(self._allreduce, tensor)
+        return self._issue("allreduce", lambda: self._count_spread(2 * (self.size - 1) * _nbytes(tensor) // self.size),
+                           lambda: self._start_allreduce(tensor), async_op)
 
-    def bcast(self, tensor: torch.Tensor, root: int = 0) -> None:
-        """Copy ``tensor`` from rank ``root`` to every rank, in place."""
+    def bcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False) -> Work | None:
+        """Copy ``tensor`` from rank ``root`` to every rank, in place (``async_op``: as for ``alltoall``)."""
         self._check(tensor)
         if not 0 <= root < self.size:
             raise ValueError(f"bcast root {root} is not a rank of a size-{self.size} communicator")
-        if self.rank == root:
-            self._count_spread(_nbytes(tensor))
-        self._guard(self._bcast, tensor, root)
 
-    def barrier(self) -> None:
-        """Return once every rank has called barrier."""
-        self._guard(self._barrier)
+        def count() -> None:
+            if self.rank == root:
+                self._count_spread(_nbytes(tensor))
+
+        return self._issue("bcast", count, lambda: self._start_bcast(tensor, root), async_op)
+
+    def barrier(self, async_op: bool = False) -> Work | None:
+        """Return once every rank has called barrier (``async_op``: as for ``alltoall``)."""
+        return self._issue("barrier", lambda: None, self._start_barrier, async_op)
 
     def split(self, color: int, key: int | None = None) -> "Communicator":
         """Sub-communicator of the ranks that pass the same ``color``, ordered by (key, rank).
 
         1. Allgather every rank's (color, key) and group the ranks by color.
         2. Let the transport build the group of this rank's color.
-        3. Link it to this communicator, so its bytes count here too.
+        3. Link it to this communicator, so its bytes count here too, and share its
+           ordering, so the two never issue collectives out of this rank's order.
         """
-        groups = self._color_groups(int(color), self.rank if key is None else int(key))
-        child = self._guard(self._split, int(color), groups)
-        child._parent = self
-        child._parent_ranks = groups[int(color)]
-        return child
+        def build() -> "Communicator":
+            groups = self._color_groups(int(color), self.rank if key is None else int(key))
+            child = self._guard(self._split, int(color), groups)
+            child._parent = self
+            child._parent_ranks = groups[int(color)]
+            child._ordering = self._ordering
+            return child
+
+        return self._ordering.run(build, "split")
+
+    def run(self, call: Callable[[], Any], what: str, async_op: bool = False) -> Any:
+        """Run ``call`` (a whole algorithm on this communicator) in this rank's order of collectives.
+
+        Blocking: in its turn, on this thread when nothing is queued; returns its result.
+        ``async_op=True``: queued for this communicator's ordering thread; returns its
+        ``TaskWork`` (``wait`` gives the result or raises the call's error).
+        """
+        if async_op:
+            return self._ordering.submit(call, what)
+        return self._ordering.run(call, what)
+
+    def submit(self, call: Callable[[], Any], what: str, on_wait: Callable[[Any], None] | None = None) -> Work:
+        """Queue ``call`` for this communicator's ordering thread; ``on_wait`` runs in the waiter (see TaskWork)."""
+        return self._ordering.submit(call, what, on_wait)
+
+    def describe(self) -> str:
+        """The transport's name for messages ("MPI", "torch.distributed (gloo)", ...)."""
+        return type(self).__name__
+
+    def _issue(self, what: str, count: Callable[[], None], start: Callable[[], Work], async_op: bool) -> Work | None:
+        """Start a transport operation in its turn: check, count its bytes, start; wait unless ``async_op``."""
+        def begin() -> Work:
+            self._check()
+            count()
+            return self._guard(start)
+
+        work = self._ordering.start(begin, what)
+        if async_op:
+            return work
+        work.wait()
+        return None
 
     def _count_each(self, nbytes: int) -> None:
         """Count ``nbytes`` sent to every other rank."""
@@ -134,12 +181,17 @@ class Communicator(ABC):
                 raise ValueError(f"collectives take contiguous 1-D tensors, got shape {tuple(t.shape)}")
 
     def _guard(self, op, *args):
+        """Run a transport step; an error in it leaves the communicator broken."""
         self._check()
         try:
             return op(*args)
         except Exception as exc:
-            self._broken = f"{type(exc).__name__}: {exc}"
+            self._mark_broken(exc)
             raise
+
+    def _mark_broken(self, exc: BaseException) -> None:
+        if self._broken is None:
+            self._broken = f"{type(exc).__name__}: {exc}"
 
     def _color_groups(self, color: int, key: int) -> dict[int, list[int]]:
         """Every color's ranks, each ordered by (key, rank): an allgather of (color, key)."""
@@ -152,19 +204,19 @@ class Communicator(ABC):
         return {c: [r for _, r in sorted(members)] for c, members in sorted(groups.items())}
 
     @abstractmethod
-    def _alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None: ...
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work: ...
 
     @abstractmethod
-    def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None: ...
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work: ...
 
     @abstractmethod
-    def _allreduce(self, tensor: torch.Tensor) -> None: ...
+    def _start_allreduce(self, tensor: torch.Tensor) -> Work: ...
 
     @abstractmethod
-    def _bcast(self, tensor: torch.Tensor, root: int) -> None: ...
+    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work: ...
 
     @abstractmethod
-    def _barrier(self) -> None: ...
+    def _start_barrier(self) -> Work: ...
 
     @abstractmethod
     def _split(self, color: int, groups: dict[int, list[int]]) -> "Communicator":

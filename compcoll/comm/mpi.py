@@ -8,8 +8,8 @@ import time
 import numpy as np
 import torch
 
-from ..errors import CollectiveTimeout
 from .base import Communicator
+from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
@@ -47,16 +47,16 @@ class MPIComm(Communicator):
     """A Communicator over an mpi4py communicator (``MPI.COMM_WORLD`` by default).
 
     Every collective is started non-blocking (``Ialltoall``, ``Iallgather``, ...) and
-    polled with ``Test`` until it completes or ``timeout`` seconds pass. Each poll yields
-    the core (so oversubscribed ranks let the busy ones run, at no cost to a rank that has
-    its own core), and waits longer than 10 ms poll every 0.1 ms.
+    returned as a ``RequestWork``, polled with ``Test`` until it completes or its deadline
+    passes. Each poll yields the core (so oversubscribed ranks let the busy ones run, at
+    no cost to a rank that has its own core), and waits longer than 10 ms poll every 0.1 ms.
 
     Args:
         mpi_comm: an ``mpi4py.MPI.Comm``; None means ``MPI.COMM_WORLD``.
         cuda_aware: whether CUDA tensors go to MPI as device pointers; None detects it
             (``COMPCOLL_CUDA_AWARE``, else ``MPIX_Query_cuda_support`` of the loaded
-            libmpi). Otherwise they are staged through host buffers (pinned when CUDA is
-            available), kept and reused across calls.
+            libmpi). Otherwise they are staged through host buffers, pinned when CUDA is
+            available, from torch's pinned-memory cache (one pair per operation in flight).
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
     """
 
@@ -66,84 +66,98 @@ class MPIComm(Communicator):
         self._mpi = MPI
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self.cuda_aware = detect_cuda_aware() if cuda_aware is None else bool(cuda_aware)
-        self._staging: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self.staged_bytes = 0
         super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
+
+    def describe(self) -> str:
+        return "MPI"
 
     def _is_device(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lives in device memory (the CUDA-aware or staged path)."""
         return tensor.device.type == "cuda"
 
-    def _stage(self, name: str, tensor: torch.Tensor, copy_in: bool) -> torch.Tensor:
-        """The host buffer ``name`` for ``tensor`` (grown, never shrunk), filled from it if ``copy_in``."""
-        key = (name, tensor.dtype)
-        host = self._staging.get(key)
-        if host is None or host.numel() < tensor.numel():
-            host = torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
-            self._staging[key] = host
-        host = host[:tensor.numel()]
+    def _stage(self, tensor: torch.Tensor, copy_in: bool) -> torch.Tensor:
+        """A host buffer for ``tensor`` (pinned where CUDA is available), filled from it if ``copy_in``."""
+        host = torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=torch.cuda.is_available())
         if copy_in:
             host.copy_(tensor)
+        self.staged_bytes += host.numel() * host.element_size()
         return host
 
-    def _run(self, what: str, start, send: torch.Tensor | None, recv: torch.Tensor) -> None:
-        """Start ``start(send_buffer, recv_buffer)`` and wait for it, moving device tensors as this MPI can.
+    def _start(self, what: str, start, send: torch.Tensor | None, recv: torch.Tensor) -> Work:
+        """Start ``start(send_buffer, recv_buffer)``, moving device tensors as this MPI can.
 
         1. Host tensors: zero-copy numpy views.
         2. Device tensors, CUDA-aware MPI: synchronise the current CUDA stream (the data
            must be complete), then pass the device pointers (``DeviceBuffer``).
-        3. Device tensors otherwise: copy into reused host buffers, run on those, copy the
-           result back.
+        3. Device tensors otherwise: copy into host buffers, run on those, copy the result
+           back when the operation completes.
         """
         tensors = [t for t in (send, recv) if t is not None]
         if not any(self._is_device(t) for t in tensors):
-            self._wait(start(None if send is None else _buffer(send), _buffer(recv)), what)
-            return
+            return RequestWork(self, what, start(None if send is None else _buffer(send), _buffer(recv)), recv)
         if self.cuda_aware:
             if torch.cuda.is_available():
                 torch.cuda.current_stream().synchronize()
-            self._wait(start(None if send is None else DeviceBuffer(send), DeviceBuffer(recv)), what)
-            return
-        host_send = None if send is None else self._stage("send", send, True)
-        host_recv = self._stage("recv", recv, send is None)
-        self._wait(start(None if host_send is None else _buffer(host_send), _buffer(host_recv)), what)
-        recv.copy_(host_recv)
+            return RequestWork(self, what, start(None if send is None else DeviceBuffer(send), DeviceBuffer(recv)), recv)
+        host_send = None if send is None else self._stage(send, True)
+        host_recv = self._stage(recv, send is None)
+        request = start(None if host_send is None else _buffer(host_send), _buffer(host_recv))
+        return RequestWork(self, what, request, recv, lambda: recv.copy_(host_recv))
 
-    def _wait(self, request, what: str) -> None:
-        start = time.monotonic()
-        polls = 0
-        while not request.Test():
-            polls += 1
-            os.sched_yield()
-            if polls % 64 == 0:
-                waited = time.monotonic() - start
-                if waited > self.timeout:
-                    raise CollectiveTimeout(
-                        f"MPI {what} on rank {self.rank} of {self.size} did not complete within "
-                        f"{self.timeout:g} s (COMPCOLL_TIMEOUT): did every rank call it with "
-                        f"matching arguments, or did a rank fail before reaching it?"
-                    )
-                if waited > _SPIN_S:
-                    time.sleep(_NAP_S)
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+        return self._start("alltoall", self.mpi_comm.Ialltoall, send, recv)
 
-    def _alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._run("alltoall", self.mpi_comm.Ialltoall, send, recv)
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+        return self._start("allgather", self.mpi_comm.Iallgather, send, recv)
 
-    def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
-        self._run("allgather", self.mpi_comm.Iallgather, send, recv)
+    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
+        if tensor.dtype not in _HALF_TYPES:
+            return self._start("allreduce", self._iallreduce, None, tensor)
+        work = tensor.float()
+        return RequestWork(self, "allreduce", self._start("allreduce", self._iallreduce, None, work), tensor,
+                           lambda: tensor.copy_(work))
 
-    def _allreduce(self, tensor: torch.Tensor) -> None:
-        work = tensor.float() if tensor.dtype in _HALF_TYPES else tensor
-        in_place = self._mpi.IN_PLACE
-        self._run("allreduce", lambda _, buf: self.mpi_comm.Iallreduce(in_place, buf, self._mpi.SUM), None, work)
-        if work is not tensor:
-            tensor.copy_(work)
+    def _iallreduce(self, _, buffer):
+        return self.mpi_comm.Iallreduce(self._mpi.IN_PLACE, buffer, self._mpi.SUM)
 
-    def _bcast(self, tensor: torch.Tensor, root: int) -> None:
-        self._run("bcast", lambda _, buf: self.mpi_comm.Ibcast(buf, root), None, tensor)
+    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
+        return self._start("bcast", lambda _, buf: self.mpi_comm.Ibcast(buf, root), None, tensor)
 
-    def _barrier(self) -> None:
-        self._wait(self.mpi_comm.Ibarrier(), "barrier")
+    def _start_barrier(self) -> Work:
+        return RequestWork(self, "barrier", self.mpi_comm.Ibarrier(), None)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "MPIComm":
         group = self.mpi_comm.Get_group().Incl(groups[color])
         return MPIComm(self.mpi_comm.Create_group(group), self.cuda_aware, self.timeout)
+
+
+class RequestWork(PendingWork):
+    """An MPI request (or another Work, for a conversion around one) in flight.
+
+    Polled with ``Test``; each poll yields the core, and polls after the first 10 ms are
+    0.1 ms apart.
+    """
+
+    def __init__(self, comm: MPIComm, what: str, request, result, finish=None) -> None:
+        super().__init__(comm, what, result, finish)
+        self._request = request
+
+    def _test(self) -> bool:
+        if isinstance(self._request, Work):
+            return self._request.is_completed()
+        return bool(self._request.Test())
+
+    def _block(self, seconds: float) -> bool:
+        start = time.monotonic()
+        polls = 0
+        while not self._test():
+            polls += 1
+            os.sched_yield()
+            if polls % 64 == 0:
+                waited = time.monotonic() - start
+                if waited > seconds:
+                    return False
+                if waited > _SPIN_S:
+                    time.sleep(_NAP_S)
+        return True

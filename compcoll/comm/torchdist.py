@@ -8,14 +8,16 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import CollectiveTimeout, CompcollError
+from ..errors import CompcollError
 from .base import Communicator
+from .work import PendingWork, Work
 
 
 class TorchComm(Communicator):
     """A Communicator over a torch.distributed ProcessGroup.
 
-    Collectives are issued with ``async_op=True`` and waited on with ``timeout`` seconds,
+    Collectives are issued with ``async_op=True`` and returned as a ``TorchWork``, waited
+    on within ``timeout`` seconds,
     using ``all_to_all_single`` and ``all_gather_single`` (``all_gather_into_tensor`` before
     torch 2.13), the flat-tensor forms NCCL is fastest at; over Gloo the all-to-all (and a
     2-rank all-gather) is point-to-point pairs with the receives posted first
@@ -41,43 +43,30 @@ class TorchComm(Communicator):
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
         self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
 
-    def _run(self, what: str, op, send: torch.Tensor | None, recv: torch.Tensor) -> None:
-        """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there and back."""
+    def describe(self) -> str:
+        return f"torch.distributed ({self.backend})"
+
+    def _start(self, what: str, op, send: torch.Tensor | None, recv: torch.Tensor) -> Work:
+        """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there (and back on completion)."""
         if recv.device.type == self.device.type and (send is None or send.device.type == self.device.type):
-            self._wait(op(send, recv), what)
-            return
+            return TorchWork(self, what, _list(op(send, recv)), recv)
         moved_send = None if send is None else send.to(self.device)
         moved_recv = recv.to(self.device) if send is None else torch.empty_like(recv, device=self.device)
-        self._wait(op(moved_send, moved_recv), what)
-        recv.copy_(moved_recv)
+        return TorchWork(self, what, _list(op(moved_send, moved_recv)), recv, lambda: recv.copy_(moved_recv))
 
-    def _wait(self, work, what: str) -> None:
-        try:
-            work.wait(timeout=timedelta(seconds=self.timeout))
-        except RuntimeError as exc:
-            if "timed out" not in str(exc).lower():
-                raise CompcollError(
-                    f"torch.distributed ({self.backend}) {what} failed on rank {self.rank}: {exc}"
-                ) from exc
-            raise CollectiveTimeout(
-                f"torch.distributed ({self.backend}) {what} on rank {self.rank} of {self.size} did "
-                f"not complete within {self.timeout:g} s (COMPCOLL_TIMEOUT): did every rank call "
-                f"it with matching arguments, or did a rank fail before reaching it?"
-            ) from exc
-
-    def _alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         if self.backend == "gloo":
-            self._run("alltoall", lambda s, r: self._pairwise(s.view(self.size, -1), r), send, recv)
-        else:
-            self._run("alltoall", lambda s, r: dist.all_to_all_single(r, s, group=self.group, async_op=True), send, recv)
+            return self._start("alltoall", lambda s, r: self._pairwise(s.view(self.size, -1), r), send, recv)
+        return self._start("alltoall", lambda s, r: dist.all_to_all_single(r, s, group=self.group, async_op=True),
+                           send, recv)
 
-    def _allgather(self, send: torch.Tensor, recv: torch.Tensor) -> None:
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         if self.backend == "gloo" and self.size == 2:
-            self._run("allgather", lambda s, r: self._pairwise(s.view(1, -1).expand(2, -1), r), send, recv)
-        else:
-            self._run("allgather", lambda s, r: _all_gather_single(r, s, group=self.group, async_op=True), send, recv)
+            return self._start("allgather", lambda s, r: self._pairwise(s.view(1, -1).expand(2, -1), r), send, recv)
+        return self._start("allgather", lambda s, r: _all_gather_single(r, s, group=self.group, async_op=True),
+                           send, recv)
 
-    def _pairwise(self, blocks: torch.Tensor, recv: torch.Tensor) -> "_Works":
+    def _pairwise(self, blocks: torch.Tensor, recv: torch.Tensor) -> list:
         """Block p of ``blocks`` to rank p, block p of ``recv`` from rank p, as point-to-point
         pairs over Gloo with every receive posted before any send.
 
@@ -96,18 +85,18 @@ class TorchComm(Communicator):
         out[me].copy_(blocks[me])
         peers = [p for p in range(self.size) if p != me]
         works = [dist.irecv(out[p], src=self.global_ranks[p], group=self.group) for p in peers]
-        works += [dist.isend(blocks[p], dst=self.global_ranks[p], group=self.group) for p in peers]
-        return _Works(works)
+        return works + [dist.isend(blocks[p], dst=self.global_ranks[p], group=self.group) for p in peers]
 
-    def _allreduce(self, tensor: torch.Tensor) -> None:
-        self._run("allreduce", lambda _, t: dist.all_reduce(t, group=self.group, async_op=True), None, tensor)
+    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
+        return self._start("allreduce", lambda _, t: dist.all_reduce(t, group=self.group, async_op=True), None, tensor)
 
-    def _bcast(self, tensor: torch.Tensor, root: int) -> None:
+    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
         source = self.global_ranks[root]
-        self._run("bcast", lambda _, t: dist.broadcast(t, src=source, group=self.group, async_op=True), None, tensor)
+        return self._start("bcast", lambda _, t: dist.broadcast(t, src=source, group=self.group, async_op=True),
+                           None, tensor)
 
-    def _barrier(self) -> None:
-        self._wait(dist.barrier(group=self.group, async_op=True), "barrier")
+    def _start_barrier(self) -> Work:
+        return TorchWork(self, "barrier", [dist.barrier(group=self.group, async_op=True)], None)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "TorchComm":
         """Every rank builds every color's group (torch requires all ranks in new_group).
@@ -126,16 +115,30 @@ class TorchComm(Communicator):
         return TorchComm(mine, self.timeout)
 
 
-class _Works:
-    """Several torch.distributed works waited on as one, within one timeout."""
+class TorchWork(PendingWork):
+    """torch.distributed works (one collective, or the point-to-point pairs of one) in flight, as one."""
 
-    def __init__(self, works: list) -> None:
-        self.works = works
+    def __init__(self, comm: TorchComm, what: str, works: list, result, finish=None) -> None:
+        super().__init__(comm, what, result, finish)
+        self._works = works
 
-    def wait(self, timeout: timedelta) -> None:
-        deadline = time.monotonic() + timeout.total_seconds()
-        for work in self.works:
-            work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
+    def _test(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def _block(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        for work in self._works:
+            try:
+                work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            except RuntimeError as exc:
+                if "timed out" in str(exc).lower():
+                    return False
+                raise CompcollError(f"{self._comm.describe()} {self._what} failed on rank {self._comm.rank}: {exc}") from exc
+        return True
+
+
+def _list(work) -> list:
+    return work if isinstance(work, list) else [work]
 
 
 def _all_gather_single(recv, send, **kwargs):

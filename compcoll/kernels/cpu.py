@@ -10,8 +10,10 @@ depend on the number of threads.
 Unless ``NUMBA_THREADING_LAYER`` says otherwise, the kernels run on Numba's own
 "workqueue" threads: with the OpenMP layer, torchrun jobs that also hold torch's OpenMP
 runtime aborted at exit now and then ("terminate called without an active exception";
-3 of 40 runs of examples/train.py, none of 32 with workqueue). The kernels are called
-from one thread per process, which is all workqueue requires.
+3 of 40 runs of examples/train.py, none of 32 with workqueue). Workqueue must not be
+entered by two threads at once, so ``codecs`` calls these kernels under one process-wide
+lock. The kernels release the GIL (``nogil``): while one runs on a communicator's
+ordering thread, the caller's Python and torch work go on.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def tree_sum(values):
     return v[0]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def compensated_sumsq(src, lut, err, n_src):
     """Sum of squares of x = err + src (src zero beyond n_src), without writing anything.
 
@@ -104,7 +106,7 @@ def _pack(flags, out):
         )
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def compensate_encode(src, lut, err, n_src, scale, bits):
     """Compensate, take signs, pack them and update the error, in one pass.
 
@@ -138,7 +140,7 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
         _pack(flags, bits[lo:hi])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def accumulate_signs(bits, weights, base, out, n_out):
     """out = sum_r weights[r] * signs(bits[r]) (+ base), and its sum of squares.
 
@@ -185,7 +187,7 @@ def accumulate_signs(bits, weights, base, out, n_out):
     return tree_sum(partial.reshape(-1))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def select_decode(bits, positive, negative, out, n_out):
     """Decode rows of packed signs: out[i] = positive[r] if the bit is set, else negative[r].
 
@@ -216,7 +218,7 @@ def select_decode(bits, positive, negative, out, n_out):
                     out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def row_absmax(src, lut, n_src, row_len, out):
     """out[r] = max |x_i| over row r (elements [r * row_len, (r + 1) * row_len)).
 
@@ -246,7 +248,7 @@ def row_absmax(src, lut, n_src, row_len, out):
         out[r] = m
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def randomized_encode(src, lut, n_src, scales, key, start, bits):
     """Birder's binary randomization, packed: bits[r] holds row r of x (src zero beyond n_src).
 

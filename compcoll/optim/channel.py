@@ -8,6 +8,7 @@ from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarc
 from ..algorithms.onebit import compressed_allreduce, padded_numel
 from ..comm import Communicator
 from ..comm.topology import topology
+from ..errors import RankMismatchError
 
 
 class ErrorFeedbackChannel:
@@ -84,9 +85,15 @@ class ErrorFeedbackChannel:
 
 
 def _use_hierarchical(comm: Communicator, ranks_per_node: int | None) -> bool:
-    """Whether the ranks form several equal nodes of more than one rank (every rank decides alike)."""
+    """Whether the ranks form several equal nodes of more than one rank (every rank decides alike).
+
+    Nodes of different sizes mean the flat form; ranks that disagree on the layout
+    (``RankMismatchError``) are an error, raised on every rank.
+    """
     try:
         layout = topology(comm, ranks_per_node)
+    except RankMismatchError:
+        raise
     except ValueError:
         return False
     return layout.nodes > 1 and layout.ranks_per_node > 1

@@ -82,3 +82,26 @@ def late_alltoall(comm: compcoll.Communicator, delay: float) -> None:
     else:
         raise AssertionError("the all-to-all completed without the last rank")
     assert time.monotonic() - start < delay, "the timeout fired late"
+
+
+def started_collectives(comm: compcoll.Communicator) -> None:
+    """async_op=True: several operations in flight at once, bytes counted at the start, results through wait and futures."""
+    n, rank = comm.size, comm.rank
+    send = torch.arange(3 * n, dtype=torch.float32) + 100 * rank
+    recv = torch.empty_like(send)
+    mine, table = torch.full((2,), rank, dtype=torch.int64), torch.empty(2 * n, dtype=torch.int64)
+    total = torch.full((7,), rank + 1.0)
+    shared = torch.full((5,), float(rank), dtype=torch.float16)
+    before = comm.bytes_sent
+    works = [comm.alltoall(send, recv, async_op=True), comm.allgather(mine, table, async_op=True),
+             comm.allreduce(total, async_op=True), comm.bcast(shared, root=0, async_op=True)]
+    counted = (n - 1) * 3 * 4 + (n - 1) * 2 * 8 + 2 * (n - 1) * 7 * 4 // n + (5 * 2 if rank == 0 and n > 1 else 0)
+    assert comm.bytes_sent - before == counted, "bytes were not counted when the operations started"
+    future = works[1].get_future()
+    assert works[2].wait() is total and works[0].wait() is recv and works[3].wait() is shared
+    assert torch.equal(future.wait(), torch.arange(n, dtype=torch.int64).repeat_interleave(2))
+    assert all(work.is_completed() for work in works)
+    for i in range(n):
+        assert torch.equal(recv[3 * i:3 * i + 3], torch.arange(3 * rank, 3 * rank + 3) + 100.0 * i), f"block from {i}"
+    assert torch.all(total == n * (n + 1) / 2) and torch.all(shared == 0)
+    comm.barrier(async_op=True).wait()

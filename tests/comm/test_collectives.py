@@ -15,6 +15,12 @@ def test_collectives(backend: str, world_size: int) -> None:
     run("tests.comm.comm_workers:collectives", world_size, backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_started_collectives(backend: str, world_size: int) -> None:
+    run("tests.comm.comm_workers:started_collectives", world_size, backend)
+
+
 def test_single_comm() -> None:
     comm = compcoll.SingleComm()
     x = torch.arange(4.0)

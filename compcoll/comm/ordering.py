@@ -1,0 +1,90 @@
+"""Ordering: a communicator's collectives start in the order this rank issued them, some on a background thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from .work import TaskWork
+
+if TYPE_CHECKING:
+    from .base import Communicator
+
+
+class Ordering:
+    """Issues one communicator's collectives one at a time, in this rank's program order.
+
+    Ranks pair their collectives up by order, so an asynchronous call must not let a
+    later call overtake it. Every collective therefore passes through here:
+    1. A call made while nothing is queued runs at once on the caller's thread (no
+       thread hop for blocking calls: their latency stays the transport's).
+    2. ``submit`` queues a call for the ordering thread (one per communicator, a daemon
+       started on first use), which runs the queue first in, first out; a call made while
+       the queue is not empty waits its turn there.
+    3. A call made from inside a running call (an algorithm's own transport operations)
+       runs directly: it is already in its turn.
+    So the transport is entered by one thread at a time (MPI_THREAD_SERIALIZED is enough).
+    """
+
+    def __init__(self, comm: "Communicator") -> None:
+        self._comm = comm
+        self._lock = threading.RLock()
+        self._queued = 0
+        self._calls: "queue.SimpleQueue[tuple[Callable[[], Any], TaskWork]]" = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._local = threading.local()
+
+    def _inside(self) -> bool:
+        return getattr(self._local, "inside", False)
+
+    def run(self, call: Callable[[], Any], what: str) -> Any:
+        """Run ``call`` in its turn and return its result (blocking)."""
+        if self._inside():
+            return call()
+        with self._lock:
+            if self._queued == 0:
+                self._local.inside = True
+                try:
+                    return call()
+                finally:
+                    self._local.inside = False
+        return self.submit(call, what).wait()
+
+    def start(self, start: Callable[[], Any], what: str) -> Any:
+        """Start a transport operation in its turn: at once when nothing is queued, else queued and waited there.
+
+        Returns the operation's Work.
+        """
+        if self._inside():
+            return start()
+        with self._lock:
+            if self._queued == 0:
+                return self.run(start, what)
+            return self.submit(lambda: start().wait(), what)
+
+    def submit(self, call: Callable[[], Any], what: str, on_wait: Callable[[Any], None] | None = None) -> TaskWork:
+        """Queue ``call`` for the ordering thread; return its Work."""
+        work = TaskWork(self._comm, what, on_wait)
+        with self._lock:
+            self._queued += 1
+            self._calls.put((call, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=f"compcoll-{self._comm!r}", daemon=True)
+                self._thread.start()
+        return work
+
+    def _serve(self) -> None:
+        """The ordering thread: run queued calls in order, settling each one's Work."""
+        self._local.inside = True
+        while True:
+            call, work = self._calls.get()
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = call()
+            except BaseException as exc:  # every error, to be raised from the caller's wait()
+                error = exc
+            with self._lock:
+                self._queued -= 1
+            work._settle(result, error)

@@ -1,0 +1,160 @@
+"""Work: the handle of a started collective (torch.distributed's convention): wait, is_completed, get_future."""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from ..errors import CollectiveTimeout
+
+if TYPE_CHECKING:
+    from .base import Communicator
+
+
+class Work(ABC):
+    """A collective in flight on this rank.
+
+    ``wait`` returns its result (the output tensor) or raises its error; the same error
+    reaches every rank, since every rank runs the same checks (see docs/architecture.md,
+    "Ordering and Work"). A ``wait`` that runs out of time raises ``CollectiveTimeout``
+    and leaves the communicator unusable: a half-done collective cannot be taken back.
+    """
+
+    @abstractmethod
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the collective completes (at most ``timeout`` seconds more); return its result."""
+
+    @abstractmethod
+    def is_completed(self) -> bool:
+        """Whether the collective has completed (successfully or not); never blocks."""
+
+    @abstractmethod
+    def get_future(self) -> torch.futures.Future:
+        """A ``torch.futures.Future`` completed with the result (or the error) without anyone waiting."""
+
+
+class DoneWork(Work):
+    """A collective that completed when it was started (one rank, or nothing to send)."""
+
+    def __init__(self, result: Any = None) -> None:
+        self._result = result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self._result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(self._result)
+        return future
+
+
+class PendingWork(Work):
+    """A transport operation in flight, polled until it completes or its deadline passes.
+
+    1. ``comm.timeout`` seconds from its start (or ``wait``'s own ``timeout``, if shorter)
+       bound every wait.
+    2. On completion ``finish`` runs once (a staged copy back), then ``result`` is returned.
+    3. A timeout or a transport error marks the communicator broken.
+
+    Subclasses say how to test and how to block (``_test``, ``_block``).
+    """
+
+    def __init__(self, comm: "Communicator", what: str, result: Any, finish: Callable[[], None] | None = None) -> None:
+        self._comm = comm
+        self._what = what
+        self._result = result
+        self._finish = finish
+        self._done = False
+        self._started = time.monotonic()
+
+    @abstractmethod
+    def _test(self) -> bool:
+        """Whether the operation has completed (non-blocking)."""
+
+    @abstractmethod
+    def _block(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for completion; True once it has completed."""
+
+    def is_completed(self) -> bool:
+        if not self._done and self._comm._guard(self._test):
+            self._complete()
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if self._done:
+            return self._result
+        limit = self._comm.timeout - (time.monotonic() - self._started)
+        if timeout is not None:
+            limit = min(limit, timeout)
+        if not self._comm._guard(self._block, max(0.0, limit)):
+            error = CollectiveTimeout(
+                f"{self._comm.describe()} {self._what} on rank {self._comm.rank} of {self._comm.size} did not "
+                f"complete within {time.monotonic() - self._started:.3g} s (timeout {self._comm.timeout:g} s, "
+                f"COMPCOLL_TIMEOUT): did every rank call it with matching arguments, or did a rank fail "
+                f"before reaching it?"
+            )
+            self._comm._mark_broken(error)
+            raise error
+        self._complete()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        return self._comm._ordering.submit(self.wait, self._what).get_future()
+
+    def _complete(self) -> None:
+        self._done = True
+        if self._finish is not None:
+            self._comm._guard(self._finish)
+
+
+class TaskWork(Work):
+    """A call run on a communicator's ordering thread (``Ordering.submit``): an algorithm or a waited operation.
+
+    ``on_wait(result)``, if given, runs in the waiting thread before ``wait`` returns (a
+    CUDA caller's stream waits there for the algorithm's stream).
+    """
+
+    def __init__(self, comm: "Communicator", what: str, on_wait: Callable[[Any], None] | None = None) -> None:
+        self._comm = comm
+        self._what = what
+        self._on_wait = on_wait
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def _settle(self, result: Any, error: BaseException | None) -> None:
+        """Record the outcome, complete the future, wake the waiters (the ordering thread calls this)."""
+        self._result, self._error = result, error
+        if error is None:
+            self._future.set_result(result)
+        else:
+            self._future.set_exception(error)
+        self._done.set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self._done.wait(timeout):
+            error = CollectiveTimeout(
+                f"{self._what} on rank {self._comm.rank} of {self._comm.size} did not complete within "
+                f"wait(timeout={timeout:g}); the communicator is no longer usable"
+            )
+            self._comm._mark_broken(error)
+            raise error
+        if self._error is not None:
+            raise self._error
+        if self._on_wait is not None:
+            self._on_wait(self._result)
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future

@@ -1,0 +1,26 @@
+"""Asynchronous calls (async_op=True) over MPI and Gloo: Works in flight equal the reference; errors and timeouts reach wait()."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll.testing import BACKENDS, run
+
+WORKERS = "tests.algorithms.launch_workers"
+SHAPES = [[1], [37], [3, 7, 11], [12289]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_calls_in_flight_equal_the_reference(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:in_flight", world_size, backend, args=(SHAPES, 2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors_reach_every_rank_through_wait(backend: str) -> None:
+    run(f"{WORKERS}:errors_through_wait", 3, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wait_timeout_raises_and_breaks_the_communicator(backend: str) -> None:
+    run(f"{WORKERS}:wait_timeout", 3, backend, args=(3.0,), timeout=60)

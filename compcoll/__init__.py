@@ -5,10 +5,11 @@ from .algorithms.hierarchical import (
     hierarchical_compressed_allreduce,
     hierarchical_error_numels,
 )
-from .algorithms.onebit import CompressedAllreduce, compressed_allreduce, padded_numel
+from .algorithms.onebit import CompressedAllreduce, compressed_allreduce
 from .comm import Communicator, SingleComm, get_default, init, set_default, shutdown
 from .comm.topology import Topology, topology
 from .errors import CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError
+from .spec import padded_numel
 from .state import ErrorFeedbackState
 
 __version__ = "0.1.0"

@@ -17,10 +17,9 @@ import numpy as np
 import torch
 
 from .kernels import cpu as cpu_kernels
-from .kernels.reference import STAGES, stream_key
+from .spec import SCALE_BYTES, STAGES, stream_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-SCALE_BYTES = 4
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
 

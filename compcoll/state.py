@@ -6,7 +6,7 @@ from typing import Any, Hashable
 
 import torch
 
-from .kernels.reference import padded_numel
+from .spec import padded_numel
 
 
 class ErrorFeedbackState:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compcoll.testing import mpiexec
+from compcoll.launcher import mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"

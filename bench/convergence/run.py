@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compcoll.testing import run  # noqa: E402
+from compcoll.launcher import run  # noqa: E402
 
 EPS = 1e-4
 

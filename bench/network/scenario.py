@@ -27,7 +27,7 @@ from pathlib import Path
 
 from netns import INTERFACE, emulated_nodes, link_rate_gbit, why_unavailable
 
-from compcoll.testing import run
+from compcoll.launcher import run
 
 
 def default_threads(ranks: int) -> int:

@@ -1,4 +1,4 @@
-"""Hierarchical intra/inter-node 1-bit allreduce (DESIGN §3.3): Birder's all-1-bit form and an error-compensated form."""
+"""Hierarchical intra/inter-node 1-bit allreduce: Birder's all-1-bit form and an error-compensated one (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
+from ..spec import padded_numel
 from ..workspace import scratch
 from .agreement import Option, agree
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_tensor
 from .launch import launch
-from .onebit import padded_numel, serve
+from .onebit import serve
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 
@@ -47,7 +48,7 @@ def hierarchical_allreduce(
 
     n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j
     (Np / k elements), made of N sub-chunks of Np / n. Every quantization is Birder's
-    binary randomization (DESIGN §3.2) with a max-abs scale per row, so each is unbiased
+    binary randomization (docs/architecture.md, "Exact numerics") with a max-abs scale per row, so each is unbiased
     and the result is too; there is no error feedback.
     1. One small allgather of (numel, shape, ranks_per_node, finite?) over ``comm``: all
        ranks agree or all raise. The node layout is discovered on first use, then reused.
@@ -194,7 +195,7 @@ def hierarchical_compressed_allreduce(
     3. Sum of squares of that average + worker_error; one small allgather of (finite?,
        worker scale) over ``comm``, so all ranks raise alike on NaN / Inf.
     4. Between nodes, the local ranks j run the gather-scatter protocol of
-       ``compressed_allreduce`` (DESIGN §3.1) on shard j with their own error buffers.
+       ``compressed_allreduce`` on shard j with their own error buffers.
     5. Intra-node all-gather of the 1-bit server rows; every rank decodes all n rows.
     The mean of the node averages is the global average, so this estimates what the
     flat ``compressed_allreduce`` does, with inter-node bytes 2(N-1)/N Np/(8k) per rank,

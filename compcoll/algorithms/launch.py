@@ -1,4 +1,4 @@
-"""How an algorithm call runs: blocking in its turn, or queued on the communicator's ordering thread (CUDA: on a side stream)."""
+"""How an algorithm call runs: blocking in its turn, or queued for the ordering thread (CUDA: on a side stream)."""
 
 from __future__ import annotations
 

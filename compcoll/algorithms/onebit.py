@@ -1,4 +1,4 @@
-"""Error-compensated 1-bit allreduce (DESIGN §3.1), written once against Communicator + codecs."""
+"""Error-compensated 1-bit allreduce, written once against Communicator + codecs (docs/architecture.md, "Algorithms")."""
 
 from __future__ import annotations
 
@@ -10,24 +10,15 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
-from ..kernels.reference import padded_numel as _padded_numel
+from ..spec import padded_numel
 from ..state import ErrorFeedbackState
 from ..workspace import scratch
 from .agreement import Option, agree
 from .inputs import check_error_buffer, check_length, check_tensor
 from .launch import launch
+from .pipeline import default_pieces, serve_in_pieces
 
 PROTOCOLS = ("gather_scatter", "allgather")
-
-
-def padded_numel(numel: int, world_size: int) -> int:
-    """Smallest length the 1-bit path accepts: ``numel`` rounded up to a multiple of 8 * world_size.
-
-    The worker error buffer has this length, the server error buffer 1/world_size of it.
-    """
-    if numel < 0 or world_size < 1:
-        raise ValueError(f"padded_numel needs numel >= 0 and world_size >= 1, got {numel}, {world_size}")
-    return _padded_numel(numel, world_size)
 
 
 def compressed_allreduce(
@@ -39,13 +30,14 @@ def compressed_allreduce(
     protocol: str = "gather_scatter",
     out: torch.Tensor | None = None,
     async_op: bool = False,
+    pieces: int | None = None,
 ) -> torch.Tensor | Work:
     """Average ``tensor`` over all ranks with 1-bit compression and error feedback.
 
     Gather-scatter protocol (the seed's, DeepSpeed-compatible numerics), n ranks,
     Np = padded_numel(numel, n), x = flat float32 tensor zero-padded to Np:
     1. x += worker_error; s_w = ||x||_2 / sqrt(Np) (one read-only pass, float64 sum).
-    2. One small allgather of (numel, shape, protocol, finite?, s_w): every rank checks
+    2. One small allgather of (numel, shape, protocol, pieces, finite?, s_w): every rank checks
        that all ranks agree and that all s_w are finite, and all raise the same error if
        not, before any buffer is written.
     3. q = sign(x) (sign(0) = +1) packed to Np/8 bytes; worker_error = x - s_w * q
@@ -55,7 +47,9 @@ def compressed_allreduce(
        s_s = ||c||_2 / sqrt(Np/n); server_error = c - s_s * sign(c); pack sign(c).
     6. All-gather of (s_s, packed server chunk); every rank decodes the same bytes, so
        every rank returns the same bits.
-    Bytes sent per rank: 2(n-1)/n * Np/8 + 4(n-1) + 40(n-1) of metadata; a float32 ring
+    Large tensors run steps 3-6 in pieces, the encoding and decoding of one piece
+    overlapping the exchange of another, with the same bits (``pieces``).
+    Bytes sent per rank: 2(n-1)/n * Np/8 + 4(n-1) + 48(n-1) of metadata; a float32 ring
     allreduce sends 2(n-1)/n * 4 * numel, 32x more.
 
     The allgather protocol instead all-gathers every rank's whole packed vector
@@ -75,6 +69,11 @@ def compressed_allreduce(
             communicator's ordering thread (see ``launch``), its ``wait()`` returns the
             result or raises the errors below, and ``get_future()`` yields the result.
             Leave ``tensor``, the buffers and ``out`` alone until then.
+        pieces: gather-scatter only: exchange the chunks in this many pieces, so that
+            encoding and decoding overlap the wire (``pipeline.serve_in_pieces``); the
+            result is the same bits. None picks by size and device
+            (``pipeline.default_pieces``: one per 8 MiB on the CPU, 1 on CUDA). Every
+            rank must use the same number.
 
     Returns:
         The estimate of the average over ranks, shaped and typed like ``tensor``,
@@ -83,16 +82,19 @@ def compressed_allreduce(
     Raises:
         TypeError / ValueError: bad dtype, device, buffer length or option (before any
             communication, on the rank that passed it; at once, also with ``async_op``).
-        RankMismatchError: ranks disagree on size, shape or protocol (on every rank).
+        RankMismatchError: ranks disagree on size, shape, protocol or pieces (on every rank).
         NonFiniteError: NaN/Inf in tensor + worker_error on some rank (on every rank;
             no buffer changed and the communicator stays usable).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     comm = get_default() if comm is None else comm
     _validate(tensor, worker_error, server_error, out, comm.size, protocol)
+    if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
+        raise ValueError(f"compressed_allreduce: pieces must be a positive integer or None, got {pieces!r}")
+    pieces = default_pieces(tensor) if pieces is None else pieces
     result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
     return launch(comm, "compressed_allreduce",
-                  lambda: _compressed_allreduce(tensor, worker_error, server_error, comm, protocol, result),
+                  lambda: _compressed_allreduce(tensor, worker_error, server_error, comm, protocol, pieces, result),
                   (tensor, worker_error, server_error, result), async_op)
 
 
@@ -102,6 +104,7 @@ def _compressed_allreduce(
     server_error: torch.Tensor,
     comm: Communicator,
     protocol: str,
+    pieces: int,
     result: torch.Tensor,
 ) -> torch.Tensor:
     """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn."""
@@ -111,14 +114,17 @@ def _compressed_allreduce(
     sumsq = codecs.compensated_sumsq(tensor, worker_error)
     finite = math.isfinite(sumsq)
     scale = codecs.l2_scale(sumsq, full) if finite and full else 0.0
-    protocol_option = Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS)
-    scales = agree(comm, "compressed_allreduce", tensor, finite, (protocol_option,), (scale,))[:, 0]
+    options = (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces))
+    scales = agree(comm, "compressed_allreduce", tensor, finite, options, (scale,))[:, 0]
     if numel == 0:
         return result
 
+    weights = codecs.divide_(scales.float(), n)
+    if protocol == "gather_scatter" and pieces > 1:
+        serve_in_pieces(tensor, worker_error, server_error, comm, scale, weights, pieces, result)
+        return result
     bits = scratch("onebit.bits", full // 8, torch.uint8, tensor.device)
     codecs.compensate_encode(tensor, worker_error, scale, bits)
-    weights = codecs.divide_(scales.float(), n)
     if protocol == "allgather":
         return _allgather_average(bits, weights, comm, result)
     gathered = serve(bits, weights, server_error, comm)

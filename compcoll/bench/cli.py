@@ -1,7 +1,8 @@
 """nccl-tests style benchmark: compressed, hierarchical and plain allreduce on the same communicator.
 
 Methods: ``plain`` (the communicator's allreduce, then / n), ``1bit``
-(``compressed_allreduce``), ``hier`` (``hierarchical_allreduce``), ``hier-ef``
+(``compressed_allreduce``, in pieces that overlap the wire when the tensor is large),
+``1bit-serial`` (the same in one piece), ``hier`` (``hierarchical_allreduce``), ``hier-ef``
 (``hierarchical_compressed_allreduce``), and the peers users would pick instead,
 PyTorch's DDP communication hooks ``fp16`` and ``powersgd`` on the same Gloo group. Every
 row also splits the bytes sent into intra-node and inter-node traffic, from the node
@@ -34,7 +35,7 @@ from compcoll.kernels import reference
 from .peers import PEERS, ddp_hook_step
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-METHODS = ("plain", "1bit", "hier", "hier-ef", *PEERS)
+METHODS = ("plain", "1bit", "1bit-serial", "hier", "hier-ef", *PEERS)
 _REFERENCE_LIMIT = 1 << 20
 
 
@@ -111,11 +112,11 @@ def _count_wrong(comm: Communicator, out: torch.Tensor, simulate) -> int:
     return wrong + int((checksums != checksums[0]).sum()) * out.numel()
 
 
-def _verify_compressed(comm: Communicator, count: int, protocol: str) -> int:
+def _verify_compressed(comm: Communicator, count: int, protocol: str, pieces: int | None) -> int:
     """Wrong elements of one compressed_allreduce from zero error buffers."""
     n, full = comm.size, compcoll.padded_numel(count, comm.size)
     out = compcoll.compressed_allreduce(
-        _input(comm.rank, count), torch.zeros(full), torch.zeros(full // n), comm, protocol=protocol
+        _input(comm.rank, count), torch.zeros(full), torch.zeros(full // n), comm, protocol=protocol, pieces=pieces
     )
     zeros_w, zeros_s = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
     return _count_wrong(
@@ -175,12 +176,14 @@ def _method(name: str, comm: Communicator, topo: compcoll.Topology, x: torch.Ten
             plain.div_(n)
 
         return plain_step, lambda: _verify_plain(comm, count)
-    if name == "1bit":
+    if name in ("1bit", "1bit-serial"):
         full = compcoll.padded_numel(count, n)
         worker, server = torch.zeros(full), torch.zeros(full // n)
+        pieces = 1 if name == "1bit-serial" else None
         return (
-            lambda: compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out),
-            lambda: _verify_compressed(comm, count, args.protocol),
+            lambda: compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out,
+                                                  pieces=pieces),
+            lambda: _verify_compressed(comm, count, args.protocol, pieces),
         )
     if name == "hier":
         return (
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = parser().parse_args(argv)
     if args.launch:
-        from compcoll.testing import run
+        from compcoll.launcher import run
 
         rest = _without(argv, ("--launch", "--backend"))
         print(run("compcoll.bench.cli:launched", args.launch, args.backend, args=(rest + ["--quiet"],),

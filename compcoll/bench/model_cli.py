@@ -40,7 +40,7 @@ def calibrate(threads: int, size: int, runs: int = 7) -> dict[str, float]:
     worker, server = torch.zeros(compcoll.padded_numel(count, 1)), torch.zeros(compcoll.padded_numel(count, 1))
     steps = {
         "plain": lambda: out.add_(other),
-        "1bit": lambda: compcoll.compressed_allreduce(x, worker, server, comm, out=out),
+        "1bit": lambda: compcoll.compressed_allreduce(x, worker, server, comm, out=out, pieces=1),
         "hier": lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=1, out=out),
     }
     rates = {}

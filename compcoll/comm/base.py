@@ -25,20 +25,25 @@ class Communicator(ABC):
 
     Collectives take contiguous 1-D torch tensors. They complete before they return, or,
     with ``async_op=True``, return a ``Work`` at once; either way every collective starts
-    in the order this rank issued it (``Ordering``), which is how ranks pair them up.
-    Each counts, when it starts, in ``bytes_sent`` the payload bytes this rank sends under a bandwidth-optimal
-    schedule: alltoall the (n-1) blocks meant for other ranks, allgather (n-1) copies
-    of its own block, allreduce 2(n-1)/n of the tensor (ring), bcast the tensor on the
-    root. ``bytes_sent_to[r]`` splits that count by destination rank: alltoall block r
-    goes to rank r, allgather sends its block to every peer, allreduce and bcast spread
-    their bytes evenly over the peers. A sub-communicator made by ``split`` also adds
-    its bytes to its parent's counters (under the parent's rank numbers), so the world
-    communicator's counters hold everything a rank sent, and a topology can tell
-    intra-node from inter-node bytes. A collective that does not finish within ``timeout`` seconds raises
+    in the order this rank issued it (``Ordering``; docs/architecture.md, "Ordering and
+    Work"), which is how ranks pair them up.
+
+    Each counts, when it starts, in ``bytes_sent`` the payload bytes this rank sends
+    under a bandwidth-optimal schedule: alltoall the (n-1) blocks meant for other ranks,
+    allgather (n-1) copies of its own block, allreduce 2(n-1)/n of the tensor (ring),
+    bcast the tensor on the root. ``bytes_sent_to[r]`` splits that count by destination
+    rank: alltoall block r goes to rank r, allgather sends its block to every peer,
+    allreduce and bcast spread their bytes evenly over the peers. A sub-communicator made
+    by ``split`` also adds its bytes to its parent's counters (under the parent's rank
+    numbers), so the world communicator's counters hold everything a rank sent, and a
+    topology can tell intra-node from inter-node bytes.
+
+    A collective that does not finish within ``timeout`` seconds raises
     ``CollectiveTimeout`` and leaves the communicator unusable (``CommunicatorBroken``
     afterwards), since a half-done collective cannot be taken back.
 
-    Subclasses implement the underscored methods; this class validates and counts.
+    Subclasses implement the underscored methods (non-blocking starts returning a Work);
+    this class validates, counts and orders.
     """
 
     def __init__(self, rank: int, size: int, timeout: float | None = None) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import scalar
-from .reference import BLOCK, LANES
+from ..spec import BLOCK, LANES
 
 
 if "NUMBA_THREADING_LAYER" not in os.environ:

@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda
 
 from . import scalar
-from .reference import BLOCK, LANES
+from ..spec import BLOCK, LANES
 
 THREADS = 128
 MAX_BLOCKS = 4096

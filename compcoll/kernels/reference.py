@@ -4,7 +4,8 @@ Everything here favours being obviously right over being fast. It simulates the 
 world at once: a collective takes a list with one array per rank and returns one per rank.
 The hierarchical simulations place rank r on node r // k, as ``ranks_per_node=k`` does.
 
-Summation order is part of the definition, so that the fused kernels can reproduce it bit
+The constants and the padding, hash and stream-key functions come from ``compcoll.spec``,
+which the production code imports too. Summation order is part of the definition, so that the fused kernels can reproduce it bit
 for bit: a sum of squares over ``x`` is taken in blocks of ``BLOCK`` elements; inside a block
 lane ``l`` (``LANES`` lanes) sums ``x[l], x[l + LANES], ...`` sequentially in float64; the
 ``nblocks * LANES`` lane sums, block-major, are then added by ``tree_sum``.
@@ -14,18 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-LANES = 32
-BLOCK = 8192
-META_FIELDS = 5
+from ..spec import BLOCK, GOLDEN, LANES, STAGES, UNIFORM_BITS, mix64, padded_numel, stream_key
+
+META_FIELDS = 6
 HIERARCHICAL_META_FIELDS = 4
 COMPENSATED_META_FIELDS = 10
-
-MASK64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
-MIX1 = 0xBF58476D1CE4E5B9
-MIX2 = 0x94D049BB133111EB
-UNIFORM_BITS = 24
-STAGES = {"node": 1, "inter": 2, "server": 3}
 
 
 def tree_sum(values: np.ndarray) -> float:
@@ -80,12 +74,6 @@ def unpack(bits: np.ndarray, count: int) -> np.ndarray:
     return np.unpackbits(bits)[:count].astype(np.float32) * 2 - 1
 
 
-def padded_numel(numel: int, world_size: int) -> int:
-    """Smallest multiple of 8 * world_size that is >= numel."""
-    unit = 8 * world_size
-    return -(-numel // unit) * unit
-
-
 def pad(x: np.ndarray, length: int) -> np.ndarray:
     """``x`` as float32, zero-padded to ``length`` elements."""
     padded = np.zeros(length, dtype=np.float32)
@@ -127,7 +115,7 @@ def compressed_allreduce(
     server_errors: list[np.ndarray],
     protocol: str = "gather_scatter",
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
-    """Error-compensated 1-bit allreduce of DESIGN §3.1, simulated for the whole world.
+    """Error-compensated 1-bit allreduce (docs/architecture.md, "Algorithms"), simulated for the whole world.
 
     Gather-scatter protocol:
     1. Every rank pads its flat float32 input to Np, compresses it with its worker error.
@@ -177,26 +165,6 @@ def compressed_allreduce(
     return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
 
 
-def mix64(z: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer on uint64 values (arithmetic modulo 2^64)."""
-    z = np.asarray(z, dtype=np.uint64)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
-    return z ^ (z >> np.uint64(31))
-
-
-def stream_key(seed: int, step: int, stage: int, rank: int) -> int:
-    """The 64-bit key of one rank's random stream in one stage of one call.
-
-    1. k = 0.
-    2. For each of (seed, step, stage, rank), taken modulo 2^64: k = mix64((k ^ part) + GOLDEN).
-    """
-    key = 0
-    for part in (seed, step, stage, rank):
-        key = int(mix64(np.array([((key ^ (part & MASK64)) + GOLDEN) & MASK64], dtype=np.uint64))[0])
-    return key
-
-
 def thresholds(key: int, start: int, count: int) -> np.ndarray:
     """The uniform thresholds of elements start .. start+count-1 of a stream, in (-1, 1).
 
@@ -215,7 +183,7 @@ def absmax_rows(x: np.ndarray, rows: int) -> np.ndarray:
 
 
 def binarize(z: np.ndarray, scales: np.ndarray, key: int, start: int) -> np.ndarray:
-    """Birder's binary randomization of DESIGN §3.2, one scale per row, packed per row.
+    """Birder's binary randomization (docs/architecture.md, "Exact numerics"), one scale per row, packed per row.
 
     Element i of row r, with s = scales[r] >= |z_i| and threshold t_i of index start + i:
     1. bit_i = z_i > t_i * s (in float64, where t_i * s is exact), so that
@@ -240,7 +208,7 @@ def _randomized_rows(z: np.ndarray, rows: int, key: int, start: int) -> tuple[np
 def hierarchical_allreduce(
     xs: list[np.ndarray], ranks_per_node: int, seed: int, step: int
 ) -> tuple[list[np.ndarray], list[tuple[int, int]]]:
-    """Birder's all-1-bit hierarchical allreduce (DESIGN §3.3), simulated for the whole world.
+    """Birder's all-1-bit hierarchical allreduce (docs/architecture.md, "Algorithms"), simulated for the whole world.
 
     n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n),
     shard j = elements [j Np/k, (j+1) Np/k), split into N sub-chunks of Np/n.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import GOLDEN, MIX1, MIX2, UNIFORM_BITS
+from ..spec import GOLDEN, MIX1, MIX2, UNIFORM_BITS
 
 _GOLDEN = np.uint64(GOLDEN)
 _MIX1 = np.uint64(MIX1)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
-from ..algorithms.onebit import compressed_allreduce, padded_numel
+from ..algorithms.onebit import compressed_allreduce
 from ..comm import Communicator
 from ..comm.topology import topology
 from ..errors import RankMismatchError
+from ..spec import padded_numel
 
 
 class ErrorFeedbackChannel:

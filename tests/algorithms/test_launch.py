@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.testing import BACKENDS, run
+from compcoll.launcher import BACKENDS, run
 
 WORKERS = "tests.algorithms.launch_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289]]

@@ -8,7 +8,7 @@ import torch
 
 import compcoll
 from compcoll.kernels import reference
-from compcoll.testing import BACKENDS, run
+from compcoll.launcher import BACKENDS, run
 
 WORKERS = "tests.algorithms.onebit_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]

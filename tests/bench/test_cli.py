@@ -27,15 +27,17 @@ def test_methods_option() -> None:
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-r", "2",
-           "--launch", "2", "--backend", backend, "--json", str(out)]
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
-    assert "speedup" in text
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
+           "--methods", "plain,1bit,1bit-serial", "--launch", "2", "--backend", backend, "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "speedup" in done.stdout
     report = json.loads(out.read_text())
-    assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 65536]
+    assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 262144, 16 << 20]
     for row in report["rows"]:
-        assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0
+        assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0 and row["1bit-serial"]["wrong"] == 0
         assert row["1bit"]["bytes_ratio"] > 20
+        assert row["1bit"]["bytes_sent"] == row["1bit-serial"]["bytes_sent"], "pieces changed the bytes sent"
         assert row["plain"]["bytes_sent"] == row["size"], "only the allreduce's own bytes are counted"
 
 

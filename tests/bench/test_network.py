@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "network"
 
 import netns  # noqa: E402
 
-from compcoll.testing import run  # noqa: E402
+from compcoll.launcher import run  # noqa: E402
 
 pytestmark = pytest.mark.skipif(netns.why_unavailable() is not None, reason=str(netns.why_unavailable()))
 
@@ -108,7 +108,7 @@ import sys
 import time
 sys.path.insert(0, {network!r})
 import netns
-from compcoll.testing import run
+from compcoll.launcher import run
 with netns.emulated_nodes(2, "1gbit") as nodes:
     print("up", flush=True)
     run("tests.bench.network_workers:sleep", 2, "gloo", args=(120,), timeout=300,

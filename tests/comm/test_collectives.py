@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import compcoll
-from compcoll.testing import BACKENDS, run
+from compcoll.launcher import BACKENDS, run
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import compcoll
-from compcoll.testing import mpiexec
+from compcoll.launcher import mpiexec
 
 _PROBE = "import compcoll; c = compcoll.init(); print(type(c).__name__, c.rank, c.size)"
 _LAUNCH_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE", "MASTER_ADDR")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compcoll.comm.cuda_aware import detect_cuda_aware, loaded_mpi_libraries
-from compcoll.testing import run
+from compcoll.launcher import run
 
 
 @pytest.mark.parametrize("cuda_aware", [True, False])

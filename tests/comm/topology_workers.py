@@ -1,4 +1,4 @@
-"""Rank-side bodies of the topology tests (run by compcoll.testing)."""
+"""Rank-side bodies of the topology tests (run by compcoll.launcher)."""
 
 from __future__ import annotations
 

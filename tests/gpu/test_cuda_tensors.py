@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compcoll import codecs
-from compcoll.testing import run
+from compcoll.launcher import run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 WORKERS = "tests.gpu.gpu_workers"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.testing import BACKENDS, run
+from compcoll.launcher import BACKENDS, run
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

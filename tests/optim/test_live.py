@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.testing import run
+from compcoll.launcher import run
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.testing import run
+from compcoll.launcher import run
 
 from .optim_workers import STEPS
 

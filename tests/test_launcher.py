@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from compcoll.testing import BACKENDS, WorkerFailure, run
+from compcoll.launcher import BACKENDS, WorkerFailure, run
 
 
 def fails_on_last_rank(comm) -> None:
@@ -21,13 +21,13 @@ def sleeps(comm, seconds: float) -> None:
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_failure_is_reported(backend: str) -> None:
     with pytest.raises(WorkerFailure, match="deliberate failure"):
-        run("tests.test_testing:fails_on_last_rank", 2, backend)
+        run("tests.test_launcher:fails_on_last_rank", 2, backend)
 
 
 def test_timeout_kills_the_run() -> None:
     start = time.monotonic()
     with pytest.raises(WorkerFailure, match="timed out"):
-        run("tests.test_testing:sleeps", 2, "mpi", args=(60,), timeout=5)
+        run("tests.test_launcher:sleeps", 2, "mpi", args=(60,), timeout=5)
     assert time.monotonic() - start < 30
 
 
@@ -37,11 +37,11 @@ def prints_a_lot(comm) -> None:
 
 
 def test_large_output_does_not_block_the_ranks() -> None:
-    out = run("tests.test_testing:prints_a_lot", 3, "gloo", timeout=60)
+    out = run("tests.test_launcher:prints_a_lot", 3, "gloo", timeout=60)
     assert out.count("x" * 200_000) == 3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_rank_gets_its_own_prefix_and_environment(backend: str) -> None:
-    run("tests.testing_workers:placed", 3, backend,
+    run("tests.launcher_workers:placed", 3, backend,
         rank_prefix=[["env", f"PREFIXED={r}"] for r in range(3)], rank_env=[{"PLACED": str(r)} for r in range(3)])

@@ -1,4 +1,4 @@
-"""Rank-side bodies of the tests of compcoll.testing."""
+"""Rank-side bodies of the tests of compcoll.launcher."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Run a function on N local processes (mpiexec, or torchrun-style Gloo), with a timeout.
 
-Used by the tests and by the benchmark's ``--launch``. The parent starts the ranks, each
-rank runs ``function(comm, *args)`` on the communicator ``compcoll.init`` builds and
-reports through its exit code; the parent raises ``WorkerFailure`` with their output if
-any rank fails or the whole run exceeds its timeout.
+Used by the benchmark's ``--launch``, the network suite and the tests. The parent starts
+the ranks, each rank runs ``function(comm, *args)`` on the communicator ``compcoll.init``
+builds and reports through its exit code; the parent raises ``WorkerFailure`` with their
+output if any rank fails or the whole run exceeds its timeout.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ BACKENDS = ("mpi", "gloo")
 ALL_BACKENDS = (*BACKENDS, "nccl")
 
 
-class WorkerFailure(AssertionError):
+class WorkerFailure(RuntimeError):
     """A multi-process run failed or timed out; the message holds the ranks' output."""
 
 
@@ -90,7 +90,7 @@ def run(
     """
     if backend not in ALL_BACKENDS:
         raise ValueError(f"backend must be one of {ALL_BACKENDS}, got {backend!r}")
-    command = [sys.executable, "-m", "compcoll.testing", backend, target, json.dumps(list(args))]
+    command = [sys.executable, "-m", "compcoll.launcher", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi" and (rank_prefix or rank_env):
         segments: list[str] = []

@@ -1,0 +1,56 @@
+"""The numerics and wire constants every implementation shares: padding, summation blocks, frames, random streams.
+
+Production code (codecs, kernels, algorithms) and the numpy reference (``kernels.reference``)
+both import them from here; docs/architecture.md ("Exact numerics") says where each is tested.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LANES = 32
+"""Float64 accumulators per summation block: element i of a block adds to lane i % LANES."""
+BLOCK = 8192
+"""Elements per summation block; the block-major lane sums are then added by a pairwise tree."""
+SCALE_BYTES = 4
+"""A scale travels in front of its packed chunk as 4 native-endian float32 bytes."""
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+UNIFORM_BITS = 24
+"""Bits of a threshold: the midpoints of 2^24 equal cells of (-1, 1), exact in float64."""
+STAGES = {"node": 1, "inter": 2, "server": 3}
+"""The stage numbers mixed into Birder's random streams."""
+
+
+def padded_numel(numel: int, world_size: int) -> int:
+    """Smallest length the 1-bit path accepts: ``numel`` rounded up to a multiple of 8 * world_size.
+
+    The worker error buffer has this length, the server error buffer 1/world_size of it.
+    """
+    if numel < 0 or world_size < 1:
+        raise ValueError(f"padded_numel needs numel >= 0 and world_size >= 1, got {numel}, {world_size}")
+    unit = 8 * world_size
+    return -(-numel // unit) * unit
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on uint64 values (arithmetic modulo 2^64)."""
+    z = np.asarray(z, dtype=np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def stream_key(seed: int, step: int, stage: int, rank: int) -> int:
+    """The 64-bit key of one rank's random stream in one stage of one call.
+
+    1. k = 0.
+    2. For each of (seed, step, stage, rank), taken modulo 2^64: k = mix64((k ^ part) + GOLDEN).
+    """
+    key = 0
+    for part in (seed, step, stage, rank):
+        key = int(mix64(np.array([((key ^ (part & MASK64)) + GOLDEN) & MASK64], dtype=np.uint64))[0])
+    return key

@@ -1,0 +1,49 @@
+"""Rank-side bodies of the pipelined gather-scatter tests: pieces give the reference's bits, bytes and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import compcoll
+from compcoll.kernels import reference
+from tests.algorithms.onebit_workers import (
+    DTYPES, _expect, assert_errors_match, assert_matches_reference, assert_same_on_all_ranks, make_input,
+)
+
+
+def pieces_match_reference(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
+    """Outputs, both error buffers and bytes sent equal the reference in 2, 3 and 5 pieces (odd steps asynchronous)."""
+    n, rank = comm.size, comm.rank
+    for dtype in DTYPES:
+        for pieces in (2, 3, 5):
+            for shape in map(tuple, shapes):
+                full = compcoll.padded_numel(int(np.prod(shape)), n)
+                we, se = torch.zeros(full), torch.zeros(full // n)
+                ref_we = [np.zeros(full, np.float32) for _ in range(n)]
+                ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
+                for step in range(steps):
+                    xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                    sent_before = comm.bytes_sent
+                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, pieces=pieces, async_op=step % 2 == 1)
+                    out = out.wait() if step % 2 else out
+                    sent = comm.bytes_sent - sent_before
+                    outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se)
+                    where = f"{dtype} {pieces} pieces shape {shape} step {step}"
+                    assert_matches_reference(out, outs[rank], where)
+                    assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+                    assert sent == ref_sent[rank], f"bytes sent {sent} != {ref_sent[rank]} ({where})"
+                    assert_same_on_all_ranks(comm, out)
+
+
+def pieces_must_agree(comm: compcoll.Communicator) -> None:
+    """Ranks asking for different numbers of pieces raise RankMismatchError on every rank; a bad count raises locally."""
+    n, rank = comm.size, comm.rank
+    full = compcoll.padded_numel(5000, n)
+    we, se = torch.zeros(full), torch.zeros(full // n)
+    x = make_input(rank, 0, (5000,), torch.float32)
+    _expect(ValueError, "pieces must be a positive integer", compcoll.compressed_allreduce, x, we, se, comm, pieces=0)
+    _expect(compcoll.RankMismatchError, "different pieces", compcoll.compressed_allreduce, x, we, se, comm,
+            pieces=2 + rank)
+    assert not we.any() and not se.any(), "a refused call changed the error buffers"

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .kernels import cpu as cpu_kernels
-from .spec import SCALE_BYTES, STAGES, stream_key
+from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
@@ -69,7 +69,7 @@ def _storage(tensor: torch.Tensor):
     return _array(flat if tensor.dtype == torch.float32 else flat.view(torch.int16))
 
 
-_WITH_TEMPORARIES = ("compensated_sumsq", "accumulate_signs", "row_absmax")
+_WITH_TEMPORARIES = ("compensated_sumsq", "accumulate_signs", "row_absmax", "tree_sum")
 _CPU_KERNELS = threading.Lock()
 
 
@@ -153,6 +153,27 @@ def accumulate_signs(
     base_view = None if base is None else _array(base)
     weights = weights.to(device=out.device, dtype=torch.float32)
     return float(_run("accumulate_signs", out, _array(bits), _array(weights), base_view, _array(out), count))
+
+
+def lane_count(count: int) -> int:
+    """Float64 lane sums ``accumulate_lanes`` writes for ``count`` elements: LANES per BLOCK."""
+    return max(1, -(-count // BLOCK)) * LANES
+
+
+def accumulate_lanes(
+    bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int,
+    lanes: torch.Tensor,
+) -> None:
+    """``accumulate_signs`` without the final sum: ``lanes`` (float64, ``lane_count(count)``) gets the
+    (block, lane) sums of squares, so that BLOCK-aligned pieces can be summed together by ``tree_sum``."""
+    base_view = None if base is None else _array(base)
+    weights = weights.to(device=out.device, dtype=torch.float32)
+    _run("accumulate_lanes", out, _array(bits), _array(weights), base_view, _array(out), count, _array(lanes))
+
+
+def tree_sum(lanes: torch.Tensor) -> float:
+    """The pairwise tree sum of float64 lane sums (the last step of every sum of squares)."""
+    return float(_run("tree_sum", lanes, _array(lanes)))
 
 
 def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:

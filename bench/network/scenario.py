@@ -70,6 +70,7 @@ def parse(p: argparse.ArgumentParser, methods: str) -> argparse.Namespace:
     p.add_argument("-r", "--runs", default="5")
     p.add_argument("-w", "--warmup", default="1")
     p.add_argument("--methods", default=methods)
+    p.add_argument("--pieces", help="pieces of the 1bit method (default: the library's choice)")
     p.add_argument("--timeout", type=float, default=3000.0, help="seconds per job (3000)")
     args = p.parse_args()
     reason = why_unavailable()
@@ -80,7 +81,7 @@ def parse(p: argparse.ArgumentParser, methods: str) -> argparse.Namespace:
 
 def bench_args(args: argparse.Namespace, methods: str) -> list[str]:
     return ["-b", args.begin, "-e", args.end, "-f", args.factor, "-n", args.iters, "-r", args.runs,
-            "-w", args.warmup, "--methods", methods]
+            "-w", args.warmup, "--methods", methods, *(["--pieces", args.pieces] if args.pieces else [])]
 
 
 def write(out: Path, header: str, table: str, report: dict) -> None:

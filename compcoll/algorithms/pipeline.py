@@ -7,7 +7,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator
 from ..comm.work import Work
-from ..spec import SCALE_BYTES
+from ..spec import BLOCK, LANES, SCALE_BYTES
 from ..workspace import scratch
 
 PIECE_BYTES = 8 << 20
@@ -28,8 +28,12 @@ def default_pieces(tensor: torch.Tensor) -> int:
 
 
 def piece_bounds(chunk: int, pieces: int) -> list[tuple[int, int]]:
-    """Split a chunk of ``chunk`` elements (a multiple of 8) into at most ``pieces`` whole-byte pieces."""
-    step = -(-chunk // (8 * pieces)) * 8 if chunk else 8
+    """Split a chunk of ``chunk`` elements into at most ``pieces`` pieces that start on BLOCK boundaries.
+
+    Aligned pieces sum their squares in the blocks and lanes of the whole chunk, so their
+    lane sums concatenate into the whole chunk's (see ``codecs.accumulate_lanes``).
+    """
+    step = max(1, -(-chunk // (BLOCK * pieces))) * BLOCK
     return [(a, min(a + step, chunk)) for a in range(0, chunk, step)] or [(0, 0)]
 
 
@@ -53,11 +57,11 @@ def serve_in_pieces(
 
     Bits and sums are those of the whole-tensor algorithm: the worker scale ``scale`` and
     the weights come from the whole tensor already, every kernel is elementwise, and the
-    server's sum of squares runs over its whole chunk at once, in the usual order.
+    pieces start on BLOCK boundaries, so their lane sums of squares are the whole chunk's.
     1. For each piece p: encode piece p of every destination's chunk (worker error, scale
        ``scale``) and start the all-to-all of piece p; then wait for piece p-1 and add its
-       signs into the server error (rank order, float32).
-    2. Server scale from the sum of squares of the whole accumulated chunk.
+       signs into the server error (rank order, float32), keeping its lane sums.
+    2. Server scale from the tree sum of all the pieces' lane sums.
     3. For each piece p: encode piece p of the server chunk (its scale in front of piece 0)
        and start the all-gather of piece p; then wait for piece p-1 and decode it into
        ``result``.
@@ -71,6 +75,7 @@ def serve_in_pieces(
     bounds = piece_bounds(chunk, pieces)
     device = tensor.device
 
+    lanes = scratch("pipe.lanes", max(1, -(-chunk // BLOCK)) * LANES, torch.float64, device)
     send = scratch("pipe.send", n * chunk // 8, torch.uint8, device)
     recv = scratch("pipe.recv", n * chunk // 8, torch.uint8, device)
     in_flight: list[tuple[Work, int, int]] = []
@@ -82,11 +87,11 @@ def serve_in_pieces(
             _poke([w for w, _, _ in in_flight])
         in_flight.append((comm.alltoall(rows.reshape(-1), recv[n * a // 8:n * b // 8], async_op=True), a, b))
         if len(in_flight) > 1:
-            _accumulate(in_flight.pop(0), recv, weights, server_error, n)
+            _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n)
     while in_flight:
-        _accumulate(in_flight.pop(0), recv, weights, server_error, n)
+        _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n)
 
-    server_scale = codecs.l2_scale(codecs.sumsq(server_error), chunk)
+    server_scale = codecs.l2_scale(codecs.tree_sum(lanes), chunk)
     own = scratch("pipe.own", SCALE_BYTES + chunk // 8, torch.uint8, device)
     own_bits = codecs.frame(own, server_scale)
     gathered = scratch("pipe.gathered", n * own.numel(), torch.uint8, device)
@@ -105,12 +110,14 @@ def serve_in_pieces(
 
 
 def _accumulate(piece: tuple[Work, int, int], recv: torch.Tensor, weights: torch.Tensor,
-                server_error: torch.Tensor, n: int) -> None:
-    """Wait for one piece's all-to-all; server_error[a:b] += sum_i weights[i] * signs_i, in rank order."""
+                server_error: torch.Tensor, lanes: torch.Tensor, n: int) -> None:
+    """Wait for one piece's all-to-all; server_error[a:b] += sum_i weights[i] * signs_i, in rank
+    order, and its lane sums of squares into the piece's blocks of ``lanes``."""
     work, a, b = piece
     work.wait()
     rows = recv[n * a // 8:n * b // 8].view(n, (b - a) // 8)
-    codecs.accumulate_signs(rows, weights, server_error[a:b], server_error[a:b], b - a)
+    mine = lanes[a // BLOCK * LANES:a // BLOCK * LANES + codecs.lane_count(b - a)]
+    codecs.accumulate_lanes(rows, weights, server_error[a:b], server_error[a:b], b - a, mine)
 
 
 def _decode(piece: tuple[Work, torch.Tensor, int, int], scales: list[torch.Tensor], out: torch.Tensor,

@@ -179,7 +179,7 @@ def _method(name: str, comm: Communicator, topo: compcoll.Topology, x: torch.Ten
     if name in ("1bit", "1bit-serial"):
         full = compcoll.padded_numel(count, n)
         worker, server = torch.zeros(full), torch.zeros(full // n)
-        pieces = 1 if name == "1bit-serial" else None
+        pieces = 1 if name == "1bit-serial" else args.pieces
         return (
             lambda: compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out,
                                                   pieces=pieces),
@@ -330,6 +330,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations first (2)")
     p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 yes, 0 no (1)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="gather_scatter", help="of the 1bit method")
+    p.add_argument("--pieces", type=int, metavar="P",
+                   help="pieces of the 1bit method (default: compressed_allreduce's choice by size and device)")
     p.add_argument("--methods", type=_method_list, default=["plain", "1bit"],
                    help=f"comma-separated, side by side, the first is the baseline: {','.join(METHODS)} "
                         "(plain,1bit)")

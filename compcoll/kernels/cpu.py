@@ -35,7 +35,7 @@ _load = njit(cache=True, inline="always")(scalar.load)
 _threshold = njit(cache=True, inline="always")(scalar.threshold)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tree_sum(values):
     """Pairwise tree sum of float64 values (see ``reference.tree_sum``).
 
@@ -141,21 +141,24 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def accumulate_signs(bits, weights, base, out, n_out):
-    """out = sum_r weights[r] * signs(bits[r]) (+ base), and its sum of squares.
+def accumulate_lanes(bits, weights, base, out, n_out, lanes):
+    """out = sum_r weights[r] * signs(bits[r]) (+ base); ``lanes`` <- the lane sums of its squares.
 
     ``bits`` is (n, nbytes): row r holds the packed signs of the same n_out elements
     from rank r. ``base`` is None or a float32 vector added after the rank sum (it may
     be ``out`` itself, for an in-place update).
     1. For each element, acc = 0; for r in rank order acc += +-weights[r] (float32).
     2. out[i] = acc + base[i] (or acc).
-    3. Sum of squares of out in the order of ``compensated_sumsq``.
+    3. Squares of out summed per (block, lane) in the order of ``compensated_sumsq``,
+       into ``lanes`` (nblocks * LANES float64, block-major): ``tree_sum(lanes)`` is the
+       sum of squares, and the lanes of BLOCK-aligned pieces concatenate.
     Each row of LANES elements is summed rank by rank across its lanes, in zero-based
     loops that Numba vectorizes.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
-    partial = np.zeros((nblocks, LANES), np.float64)
+    partial = lanes.reshape(nblocks, LANES)
+    partial[:] = 0.0
     for b in prange(nblocks):
         lo = b * BLOCK
         count = max(0, min(BLOCK, n_out - lo))
@@ -184,7 +187,14 @@ def accumulate_signs(bits, weights, base, out, n_out):
                 row_out[lane] = acc[lane]
                 x = np.float64(acc[lane])
                 sums[lane] += x * x
-    return tree_sum(partial.reshape(-1))
+
+
+@njit(cache=True, nogil=True)
+def accumulate_signs(bits, weights, base, out, n_out):
+    """``accumulate_lanes``, then the sum of squares of out: ``tree_sum`` of the lanes."""
+    lanes = np.empty(max(1, (n_out + BLOCK - 1) // BLOCK) * LANES, np.float64)
+    accumulate_lanes(bits, weights, base, out, n_out, lanes)
+    return tree_sum(lanes)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -190,14 +190,19 @@ def _accumulate_lanes(with_base: bool):
     return kernel
 
 
-def accumulate_signs(bits, weights, base, out, n_out, stream=0, empty=_device_empty) -> float:
-    """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; returns its sum of squares."""
-    nblocks = max(1, -(-n_out // BLOCK))
-    partial = empty(nblocks * LANES, np.float64, stream)
-    _accumulate_lanes(base is not None)[_grid(partial.size), THREADS, stream](
-        bits, weights, out if base is None else base, out, n_out, partial
+def accumulate_lanes(bits, weights, base, out, n_out, lanes, stream=0) -> None:
+    """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
+    (block, lane) sums of its squares, as the CPU kernel of the same name."""
+    _accumulate_lanes(base is not None)[_grid(lanes.size), THREADS, stream](
+        bits, weights, out if base is None else base, out, n_out, lanes
     )
-    return tree_sum(partial, stream, empty)
+
+
+def accumulate_signs(bits, weights, base, out, n_out, stream=0, empty=_device_empty) -> float:
+    """``accumulate_lanes``, then the sum of squares of out (``tree_sum`` of the lanes)."""
+    lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
+    accumulate_lanes(bits, weights, base, out, n_out, lanes, stream)
+    return tree_sum(lanes, stream, empty)
 
 
 @cuda.jit

@@ -7,6 +7,7 @@ import torch
 
 from compcoll.algorithms.pipeline import PIECE_BYTES, default_pieces, piece_bounds
 from compcoll.launcher import BACKENDS, run
+from compcoll.spec import BLOCK
 
 WORKERS = "tests.algorithms.pipeline_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
@@ -23,12 +24,13 @@ def test_pieces_must_agree(backend: str) -> None:
     run(f"{WORKERS}:pieces_must_agree", 2, backend)
 
 
-@pytest.mark.parametrize("chunk,pieces", [(8, 1), (8, 5), (24, 2), (1000, 3), (12296, 7), (0, 4)])
-def test_piece_bounds_cover_the_chunk_in_whole_bytes(chunk: int, pieces: int) -> None:
+@pytest.mark.parametrize("chunk,pieces", [(8, 1), (8, 5), (24, 2), (1000, 3), (12296, 7), (100008, 5), (0, 4)])
+def test_piece_bounds_cover_the_chunk_from_block_boundaries(chunk: int, pieces: int) -> None:
     bounds = piece_bounds(chunk, pieces)
     assert bounds[0][0] == 0 and bounds[-1][1] == chunk and len(bounds) <= pieces
-    assert all(a % 8 == 0 and b % 8 == 0 and a < b for a, b in bounds if chunk)
+    assert all(a % BLOCK == 0 and a < b for a, b in bounds if chunk)
     assert all(bounds[i][1] == bounds[i + 1][0] for i in range(len(bounds) - 1))
+    assert len(bounds) == min(pieces, max(1, -(-chunk // BLOCK)))
 
 
 def test_default_pieces_grow_with_the_size_on_the_cpu() -> None:

@@ -77,15 +77,18 @@ def _run(kernel: str, tensor: torch.Tensor, *args):
     """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream).
 
     CPU kernels run one at a time in the process (Numba's workqueue threads are not
-    re-entrant), each on all of Numba's threads, with the GIL released.
+    re-entrant), each on all of Numba's threads (serially below ``SERIAL_BELOW`` elements
+    of ``tensor``), with the GIL released.
 
     CUDA kernels that need temporaries take them from torch's caching allocator on the
     same stream (numba's own allocator would cudaMalloc and free them on every call).
     """
     check_device(tensor)
     if tensor.device.type == "cpu":
+        small = tensor.numel() < cpu_kernels.SERIAL_BELOW
+        run = cpu_kernels.SERIAL[kernel] if small else getattr(cpu_kernels, kernel)
         with _CPU_KERNELS:
-            return getattr(cpu_kernels, kernel)(*args)
+            return run(*args)
     from numba import cuda
 
     from .kernels import cuda as cuda_kernels

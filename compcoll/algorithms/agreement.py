@@ -77,12 +77,20 @@ def _shape_code(tensor: torch.Tensor) -> int:
 
 
 def _check(table: torch.Tensor, what: str, options: tuple[Option, ...]) -> None:
-    """Raise the same error on every rank when the gathered metadata disagree or is not finite."""
+    """Raise the same error on every rank when the gathered metadata disagree or is not finite.
+
+    The table is read once into Python numbers (a few per rank: cheaper than torch ops).
+    """
+    rows = table.tolist()
+
+    def column_of(column: int) -> list[float]:
+        return [row[column] for row in rows]
+
     def differing(column: int) -> bool:
-        return bool((table[:, column] != table[0, column]).any())
+        return any(row[column] != rows[0][column] for row in rows)
 
     if differing(_NUMEL):
-        sizes = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(table[:, _NUMEL].tolist()))
+        sizes = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(column_of(_NUMEL)))
         raise RankMismatchError(f"{what}: tensor sizes differ across ranks ({sizes} elements)")
     if differing(_SHAPE):
         raise RankMismatchError(
@@ -90,9 +98,9 @@ def _check(table: torch.Tensor, what: str, options: tuple[Option, ...]) -> None:
         )
     for column, option in enumerate(options, COMMON_FIELDS):
         if differing(column):
-            chosen = ", ".join(f"rank {r}: {option.label(v)}" for r, v in enumerate(table[:, column].tolist()))
+            chosen = ", ".join(f"rank {r}: {option.label(v)}" for r, v in enumerate(column_of(column)))
             raise RankMismatchError(f"{what}: ranks asked for different {option.name} ({chosen})")
-    bad = [r for r, ok in enumerate(table[:, _FINITE].tolist()) if not ok]
+    bad = [r for r, ok in enumerate(column_of(_FINITE)) if not ok]
     if bad:
         raise NonFiniteError(
             f"{what}: NaN or Inf in the input on rank(s) {bad}; no buffer was changed on any rank "

@@ -61,7 +61,10 @@ def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1)
     3. ``step()`` is what a training step costs: forward, then backward, in which DDP runs
        the hook on the gradient ``x`` and writes the average into the parameter's grad.
        For PowerSGD the first POWERSGD_WARMUP steps (plain allreduce by its design) run here.
-    ``result()`` returns the averaged gradient of the last step.
+    ``result()`` returns the averaged gradient of the last step, on the CPU.
+    Where CUDA is available the module and gradient live on the current GPU (Gloo moves
+    CUDA tensors): PyTorch's PowerSGD hook synchronises the bucket's device whenever CUDA
+    is available, which fails for a CPU bucket ("Expected a cuda device, but got: cpu").
     """
     group = getattr(comm, "group", None)
     if group is None or getattr(comm, "backend", None) != "gloo":
@@ -69,8 +72,9 @@ def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1)
             f"method {name!r} runs PyTorch's DDP hooks, which need a torch.distributed Gloo group: "
             f"launch with torchrun or --backend gloo (this communicator is {type(comm).__name__})"
         )
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     model = DistributedDataParallel(
-        _Weight(matrix_shape(x.numel())), process_group=group,
+        _Weight(matrix_shape(x.numel())).to(device), process_group=group,
         bucket_cap_mb=x.numel() * 4 / (1 << 20) + 1, init_sync=False,
     )
     if name == "fp16":
@@ -82,7 +86,7 @@ def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     else:
         raise ValueError(f"unknown peer method {name!r}; known: {', '.join(PEERS)}")
-    grad = x.view(model.module.weight.shape)
+    grad = x.to(device).view(model.module.weight.shape)
 
     def step() -> None:
         model.module.weight.grad = None
@@ -90,4 +94,4 @@ def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1)
 
     for _ in range(POWERSGD_WARMUP if name == "powersgd" else 0):
         step()
-    return step, lambda: model.module.weight.grad.flatten()
+    return step, lambda: model.module.weight.grad.flatten().cpu()

@@ -10,7 +10,8 @@ depend on the number of threads.
 Unless ``NUMBA_THREADING_LAYER`` says otherwise, the kernels run on Numba's own
 "workqueue" threads: with the OpenMP layer, torchrun jobs that also hold torch's OpenMP
 runtime aborted at exit now and then ("terminate called without an active exception";
-3 of 40 runs of examples/train.py, none of 32 with workqueue). Workqueue must not be
+3 of 40 runs of examples/train.py, none of 32 with workqueue). Inputs below
+``SERIAL_BELOW`` elements run a serial twin of each kernel instead. Workqueue must not be
 entered by two threads at once, so ``codecs`` calls these kernels under one process-wide
 lock. The kernels release the GIL (``nogil``): while one runs on a communicator's
 ordering thread, the caller's Python and torch work go on.
@@ -30,6 +31,19 @@ from ..spec import BLOCK, LANES
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
+
+SERIAL_BELOW = 1 << 16
+"""Inputs of fewer elements run the serial twin of a kernel: starting Numba's threads costs
+about 0.2 ms a call, more than the whole work of a 4 KB tensor."""
+SERIAL: dict[str, object] = {}
+"""Each threaded kernel's serial twin (the same function, its prange run as range), by name."""
+
+
+def _threaded(fn):
+    """Compile ``fn`` threaded over its blocks, and its serial twin into ``SERIAL``."""
+    SERIAL[fn.__name__] = njit(cache=True, nogil=True)(fn)
+    return njit(parallel=True, cache=True, nogil=True)(fn)
+
 
 _load = njit(cache=True, inline="always")(scalar.load)
 _threshold = njit(cache=True, inline="always")(scalar.threshold)
@@ -54,7 +68,7 @@ def tree_sum(values):
     return v[0]
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@_threaded
 def compensated_sumsq(src, lut, err, n_src):
     """Sum of squares of x = err + src (src zero beyond n_src), without writing anything.
 
@@ -106,7 +120,7 @@ def _pack(flags, out):
         )
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@_threaded
 def compensate_encode(src, lut, err, n_src, scale, bits):
     """Compensate, take signs, pack them and update the error, in one pass.
 
@@ -140,7 +154,7 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
         _pack(flags, bits[lo:hi])
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@_threaded
 def accumulate_lanes(bits, weights, base, out, n_out, lanes):
     """out = sum_r weights[r] * signs(bits[r]) (+ base); ``lanes`` <- the lane sums of its squares.
 
@@ -189,6 +203,9 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes):
                 sums[lane] += x * x
 
 
+_accumulate_lanes_serial = SERIAL["accumulate_lanes"]
+
+
 @njit(cache=True, nogil=True)
 def accumulate_signs(bits, weights, base, out, n_out):
     """``accumulate_lanes``, then the sum of squares of out: ``tree_sum`` of the lanes."""
@@ -197,7 +214,19 @@ def accumulate_signs(bits, weights, base, out, n_out):
     return tree_sum(lanes)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
+def _accumulate_signs_serial(bits, weights, base, out, n_out):
+    """``accumulate_signs`` on the serial twin of ``accumulate_lanes``."""
+    lanes = np.empty(max(1, (n_out + BLOCK - 1) // BLOCK) * LANES, np.float64)
+    _accumulate_lanes_serial(bits, weights, base, out, n_out, lanes)
+    return tree_sum(lanes)
+
+
+SERIAL["accumulate_signs"] = _accumulate_signs_serial
+SERIAL["tree_sum"] = tree_sum
+
+
+@_threaded
 def select_decode(bits, positive, negative, out, n_out):
     """Decode rows of packed signs: out[i] = positive[r] if the bit is set, else negative[r].
 
@@ -228,7 +257,7 @@ def select_decode(bits, positive, negative, out, n_out):
                     out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@_threaded
 def row_absmax(src, lut, n_src, row_len, out):
     """out[r] = max |x_i| over row r (elements [r * row_len, (r + 1) * row_len)).
 
@@ -258,7 +287,7 @@ def row_absmax(src, lut, n_src, row_len, out):
         out[r] = m
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@_threaded
 def randomized_encode(src, lut, n_src, scales, key, start, bits):
     """Birder's binary randomization, packed: bits[r] holds row r of x (src zero beyond n_src).
 

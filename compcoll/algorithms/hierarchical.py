@@ -48,8 +48,8 @@ def hierarchical_allreduce(
 
     n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j
     (Np / k elements), made of N sub-chunks of Np / n. Every quantization is Birder's
-    binary randomization (docs/architecture.md, "Exact numerics") with a max-abs scale per row, so each is unbiased
-    and the result is too; there is no error feedback.
+    binary randomization (docs/architecture.md, "Exact numerics") with a max-abs scale
+    per row, so each is unbiased and the result is too; there is no error feedback.
     1. One small allgather of (numel, shape, ranks_per_node, finite?) over ``comm``: all
        ranks agree or all raise. The node layout is discovered on first use, then reused.
     2. Every rank binarizes its padded tensor, one scale per shard; intra-node

@@ -23,8 +23,9 @@ class Birder(CompressedOptimizer):
     2. m = b1*m + (1-b1)*g; b = b2*b + (1-b2)*|g|; r = m / b (0 where b = 0), so
        |r| <= 1 when b1 = b2.
     3. R = hierarchical_allreduce(r, seed, step=t): three unbiased binary
-       randomizations, 1 bit per element on every link (docs/architecture.md, "Algorithms"); intra- and
-       inter-node stages follow the node layout (``ranks_per_node``). R = 0 off ``live``,
+       randomizations, 1 bit per element on every link (docs/architecture.md,
+       "Algorithms"); intra- and inter-node stages follow the node layout
+       (``ranks_per_node``). R = 0 off ``live``,
        so coordinates nobody has a gradient for stay untouched.
     4. p -= lr * (R + weight_decay * p).
     No warmup and no error buffers; m and b are this rank's own (from local gradients),

@@ -17,8 +17,8 @@ class OneBitAdam(CompressedOptimizer):
        (uncompressed, bit-identical everywhere); m = b1*m + (1-b1)*g_avg;
        v = b2*v + (1-b2)*g_avg^2.
     2. Compression (afterwards): v stays frozen; m = compressed_allreduce(b1*m + (1-b1)*g),
-       the error-compensated 1-bit average (docs/architecture.md, "Algorithms"; the hierarchical form when the
-       ranks form several nodes), so every rank holds the same m.
+       the error-compensated 1-bit average (docs/architecture.md, "Algorithms"; the
+       hierarchical form when the ranks form several nodes), so every rank holds the same m.
     3. p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), per parameter group.
     Like DeepSpeed's, the update has no bias correction. Unlike DeepSpeed's, the first step
     updates the parameters, and coordinates whose frozen variance is 0 (they never had a

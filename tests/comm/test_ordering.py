@@ -1,0 +1,63 @@
+"""Ordering and Work in one process: calls start in issue order, results and errors come back through wait()."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import compcoll
+from compcoll.comm.work import DoneWork
+
+
+def test_queued_calls_run_in_issue_order_and_a_blocking_call_waits_behind_them() -> None:
+    comm = compcoll.SingleComm()
+    order: list[int] = []
+    gate = threading.Event()
+    first = comm.run(lambda: (gate.wait(5), order.append(1), "one")[-1], "first", async_op=True)
+    second = comm.run(lambda: (order.append(2), "two")[-1], "second", async_op=True)
+    assert not first.is_completed()
+    threading.Timer(0.2, gate.set).start()
+    assert comm.run(lambda: (order.append(3), "three")[-1], "blocking") == "three"
+    assert order == [1, 2, 3]
+    assert second.wait() == "two" and first.get_future().wait() == "one"
+
+
+def test_a_call_with_nothing_queued_runs_on_the_callers_thread() -> None:
+    comm = compcoll.SingleComm()
+    assert comm.run(threading.get_ident, "inline") == threading.get_ident()
+    assert comm.run(threading.get_ident, "queued", async_op=True).wait() != threading.get_ident()
+
+
+def test_errors_come_back_through_wait_and_the_future() -> None:
+    comm = compcoll.SingleComm()
+
+    def fails() -> None:
+        raise compcoll.NonFiniteError("deliberate")
+
+    work = comm.run(fails, "fails", async_op=True)
+    with pytest.raises(compcoll.NonFiniteError, match="deliberate"):
+        work.wait()
+    with pytest.raises(compcoll.NonFiniteError):
+        work.get_future().wait()
+    assert comm.run(lambda: 7, "after") == 7, "an error inside a call broke the ordering"
+
+
+def test_wait_timeout_raises_and_breaks_the_communicator() -> None:
+    comm = compcoll.SingleComm()
+    gate = threading.Event()
+    work = comm.run(lambda: gate.wait(5), "stuck", async_op=True)
+    with pytest.raises(compcoll.CollectiveTimeout, match="did not complete within"):
+        work.wait(timeout=0.1)
+    with pytest.raises(compcoll.CommunicatorBroken):
+        comm.barrier()
+    gate.set()
+
+
+def test_single_comm_operations_are_complete_when_started() -> None:
+    comm = compcoll.SingleComm()
+    recv = torch.empty(4)
+    work = comm.alltoall(torch.arange(4.0), recv, async_op=True)
+    assert isinstance(work, DoneWork) and work.is_completed() and work.wait() is recv
+    assert torch.equal(work.get_future().wait(), torch.arange(4.0))

@@ -141,6 +141,9 @@ class Communicator(ABC):
         """The transport's name for messages ("MPI", "torch.distributed (gloo)", ...)."""
         return type(self).__name__
 
+    def _check_threads(self) -> None:
+        """Raise if this transport may not be entered from the ordering thread (every one may here)."""
+
     def _issue(self, what: str, count: Callable[[], None], start: Callable[[], Work], async_op: bool) -> Work | None:
         """Start a transport operation in its turn: check, count its bytes, start; wait unless ``async_op``."""
         def begin() -> Work:

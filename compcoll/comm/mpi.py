@@ -72,6 +72,18 @@ class MPIComm(Communicator):
     def describe(self) -> str:
         return "MPI"
 
+    def _check_threads(self) -> None:
+        """Asynchronous calls enter MPI from the ordering thread: that needs MPI_THREAD_SERIALIZED."""
+        level = self._mpi.Query_thread()
+        if level < self._mpi.THREAD_SERIALIZED:
+            names = {self._mpi.THREAD_SINGLE: "MPI_THREAD_SINGLE", self._mpi.THREAD_FUNNELED: "MPI_THREAD_FUNNELED"}
+            raise RuntimeError(
+                f"asynchronous calls enter MPI from a second thread, which needs MPI initialised with at least "
+                f"MPI_THREAD_SERIALIZED; this MPI was initialised with {names.get(level, level)} (mpi4py asks for "
+                f"MPI_THREAD_MULTIPLE unless mpi4py.rc.thread_level says otherwise): use blocking calls, or "
+                f"initialise MPI with 'serialized' or 'multiple'"
+            )
+
     def _is_device(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lives in device memory (the CUDA-aware or staged path)."""
         return tensor.device.type == "cuda"

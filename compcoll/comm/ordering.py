@@ -64,7 +64,9 @@ class Ordering:
             return self.submit(lambda: start().wait(), what)
 
     def submit(self, call: Callable[[], Any], what: str, on_wait: Callable[[Any], None] | None = None) -> TaskWork:
-        """Queue ``call`` for the ordering thread; return its Work."""
+        """Queue ``call`` for the ordering thread; return its Work (the transport must allow
+        calls from another thread: ``Communicator._check_threads``)."""
+        self._comm._check_threads()
         work = TaskWork(self._comm, what, on_wait)
         with self._lock:
             self._queued += 1

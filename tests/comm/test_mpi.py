@@ -1,0 +1,27 @@
+"""MPIComm and the MPI library's thread level."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from compcoll.launcher import mpiexec
+
+
+def test_asynchronous_calls_refuse_an_mpi_without_thread_support() -> None:
+    """Under MPI_THREAD_FUNNELED an asynchronous call raises a clear error at once; blocking calls still work."""
+    script = (
+        "import mpi4py; mpi4py.rc.thread_level = 'funneled'\n"
+        "import torch, compcoll\n"
+        "comm = compcoll.MPIComm()\n"
+        "x, we, se = torch.randn(10), torch.zeros(16), torch.zeros(16)\n"
+        "compcoll.compressed_allreduce(x, we, se, comm)\n"
+        "try:\n"
+        "    compcoll.compressed_allreduce(x, we, se, comm, async_op=True)\n"
+        "except RuntimeError as exc:\n"
+        "    assert 'MPI_THREAD_FUNNELED' in str(exc) and 'SERIALIZED' in str(exc), exc\n"
+        "    print('refused')\n"
+    )
+    done = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "refused" in done.stdout, done.stdout + done.stderr

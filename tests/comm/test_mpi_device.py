@@ -25,4 +25,3 @@ def test_detection_reads_the_loaded_library_and_the_override(monkeypatch: pytest
     monkeypatch.setenv("COMPCOLL_CUDA_AWARE", "maybe")
     with pytest.raises(ValueError, match="COMPCOLL_CUDA_AWARE"):
         detect_cuda_aware()
-

@@ -41,3 +41,8 @@ def test_custom_optimizer_example_learns() -> None:
 def test_direct_allreduce_example() -> None:
     out = _run([mpiexec(), "-n", "2", sys.executable, "examples/direct_allreduce.py"])
     assert out.strip().splitlines()[-1].split()[0] == "10", out
+
+
+def test_overlap_example_keeps_replicas_identical() -> None:
+    out = _run([mpiexec(), "-n", "2", sys.executable, "examples/overlap.py"])
+    assert "replicas bit-identical: True" in out and "started during backward" in out, out

@@ -96,7 +96,8 @@ class MPIComm(Communicator):
         self.staged_bytes += host.numel() * host.element_size()
         return host
 
-    def _start(self, what: str, start, send: torch.Tensor | None, recv: torch.Tensor) -> Work:
+    def _start(self, what: str, start, send: torch.Tensor | None, recv: torch.Tensor,
+               result: torch.Tensor | None = None) -> Work:
         """Start ``start(send_buffer, recv_buffer)``, moving device tensors as this MPI can.
 
         1. Host tensors: zero-copy numpy views.
@@ -104,18 +105,30 @@ class MPIComm(Communicator):
            must be complete), then pass the device pointers (``DeviceBuffer``).
         3. Device tensors otherwise: copy into host buffers, run on those, copy the result
            back when the operation completes.
+        ``result`` (default ``recv``) is the tensor the Work returns; when it is another
+        tensor, ``recv`` is copied into it on completion (a 16-bit allreduce done in float32).
         """
-        tensors = [t for t in (send, recv) if t is not None]
-        if not any(self._is_device(t) for t in tensors):
-            return RequestWork(self, what, start(None if send is None else _buffer(send), _buffer(recv)), recv)
-        if self.cuda_aware:
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if any(self._is_device(t) for t in (send, recv) if t is not None) and not self.cuda_aware:
+            host_send = None if send is None else self._stage(send, True)
+            host_recv = self._stage(recv, send is None)
+            copies.append((recv, host_recv))
+            buffers = (None if host_send is None else _buffer(host_send), _buffer(host_recv))
+        elif any(self._is_device(t) for t in (send, recv) if t is not None):
             if torch.cuda.is_available():
                 torch.cuda.current_stream().synchronize()
-            return RequestWork(self, what, start(None if send is None else DeviceBuffer(send), DeviceBuffer(recv)), recv)
-        host_send = None if send is None else self._stage(send, True)
-        host_recv = self._stage(recv, send is None)
-        request = start(None if host_send is None else _buffer(host_send), _buffer(host_recv))
-        return RequestWork(self, what, request, recv, lambda: recv.copy_(host_recv))
+            buffers = (None if send is None else DeviceBuffer(send), DeviceBuffer(recv))
+        else:
+            buffers = (None if send is None else _buffer(send), _buffer(recv))
+        if result is not None:
+            copies.append((result, recv))
+
+        def finish() -> None:
+            for target, source in copies:
+                target.copy_(source)
+
+        return RequestWork(self, what, start(*buffers), recv if result is None else result,
+                           finish if copies else None)
 
     def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         return self._start("alltoall", self.mpi_comm.Ialltoall, send, recv)
@@ -126,9 +139,7 @@ class MPIComm(Communicator):
     def _start_allreduce(self, tensor: torch.Tensor) -> Work:
         if tensor.dtype not in _HALF_TYPES:
             return self._start("allreduce", self._iallreduce, None, tensor)
-        work = tensor.float()
-        return RequestWork(self, "allreduce", self._start("allreduce", self._iallreduce, None, work), tensor,
-                           lambda: tensor.copy_(work))
+        return self._start("allreduce", self._iallreduce, None, tensor.float(), result=tensor)
 
     def _iallreduce(self, _, buffer):
         return self.mpi_comm.Iallreduce(self._mpi.IN_PLACE, buffer, self._mpi.SUM)
@@ -145,7 +156,7 @@ class MPIComm(Communicator):
 
 
 class RequestWork(PendingWork):
-    """An MPI request (or another Work, for a conversion around one) in flight.
+    """An MPI request in flight.
 
     Polled with ``Test``; each poll yields the core, and polls after the first 10 ms are
     0.1 ms apart.
@@ -156,8 +167,6 @@ class RequestWork(PendingWork):
         self._request = request
 
     def _test(self) -> bool:
-        if isinstance(self._request, Work):
-            return self._request.is_completed()
         return bool(self._request.Test())
 
     def _block(self, seconds: float) -> bool:

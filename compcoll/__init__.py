@@ -6,11 +6,11 @@ from .algorithms.hierarchical import (
     hierarchical_error_numels,
 )
 from .algorithms.onebit import CompressedAllreduce, compressed_allreduce
+from .algorithms.plan import ErrorFeedback
 from .comm import Communicator, SingleComm, get_default, init, set_default, shutdown
 from .comm.topology import Topology, topology
 from .errors import CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError
 from .spec import padded_numel
-from .state import ErrorFeedbackState
 
 __version__ = "0.1.0"
 
@@ -20,7 +20,7 @@ __all__ = [
     "CompcollError",
     "CompressedAllreduce",
     "Communicator",
-    "ErrorFeedbackState",
+    "ErrorFeedback",
     "MPIComm",
     "NonFiniteError",
     "RankMismatchError",

@@ -21,6 +21,8 @@ MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
 UNIFORM_BITS = 24
 """Bits of a threshold: the midpoints of 2^24 equal cells of (-1, 1), exact in float64."""
+AGREEMENT_FIELDS = 3
+"""Float64 fields of one agreement round, for every collective: (plan signature, finite?, scale)."""
 STAGES = {"node": 1, "inter": 2, "server": 3}
 """The stage numbers mixed into Birder's random streams."""
 

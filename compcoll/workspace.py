@@ -1,28 +1,36 @@
-"""Scratch buffers reused across calls, so hot paths allocate nothing per call."""
+"""Scratch buffers one owner (a plan, an optimizer) reuses across its calls, so hot paths allocate nothing."""
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
-_buffers: dict[tuple[str, torch.device, torch.dtype, int, int], torch.Tensor] = {}
 
+class Workspace:
+    """Named scratch buffers of one owner; contents are undefined between uses.
 
-def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 1-D tensor of ``numel`` elements named ``name``; contents are undefined.
-
-    1. Look up the buffer kept for (name, device, dtype, thread, CUDA stream): calls
-       made by one thread on one stream run in order, so they may share it; another
-       thread (a communicator's ordering thread) or stream gets its own.
-    2. Grow it (never shrink) when it is smaller than ``numel``.
-    3. Return a view of its first ``numel`` elements.
+    An owner's calls run one at a time (a plan's on its communicator's ordering, an
+    optimizer's in its step), so they may share a buffer; on CUDA, calls queued on
+    different streams could overlap on the device, so each stream gets its own.
     """
-    device = torch.device(device)
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (name, device, dtype, threading.get_ident(), stream)
-    buf = _buffers.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=dtype, device=device)
-        _buffers[key] = buf
-    return buf[:numel]
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype, torch.device, int], torch.Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A 1-D tensor of ``numel`` elements named ``name``.
+
+        1. Look up the buffer kept for (name, dtype, device, CUDA stream).
+        2. Grow it (never shrink) when it is smaller than ``numel``.
+        3. Return a view of its first ``numel`` elements.
+        """
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        key = (name, dtype, device, stream)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._buffers[key] = buf
+        return buf[:numel]
+
+    def nbytes(self) -> int:
+        """Bytes held (for tests and memory reports)."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())

@@ -1,34 +1,132 @@
-"""One small allgather of per-call metadata, so that every rank refuses a bad call alike."""
+"""One small fixed-size allgather per call, so that every rank refuses a bad call alike (docs/architecture.md, "Plans")."""
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from ..comm import Communicator
 from ..errors import NonFiniteError, RankMismatchError
+from ..spec import AGREEMENT_FIELDS
 
-COMMON_FIELDS = 3
-_NUMEL, _SHAPE, _FINITE = range(COMMON_FIELDS)
+RECORD = AGREEMENT_FIELDS
+MAX_OPTIONS = 4
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass(frozen=True)
 class Option:
-    """A per-call choice all ranks must make alike: its plural name, this rank's code, and labels."""
+    """A choice all ranks must make alike: its plural name, this rank's code, and labels."""
 
     name: str
     code: int
     labels: tuple[str, ...] = ()
 
     def label(self, code: float) -> str:
-        return self.labels[int(code)] if self.labels else str(int(code))
+        return self.labels[int(code)] if self.labels and 0 <= int(code) < len(self.labels) else str(int(code))
 
 
-def fields(options: int, values: int) -> int:
-    """Metadata fields (float64) each rank sends for ``options`` options and ``values`` values."""
-    return COMMON_FIELDS + options + values
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+class Agreement:
+    """The per-call check of one plan: every rank's (signature, finite?, value), gathered.
+
+    The plan's description (collective, numel, shape, dtype, options) is reduced once to a
+    32-bit signature; each call then sends only that, its finiteness and one value (a
+    scale), always in ``RECORD`` float64s, whatever the collective, so that ranks that are
+    in different calls still meet in a round of the same size and all raise.
+    1. Allgather the records.
+    2. Signatures differ: a second, fixed-size allgather of the descriptions, and the same
+       ``RankMismatchError`` on every rank naming what differs (size, shape, dtype, an
+       option, or the collective itself).
+    3. Some rank not finite: ``NonFiniteError`` on every rank.
+
+    Args:
+        comm: the communicator the call runs on.
+        what: the collective's name, for messages (and part of the signature).
+        numel, shape, dtype: the tensor every rank passes.
+        options: choices that must agree across ranks (at most ``MAX_OPTIONS``).
+    """
+
+    def __init__(
+        self, comm: Communicator, what: str, numel: int, shape: Sequence[int], dtype: torch.dtype,
+        options: tuple[Option, ...] = (),
+    ) -> None:
+        if len(options) > MAX_OPTIONS:
+            raise ValueError(f"{what}: at most {MAX_OPTIONS} agreed options, got {len(options)}")
+        self.comm = comm
+        self.what = what
+        self.options = options
+        dtype_code = _DTYPES.index(dtype) if dtype in _DTYPES else _crc(str(dtype))
+        codes = [float(o.code) for o in options] + [0.0] * (MAX_OPTIONS - len(options))
+        self.description = [float(_crc(what)), float(numel), float(_crc(repr(tuple(shape)))), float(dtype_code)] + codes
+        self.signature = float(_crc(repr(self.description)))
+        self._mine = torch.empty(RECORD, dtype=torch.float64)
+        self._table = torch.empty(comm.size * RECORD, dtype=torch.float64)
+
+    def check(self, finite: bool | None = None, value: float = 0.0) -> torch.Tensor:
+        """Steps 1-3 for this call; returns every rank's ``value`` (float64, by rank).
+
+        ``finite=None`` skips the finiteness check. The returned tensor is reused by the
+        next call: read it before.
+        """
+        mine = self._mine.numpy()
+        mine[0], mine[1], mine[2] = self.signature, 1.0 if finite is None else float(finite), value
+        self.comm.allgather(self._mine, self._table)
+        rows = self._table.view(self.comm.size, RECORD)
+        table = rows.tolist()
+        if any(row[0] != self.signature for row in table):
+            self._diagnose()
+        bad = [r for r, row in enumerate(table) if not row[1]]
+        if bad:
+            raise NonFiniteError(
+                f"{self.what}: NaN or Inf in the input on rank(s) {bad}; no buffer was changed on any rank "
+                f"and the communicator is still usable (skip this step, as a loss scaler does, or fix "
+                f"the input)"
+            )
+        return rows[:, 2]
+
+    def _diagnose(self) -> None:
+        """Gather every rank's description and raise the same RankMismatchError on every rank."""
+        mine = torch.tensor(self.description, dtype=torch.float64)
+        table = torch.empty(self.comm.size * mine.numel(), dtype=torch.float64)
+        self.comm.allgather(mine, table)
+        rows = table.view(self.comm.size, -1).tolist()
+
+        def listing(column: int, label=lambda v: str(int(v))) -> str:
+            return ", ".join(f"rank {r}: {label(row[column])}" for r, row in enumerate(rows))
+
+        def differs(column: int) -> bool:
+            return any(row[column] != rows[0][column] for row in rows)
+
+        what = self.what
+        if differs(0):
+            raise RankMismatchError(
+                f"{what}: the ranks are in different collectives (this rank is in {what}); calls are out of "
+                f"step across ranks"
+            )
+        if differs(1):
+            raise RankMismatchError(f"{what}: tensor sizes differ across ranks ({listing(1)} elements)")
+        if differs(2):
+            raise RankMismatchError(
+                f"{what}: tensor shapes differ across ranks (same number of elements); reshape them alike"
+            )
+        if differs(3):
+            names = {float(i): str(d).replace("torch.", "") for i, d in enumerate(_DTYPES)}
+            raise RankMismatchError(
+                f"{what}: tensor dtypes differ across ranks ({listing(3, lambda v: names.get(v, '?'))})"
+            )
+        for column, option in enumerate(self.options, 4):
+            if differs(column):
+                raise RankMismatchError(
+                    f"{what}: ranks asked for different {option.name} ({listing(column, option.label)})"
+                )
+        raise RankMismatchError(f"{what}: the ranks' calls differ (signatures differ)")
 
 
 def agree(
@@ -39,71 +137,12 @@ def agree(
     options: tuple[Option, ...] = (),
     values: tuple[float, ...] = (),
 ) -> torch.Tensor:
-    """Allgather (numel, shape, finite?, options, values) and check them on every rank.
+    """A one-off ``Agreement`` for ``tensor`` (a call that keeps no plan: an optimizer's construction or step).
 
-    1. Every rank sends ``fields(len(options), len(values))`` float64s.
-    2. Every rank checks the gathered table in the same order: sizes, shapes, each option,
-       then finiteness, so all ranks raise the same error or none does.
-
-    Args:
-        comm: the communicator of the call.
-        what: the calling function's name, for messages.
-        tensor: this rank's input (its numel and shape must agree across ranks).
-        finite: whether this rank's input is finite; None skips the check.
-        options: choices that must agree across ranks.
-        values: numbers that may differ across ranks (scales, flags).
-
-    Returns:
-        The (size, len(values)) table of every rank's ``values``.
-
-    Raises:
-        RankMismatchError: sizes, shapes or options differ across ranks.
-        NonFiniteError: some rank reported a non-finite input.
+    Returns the (size, len(values)) table of every rank's ``values`` (at most one value).
     """
-    mine = torch.tensor(
-        [tensor.numel(), _shape_code(tensor), 1.0 if finite is None else float(finite)]
-        + [float(o.code) for o in options]
-        + [float(v) for v in values],
-        dtype=torch.float64,
-    )
-    table = torch.empty(comm.size * mine.numel(), dtype=torch.float64).view(comm.size, mine.numel())
-    comm.allgather(mine, table.view(-1))
-    _check(table, what, options)
-    return table[:, COMMON_FIELDS + len(options):]
-
-
-def _shape_code(tensor: torch.Tensor) -> int:
-    return zlib.crc32(repr(tuple(tensor.shape)).encode())
-
-
-def _check(table: torch.Tensor, what: str, options: tuple[Option, ...]) -> None:
-    """Raise the same error on every rank when the gathered metadata disagree or is not finite.
-
-    The table is read once into Python numbers (a few per rank: cheaper than torch ops).
-    """
-    rows = table.tolist()
-
-    def column_of(column: int) -> list[float]:
-        return [row[column] for row in rows]
-
-    def differing(column: int) -> bool:
-        return any(row[column] != rows[0][column] for row in rows)
-
-    if differing(_NUMEL):
-        sizes = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(column_of(_NUMEL)))
-        raise RankMismatchError(f"{what}: tensor sizes differ across ranks ({sizes} elements)")
-    if differing(_SHAPE):
-        raise RankMismatchError(
-            f"{what}: tensor shapes differ across ranks (same number of elements); reshape them alike"
-        )
-    for column, option in enumerate(options, COMMON_FIELDS):
-        if differing(column):
-            chosen = ", ".join(f"rank {r}: {option.label(v)}" for r, v in enumerate(column_of(column)))
-            raise RankMismatchError(f"{what}: ranks asked for different {option.name} ({chosen})")
-    bad = [r for r, ok in enumerate(column_of(_FINITE)) if not ok]
-    if bad:
-        raise NonFiniteError(
-            f"{what}: NaN or Inf in the input on rank(s) {bad}; no buffer was changed on any rank "
-            f"and the communicator is still usable (skip this step, as a loss scaler does, or fix "
-            f"the input)"
-        )
+    if len(values) > 1:
+        raise ValueError(f"{what}: at most one agreed value per call, got {len(values)}")
+    agreement = Agreement(comm, what, tensor.numel(), tensor.shape, tensor.dtype, options)
+    gathered = agreement.check(finite, values[0] if values else 0.0).clone()
+    return gathered.view(-1, 1)[:, :len(values)]

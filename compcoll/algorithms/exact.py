@@ -6,46 +6,50 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from ..workspace import scratch
+from ..workspace import Workspace
 
 
-def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, name: str) -> torch.Tensor:
+def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspace: Workspace, name: str) -> torch.Tensor:
     """Reduce-scatter: this rank's shard of ``tensor`` averaged over ``comm``, in float32.
 
     1. Copy the tensor, as float32, into a zero-padded buffer of ``comm.size`` shards.
     2. All-to-all: rank r receives shard r of every rank.
     3. Sum the rows in rank order, then divide by the number of ranks.
 
-    Returns a scratch buffer (named ``name``) of ``shard`` elements.
+    Returns a buffer of ``workspace`` (named ``name``) of ``shard`` elements.
     """
     n = comm.size
     numel = tensor.numel()
-    padded = scratch(name + ".padded", n * shard, torch.float32, tensor.device)
+    padded = workspace.get(name + ".padded", n * shard, torch.float32, tensor.device)
     padded[:numel].copy_(tensor.reshape(-1))
     padded[numel:].zero_()
-    received = scratch(name + ".shards", n * shard, torch.float32, tensor.device)
+    received = workspace.get(name + ".shards", n * shard, torch.float32, tensor.device)
     comm.alltoall(padded, received)
     rows = received.view(n, shard)
-    average = scratch(name + ".average", shard, torch.float32, tensor.device)
+    average = workspace.get(name + ".average", shard, torch.float32, tensor.device)
     average.copy_(rows[0])
     for i in range(1, n):
         average.add_(rows[i])
     return codecs.divide_(average, n)
 
 
-def exact_average(tensor: torch.Tensor, comm: Communicator, out: torch.Tensor) -> torch.Tensor:
+def exact_average(
+    tensor: torch.Tensor, comm: Communicator, out: torch.Tensor, workspace: Workspace | None = None
+) -> torch.Tensor:
     """Average a 1-D float32 ``tensor`` over ``comm`` into ``out``, the same bits on every rank.
 
     1. ``shard_average``: rank r sums shard r of every rank in rank order and divides by n.
     2. All-gather the averaged shards.
-    A NaN or Inf on any rank reaches the same elements of every rank's result. Bytes sent
+    A NaN or Inf on any rank reaches the same elements of every rank's result. Its
+    buffers come from ``workspace`` (the caller's; None: fresh ones). Bytes sent
     per rank are those of a ring allreduce, 2(n-1)/n * 4 * numel (plus padding to n shards).
     """
     n = comm.size
     numel = tensor.numel()
     shard = -(-numel // n)
-    average = shard_average(tensor, comm, shard, "exact")
-    gathered = scratch("exact.gathered", n * shard, torch.float32, tensor.device)
+    workspace = Workspace() if workspace is None else workspace
+    average = shard_average(tensor, comm, shard, workspace, "exact")
+    gathered = workspace.get("exact.gathered", n * shard, torch.float32, tensor.device)
     comm.allgather(average, gathered)
     out.copy_(gathered[:numel])
     return out

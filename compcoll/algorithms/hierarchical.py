@@ -12,12 +12,12 @@ from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
 from ..spec import padded_numel
-from ..workspace import scratch
-from .agreement import Option, agree
+from ..workspace import Workspace
+from .agreement import Option
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_tensor
-from .launch import launch
 from .onebit import serve
+from .plan import Plan, cached_plan
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 
@@ -94,54 +94,73 @@ def hierarchical_allreduce(
     requested = requested_ranks_per_node(ranks_per_node)
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
-    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
-    return launch(comm, what, lambda: _birder(tensor, comm, requested, ranks_per_node, seed, step, result),
-                  (tensor, result), async_op)
+    plan = cached_plan(comm, (BirderPlan, tensor.numel(), tensor.device, requested, ranks_per_node),
+                       lambda: BirderPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node))
+    return plan.start(tensor, out, async_op, seed=seed, step=step)
 
 
-def _birder(
-    tensor: torch.Tensor, comm: Communicator, requested: int, ranks_per_node: int | None, seed: int,
-    step: int | None, result: torch.Tensor,
-) -> torch.Tensor:
-    """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn."""
+class _NodePlan(Plan):
+    """A plan whose layout needs the node layout (``topology``), resolved at its first call."""
+
+    def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
+                 ranks_per_node: int | None, options: tuple[Option, ...] = ()) -> None:
+        super().__init__(comm, numel, device, (Option("ranks_per_node", requested), *options))
+        self.ranks_per_node = ranks_per_node
+        self.full = padded_numel(numel, comm.size)
+        self._layout: Topology | None = None
+
+    @property
+    def layout(self) -> Topology:
+        """The node layout (a collective the first time: call it in every rank's turn)."""
+        if self._layout is None:
+            self._layout = topology(self.comm, self.ranks_per_node)
+        return self._layout
+
+
+class BirderPlan(_NodePlan):
+    """``hierarchical_allreduce`` on tensors of ``numel`` elements: agreement, node layout, scratch."""
+
     what = "hierarchical_allreduce"
-    n = comm.size
-    numel = tensor.numel()
-    full = padded_numel(numel, n)
-    maxima = codecs.row_absmax(tensor, n, full)
-    finite = bool(torch.isfinite(maxima).all())
-    agree(comm, what, tensor, finite, (Option("ranks_per_node", requested),))
-    layout = topology(comm, ranks_per_node)
-    if step is None:
-        step = _steps.get(comm, 0)
-        _steps[comm] = step + 1
-    if numel == 0:
-        return result
 
-    k, nodes = layout.ranks_per_node, layout.nodes
-    shard, sub = full // k, full // n
-    base = layout.local_rank * shard
-    shard_average = _binarize_exchange(
-        tensor, maxima.view(k, nodes).amax(dim=1), layout.intra, (seed, step, "node", comm.rank, 0), shard, "hier.node"
-    )
-    sub_average = _binarize_exchange(
-        shard_average, codecs.row_absmax(shard_average, nodes, shard), layout.inter,
-        (seed, step, "inter", comm.rank, base), sub, "hier.inter",
-    )
-    row = scratch("hier.server", codecs.SCALE_BYTES + sub // 8, torch.uint8, tensor.device)
-    own_scale = codecs.row_absmax(sub_average, 1, sub)
-    codecs.randomized_encode(
-        sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub,
-        codecs.frame(row.view(1, -1), own_scale),
-    )
-    shard_rows = scratch("hier.shard_rows", nodes * row.numel(), torch.uint8, tensor.device)
-    layout.inter.allgather(row, shard_rows)
-    _gather_decode(shard_rows, layout, result)
-    return result
+    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor, *,
+             seed: int = 0, step: int | None = None) -> torch.Tensor:
+        """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn."""
+        comm, n, full, ws = self.comm, self.comm.size, self.full, self.workspace
+        maxima = codecs.row_absmax(tensor, n, full)
+        self.agreement(tensor).check(bool(torch.isfinite(maxima).all()))
+        layout = self.layout
+        if step is None:
+            step = _steps.get(comm, 0)
+            _steps[comm] = step + 1
+        if self.numel == 0:
+            return result
+
+        k, nodes = layout.ranks_per_node, layout.nodes
+        shard, sub = full // k, full // n
+        base = layout.local_rank * shard
+        shard_average = _binarize_exchange(
+            tensor, maxima.view(k, nodes).amax(dim=1), layout.intra, (seed, step, "node", comm.rank, 0), shard,
+            ws, "node",
+        )
+        sub_average = _binarize_exchange(
+            shard_average, codecs.row_absmax(shard_average, nodes, shard), layout.inter,
+            (seed, step, "inter", comm.rank, base), sub, ws, "inter",
+        )
+        row = ws.get("server", codecs.SCALE_BYTES + sub // 8, torch.uint8, self.device)
+        own_scale = codecs.row_absmax(sub_average, 1, sub)
+        codecs.randomized_encode(
+            sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub,
+            codecs.frame(row.view(1, -1), own_scale),
+        )
+        shard_rows = ws.get("shard_rows", nodes * row.numel(), torch.uint8, self.device)
+        layout.inter.allgather(row, shard_rows)
+        _gather_decode(shard_rows, layout, result, ws)
+        return result
 
 
 def _binarize_exchange(
-    source: torch.Tensor, scales: torch.Tensor, group: Communicator, stream: tuple, length: int, name: str
+    source: torch.Tensor, scales: torch.Tensor, group: Communicator, stream: tuple, length: int,
+    workspace: Workspace, name: str,
 ) -> torch.Tensor:
     """Binarize ``source`` into ``group.size`` framed rows, all-to-all them, average what comes back.
 
@@ -151,25 +170,25 @@ def _binarize_exchange(
     3. The received rows are decoded and averaged with weights float32(s / size), in
        member order.
 
-    Returns the float32 average (a scratch buffer named ``name``).
+    Returns the float32 average (a buffer of ``workspace`` named ``name``).
     """
     seed, step, stage, rank, start = stream
     size = group.size
     width = codecs.SCALE_BYTES + length // 8
-    wire = scratch(name + ".send", size * width, torch.uint8, source.device).view(size, width)
+    wire = workspace.get(name + ".send", size * width, torch.uint8, source.device).view(size, width)
     codecs.randomized_encode(source, scales, seed, step, stage, rank, start, codecs.frame(wire, scales))
-    received = scratch(name + ".recv", size * width, torch.uint8, source.device)
+    received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
     group.alltoall(wire.view(-1), received)
     row_scales, rows = codecs.unframe(received.view(size, width))
-    average = scratch(name + ".average", length, torch.float32, source.device)
+    average = workspace.get(name + ".average", length, torch.float32, source.device)
     codecs.accumulate_signs(rows, codecs.divide_(row_scales, size), None, average, length)
     return average
 
 
-def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor) -> None:
+def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor, workspace: Workspace) -> None:
     """Intra-node all-gather of every local rank's shard rows; decode all n rows into ``out``."""
     n = layout.ranks_per_node * layout.nodes
-    gathered = scratch("hier.all_rows", layout.ranks_per_node * shard_rows.numel(), torch.uint8, out.device)
+    gathered = workspace.get("all_rows", layout.ranks_per_node * shard_rows.numel(), torch.uint8, out.device)
     layout.intra.allgather(shard_rows, gathered)
     scales, rows = codecs.unframe(gathered.view(n, -1))
     codecs.decode(rows, scales, out.view(-1))
@@ -225,39 +244,57 @@ def hierarchical_compressed_allreduce(
     for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
         check_error_buffer(what, name, buf, tensor)
     requested = requested_ranks_per_node(ranks_per_node)
-    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
-    return launch(comm, what,
-                  lambda: _compensated(tensor, worker_error, server_error, comm, requested, ranks_per_node, result),
-                  (tensor, worker_error, server_error, result), async_op)
+    lengths = (worker_error.numel(), server_error.numel())
+    plan = cached_plan(comm, (CompensatedPlan, tensor.numel(), tensor.device, requested, ranks_per_node, lengths),
+                       lambda: CompensatedPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node, lengths))
+    return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
-def _compensated(
-    tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, comm: Communicator,
-    requested: int, ranks_per_node: int | None, result: torch.Tensor,
-) -> torch.Tensor:
-    """Steps 1-5 of ``hierarchical_compressed_allreduce`` on locally checked arguments, in this rank's turn."""
+class CompensatedPlan(_NodePlan):
+    """``hierarchical_compressed_allreduce`` on tensors of ``numel`` elements, error buffers of ``lengths``.
+
+    Layout: local rank j's worker error covers shard j (Np / k elements from j * Np / k),
+    its server error the sub-chunk of that shard it serves between nodes.
+    """
+
     what = "hierarchical_compressed_allreduce"
-    agree(comm, what, tensor, None, (
-        Option("ranks_per_node", requested),
-        Option("worker_error lengths", worker_error.numel()),
-        Option("server_error lengths", server_error.numel()),
-    ))
-    layout = topology(comm, ranks_per_node)
-    n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes
-    numel = tensor.numel()
-    shard, sub = hierarchical_error_numels(numel, n, k)
-    check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}")
-    check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}")
-    if numel == 0:
-        return result
 
-    average = shard_average(tensor, layout.intra, shard, "hier.node")
-    sumsq = codecs.compensated_sumsq(average, worker_error)
-    finite = math.isfinite(sumsq)
-    scale = codecs.l2_scale(sumsq, shard) if finite else 0.0
-    scales = agree(comm, what, tensor, finite, (), (scale,))[:, 0]
-    weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes)
-    bits = scratch("hier.bits", shard // 8, torch.uint8, tensor.device)
-    codecs.compensate_encode(average, worker_error, scale, bits)
-    _gather_decode(serve(bits, weights, server_error, layout.inter).view(-1), layout, result)
-    return result
+    def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
+                 ranks_per_node: int | None, lengths: tuple[int, int]) -> None:
+        super().__init__(comm, numel, device, requested, ranks_per_node, (
+            Option("worker_error lengths", lengths[0]),
+            Option("server_error lengths", lengths[1]),
+        ))
+        self.lengths = lengths
+
+    def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        layout = self.layout
+        worker, server = hierarchical_error_numels(self.numel, self.comm.size, layout.ranks_per_node)
+        worker_start = layout.local_rank * worker
+        return (worker, worker_start), (server, worker_start + layout.inter.rank * server)
+
+    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor) -> torch.Tensor:
+        """Steps 1-5 of ``hierarchical_compressed_allreduce`` on locally checked arguments, in this rank's turn."""
+        what, comm, ws = self.what, self.comm, self.workspace
+        agreement = self.agreement(tensor)
+        agreement.check()
+        layout = self.layout
+        worker_error, server_error = errors or self.error_feedback.buffers()
+        n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes
+        numel = self.numel
+        shard, sub = hierarchical_error_numels(numel, n, k)
+        check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}")
+        check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}")
+        if numel == 0:
+            return result
+
+        average = shard_average(tensor, layout.intra, shard, ws, "node")
+        sumsq = codecs.compensated_sumsq(average, worker_error)
+        finite = math.isfinite(sumsq)
+        scale = codecs.l2_scale(sumsq, shard) if finite else 0.0
+        scales = agreement.check(finite, scale)
+        weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes)
+        bits = ws.get("bits", shard // 8, torch.uint8, self.device)
+        codecs.compensate_encode(average, worker_error, scale, bits)
+        _gather_decode(serve(bits, weights, server_error, layout.inter, ws).view(-1), layout, result, ws)
+        return result

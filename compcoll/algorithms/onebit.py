@@ -11,12 +11,11 @@ from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..spec import padded_numel
-from ..state import ErrorFeedbackState
-from ..workspace import scratch
-from .agreement import Option, agree
+from ..workspace import Workspace
+from .agreement import Option
 from .inputs import check_error_buffer, check_length, check_tensor
-from .launch import launch
 from .pipeline import default_pieces, serve_in_pieces
+from .plan import Plan, cached_plan
 
 PROTOCOLS = ("gather_scatter", "allgather")
 
@@ -92,48 +91,80 @@ def compressed_allreduce(
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"compressed_allreduce: pieces must be a positive integer or None, got {pieces!r}")
     pieces = default_pieces(tensor) if pieces is None else pieces
-    result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
-    return launch(comm, "compressed_allreduce",
-                  lambda: _compressed_allreduce(tensor, worker_error, server_error, comm, protocol, pieces, result),
-                  (tensor, worker_error, server_error, result), async_op)
+    plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces),
+                       lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces))
+    return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
-def _compressed_allreduce(
-    tensor: torch.Tensor,
-    worker_error: torch.Tensor,
-    server_error: torch.Tensor,
-    comm: Communicator,
-    protocol: str,
-    pieces: int,
-    result: torch.Tensor,
-) -> torch.Tensor:
-    """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn."""
-    n = comm.size
-    numel = tensor.numel()
-    full = padded_numel(numel, n)
-    sumsq = codecs.compensated_sumsq(tensor, worker_error)
-    finite = math.isfinite(sumsq)
-    scale = codecs.l2_scale(sumsq, full) if finite and full else 0.0
-    options = (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces))
-    scales = agree(comm, "compressed_allreduce", tensor, finite, options, (scale,))[:, 0]
-    if numel == 0:
+class FlatPlan(Plan):
+    """``compressed_allreduce`` on tensors of ``numel`` elements: layout, scratch, agreement, error feedback.
+
+    Layout: Np = padded_numel(numel, n); the worker error covers the whole padded
+    vector, the server error this rank's chunk of Np / n from rank * Np / n.
+
+    Args:
+        comm: the communicator.
+        numel: the tensors' number of elements.
+        device: the tensors' device.
+        protocol: "gather_scatter" or "allgather".
+        pieces: gather-scatter pieces (1: unpipelined).
+    """
+
+    what = "compressed_allreduce"
+
+    def __init__(self, comm: Communicator, numel: int, device: torch.device, protocol: str = "gather_scatter",
+                 pieces: int = 1) -> None:
+        super().__init__(comm, numel, device,
+                         (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces)))
+        self.protocol = protocol
+        self.pieces = pieces
+        self.full = padded_numel(numel, comm.size)
+        self.chunk = self.full // comm.size
+
+    def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        return (self.full, 0), (self.chunk, self.comm.rank * self.chunk)
+
+    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor) -> torch.Tensor:
+        """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn."""
+        worker_error, server_error = errors or self.error_feedback.buffers()
+        comm, n, full = self.comm, self.comm.size, self.full
+        sumsq = codecs.compensated_sumsq(tensor, worker_error)
+        finite = math.isfinite(sumsq)
+        scale = codecs.l2_scale(sumsq, full) if finite and full else 0.0
+        scales = self.agreement(tensor).check(finite, scale)
+        if self.numel == 0:
+            return result
+
+        weights = codecs.divide_(scales.float(), n)
+        if self.protocol == "gather_scatter" and self.pieces > 1:
+            serve_in_pieces(tensor, worker_error, server_error, comm, scale, weights, self.pieces, result,
+                            self.workspace)
+            return result
+        bits = self.workspace.get("bits", full // 8, torch.uint8, self.device)
+        codecs.compensate_encode(tensor, worker_error, scale, bits)
+        if self.protocol == "allgather":
+            return self._allgather_average(bits, weights, result)
+        gathered = serve(bits, weights, server_error, comm, self.workspace)
+        scales, rows = codecs.unframe(gathered)
+        codecs.decode(rows, scales, result.view(-1))
         return result
 
-    weights = codecs.divide_(scales.float(), n)
-    if protocol == "gather_scatter" and pieces > 1:
-        serve_in_pieces(tensor, worker_error, server_error, comm, scale, weights, pieces, result)
-        return result
-    bits = scratch("onebit.bits", full // 8, torch.uint8, tensor.device)
-    codecs.compensate_encode(tensor, worker_error, scale, bits)
-    if protocol == "allgather":
-        return _allgather_average(bits, weights, comm, result)
-    gathered = serve(bits, weights, server_error, comm)
-    scales, rows = codecs.unframe(gathered)
-    codecs.decode(rows, scales, result.view(-1))
-    return result
+    def _allgather_average(self, bits: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """All-gather every rank's packed vector and average the decoded vectors."""
+        n = self.comm.size
+        gathered = self.workspace.get("all", n * bits.numel(), torch.uint8, self.device)
+        self.comm.allgather(bits, gathered)
+        flat = out.view(-1)
+        average = flat if out.dtype == torch.float32 else self.workspace.get("avg", flat.numel(), torch.float32,
+                                                                              self.device)
+        codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel())
+        if average is not flat:
+            flat.copy_(average)
+        return out
 
 
-def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator) -> torch.Tensor:
+def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator,
+          workspace: Workspace) -> torch.Tensor:
     """Steps 4-6 of the gather-scatter protocol, up to the decode.
 
     1. All-to-all of the packed chunks of ``bits``.
@@ -148,28 +179,15 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     n = comm.size
     chunk = server_error.numel()
     cb = chunk // 8
-    received = scratch("onebit.chunks", n * cb, torch.uint8, bits.device)
+    received = workspace.get("serve.chunks", n * cb, torch.uint8, bits.device)
     comm.alltoall(bits, received)
     sumsq = codecs.accumulate_signs(received.view(n, cb), weights, server_error, server_error, chunk)
     server_scale = codecs.l2_scale(sumsq, chunk)
-    send = scratch("onebit.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
+    send = workspace.get("serve.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
     codecs.compensate_encode(None, server_error, server_scale, codecs.frame(send, server_scale))
-    gathered = scratch("onebit.gathered", n * send.numel(), torch.uint8, bits.device)
+    gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)
     comm.allgather(send, gathered)
     return gathered.view(n, -1)
-
-
-def _allgather_average(bits: torch.Tensor, weights: torch.Tensor, comm: Communicator, out: torch.Tensor) -> torch.Tensor:
-    """All-gather every rank's packed vector and average the decoded vectors."""
-    n = comm.size
-    gathered = scratch("onebit.all", n * bits.numel(), torch.uint8, bits.device)
-    comm.allgather(bits, gathered)
-    flat = out.view(-1)
-    average = flat if out.dtype == torch.float32 else scratch("onebit.avg", flat.numel(), torch.float32, out.device)
-    codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel())
-    if average is not flat:
-        flat.copy_(average)
-    return out
 
 
 def _validate(
@@ -196,7 +214,7 @@ def _validate(
 
 
 class CompressedAllreduce:
-    """``compressed_allreduce`` that keeps the error-feedback buffers for the caller, per key.
+    """``compressed_allreduce`` that keeps the error-feedback buffers for the caller, one plan per key.
 
     Usage::
 
@@ -204,9 +222,10 @@ class CompressedAllreduce:
         avg = allreduce(grad, key="layer1.weight")
         torch.save(allreduce.state_dict(), f"ef-rank{comm.rank}.pt")
 
-    1. Look up (or create as zeros) the key's worker and server error buffers.
-    2. Run ``compressed_allreduce`` with them (``async_op=True``: return its Work; calls
-       on different keys may be in flight together).
+    1. Look up the key's plan (built on first sight of the key, with error buffers of
+       zeros, for the tensor's size and device).
+    2. Run it (``async_op=True``: return its Work; calls on different keys may be in
+       flight together).
 
     Args:
         comm: the communicator; None means ``compcoll.get_default()`` at construction.
@@ -218,21 +237,58 @@ class CompressedAllreduce:
             raise ValueError(f"CompressedAllreduce: protocol {protocol!r} is not one of {PROTOCOLS}")
         self.comm = get_default() if comm is None else comm
         self.protocol = protocol
-        self.state = ErrorFeedbackState(self.comm.rank, self.comm.size)
+        self.plans: dict[Hashable, FlatPlan] = {}
+
+    def plan(self, key: Hashable, tensor: torch.Tensor) -> FlatPlan:
+        """The plan of ``key`` (built for ``tensor`` on first use).
+
+        Raises ValueError when ``key`` was used before with another number of elements
+        or device.
+        """
+        plan = self.plans.get(key)
+        if plan is None:
+            check_tensor("CompressedAllreduce", tensor, None)
+            plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, default_pieces(tensor))
+            self.plans[key] = plan
+        elif (plan.numel, plan.device) != (tensor.numel(), tensor.device):
+            raise ValueError(
+                f"CompressedAllreduce: key {key!r} holds buffers for {plan.numel} elements on {plan.device}, "
+                f"but this tensor has {tensor.numel()} on {tensor.device}; use a new key for it"
+            )
+        return plan
 
     def __call__(
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
     ) -> torch.Tensor | Work:
-        worker_error, server_error = self.state.get(key, tensor)
-        return compressed_allreduce(
-            tensor, worker_error, server_error, self.comm, protocol=self.protocol, out=out, async_op=async_op
-        )
+        plan = self.plan(key, tensor)
+        check_tensor("CompressedAllreduce", tensor, out)
+        return plan.start(tensor, out, async_op, plan.error_feedback.buffers())
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's error buffers and protocol (see ``ErrorFeedbackState.state_dict``)."""
-        return {"protocol": self.protocol, **self.state.state_dict()}
+        """This rank's protocol and every key's error buffers (save one per rank)."""
+        return {
+            "protocol": self.protocol,
+            "world_size": self.comm.size,
+            "rank": self.comm.rank,
+            "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved (same world size and rank)."""
+        """Restore what ``state_dict()`` saved (same world size and rank); keys are rebuilt from it."""
+        if state["world_size"] != self.comm.size or state["rank"] != self.comm.rank:
+            raise ValueError(
+                f"error-feedback checkpoint is from rank {state['rank']} of {state['world_size']}, "
+                f"this is rank {self.comm.rank} of {self.comm.size}: server errors belong to per-rank "
+                f"chunks, so resume with the same world size and each rank's own state"
+            )
+        if state["protocol"] not in PROTOCOLS:
+            raise ValueError(f"CompressedAllreduce: checkpoint protocol {state['protocol']!r} is not one of {PROTOCOLS}")
         self.protocol = state["protocol"]
-        self.state.load_state_dict(state)
+        plans = {}
+        for key, saved in state["buffers"].items():
+            worker = saved["worker_error"]
+            plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol,
+                            default_pieces(worker[:saved["numel"]]))
+            plan.error_feedback.load_state_dict(saved)
+            plans[key] = plan
+        self.plans = plans

@@ -8,7 +8,7 @@ from .. import codecs
 from ..comm import Communicator
 from ..comm.work import Work
 from ..spec import BLOCK, LANES, SCALE_BYTES
-from ..workspace import scratch
+from ..workspace import Workspace
 
 PIECE_BYTES = 8 << 20
 """Default input bytes per piece on the CPU: 8 MiB (a 64 MiB float32 tensor goes in 8 pieces)."""
@@ -52,6 +52,7 @@ def serve_in_pieces(
     weights: torch.Tensor,
     pieces: int,
     result: torch.Tensor,
+    workspace: Workspace,
 ) -> None:
     """Steps 3-6 of ``compressed_allreduce`` with every chunk cut into the same pieces.
 
@@ -75,9 +76,9 @@ def serve_in_pieces(
     bounds = piece_bounds(chunk, pieces)
     device = tensor.device
 
-    lanes = scratch("pipe.lanes", max(1, -(-chunk // BLOCK)) * LANES, torch.float64, device)
-    send = scratch("pipe.send", n * chunk // 8, torch.uint8, device)
-    recv = scratch("pipe.recv", n * chunk // 8, torch.uint8, device)
+    lanes = workspace.get("pipe.lanes", max(1, -(-chunk // BLOCK)) * LANES, torch.float64, device)
+    send = workspace.get("pipe.send", n * chunk // 8, torch.uint8, device)
+    recv = workspace.get("pipe.recv", n * chunk // 8, torch.uint8, device)
     in_flight: list[tuple[Work, int, int]] = []
     for a, b in bounds:
         rows = send[n * a // 8:n * b // 8].view(n, (b - a) // 8)
@@ -92,9 +93,9 @@ def serve_in_pieces(
         _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n)
 
     server_scale = codecs.l2_scale(codecs.tree_sum(lanes), chunk)
-    own = scratch("pipe.own", SCALE_BYTES + chunk // 8, torch.uint8, device)
+    own = workspace.get("pipe.own", SCALE_BYTES + chunk // 8, torch.uint8, device)
     own_bits = codecs.frame(own, server_scale)
-    gathered = scratch("pipe.gathered", n * own.numel(), torch.uint8, device)
+    gathered = workspace.get("pipe.gathered", n * own.numel(), torch.uint8, device)
     scales: list[torch.Tensor] = []
     pending: list[tuple[Work, torch.Tensor, int, int]] = []
     for a, b in bounds:

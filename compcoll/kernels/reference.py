@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spec import BLOCK, GOLDEN, LANES, STAGES, UNIFORM_BITS, mix64, padded_numel, stream_key
+from ..spec import AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, STAGES, UNIFORM_BITS, mix64, padded_numel, stream_key
 
-META_FIELDS = 6
-HIERARCHICAL_META_FIELDS = 4
-COMPENSATED_META_FIELDS = 10
+META_FIELDS = AGREEMENT_FIELDS
+HIERARCHICAL_META_FIELDS = AGREEMENT_FIELDS
+COMPENSATED_META_FIELDS = 2 * AGREEMENT_FIELDS
+"""Float64 metadata fields each rank all-gathers per call: one agreement round, two for the compensated form."""
 
 
 def tree_sum(values: np.ndarray) -> float:

@@ -10,6 +10,7 @@ from ..algorithms.agreement import Option, agree
 from ..algorithms.exact import exact_average
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
+from ..workspace import Workspace
 from .channel import ErrorFeedbackChannel
 from .flat import FlatParams
 
@@ -57,6 +58,8 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self.skipped_steps = 0
         self._buffers: dict[str, torch.Tensor] = {}
+        self._channel: ErrorFeedbackChannel | None = None
+        self.workspace = Workspace()
         self._built = True
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -74,11 +77,9 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return buf
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None) -> ErrorFeedbackChannel:
-        """The 1-bit channel for the flat vector, its error buffers kept in ``state_dict``."""
-        channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
-        self._buffers["worker_error"] = channel.worker_error
-        self._buffers["server_error"] = channel.server_error
-        return channel
+        """The 1-bit channel for the flat vector; ``state_dict`` saves its error buffers (the channel owns them)."""
+        self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
+        return self._channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:
         """(hyperparameters, slice of the flat buffers) of every parameter group."""
@@ -120,7 +121,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
 
     def _average(self, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The exact average of ``grad`` over ranks into ``out``; NonFiniteError (on every rank) if not finite."""
-        exact_average(grad, self.comm, out)
+        exact_average(grad, self.comm, out, self.workspace)
         if not bool(torch.isfinite(out).all()):
             raise NonFiniteError(
                 f"{type(self).__name__}: the averaged gradient holds NaN or Inf (a rank's gradient was not "
@@ -155,6 +156,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 "skipped_steps": self.skipped_steps,
                 "scalars": {name: getattr(self, name) for name in self._scalar_names},
                 "buffers": {name: buf.clone() for name, buf in self._buffers.items()},
+                "error_feedback": None if self._channel is None else self._channel.state_dict(),
             },
             "param_groups": groups,
         }
@@ -186,6 +188,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
         for key, saved in state["buffers"].items():
             if saved.shape != self._buffers[key].shape:
                 raise ValueError(f"{name}: checkpoint buffer {key!r} has shape {tuple(saved.shape)}")
+        if (state.get("error_feedback") is None) != (self._channel is None):
+            raise ValueError(f"{name}: checkpoint error-feedback buffers differ from this optimizer's")
+        if self._channel is not None:
+            self._channel.load_state_dict(state["error_feedback"])
         for key, saved in state["buffers"].items():
             self._buffers[key].copy_(saved)
         for key, value in state["scalars"].items():

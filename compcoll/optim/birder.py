@@ -6,7 +6,6 @@ import torch
 
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm import Communicator
-from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
 from .live import add_fresh
 
@@ -74,14 +73,14 @@ class Birder(CompressedOptimizer):
         if any(counts):
             add_fresh(self.live, self.seen, counts, self.comm)
         m, b, p = self.exp_avg, self.exp_avg_abs, self.flat.data
-        ratio = scratch("optim.local", grad.numel(), torch.float32, grad.device)
+        ratio = self.workspace.get("optim.local", grad.numel(), torch.float32, grad.device)
         for group, sl in self._groups():
             b1, b2 = group["betas"]
             m[sl].mul_(b1).add_(grad[sl], alpha=1 - b1)
             b[sl].mul_(b2).add_(grad[sl].abs(), alpha=1 - b2)
             torch.div(m[sl], b[sl], out=ratio[sl])
         ratio.masked_fill_(b == 0, 0.0)
-        mean = scratch("optim.average", grad.numel(), torch.float32, grad.device)
+        mean = self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device)
         hierarchical_allreduce(ratio, self.comm, ranks_per_node=self.ranks_per_node, seed=self.seed,
                                step=self.steps, out=mean)
         mean.masked_fill_(~self.live, 0.0)

@@ -1,26 +1,29 @@
-"""The error-compensated 1-bit allreduce an optimizer sends through: flat, or hierarchical across nodes; owns its error buffers."""
+"""The error-compensated 1-bit allreduce an optimizer sends through: a flat or hierarchical plan that owns its error buffers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
-from ..algorithms.onebit import compressed_allreduce
+from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
+from ..algorithms.onebit import FlatPlan
+from ..algorithms.pipeline import default_pieces
+from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
-from ..comm.topology import topology
+from ..comm.topology import requested_ranks_per_node, topology
 from ..errors import RankMismatchError
-from ..spec import padded_numel
 
 
 class ErrorFeedbackChannel:
-    """``compressed_allreduce`` over a fixed-length vector, with its own worker and server errors.
+    """1-bit averages of a fixed-length vector through one plan, whose error buffers it keeps.
 
     1. Choose the algorithm once: ``hierarchical=None`` takes the hierarchical form
        (float32 inside a node, 1-bit gather-scatter between nodes) when the ranks form
        several equal nodes of more than one rank each, else the flat gather-scatter;
        True / False force it.
-    2. Size the error buffers for that algorithm and remember which elements of the
-       padded vector each buffer covers, so that ``forget`` can clear coordinates.
+    2. Build its plan; the plan's ``ErrorFeedback`` holds the worker and server errors and
+       knows which elements of the vector each covers, so that ``forget`` can clear them.
 
     Args:
         comm: the communicator.
@@ -34,32 +37,35 @@ class ErrorFeedbackChannel:
     ) -> None:
         self.comm = comm
         self.numel = numel
-        self.ranks_per_node = ranks_per_node
         self.hierarchical = _use_hierarchical(comm, ranks_per_node) if hierarchical is None else bool(hierarchical)
-        n = comm.size
-        full = padded_numel(numel, n)
+        vector = torch.empty(numel)
+        self.plan: FlatPlan | CompensatedPlan
         if self.hierarchical:
-            layout = topology(comm, ranks_per_node)
-            worker, server = hierarchical_error_numels(numel, n, layout.ranks_per_node)
-            worker_start = layout.local_rank * worker
-            server_start = worker_start + layout.inter.rank * server
+            k = topology(comm, ranks_per_node).ranks_per_node
+            self.plan = CompensatedPlan(comm, numel, vector.device, requested_ranks_per_node(ranks_per_node),
+                                        ranks_per_node, hierarchical_error_numels(numel, comm.size, k))
         else:
-            worker, server = full, full // n
-            worker_start, server_start = 0, comm.rank * server
-        self.worker_error = torch.zeros(worker, dtype=torch.float32)
-        self.server_error = torch.zeros(server, dtype=torch.float32)
-        self._spans = ((self.worker_error, worker_start), (self.server_error, server_start))
+            self.plan = FlatPlan(comm, numel, vector.device, "gather_scatter", default_pieces(vector))
+
+    @property
+    def error_feedback(self) -> ErrorFeedback:
+        """The plan's error buffers (the one owner of this channel's error-feedback state)."""
+        return self.plan.error_feedback
+
+    @property
+    def worker_error(self) -> torch.Tensor:
+        return self.error_feedback.worker_error
+
+    @property
+    def server_error(self) -> torch.Tensor:
+        return self.error_feedback.server_error
 
     def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``.
 
         Raises NonFiniteError on every rank (nothing changed) when some rank's input is not finite.
         """
-        if self.hierarchical:
-            return hierarchical_compressed_allreduce(
-                tensor, self.worker_error, self.server_error, self.comm, ranks_per_node=self.ranks_per_node, out=out
-            )
-        return compressed_allreduce(tensor, self.worker_error, self.server_error, self.comm, out=out)
+        return self.plan.start(tensor, out, False)
 
     def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
         """``self(tensor, out)``, then zero where ``silent`` in ``out`` and in both error buffers.
@@ -74,15 +80,18 @@ class ErrorFeedbackChannel:
 
     def forget(self, coordinates: torch.Tensor) -> None:
         """Zero both error buffers at the coordinates where the bool vector ``coordinates`` is True."""
-        for buffer, start in self._spans:
-            overlap = max(0, min(buffer.numel(), self.numel - start))
-            if overlap:
-                buffer[:overlap].masked_fill_(coordinates[start:start + overlap], 0.0)
+        self.error_feedback.forget(coordinates)
 
     def reset(self) -> None:
         """Zero both error buffers (when what they compensate changes meaning)."""
-        self.worker_error.zero_()
-        self.server_error.zero_()
+        self.error_feedback.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The error buffers (``ErrorFeedback.state_dict``)."""
+        return self.error_feedback.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.error_feedback.load_state_dict(state)
 
 
 def _use_hierarchical(comm: Communicator, ranks_per_node: int | None) -> bool:

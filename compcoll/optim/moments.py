@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..workspace import scratch
 from .base import CompressedOptimizer
 
 
@@ -13,7 +12,7 @@ def averaged_moments(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tens
 
     Raises NonFiniteError on every rank, before m or v change, when g_avg is not finite.
     """
-    average = opt._average(grad, scratch("optim.average", grad.numel(), torch.float32, grad.device))
+    average = opt._average(grad, opt.workspace.get("optim.average", grad.numel(), torch.float32, grad.device))
     for group, sl in opt._groups():
         b1, b2 = group["betas"]
         m[sl].mul_(b1).add_(average[sl], alpha=1 - b1)
@@ -22,7 +21,7 @@ def averaged_moments(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tens
 
 def local_momentum(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """b1*m + (1-b1)*grad with this rank's gradient, in a scratch buffer (m unchanged)."""
-    local = scratch("optim.local", grad.numel(), torch.float32, grad.device)
+    local = opt.workspace.get("optim.local", grad.numel(), torch.float32, grad.device)
     for group, sl in opt._groups():
         b1 = group["betas"][0]
         torch.add(m[sl].mul(b1), grad[sl], alpha=1 - b1, out=local[sl])

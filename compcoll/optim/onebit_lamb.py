@@ -8,7 +8,6 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
 from .moments import averaged_moments, local_momentum
 
@@ -133,7 +132,7 @@ class OneBitLamb(CompressedOptimizer):
         m, v, fresh, p = self.exp_avg, self.exp_avg_sq, self.exp_avg_sq_fresh, self.flat.data
         if not self.scaled:
             self._set_scaling()
-        last = scratch("optim.last", m.numel(), torch.float32, m.device)
+        last = self.workspace.get("optim.last", m.numel(), torch.float32, m.device)
         last.copy_(m)
         local = local_momentum(self, grad, m)
         for index, (seg, local_l) in enumerate(self.flat.views(local)):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
-from ..workspace import scratch
 from .base import CompressedOptimizer, check_hyperparameters
 from .moments import adam_step
 
@@ -107,7 +106,7 @@ class ZeroOneAdam(CompressedOptimizer):
 
     def _variance_phase_step(self, grad: torch.Tensor, s: int) -> None:
         m, v = self.exp_avg, self.exp_avg_sq
-        source = scratch("optim.average", grad.numel(), torch.float32, grad.device)
+        source = self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device)
         refresh = s % self.var_interval == 0
         if refresh:
             self._average(grad, source)
@@ -152,7 +151,7 @@ class ZeroOneAdam(CompressedOptimizer):
     def _synchronize(self, silent: torch.Tensor) -> None:
         """Average the accumulated steps in 1 bit and rebuild p and m from it, identically on every rank."""
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
-        scaled = scratch("optim.local", acc.numel(), torch.float32, acc.device)
+        scaled = self.workspace.get("optim.local", acc.numel(), torch.float32, acc.device)
         for group, sl in self._groups():
             torch.mul(acc[sl], v[sl].sqrt().add_(group["eps"]), out=scaled[sl])
         self.channel.average_except(scaled, acc, silent)

@@ -1,0 +1,184 @@
+"""Plans: one collective on one layout, owning its agreement, scratch buffers and error-feedback state (docs/architecture.md, "Plans")."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Any, Callable, Hashable
+
+import torch
+
+from ..comm import Communicator
+from ..comm.work import Work
+from ..workspace import Workspace
+from .agreement import Agreement, Option
+from .launch import launch
+
+MAX_CACHED_PLANS = 64
+"""Plans kept per communicator for the functional calls (least recently used dropped first)."""
+
+
+class ErrorFeedback:
+    """The worker and server error buffers of one rank for one plan, and which coordinates each covers.
+
+    The worker buffer holds ``worker_numel`` elements of the padded vector from
+    ``worker_start``, the server buffer ``server_numel`` from ``server_start`` (flat
+    gather-scatter: the whole vector and this rank's chunk; hierarchical: this rank's
+    shard and its sub-chunk). They start at zero.
+    """
+
+    def __init__(
+        self, rank: int, world_size: int, numel: int, worker: tuple[int, int], server: tuple[int, int],
+        device: torch.device,
+    ) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.numel = numel
+        self.worker_error = torch.zeros(worker[0], dtype=torch.float32, device=device)
+        self.server_error = torch.zeros(server[0], dtype=torch.float32, device=device)
+        self._spans = ((self.worker_error, worker[1]), (self.server_error, server[1]))
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(worker_error, server_error), updated in place by every call."""
+        return self.worker_error, self.server_error
+
+    def forget(self, coordinates: torch.Tensor) -> None:
+        """Zero both buffers where the bool vector ``coordinates`` (``numel`` long) is True."""
+        for buffer, start in self._spans:
+            overlap = max(0, min(buffer.numel(), self.numel - start))
+            if overlap:
+                buffer[:overlap].masked_fill_(coordinates[start:start + overlap], 0.0)
+
+    def reset(self) -> None:
+        """Zero both buffers (when what they compensate changes meaning)."""
+        self.worker_error.zero_()
+        self.server_error.zero_()
+
+    def state_dict(self) -> dict[str, Any]:
+        """World size, rank, the vector's length and copies of both buffers: this rank's share (save one per rank)."""
+        return {
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "numel": self.numel,
+            "worker_error": self.worker_error.clone(),
+            "server_error": self.server_error.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy back what ``state_dict()`` saved, on the same rank of a same-size world, same layout."""
+        if state["world_size"] != self.world_size or state["rank"] != self.rank:
+            raise ValueError(
+                f"error-feedback checkpoint is from rank {state['rank']} of {state['world_size']}, "
+                f"this is rank {self.rank} of {self.world_size}: server errors belong to per-rank "
+                f"chunks, so resume with the same world size and each rank's own state"
+            )
+        for name, buf in (("worker_error", self.worker_error), ("server_error", self.server_error)):
+            saved = state[name]
+            if saved.shape != buf.shape:
+                raise ValueError(
+                    f"error-feedback checkpoint's {name} has shape {tuple(saved.shape)}, this layout's "
+                    f"{tuple(buf.shape)}"
+                )
+            buf.copy_(saved)
+
+
+class Plan(ABC):
+    """One collective on tensors of one size on one device of one communicator.
+
+    A plan is built once and then serves every call of that size:
+    1. its layout (padding, chunks, shards) is worked out at construction, or at the first
+       call where it needs the node layout;
+    2. its scratch buffers (a ``Workspace``) are allocated on the first call and reused;
+    3. its agreement per (shape, dtype) reduces what the ranks must agree on to a
+       signature, so each call exchanges only (signature, finite?, scale);
+    4. it owns an ``ErrorFeedback`` when it is used without caller-owned buffers
+       (``CompressedAllreduce``, the optimizers' channel).
+    Calls on one plan run one at a time, in the communicator's order (``launch``).
+
+    Subclasses give ``what``, the error-buffer layout and ``_run``.
+    """
+
+    what = "collective"
+
+    def __init__(self, comm: Communicator, numel: int, device: torch.device, options: tuple[Option, ...]) -> None:
+        self.comm = comm
+        self.numel = numel
+        self.device = torch.device(device)
+        self.options = options
+        self.workspace = Workspace()
+        self._agreements: dict[tuple[tuple[int, ...], torch.dtype], Agreement] = {}
+        self._error_feedback: ErrorFeedback | None = None
+
+    def agreement(self, tensor: torch.Tensor) -> Agreement:
+        """The agreement for ``tensor``'s shape and dtype (built on first use)."""
+        key = (tuple(tensor.shape), tensor.dtype)
+        found = self._agreements.get(key)
+        if found is None:
+            found = Agreement(self.comm, self.what, self.numel, tensor.shape, tensor.dtype, self.options)
+            self._agreements[key] = found
+        return found
+
+    @property
+    def error_feedback(self) -> ErrorFeedback:
+        """This plan's own error buffers (created as zeros on first use)."""
+        if self._error_feedback is None:
+            worker, server = self.error_layout()
+            self._error_feedback = ErrorFeedback(
+                self.comm.rank, self.comm.size, self.numel, worker, server, self.device
+            )
+        return self._error_feedback
+
+    def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((worker length, worker start), (server length, server start)) in the padded vector."""
+        raise TypeError(f"{self.what} keeps no error feedback")
+
+    def start(
+        self, tensor: torch.Tensor, out: torch.Tensor | None, async_op: bool,
+        errors: tuple[torch.Tensor, torch.Tensor] | None = None, **call: Any,
+    ) -> torch.Tensor | Work:
+        """Run one call on checked arguments: blocking, or queued (``launch``).
+
+        ``errors`` are caller-owned (worker, server) buffers; None means the plan's own
+        where the collective has error feedback. ``call`` holds the collective's per-call
+        options (Birder's seed and step).
+        """
+        result = torch.empty_like(tensor, memory_format=torch.contiguous_format) if out is None else out
+        buffers: tuple[torch.Tensor, ...] = () if errors is None else errors
+        return launch(self.comm, self.what, lambda: self._run(tensor, buffers, result, **call),
+                      (tensor, *buffers, result), async_op)
+
+    @abstractmethod
+    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor,
+             **call: Any) -> torch.Tensor:
+        """The algorithm's steps, in this rank's turn; returns ``result``."""
+
+
+_cache: "weakref.WeakKeyDictionary[Communicator, OrderedDict[Hashable, Plan]]" = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def cached_plan(comm: Communicator, key: Hashable, build: Callable[[], Plan]) -> Plan:
+    """The plan kept for ``key`` on ``comm``, built by ``build()`` the first time.
+
+    At most ``MAX_CACHED_PLANS`` are kept per communicator; the least recently used goes
+    first (a call in flight keeps its own reference).
+    """
+    with _cache_lock:
+        plans = _cache.setdefault(comm, OrderedDict())
+        plan = plans.get(key)
+        if plan is None:
+            plan = build()
+            plans[key] = plan
+            if len(plans) > MAX_CACHED_PLANS:
+                plans.popitem(last=False)
+        else:
+            plans.move_to_end(key)
+        return plan
+
+
+def cached_plans(comm: Communicator) -> int:
+    """How many plans are kept for ``comm`` (for tests and memory reports)."""
+    with _cache_lock:
+        return len(_cache.get(comm, ()))

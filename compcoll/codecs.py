@@ -45,7 +45,7 @@ def check_device(tensor: torch.Tensor) -> None:
 def _array(tensor: torch.Tensor):
     """A zero-copy kernel view: numpy for CPU tensors, a numba device array for CUDA tensors."""
     if tensor.device.type == "cpu":
-        return tensor.detach().numpy()
+        return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
     from numba import cuda
 
     # no stream sync on import: the kernels run on torch's current stream, behind the producer
@@ -83,12 +83,12 @@ def _run(kernel: str, tensor: torch.Tensor, *args):
     CUDA kernels that need temporaries take them from torch's caching allocator on the
     same stream (numba's own allocator would cudaMalloc and free them on every call).
     """
-    check_device(tensor)
     if tensor.device.type == "cpu":
         small = tensor.numel() < cpu_kernels.SERIAL_BELOW
         run = cpu_kernels.SERIAL[kernel] if small else getattr(cpu_kernels, kernel)
         with _CPU_KERNELS:
             return run(*args)
+    check_device(tensor)
     from numba import cuda
 
     from .kernels import cuda as cuda_kernels
@@ -116,8 +116,12 @@ def divide_(values: torch.Tensor, count: int) -> torch.Tensor:
 
     torch's CUDA division by a Python number multiplies by its reciprocal (1/3 is not
     exact), so the divisor goes in as a tensor, which takes the IEEE division the CPU
-    and the numpy reference do.
+    and the numpy reference do; on the CPU numpy divides, correctly rounded too.
     """
+    if values.device.type == "cpu":
+        array = values.numpy()
+        np.divide(array, array.dtype.type(count), out=array)
+        return values
     return values.div_(torch.full_like(values, count))
 
 
@@ -184,6 +188,10 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
 
     The values +-scale are rounded to the output dtype once (by torch), then selected.
     """
+    if out.device.type == "cpu" and out.dtype == torch.float32 and scales.dtype == torch.float32:
+        positive = scales.numpy()
+        _run("select_decode", out, _array(bits), positive, -positive, out.numpy(), out.numel())
+        return
     scales = scales.to(device=out.device)
     positive = _storage(scales.to(out.dtype))
     negative = _storage((-scales).to(out.dtype))
@@ -223,6 +231,10 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
     A 1-D ``rows`` is one row, and ``scales`` may then be a single float.
     """
     table = rows.view(1, -1) if rows.dim() == 1 else rows
+    if table.device.type == "cpu":
+        heads = table.numpy()[:, :SCALE_BYTES].view(np.float32)
+        heads[:, 0] = scales.numpy() if isinstance(scales, torch.Tensor) else scales
+        return rows[..., SCALE_BYTES:]
     values = torch.as_tensor(scales, dtype=torch.float32).reshape(-1, 1)
     table[:, :SCALE_BYTES].copy_(values.view(torch.uint8))
     return rows[..., SCALE_BYTES:]
@@ -230,5 +242,8 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
 
 def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split (n, SCALE_BYTES + nbytes) wire rows into n float32 scales and the sign bytes."""
+    if rows.device.type == "cpu":
+        heads = np.ascontiguousarray(rows.numpy()[:, :SCALE_BYTES]).view(np.float32).reshape(-1)
+        return torch.from_numpy(heads), rows[:, SCALE_BYTES:]
     scales = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
     return scales, rows[:, SCALE_BYTES:]

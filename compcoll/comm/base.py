@@ -56,6 +56,7 @@ class Communicator(ABC):
         self._parent: Communicator | None = None
         self._parent_ranks: list[int] = []
         self._ordering = Ordering(self)
+        self._peers = [peer for peer in range(size) if peer != rank]
 
     def alltoall(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:
         """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i.
@@ -149,7 +150,11 @@ class Communicator(ABC):
         def begin() -> Work:
             self._check()
             count()
-            return self._guard(start)
+            try:
+                return start()
+            except Exception as exc:
+                self._mark_broken(exc)
+                raise
 
         work = self._ordering.start(begin, what)
         if async_op:
@@ -159,11 +164,11 @@ class Communicator(ABC):
 
     def _count_each(self, nbytes: int) -> None:
         """Count ``nbytes`` sent to every other rank."""
-        self._count({peer: nbytes for peer in range(self.size) if peer != self.rank})
+        self._count(dict.fromkeys(self._peers, nbytes))
 
     def _count_spread(self, total: int) -> None:
         """Count ``total`` bytes spread evenly over the other ranks (the first peers take the remainder)."""
-        peers = [peer for peer in range(self.size) if peer != self.rank]
+        peers = self._peers
         if peers:
             share, extra = divmod(total, len(peers))
             self._count({peer: share + (i < extra) for i, peer in enumerate(peers)})

@@ -109,12 +109,13 @@ class MPIComm(Communicator):
         tensor, ``recv`` is copied into it on completion (a 16-bit allreduce done in float32).
         """
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if any(self._is_device(t) for t in (send, recv) if t is not None) and not self.cuda_aware:
+        on_device = self._is_device(recv) or (send is not None and self._is_device(send))
+        if on_device and not self.cuda_aware:
             host_send = None if send is None else self._stage(send, True)
             host_recv = self._stage(recv, send is None)
             copies.append((recv, host_recv))
             buffers = (None if host_send is None else _buffer(host_send), _buffer(host_recv))
-        elif any(self._is_device(t) for t in (send, recv) if t is not None):
+        elif on_device:
             if torch.cuda.is_available():
                 torch.cuda.current_stream().synchronize()
             buffers = (None if send is None else DeviceBuffer(send), DeviceBuffer(recv))

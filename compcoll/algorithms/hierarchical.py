@@ -106,7 +106,6 @@ class _NodePlan(Plan):
                  ranks_per_node: int | None, options: tuple[Option, ...] = ()) -> None:
         super().__init__(comm, numel, device, (Option("ranks_per_node", requested), *options))
         self.ranks_per_node = ranks_per_node
-        self.full = padded_numel(numel, comm.size)
         self._layout: Topology | None = None
 
     @property
@@ -265,7 +264,6 @@ class CompensatedPlan(_NodePlan):
             Option("worker_error lengths", lengths[0]),
             Option("server_error lengths", lengths[1]),
         ))
-        self.lengths = lengths
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout

@@ -15,7 +15,7 @@ from ..workspace import Workspace
 from .agreement import Option
 from .inputs import check_error_buffer, check_length, check_tensor
 from .pipeline import default_pieces, serve_in_pieces
-from .plan import Plan, cached_plan
+from .plan import Plan, cached_plan, check_owner
 
 PROTOCOLS = ("gather_scatter", "allgather")
 
@@ -118,7 +118,6 @@ class FlatPlan(Plan):
                          (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces)))
         self.protocol = protocol
         self.pieces = pieces
-        self.full = padded_numel(numel, comm.size)
         self.chunk = self.full // comm.size
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -240,14 +239,13 @@ class CompressedAllreduce:
         self.plans: dict[Hashable, FlatPlan] = {}
 
     def plan(self, key: Hashable, tensor: torch.Tensor) -> FlatPlan:
-        """The plan of ``key`` (built for ``tensor`` on first use).
+        """The plan of ``key`` (built for ``tensor``, a checked input, on first use).
 
         Raises ValueError when ``key`` was used before with another number of elements
         or device.
         """
         plan = self.plans.get(key)
         if plan is None:
-            check_tensor("CompressedAllreduce", tensor, None)
             plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, default_pieces(tensor))
             self.plans[key] = plan
         elif (plan.numel, plan.device) != (tensor.numel(), tensor.device):
@@ -260,8 +258,8 @@ class CompressedAllreduce:
     def __call__(
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
     ) -> torch.Tensor | Work:
-        plan = self.plan(key, tensor)
         check_tensor("CompressedAllreduce", tensor, out)
+        plan = self.plan(key, tensor)
         return plan.start(tensor, out, async_op, plan.error_feedback.buffers())
 
     def state_dict(self) -> dict[str, Any]:
@@ -275,12 +273,7 @@ class CompressedAllreduce:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved (same world size and rank); keys are rebuilt from it."""
-        if state["world_size"] != self.comm.size or state["rank"] != self.comm.rank:
-            raise ValueError(
-                f"error-feedback checkpoint is from rank {state['rank']} of {state['world_size']}, "
-                f"this is rank {self.comm.rank} of {self.comm.size}: server errors belong to per-rank "
-                f"chunks, so resume with the same world size and each rank's own state"
-            )
+        check_owner(state, self.comm.rank, self.comm.size)
         if state["protocol"] not in PROTOCOLS:
             raise ValueError(f"CompressedAllreduce: checkpoint protocol {state['protocol']!r} is not one of {PROTOCOLS}")
         self.protocol = state["protocol"]

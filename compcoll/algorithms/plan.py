@@ -12,12 +12,23 @@ import torch
 
 from ..comm import Communicator
 from ..comm.work import Work
+from ..spec import padded_numel
 from ..workspace import Workspace
 from .agreement import Agreement, Option
 from .launch import launch
 
 MAX_CACHED_PLANS = 64
 """Plans kept per communicator for the functional calls (least recently used dropped first)."""
+
+
+def check_owner(state: dict[str, Any], rank: int, world_size: int) -> None:
+    """Refuse an error-feedback checkpoint saved by another rank or in a world of another size."""
+    if state["world_size"] != world_size or state["rank"] != rank:
+        raise ValueError(
+            f"error-feedback checkpoint is from rank {state['rank']} of {state['world_size']}, "
+            f"this is rank {rank} of {world_size}: server errors belong to per-rank "
+            f"chunks, so resume with the same world size and each rank's own state"
+        )
 
 
 class ErrorFeedback:
@@ -68,12 +79,7 @@ class ErrorFeedback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Copy back what ``state_dict()`` saved, on the same rank of a same-size world, same layout."""
-        if state["world_size"] != self.world_size or state["rank"] != self.rank:
-            raise ValueError(
-                f"error-feedback checkpoint is from rank {state['rank']} of {state['world_size']}, "
-                f"this is rank {self.rank} of {self.world_size}: server errors belong to per-rank "
-                f"chunks, so resume with the same world size and each rank's own state"
-            )
+        check_owner(state, self.rank, self.world_size)
         for name, buf in (("worker_error", self.worker_error), ("server_error", self.server_error)):
             saved = state[name]
             if saved.shape != buf.shape:
@@ -88,7 +94,7 @@ class Plan(ABC):
     """One collective on tensors of one size on one device of one communicator.
 
     A plan is built once and then serves every call of that size:
-    1. its layout (padding, chunks, shards) is worked out at construction, or at the first
+    1. its layout (padding: ``full``; chunks, shards) is worked out at construction, or at the first
        call where it needs the node layout;
     2. its scratch buffers (a ``Workspace``) are allocated on the first call and reused;
     3. its agreement per (shape, dtype) reduces what the ranks must agree on to a
@@ -107,6 +113,7 @@ class Plan(ABC):
         self.numel = numel
         self.device = torch.device(device)
         self.options = options
+        self.full = padded_numel(numel, comm.size)
         self.workspace = Workspace()
         self._agreements: dict[tuple[tuple[int, ...], torch.dtype], Agreement] = {}
         self._error_feedback: ErrorFeedback | None = None

@@ -1,13 +1,14 @@
 """nccl-tests style benchmark: compressed, hierarchical and plain allreduce on the same communicator.
 
-Methods: ``plain`` (the communicator's allreduce, then / n), ``1bit``
+Methods (``methods.METHODS``): ``plain`` (the communicator's allreduce, then / n), ``1bit``
 (``compressed_allreduce``, in pieces that overlap the wire when the tensor is large),
-``1bit-serial`` (the same in one piece), ``hier`` (``hierarchical_allreduce``), ``hier-ef``
+``1bit-serial`` (the same in one piece), ``1bit-wire`` (its transport operations alone, no
+kernels), ``hier`` (``hierarchical_allreduce``), ``hier-ef``
 (``hierarchical_compressed_allreduce``), and the peers users would pick instead,
 PyTorch's DDP communication hooks ``fp16`` and ``powersgd`` on the same Gloo group. Every
-row also splits the bytes sent into intra-node and inter-node traffic, from the node
-layout (``--ranks-per-node`` or hostnames), and with ``--nic`` counts what the network
-interface itself sent.
+row splits the bytes sent into intra-node and inter-node traffic, from the node
+layout (``--ranks-per-node`` or hostnames), with ``--nic`` counts what the network
+interface itself sent, and splits the time into compute and waiting for the wire.
 
 Run it under a launcher (``mpiexec -n 4 python -m compcoll.bench``, ``torchrun
 --nproc-per-node 4 -m compcoll.bench``) or let it start local ranks itself
@@ -21,22 +22,17 @@ import json
 import statistics
 import sys
 import time
-import zlib
 from typing import Callable
 
-import numpy as np
 import torch
 
 import compcoll
 from compcoll.algorithms.onebit import PROTOCOLS
 from compcoll.comm import Communicator
-from compcoll.kernels import reference
 
-from .peers import PEERS, ddp_hook_step
+from .methods import METHODS, make_input
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-METHODS = ("plain", "1bit", "1bit-serial", "hier", "hier-ef", *PEERS)
-_REFERENCE_LIMIT = 1 << 20
 
 
 def parse_size(text: str) -> int:
@@ -64,142 +60,32 @@ def _method_list(text: str) -> list[str]:
     return names
 
 
-def _max_over_ranks(comm: Communicator, value: float) -> float:
-    table = torch.empty(comm.size, dtype=torch.float64)
-    comm.allgather(torch.tensor([value], dtype=torch.float64), table)
-    return float(table.max())
+def _max_over_ranks(comm: Communicator, *values: float) -> list[float]:
+    """Each of ``values``' maximum over the ranks."""
+    table = torch.empty(comm.size * len(values), dtype=torch.float64)
+    comm.allgather(torch.tensor(values, dtype=torch.float64), table)
+    return table.view(comm.size, -1).max(dim=0).values.tolist()
 
 
-def _timed(comm: Communicator, step, iters: int, warmup: int, runs: int) -> float:
-    """Median over ``runs`` of the per-iteration time (slowest rank) of ``iters`` calls."""
+def _timed(comm: Communicator, step, iters: int, warmup: int, runs: int) -> tuple[float, float]:
+    """Medians over ``runs`` of the per-iteration time (slowest rank) and compute time of ``iters`` calls.
+
+    A rank's compute time is its time less what it spent blocked on the communicator's
+    transport operations (``wait_seconds``); the largest over the ranks is kept.
+    """
     for _ in range(warmup):
         step()
-    times = []
+    times, computes = [], []
     for _ in range(runs):
         comm.barrier()
-        start = time.perf_counter()
+        waited, start = comm.wait_seconds, time.perf_counter()
         for _ in range(iters):
             step()
-        times.append(_max_over_ranks(comm, (time.perf_counter() - start) / iters))
-    return statistics.median(times)
-
-
-def _input(rank: int, count: int) -> torch.Tensor:
-    return torch.randn(count, generator=torch.Generator().manual_seed(12345 + rank))
-
-
-def _verify_plain(comm: Communicator, count: int) -> int:
-    """Elements of a plain allreduce that differ from the sum of all ranks' inputs."""
-    x = _input(comm.rank, count)
-    comm.allreduce(x)
-    expected = sum(_input(r, count).double() for r in range(comm.size))
-    return int((~torch.isclose(x.double(), expected, rtol=1e-5, atol=1e-5)).sum())
-
-
-def _count_wrong(comm: Communicator, out: torch.Tensor, simulate) -> int:
-    """Wrong elements of one call's ``out``: against the reference (small sizes) and across ranks.
-
-    1. If ``simulate`` is given and the world's inputs are small enough, compare with
-       ``simulate(every rank's input)``, the reference's output for this rank.
-    2. All-gather a checksum of ``out``; if any rank differs, every element counts as wrong.
-    """
-    wrong = 0
-    if simulate is not None and out.numel() * comm.size <= _REFERENCE_LIMIT:
-        expected = simulate([_input(r, out.numel()).numpy() for r in range(comm.size)])
-        wrong = int((out.numpy() != expected).sum())
-    checksums = torch.empty(comm.size, dtype=torch.int64)
-    comm.allgather(torch.tensor([zlib.crc32(out.numpy().tobytes())]), checksums)
-    return wrong + int((checksums != checksums[0]).sum()) * out.numel()
-
-
-def _verify_compressed(comm: Communicator, count: int, protocol: str, pieces: int | None) -> int:
-    """Wrong elements of one compressed_allreduce from zero error buffers."""
-    n, full = comm.size, compcoll.padded_numel(count, comm.size)
-    out = compcoll.compressed_allreduce(
-        _input(comm.rank, count), torch.zeros(full), torch.zeros(full // n), comm, protocol=protocol, pieces=pieces
-    )
-    zeros_w, zeros_s = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
-    return _count_wrong(
-        comm, out, lambda xs: reference.compressed_allreduce(xs, zeros_w, zeros_s, protocol)[0][comm.rank]
-    )
-
-
-def _consecutive(topo: compcoll.Topology) -> bool:
-    """Whether node = rank // k, the layout the reference simulates."""
-    return topo.node_of == tuple(r // topo.ranks_per_node for r in range(len(topo.node_of)))
-
-
-def _verify_hierarchical(comm: Communicator, topo: compcoll.Topology, count: int) -> int:
-    """Wrong elements of one hierarchical_allreduce (seed 1, step 0)."""
-    k = topo.ranks_per_node
-    out = compcoll.hierarchical_allreduce(_input(comm.rank, count), comm, ranks_per_node=k, seed=1, step=0)
-    simulate = (lambda xs: reference.hierarchical_allreduce(xs, k, 1, 0)[0][comm.rank]) if _consecutive(topo) else None
-    return _count_wrong(comm, out, simulate)
-
-
-def _verify_compensated(comm: Communicator, topo: compcoll.Topology, count: int) -> int:
-    """Wrong elements of one hierarchical_compressed_allreduce from zero error buffers."""
-    n, k = comm.size, topo.ranks_per_node
-    wn, sn = compcoll.hierarchical_error_numels(count, n, k)
-    out = compcoll.hierarchical_compressed_allreduce(
-        _input(comm.rank, count), torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k
-    )
-    zeros_w, zeros_s = [np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n
-    simulate = (
-        (lambda xs: reference.hierarchical_compressed_allreduce(xs, zeros_w, zeros_s, k)[0][comm.rank])
-        if _consecutive(topo) else None
-    )
-    return _count_wrong(comm, out, simulate)
-
-
-def _verify_peer(comm: Communicator, name: str, out: torch.Tensor) -> int:
-    """Wrong elements of a peer hook's last result: fp16 against the exact average (float16
-    tolerance), PowerSGD (a low-rank approximation by design) only across ranks."""
-    wrong = 0
-    if name == "fp16":
-        expected = sum(_input(r, out.numel()).double() for r in range(comm.size)) / comm.size
-        wrong = int((~torch.isclose(out.double(), expected, rtol=1e-2, atol=1e-2)).sum())
-    return wrong + _count_wrong(comm, out, None)
-
-
-def _method(name: str, comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
-            args: argparse.Namespace) -> tuple:
-    """(one timed call, a verification returning the number of wrong elements) for ``name``."""
-    n, count, k = comm.size, x.numel(), topo.ranks_per_node
-    out = torch.empty_like(x)
-    if name == "plain":
-        plain = x.clone()
-
-        def plain_step() -> None:
-            plain.copy_(x)
-            comm.allreduce(plain)
-            plain.div_(n)
-
-        return plain_step, lambda: _verify_plain(comm, count)
-    if name in ("1bit", "1bit-serial"):
-        full = compcoll.padded_numel(count, n)
-        worker, server = torch.zeros(full), torch.zeros(full // n)
-        pieces = 1 if name == "1bit-serial" else args.pieces
-        return (
-            lambda: compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out,
-                                                  pieces=pieces),
-            lambda: _verify_compressed(comm, count, args.protocol, pieces),
-        )
-    if name == "hier":
-        return (
-            lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, out=out),
-            lambda: _verify_hierarchical(comm, topo, count),
-        )
-    if name == "hier-ef":
-        node_worker, node_server = (torch.zeros(m) for m in compcoll.hierarchical_error_numels(count, n, k))
-        return (
-            lambda: compcoll.hierarchical_compressed_allreduce(
-                x, node_worker, node_server, comm, ranks_per_node=k, out=out
-            ),
-            lambda: _verify_compensated(comm, topo, count),
-        )
-    step, result = ddp_hook_step(comm, x, name, args.powersgd_rank)
-    return step, lambda: _verify_peer(comm, name, result())
+        elapsed = (time.perf_counter() - start) / iters
+        slowest, compute = _max_over_ranks(comm, elapsed, elapsed - (comm.wait_seconds - waited) / iters)
+        times.append(slowest)
+        computes.append(compute)
+    return statistics.median(times), statistics.median(computes)
 
 
 def _nic_tx(nic: str | None) -> int:
@@ -222,20 +108,22 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
     Speedup and byte ratios are relative to the first method (plain allreduce by default).
     """
     n, count = comm.size, size // 4
-    x = _input(comm.rank, count)
+    x = make_input(comm.rank, count)
     row: dict = {"size": size, "count": count, "ranks": n, "ranks_per_node": topo.ranks_per_node}
     for name in args.methods:
-        step, verify = _method(name, comm, topo, x, args)
+        method = METHODS[name]
+        step, verify = method.build(comm, topo, x, args)
         sent, (intra, inter), nic = comm.bytes_sent, topo.traffic(comm), _nic_tx(args.nic)
         step()
         nic = _nic_tx(args.nic) - nic
         sent, (intra, inter) = comm.bytes_sent - sent, (a - b for a, b in zip(topo.traffic(comm), (intra, inter)))
-        nic = _max_over_ranks(comm, nic)
-        seconds = _timed(comm, step, args.iters, args.warmup, args.runs)
+        (nic,) = _max_over_ranks(comm, nic)
+        seconds, compute = _timed(comm, step, args.iters, args.warmup, args.runs)
         algbw = size / seconds / 1e9
-        counted = name not in PEERS
+        counted = method.counted
         row[name] = {
             "time_us": seconds * 1e6,
+            "compute_us": compute * 1e6 if counted else None,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (n - 1) / n,
             "bytes_sent": sent if counted else None,
@@ -265,7 +153,8 @@ def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace
         f"# compcoll.bench: {type(comm).__name__} {comm.size} rank(s), {first['ranks_per_node']} per node, "
         f"protocol {args.protocol}, {args.iters} iters x {args.runs} runs (median), {args.warmup} warmup; "
         f"ratios vs {args.methods[0]}" + (f"; nic(B): max bytes one rank's {args.nic} sent per call" if args.nic else "")
-        + f"\n# {'size(B)':>12} {'count':>11} {'method':>8} | {'time us':>10} {'algbw':>7} {'busbw':>7} | "
+        + f"\n# {'size(B)':>12} {'count':>11} {'method':>11} | {'time us':>10} {'compute us':>10} {'algbw':>7} "
+        f"{'busbw':>7} | "
         f"{'sent(B)':>11} {'intra(B)':>11} {'inter(B)':>11} {'nic(B)':>11} {'wrong':>5} | {'speedup':>7} "
         f"{'bytes x':>7} {'inter x':>7} {'nic x':>7}"
     )
@@ -274,7 +163,8 @@ def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace
         for name in args.methods:
             m = r[name]
             lines.append(
-                f"  {r['size']:>12} {r['count']:>11} {name:>8} | {m['time_us']:>10.1f} {m['algbw_GBps']:>7.3f} "
+                f"  {r['size']:>12} {r['count']:>11} {name:>11} | {m['time_us']:>10.1f} "
+                f"{_cell(m['compute_us'], 10, '.1f')} {m['algbw_GBps']:>7.3f} "
                 f"{m['busbw_GBps']:>7.3f} | {_cell(m['bytes_sent'], 11)} {_cell(m['intra_bytes'], 11)} "
                 f"{_cell(m['inter_bytes'], 11)} {_cell(m['nic_tx_bytes'], 11)} {_cell(m['wrong'], 5)} | "
                 f"{m['speedup']:>7.2f} {_cell(m['bytes_ratio'], 7, '.1f')} {_cell(m['inter_ratio'], 7, '.1f')} "
@@ -301,7 +191,7 @@ def run_benchmark(comm: Communicator, args: argparse.Namespace) -> list[dict]:
             sys.stderr.flush()
 
     tiny = torch.ones(1)
-    latency = _timed(comm, lambda: comm.allreduce(tiny), 10, 2, 5)
+    latency, _ = _timed(comm, lambda: comm.allreduce(tiny), 10, 2, 5)
     for size in todo:
         rows.append(measure(comm, topo, size, args, progress))
     if comm.rank == 0:
@@ -333,8 +223,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pieces", type=int, metavar="P",
                    help="pieces of the 1bit method (default: compressed_allreduce's choice by size and device)")
     p.add_argument("--methods", type=_method_list, default=["plain", "1bit"],
-                   help=f"comma-separated, side by side, the first is the baseline: {','.join(METHODS)} "
-                        "(plain,1bit)")
+                   help="comma-separated, side by side, the first is the baseline (plain,1bit): "
+                        + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()))
     p.add_argument("--ranks-per-node", type=int, metavar="K",
                    help="k consecutive ranks form a node (default: by hostname, or COMPCOLL_RANKS_PER_NODE)")
     p.add_argument("--nic", metavar="IFACE",

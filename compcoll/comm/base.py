@@ -38,6 +38,11 @@ class Communicator(ABC):
     numbers), so the world communicator's counters hold everything a rank sent, and a
     topology can tell intra-node from inter-node bytes.
 
+    ``wait_seconds`` adds up the time this rank's threads spent blocked waiting for
+    transport operations to complete (sub-communicators add theirs to their parents' too):
+    a call's time less its wait is what it computed, so a benchmark can tell kernels from
+    wire.
+
     A collective that does not finish within ``timeout`` seconds raises
     ``CollectiveTimeout`` and leaves the communicator unusable (``CommunicatorBroken``
     afterwards), since a half-done collective cannot be taken back.
@@ -52,6 +57,7 @@ class Communicator(ABC):
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self.bytes_sent = 0
         self.bytes_sent_to = [0] * size
+        self.wait_seconds = 0.0
         self._broken: str | None = None
         self._parent: Communicator | None = None
         self._parent_ranks: list[int] = []
@@ -182,6 +188,13 @@ class Communicator(ABC):
             comm.bytes_sent += sum(sent.values())
             if comm._parent is not None:
                 sent = {comm._parent_ranks[peer]: nbytes for peer, nbytes in sent.items()}
+            comm = comm._parent
+
+    def _count_wait(self, seconds: float) -> None:
+        """Add ``seconds`` spent blocked on a transport operation here and in every parent."""
+        comm: Communicator | None = self
+        while comm is not None:
+            comm.wait_seconds += seconds
             comm = comm._parent
 
     def _check(self, *tensors: torch.Tensor) -> None:

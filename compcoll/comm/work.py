@@ -62,6 +62,7 @@ class PendingWork(Work):
        bound every wait.
     2. On completion ``finish`` runs once (a staged copy back), then ``result`` is returned.
     3. A timeout or a transport error marks the communicator broken.
+    4. The time spent blocked in ``wait`` is added to the communicator's ``wait_seconds``.
 
     Subclasses say how to test and how to block (``_test``, ``_block``).
     """
@@ -93,7 +94,10 @@ class PendingWork(Work):
         limit = self._comm.timeout - (time.monotonic() - self._started)
         if timeout is not None:
             limit = min(limit, timeout)
-        if not self._comm._guard(self._block, max(0.0, limit)):
+        blocked = time.monotonic()
+        completed = self._comm._guard(self._block, max(0.0, limit))
+        self._comm._count_wait(time.monotonic() - blocked)
+        if not completed:
             error = CollectiveTimeout(
                 f"{self._comm.describe()} {self._what} on rank {self._comm.rank} of {self._comm.size} did not "
                 f"complete within {time.monotonic() - self._started:.3g} s (timeout {self._comm.timeout:g} s, "

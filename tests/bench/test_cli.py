@@ -19,6 +19,7 @@ def test_parse_size_and_sweep() -> None:
 
 def test_methods_option() -> None:
     assert parser().parse_args(["--methods", "1bit,hier"]).methods == ["1bit", "hier"]
+    assert "no kernels (its wire time)" in " ".join(parser().format_help().split())
     for bad in ("plain,plain", "zfp", ""):
         with pytest.raises(SystemExit):
             parser().parse_args(["--methods", bad])
@@ -28,16 +29,19 @@ def test_methods_option() -> None:
 def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
-           "--methods", "plain,1bit,1bit-serial", "--launch", "2", "--backend", backend, "--json", str(out)]
+           "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend, "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "speedup" in done.stdout
+    assert "speedup" in done.stdout and "compute us" in done.stdout
     report = json.loads(out.read_text())
     assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 262144, 16 << 20]
     for row in report["rows"]:
         assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0 and row["1bit-serial"]["wrong"] == 0
         assert row["1bit"]["bytes_ratio"] > 20
         assert row["1bit"]["bytes_sent"] == row["1bit-serial"]["bytes_sent"], "pieces changed the bytes sent"
+        assert row["1bit-wire"]["wrong"] == 0 and row["1bit-wire"]["bytes_sent"] == row["1bit"]["bytes_sent"]
+        for name in ("plain", "1bit", "1bit-serial", "1bit-wire"):
+            assert 0 < row[name]["compute_us"] <= row[name]["time_us"], name
         assert row["plain"]["bytes_sent"] == row["size"], "only the allreduce's own bytes are counted"
 
 

@@ -85,7 +85,8 @@ def late_alltoall(comm: compcoll.Communicator, delay: float) -> None:
 
 
 def started_collectives(comm: compcoll.Communicator) -> None:
-    """async_op=True: several operations in flight at once, bytes counted at the start, results through wait and futures."""
+    """async_op=True: several operations in flight at once, bytes counted at the start, results through wait and
+    futures; time blocked on a late peer counted in wait_seconds."""
     n, rank = comm.size, comm.rank
     send = torch.arange(3 * n, dtype=torch.float32) + 100 * rank
     recv = torch.empty_like(send)
@@ -105,3 +106,11 @@ def started_collectives(comm: compcoll.Communicator) -> None:
         assert torch.equal(recv[3 * i:3 * i + 3], torch.arange(3 * rank, 3 * rank + 3) + 100.0 * i), f"block from {i}"
     assert torch.all(total == n * (n + 1) / 2) and torch.all(shared == 0)
     comm.barrier(async_op=True).wait()
+    if n > 1:
+        comm.barrier()
+        if rank == n - 1:
+            time.sleep(0.5)
+        waited = comm.wait_seconds
+        comm.allgather(mine, table)
+        if rank != n - 1:
+            assert comm.wait_seconds - waited >= 0.25, "the wait for a late peer was not counted in wait_seconds"

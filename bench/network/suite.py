@@ -4,7 +4,8 @@ Usage (as root, from the repository root):
     .venv/bin/python bench/network/suite.py --rates 1gbit,10gbit --layouts 2x1,2x2 --out bench/results/network
 
 1. For each rate and layout (nodes x ranks per node), one Gloo job runs plain Gloo
-   allreduce, compcoll's flat 1-bit, hierarchical 1-bit (layouts with more than one rank
+   allreduce, compcoll's flat 1-bit (its wire alone, in one piece and pipelined, so that
+   ``overlap.py`` can split it), hierarchical 1-bit (layouts with more than one rank
    per node) and PyTorch's fp16 and PowerSGD DDP hooks side by side on one group; one MPI
    job runs plain MPI_Allreduce, flat and hierarchical 1-bit side by side (``scenario.py``).
    On the idle machine, before and after the jobs, the kernel rates are calibrated at
@@ -31,8 +32,8 @@ from scenario import bench_args, default_threads, parse, run_scenario, write
 
 from compcoll.bench.model_cli import calibrate, validate
 
-GLOO_METHODS = ("plain", "1bit", "hier", "fp16", "powersgd")
-MPI_METHODS = ("plain", "1bit", "hier")
+GLOO_METHODS = ("plain", "1bit-wire", "1bit-serial", "1bit", "hier", "fp16", "powersgd")
+MPI_METHODS = ("plain", "1bit-wire", "1bit-serial", "1bit", "hier")
 CALIBRATION_SIZE = 64 << 20
 VALIDATION_MIN_SIZE = 1 << 20
 

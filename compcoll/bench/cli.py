@@ -124,6 +124,7 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
         row[name] = {
             "time_us": seconds * 1e6,
             "compute_us": compute * 1e6 if counted else None,
+            "pieces": method.pieces(args, x) if method.pieces else None,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (n - 1) / n,
             "bytes_sent": sent if counted else None,

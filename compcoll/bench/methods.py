@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 import compcoll
+from compcoll.algorithms.pipeline import default_pieces
 from compcoll.comm import Communicator
 from compcoll.kernels import reference
 from compcoll.spec import AGREEMENT_FIELDS, SCALE_BYTES
@@ -35,12 +36,15 @@ class Method:
             number of wrong elements).
         counted: whether its traffic goes through the communicator (its bytes and waits
             are counted there); PyTorch's hooks send through DDP instead.
+        pieces: (args, input) -> the pieces a ``compressed_allreduce`` method runs in
+            (recorded in the report for the model); None for the others.
     """
 
     name: str
     summary: str
     build: Callable[[Communicator, compcoll.Topology, torch.Tensor, argparse.Namespace], tuple[Step, Verify]]
     counted: bool = True
+    pieces: Callable[[argparse.Namespace, torch.Tensor], int] | None = None
 
 
 def make_input(rank: int, count: int) -> torch.Tensor:
@@ -87,8 +91,17 @@ def _plain(comm, topo, x, args) -> tuple[Step, Verify]:
     return step, verify
 
 
-def _onebit(pieces: Callable[[argparse.Namespace], int | None]):
-    """``compressed_allreduce`` with ``pieces(args)`` pieces; verified from zero error buffers."""
+def _pieces(args: argparse.Namespace, x: torch.Tensor) -> int:
+    """``--pieces``, or ``compressed_allreduce``'s own choice for ``x``."""
+    return args.pieces or default_pieces(x)
+
+
+def _one_piece(args: argparse.Namespace, x: torch.Tensor) -> int:
+    return 1
+
+
+def _onebit(pieces: Callable[[argparse.Namespace, torch.Tensor], int]):
+    """``compressed_allreduce`` with ``pieces(args, input)`` pieces; verified from zero error buffers."""
     def build(comm, topo, x, args) -> tuple[Step, Verify]:
         n, count = comm.size, x.numel()
         full = compcoll.padded_numel(count, n)
@@ -96,12 +109,12 @@ def _onebit(pieces: Callable[[argparse.Namespace], int | None]):
 
         def step() -> None:
             compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out,
-                                          pieces=pieces(args))
+                                          pieces=pieces(args, x))
 
         def verify() -> int:
             result = compcoll.compressed_allreduce(make_input(comm.rank, count), torch.zeros(full),
                                                    torch.zeros(full // n), comm, protocol=args.protocol,
-                                                   pieces=pieces(args))
+                                                   pieces=pieces(args, x))
             zeros_w, zeros_s = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
             return count_wrong(comm, result, lambda xs: reference.compressed_allreduce(
                 xs, zeros_w, zeros_s, args.protocol)[0][comm.rank])
@@ -204,8 +217,8 @@ def _peer(name: str):
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("plain", "the communicator's allreduce, then / n", _plain),
     Method("1bit", "compressed_allreduce, in pieces that overlap the wire when large (--pieces)",
-           _onebit(lambda args: args.pieces)),
-    Method("1bit-serial", "compressed_allreduce in one piece", _onebit(lambda args: 1)),
+           _onebit(_pieces), pieces=_pieces),
+    Method("1bit-serial", "compressed_allreduce in one piece", _onebit(_one_piece), pieces=_one_piece),
     Method("1bit-wire", "1bit's transport operations on the same bytes, no kernels (its wire time)", _wire),
     Method("hier", "hierarchical_allreduce (Birder)", _hier),
     Method("hier-ef", "hierarchical_compressed_allreduce", _hier_ef),

@@ -37,16 +37,29 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predicted time of one allreduce and where it goes (seconds)."""
+    """Predicted time of one allreduce and where it goes (seconds), and the pieces its kernels and wire overlap in."""
 
     latency: float
     kernels: float
     intra: float
     inter: float
+    pieces: int = 1
+
+    @property
+    def wire(self) -> float:
+        return self.intra + self.inter
 
     @property
     def total(self) -> float:
-        return self.latency + self.kernels + self.intra + self.inter
+        """latency + kernels + wire, less what the pieces overlap.
+
+        In one piece the phases run one after another, so the parts add up. In P pieces a
+        piece's kernels (K / P) run while another piece is on the wire (W / P): a two-stage
+        pipeline of P items takes max(K, W) + min(K, W) / P.
+        """
+        if self.pieces <= 1:
+            return self.latency + self.kernels + self.wire
+        return self.latency + max(self.kernels, self.wire) + min(self.kernels, self.wire) / self.pieces
 
 
 def link_bytes(method: str, nodes: int, ranks_per_node: int) -> tuple[float, float]:
@@ -97,7 +110,7 @@ def kernel_work(method: str, nodes: int, ranks_per_node: int) -> float:
     raise ValueError(f"the model knows {', '.join(MODEL_METHODS)}, not {method!r}")
 
 
-def predict(cluster: Cluster, size: int, method: str) -> Prediction:
+def predict(cluster: Cluster, size: int, method: str, pieces: int = 1) -> Prediction:
     """Time of one allreduce of ``size`` bytes of float32 with ``method`` on ``cluster``.
 
     1. Latency: alpha times the collectives the method runs (plain 1; 1bit 3: agreement,
@@ -105,8 +118,12 @@ def predict(cluster: Cluster, size: int, method: str) -> Prediction:
     2. Kernels: ``kernel_work`` times size / the method's kernel rate (a missing rate
        costs nothing).
     3. Wire: ``link_bytes`` times size, over the node's link goodput and the intra-node
-       bandwidth. The phases run one after another, so the parts add up.
+       bandwidth.
+    4. ``pieces`` (1bit only: ``compressed_allreduce(pieces=P)``): kernels and wire
+       overlap (``Prediction.total``).
     """
+    if pieces > 1 and method != "1bit":
+        raise ValueError(f"only 1bit runs in pieces in the model, not {method!r}")
     inter, intra = link_bytes(method, cluster.nodes, cluster.ranks_per_node)
     if cluster.ranks == 1:
         inter = intra = 0.0
@@ -117,11 +134,12 @@ def predict(cluster: Cluster, size: int, method: str) -> Prediction:
         kernels=work / (rate * 1e9) if rate else 0.0,
         intra=size * intra / (cluster.intra_gbyte * 1e9),
         inter=size * inter * 8 / (cluster.inter_gbit * 1e9),
+        pieces=pieces,
     )
 
 
 def break_even_gbit(cluster: Cluster, size: int, method: str) -> float:
-    """Link goodput (Gbit/s) above which plain allreduce of ``size`` bytes beats ``method``.
+    """Link goodput (Gbit/s) above which plain allreduce of ``size`` bytes beats ``method`` (in one piece).
 
     Both times are fixed + inter-node bytes / rate, so they cross at
     (plain's bytes - method's bytes) * 8 / (method's fixed - plain's fixed). Returns inf
@@ -136,7 +154,7 @@ def break_even_gbit(cluster: Cluster, size: int, method: str) -> float:
 
 
 def break_even_size(cluster: Cluster, method: str) -> float:
-    """Smallest size (bytes) from which ``method`` beats plain allreduce: both times are
+    """Smallest size (bytes) from which ``method`` (in one piece) beats plain allreduce: both times are
     a + b * size, so they cross at (a_method - a_plain) / (b_plain - b_method); inf if
     ``method`` never wins, 0 if it always does."""
     unit = 1 << 30

@@ -20,6 +20,8 @@ from .cli import parse_size
 from .model import MODEL_METHODS, Cluster, break_even_gbit, break_even_size, predict
 
 EMULATED_INTRA_GBYTE = 2.0
+MODELLED = {"1bit-serial": "1bit"}
+"""Benchmark methods the model predicts under another method's name."""
 _SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}
 
 
@@ -71,28 +73,31 @@ def validate(directory: Path, min_size: int) -> tuple[str, dict]:
     """Model vs measurement for every modelled method of every report in ``directory``.
 
     1. Read ``kernels.json`` (from ``--calibrate``) and every ``<backend>_<rate>_<N>x<k>.json``.
-    2. For each row and method, predict with ``emulated_cluster`` and record the relative
-       error (predicted / measured - 1).
+    2. For each row and method, predict with ``emulated_cluster`` (``1bit-serial`` is 1bit
+       in one piece; a row's ``pieces``, where recorded, are the pieces its call overlapped
+       in) and record the relative error (predicted / measured - 1).
     3. Summarise |error| (median, max) over sizes >= ``min_size``: per backend, per backend
        and method, and overall.
     """
     kernels = json.loads((directory / "kernels.json").read_text())
     lines = [f"# model vs measured, relative error = predicted / measured - 1; summary over sizes >= {min_size} B",
-             f"# {'scenario':>18} {'size(B)':>11} {'method':>6} | {'measured ms':>11} {'model ms':>9} {'error':>7} | "
+             f"# {'scenario':>24} {'size(B)':>11} {'method':>11} | {'measured ms':>11} {'model ms':>9} {'error':>7} | "
              f"{'kernels':>8} {'wire':>8} {'latency':>8}"]
     errors: dict[str, list[float]] = {}
     for path in sorted(directory.glob("*_*_*x*.json")):
         report = json.loads(path.read_text())
         cluster = emulated_cluster(report, kernels)
         for row in report["rows"]:
-            for method in (m for m in report["methods"] if m in MODEL_METHODS):
-                guess, seen = predict(cluster, row["size"], method), row[method]["time_us"] * 1e-6
+            for method in (m for m in report["methods"] if MODELLED.get(m, m) in MODEL_METHODS):
+                pieces = row[method].get("pieces") or 1
+                guess = predict(cluster, row["size"], MODELLED.get(method, method), pieces)
+                seen = row[method]["time_us"] * 1e-6
                 error = guess.total / seen - 1
                 if row["size"] >= min_size:
                     for key in (report["backend"], f"{report['backend']} {method}"):
                         errors.setdefault(key, []).append(abs(error))
                 lines.append(
-                    f"  {path.stem:>18} {row['size']:>11} {method:>6} | {seen * 1e3:>11.2f} {guess.total * 1e3:>9.2f} "
+                    f"  {path.stem:>24} {row['size']:>11} {method:>11} | {seen * 1e3:>11.2f} {guess.total * 1e3:>9.2f} "
                     f"{error:>+7.1%} | {guess.kernels * 1e3:>8.2f} {(guess.inter + guess.intra) * 1e3:>8.2f} "
                     f"{guess.latency * 1e3:>8.2f}"
                 )

@@ -83,3 +83,46 @@ def test_predictions_table() -> None:
     assert parse_count("1.3B") == 1_300_000_000
     lines = [line for line in predictions(args).splitlines() if not line.startswith("#")]
     assert len(lines) == 2 and all("|" in line for line in lines)
+
+
+def test_pieces_overlap_kernels_and_wire() -> None:
+    cluster, size = _cluster(2, 1), 64 << 20
+    serial, piped = predict(cluster, size, "1bit"), predict(cluster, size, "1bit", pieces=8)
+    assert serial.total == pytest.approx(serial.latency + serial.kernels + serial.wire)
+    bigger, smaller = max(serial.kernels, serial.wire), min(serial.kernels, serial.wire)
+    assert piped.total == pytest.approx(serial.latency + bigger + smaller / 8)
+    assert bigger < piped.total - piped.latency < serial.total - serial.latency
+    with pytest.raises(ValueError, match="only 1bit runs in pieces"):
+        predict(cluster, size, "hier", pieces=2)
+
+
+def test_validate_models_serial_and_pipelined_rows(tmp_path: Path) -> None:
+    """1bit-serial is 1bit in one piece; a row's recorded pieces are modelled as overlap."""
+    (tmp_path / "kernels.json").write_text(json.dumps({"1": RATES}))
+    cluster, size = Cluster(2, 1, 1.0, 200.0, 2.0, RATES), 64 << 20
+    report = {"backend": "mpi", "ranks": 2, "ranks_per_node": 1, "nodes": 2, "threads_per_rank": 1, "cpu_count": 2,
+              "link_goodput_gbit": 1.0, "latency_us": 200.0, "methods": ["1bit-serial", "1bit"],
+              "rows": [{"size": size,
+                        "1bit-serial": {"time_us": predict(cluster, size, "1bit").total * 1e6, "pieces": 1},
+                        "1bit": {"time_us": predict(cluster, size, "1bit", 8).total * 1e6, "pieces": 8}}]}
+    (tmp_path / "pipelined_mpi_1gbit_2x1.json").write_text(json.dumps(report))
+    text, result = validate(tmp_path, 1 << 20)
+    assert result["summary"]["all"]["points"] == 2 and result["summary"]["all"]["max"] < 1e-9
+    assert "1bit-serial" in text
+
+
+def test_overlap_split_of_a_report(tmp_path: Path) -> None:
+    """bench/network/overlap.py: kernels = serial - wire, the pipelined call against max(kernels, wire)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "network"))
+    import overlap
+
+    row = {"size": 64 << 20, "plain": {"time_us": 600e3}, "1bit-wire": {"time_us": 20e3},
+           "1bit-serial": {"time_us": 70e3, "pieces": 1}, "1bit": {"time_us": 55e3, "pieces": 8}}
+    (split,) = overlap.split({"rows": [row, {"size": 4, "plain": {"time_us": 1.0}}]})
+    assert split["kernels_ms"] == pytest.approx(50.0) and split["wire_ms"] == pytest.approx(20.0)
+    assert split["bound_ratio"] == pytest.approx(1.1) and split["hidden"] == pytest.approx(0.75)
+    path = tmp_path / "pipelined_mpi_1gbit_2x1.json"
+    path.write_text(json.dumps({"rows": [row]}))
+    assert "pipelined_mpi_1gbit_2x1" in overlap.table([path]) and "10.9x" in overlap.table([path])

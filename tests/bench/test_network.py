@@ -98,9 +98,9 @@ def test_suite_methods_per_layout() -> None:
     import suite
 
     assert suite.layouts("2x1,2x2") == [(2, 1), (2, 2)]
-    assert suite.methods_for("gloo", 1) == "plain,1bit,fp16,powersgd"
-    assert suite.methods_for("gloo", 2) == "plain,1bit,hier,fp16,powersgd"
-    assert suite.methods_for("mpi", 2) == "plain,1bit,hier"
+    assert suite.methods_for("gloo", 1) == "plain,1bit-wire,1bit-serial,1bit,fp16,powersgd"
+    assert suite.methods_for("gloo", 2) == "plain,1bit-wire,1bit-serial,1bit,hier,fp16,powersgd"
+    assert suite.methods_for("mpi", 2) == "plain,1bit-wire,1bit-serial,1bit,hier"
 
 
 _INTERRUPTED_JOB = """

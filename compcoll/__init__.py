@@ -9,7 +9,9 @@ from .algorithms.onebit import CompressedAllreduce, compressed_allreduce
 from .algorithms.plan import ErrorFeedback
 from .comm import Communicator, SingleComm, get_default, init, set_default, shutdown
 from .comm.topology import Topology, topology
-from .errors import CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError
+from .errors import (
+    CollectiveTimeout, CommunicatorBroken, CompcollError, NonFiniteError, RankMismatchError, RemoteError,
+)
 from .spec import padded_numel
 
 __version__ = "0.1.0"
@@ -24,6 +26,7 @@ __all__ = [
     "MPIComm",
     "NonFiniteError",
     "RankMismatchError",
+    "RemoteError",
     "SingleComm",
     "TorchComm",
     "Topology",

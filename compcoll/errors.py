@@ -21,3 +21,15 @@ class RankMismatchError(CompcollError, ValueError):
 
 class NonFiniteError(CompcollError, FloatingPointError):
     """An input holds NaN or Inf on some rank; raised on every rank, nothing was updated."""
+
+
+class RemoteError(CompcollError):
+    """Another rank refused its part of a collective (its own arguments were bad); raised on the other ranks.
+
+    Nothing was changed on any rank and the communicator is still usable. ``failures``
+    maps each refusing rank to its error's message.
+    """
+
+    def __init__(self, message: str, failures: dict[int, str]) -> None:
+        super().__init__(message)
+        self.failures = failures

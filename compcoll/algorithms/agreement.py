@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, NoReturn, Sequence, TypeVar
 
 import torch
 
 from ..comm import Communicator
-from ..errors import NonFiniteError, RankMismatchError
+from ..errors import NonFiniteError, RankMismatchError, RemoteError
 from ..spec import AGREEMENT_FIELDS
 
 RECORD = AGREEMENT_FIELDS
 MAX_OPTIONS = 4
+REFUSED = -1.0
+"""The signature of a rank that refuses its call (signatures are CRC-32s, never negative)."""
+MESSAGE_BYTES = 240
+"""Bytes of each refusing rank's error message that reach the other ranks."""
+T = TypeVar("T")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -41,10 +46,13 @@ class Agreement:
     scale), always in ``RECORD`` float64s, whatever the collective, so that ranks that are
     in different calls still meet in a round of the same size and all raise.
     1. Allgather the records.
-    2. Signatures differ: a second, fixed-size allgather of the descriptions, and the same
+    2. Some rank refused its call (``refuse``: its own arguments were bad): a second,
+       fixed-size allgather of the refusing ranks' messages, and ``RemoteError`` naming
+       them on every other rank.
+    3. Signatures differ: a second, fixed-size allgather of the descriptions, and the same
        ``RankMismatchError`` on every rank naming what differs (size, shape, dtype, an
        option, or the collective itself).
-    3. Some rank not finite: ``NonFiniteError`` on every rank.
+    4. Some rank not finite: ``NonFiniteError`` on every rank.
 
     Args:
         comm: the communicator the call runs on.
@@ -70,7 +78,7 @@ class Agreement:
         self._table = torch.empty(comm.size * RECORD, dtype=torch.float64)
 
     def check(self, finite: bool | None = None, value: float = 0.0) -> torch.Tensor:
-        """Steps 1-3 for this call; returns every rank's ``value`` (float64, by rank).
+        """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank).
 
         ``finite=None`` skips the finiteness check. The returned tensor is reused by the
         next call: read it before.
@@ -81,6 +89,12 @@ class Agreement:
         rows = self._table.view(self.comm.size, RECORD)
         table = rows.tolist()
         if any(row[0] != self.signature for row in table):
+            if any(row[0] == REFUSED for row in table):
+                failures = _messages(self.comm, "", [r for r, row in enumerate(table) if row[0] == REFUSED])
+                listing = "; ".join(f"rank {r}: {message}" for r, message in failures.items())
+                raise RemoteError(
+                    f"{self.what}: rank(s) {list(failures)} refused the call ({listing}); nothing was changed on "
+                    f"any rank and the communicator is still usable", failures)
             self._diagnose()
         bad = [r for r, row in enumerate(table) if not row[1]]
         if bad:
@@ -146,3 +160,43 @@ def agree(
     agreement = Agreement(comm, what, tensor.numel(), tensor.shape, tensor.dtype, options)
     gathered = agreement.check(finite, values[0] if values else 0.0).clone()
     return gathered.view(-1, 1)[:, :len(values)]
+
+
+def _messages(comm: Communicator, mine: str, refusing: list[int]) -> dict[int, str]:
+    """Every refusing rank's message, by rank: a fixed-size allgather of ``MESSAGE_BYTES`` per rank (UTF-8, cut)."""
+    data = mine.encode()[:MESSAGE_BYTES].ljust(MESSAGE_BYTES, b"\0")
+    table = torch.empty(comm.size * MESSAGE_BYTES, dtype=torch.uint8)
+    comm.allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8), table)
+    rows = table.view(comm.size, MESSAGE_BYTES)
+    return {r: bytes(rows[r].tolist()).rstrip(b"\0").decode(errors="replace") for r in refusing}
+
+
+def refuse(comm: Communicator, error: Exception) -> NoReturn:
+    """Take this rank's part in a call whose own arguments failed their checks, then raise ``error``.
+
+    1. Allgather a record of the agreement's size whose signature is ``REFUSED``: the
+       other ranks are in their call's agreement round, so the rounds pair up.
+    2. Allgather the error's message (``_messages``); every other rank raises
+       ``RemoteError`` with it, and ranks that refused too raise their own errors.
+    3. Raise ``error``. Nothing was changed on any rank; the communicator is still usable.
+    Must run in this rank's turn (``checked``).
+    """
+    mine = torch.tensor([REFUSED, 1.0, 0.0], dtype=torch.float64)
+    table = torch.empty(comm.size * RECORD, dtype=torch.float64)
+    comm.allgather(mine, table)
+    refusing = [r for r, row in enumerate(table.view(comm.size, RECORD).tolist()) if row[0] == REFUSED]
+    _messages(comm, f"{type(error).__name__}: {error}", refusing)
+    raise error
+
+
+def checked(comm: Communicator, what: str, checks: Callable[[], T]) -> T:
+    """Run a call's local ``checks``; if they raise TypeError or ValueError, ``refuse`` the call in this rank's turn.
+
+    So a rank with bad arguments still meets its peers' agreement round, and every rank
+    raises at once instead of waiting for a timeout (docs/architecture.md, "Plans"). The
+    refusal runs blocking, also for an asynchronous call: the error is raised by the call.
+    """
+    try:
+        return checks()
+    except (TypeError, ValueError) as exc:
+        return comm.run(lambda: refuse(comm, exc), what)

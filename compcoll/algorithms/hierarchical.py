@@ -13,7 +13,7 @@ from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
 from ..spec import padded_numel
 from ..workspace import Workspace
-from .agreement import Option
+from .agreement import Option, checked
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_tensor
 from .onebit import serve
@@ -82,18 +82,23 @@ def hierarchical_allreduce(
         every rank (or its Work, with ``async_op``).
 
     Raises:
-        TypeError / ValueError: bad input or option (before any communication, on the
-            rank that passed it); a layout whose nodes differ in size (on every rank).
+        TypeError / ValueError: bad input or option, on the rank that passed it (the
+            other ranks raise ``RemoteError``, as for ``compressed_allreduce``); a layout
+            whose nodes differ in size (on every rank).
         RankMismatchError: ranks disagree on size, shape or ranks_per_node.
         NonFiniteError: NaN / Inf in some rank's tensor (no buffer changed).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     what = "hierarchical_allreduce"
     comm = get_default() if comm is None else comm
-    check_tensor(what, tensor, out)
-    requested = requested_ranks_per_node(ranks_per_node)
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
+
+    def checks() -> int:
+        check_tensor(what, tensor, out)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
+        return requested_ranks_per_node(ranks_per_node)
+
+    requested = checked(comm, what, checks)
     plan = cached_plan(comm, (BirderPlan, tensor.numel(), tensor.device, requested, ranks_per_node),
                        lambda: BirderPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node))
     return plan.start(tensor, out, async_op, seed=seed, step=step)
@@ -239,10 +244,14 @@ def hierarchical_compressed_allreduce(
     """
     what = "hierarchical_compressed_allreduce"
     comm = get_default() if comm is None else comm
-    check_tensor(what, tensor, out)
-    for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
-        check_error_buffer(what, name, buf, tensor)
-    requested = requested_ranks_per_node(ranks_per_node)
+
+    def checks() -> int:
+        check_tensor(what, tensor, out)
+        for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
+            check_error_buffer(what, name, buf, tensor)
+        return requested_ranks_per_node(ranks_per_node)
+
+    requested = checked(comm, what, checks)
     lengths = (worker_error.numel(), server_error.numel())
     plan = cached_plan(comm, (CompensatedPlan, tensor.numel(), tensor.device, requested, ranks_per_node, lengths),
                        lambda: CompensatedPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node, lengths))

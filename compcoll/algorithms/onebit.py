@@ -12,7 +12,7 @@ from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..spec import padded_numel
 from ..workspace import Workspace
-from .agreement import Option
+from .agreement import Option, checked
 from .inputs import check_error_buffer, check_length, check_tensor
 from .pipeline import default_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
@@ -79,18 +79,19 @@ def compressed_allreduce(
         bit-identical on every rank (or its Work, with ``async_op``).
 
     Raises:
-        TypeError / ValueError: bad dtype, device, buffer length or option (before any
-            communication, on the rank that passed it; at once, also with ``async_op``).
+        TypeError / ValueError: bad dtype, device, buffer length or option, on the rank
+            that passed it, from the call itself (also with ``async_op``), after one
+            fixed-size exchange that tells the other ranks (``agreement.refuse``).
+        RemoteError: another rank's arguments were bad (on every other rank; nothing
+            changed, the communicator still usable).
         RankMismatchError: ranks disagree on size, shape, protocol or pieces (on every rank).
         NonFiniteError: NaN/Inf in tensor + worker_error on some rank (on every rank;
             no buffer changed and the communicator stays usable).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     comm = get_default() if comm is None else comm
-    _validate(tensor, worker_error, server_error, out, comm.size, protocol)
-    if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
-        raise ValueError(f"compressed_allreduce: pieces must be a positive integer or None, got {pieces!r}")
-    pieces = default_pieces(tensor) if pieces is None else pieces
+    pieces = checked(comm, FlatPlan.what,
+                     lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces))
     plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces),
                        lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
@@ -196,12 +197,15 @@ def _validate(
     out: torch.Tensor | None,
     n: int,
     protocol: str,
-) -> None:
-    """Local checks, made before any communication."""
+    pieces: int | None,
+) -> int:
+    """Local checks, made before any communication; returns the pieces to use."""
     what = "compressed_allreduce"
     check_tensor(what, tensor, out)
     if protocol not in PROTOCOLS:
         raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+    if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
+        raise ValueError(f"{what}: pieces must be a positive integer or None, got {pieces!r}")
     numel = tensor.numel()
     full = padded_numel(numel, n)
     for name, buf, length, formula in (
@@ -210,6 +214,7 @@ def _validate(
     ):
         check_error_buffer(what, name, buf, tensor)
         check_length(what, name, buf, length, formula)
+    return default_pieces(tensor) if pieces is None else pieces
 
 
 class CompressedAllreduce:
@@ -258,8 +263,11 @@ class CompressedAllreduce:
     def __call__(
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
     ) -> torch.Tensor | Work:
-        check_tensor("CompressedAllreduce", tensor, out)
-        plan = self.plan(key, tensor)
+        def checks() -> FlatPlan:
+            check_tensor("CompressedAllreduce", tensor, out)
+            return self.plan(key, tensor)
+
+        plan = checked(self.comm, FlatPlan.what, checks)
         return plan.start(tensor, out, async_op, plan.error_feedback.buffers())
 
     def state_dict(self) -> dict[str, Any]:

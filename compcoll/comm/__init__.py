@@ -49,6 +49,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
        GPU ``LOCAL_RANK``), else Gloo) and TorchComm;
     5. srun (SLURM_NTASKS > 1) -> MPIComm;
     6. otherwise a SingleComm of size 1.
+    Under MPI it also makes an uncaught exception on any rank end the job at once
+    (``abort.install_abort_hook``; ``COMPCOLL_MPI_ABORT=0`` opts out).
     """
     global _default
     kind = backend or (
@@ -59,9 +61,11 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
         else "single"
     )
     if kind == "mpi":
+        from .abort import install_abort_hook
         from .mpi import MPIComm
 
         _default = MPIComm(timeout=timeout)
+        install_abort_hook()
     elif kind == "torch":
         _default = _init_torch(timeout)
     elif kind == "single":

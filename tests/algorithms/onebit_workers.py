@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 import compcoll
+from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD
 from compcoll.algorithms.onebit import PROTOCOLS
 from compcoll.kernels import reference
 
@@ -133,7 +134,8 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "not supported", car, x.to("meta"), we.to("meta"), se.to("meta"), comm)
     _expect(ValueError, "protocol", car, x, we, se, comm, protocol="ring")
     _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
-    assert comm.bytes_sent == sent, "a locally invalid call communicated"
+    refusal = (n - 1) * (8 * RECORD + MESSAGE_BYTES)
+    assert comm.bytes_sent - sent == 9 * refusal, "a refused call sent more than its two fixed-size rounds"
 
     saved = we.clone(), se.clone()
 
@@ -152,6 +154,10 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
         unchanged()
         protocol = PROTOCOLS[rank % 2]
         _expect(compcoll.RankMismatchError, "different protocols", car, x, we, se, comm, protocol=protocol)
+        unchanged()
+
+    if n > 1:
+        _one_bad_rank(comm, x, we, se)
         unchanged()
 
     poisoned = x.clone()
@@ -177,6 +183,39 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     out = car(x, we, se, comm)
     assert torch.equal(out, torch.from_numpy(outs[rank])), "the communicator is not usable after the errors"
     assert np.array_equal(we.numpy(), ref_we[rank]) and np.array_equal(se.numpy(), ref_se[rank])
+
+
+def _one_bad_rank(comm: compcoll.Communicator, x: torch.Tensor, we: torch.Tensor, se: torch.Tensor) -> None:
+    """Only the last rank's arguments are bad: it raises its own error, every other rank ``RemoteError`` naming
+    it and its message, at once (not after the 60 s timeout), blocking and asynchronous, for each entry point;
+    the calls stay in step."""
+    n, rank = comm.size, comm.rank
+    bad, car = rank == n - 1, compcoll.compressed_allreduce
+    timeout, comm.timeout = comm.timeout, 60.0
+    named = f"rank(s) [{n - 1}] refused the call"
+    start = time.monotonic()
+    if bad:
+        _expect(ValueError, f"{we.numel()} elements", car, x, we[:-8], se, comm)
+        _expect(TypeError, "int32", car, x.to(torch.int32), we, se, comm, async_op=True)
+    else:
+        _expect(compcoll.RemoteError, f"{named} (rank {n - 1}: ValueError: compressed_allreduce: worker_error must",
+                car, x, we, se, comm)
+        _expect(compcoll.RemoteError, "TypeError", car(x, we, se, comm, async_op=True).wait)
+    stateful = compcoll.CompressedAllreduce(comm)
+    stateful(x, key="w")
+    if bad:
+        _expect(ValueError, "use a new key", stateful, x[:100], key="w")
+        _expect(ValueError, "step must be", compcoll.hierarchical_allreduce, x, comm, step=-1)
+        _expect(TypeError, "server_error must be a torch.Tensor", compcoll.hierarchical_compressed_allreduce, x,
+                we, None, comm, ranks_per_node=1)
+    else:
+        _expect(compcoll.RemoteError, "use a new key", stateful, x, key="w")
+        _expect(compcoll.RemoteError, "step must be", compcoll.hierarchical_allreduce, x, comm)
+        wn, sn = compcoll.hierarchical_error_numels(x.numel(), n, 1)
+        _expect(compcoll.RemoteError, "server_error must be", compcoll.hierarchical_compressed_allreduce, x,
+                torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=1)
+    assert time.monotonic() - start < 30, "the ranks waited for a timeout instead of failing together"
+    comm.timeout = timeout
 
 
 def late_rank(comm: compcoll.Communicator, delay: float) -> None:

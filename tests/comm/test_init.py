@@ -47,3 +47,24 @@ def test_torchrun_variables_give_torchcomm() -> None:
 def test_unknown_backend() -> None:
     with pytest.raises(ValueError, match="unknown backend"):
         compcoll.init("carrier-pigeon")
+
+
+_DIES = """
+import sys, time, torch, compcoll
+comm = compcoll.init()
+if comm.rank == 1:
+    raise RuntimeError("rank 1 gives up")
+time.sleep(0.5)
+compcoll.compressed_allreduce(torch.ones(100), torch.zeros(104), torch.zeros(52), comm)
+"""
+
+
+def test_uncaught_error_on_one_mpi_rank_ends_the_job() -> None:
+    """Rank 1 dies of an uncaught exception while rank 0 waits in a collective (timeout 120 s): the job ends
+    (this test gives it 100 s), the traceback shown, rather than after rank 0's timeout."""
+    env = {**_clean_env(), "COMPCOLL_TIMEOUT": "120"}
+    done = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-c", _DIES], env=env, capture_output=True,
+                          text=True, timeout=100)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "rank 1 gives up" in output and "aborting the job" in output, output
+    assert "CollectiveTimeout" not in output, output

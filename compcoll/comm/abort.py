@@ -1,0 +1,43 @@
+"""An uncaught exception on one MPI rank ends the whole job at once, as ``python -m mpi4py`` makes it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import TracebackType
+
+ABORT_ENV = "COMPCOLL_MPI_ABORT"
+_installed = False
+
+
+def install_abort_hook() -> bool:
+    """Make an uncaught exception abort the MPI job (once per process; ``COMPCOLL_MPI_ABORT=0`` opts out).
+
+    Under mpiexec, a rank that dies of an uncaught exception stays in MPI_Finalize at
+    exit, waiting for peers that wait for it in their next collective until their
+    timeout (5 minutes by default): the job runs on, doing nothing. With the hook:
+    1. the traceback is printed as before (the previous ``sys.excepthook``);
+    2. ``MPI_Abort(COMM_WORLD, 1)``: the launcher ends every rank.
+    ``KeyboardInterrupt`` and ``SystemExit`` keep their usual meaning. torchrun needs
+    nothing of the kind: it ends the job when one process exits with an error.
+
+    Returns whether the hook is installed.
+    """
+    global _installed
+    if _installed or os.environ.get(ABORT_ENV, "1") == "0":
+        return _installed
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        previous(kind, value, tb)
+        if issubclass(kind, Exception):
+            from mpi4py import MPI
+
+            sys.stderr.write(f"compcoll: uncaught {kind.__name__} on MPI rank {MPI.COMM_WORLD.Get_rank()}; "
+                             f"aborting the job ({ABORT_ENV}=0 to keep the ranks running)\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+    _installed = True
+    return True

@@ -154,6 +154,12 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
         _pack(flags, bits[lo:hi])
 
 
+SIGNS = np.array([[1.0 if (byte >> (7 - j)) & 1 else -1.0 for j in range(8)] for byte in range(256)], np.float32)
+"""SIGNS[b] holds the 8 signs packed in byte b (first element in the most significant bit) as float32 +-1."""
+TABLE_DECODE_FROM = 256
+"""Rows of at least this many bytes decode by copying 8 values per byte from a per-row table."""
+
+
 @_threaded
 def accumulate_lanes(bits, weights, base, out, n_out, lanes):
     """out = sum_r weights[r] * signs(bits[r]) (+ base); ``lanes`` <- the lane sums of its squares.
@@ -161,13 +167,14 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes):
     ``bits`` is (n, nbytes): row r holds the packed signs of the same n_out elements
     from rank r. ``base`` is None or a float32 vector added after the rank sum (it may
     be ``out`` itself, for an in-place update).
-    1. For each element, acc = 0; for r in rank order acc += +-weights[r] (float32).
+    1. For each element, acc = 0; for r in rank order acc += weights[r] * sign (float32;
+       the product is exact, so this is acc +- weights[r]).
     2. out[i] = acc + base[i] (or acc).
     3. Squares of out summed per (block, lane) in the order of ``compensated_sumsq``,
        into ``lanes`` (nblocks * LANES float64, block-major): ``tree_sum(lanes)`` is the
        sum of squares, and the lanes of BLOCK-aligned pieces concatenate.
-    Each row of LANES elements is summed rank by rank across its lanes, in zero-based
-    loops that Numba vectorizes.
+    Each block adds rank after rank over all its elements, a byte's 8 signs at a time
+    from ``SIGNS`` (a loop Numba vectorizes), then adds the base and the squares row by row.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
@@ -176,30 +183,33 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes):
     for b in prange(nblocks):
         lo = b * BLOCK
         count = max(0, min(BLOCK, n_out - lo))
+        whole = count // 8
         block_bits = bits[:, lo // 8:(lo + count + 7) // 8]
         block_out = out[lo:lo + count]
         block_base = block_out if base is None else base[lo:lo + count]
+        acc = np.zeros(count, np.float32)
+        for r in range(nranks):
+            w = weights[r]
+            row_bits = block_bits[r]
+            for q in range(whole):
+                signs = SIGNS[row_bits[q]]
+                part = acc[8 * q:8 * q + 8]
+                for j in range(8):
+                    part[j] += w * signs[j]
+            for e in range(8 * whole, count):
+                acc[e] += w * SIGNS[row_bits[e >> 3], e & 7]
         sums = partial[b]
-        acc = np.empty(LANES, np.float32)
         for k in range((count + LANES - 1) // LANES):
             width = min(LANES, count - k * LANES)
-            row_bits = block_bits[:, k * (LANES // 8):(k + 1) * (LANES // 8)]
-            acc[:] = 0
-            for r in range(nranks):
-                w = weights[r]
-                for lane in range(width):
-                    if (row_bits[r, lane >> 3] >> (7 - (lane & 7))) & 1:
-                        acc[lane] += w
-                    else:
-                        acc[lane] -= w
+            row_acc = acc[k * LANES:k * LANES + width]
             row_out = block_out[k * LANES:k * LANES + width]
             if base is not None:
                 row_base = block_base[k * LANES:k * LANES + width]
                 for lane in range(width):
-                    acc[lane] = acc[lane] + row_base[lane]
+                    row_acc[lane] = row_acc[lane] + row_base[lane]
             for lane in range(width):
-                row_out[lane] = acc[lane]
-                x = np.float64(acc[lane])
+                row_out[lane] = row_acc[lane]
+                x = np.float64(row_acc[lane])
                 sums[lane] += x * x
 
 
@@ -233,12 +243,19 @@ def select_decode(bits, positive, negative, out, n_out):
     ``bits`` is (n, nbytes): row r holds elements [r * 8 * nbytes, (r + 1) * 8 * nbytes).
     ``positive`` / ``negative`` hold the already rounded output values (+s_r, -s_r) in the
     output's storage type, so a float16 / bfloat16 output is written as raw bits.
-    1. For every byte of every row, in parallel, and each of its 8 bits:
-    2. write the row's positive or negative value, skipping elements >= n_out.
+    1. Rows of at least ``TABLE_DECODE_FROM`` bytes: a table of every byte's 8 output
+       values per row (256 x 8), then each whole byte copies its 8 values.
+    2. For every byte of every row, in parallel, write the row's positive or negative
+       value for each of its 8 bits, skipping elements >= n_out.
     """
     nranks, nbytes = bits.shape
     per_block = BLOCK // 8
     blocks_per_row = (nbytes + per_block - 1) // per_block
+    tables = np.empty((nranks if nbytes >= TABLE_DECODE_FROM else 0, 256, 8), out.dtype)
+    for r in range(tables.shape[0]):
+        for byte in range(256):
+            for j in range(8):
+                tables[r, byte, j] = positive[r] if SIGNS[byte, j] > 0 else negative[r]
     for t in prange(nranks * blocks_per_row):
         r = t // blocks_per_row
         lo = (t % blocks_per_row) * per_block
@@ -246,15 +263,17 @@ def select_decode(bits, positive, negative, out, n_out):
         pos = positive[r]
         neg = negative[r]
         first = r * nbytes * 8
-        for k in range(lo, hi):
+        whole = min(hi, max(lo, (n_out - first) // 8)) if tables.shape[0] else lo
+        for k in range(lo, whole):
+            values = tables[r, bits[r, k]]
+            dest = out[first + 8 * k:first + 8 * k + 8]
+            for j in range(8):
+                dest[j] = values[j]
+        for k in range(whole, hi):
             byte = bits[r, k]
             start = first + 8 * k
-            if start + 8 <= n_out:
-                for j in range(8):
-                    out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
-            else:
-                for j in range(min(8, n_out - start)):
-                    out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
+            for j in range(max(0, min(8, n_out - start))):
+                out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
 
 
 @_threaded

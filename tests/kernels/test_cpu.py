@@ -86,6 +86,12 @@ def test_select_decode(numel: int) -> None:
     cpu.select_decode(rows, scales, -scales, out, numel)
     expected = np.concatenate([s * reference.unpack(r, nbytes * 8) for r, s in zip(rows, scales)])[:numel]
     assert np.array_equal(out, expected)
+    raw_positive, raw_negative = rng.integers(-2**15, 2**15, (2, ranks), dtype=np.int16)
+    raw = np.empty(numel, np.int16)
+    cpu.select_decode(rows, raw_positive, raw_negative, raw, numel)
+    flags = np.concatenate([reference.unpack(r, nbytes * 8) > 0 for r in rows])[:numel]
+    owners = np.arange(numel) // (nbytes * 8)
+    assert np.array_equal(raw, np.where(flags, raw_positive[owners], raw_negative[owners])), "16-bit storage"
 
 
 def test_results_do_not_depend_on_thread_count() -> None:

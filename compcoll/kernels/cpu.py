@@ -20,6 +20,7 @@ ordering thread, the caller's Python and torch work go on.
 from __future__ import annotations
 
 import os
+import types
 
 import numba
 import numpy as np
@@ -40,8 +41,16 @@ SERIAL: dict[str, object] = {}
 
 
 def _threaded(fn):
-    """Compile ``fn`` threaded over its blocks, and its serial twin into ``SERIAL``."""
-    SERIAL[fn.__name__] = njit(cache=True, nogil=True)(fn)
+    """Compile ``fn`` threaded over its blocks, and its serial twin into ``SERIAL``.
+
+    The twin is a copy of ``fn`` under another qualified name: Numba's on-disk cache names
+    its files after the function and keys their entries by signature alone, so two
+    dispatchers of one function would overwrite each other's entries, and a later process
+    would load the threaded code for both (or the serial code for both).
+    """
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
+    twin.__qualname__ = fn.__qualname__ + "_serial"
+    SERIAL[fn.__name__] = njit(cache=True, nogil=True)(twin)
     return njit(parallel=True, cache=True, nogil=True)(fn)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -96,13 +97,24 @@ def _nic_tx(nic: str | None) -> int:
         return int(f.read())
 
 
+def _spread(sent: int | None, comm: Communicator, topo: compcoll.Topology) -> tuple[int | None, int | None]:
+    """(intra, inter) of ``sent`` bytes spread evenly over the other ranks, as the communicator counts an allreduce."""
+    if sent is None or comm.size == 1:
+        return (None, None) if sent is None else (sent, 0)
+    mine = topo.node_of[comm.rank]
+    neighbours = sum(1 for r, node in enumerate(topo.node_of) if node == mine and r != comm.rank)
+    intra = sent * neighbours // (comm.size - 1)
+    return intra, sent - intra
+
+
 def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argparse.Namespace,
             progress: Callable[[str], None] = lambda _: None) -> dict:
     """One size: every method of ``args.methods`` on ``size`` bytes of float32, side by side.
 
     1. One untimed call per method counts its bytes (all, intra-node, inter-node; the
-       peers' DDP traffic bypasses the communicator, so only ``--nic`` sees it) and, with
-       ``args.nic``, what that interface sent (max over ranks).
+       peers' DDP traffic bypasses the communicator, so theirs come from ``Method.sent``,
+       spread over the peers as an allreduce's are) and, with ``args.nic``, what that
+       interface sent (max over ranks).
     2. The timed runs (median of per-iteration times of the slowest rank).
     3. One verified call per method, when ``args.check``.
     Speedup and byte ratios are relative to the first method (plain allreduce by default).
@@ -120,16 +132,18 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
         (nic,) = _max_over_ranks(comm, nic)
         seconds, compute = _timed(comm, step, args.iters, args.warmup, args.runs)
         algbw = size / seconds / 1e9
-        counted = method.counted
+        if not method.counted:
+            sent = method.sent(n, x, args) if method.sent else None
+            intra, inter = _spread(sent, comm, topo)
         row[name] = {
             "time_us": seconds * 1e6,
-            "compute_us": compute * 1e6 if counted else None,
+            "compute_us": compute * 1e6 if method.counted else None,
             "pieces": method.pieces(args, x) if method.pieces else None,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (n - 1) / n,
-            "bytes_sent": sent if counted else None,
-            "intra_bytes": intra if counted else None,
-            "inter_bytes": inter if counted else None,
+            "bytes_sent": sent,
+            "intra_bytes": intra,
+            "inter_bytes": inter,
             "nic_tx_bytes": int(nic) if args.nic else None,
             "wrong": verify() if args.check else None,
         }
@@ -148,11 +162,12 @@ def _cell(value: float | int | None, width: int, spec: str = "") -> str:
     return f"{'-' if value is None else format(value, spec):>{width}}"
 
 
-def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace) -> str:
+def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace, latency: float) -> str:
     first = rows[0] if rows else {"ranks_per_node": "?"}
     head = (
         f"# compcoll.bench: {type(comm).__name__} {comm.size} rank(s), {first['ranks_per_node']} per node, "
         f"protocol {args.protocol}, {args.iters} iters x {args.runs} runs (median), {args.warmup} warmup; "
+        f"latency (4-byte allreduce) {latency * 1e6:.1f} us; "
         f"ratios vs {args.methods[0]}" + (f"; nic(B): max bytes one rank's {args.nic} sent per call" if args.nic else "")
         + f"\n# {'size(B)':>12} {'count':>11} {'method':>11} | {'time us':>10} {'compute us':>10} {'algbw':>7} "
         f"{'busbw':>7} | "
@@ -207,12 +222,16 @@ def run_benchmark(comm: Communicator, args: argparse.Namespace) -> list[dict]:
                 with open(args.json, "w") as f:
                     f.write(text + "\n")
         if args.json != "-":
-            print(_format_table(rows, comm, args), flush=True)
+            print(_format_table(rows, comm, args, latency), flush=True)
     return rows
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="compcoll-bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="compcoll-bench", description=__doc__.splitlines()[0],
+        epilog="compcoll-bench model [...]: predict plain and 1-bit allreduce on any cluster with the alpha-beta "
+               "model, calibrate its kernel rates, validate it (compcoll-bench model --help)",
+    )
     p.add_argument("-b", "--begin", type=parse_size, default=parse_size("64K"), help="smallest size in bytes (64K)")
     p.add_argument("-e", "--end", type=parse_size, default=parse_size("16M"), help="largest size in bytes (16M)")
     p.add_argument("-f", "--factor", type=float, default=4.0, help="size multiplier between rows (4)")
@@ -233,7 +252,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--powersgd-rank", type=int, default=1, metavar="R",
                    help="matrix_approximation_rank of the powersgd method (1, PyTorch's default)")
     p.add_argument("--json", metavar="PATH", help="also write JSON to PATH ('-' prints only JSON)")
-    p.add_argument("--launch", type=int, metavar="N", help="start N local ranks (no launcher needed)")
+    p.add_argument("--launch", type=int, metavar="N",
+                   help="start N local ranks (no launcher needed); rank 0's progress lines come to this stderr")
     p.add_argument("--backend", choices=("mpi", "gloo"), default="mpi", help="with --launch (mpi)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--progress", metavar="PATH", help="append progress lines to PATH instead of stderr")
@@ -270,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         from compcoll.launcher import run
 
         rest = _without(argv, ("--launch", "--backend"))
-        print(run("compcoll.bench.cli:launched", args.launch, args.backend, args=(rest + ["--quiet"],),
-                  timeout=3600).strip())
+        if not args.progress and not args.quiet:
+            rest += ["--progress", f"/proc/{os.getpid()}/fd/2"]
+        print(run("compcoll.bench.cli:launched", args.launch, args.backend, args=(rest,), timeout=3600).strip())
         return
     run_benchmark(compcoll.init(), args)

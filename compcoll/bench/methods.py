@@ -16,7 +16,7 @@ from compcoll.comm import Communicator
 from compcoll.kernels import reference
 from compcoll.spec import AGREEMENT_FIELDS, SCALE_BYTES
 
-from .peers import PEERS, ddp_hook_step
+from .peers import PEERS, ddp_hook_step, hook_bytes
 
 REFERENCE_LIMIT = 1 << 20
 """Largest world input (elements over all ranks) verified against the numpy reference."""
@@ -38,6 +38,8 @@ class Method:
             are counted there); PyTorch's hooks send through DDP instead.
         pieces: (args, input) -> the pieces a ``compressed_allreduce`` method runs in
             (recorded in the report for the model); None for the others.
+        sent: for a method the communicator does not count, (world size, input, args) ->
+            the bytes one rank sends per call.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Method:
     build: Callable[[Communicator, compcoll.Topology, torch.Tensor, argparse.Namespace], tuple[Step, Verify]]
     counted: bool = True
     pieces: Callable[[argparse.Namespace, torch.Tensor], int] | None = None
+    sent: Callable[[int, torch.Tensor, argparse.Namespace], int] | None = None
 
 
 def make_input(rank: int, count: int) -> torch.Tensor:
@@ -222,6 +225,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("1bit-wire", "1bit's transport operations on the same bytes, no kernels (its wire time)", _wire),
     Method("hier", "hierarchical_allreduce (Birder)", _hier),
     Method("hier-ef", "hierarchical_compressed_allreduce", _hier_ef),
-    *(Method(name, f"PyTorch's {name} DDP communication hook (Gloo)", _peer(name), counted=False)
+    *(Method(name, f"PyTorch's {name} DDP communication hook (Gloo)", _peer(name), counted=False,
+             sent=lambda n, x, args, name=name: hook_bytes(name, n, x.numel(), args.powersgd_rank))
       for name in PEERS),
 )}

@@ -121,13 +121,33 @@ def _amount(value: float, unit: float) -> str:
     return f"{'never' if math.isinf(value) else f'{value / unit:.0f}':>6}"
 
 
+def format_count(count: int) -> str:
+    """A parameter count the way ``--params`` takes it: 10, 300M, 1.3B."""
+    for suffix, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3g}{suffix}"
+    return str(count)
+
+
+def kernel_rates(args: argparse.Namespace) -> dict[str, float]:
+    """The kernel rates of the predictions: ``--kernels FILE`` (from ``--calibrate``, at ``--threads``), else
+    ``--kernel-gbyte`` for both 1-bit methods and ``--reduce-gbyte`` for plain's reduction."""
+    if args.kernels is None:
+        return {"plain": args.reduce_gbyte, "1bit": args.kernel_gbyte, "hier": args.kernel_gbyte}
+    calibrated = json.loads(args.kernels.read_text())
+    if str(args.threads) not in calibrated:
+        raise SystemExit(f"{args.kernels} holds rates for {sorted(k for k in calibrated if k.isdigit())} thread(s), "
+                         f"not --threads {args.threads}")
+    return calibrated[str(args.threads)]
+
+
 def predictions(args: argparse.Namespace) -> str:
     """The table of predicted allreduce times per step for every cluster and model size asked."""
-    kernels = {"plain": args.reduce_gbyte, "1bit": args.kernel_gbyte, "hier": args.kernel_gbyte}
+    kernels = kernel_rates(args)
     lines = [
         f"# predicted allreduce of a float32 gradient per step; {args.ranks_per_node} ranks per node, "
-        f"alpha {args.latency_us:g} us, intra {args.intra_gbyte:g} GB/s, kernels {args.kernel_gbyte:g} GB/s, "
-        f"reduction {args.reduce_gbyte:g} GB/s",
+        f"alpha {args.latency_us:g} us, intra {args.intra_gbyte:g} GB/s, kernels (GB/s of input) "
+        f"{', '.join(f'{m} {r:.3g}' for m, r in kernels.items())}; '-': one node, no link to pay for",
         f"# {'nodes':>5} {'Gbit':>5} {'params':>7} | {'plain ms':>9} {'1bit ms':>8} {'hier ms':>8} | "
         f"{'1bit x':>6} {'hier x':>6} | pays below Gbit/s: {'1bit':>6} {'hier':>6} | pays from KiB: {'1bit':>6} "
         f"{'hier':>6}",
@@ -138,10 +158,11 @@ def predictions(args: argparse.Namespace) -> str:
             for params in args.params:
                 size = 4 * params
                 t = {m: predict(cluster, size, m).total for m in MODEL_METHODS}
-                gbits = " ".join(_amount(break_even_gbit(cluster, size, m), 1) for m in ("1bit", "hier"))
+                gbits = " ".join(_amount(break_even_gbit(cluster, size, m), 1) if nodes > 1 else f"{'-':>6}"
+                                 for m in ("1bit", "hier"))
                 sizes = " ".join(_amount(break_even_size(cluster, m), 1024) for m in ("1bit", "hier"))
                 lines.append(
-                    f"  {nodes:>5} {gbit:>5g} {params / 1e9:>6.2g}B | {t['plain'] * 1e3:>9.1f} {t['1bit'] * 1e3:>8.1f} "
+                    f"  {nodes:>5} {gbit:>5g} {format_count(params):>7} | {t['plain'] * 1e3:>9.1f} {t['1bit'] * 1e3:>8.1f} "
                     f"{t['hier'] * 1e3:>8.1f} | {t['plain'] / t['1bit']:>6.1f} {t['plain'] / t['hier']:>6.1f} | "
                     f"{'':>18} {gbits} | {'':>14} {sizes}"
                 )
@@ -152,19 +173,23 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compcoll-bench model", description=__doc__.splitlines()[0])
     p.add_argument("--calibrate", type=Path, metavar="JSON",
                    help="measure the kernel rates here (at --threads) and add them to JSON")
-    p.add_argument("--threads", type=int, default=1, help="threads for --calibrate (1)")
+    p.add_argument("--threads", type=int, default=1, help="threads for --calibrate, and the entry --kernels reads (1)")
     p.add_argument("--size", type=parse_size, default=parse_size("64M"), help="tensor for --calibrate (64M)")
     p.add_argument("--validate", type=Path, metavar="DIR",
                    help="compare with the suite's reports in DIR (needs DIR/kernels.json); writes "
                         "DIR/model_validation.{txt,json}")
     p.add_argument("--min-size", type=parse_size, default=parse_size("1M"),
                    help="smallest size in the --validate summary (1M)")
-    p.add_argument("--nodes", type=lambda t: [int(v) for v in t.split(",")], default=[16, 32, 64, 128])
-    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--nodes", type=lambda t: [int(v) for v in t.split(",")], default=[16, 32, 64, 128],
+                   help="comma-separated node counts to predict (16,32,64,128)")
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks (GPUs) per node (8)")
     p.add_argument("--gbit", type=lambda t: [float(v) for v in t.split(",")], default=[10.0, 25.0, 100.0],
                    help="inter-node goodput per node, Gbit/s (10,25,100)")
     p.add_argument("--params", type=lambda t: [parse_count(v) for v in t.split(",")],
-                   default=[parse_count(v) for v in ("300M", "1.3B", "7B")])
+                   default=[parse_count(v) for v in ("300M", "1.3B", "7B")],
+                   help="comma-separated model sizes in parameters, float32 gradients (300M,1.3B,7B)")
+    p.add_argument("--kernels", type=Path, metavar="JSON",
+                   help="kernel rates from --calibrate (its --threads entry) instead of --kernel-gbyte / --reduce-gbyte")
     p.add_argument("--latency-us", type=float, default=50.0, help="alpha, one collective (50)")
     p.add_argument("--intra-gbyte", type=float, default=100.0, help="per-rank intra-node GB/s (100, NVLink-class)")
     p.add_argument("--kernel-gbyte", type=float, default=200.0,

@@ -49,6 +49,26 @@ def matrix_shape(count: int) -> tuple[int, int]:
     return rows, count // rows
 
 
+def hook_bytes(name: str, world_size: int, count: int, rank: int = 1) -> int:
+    """Bytes one rank sends per step for the allreduces the hook ``name`` runs on ``count`` float32 elements.
+
+    Counted as compcoll counts an allreduce (a ring sends 2 (n - 1) / n of the tensor):
+    1. fp16: the bucket in float16.
+    2. powersgd (after its warmup): P (rows x r) and Q (cols x r) in float32, for the
+       ``matrix_shape`` of ``count`` and r = min(rank, rows, cols).
+    """
+    def ring(nbytes: int) -> int:
+        return 2 * (world_size - 1) * nbytes // world_size
+
+    if name == "fp16":
+        return ring(2 * count)
+    if name == "powersgd":
+        rows, cols = matrix_shape(count)
+        r = min(rank, rows, cols)
+        return ring(4 * r * rows) + ring(4 * r * cols)
+    raise ValueError(f"unknown peer method {name!r}; known: {', '.join(PEERS)}")
+
+
 def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1) -> tuple[Callable, Callable]:
     """(step, result) running one DDP gradient allreduce of ``x`` through a comm hook.
 

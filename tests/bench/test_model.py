@@ -126,3 +126,21 @@ def test_overlap_split_of_a_report(tmp_path: Path) -> None:
     path = tmp_path / "pipelined_mpi_1gbit_2x1.json"
     path.write_text(json.dumps({"rows": [row]}))
     assert "pipelined_mpi_1gbit_2x1" in overlap.table([path]) and "10.9x" in overlap.table([path])
+
+
+def test_predictions_read_calibrated_rates_and_say_when_no_link_matters(tmp_path: Path) -> None:
+    """--kernels reads what --calibrate wrote; one node has no link rate to break even at; counts print as given."""
+    from compcoll.bench.model_cli import format_count
+
+    assert [format_count(c) for c in (10, 300_000_000, 1_300_000_000)] == ["10", "300M", "1.3B"]
+    rates = tmp_path / "kernels.json"
+    rates.write_text(json.dumps({"2": {"plain": 5.0, "1bit": 0.5, "hier": 0.25}}))
+    args = parser().parse_args(["--nodes", "1,2", "--ranks-per-node", "8", "--gbit", "10", "--params", "10,1.3B",
+                                "--kernels", str(rates), "--threads", "2"])
+    text = predictions(args)
+    assert "1bit 0.5" in text and "1.3B" in text and "e-08" not in text
+    rows = [line.split("|") for line in text.splitlines() if not line.startswith("#")]
+    one_node = [row for row in rows if row[0].split()[0] == "1"]
+    assert one_node and all(row[3].split() == ["-", "-"] for row in one_node)
+    with pytest.raises(SystemExit, match="not --threads 1"):
+        predictions(parser().parse_args(["--kernels", str(rates)]))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from compcoll.bench.peers import matrix_shape
+from compcoll.bench.peers import hook_bytes, matrix_shape
 
 
 @pytest.mark.parametrize("count", [1, 7, 16384, 12289, 1 << 20, 6 * 35])
@@ -27,13 +27,16 @@ def test_hooks_beside_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
-    assert "powersgd" in text and "fp16" in text
+    assert "powersgd" in text and "fp16" in text and "latency (4-byte allreduce)" in text
+    assert "1048576 B powersgd:" in done.stderr, "rank 0's progress lines did not reach the launching process"
     report = json.loads(out.read_text())
     for row in report["rows"]:
         for name in ("plain", "1bit", "fp16", "powersgd"):
             assert row[name]["wrong"] == 0, (row["size"], name)
             assert row[name]["nic_tx_bytes"] > 0, (row["size"], name)
-        assert row["fp16"]["bytes_sent"] is None
+        assert row["fp16"]["bytes_sent"] == row["size"] // 2 and row["fp16"]["bytes_ratio"] == 2.0
+        assert row["powersgd"]["bytes_sent"] == hook_bytes("powersgd", 2, row["count"], 1)
+        assert row["powersgd"]["inter_bytes"] + row["powersgd"]["intra_bytes"] == row["powersgd"]["bytes_sent"]
         assert 1.8 < row["fp16"]["nic_ratio"] < 2.2, row["fp16"]
         assert row["powersgd"]["nic_ratio"] > 10, row["powersgd"]
     assert report["latency_us"] > 0
@@ -45,3 +48,11 @@ def test_hooks_refuse_a_communicator_without_a_gloo_group() -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "need a torch.distributed Gloo group" in result.stdout + result.stderr
+
+
+def test_hook_bytes_count_a_ring_allreduce_of_what_the_hooks_reduce() -> None:
+    rows, cols = matrix_shape(12289 * 4)
+    assert hook_bytes("fp16", 4, 1000) == 2 * 3 * 2000 // 4
+    assert hook_bytes("powersgd", 2, 12289 * 4, 2) == 4 * 2 * rows + 4 * 2 * cols
+    with pytest.raises(ValueError, match="unknown peer"):
+        hook_bytes("zfp", 2, 10)

@@ -21,6 +21,11 @@ true_sum, estimate_sum = torch.zeros(numel), torch.zeros(numel)
 
 if comm.rank == 0:
     print(f"{comm.size} ranks, {numel} float32 elements; per step: bytes sent by one rank and relative error")
+    print("step error: one call's estimate against the exact average. It is large and may grow over the first\n"
+          "steps: each call sends only signs and two scales, and hands back what it could not send through the\n"
+          "error buffers, which the next call adds in. sum error: the running sum of the estimates against the\n"
+          "running sum of the exact averages, which is what an optimizer's steps add up to. It falls, because\n"
+          "nothing is lost, only delayed: that is what error feedback buys.")
     print(f"{'step':>4} {'plain bytes':>12} {'1-bit bytes':>12} {'ratio':>6} {'step error':>10} {'sum error':>10}")
 for step in range(1, 11):
     grad = signal + torch.randn(numel, generator=gen)

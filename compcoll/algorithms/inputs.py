@@ -10,7 +10,8 @@ from .. import codecs
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
     """The input is a supported torch tensor on a supported device, and ``out`` fits it."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        hint = " (wrap a numpy array with torch.from_numpy(array): no copy)" if type(tensor).__module__ == "numpy" else ""
+        raise TypeError(f"{what}: tensor must be a torch.Tensor, got {type(tensor).__name__}{hint}")
     if tensor.dtype not in codecs.SUPPORTED_DTYPES:
         raise TypeError(f"{what}: tensor dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16")
     if out is not None and (

@@ -84,6 +84,11 @@ def _init_torch(timeout: float | None) -> Communicator:
     if not dist.is_initialized():
         backend = os.environ.get(TORCH_BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"compcoll.init: the NCCL backend ({TORCH_BACKEND_ENV}=nccl) needs a CUDA GPU, and torch sees "
+                    f"none (torch.cuda.is_available() is False); use {TORCH_BACKEND_ENV}=gloo on CPUs"
+                )
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         dist.init_process_group(backend)
     return TorchComm(timeout=timeout)

@@ -142,8 +142,8 @@ def bad_inputs(comm: compcoll.Communicator, k: int) -> None:
         _expect(compcoll.RankMismatchError, "sizes differ", har, x[: 999 - (rank == 1)], comm, ranks_per_node=k)
         _expect(compcoll.RankMismatchError, "different worker_error lengths", hcar, x,
                 torch.zeros(wn + (rank == 0) * 8), se, comm, ranks_per_node=k)
-    _expect(ValueError, "worker_error must be a contiguous 1-D float32 tensor of", hcar, x, torch.zeros(wn + 8), se,
-            comm, ranks_per_node=k)
+    _expect(ValueError, f"rank(s) per node: size them with hierarchical_error_numels(999, {n}, {k})", hcar, x,
+            torch.zeros(wn + 8), se, comm, ranks_per_node=k)
     if n % (k + 1):
         _expect(ValueError, "does not divide", har, x, comm, ranks_per_node=k + 1)
     _expect(TypeError, "dtype torch.float64", har, x.double(), comm, ranks_per_node=k)

@@ -126,6 +126,7 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
 
     sent = comm.bytes_sent
     _expect(TypeError, "int32", car, x.to(torch.int32), we, se, comm)
+    _expect(TypeError, "got ndarray (wrap a numpy array with torch.from_numpy(array)", car, x.numpy(), we, se, comm)
     _expect(TypeError, "float64", car, x.double(), we, se, comm)
     _expect(TypeError, "worker_error must be float32", car, x, we.half(), se, comm)
     _expect(ValueError, f"{full} elements", car, x, we[:-8], se, comm)
@@ -135,7 +136,7 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "protocol", car, x, we, se, comm, protocol="ring")
     _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
     refusal = (n - 1) * (8 * RECORD + MESSAGE_BYTES)
-    assert comm.bytes_sent - sent == 9 * refusal, "a refused call sent more than its two fixed-size rounds"
+    assert comm.bytes_sent - sent == 10 * refusal, "a refused call sent more than its two fixed-size rounds"
 
     saved = we.clone(), se.clone()
 

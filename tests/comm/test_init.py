@@ -68,3 +68,11 @@ def test_uncaught_error_on_one_mpi_rank_ends_the_job() -> None:
     output = done.stdout + done.stderr
     assert done.returncode != 0 and "rank 1 gives up" in output and "aborting the job" in output, output
     assert "CollectiveTimeout" not in output, output
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the message is for machines without a GPU")
+def test_nccl_without_a_gpu_says_so() -> None:
+    env = {**_clean_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29583",
+           "COMPCOLL_TORCH_BACKEND": "nccl"}
+    done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr and "ZeroDivisionError" not in done.stderr

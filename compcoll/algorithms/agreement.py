@@ -89,8 +89,9 @@ class Agreement:
         rows = self._table.view(self.comm.size, RECORD)
         table = rows.tolist()
         if any(row[0] != self.signature for row in table):
-            if any(row[0] == REFUSED for row in table):
-                failures = _messages(self.comm, "", [r for r, row in enumerate(table) if row[0] == REFUSED])
+            refusing = _refused(table)
+            if refusing:
+                failures = _messages(self.comm, "", refusing)
                 listing = "; ".join(f"rank {r}: {message}" for r, message in failures.items())
                 raise RemoteError(
                     f"{self.what}: rank(s) {list(failures)} refused the call ({listing}); nothing was changed on "
@@ -162,6 +163,11 @@ def agree(
     return gathered.view(-1, 1)[:, :len(values)]
 
 
+def _refused(table: list[list[float]]) -> list[int]:
+    """The ranks whose record in an agreement table says they refused their call."""
+    return [r for r, row in enumerate(table) if row[0] == REFUSED]
+
+
 def _messages(comm: Communicator, mine: str, refusing: list[int]) -> dict[int, str]:
     """Every refusing rank's message, by rank: a fixed-size allgather of ``MESSAGE_BYTES`` per rank (UTF-8, cut)."""
     data = mine.encode()[:MESSAGE_BYTES].ljust(MESSAGE_BYTES, b"\0")
@@ -184,8 +190,7 @@ def refuse(comm: Communicator, error: Exception) -> NoReturn:
     mine = torch.tensor([REFUSED, 1.0, 0.0], dtype=torch.float64)
     table = torch.empty(comm.size * RECORD, dtype=torch.float64)
     comm.allgather(mine, table)
-    refusing = [r for r, row in enumerate(table.view(comm.size, RECORD).tolist()) if row[0] == REFUSED]
-    _messages(comm, f"{type(error).__name__}: {error}", refusing)
+    _messages(comm, f"{type(error).__name__}: {error}", _refused(table.view(comm.size, RECORD).tolist()))
     raise error
 
 

@@ -290,10 +290,11 @@ class CompensatedPlan(_NodePlan):
         n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes
         numel = self.numel
         shard, sub = hierarchical_error_numels(numel, n, k)
-        layout_hint = (f"; they depend on the node layout, here {k} rank(s) per node: size them with "
-                       f"hierarchical_error_numels({numel}, {n}, {k}), or pass the ranks_per_node they were sized for")
-        check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}{layout_hint}")
-        check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}{layout_hint}")
+        if (worker_error.numel(), server_error.numel()) != (shard, sub):
+            hint = (f"; they depend on the node layout, here {k} rank(s) per node: size them with "
+                    f"hierarchical_error_numels({numel}, {n}, {k}), or pass the ranks_per_node they were sized for")
+            check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}{hint}")
+            check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}{hint}")
         if numel == 0:
             return result
 

@@ -98,7 +98,7 @@ def validate(directory: Path, min_size: int) -> tuple[str, dict]:
                         errors.setdefault(key, []).append(abs(error))
                 lines.append(
                     f"  {path.stem:>24} {row['size']:>11} {method:>11} | {seen * 1e3:>11.2f} {guess.total * 1e3:>9.2f} "
-                    f"{error:>+7.1%} | {guess.kernels * 1e3:>8.2f} {(guess.inter + guess.intra) * 1e3:>8.2f} "
+                    f"{error:>+7.1%} | {guess.kernels * 1e3:>8.2f} {guess.wire * 1e3:>8.2f} "
                     f"{guess.latency * 1e3:>8.2f}"
                 )
     summary = {b: {"median": statistics.median(e), "max": max(e), "points": len(e)} for b, e in errors.items()}

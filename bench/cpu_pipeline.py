@@ -79,7 +79,7 @@ def main() -> None:
     bits = torch.empty(full // 8, dtype=torch.uint8)
     rows = torch.empty(1, full // 8, dtype=torch.uint8)
     weights = torch.ones(1)
-    scale = codecs.l2_scale(codecs.compensated_sumsq(x, we), full)
+    scale = codecs.scale_from(codecs.compensated_sum(x, we), full, "l2")
 
     pipeline = median_times({
         "compcoll": lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out),
@@ -87,14 +87,14 @@ def main() -> None:
         "copy": lambda: out.copy_(x),
     }, args.runs)
     kernels = median_times({
-        "compensated_sumsq": lambda: codecs.compensated_sumsq(x, we),
+        "compensated_sum": lambda: codecs.compensated_sum(x, we),
         "compensate_encode": lambda: codecs.compensate_encode(x, we, scale, bits),
         "accumulate_signs": lambda: codecs.accumulate_signs(rows, weights, se, se, full),
         "decode": lambda: codecs.decode(rows, torch.ones(1), out),
         "copy": lambda: out.copy_(x),
     }, args.runs)
     moved = {  # bytes each step must read + write
-        "compensated_sumsq": 8 * n,
+        "compensated_sum": 8 * n,
         "compensate_encode": 12 * n + n // 8,
         "accumulate_signs": 8 * n + n // 8,
         "decode": 4 * n + n // 8,

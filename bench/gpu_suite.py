@@ -71,7 +71,7 @@ def measure(numel: int, runs: int) -> dict:
     copy_s = timed(lambda: dst.copy_(x), runs)
     copy_bw = 8 * numel / copy_s
     kernels = {
-        "sum of squares (x + err)": (lambda: codecs.compensated_sumsq(x, err), 8.0),
+        "sum of squares (x + err)": (lambda: codecs.compensated_sum(x, err), 8.0),
         "compensate + encode": (lambda: codecs.compensate_encode(x, err, 0.5, bits), 12.125),
         "accumulate signs (1 row)": (lambda: codecs.accumulate_signs(rows, one, None, out, numel), 4.125),
         "decode": (lambda: codecs.decode(rows, one, out), 4.125),
@@ -83,7 +83,7 @@ def measure(numel: int, runs: int) -> dict:
         seconds = timed(fn, runs)
         bandwidth = per_element * numel / seconds
         result["kernels"][name] = {"s": seconds, "GBps": bandwidth / 1e9, "of_copy": bandwidth / copy_bw}
-    fused = timed(lambda: (codecs.compensated_sumsq(x, err), codecs.compensate_encode(x, err, 0.5, bits)), runs)
+    fused = timed(lambda: (codecs.compensated_sum(x, err), codecs.compensate_encode(x, err, 0.5, bits)), runs)
     baseline = timed(lambda: deepspeed_style_worker(x, err), runs)
     result["worker_step"] = {"fused_s": fused, "deepspeed_style_s": baseline, "speedup": baseline / fused}
     full = compcoll.padded_numel(numel, 1)

@@ -9,13 +9,13 @@ scale as 4 native-endian float32 bytes.
 
 from __future__ import annotations
 
-import math
 import threading
 from functools import lru_cache
 
 import numpy as np
 import torch
 
+from . import spec
 from .kernels import cpu as cpu_kernels
 from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
 
@@ -69,7 +69,7 @@ def _storage(tensor: torch.Tensor):
     return _array(flat if tensor.dtype == torch.float32 else flat.view(torch.int16))
 
 
-_WITH_TEMPORARIES = ("compensated_sumsq", "accumulate_signs", "row_absmax", "tree_sum")
+_WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum")
 _CPU_KERNELS = threading.Lock()
 
 
@@ -106,9 +106,9 @@ def _torch_empty(device: torch.device):
     return empty
 
 
-def l2_scale(sumsq: float, numel: int) -> float:
-    """The seed's scale ||x||_2 / sqrt(d) from a float64 sum of squares, rounded to float32."""
-    return float(np.float32(math.sqrt(sumsq) / math.sqrt(numel)))
+def scale_from(total: float, numel: int, scale: str) -> float:
+    """The float32 scale of ``numel`` elements from their float64 sum of |x|^p (``spec.scale_from``), as a float."""
+    return float(spec.scale_from(total, numel, scale))
 
 
 def divide_(values: torch.Tensor, count: int) -> torch.Tensor:
@@ -125,20 +125,20 @@ def divide_(values: torch.Tensor, count: int) -> torch.Tensor:
     return values.div_(torch.full_like(values, count))
 
 
-def compensated_sumsq(tensor: torch.Tensor, error: torch.Tensor) -> float:
-    """Sum of squares of ``error + pad(tensor)``; reads both, writes nothing."""
+def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2") -> float:
+    """Sum of |x|^p of x = ``error + pad(tensor)``, p the power of ``scale`` (``spec.SCALES``); reads both, writes nothing."""
     src, lut = _source(tensor)
-    return float(_run("compensated_sumsq", tensor, src, lut, _array(error), tensor.numel()))
+    return float(_run("compensated_power_sum", tensor, src, lut, _array(error), tensor.numel(), spec.SCALES[scale]))
 
 
 def sumsq(tensor: torch.Tensor) -> float:
     """Float64 sum of squares of a 1-D float32 tensor, in an order fixed by its length alone.
 
-    The same kernel as ``compensated_sumsq`` (the tensor in the error slot, no source),
+    The same kernel as ``compensated_sum`` (the tensor in the error slot, no source),
     so the result does not depend on the number of threads: ranks holding the same bits
     compute the same norm.
     """
-    return float(_run("compensated_sumsq", tensor, _array(tensor[:0]), None, _array(tensor), 0))
+    return float(_run("compensated_power_sum", tensor, _array(tensor[:0]), None, _array(tensor), 0, 2))
 
 
 def compensate_encode(
@@ -154,12 +154,14 @@ def compensate_encode(
 
 
 def accumulate_signs(
-    bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int
+    bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int,
+    scale: str = "l2",
 ) -> float:
-    """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of squares."""
+    """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of |out|^p (p: ``scale``'s power)."""
     base_view = None if base is None else _array(base)
     weights = weights.to(device=out.device, dtype=torch.float32)
-    return float(_run("accumulate_signs", out, _array(bits), _array(weights), base_view, _array(out), count))
+    return float(_run("accumulate_signs", out, _array(bits), _array(weights), base_view, _array(out), count,
+                      spec.SCALES[scale]))
 
 
 def lane_count(count: int) -> int:
@@ -169,17 +171,18 @@ def lane_count(count: int) -> int:
 
 def accumulate_lanes(
     bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int,
-    lanes: torch.Tensor,
+    lanes: torch.Tensor, scale: str = "l2",
 ) -> None:
     """``accumulate_signs`` without the final sum: ``lanes`` (float64, ``lane_count(count)``) gets the
-    (block, lane) sums of squares, so that BLOCK-aligned pieces can be summed together by ``tree_sum``."""
+    (block, lane) sums of |out|^p, so that BLOCK-aligned pieces can be summed together by ``tree_sum``."""
     base_view = None if base is None else _array(base)
     weights = weights.to(device=out.device, dtype=torch.float32)
-    _run("accumulate_lanes", out, _array(bits), _array(weights), base_view, _array(out), count, _array(lanes))
+    _run("accumulate_lanes", out, _array(bits), _array(weights), base_view, _array(out), count, _array(lanes),
+         spec.SCALES[scale])
 
 
 def tree_sum(lanes: torch.Tensor) -> float:
-    """The pairwise tree sum of float64 lane sums (the last step of every sum of squares)."""
+    """The pairwise tree sum of float64 lane sums (the last step of every scale's sum)."""
     return float(_run("tree_sum", lanes, _array(lanes)))
 
 

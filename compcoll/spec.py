@@ -23,8 +23,22 @@ UNIFORM_BITS = 24
 """Bits of a threshold: the midpoints of 2^24 equal cells of (-1, 1), exact in float64."""
 AGREEMENT_FIELDS = 3
 """Float64 fields of one agreement round, for every collective: (plan signature, finite?, scale)."""
+SCALES = {"l2": 2, "l1": 1}
+"""The 1-bit scales, each with the power p of its sum of |x|^p (docs/architecture.md, "Exact numerics"):
+"l2" is DeepSpeed's ||x||_2 / sqrt(d); "l1" is mean |x| = ||x||_1 / d, the s that minimises ||x - s sign(x)||_2."""
 STAGES = {"node": 1, "inter": 2, "server": 3}
 """The stage numbers mixed into Birder's random streams."""
+
+
+def scale_from(total: float, d: int, scale: str) -> np.float32:
+    """The float32 scale of a d-element vector from its float64 sum of |x|^p (p = ``SCALES[scale]``).
+
+    1. "l2": sqrt(total) / sqrt(d); "l1": total / d; both in float64.
+    2. Round to float32.
+    """
+    if scale == "l2":
+        return np.float32(np.sqrt(total) / np.sqrt(d))
+    return np.float32(total / d)
 
 
 def padded_numel(numel: int, world_size: int) -> int:

@@ -11,7 +11,7 @@ _FIRST_CALL = """
 import torch, compcoll
 from compcoll.kernels import cpu
 compcoll.compressed_allreduce(torch.ones(100), torch.zeros(104), torch.zeros(104), compcoll.SingleComm())
-kernels = (cpu.SERIAL["compensate_encode"], cpu.SERIAL["compensated_sumsq"])
+kernels = (cpu.SERIAL["compensate_encode"], cpu.SERIAL["compensated_power_sum"])
 print(sum(sum(d.stats.cache_hits.values()) for d in kernels), sum(sum(d.stats.cache_misses.values()) for d in kernels))
 """
 

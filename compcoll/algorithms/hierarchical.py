@@ -11,11 +11,11 @@ from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
-from ..spec import padded_numel
+from ..spec import SCALES, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
 from .exact import shard_average
-from .inputs import check_error_buffer, check_length, check_tensor
+from .inputs import check_error_buffer, check_length, check_scale, check_tensor
 from .onebit import serve
 from .plan import Plan, cached_plan
 
@@ -207,6 +207,7 @@ def hierarchical_compressed_allreduce(
     ranks_per_node: int | None = None,
     out: torch.Tensor | None = None,
     async_op: bool = False,
+    scale: str = "l2",
 ) -> torch.Tensor | Work:
     """Error-compensated 1-bit allreduce with an uncompressed intra-node stage, for 1-bit Adam.
 
@@ -215,8 +216,9 @@ def hierarchical_compressed_allreduce(
        agree or all raise; then the node layout (built once) and the buffer lengths.
     2. Intra-node reduce-scatter in float32 (all-to-all of shards, summed in local-rank
        order, divided by k): local rank j holds its node's average of shard j.
-    3. Sum of squares of that average + worker_error; one small allgather of (finite?,
-       worker scale) over ``comm``, so all ranks raise alike on NaN / Inf.
+    3. The ``scale``'s sum (of squares, or of |x|) of that average + worker_error; one
+       small allgather of (finite?, worker scale) over ``comm``, so all ranks raise alike
+       on NaN / Inf.
     4. Between nodes, the local ranks j run the gather-scatter protocol of
        ``compressed_allreduce`` on shard j with their own error buffers.
     5. Intra-node all-gather of the 1-bit server rows; every rank decodes all n rows.
@@ -233,6 +235,7 @@ def hierarchical_compressed_allreduce(
         ranks_per_node: as for ``hierarchical_allreduce``.
         out: where to write the result (may be ``tensor``); None allocates it.
         async_op: return a ``Work`` at once (as ``compressed_allreduce``).
+        scale: "l2" (default) or "l1", as in ``compressed_allreduce``; every rank the same.
 
     Returns:
         The estimate of the average, shaped and typed like ``tensor``, bit-identical on
@@ -249,12 +252,14 @@ def hierarchical_compressed_allreduce(
         check_tensor(what, tensor, out)
         for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
             check_error_buffer(what, name, buf, tensor)
+        check_scale(what, scale)
         return requested_ranks_per_node(ranks_per_node)
 
     requested = checked(comm, what, checks)
     lengths = (worker_error.numel(), server_error.numel())
-    plan = cached_plan(comm, (CompensatedPlan, tensor.numel(), tensor.device, requested, ranks_per_node, lengths),
-                       lambda: CompensatedPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node, lengths))
+    plan = cached_plan(comm, (CompensatedPlan, tensor.numel(), tensor.device, requested, ranks_per_node, lengths, scale),
+                       lambda: CompensatedPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node, lengths,
+                                               scale))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
@@ -268,11 +273,13 @@ class CompensatedPlan(_NodePlan):
     what = "hierarchical_compressed_allreduce"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
-                 ranks_per_node: int | None, lengths: tuple[int, int]) -> None:
+                 ranks_per_node: int | None, lengths: tuple[int, int], scale: str = "l2") -> None:
         super().__init__(comm, numel, device, requested, ranks_per_node, (
             Option("worker_error lengths", lengths[0]),
             Option("server_error lengths", lengths[1]),
+            Option("scales", list(SCALES).index(scale), tuple(SCALES)),
         ))
+        self.scale = scale
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout
@@ -299,12 +306,12 @@ class CompensatedPlan(_NodePlan):
             return result
 
         average = shard_average(tensor, layout.intra, shard, ws, "node")
-        sumsq = codecs.compensated_sumsq(average, worker_error)
-        finite = math.isfinite(sumsq)
-        scale = codecs.l2_scale(sumsq, shard) if finite else 0.0
+        total = codecs.compensated_sum(average, worker_error, self.scale)
+        finite = math.isfinite(total)
+        scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
         weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
         codecs.compensate_encode(average, worker_error, scale, bits)
-        _gather_decode(serve(bits, weights, server_error, layout.inter, ws).view(-1), layout, result, ws)
+        _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
         return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import codecs
+from ..spec import SCALES
 
 
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
@@ -47,3 +48,10 @@ def check_length(what: str, name: str, buf: torch.Tensor, length: int, formula: 
             f"{what}: {name} must be a contiguous 1-D float32 tensor of {length} elements ({formula}), "
             f"got shape {tuple(buf.shape)}"
         )
+
+
+def check_scale(what: str, scale: str) -> None:
+    """``scale`` names one of the 1-bit scales (``spec.SCALES``)."""
+    if not isinstance(scale, str) or scale not in SCALES:
+        raise ValueError(f"{what}: scale {scale!r} is not one of {tuple(SCALES)} (l2: DeepSpeed's ||x||/sqrt(d); "
+                         f"l1: mean |x|)")

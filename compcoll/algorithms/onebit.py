@@ -10,10 +10,10 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
-from ..spec import padded_numel
+from ..spec import SCALES, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
-from .inputs import check_error_buffer, check_length, check_tensor
+from .inputs import check_error_buffer, check_length, check_scale, check_tensor
 from .pipeline import default_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
 
@@ -30,20 +30,22 @@ def compressed_allreduce(
     out: torch.Tensor | None = None,
     async_op: bool = False,
     pieces: int | None = None,
+    scale: str = "l2",
 ) -> torch.Tensor | Work:
     """Average ``tensor`` over all ranks with 1-bit compression and error feedback.
 
     Gather-scatter protocol (the seed's, DeepSpeed-compatible numerics), n ranks,
     Np = padded_numel(numel, n), x = flat float32 tensor zero-padded to Np:
-    1. x += worker_error; s_w = ||x||_2 / sqrt(Np) (one read-only pass, float64 sum).
-    2. One small allgather of (numel, shape, protocol, pieces, finite?, s_w): every rank checks
+    1. x += worker_error; s_w = ||x||_2 / sqrt(Np) (``scale="l2"``) or ||x||_1 / Np
+       (``scale="l1"``) (one read-only pass, float64 sum).
+    2. One small allgather of (numel, shape, options, finite?, s_w): every rank checks
        that all ranks agree and that all s_w are finite, and all raise the same error if
        not, before any buffer is written.
     3. q = sign(x) (sign(0) = +1) packed to Np/8 bytes; worker_error = x - s_w * q
        (one fused pass).
     4. All-to-all of packed chunks: rank r receives chunk r of every rank.
     5. Rank r serves chunk r: c = sum_i (s_w[i]/n) * q_i + server_error;
-       s_s = ||c||_2 / sqrt(Np/n); server_error = c - s_s * sign(c); pack sign(c).
+       s_s = the same scale of c over Np/n; server_error = c - s_s * sign(c); pack sign(c).
     6. All-gather of (s_s, packed server chunk); every rank decodes the same bytes, so
        every rank returns the same bits.
     Large tensors run steps 3-6 in pieces, the encoding and decoding of one piece
@@ -73,6 +75,9 @@ def compressed_allreduce(
             result is the same bits. None picks by size and device
             (``pipeline.default_pieces``: one per 8 MiB on the CPU, 1 on CUDA). Every
             rank must use the same number.
+        scale: "l2" (default; DeepSpeed's ||x||_2 / sqrt(d)) or "l1" (mean |x|, the s that
+            minimises ||x - s sign(x)||_2, so each call's compression error is smallest).
+            Every rank must use the same.
 
     Returns:
         The estimate of the average over ranks, shaped and typed like ``tensor``,
@@ -84,16 +89,16 @@ def compressed_allreduce(
             fixed-size exchange that tells the other ranks (``agreement.refuse``).
         RemoteError: another rank's arguments were bad (on every other rank; nothing
             changed, the communicator still usable).
-        RankMismatchError: ranks disagree on size, shape, protocol or pieces (on every rank).
+        RankMismatchError: ranks disagree on size, shape, protocol, pieces or scale (on every rank).
         NonFiniteError: NaN/Inf in tensor + worker_error on some rank (on every rank;
             no buffer changed and the communicator stays usable).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     comm = get_default() if comm is None else comm
     pieces = checked(comm, FlatPlan.what,
-                     lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces))
-    plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces),
-                       lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces))
+                     lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces, scale))
+    plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces, scale),
+                       lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces, scale))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
@@ -109,16 +114,19 @@ class FlatPlan(Plan):
         device: the tensors' device.
         protocol: "gather_scatter" or "allgather".
         pieces: gather-scatter pieces (1: unpipelined).
+        scale: "l2" or "l1" (``spec.SCALES``).
     """
 
     what = "compressed_allreduce"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, protocol: str = "gather_scatter",
-                 pieces: int = 1) -> None:
+                 pieces: int = 1, scale: str = "l2") -> None:
         super().__init__(comm, numel, device,
-                         (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces)))
+                         (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces),
+                          Option("scales", list(SCALES).index(scale), tuple(SCALES))))
         self.protocol = protocol
         self.pieces = pieces
+        self.scale = scale
         self.chunk = self.full // comm.size
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -128,9 +136,9 @@ class FlatPlan(Plan):
         """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn."""
         worker_error, server_error = errors or self.error_feedback.buffers()
         comm, n, full = self.comm, self.comm.size, self.full
-        sumsq = codecs.compensated_sumsq(tensor, worker_error)
-        finite = math.isfinite(sumsq)
-        scale = codecs.l2_scale(sumsq, full) if finite and full else 0.0
+        total = codecs.compensated_sum(tensor, worker_error, self.scale)
+        finite = math.isfinite(total)
+        scale = codecs.scale_from(total, full, self.scale) if finite and full else 0.0
         scales = self.agreement(tensor).check(finite, scale)
         if self.numel == 0:
             return result
@@ -138,13 +146,13 @@ class FlatPlan(Plan):
         weights = codecs.divide_(scales.float(), n)
         if self.protocol == "gather_scatter" and self.pieces > 1:
             serve_in_pieces(tensor, worker_error, server_error, comm, scale, weights, self.pieces, result,
-                            self.workspace)
+                            self.workspace, self.scale)
             return result
         bits = self.workspace.get("bits", full // 8, torch.uint8, self.device)
         codecs.compensate_encode(tensor, worker_error, scale, bits)
         if self.protocol == "allgather":
             return self._allgather_average(bits, weights, result)
-        gathered = serve(bits, weights, server_error, comm, self.workspace)
+        gathered = serve(bits, weights, server_error, comm, self.workspace, self.scale)
         scales, rows = codecs.unframe(gathered)
         codecs.decode(rows, scales, result.view(-1))
         return result
@@ -164,11 +172,11 @@ class FlatPlan(Plan):
 
 
 def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator,
-          workspace: Workspace) -> torch.Tensor:
+          workspace: Workspace, scale: str = "l2") -> torch.Tensor:
     """Steps 4-6 of the gather-scatter protocol, up to the decode.
 
     1. All-to-all of the packed chunks of ``bits``.
-    2. c = sum_i weights[i] * signs_i + server_error; s_s = ||c||_2 / sqrt(chunk);
+    2. c = sum_i weights[i] * signs_i + server_error; s_s = ``scale`` of c over the chunk;
        server_error = c - s_s * sign(c); pack sign(c) behind s_s.
     3. All-gather of the framed server chunks.
 
@@ -181,8 +189,8 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     cb = chunk // 8
     received = workspace.get("serve.chunks", n * cb, torch.uint8, bits.device)
     comm.alltoall(bits, received)
-    sumsq = codecs.accumulate_signs(received.view(n, cb), weights, server_error, server_error, chunk)
-    server_scale = codecs.l2_scale(sumsq, chunk)
+    total = codecs.accumulate_signs(received.view(n, cb), weights, server_error, server_error, chunk, scale)
+    server_scale = codecs.scale_from(total, chunk, scale)
     send = workspace.get("serve.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
     codecs.compensate_encode(None, server_error, server_scale, codecs.frame(send, server_scale))
     gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)
@@ -198,12 +206,14 @@ def _validate(
     n: int,
     protocol: str,
     pieces: int | None,
+    scale: str,
 ) -> int:
     """Local checks, made before any communication; returns the pieces to use."""
     what = "compressed_allreduce"
     check_tensor(what, tensor, out)
     if protocol not in PROTOCOLS:
         raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+    check_scale(what, scale)
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"{what}: pieces must be a positive integer or None, got {pieces!r}")
     numel = tensor.numel()
@@ -234,13 +244,17 @@ class CompressedAllreduce:
     Args:
         comm: the communicator; None means ``compcoll.get_default()`` at construction.
         protocol: "gather_scatter" (default) or "allgather".
+        scale: "l2" (default) or "l1", as in ``compressed_allreduce``.
     """
 
-    def __init__(self, comm: Communicator | None = None, *, protocol: str = "gather_scatter") -> None:
+    def __init__(self, comm: Communicator | None = None, *, protocol: str = "gather_scatter",
+                 scale: str = "l2") -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"CompressedAllreduce: protocol {protocol!r} is not one of {PROTOCOLS}")
+        check_scale("CompressedAllreduce", scale)
         self.comm = get_default() if comm is None else comm
         self.protocol = protocol
+        self.scale = scale
         self.plans: dict[Hashable, FlatPlan] = {}
 
     def plan(self, key: Hashable, tensor: torch.Tensor) -> FlatPlan:
@@ -251,7 +265,7 @@ class CompressedAllreduce:
         """
         plan = self.plans.get(key)
         if plan is None:
-            plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, default_pieces(tensor))
+            plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, default_pieces(tensor), self.scale)
             self.plans[key] = plan
         elif (plan.numel, plan.device) != (tensor.numel(), tensor.device):
             raise ValueError(
@@ -271,9 +285,10 @@ class CompressedAllreduce:
         return plan.start(tensor, out, async_op, plan.error_feedback.buffers())
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's protocol and every key's error buffers (save one per rank)."""
+        """This rank's protocol, scale and every key's error buffers (save one per rank)."""
         return {
             "protocol": self.protocol,
+            "scale": self.scale,
             "world_size": self.comm.size,
             "rank": self.comm.rank,
             "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
@@ -285,11 +300,13 @@ class CompressedAllreduce:
         if state["protocol"] not in PROTOCOLS:
             raise ValueError(f"CompressedAllreduce: checkpoint protocol {state['protocol']!r} is not one of {PROTOCOLS}")
         self.protocol = state["protocol"]
+        self.scale = state.get("scale", "l2")
+        check_scale("CompressedAllreduce checkpoint", self.scale)
         plans = {}
         for key, saved in state["buffers"].items():
             worker = saved["worker_error"]
             plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol,
-                            default_pieces(worker[:saved["numel"]]))
+                            default_pieces(worker[:saved["numel"]]), self.scale)
             plan.error_feedback.load_state_dict(saved)
             plans[key] = plan
         self.plans = plans

@@ -53,16 +53,18 @@ def serve_in_pieces(
     pieces: int,
     result: torch.Tensor,
     workspace: Workspace,
+    scale_kind: str = "l2",
 ) -> None:
     """Steps 3-6 of ``compressed_allreduce`` with every chunk cut into the same pieces.
 
     Bits and sums are those of the whole-tensor algorithm: the worker scale ``scale`` and
     the weights come from the whole tensor already, every kernel is elementwise, and the
-    pieces start on BLOCK boundaries, so their lane sums of squares are the whole chunk's.
+    pieces start on BLOCK boundaries, so their lane sums (of |x|^p, ``scale_kind``) are the
+    whole chunk's.
     1. For each piece p: encode piece p of every destination's chunk (worker error, scale
        ``scale``) and start the all-to-all of piece p; then wait for piece p-1 and add its
        signs into the server error (rank order, float32), keeping its lane sums.
-    2. Server scale from the tree sum of all the pieces' lane sums.
+    2. Server scale (``scale_kind``) from the tree sum of all the pieces' lane sums.
     3. For each piece p: encode piece p of the server chunk (its scale in front of piece 0)
        and start the all-gather of piece p; then wait for piece p-1 and decode it into
        ``result``.
@@ -88,11 +90,11 @@ def serve_in_pieces(
             _poke([w for w, _, _ in in_flight])
         in_flight.append((comm.alltoall(rows.reshape(-1), recv[n * a // 8:n * b // 8], async_op=True), a, b))
         if len(in_flight) > 1:
-            _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n)
+            _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n, scale_kind)
     while in_flight:
-        _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n)
+        _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n, scale_kind)
 
-    server_scale = codecs.l2_scale(codecs.tree_sum(lanes), chunk)
+    server_scale = codecs.scale_from(codecs.tree_sum(lanes), chunk, scale_kind)
     own = workspace.get("pipe.own", SCALE_BYTES + chunk // 8, torch.uint8, device)
     own_bits = codecs.frame(own, server_scale)
     gathered = workspace.get("pipe.gathered", n * own.numel(), torch.uint8, device)
@@ -111,14 +113,14 @@ def serve_in_pieces(
 
 
 def _accumulate(piece: tuple[Work, int, int], recv: torch.Tensor, weights: torch.Tensor,
-                server_error: torch.Tensor, lanes: torch.Tensor, n: int) -> None:
+                server_error: torch.Tensor, lanes: torch.Tensor, n: int, scale_kind: str) -> None:
     """Wait for one piece's all-to-all; server_error[a:b] += sum_i weights[i] * signs_i, in rank
-    order, and its lane sums of squares into the piece's blocks of ``lanes``."""
+    order, and its lane sums of |x|^p into the piece's blocks of ``lanes``."""
     work, a, b = piece
     work.wait()
     rows = recv[n * a // 8:n * b // 8].view(n, (b - a) // 8)
     mine = lanes[a // BLOCK * LANES:a // BLOCK * LANES + codecs.lane_count(b - a)]
-    codecs.accumulate_lanes(rows, weights, server_error[a:b], server_error[a:b], b - a, mine)
+    codecs.accumulate_lanes(rows, weights, server_error[a:b], server_error[a:b], b - a, mine, scale_kind)
 
 
 def _decode(piece: tuple[Work, torch.Tensor, int, int], scales: list[torch.Tensor], out: torch.Tensor,

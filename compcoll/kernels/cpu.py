@@ -55,6 +55,7 @@ def _threaded(fn):
 
 
 _load = njit(cache=True, inline="always")(scalar.load)
+_power = njit(cache=True, inline="always")(scalar.power)
 _threshold = njit(cache=True, inline="always")(scalar.threshold)
 
 
@@ -78,11 +79,11 @@ def tree_sum(values):
 
 
 @_threaded
-def compensated_sumsq(src, lut, err, n_src):
-    """Sum of squares of x = err + src (src zero beyond n_src), without writing anything.
+def compensated_power_sum(src, lut, err, n_src, power):
+    """Sum of |x|^power (power 2: squares, 1: absolute values) of x = err + src (src zero beyond n_src), writing nothing.
 
     1. Each block of BLOCK elements keeps LANES float64 accumulators; element
-       i adds float64(x_i)^2 to lane i % LANES, in order.
+       i adds |float64(x_i)|^power to lane i % LANES, in order.
     2. The block-major lane sums are combined by ``tree_sum``.
     Inside a block, whole rows of LANES elements go through a zero-based loop over the
     lanes (vectorized); rows that straddle n_src or the end take a checked loop.
@@ -104,17 +105,15 @@ def compensated_sumsq(src, lut, err, n_src):
             if (k + 1) * LANES <= valid:
                 row = values[k * LANES:(k + 1) * LANES]
                 for lane in range(LANES):
-                    x = np.float64(row_err[lane] + _load(row, lut, lane))
-                    acc[lane] += x * x
+                    acc[lane] += _power(np.float64(row_err[lane] + _load(row, lut, lane)), power)
             elif k * LANES >= valid and (k + 1) * LANES <= count:
                 for lane in range(LANES):
-                    x = np.float64(row_err[lane])
-                    acc[lane] += x * x
+                    acc[lane] += _power(np.float64(row_err[lane]), power)
             else:
                 for lane in range(row_err.size):
                     i = k * LANES + lane
                     x = np.float64(row_err[lane] + _load(values, lut, i) if i < valid else row_err[lane])
-                    acc[lane] += x * x
+                    acc[lane] += _power(x, power)
     return tree_sum(partial.reshape(-1))
 
 
@@ -170,8 +169,8 @@ TABLE_DECODE_FROM = 256
 
 
 @_threaded
-def accumulate_lanes(bits, weights, base, out, n_out, lanes):
-    """out = sum_r weights[r] * signs(bits[r]) (+ base); ``lanes`` <- the lane sums of its squares.
+def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
+    """out = sum_r weights[r] * signs(bits[r]) (+ base); ``lanes`` <- the lane sums of its |out|^power.
 
     ``bits`` is (n, nbytes): row r holds the packed signs of the same n_out elements
     from rank r. ``base`` is None or a float32 vector added after the rank sum (it may
@@ -179,11 +178,11 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes):
     1. For each element, acc = 0; for r in rank order acc += weights[r] * sign (float32;
        the product is exact, so this is acc +- weights[r]).
     2. out[i] = acc + base[i] (or acc).
-    3. Squares of out summed per (block, lane) in the order of ``compensated_sumsq``,
+    3. |out|^power summed per (block, lane) in the order of ``compensated_power_sum``,
        into ``lanes`` (nblocks * LANES float64, block-major): ``tree_sum(lanes)`` is the
-       sum of squares, and the lanes of BLOCK-aligned pieces concatenate.
+       whole sum, and the lanes of BLOCK-aligned pieces concatenate.
     Each block adds rank after rank over all its elements, a byte's 8 signs at a time
-    from ``SIGNS`` (a loop Numba vectorizes), then adds the base and the squares row by row.
+    from ``SIGNS`` (a loop Numba vectorizes), then adds the base and the powers row by row.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
@@ -218,26 +217,25 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes):
                     row_acc[lane] = row_acc[lane] + row_base[lane]
             for lane in range(width):
                 row_out[lane] = row_acc[lane]
-                x = np.float64(row_acc[lane])
-                sums[lane] += x * x
+                sums[lane] += _power(np.float64(row_acc[lane]), power)
 
 
 _accumulate_lanes_serial = SERIAL["accumulate_lanes"]
 
 
 @njit(cache=True, nogil=True)
-def accumulate_signs(bits, weights, base, out, n_out):
-    """``accumulate_lanes``, then the sum of squares of out: ``tree_sum`` of the lanes."""
+def accumulate_signs(bits, weights, base, out, n_out, power):
+    """``accumulate_lanes``, then the sum of |out|^power: ``tree_sum`` of the lanes."""
     lanes = np.empty(max(1, (n_out + BLOCK - 1) // BLOCK) * LANES, np.float64)
-    accumulate_lanes(bits, weights, base, out, n_out, lanes)
+    accumulate_lanes(bits, weights, base, out, n_out, lanes, power)
     return tree_sum(lanes)
 
 
 @njit(cache=True, nogil=True)
-def _accumulate_signs_serial(bits, weights, base, out, n_out):
+def _accumulate_signs_serial(bits, weights, base, out, n_out, power):
     """``accumulate_signs`` on the serial twin of ``accumulate_lanes``."""
     lanes = np.empty(max(1, (n_out + BLOCK - 1) // BLOCK) * LANES, np.float64)
-    _accumulate_lanes_serial(bits, weights, base, out, n_out, lanes)
+    _accumulate_lanes_serial(bits, weights, base, out, n_out, lanes, power)
     return tree_sum(lanes)
 
 

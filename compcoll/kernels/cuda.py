@@ -4,14 +4,14 @@ Every function takes device arrays (anything with ``__cuda_array_interface__``: 
 CUDA tensors, cupy arrays, numba device arrays; host numpy arrays under the simulator,
 ``NUMBA_ENABLE_CUDASIM=1``) and an optional ``stream`` (``numba.cuda.external_stream``
 of torch's current stream, so kernels queue behind the work that produced their input).
-Kernels use grid-stride loops and no warp intrinsics. Sums of squares follow the CPU
-order exactly: thread (block b, lane l) accumulates elements b*BLOCK + k*LANES + l for
-k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
+Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of absolute
+values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
+elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
 coalesce), then the block-major lane sums are combined by the same pairwise tree, in
 log2 launches on the device; only the final float64 crosses to the host. 16-bit inputs
 arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No kernel takes a
 None argument: each is built per variant (with or without a table, with or without a base
-vector) and cached.
+vector, power 1 or 2) and cached.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def _device_empty(size: int, dtype, stream=0):
 
 _LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
+_power = cuda.jit(device=True)(scalar.power)
 
 
 @cuda.jit
@@ -108,8 +109,8 @@ def tree_sum(partial, stream=0, empty=_device_empty) -> float:
 
 
 @lru_cache(maxsize=None)
-def _sumsq_lanes(with_lut: bool):
-    """partial[b*LANES + l] = sum over k of float64(err[i] + src[i])^2, i = b*BLOCK + k*LANES + l."""
+def _power_lanes(with_lut: bool, p: int):
+    """partial[b*LANES + l] = sum over k of |float64(err[i] + src[i])|^p, i = b*BLOCK + k*LANES + l."""
     load = _LOADS[with_lut]
 
     @cuda.jit
@@ -122,17 +123,18 @@ def _sumsq_lanes(with_lut: bool):
                 i = base + k * LANES
                 if i < n:
                     x = err[i] + load(src, lut, i) if i < n_src else err[i]
-                    acc += np.float64(x) * np.float64(x)
+                    acc += _power(np.float64(x), p)
             partial[t] = acc
 
     return kernel
 
 
-def compensated_sumsq(src, lut, err, n_src, stream=0, empty=_device_empty) -> float:
-    """Sum of squares of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing else."""
+def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty) -> float:
+    """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing else."""
     nblocks = max(1, -(-err.size // BLOCK))
     partial = empty(nblocks * LANES, np.float64, stream)
-    _sumsq_lanes(lut is not None)[_grid(partial.size), THREADS, stream](src, _table(lut), err, n_src, partial)
+    _power_lanes(lut is not None, int(power))[_grid(partial.size), THREADS, stream](src, _table(lut), err, n_src,
+                                                                                   partial)
     return tree_sum(partial, stream, empty)
 
 
@@ -165,7 +167,7 @@ def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
 
 
 @lru_cache(maxsize=None)
-def _accumulate_lanes(with_base: bool):
+def _accumulate_lanes(with_base: bool, p: int):
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial):
         nranks = bits.shape[0]
@@ -184,24 +186,24 @@ def _accumulate_lanes(with_base: bool):
                     if with_base:
                         acc = acc + base[i]
                     out[i] = acc
-                    sums += np.float64(acc) * np.float64(acc)
+                    sums += _power(np.float64(acc), p)
             partial[t] = sums
 
     return kernel
 
 
-def accumulate_lanes(bits, weights, base, out, n_out, lanes, stream=0) -> None:
+def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) -> None:
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
-    (block, lane) sums of its squares, as the CPU kernel of the same name."""
-    _accumulate_lanes(base is not None)[_grid(lanes.size), THREADS, stream](
+    (block, lane) sums of its |out|^power, as the CPU kernel of the same name."""
+    _accumulate_lanes(base is not None, int(power))[_grid(lanes.size), THREADS, stream](
         bits, weights, out if base is None else base, out, n_out, lanes
     )
 
 
-def accumulate_signs(bits, weights, base, out, n_out, stream=0, empty=_device_empty) -> float:
-    """``accumulate_lanes``, then the sum of squares of out (``tree_sum`` of the lanes)."""
+def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty) -> float:
+    """``accumulate_lanes``, then the sum of |out|^power (``tree_sum`` of the lanes)."""
     lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
-    accumulate_lanes(bits, weights, base, out, n_out, lanes, stream)
+    accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream)
     return tree_sum(lanes, stream, empty)
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spec import AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, STAGES, UNIFORM_BITS, mix64, padded_numel, stream_key
+from ..spec import (
+    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, mix64, padded_numel, scale_from, stream_key,
+)
 
 META_FIELDS = AGREEMENT_FIELDS
 HIERARCHICAL_META_FIELDS = AGREEMENT_FIELDS
@@ -40,24 +42,29 @@ def tree_sum(values: np.ndarray) -> float:
     return float(v[0])
 
 
-def sumsq(x: np.ndarray) -> float:
-    """Sum of squares of a float32 vector in the library's fixed order.
+def power_sum(x: np.ndarray, power: int = 2) -> float:
+    """Sum of |x|^power (power 1 or 2) of a float32 vector in the library's fixed order.
 
-    1. Square every element exactly in float64 and pad with zeros to whole blocks.
+    1. Take every |x| (power 1) or square (power 2) exactly in float64 and pad with zeros to whole blocks.
     2. Sum each (block, lane) sequentially (np.cumsum is sequential by definition).
     3. Combine the block-major lane sums with ``tree_sum``.
     """
-    sq = np.asarray(x, dtype=np.float32).astype(np.float64) ** 2
-    nblocks = max(1, -(-sq.size // BLOCK))
+    values = np.abs(np.asarray(x, dtype=np.float32).astype(np.float64)) ** power
+    nblocks = max(1, -(-values.size // BLOCK))
     padded = np.zeros(nblocks * BLOCK)
-    padded[: sq.size] = sq
+    padded[: values.size] = values
     lanes = np.cumsum(padded.reshape(nblocks, BLOCK // LANES, LANES), axis=1)[:, -1, :]
     return tree_sum(lanes.reshape(-1))
 
 
-def l2_scale(x: np.ndarray, d: int) -> np.float32:
-    """DeepSpeed's scale ``||x||_2 / sqrt(d)`` computed in float64, rounded to float32."""
-    return np.float32(np.sqrt(sumsq(x)) / np.sqrt(d))
+def sumsq(x: np.ndarray) -> float:
+    """Sum of squares of a float32 vector in the library's fixed order (``power_sum`` with power 2)."""
+    return power_sum(x, 2)
+
+
+def scale_of(x: np.ndarray, d: int, scale: str = "l2") -> np.float32:
+    """The 1-bit scale of ``x`` over d elements: "l2" ``||x||_2 / sqrt(d)`` (DeepSpeed's) or "l1" ``||x||_1 / d``."""
+    return scale_from(power_sum(x, SCALES[scale]), d, scale)
 
 
 def sign(x: np.ndarray) -> np.ndarray:
@@ -82,17 +89,17 @@ def pad(x: np.ndarray, length: int) -> np.ndarray:
     return padded
 
 
-def compress(x: np.ndarray, error: np.ndarray) -> tuple[np.ndarray, np.float32, np.ndarray]:
+def compress(x: np.ndarray, error: np.ndarray, scale: str = "l2") -> tuple[np.ndarray, np.float32, np.ndarray]:
     """One error-compensated 1-bit compression.
 
     1. x = x + error (float32).
-    2. s = ||x||_2 / sqrt(len(x)); q = sign(x).
+    2. s = ``scale_of(x, len(x), scale)``; q = sign(x).
     3. new error = x - s * q.
 
     Returns (packed bits, s, new error).
     """
     x = (np.asarray(x, dtype=np.float32) + error).astype(np.float32)
-    s = l2_scale(x, x.size)
+    s = scale_of(x, x.size, scale)
     q = sign(x)
     return pack(q), s, (x - s * q).astype(np.float32)
 
@@ -115,6 +122,7 @@ def compressed_allreduce(
     worker_errors: list[np.ndarray],
     server_errors: list[np.ndarray],
     protocol: str = "gather_scatter",
+    scale: str = "l2",
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
     """Error-compensated 1-bit allreduce (docs/architecture.md, "Algorithms"), simulated for the whole world.
 
@@ -132,6 +140,7 @@ def compressed_allreduce(
         worker_errors: one float32 vector of length Np per rank.
         server_errors: one float32 vector of length Np / n per rank.
         protocol: "gather_scatter" or "allgather".
+        scale: "l2" or "l1" (``scale_of``), for the worker and the server compression.
 
     Returns:
         (outputs (float32, unpadded), new worker errors, new server errors,
@@ -144,7 +153,7 @@ def compressed_allreduce(
     cb = chunk // 8
     packed, scales, new_we = [], [], []
     for x, we in zip(xs, worker_errors):
-        bits, s, err = compress(pad(x, np_), we)
+        bits, s, err = compress(pad(x, np_), we, scale)
         packed.append(bits)
         scales.append(s)
         new_we.append(err)
@@ -156,7 +165,7 @@ def compressed_allreduce(
     server_bits, server_scales, new_se = [], [], []
     for r in range(n):
         c = average_signs([b[r * cb:(r + 1) * cb] for b in packed], scales, chunk)
-        bits, s, err = compress(c, server_errors[r])
+        bits, s, err = compress(c, server_errors[r], scale)
         server_bits.append(bits)
         server_scales.append(s)
         new_se.append(err)
@@ -259,14 +268,15 @@ def hierarchical_compressed_allreduce(
     worker_errors: list[np.ndarray],
     server_errors: list[np.ndarray],
     ranks_per_node: int,
+    scale: str = "l2",
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
     """The error-compensated hierarchical allreduce, simulated for the whole world.
 
     n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n).
     1. Node average of shard j at local rank j: the k ranks' float32 shards summed in
        local-rank order, divided by k.
-    2. The N local ranks j run ``compressed_allreduce`` (gather-scatter) on their node
-       averages with their own worker errors (length Np/k) and server errors (Np/n).
+    2. The N local ranks j run ``compressed_allreduce`` (gather-scatter, ``scale``) on their
+       node averages with their own worker errors (length Np/k) and server errors (Np/n).
     3. Every rank decodes every shard's server rows.
 
     Returns:
@@ -290,7 +300,7 @@ def hierarchical_compressed_allreduce(
             averages.append((acc / np.float32(k)).astype(np.float32))
         group = [m * k + j for m in range(nodes)]
         outs, wes, ses, _ = compressed_allreduce(
-            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group]
+            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group], scale=scale
         )
         pieces.append(outs[0])
         for r, we, se in zip(group, wes, ses):

@@ -1,4 +1,4 @@
-"""Per-element helpers that both kernel modules compile (Numba CPU and numba.cuda): input loading and the threshold hash."""
+"""Per-element helpers that both kernel modules compile (Numba CPU and numba.cuda): input loading, the scales' powers, the threshold hash."""
 
 from __future__ import annotations
 
@@ -28,6 +28,11 @@ def load_value(src, lut, i):
 def load_table(src, lut, i):
     """Element i of a 16-bit input: its pattern looked up in the float32 table ``lut``."""
     return lut[src[i]]
+
+
+def power(x, p):
+    """|x|^p of a float64 for the scales' sums: x * x when p is 2, |x| when p is 1 (both exact)."""
+    return x * x if p == 2 else abs(x)
 
 
 def threshold(key, index):

@@ -9,6 +9,7 @@ import compcoll
 from compcoll.kernels import reference
 from tests.algorithms.onebit_workers import (
     DTYPES,
+    SCALE_NAMES,
     _expect,
     assert_errors_match,
     assert_matches_reference,
@@ -33,7 +34,8 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
     topo = compcoll.topology(comm, k)
     step = 0
     for dtype in DTYPES:
-        for shape in map(tuple, shapes):
+        for i, shape in enumerate(map(tuple, shapes)):
+            scale = SCALE_NAMES[i % 2]
             numel = int(np.prod(shape))
             wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
             we, se = torch.zeros(wn), torch.zeros(sn)
@@ -55,9 +57,10 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
                 assert_same_on_all_ranks(comm, out)
 
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
-                                     comm, ranks_per_node=k)
-                outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(flat, ref_we, ref_se, k)
-                assert_matches_reference(out, outs[rank], f"compensated, {where}")
+                                     comm, ranks_per_node=k, scale=scale)
+                outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(flat, ref_we, ref_se, k,
+                                                                                             scale)
+                assert_matches_reference(out, outs[rank], f"compensated {scale}, {where}")
                 assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
                 assert sent == ref_sent[rank], f"compensated bytes {sent} != {ref_sent[rank]} ({where})"
                 assert_same_on_all_ranks(comm, out)

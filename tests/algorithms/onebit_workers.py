@@ -12,8 +12,10 @@ import compcoll
 from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD
 from compcoll.algorithms.onebit import PROTOCOLS
 from compcoll.kernels import reference
+from compcoll.spec import SCALES
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SCALE_NAMES = tuple(SCALES)
 
 
 def make_input(rank: int, step: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -46,11 +48,13 @@ def assert_errors_match(we: torch.Tensor, se: torch.Tensor, ref_we: np.ndarray, 
 
 
 def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
-    """Outputs, both error buffers and bytes sent equal the reference, step after step."""
+    """Outputs, both error buffers and bytes sent equal the reference, step after step; the shapes take the
+    scales in turn (both scales meet both protocols)."""
     n, rank = comm.size, comm.rank
     for dtype in DTYPES:
-        for protocol in PROTOCOLS:
-            for shape in map(tuple, shapes):
+        for p, protocol in enumerate(PROTOCOLS):
+            for i, shape in enumerate(map(tuple, shapes)):
+                scale = SCALE_NAMES[(i + p) % 2]
                 numel = int(np.prod(shape))
                 full = compcoll.padded_numel(numel, n)
                 we, se = torch.zeros(full), torch.zeros(full // n)
@@ -59,12 +63,12 @@ def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -
                 for step in range(steps):
                     xs = [make_input(q, step, shape, dtype) for q in range(n)]
                     before, sent_before = xs[rank].clone(), comm.bytes_sent
-                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, protocol=protocol)
+                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, protocol=protocol, scale=scale)
                     sent = comm.bytes_sent - sent_before
                     outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
-                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol
+                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol, scale
                     )
-                    where = f"{dtype} {protocol} shape {shape} step {step}"
+                    where = f"{dtype} {protocol} {scale} shape {shape} step {step}"
                     assert torch.equal(xs[rank], before), f"input was modified ({where})"
                     assert out.shape == shape and out.dtype == dtype, where
                     assert_matches_reference(out, outs[rank], where)
@@ -134,9 +138,10 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "worker_error is on meta", car, x, torch.empty(full, device="meta"), se, comm)
     _expect(ValueError, "not supported", car, x.to("meta"), we.to("meta"), se.to("meta"), comm)
     _expect(ValueError, "protocol", car, x, we, se, comm, protocol="ring")
+    _expect(ValueError, "scale 'linf' is not one of ('l2', 'l1')", car, x, we, se, comm, scale="linf")
     _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
     refusal = (n - 1) * (8 * RECORD + MESSAGE_BYTES)
-    assert comm.bytes_sent - sent == 10 * refusal, "a refused call sent more than its two fixed-size rounds"
+    assert comm.bytes_sent - sent == 11 * refusal, "a refused call sent more than its two fixed-size rounds"
 
     saved = we.clone(), se.clone()
 
@@ -155,6 +160,8 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
         unchanged()
         protocol = PROTOCOLS[rank % 2]
         _expect(compcoll.RankMismatchError, "different protocols", car, x, we, se, comm, protocol=protocol)
+        unchanged()
+        _expect(compcoll.RankMismatchError, "different scales", car, x, we, se, comm, scale=SCALE_NAMES[rank % 2])
         unchanged()
 
     if n > 1:

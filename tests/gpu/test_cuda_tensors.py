@@ -24,7 +24,8 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
     results = {}
     for device in ("cpu", "cuda"):
         xd, ed = x.to(device), err.clone().to(device)
-        total = codecs.compensated_sumsq(xd, ed)
+        total = codecs.compensated_sum(xd, ed)
+        absolute = codecs.compensated_sum(xd, ed, "l1")
         bits = torch.empty(full // 8, dtype=torch.uint8, device=device)
         codecs.compensate_encode(xd, ed, 0.5, bits)
         rows = bits.view(3, -1)
@@ -36,8 +37,8 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
         wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8, device=device)
         codecs.randomized_encode(xd, maxima, 7, 2, "node", 1, 0, codecs.frame(wire, maxima))
         torch.cuda.synchronize()
-        results[device] = (total, squares, bits.cpu(), ed.cpu(), acc.cpu(), out.cpu(), maxima.cpu(), wire.cpu())
-    for name, a, b in zip(("sumsq", "accumulate sumsq", "bits", "error", "accumulate", "decode", "absmax", "wire"),
+        results[device] = (total, absolute, squares, bits.cpu(), ed.cpu(), acc.cpu(), out.cpu(), maxima.cpu(), wire.cpu())
+    for name, a, b in zip(("sumsq", "sum |x|", "accumulate sumsq", "bits", "error", "accumulate", "decode", "absmax", "wire"),
                           results["cpu"], results["cuda"]):
         same = a == b if isinstance(a, float) else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy())
         assert same, name

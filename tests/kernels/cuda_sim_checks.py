@@ -29,8 +29,9 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
     d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
 
-    total = cpu.compensated_sumsq(src, lut, err, numel)
-    assert cuda.compensated_sumsq(d_src, d_lut, cuda.cuda.to_device(err), numel) == total, "sumsq"
+    for power in (1, 2):
+        total = cpu.compensated_power_sum(src, lut, err, numel, power)
+        assert cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, power) == total, power
     scale = np.float32(np.sqrt(total) / np.sqrt(full))
     cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
     cpu.compensate_encode(src, lut, cpu_err, numel, scale, cpu_bits)
@@ -42,12 +43,12 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     rows = cpu_bits.reshape(world, -1)
     weights = (rng.random(world) + 0.5).astype(np.float32)
     chunk = full // world
-    for base in (None, (rng.standard_normal(chunk) * 0.1).astype(np.float32)):
+    for power, base in ((2, None), (1, None), (2, (rng.standard_normal(chunk) * 0.1).astype(np.float32))):
         out = np.empty(chunk, np.float32)
-        want = cpu.accumulate_signs(rows[:, :chunk // 8].copy(), weights, base, out, chunk)
+        want = cpu.accumulate_signs(rows[:, :chunk // 8].copy(), weights, base, out, chunk, power)
         d_out = cuda.cuda.device_array(chunk, np.float32)
         got = cuda.accumulate_signs(cuda.cuda.to_device(rows[:, :chunk // 8].copy()), cuda.cuda.to_device(weights),
-                                    None if base is None else cuda.cuda.to_device(base), d_out, chunk)
+                                    None if base is None else cuda.cuda.to_device(base), d_out, chunk, power)
         assert got == want and np.array_equal(d_out.copy_to_host(), out), "accumulate_signs"
 
     positive, negative = weights, -weights

@@ -9,6 +9,7 @@ import torch
 
 from compcoll import codecs
 from compcoll.kernels import cpu, reference
+from compcoll.spec import SCALES
 
 LENGTHS = [1, 7, 31, 8191, 8193, 40001, 262147]
 
@@ -17,9 +18,10 @@ def _rng(numel: int) -> np.random.Generator:
     return np.random.default_rng(numel)
 
 
+@pytest.mark.parametrize("scale", list(SCALES))
 @pytest.mark.parametrize("numel", LENGTHS)
 @pytest.mark.parametrize("world", [1, 3])
-def test_compensate_and_encode(numel: int, world: int) -> None:
+def test_compensate_and_encode(numel: int, world: int, scale: str) -> None:
     rng = _rng(numel)
     full = reference.padded_numel(numel, world)
     src = rng.standard_normal(numel).astype(np.float32)
@@ -28,14 +30,14 @@ def test_compensate_and_encode(numel: int, world: int) -> None:
     padded = np.zeros(full, np.float32)
     padded[:numel] = src
 
-    total = cpu.compensated_sumsq(src, None, err, numel)
-    assert total == reference.sumsq(padded + err)
-    scale = np.float32(np.sqrt(total) / np.sqrt(full))
+    total = cpu.compensated_power_sum(src, None, err, numel, SCALES[scale])
+    assert total == reference.power_sum(padded + err, SCALES[scale])
+    value = codecs.scale_from(total, full, scale)
     bits = np.empty(full // 8, np.uint8)
     new_err = err.copy()
-    cpu.compensate_encode(src, None, new_err, numel, scale, bits)
-    ref_bits, ref_scale, ref_err = reference.compress(padded, err)
-    assert scale == ref_scale
+    cpu.compensate_encode(src, None, new_err, numel, np.float32(value), bits)
+    ref_bits, ref_scale, ref_err = reference.compress(padded, err, scale)
+    assert value == ref_scale
     assert np.array_equal(bits, ref_bits) and np.array_equal(new_err, ref_err)
 
 
@@ -47,17 +49,19 @@ def test_sixteen_bit_inputs_convert_exactly(dtype: torch.dtype) -> None:
     err = torch.randn(full, generator=torch.Generator().manual_seed(2))
     padded = np.zeros(full, np.float32)
     padded[:numel] = t.float().numpy()
-    assert codecs.compensated_sumsq(t, err) == reference.sumsq(padded + err.numpy())
+    assert codecs.compensated_sum(t, err) == reference.sumsq(padded + err.numpy())
+    assert codecs.compensated_sum(t, err, "l1") == reference.power_sum(padded + err.numpy(), 1)
     bits = torch.empty(full // 8, dtype=torch.uint8)
     work = err.clone()
-    scale = codecs.l2_scale(codecs.compensated_sumsq(t, err), full)
+    scale = codecs.scale_from(codecs.compensated_sum(t, err), full, "l2")
     codecs.compensate_encode(t, work, scale, bits)
     ref_bits, _, ref_err = reference.compress(padded, err.numpy())
     assert np.array_equal(bits.numpy(), ref_bits) and np.array_equal(work.numpy(), ref_err)
 
 
+@pytest.mark.parametrize("scale", list(SCALES))
 @pytest.mark.parametrize("numel", LENGTHS)
-def test_accumulate_signs(numel: int) -> None:
+def test_accumulate_signs(numel: int, scale: str) -> None:
     rng = _rng(numel)
     ranks = 3
     nbytes = -(-numel // 8)
@@ -66,11 +70,12 @@ def test_accumulate_signs(numel: int) -> None:
     weights = (scales / np.float32(ranks)).astype(np.float32)
     expected = reference.average_signs(list(bits), list(scales), numel)
     out = np.empty(numel, np.float32)
-    assert cpu.accumulate_signs(bits, weights, None, out, numel) == reference.sumsq(expected)
+    assert cpu.accumulate_signs(bits, weights, None, out, numel, SCALES[scale]) == reference.power_sum(
+        expected, SCALES[scale])
     assert np.array_equal(out, expected)
     base = rng.standard_normal(numel).astype(np.float32)
     in_place = base.copy()
-    cpu.accumulate_signs(bits, weights, in_place, in_place, numel)
+    cpu.accumulate_signs(bits, weights, in_place, in_place, numel, SCALES[scale])
     assert np.array_equal(in_place, (expected + base).astype(np.float32))
 
 
@@ -99,9 +104,9 @@ def test_results_do_not_depend_on_thread_count() -> None:
     x = rng.standard_normal(300007).astype(np.float32)
     err = np.zeros(300008, np.float32)
     numba.set_num_threads(1)
-    one = cpu.compensated_sumsq(x, None, err, x.size)
+    one = [cpu.compensated_power_sum(x, None, err, x.size, power) for power in (1, 2)]
     numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-    assert one == cpu.compensated_sumsq(x, None, err, x.size)
+    assert one == [cpu.compensated_power_sum(x, None, err, x.size, power) for power in (1, 2)]
 
 
 def test_serial_twins_cache_apart_from_threaded_kernels() -> None:

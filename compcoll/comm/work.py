@@ -135,13 +135,17 @@ class TaskWork(Work):
         self._future: torch.futures.Future = torch.futures.Future()
 
     def _settle(self, result: Any, error: BaseException | None) -> None:
-        """Record the outcome, complete the future, wake the waiters (the ordering thread calls this)."""
+        """Record the outcome, wake the waiters, then complete the future (the ordering thread calls this).
+
+        The future's callbacks run inside ``set_result``, on this thread; the Work is
+        done before they run, so a callback may call ``wait()``.
+        """
         self._result, self._error = result, error
+        self._done.set()
         if error is None:
             self._future.set_result(result)
         else:
             self._future.set_exception(error)
-        self._done.set()
 
     def wait(self, timeout: float | None = None) -> Any:
         if not self._done.wait(timeout):

@@ -1,0 +1,94 @@
+"""Birder's unbiased hierarchical 1-bit DDP hook: ``model.register_comm_hook(BirderState(), birder_hook)``."""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms.hierarchical import hierarchical_allreduce
+from .buckets import Schedule, own_comm, plain_allreduce, settle
+from .onebit import MIN_COMPRESS_NUMEL
+
+
+class BirderState:
+    """The state of ``birder_hook``: its communicator, the node layout, the seed and the call counter.
+
+    Birder's compression is unbiased (binary randomization) and keeps no error buffers, so
+    it may start at the first iteration. Build it on every rank at the same point.
+
+    Args:
+        process_group: the ranks DDP averages over; None means the default group (the
+            calls run on a new group of the same ranks, as ``OneBitState``'s).
+        ranks_per_node: k consecutive ranks form a node; None discovers the nodes from
+            hostnames (or ``COMPCOLL_RANKS_PER_NODE``).
+        seed: the random seed; a run is reproduced from it.
+        start_iter: iterations sent uncompressed first (default 0).
+        min_compress_numel: buckets of fewer elements go uncompressed.
+        timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
+    """
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        ranks_per_node: int | None = None,
+        seed: int = 0,
+        start_iter: int = 0,
+        min_compress_numel: int = MIN_COMPRESS_NUMEL,
+        timeout: float | None = None,
+    ) -> None:
+        self.process_group = process_group
+        self.ranks_per_node = ranks_per_node
+        self.seed = seed
+        self.timeout = timeout
+        self.schedule = Schedule(start_iter, min_compress_numel)
+        self.comm = own_comm(process_group, timeout)
+        self.calls = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The iteration, the compressed-call counter (the random streams' step) and the options."""
+        return {"iteration": self.schedule.iteration, "calls": self.calls, "seed": self.seed,
+                "start_iter": self.schedule.start_iter, "min_compress_numel": self.schedule.min_compress_numel}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved: the next call draws the bits the saved run's would."""
+        self.schedule = Schedule(state["start_iter"], state["min_compress_numel"])
+        self.schedule.iteration = state["iteration"]
+        self.calls, self.seed = state["calls"], state["seed"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"state": self.state_dict(), "ranks_per_node": self.ranks_per_node, "timeout": self.timeout}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
+        self.__init__(None, ranks_per_node=saved["ranks_per_node"], timeout=saved["timeout"])
+        self.load_state_dict(saved["state"])
+
+
+def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average a DDP bucket with Birder's all-1-bit hierarchical allreduce (``hierarchical_allreduce``).
+
+    1. Before ``start_iter`` iterations and below ``min_compress_numel`` elements: DDP's own allreduce.
+    2. Otherwise ``hierarchical_allreduce`` of the flat buffer in place, asynchronously, with
+       the state's seed and its call counter as the step (so a resumed run draws the same
+       bits); an unbiased estimate of the average, the same bits on every rank.
+    3. A NaN / Inf on any rank: the bucket is NaN on every rank (as ``onebit_hook``).
+
+    Args:
+        state: a ``BirderState``.
+        bucket: the DDP gradient bucket.
+
+    Returns:
+        A future of the averaged flat buffer.
+    """
+    schedule = state.schedule
+    if schedule.compress(bucket):
+        buffer = bucket.buffer()
+        work = hierarchical_allreduce(buffer, state.comm, ranks_per_node=state.ranks_per_node, seed=state.seed,
+                                      step=state.calls, out=buffer, async_op=True)
+        state.calls += 1
+        future = settle(work, buffer)
+    else:
+        future = plain_allreduce(bucket.buffer(), state.process_group)
+    schedule.advance(bucket)
+    return future

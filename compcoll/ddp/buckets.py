@@ -1,0 +1,79 @@
+"""What the DDP hooks share: their own process group, the warm-up schedule, plain allreduce and non-finite buckets."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..comm.torchdist import TorchComm
+from ..comm.work import Work
+from ..errors import NonFiniteError
+
+
+def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:
+    """A TorchComm on a new group of the same ranks and backend as ``process_group`` (None: the default group).
+
+    compcoll's collectives run on its communicator's ordering thread; on a group of their
+    own they cannot interleave with the collectives DDP itself issues (buffer broadcasts,
+    the unused-parameter map) in an order that differs between ranks. ``new_group`` is a
+    collective of the default group: build the state on every rank at the same point.
+    """
+    group = dist.group.WORLD if process_group is None else process_group
+    ranks = dist.get_process_group_ranks(group)
+    return TorchComm(dist.new_group(ranks=ranks, backend=dist.get_backend(group)), timeout)
+
+
+def plain_allreduce(buffer: torch.Tensor, group: dist.ProcessGroup | None) -> torch.futures.Future:
+    """DDP's own hook on ``buffer``: the float sum over ``group`` divided by its size (``allreduce_hook``)."""
+    size = dist.get_world_size(group)
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0].div_(size))
+
+
+def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
+    """A future of the call's result, or of ``buffer`` filled with NaN when any rank's bucket held NaN / Inf.
+
+    1. When the call's own future completes, ``work.wait()`` gives the result (on CUDA it
+       also makes the completing thread's current stream wait for the call's last kernel).
+    2. Every rank learns of a non-finite input in the call's agreement and raises
+       ``NonFiniteError`` alike, with no error buffer changed; answering NaN on every rank
+       is what DDP's own allreduce gives, so a ``GradScaler`` skips the step on every rank.
+    """
+    def result(_: torch.futures.Future) -> torch.Tensor:
+        try:
+            return work.wait()
+        except NonFiniteError:
+            return buffer.fill_(float("nan"))
+
+    return work.get_future().then(result)
+
+
+class Schedule:
+    """When a hook compresses: after ``start_iter`` iterations, and buckets of at least ``min_compress_numel`` elements.
+
+    DDP rebuilds its buckets after the first iteration (in the order the gradients
+    became ready), so state kept per bucket index is only meaningful from then on; the
+    first ``start_iter`` iterations go uncompressed. An iteration ends with the bucket
+    whose ``is_last()`` is True.
+    """
+
+    def __init__(self, start_iter: int, min_compress_numel: int) -> None:
+        for name, value in (("start_iter", start_iter), ("min_compress_numel", min_compress_numel)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"compcoll.ddp: {name} must be a non-negative integer, got {value!r}")
+        self.start_iter = start_iter
+        self.min_compress_numel = min_compress_numel
+        self.iteration = 0
+
+    def started(self) -> bool:
+        """Whether this iteration compresses (its large buckets)."""
+        return self.iteration >= self.start_iter
+
+    def compress(self, bucket: dist.GradBucket) -> bool:
+        """Whether this bucket goes compressed in this iteration."""
+        return self.started() and bucket.buffer().numel() >= self.min_compress_numel
+
+    def advance(self, bucket: dist.GradBucket) -> None:
+        """Count an iteration at its last bucket."""
+        if bucket.is_last():
+            self.iteration += 1

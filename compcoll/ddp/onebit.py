@@ -1,0 +1,181 @@
+"""The error-compensated 1-bit DDP hook: ``model.register_comm_hook(OneBitState(), onebit_hook)``."""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..algorithms.inputs import check_scale
+from ..algorithms.onebit import PROTOCOLS, CompressedAllreduce
+from .buckets import Schedule, own_comm, plain_allreduce, settle
+
+MIN_COMPRESS_NUMEL = 16384
+"""Buckets below this many elements (64 KiB of float32) go uncompressed: one compressed call costs a few
+round trips of fixed cost, more than such a bucket's bytes take on a 1 Gbit/s link (0.5 ms)."""
+
+
+class OneBitState:
+    """The state of ``onebit_hook``: its communicator, schedule and one error-feedback pair per DDP bucket.
+
+    Modelled on PyTorch's ``PowerSGDState``: every argument has a default, it pickles
+    (``torch.save(state)``) and has ``state_dict()`` / ``load_state_dict()`` for an exact
+    resume. Build it on every rank at the same point (it makes a process group).
+
+    Args:
+        process_group: the ranks DDP averages over; None means the default group. The hook
+            runs its compressed calls on a new group of the same ranks and backend (Gloo on
+            CPU, NCCL on GPU), so that they never interleave with DDP's own collectives.
+        start_iter: iterations sent uncompressed first (DDP's own allreduce), while DDP
+            rebuilds its buckets; at least 1 (default 2, as PowerSGD requires).
+        min_compress_numel: buckets of fewer elements go uncompressed (default 16384).
+        protocol: "allgather" (default: each rank compresses once, every rank averages all
+            ranks' signs; (n-1)/8 bytes per element sent per rank) or "gather_scatter"
+            (compressed twice, through a server chunk, as DeepSpeed's 1-bit Adam; 2(n-1)/(8n)
+            bytes per element, fewer from 3 ranks on).
+        scale: "l1" (default: mean |x|, the least-squares scale) or "l2" (DeepSpeed's).
+        timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
+    """
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        start_iter: int = 2,
+        min_compress_numel: int = MIN_COMPRESS_NUMEL,
+        protocol: str = "allgather",
+        scale: str = "l1",
+        timeout: float | None = None,
+    ) -> None:
+        if isinstance(start_iter, int) and start_iter < 1:
+            raise ValueError("OneBitState: start_iter must be at least 1: DDP rebuilds its buckets after the first "
+                             "iteration, and error buffers are kept per bucket")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"OneBitState: protocol {protocol!r} is not one of {PROTOCOLS}")
+        check_scale("OneBitState", scale)
+        self.process_group = process_group
+        self.timeout = timeout
+        self.schedule = Schedule(start_iter, min_compress_numel)
+        self.comm = own_comm(process_group, timeout)
+        self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale)
+        self.layouts: dict[int, list[list[int]]] = {}
+
+    def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
+        """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its parameters.
+
+        1. A bucket whose parameters (their shapes, in order) are those its index held
+           before, or an index not seen yet: one key, the index, one span.
+        2. Otherwise (a DDP built afresh on resume runs its first iteration with the
+           buckets it had before its rebuild: parameters in registration order, often in
+           one bucket): the known buckets whose parameters it holds, each gathered in its
+           own order (a shape's last occurrence here is its first there, since DDP rebuilds
+           in the order backward produces gradients), so the resumed run compresses what
+           the uninterrupted run would have.
+        3. None when known buckets do not tile it (one straddles two of its buckets, or
+           the model changed): this iteration goes uncompressed, error buffers kept.
+        DDP gives every rank the same buckets, so every rank decides alike.
+        """
+        index, params = bucket.index(), bucket.parameters()
+        shapes = [list(p.shape) for p in params]
+        if self.layouts.setdefault(index, shapes) == shapes:
+            return [(index, [(0, bucket.buffer().numel())])]
+        spans, offset = [], 0
+        unused: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for p in params:
+            unused.setdefault(tuple(p.shape), []).append((offset, p.numel()))
+            offset += p.numel()
+        segments = []
+        for key in sorted(self.layouts):
+            wanted = [tuple(s) for s in self.layouts[key]]
+            available = [len(unused.get(s, ())) >= wanted.count(s) for s in wanted]
+            if any(available) and not all(available):
+                return None
+            if all(available):
+                segments.append((key, [unused[s].pop() for s in wanted]))
+        return segments if not any(unused.values()) else None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The iteration, the options and this rank's error buffers per bucket (save one per rank)."""
+        return {
+            "iteration": self.schedule.iteration,
+            "start_iter": self.schedule.start_iter,
+            "min_compress_numel": self.schedule.min_compress_numel,
+            "layouts": {k: [list(s) for s in v] for k, v in self.layouts.items()},
+            "error_feedback": self.allreduce.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
+        self.allreduce.load_state_dict(state["error_feedback"])
+        self.schedule = Schedule(state["start_iter"], state["min_compress_numel"])
+        self.schedule.iteration = state["iteration"]
+        self.layouts = {k: [list(s) for s in v] for k, v in state["layouts"].items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the ``state_dict()`` and the timeout; the process group is not picklable (PowerSGD drops it too)."""
+        return {"state": self.state_dict(), "timeout": self.timeout}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
+        state = saved["state"]
+        self.__init__(None, start_iter=state["start_iter"], min_compress_numel=state["min_compress_numel"],
+                      protocol=state["error_feedback"]["protocol"], scale=state["error_feedback"]["scale"],
+                      timeout=saved["timeout"])
+        self.load_state_dict(state)
+
+
+def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average a DDP bucket with error-compensated 1-bit compression, overlapping the rest of backward.
+
+    1. Before ``state.start_iter`` iterations, and for buckets below ``min_compress_numel``
+       elements: DDP's own allreduce (float sum / n).
+    2. Otherwise ``CompressedAllreduce`` of the bucket's flat buffer, in place, keyed by the
+       bucket index (its error buffers), started asynchronously on the state's
+       communicator: the future completes while backward computes earlier buckets. (After
+       a resume, a bucket DDP has not rebuilt yet goes in the parts ``state.segments``
+       says, each gathered, compressed under its own key and put back.)
+    3. A NaN / Inf in any rank's bucket: every rank gets the bucket filled with NaN, as
+       DDP's allreduce would give, with the error buffers unchanged, so a ``GradScaler``
+       skips the step on every rank and nothing is lost.
+    Every rank ends with the same bits.
+
+    Args:
+        state: a ``OneBitState``.
+        bucket: the DDP gradient bucket (any float dtype DDP uses: float32, float16, bfloat16).
+
+    Returns:
+        A future of the averaged flat buffer.
+    """
+    schedule = state.schedule
+    segments = state.segments(bucket) if schedule.started() else None
+    buffer = bucket.buffer()
+    if segments is None:
+        future = plain_allreduce(buffer, state.process_group)
+    elif len(segments) == 1 and len(segments[0][1]) == 1:
+        future = _compress(state, segments[0][0], buffer)
+    else:
+        future = torch.futures.collect_all([_compress_spans(state, key, spans, buffer) for key, spans in segments])
+        future = future.then(lambda _: buffer)
+    schedule.advance(bucket)
+    return future
+
+
+def _compress(state: OneBitState, key: int, piece: torch.Tensor) -> torch.futures.Future:
+    """A future of ``piece`` averaged in place: compressed under ``key``, or plain below ``min_compress_numel``."""
+    if piece.numel() < state.schedule.min_compress_numel:
+        return plain_allreduce(piece, state.process_group)
+    return settle(state.allreduce(piece, key=key, out=piece, async_op=True), piece)
+
+
+def _compress_spans(state: OneBitState, key: int, spans: list[tuple[int, int]], buffer: torch.Tensor
+                    ) -> torch.futures.Future:
+    """Gather ``spans`` of ``buffer`` in order, average them under ``key`` and scatter the result back."""
+    piece = torch.cat([buffer[a:a + n] for a, n in spans])
+
+    def scatter(future: torch.futures.Future) -> torch.Tensor:
+        result, start = future.value(), 0
+        for a, n in spans:
+            buffer[a:a + n].copy_(result[start:start + n])
+            start += n
+        return buffer
+
+    return _compress(state, key, piece).then(scatter)

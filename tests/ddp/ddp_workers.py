@@ -1,0 +1,215 @@
+"""Rank-side bodies of the DDP hook tests: real DDP over Gloo, each bucket's average against the numpy reference."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import compcoll
+import compcoll.ddp
+from compcoll.kernels import reference
+
+BUCKET_MB = 0.5
+"""Small buckets, so that the 1.6 MiB model spans several (DDP's first bucket holds up to 1 MiB)."""
+
+
+def make_model() -> torch.nn.Module:
+    """423,107 parameters in 6 tensors; lengths that are multiples of nothing in particular."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(300, 701), torch.nn.Tanh(), torch.nn.Linear(701, 299), torch.nn.Tanh(),
+                               torch.nn.Linear(299, 7))
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fresh random batch of a step (every rank's differs)."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 300, generator=gen), torch.randn(16, 7, generator=gen)
+
+
+def recording(hook, records: dict[int, tuple]):
+    """Wrap a hook: keep each bucket's input, whether it went compressed, its output and (Birder) the call counter
+    it ran with, by bucket index."""
+    def wrapped(state, bucket):
+        index, before = bucket.index(), bucket.buffer().clone()
+        compressed, calls = state.schedule.compress(bucket), getattr(state, "calls", None)
+
+        def keep(fut: torch.futures.Future) -> torch.Tensor:
+            records[index] = (compressed, before, fut.value().clone(), calls)
+            return fut.value()
+
+        return hook(state, bucket).then(keep)
+    return wrapped
+
+
+def step(model: DDP, opt: torch.optim.Optimizer, rank: int, i: int, poison: bool = False) -> None:
+    """One training step on this rank's batch (``poison``: the loss times NaN)."""
+    x, y = batch(rank, i)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    (loss * float("nan") if poison else loss).backward()
+    opt.step()
+
+
+def gather(obj) -> list:
+    """Every rank's ``obj`` (over the default group, outside the hooks' own group)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def assert_replicas_equal(model: torch.nn.Module) -> None:
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert all(torch.equal(flat, other) for other in gather(flat)), "replicas differ"
+
+
+def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str) -> None:
+    """Every compressed bucket equals the reference's output from all ranks' inputs, with error buffers kept per
+    bucket across steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas
+    are the same bits on every rank; the final error buffers equal the reference's."""
+    n, rank = comm.size, comm.rank
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale)
+    records: dict[int, tuple] = {}
+    model.register_comm_hook(state, recording(compcoll.ddp.onebit_hook, records))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref: dict[int, tuple[list, list]] = {}
+    kinds = set()
+    for i in range(steps):
+        records.clear()
+        step(model, opt, rank, i)
+        everyone = gather({k: (c, b.numpy()) for k, (c, b, _, _) in records.items()})
+        for index, (compressed, before, out, _) in sorted(records.items()):
+            xs = [r[index][1] for r in everyone]
+            kinds.add((i >= 2, compressed))
+            if not compressed:
+                assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
+                continue
+            full = compcoll.padded_numel(before.numel(), n)
+            we, se = ref.setdefault(index, ([np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n))
+            outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale)
+            ref[index] = (we, se)
+            assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i} differs from the reference"
+        assert_replicas_equal(model)
+    assert kinds == {(False, False), (True, False), (True, True)}, f"not every path ran: {kinds}"
+    for index, (we, se) in ref.items():
+        worker, server = state.allreduce.plans[index].error_feedback.buffers()
+        assert np.array_equal(worker.numpy(), we[rank]), f"worker error of bucket {index}"
+        if protocol == "gather_scatter":
+            assert np.array_equal(server.numpy(), se[rank]), f"server error of bucket {index}"
+
+
+def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> torch.Tensor:
+    for i in steps:
+        step(model, opt, rank, i)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def onebit_resumes_exactly(comm: compcoll.Communicator) -> None:
+    """Checkpoint model, optimizer and hook state after 5 steps; a fresh DDP resumed from it (state pickled whole,
+    and through state_dict) ends the next 4 steps with the bits of the run that went on."""
+    rank = comm.rank
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    _train(model, opt, rank, range(5))
+    saved = io.BytesIO()
+    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state}, saved)
+    hook_dict = state.state_dict()
+    expected = _train(model, opt, rank, range(5, 9))
+
+    for how in ("pickled", "state_dict"):
+        saved.seek(0)
+        checkpoint = torch.load(saved, weights_only=False)
+        module = make_model()
+        module.load_state_dict(checkpoint["model"])
+        resumed = DDP(module, bucket_cap_mb=BUCKET_MB)
+        if how == "pickled":
+            hook_state = checkpoint["hook"]
+        else:
+            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+            hook_state.load_state_dict(hook_dict)
+        resumed.register_comm_hook(hook_state, compcoll.ddp.onebit_hook)
+        opt = torch.optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)
+        opt.load_state_dict(checkpoint["opt"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = _train(resumed, opt, rank, range(5, 9))
+        assert torch.equal(got, expected), f"resumed ({how}) run differs"
+
+
+def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
+    """A NaN in the last rank's gradients at a compressed step: every rank gets NaN buckets, a GradScaler skips the
+    step and halves its scale on every rank, the error buffers are unchanged, and the steps after it equal a run in
+    which that step never happened."""
+    n, rank = comm.size, comm.rank
+
+    def run(poisoned_step: int | None) -> tuple[torch.Tensor, list[float]]:
+        model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+        state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+        model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scales = []
+        for i in range(6):
+            poison = i == poisoned_step
+            buffers = {k: p.error_feedback.worker_error.clone() for k, p in state.allreduce.plans.items()}
+            x, y = batch(rank, 4 if poison else i)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss * float("nan") if poison and rank == n - 1 else loss).backward()
+            if poison:
+                assert all(torch.isnan(p.grad).all() for p in model.parameters()), "a bucket stayed finite"
+                for k, p in state.allreduce.plans.items():
+                    assert torch.equal(p.error_feedback.worker_error, buffers[k]), "an error buffer changed"
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        assert_replicas_equal(model)
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), scales
+
+    poisoned, scales = run(3)
+    clean, clean_scales = run(None)
+    assert scales == [1024.0] * 3 + [512.0] * 3 and clean_scales == [1024.0] * 6, (scales, clean_scales)
+    assert all(s == scales for _, s in gather((0, scales))), "loss scales differ between ranks"
+    assert not torch.equal(poisoned, clean)
+
+
+def birder_matches_reference(comm: compcoll.Communicator, steps: int) -> None:
+    """Every compressed bucket equals Birder's reference (seed, call counter as step); replicas identical."""
+    n, rank = comm.size, comm.rank
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.BirderState(ranks_per_node=1, seed=5, min_compress_numel=211500)
+    records: dict[int, tuple] = {}
+    model.register_comm_hook(state, recording(compcoll.ddp.birder_hook, records))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    compressed_calls = 0
+    for i in range(steps):
+        records.clear()
+        step(model, opt, rank, i)
+        everyone = gather({k: (c, b.numpy()) for k, (c, b, _, _) in records.items()})
+        for index, (compressed, _, out, calls) in records.items():
+            if compressed:
+                outs, _ = reference.hierarchical_allreduce([r[index][1] for r in everyone], 1, 5, calls)
+                compressed_calls += 1
+                assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i}"
+        assert_replicas_equal(model)
+    assert compressed_calls == state.calls > 0
+
+
+def local_hook_keeps_gradients(comm: compcoll.Communicator) -> None:
+    """Under local_hook every rank's gradients are its own (those of the unwrapped model on its batch)."""
+    rank = comm.rank
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    model.register_comm_hook(None, compcoll.ddp.local_hook)
+    plain = make_model()
+    x, y = batch(rank, 0)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    torch.nn.functional.mse_loss(plain(x), y).backward()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(p.grad, q.grad), "a gradient was changed"

@@ -1,0 +1,9 @@
+"""compcoll.ddp.local_hook leaves every rank's gradients its own under real DDP."""
+
+from __future__ import annotations
+
+from compcoll.launcher import run
+
+
+def test_gradients_stay_local() -> None:
+    run("tests.ddp.ddp_workers:local_hook_keeps_gradients", 2, "gloo")

@@ -46,3 +46,9 @@ def test_direct_allreduce_example() -> None:
 def test_overlap_example_keeps_replicas_identical() -> None:
     out = _run([mpiexec(), "-n", "2", sys.executable, "examples/overlap.py"])
     assert "replicas bit-identical: True" in out and "started during backward" in out, out
+
+
+@pytest.mark.parametrize("hook", ["onebit", "local"])
+def test_ddp_example_under_torchrun(hook: str) -> None:
+    out = _run([str(TORCHRUN), "--nproc-per-node", "2", "examples/ddp.py", "--hook", hook, "--steps", "60"])
+    assert f"{hook} on rank 0 of 2: replicas bit-identical: True" in out, out

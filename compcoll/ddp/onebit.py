@@ -78,7 +78,7 @@ class OneBitState:
         shapes = [list(p.shape) for p in params]
         if self.layouts.setdefault(index, shapes) == shapes:
             return [(index, [(0, bucket.buffer().numel())])]
-        spans, offset = [], 0
+        offset = 0
         unused: dict[tuple[int, ...], list[tuple[int, int]]] = {}
         for p in params:
             unused.setdefault(tuple(p.shape), []).append((offset, p.numel()))

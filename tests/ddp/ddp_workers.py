@@ -182,7 +182,7 @@ def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
 
 def birder_matches_reference(comm: compcoll.Communicator, steps: int) -> None:
     """Every compressed bucket equals Birder's reference (seed, call counter as step); replicas identical."""
-    n, rank = comm.size, comm.rank
+    rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.BirderState(ranks_per_node=1, seed=5, min_compress_numel=211500)
     records: dict[int, tuple] = {}

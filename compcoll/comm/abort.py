@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from types import TracebackType
 
 ABORT_ENV = "COMPCOLL_MPI_ABORT"
+FORWARD_SECONDS = 0.2
+"""Pause between the message and MPI_Abort: the launcher forwards a rank's output through its proxy, and an
+abort can drop lines still in flight (the traceback arrived without the line after it in 1 of many CI runs)."""
 _installed = False
 
 
@@ -17,7 +21,8 @@ def install_abort_hook() -> bool:
     exit, waiting for peers that wait for it in their next collective until their
     timeout (5 minutes by default): the job runs on, doing nothing. With the hook:
     1. the traceback is printed as before (the previous ``sys.excepthook``);
-    2. ``MPI_Abort(COMM_WORLD, 1)``: the launcher ends every rank.
+    2. a line saying so, and a pause of ``FORWARD_SECONDS`` for the launcher to forward the output;
+    3. ``MPI_Abort(COMM_WORLD, 1)``: the launcher ends every rank.
     ``KeyboardInterrupt`` and ``SystemExit`` keep their usual meaning. torchrun needs
     nothing of the kind: it ends the job when one process exits with an error.
 
@@ -36,6 +41,7 @@ def install_abort_hook() -> bool:
             sys.stderr.write(f"compcoll: uncaught {kind.__name__} on MPI rank {MPI.COMM_WORLD.Get_rank()}; "
                              f"aborting the job ({ABORT_ENV}=0 to keep the ranks running)\n")
             sys.stderr.flush()
+            time.sleep(FORWARD_SECONDS)
             MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook

@@ -7,8 +7,8 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    of ``run.py`` under real DDP with momentum SGD, the same seed and batch order, each
    rank its share of every global batch (``ddp_job.py``).
 2. Hooks: DDP's default allreduce (the baseline), PyTorch's fp16 and PowerSGD hooks, and
-   compcoll's ``onebit_hook`` with its defaults (one compression, l1 scale), with the l2
-   scale, and with DeepSpeed's numerics (gather-scatter, l2: compressed twice).
+   compcoll's ``onebit_hook`` in four numerics: one compression (allgather) or two
+   (gather-scatter), each with the l1 and the l2 scale (GS l2 is DeepSpeed's numerics).
 3. Write OUT.json, OUT.txt (final loss and accuracy, the gap to the baseline, bytes sent per
    rank and the cut against the baseline) and OUT.png.
 """
@@ -31,9 +31,11 @@ RUNS = [
     dict(name="fp16 hook", hook="fp16", options={}, baseline="DDP allreduce"),
     dict(name="PowerSGD r=2", hook="powersgd", options=dict(matrix_approximation_rank=2, start_powerSGD_iter=2),
          baseline="DDP allreduce"),
-    dict(name="1-bit hook", hook="onebit", options={}, baseline="DDP allreduce"),
-    dict(name="1-bit l2", hook="onebit", options=dict(scale="l2"), baseline="DDP allreduce"),
-    dict(name="1-bit DS", hook="onebit", options=dict(scale="l2", protocol="gather_scatter"),
+    dict(name="1-bit AG l1", hook="onebit", options=dict(scale="l1", protocol="allgather"), baseline="DDP allreduce"),
+    dict(name="1-bit AG l2", hook="onebit", options=dict(scale="l2", protocol="allgather"), baseline="DDP allreduce"),
+    dict(name="1-bit GS l1", hook="onebit", options=dict(scale="l1", protocol="gather_scatter"),
+         baseline="DDP allreduce"),
+    dict(name="1-bit GS l2", hook="onebit", options=dict(scale="l2", protocol="gather_scatter"),
          baseline="DDP allreduce"),
 ]
 

@@ -27,6 +27,7 @@ from scenario import default_threads
 from compcoll.launcher import run
 
 LABELS = {"allreduce": "DDP allreduce", "fp16": "fp16 hook", "powersgd": "PowerSGD r=4", "onebit": "compcoll 1-bit hook",
+          "onebit_hier": "1-bit hook, by node",
           "onebit_adam": "compcoll OneBitAdam", "zero_one_adam": "compcoll 0/1 Adam"}
 
 
@@ -92,7 +93,8 @@ def main() -> int:
     p.add_argument("--layouts", default="2x1,2x2", help="nodes x ranks per node, comma-separated")
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--batch", type=int, default=16, help="samples per rank and step")
-    p.add_argument("--methods", default=",".join(LABELS))
+    p.add_argument("--methods", default=",".join(m for m in LABELS if m != "onebit_hier"),
+                   help=f"comma-separated, of {','.join(LABELS)}")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--runs", type=int, default=3)

@@ -3,6 +3,7 @@
 # no ``from __future__ import annotations``: DDP checks the hooks' annotations against the classes
 
 import json
+import os
 import time
 
 import torch
@@ -14,7 +15,7 @@ import compcoll
 import compcoll.ddp
 from compcoll.optim import OneBitAdam, ZeroOneAdam
 
-METHODS = ("allreduce", "fp16", "powersgd", "onebit", "onebit_adam", "zero_one_adam")
+METHODS = ("allreduce", "fp16", "powersgd", "onebit", "onebit_hier", "onebit_adam", "zero_one_adam")
 
 
 def make_model(width: int) -> torch.nn.Module:
@@ -27,7 +28,8 @@ def make_model(width: int) -> torch.nn.Module:
 def prepare(method: str, comm: compcoll.Communicator, width: int) -> tuple[DDP, torch.optim.Optimizer]:
     """The DDP model and optimizer of one method, each in its compressed phase from step 2 on.
 
-    1. allreduce / fp16 / powersgd (rank 4) / onebit: a DDP hook, momentum SGD. PowerSGD
+    1. allreduce / fp16 / powersgd (rank 4) / onebit / onebit_hier (``ranks_per_node`` from
+       ``COMPCOLL_RANKS_PER_NODE``): a DDP hook, momentum SGD. PowerSGD
        gets one bucket: its hook issues allreduces from future callbacks, which over Gloo
        run on Gloo's threads, so with two buckets the ranks issued them in different orders
        (a Gloo size-mismatch abort; PyTorch tests PowerSGD on NCCL only, pytorch#58467).
@@ -46,8 +48,9 @@ def prepare(method: str, comm: compcoll.Communicator, width: int) -> tuple[DDP, 
         state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return model, sgd()
-    if method == "onebit":
-        model.register_comm_hook(compcoll.ddp.OneBitState(), compcoll.ddp.onebit_hook)
+    if method in ("onebit", "onebit_hier"):
+        per_node = int(os.environ.get("COMPCOLL_RANKS_PER_NODE", "1")) if method == "onebit_hier" else 1
+        model.register_comm_hook(compcoll.ddp.OneBitState(ranks_per_node=per_node), compcoll.ddp.onebit_hook)
         return model, sgd()
     model.register_comm_hook(None, compcoll.ddp.local_hook)
     if method == "onebit_adam":

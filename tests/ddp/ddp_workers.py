@@ -67,13 +67,15 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
     assert all(torch.equal(flat, other) for other in gather(flat)), "replicas differ"
 
 
-def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str) -> None:
-    """Every compressed bucket equals the reference's output from all ranks' inputs, with error buffers kept per
-    bucket across steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas
-    are the same bits on every rank; the final error buffers equal the reference's."""
-    n, rank = comm.size, comm.rank
+def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
+                             ranks_per_node: int = 1) -> None:
+    """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
+    ``ranks_per_node``), with error buffers kept per bucket across steps; plain buckets (first iterations, small
+    ones) are the float mean; gradients and replicas are the same bits on every rank; the final error buffers
+    equal the reference's."""
+    n, rank, k = comm.size, comm.rank, ranks_per_node
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale, ranks_per_node=k)
     records: dict[int, tuple] = {}
     model.register_comm_hook(state, recording(compcoll.ddp.onebit_hook, records))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -90,16 +92,20 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
                 continue
             full = compcoll.padded_numel(before.numel(), n)
-            we, se = ref.setdefault(index, ([np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n))
-            outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale)
+            wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k)
+            we, se = ref.setdefault(index, ([np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n))
+            if k == 1:
+                outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale)
+            else:
+                outs, we, se, _ = reference.hierarchical_compressed_allreduce(xs, we, se, k, scale)
             ref[index] = (we, se)
             assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i} differs from the reference"
         assert_replicas_equal(model)
     assert kinds == {(False, False), (True, False), (True, True)}, f"not every path ran: {kinds}"
     for index, (we, se) in ref.items():
-        worker, server = state.allreduce.plans[index].error_feedback.buffers()
+        worker, server = state.allreduce.plans[index].error_feedback.buffers() if k == 1 else state.node_buffers[index]
         assert np.array_equal(worker.numpy(), we[rank]), f"worker error of bucket {index}"
-        if protocol == "gather_scatter":
+        if protocol == "gather_scatter" or k > 1:
             assert np.array_equal(server.numpy(), se[rank]), f"server error of bucket {index}"
 
 
@@ -109,12 +115,12 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def onebit_resumes_exactly(comm: compcoll.Communicator) -> None:
+def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1) -> None:
     """Checkpoint model, optimizer and hook state after 5 steps; a fresh DDP resumed from it (state pickled whole,
     and through state_dict) ends the next 4 steps with the bits of the run that went on."""
     rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
     model.register_comm_hook(state, compcoll.ddp.onebit_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     _train(model, opt, rank, range(5))
@@ -132,7 +138,7 @@ def onebit_resumes_exactly(comm: compcoll.Communicator) -> None:
         if how == "pickled":
             hook_state = checkpoint["hook"]
         else:
-            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
             hook_state.load_state_dict(hook_dict)
         resumed.register_comm_hook(hook_state, compcoll.ddp.onebit_hook)
         opt = torch.optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)

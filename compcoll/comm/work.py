@@ -133,22 +133,27 @@ class TaskWork(Work):
         self._result: Any = None
         self._error: BaseException | None = None
         self._future: torch.futures.Future = torch.futures.Future()
+        self._settler: threading.Thread | None = None
 
     def _settle(self, result: Any, error: BaseException | None) -> None:
-        """Record the outcome, wake the waiters, then complete the future (the ordering thread calls this).
+        """Record the outcome, complete the future, then wake the waiters (the ordering thread calls this).
 
-        The future's callbacks run inside ``set_result``, on this thread; the Work is
-        done before they run, so a callback may call ``wait()``.
+        The future's callbacks run inside ``set_result``, on this thread, and may call
+        ``wait()``: the outcome is recorded before, and ``wait`` on this thread does not
+        block. Other waiters wake only after the future is complete, so a program that
+        exits right after its ``wait()`` never leaves this thread inside torch's future
+        code (its teardown then aborts: "terminate called without an active exception").
         """
         self._result, self._error = result, error
-        self._done.set()
+        self._settler = threading.current_thread()
         if error is None:
             self._future.set_result(result)
         else:
             self._future.set_exception(error)
+        self._done.set()
 
     def wait(self, timeout: float | None = None) -> Any:
-        if not self._done.wait(timeout):
+        if threading.current_thread() is not self._settler and not self._done.wait(timeout):
             error = CollectiveTimeout(
                 f"{self._what} on rank {self._comm.rank} of {self._comm.size} did not complete within "
                 f"wait(timeout={timeout:g}); the communicator is no longer usable"

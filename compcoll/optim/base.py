@@ -36,8 +36,12 @@ class CompressedOptimizer(torch.optim.Optimizer):
        does; ``"raise"`` lets the error through (still on every rank, nothing changed).
 
     ``state_dict()`` holds this rank's whole state (moments, error-feedback buffers,
-    phase counters); save one per rank and load it on the same rank of a world of the
-    same size: the run then continues bit for bit as if uninterrupted.
+    phase counters, and this rank's own parameters while the replicas differ, as
+    between 0/1 Adam's synchronisations); save one per rank and load it on the same
+    rank of a world of the same size: the run then continues bit for bit as if
+    uninterrupted, whether the optimizer is built before or after the model's weights
+    are loaded (building it broadcasts rank 0's parameters; ``load_state_dict`` puts
+    this rank's local copy back).
     """
 
     _scalar_names: tuple[str, ...] = ()
@@ -138,7 +142,11 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values)
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters."""
+        """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters.
+
+        While the replicas differ (``synchronized`` False) it also holds this rank's
+        parameters, since building an optimizer broadcasts rank 0's over them.
+        """
         groups = []
         index = 0
         for group in self.param_groups:
@@ -157,6 +165,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 "scalars": {name: getattr(self, name) for name in self._scalar_names},
                 "buffers": {name: buf.clone() for name, buf in self._buffers.items()},
                 "error_feedback": None if self._channel is None else self._channel.state_dict(),
+                "local_params": None if self.synchronized else self.flat.data.clone(),
             },
             "param_groups": groups,
         }
@@ -190,10 +199,15 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}: checkpoint buffer {key!r} has shape {tuple(saved.shape)}")
         if (state.get("error_feedback") is None) != (self._channel is None):
             raise ValueError(f"{name}: checkpoint error-feedback buffers differ from this optimizer's")
+        local = state.get("local_params")
+        if local is not None and local.shape != self.flat.data.shape:
+            raise ValueError(f"{name}: checkpoint parameters have shape {tuple(local.shape)}")
         if self._channel is not None:
             self._channel.load_state_dict(state["error_feedback"])
         for key, saved in state["buffers"].items():
             self._buffers[key].copy_(saved)
+        if local is not None:
+            self.flat.data.copy_(local)
         for key, value in state["scalars"].items():
             setattr(self, key, value)
         self.steps = state["steps"]

@@ -99,22 +99,35 @@ def _checkpoint(model, opt) -> bytes:
 
 
 def resume(comm: compcoll.Communicator, name: str, at: int) -> None:
-    """A run resumed from a torch.save checkpoint at step ``at`` ends bit-identical to the uninterrupted run."""
+    """A run resumed from a torch.save checkpoint at step ``at`` ends bit-identical to the uninterrupted run.
+
+    Both orders: the optimizer built first and both states loaded after it, and
+    PyTorch's usual order (the model's weights loaded, then the optimizer built, which
+    broadcasts rank 0's parameters, then its state loaded).
+    """
     model, opt = build(comm, name)
     train(comm, model, opt, range(at))
     saved = _checkpoint(model, opt)
     train(comm, model, opt, range(at, STEPS))
-    torch.manual_seed(12345)
-    model2, opt2 = build(comm, name)
-    loaded = torch.load(io.BytesIO(saved), weights_only=True)
-    model2.load_state_dict(loaded["model"])
-    opt2.load_state_dict(loaded["optimizer"])
-    assert opt2.steps == at
-    train(comm, model2, opt2, range(at, STEPS))
-    assert torch.equal(flat_params(model2).view(torch.int32), flat_params(model).view(torch.int32)), \
-        f"resumed at step {at}, the parameters differ from the uninterrupted run's"
-    for key, value in opt.state_dict()["state"]["buffers"].items():
-        assert torch.equal(value, opt2.state_dict()["state"]["buffers"][key]), f"state buffer {key} differs"
+    cls, kwargs = CONFIGS[name]
+    for order in ("optimizer first", "model first"):
+        torch.manual_seed(12345 + comm.rank)
+        loaded = torch.load(io.BytesIO(saved), weights_only=True)
+        if order == "optimizer first":
+            model2, opt2 = build(comm, name)
+            model2.load_state_dict(loaded["model"])
+        else:
+            model2 = Net()
+            model2.load_state_dict(loaded["model"])
+            opt2 = cls(model2.parameters(), comm=comm, **kwargs)
+        opt2.load_state_dict(loaded["optimizer"])
+        assert opt2.steps == at
+        train(comm, model2, opt2, range(at, STEPS))
+        assert torch.equal(flat_params(model2).view(torch.int32), flat_params(model).view(torch.int32)), \
+            f"resumed at step {at} ({order}), the parameters differ from the uninterrupted run's"
+        for key, value in opt.state_dict()["state"]["buffers"].items():
+            assert torch.equal(value, opt2.state_dict()["state"]["buffers"][key]), \
+                f"state buffer {key} differs ({order})"
 
 
 def nonfinite(comm: compcoll.Communicator, name: str, at: int, policy: str) -> None:

@@ -33,9 +33,11 @@ STAGES = {"node": 1, "inter": 2, "server": 3}
 def scale_from(total: float, d: int, scale: str) -> np.float32:
     """The float32 scale of a d-element vector from its float64 sum of |x|^p (p = ``SCALES[scale]``).
 
-    1. "l2": sqrt(total) / sqrt(d); "l1": total / d; both in float64.
+    1. "l2": sqrt(total) / sqrt(d); "l1": total / d; both in float64 (an empty vector's is 0).
     2. Round to float32.
     """
+    if d == 0:
+        return np.float32(0.0)
     if scale == "l2":
         return np.float32(np.sqrt(total) / np.sqrt(d))
     return np.float32(total / d)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from compcoll import codecs
-from compcoll.kernels import reference
+from compcoll.kernels import cpu, reference
+from compcoll.spec import SCALES, STAGES, padded_numel, stream_key
 
 
 def test_frame_and_unframe() -> None:
@@ -38,3 +42,113 @@ def test_sumsq_matches_the_reference_order() -> None:
     for numel in (0, 1, 31, 8193, 100003):
         x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
         assert codecs.sumsq(x) == reference.sumsq(x.numpy())
+
+
+# Property tests: the codec steps against the numpy reference on inputs hypothesis draws (random
+# lengths on both sides of the serial/threaded switch, the three dtypes, signed zeros, subnormals,
+# values near the dtype's limits). Every comparison is bit for bit; NaN (from inf - inf when an error
+# buffer and an input both sit near the float32 limit) must appear in the same places.
+
+FLOAT32_EDGES = (0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 1.1754944e-38, -1.1754944e-38, 3.4028235e38, -3.4028235e38)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+PROPERTY = settings(max_examples=80, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def vectors(draw, dtype: torch.dtype, numel: int | None = None) -> torch.Tensor:
+    """A vector of ``dtype``: random normals at a drawn magnitude, some elements replaced by edge values."""
+    if numel is None:
+        numel = draw(st.one_of(st.integers(0, 300), st.integers(301, 20000),
+                               st.integers(cpu.SERIAL_BELOW - 8, cpu.SERIAL_BELOW + 9000)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    magnitude = draw(st.sampled_from([1e-44, 1e-39, 1e-30, 1e-3, 1.0, 1e4, 1e30, 1e38]))
+    limit = float(torch.finfo(dtype).max)
+    x = np.clip(rng.standard_normal(numel) * magnitude, -limit, limit).astype(np.float32)
+    edits = draw(st.lists(st.tuples(st.integers(0, max(numel - 1, 0)),
+                                    st.one_of(st.sampled_from(FLOAT32_EDGES), st.floats(width=32, allow_nan=False,
+                                                                                         allow_infinity=False))),
+                          max_size=12 if numel else 0))
+    for index, value in edits:
+        x[index] = value
+    return torch.from_numpy(np.clip(x, -limit, limit)).to(dtype)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal bits, with NaN at the same places (any payload)."""
+    got_nan, want_nan = np.isnan(got), np.isnan(want)
+    bits = np.uint16 if got.dtype.itemsize == 2 else np.uint32
+    return np.array_equal(got_nan, want_nan) and np.array_equal(got[~got_nan].view(bits), want[~want_nan].view(bits))
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPERTY
+@given(data=st.data(), world=st.integers(1, 4))
+def test_compensate_encode_matches_the_reference(dtype: torch.dtype, scale: str, data, world: int) -> None:
+    x = data.draw(vectors(dtype))
+    full = padded_numel(x.numel(), world)
+    error = data.draw(vectors(torch.float32, full))
+    padded = reference.pad(x.float().numpy(), full)
+    total = codecs.compensated_sum(x, error, scale)
+    value = codecs.scale_from(total, full, scale)
+    bits = torch.empty(full // 8, dtype=torch.uint8)
+    work = error.clone()
+    codecs.compensate_encode(x, work, value, bits)
+    with np.errstate(over="ignore", invalid="ignore"):  # x + error may overflow float32 here as in the kernel
+        want_total = reference.power_sum(padded + error.numpy(), SCALES[scale])
+        want_bits, want_scale, want_error = reference.compress(padded, error.numpy(), scale)
+    assert _same(np.float64(total), np.float64(want_total))
+    assert _same(np.float32(value), want_scale)
+    assert np.array_equal(bits.numpy(), want_bits) and _same(work.numpy(), want_error)
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+@PROPERTY
+@given(data=st.data(), ranks=st.integers(1, 4), with_base=st.booleans())
+def test_accumulate_signs_matches_the_reference(scale: str, data, ranks: int, with_base: bool) -> None:
+    base = data.draw(vectors(torch.float32))
+    numel = base.numel()
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bits = torch.from_numpy(rng.integers(0, 256, (ranks, -(-numel // 8)), dtype=np.uint8))
+    scales = data.draw(vectors(torch.float32, ranks)).abs().numpy()
+    weights = torch.from_numpy((scales / np.float32(ranks)).astype(np.float32))
+    want = reference.average_signs(list(bits.numpy()), list(scales), numel)
+    if with_base:
+        want = (want + base.numpy()).astype(np.float32)
+    out = base.clone() if with_base else torch.empty(numel)
+    total = codecs.accumulate_signs(bits, weights, out if with_base else None, out, numel, scale)
+    assert _same(out.numpy(), want)
+    assert _same(np.float64(total), np.float64(reference.power_sum(want, SCALES[scale])))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPERTY
+@given(data=st.data(), ranks=st.integers(1, 4))
+def test_decode_matches_the_reference(dtype: torch.dtype, data, ranks: int) -> None:
+    numel = data.draw(st.integers(0, 20000))
+    row = -(-numel // (8 * ranks))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    bits = torch.from_numpy(rng.integers(0, 256, (ranks, row), dtype=np.uint8))
+    scales = data.draw(vectors(torch.float32, ranks)).abs()
+    out = torch.empty(numel, dtype=dtype)
+    codecs.decode(bits, scales, out)
+    signs = np.concatenate([s * reference.unpack(r, row * 8) for r, s in zip(bits.numpy(), scales.numpy())])
+    want = torch.from_numpy(signs[:numel].astype(np.float32)).to(dtype)
+    bits_type = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(out.view(bits_type), want.view(bits_type))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@PROPERTY
+@given(data=st.data(), rows=st.integers(1, 4), step=st.integers(0, 2**31), rank=st.integers(0, 7))
+def test_randomized_encode_matches_the_reference(dtype: torch.dtype, data, rows: int, step: int, rank: int) -> None:
+    x = data.draw(vectors(dtype))
+    assume(x.numel() > 0)  # an empty call returns before any kernel
+    length = padded_numel(x.numel(), rows)
+    padded = reference.pad(x.float().numpy(), length)
+    scales = codecs.row_absmax(x, rows, length)
+    assert _same(scales.numpy(), reference.absmax_rows(padded, rows))
+    bits = torch.empty(rows, length // rows // 8, dtype=torch.uint8)
+    codecs.randomized_encode(x, scales, 17, step, "inter", rank, 0, bits)
+    key = stream_key(17, step, STAGES["inter"], rank)
+    assert np.array_equal(bits.numpy(), reference.binarize(padded, scales.numpy(), key, 0))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import os
+import threading
 import time
 
 import numpy as np
 import torch
 
 import compcoll
+from compcoll.algorithms.plan import MAX_CACHED_PLANS, cached_plans
 from compcoll.comm.work import Work
 from compcoll.kernels import reference
 from tests.algorithms.onebit_workers import DTYPES, assert_errors_match, assert_matches_reference, make_input
@@ -133,3 +137,66 @@ def wait_timeout(comm: compcoll.Communicator, delay: float) -> None:
     while not work.is_completed():
         time.sleep(0.05)
 
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _unfinished_works() -> int:
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if isinstance(obj, Work) and not obj.is_completed())
+
+
+def bounded_resources(comm: compcoll.Communicator, calls: int, warm: int, growth_mib: float) -> None:
+    """``calls`` calls over many sizes keep memory, threads, plans and pending Works bounded.
+
+    Each call draws (the same on every rank) a size among 300 between 1 and 6000 elements
+    (more than the plan cache holds), a protocol, and whether it runs blocking, through
+    ``async_op=True`` (every third call, up to 4 in flight) or through a
+    ``CompressedAllreduce`` of 8 keys (each with its own size). RSS and thread counts are taken after ``warm``
+    calls and at the end; after the last wait no Work is left unfinished.
+    """
+    rng = np.random.default_rng(2024)
+    sizes = rng.choice(np.arange(1, 6001), 300, replace=False)
+    stateful = compcoll.CompressedAllreduce(comm)
+    buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    in_flight: list[Work] = []
+    before = None
+    for call in range(calls):
+        if call == warm:
+            for work in in_flight:
+                work.wait()
+            in_flight.clear()
+            before = _rss_mib(), threading.active_count(), len(os.listdir("/proc/self/task"))
+        numel = int(sizes[rng.integers(len(sizes))])
+        protocol = ("gather_scatter", "allgather")[int(rng.integers(2))]
+        x = torch.randn(numel)
+        if call % 7 == 0:
+            key = call % 56 // 7
+            stateful(torch.randn(int(sizes[key])), key=key)
+            continue
+        full = compcoll.padded_numel(numel, comm.size)
+        if numel not in buffers:
+            buffers[numel] = (torch.zeros(full), torch.zeros(full // comm.size))
+        we, se = buffers.pop(numel) if call % 3 == 0 else buffers[numel]
+        if call % 3 == 0:
+            in_flight.append(compcoll.compressed_allreduce(x, we, se, comm, protocol=protocol, async_op=True))
+            if len(in_flight) == 4:
+                in_flight.pop(0).wait()
+        else:
+            compcoll.compressed_allreduce(x, we, se, comm, protocol=protocol)
+    for work in in_flight:
+        work.wait()
+    in_flight.clear()
+    after = _rss_mib(), threading.active_count(), len(os.listdir("/proc/self/task"))
+    print(f"rank {comm.rank}: {calls} calls, RSS {before[0]:.1f} MiB after {warm} -> {after[0]:.1f} MiB; "
+          f"threads {before[1]}/{before[2]} -> {after[1]}/{after[2]}; plans cached {cached_plans(comm)}", flush=True)
+    assert after[0] - before[0] < growth_mib, f"RSS grew {after[0] - before[0]:.1f} MiB over {calls - warm} calls"
+    assert after[1:] == before[1:], f"threads (Python / OS) went from {before[1:]} to {after[1:]}"
+    assert cached_plans(comm) <= MAX_CACHED_PLANS
+    assert _unfinished_works() == 0, "a Work is still unfinished after every call was waited on"

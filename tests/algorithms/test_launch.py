@@ -24,3 +24,8 @@ def test_errors_reach_every_rank_through_wait(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_wait_timeout_raises_and_breaks_the_communicator(backend: str) -> None:
     run(f"{WORKERS}:wait_timeout", 3, backend, args=(3.0,), timeout=60)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ten_thousand_calls_keep_resources_bounded(backend: str) -> None:
+    print(run(f"{WORKERS}:bounded_resources", 2, backend, args=(10000, 2000, 8.0), timeout=240))  # RSS, with -s

@@ -8,7 +8,15 @@ class CompcollError(RuntimeError):
 
 
 class CollectiveTimeout(CompcollError, TimeoutError):
-    """A collective did not complete in time; its communicator is no longer usable."""
+    """A collective did not complete in time; its communicator is no longer usable.
+
+    ``absent`` lists the ranks whose part never arrived, where the transport can tell
+    (the small all-gathers every call starts with); empty otherwise.
+    """
+
+    def __init__(self, message: str, absent: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.absent = list(absent or ())
 
 
 class CommunicatorBroken(CompcollError):

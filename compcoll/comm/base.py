@@ -13,6 +13,9 @@ from .ordering import Ordering
 from .work import Work
 
 DEFAULT_TIMEOUT_S = 300.0
+PAIRWISE_BYTES = 4096
+"""Host all-gathers of at most this many bytes per rank go as point-to-point pairs where the transport allows
+(every call's agreement round among them), so that a timeout can name the ranks whose part never came."""
 
 
 def default_timeout() -> float:

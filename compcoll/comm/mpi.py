@@ -8,13 +8,14 @@ import time
 import numpy as np
 import torch
 
-from .base import Communicator
+from .base import PAIRWISE_BYTES, Communicator, _nbytes
 from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SPIN_S = 0.01
 _NAP_S = 1e-4
+_PAIR_TAG = 7321
 
 
 def _buffer(tensor: torch.Tensor) -> np.ndarray:
@@ -135,7 +136,26 @@ class MPIComm(Communicator):
         return self._start("alltoall", self.mpi_comm.Ialltoall, send, recv)
 
     def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+        if not (self._is_device(send) or self._is_device(recv)) and _nbytes(send) <= PAIRWISE_BYTES:
+            return self._exchange(send, recv)
         return self._start("allgather", self.mpi_comm.Iallgather, send, recv)
+
+    def _exchange(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+        """A small host all-gather as point-to-point pairs, so that a timeout can name the ranks whose part never came.
+
+        1. Copy this rank's block into its row of ``recv``.
+        2. Post an ``Irecv`` from every peer, then an ``Isend`` to every peer (one tag:
+           every rank issues its collectives in the same order, and MPI does not let two
+           messages between a pair overtake each other, so they pair up in order).
+        Every call's agreement round is such an all-gather (docs/architecture.md, "Plans").
+        """
+        mine = _buffer(send)
+        rows = _buffer(recv).reshape(self.size, -1)
+        rows[self.rank] = mine
+        peers = self._peers
+        receives = [self.mpi_comm.Irecv(rows[p], source=p, tag=_PAIR_TAG) for p in peers]
+        sends = [self.mpi_comm.Isend(mine, dest=p, tag=_PAIR_TAG) for p in peers]
+        return RequestWork(self, "allgather", receives + sends, recv, sources=peers)
 
     def _start_allreduce(self, tensor: torch.Tensor) -> Work:
         if tensor.dtype not in _HALF_TYPES:
@@ -157,18 +177,25 @@ class MPIComm(Communicator):
 
 
 class RequestWork(PendingWork):
-    """An MPI request in flight.
+    """MPI requests in flight, as one operation.
 
-    Polled with ``Test``; each poll yields the core, and polls after the first 10 ms are
-    0.1 ms apart.
+    Polled with ``Testall``; each poll yields the core, and polls after the first 10 ms are
+    0.1 ms apart. ``sources[i]``, where given, is the rank the i-th request receives from.
     """
 
-    def __init__(self, comm: MPIComm, what: str, request, result, finish=None) -> None:
+    def __init__(self, comm: MPIComm, what: str, request, result, finish=None, sources: list[int] | None = None) -> None:
         super().__init__(comm, what, result, finish)
-        self._request = request
+        self._requests = request if isinstance(request, list) else [request]
+        self._sources = sources
+        self._testall = comm._mpi.Request.Testall
 
     def _test(self) -> bool:
-        return bool(self._request.Test())
+        return bool(self._testall(self._requests))
+
+    def _absent(self) -> list[int] | None:
+        if self._sources is None:
+            return None
+        return [rank for rank, request in zip(self._sources, self._requests) if not request.Test()]
 
     def _block(self, seconds: float) -> bool:
         start = time.monotonic()

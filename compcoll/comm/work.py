@@ -64,7 +64,9 @@ class PendingWork(Work):
     3. A timeout or a transport error marks the communicator broken.
     4. The time spent blocked in ``wait`` is added to the communicator's ``wait_seconds``.
 
-    Subclasses say how to test and how to block (``_test``, ``_block``).
+    Subclasses say how to test and how to block (``_test``, ``_block``), and, where the
+    transport can tell (point-to-point exchanges), which ranks' parts have not arrived
+    (``_absent``), which a timeout's message then names.
     """
 
     def __init__(self, comm: "Communicator", what: str, result: Any, finish: Callable[[], None] | None = None) -> None:
@@ -83,6 +85,10 @@ class PendingWork(Work):
     def _block(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for completion; True once it has completed."""
 
+    def _absent(self) -> list[int] | None:
+        """The ranks whose part of the operation has not arrived; None where the transport cannot tell."""
+        return None
+
     def is_completed(self) -> bool:
         if not self._done and self._comm._guard(self._test):
             self._complete()
@@ -98,11 +104,17 @@ class PendingWork(Work):
         completed = self._comm._guard(self._block, max(0.0, limit))
         self._comm._count_wait(time.monotonic() - blocked)
         if not completed:
+            absent = self._absent()
+            if absent:
+                cause = (f"nothing arrived from rank(s) {', '.join(map(str, absent))}: stopped, dead, or not in "
+                         f"this call")
+            else:
+                cause = ("did every rank call it with matching arguments, or did a rank fail or stop before "
+                         "reaching it?")
             error = CollectiveTimeout(
                 f"{self._comm.describe()} {self._what} on rank {self._comm.rank} of {self._comm.size} did not "
                 f"complete within {time.monotonic() - self._started:.3g} s (timeout {self._comm.timeout:g} s, "
-                f"COMPCOLL_TIMEOUT): did every rank call it with matching arguments, or did a rank fail "
-                f"before reaching it?"
+                f"COMPCOLL_TIMEOUT): {cause}", absent
             )
             self._comm._mark_broken(error)
             raise error

@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..algorithms.agreement import Option, agree
+from ..algorithms.agreement import Option, agree, checked
 from ..algorithms.exact import exact_average
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
@@ -29,8 +29,11 @@ class CompressedOptimizer(torch.optim.Optimizer):
 
     ``step()``:
     1. Gather the local gradients into one flat vector (zeros where ``p.grad`` is None).
-    2. Run the algorithm's ``_update``, which raises ``NonFiniteError`` on every rank,
-       before it changes anything, when a gradient is NaN / Inf on some rank.
+       A gradient that cannot be used (sparse) makes this rank refuse the step in its
+       peers' agreement round: it raises ``ValueError``, the others ``RemoteError``.
+    2. Run the algorithm's ``_update``, whose first collective is an agreement round: it
+       raises ``NonFiniteError`` on every rank, before it changes anything, when a
+       gradient is NaN / Inf on some rank.
     3. On that error, ``nonfinite="skip"`` (default) leaves parameters and state as they
        were on every rank and counts the step in ``skipped_steps``, as a loss scaler
        does; ``"raise"`` lets the error through (still on every rank, nothing changed).
@@ -100,7 +103,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad = self.flat.gather_grads()
+        grad = checked(self.comm, f"{type(self).__name__}.step", self.flat.gather_grads)
         try:
             self._update(grad)
         except NonFiniteError:
@@ -124,7 +127,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _average(self, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The exact average of ``grad`` over ranks into ``out``; NonFiniteError (on every rank) if not finite."""
+        """The exact average of ``grad`` over ranks into ``out``; NonFiniteError (on every rank) if not finite.
+
+        1. The step's agreement round (``_check_finite``): a rank whose gradient is not
+           finite, or that refused its step, makes every rank raise before anything moves.
+        2. ``exact_average``; a sum that overflowed raises NonFiniteError on every rank.
+        """
+        self._check_finite(grad)
         exact_average(grad, self.comm, out, self.workspace)
         if not bool(torch.isfinite(out).all()):
             raise NonFiniteError(

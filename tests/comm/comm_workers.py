@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 
 import torch
@@ -114,3 +117,66 @@ def started_collectives(comm: compcoll.Communicator) -> None:
         comm.allgather(mine, table)
         if rank != n - 1:
             assert comm.wait_seconds - waited >= 0.25, "the wait for a late peer was not counted in wait_seconds"
+
+
+def _pids(comm: compcoll.Communicator) -> list[int]:
+    table = torch.empty(comm.size, dtype=torch.int64)
+    comm.allgather(torch.tensor([os.getpid()], dtype=torch.int64), table)
+    return table.tolist()
+
+
+def _calls_until_error(comm: compcoll.Communicator, numel: int, limit: float) -> tuple[compcoll.CompcollError, float]:
+    """compressed_allreduce in a loop until it raises; (the error, seconds since the last call that completed)."""
+    x = torch.randn(numel)
+    full = compcoll.padded_numel(numel, comm.size)
+    we, se = torch.zeros(full), torch.zeros(full // comm.size)
+    last = time.monotonic()
+    while time.monotonic() - last < limit:
+        try:
+            compcoll.compressed_allreduce(x, we, se, comm)
+        except compcoll.CompcollError as exc:
+            return exc, time.monotonic() - last
+        last = time.monotonic()
+    raise AssertionError(f"no error within {limit} s of the last call")
+
+
+def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
+    """The last rank stops (SIGSTOP) between two calls or at some point inside a loop of calls.
+
+    The others raise ``CollectiveTimeout`` within the timeout (+1 s) of their last completed
+    call; when the stop fell between calls the message names the stopped rank. Then rank 0
+    wakes it (SIGCONT); its next calls fail too (its peers have left), so every rank ends
+    with an error and none hangs.
+    """
+    pids = _pids(comm)
+    last = comm.size - 1
+    if comm.rank == last:
+        if where == "between":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+        exc, _ = _calls_until_error(comm, 300000, 4 * comm.timeout)
+        return
+    exc, quiet = _calls_until_error(comm, 300000, 4 * comm.timeout)
+    assert isinstance(exc, compcoll.CollectiveTimeout), f"expected a timeout, got {exc!r}"
+    assert quiet < comm.timeout + 1.0, f"raised {quiet:.2f} s after the last call (timeout {comm.timeout} s)"
+    if where == "between":
+        assert exc.absent == [last] and f"rank(s) {last}" in str(exc), exc
+    else:
+        assert exc.absent in ([], [last]), exc
+    if comm.rank == 0:
+        os.kill(pids[last], signal.SIGCONT)
+
+
+def dead_rank(comm: compcoll.Communicator) -> None:
+    """The last rank dies (SIGKILL) between two calls: over Gloo the others raise at once, naming it.
+
+    The others stay a moment after their error: a rank that got there after a peer had
+    left would name that peer instead (it did leave).
+    """
+    if comm.rank == comm.size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    exc, quiet = _calls_until_error(comm, 1000, 4 * comm.timeout)
+    assert quiet < 2.0, f"raised {quiet:.2f} s after the peer left"
+    assert f"rank {comm.size - 1} die" in str(exc), exc
+    time.sleep(2.0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 import compcoll
-from compcoll.launcher import BACKENDS, run
+from compcoll.launcher import BACKENDS, WorkerFailure, run
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -47,3 +49,26 @@ def test_broken_communicator_refuses_work() -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_alltoall_times_out_instead_of_hanging(backend: str) -> None:
     run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(3.0,), timeout=60)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["between", "inside"])
+def test_a_stopped_rank_makes_the_others_time_out_naming_it(backend: str, where: str) -> None:
+    run("tests.comm.comm_workers:stalled_rank", 3, backend, args=(where,), timeout=90, env={"COMPCOLL_TIMEOUT": "3"})
+
+
+def test_a_dead_rank_fails_the_others_at_once_over_gloo() -> None:
+    with pytest.raises(WorkerFailure) as failure:
+        run("tests.comm.comm_workers:dead_rank", 3, "gloo", timeout=60, env={"COMPCOLL_TIMEOUT": "30"})
+    report = str(failure.value)
+    assert "process 2 exited with -9" in report and "FAILED" not in report, report
+
+
+def test_a_dead_rank_ends_the_mpi_job() -> None:
+    """mpiexec (MPICH's Hydra) ends every rank when one dies; nobody waits for the timeout (30 s here)."""
+    start = time.monotonic()
+    try:
+        run("tests.comm.comm_workers:dead_rank", 3, "mpi", timeout=60, env={"COMPCOLL_TIMEOUT": "30"})
+    except WorkerFailure:
+        pass
+    assert time.monotonic() - start < 20

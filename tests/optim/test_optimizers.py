@@ -31,6 +31,10 @@ def test_exact_resume_in_both_phases_and_both_orders(name: str) -> None:
         run(f"{WORKERS}:resume", 4 if name == "ZeroOneAdam" else 3, "mpi", args=(name, at))
 
 
+def test_zero_one_adam_resumes_between_syncs_over_gloo() -> None:
+    run(f"{WORKERS}:resume", 4, "gloo", args=("ZeroOneAdam", RESUME_AT["ZeroOneAdam"][1]))
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("policy", ["skip", "raise"])
 def test_nonfinite_gradient_skips_alike(name: str, policy: str) -> None:

@@ -190,6 +190,8 @@ class RequestWork(PendingWork):
         self._testall = comm._mpi.Request.Testall
 
     def _test(self) -> bool:
+        if len(self._requests) == 1:
+            return bool(self._requests[0].Test())
         return bool(self._testall(self._requests))
 
     def _absent(self) -> list[int] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -28,19 +29,23 @@ class CompressedOptimizer(torch.optim.Optimizer):
        so replicas start identical.
 
     ``step()``:
-    1. Gather the local gradients into one flat vector (zeros where ``p.grad`` is None).
-       A gradient that cannot be used (sparse) makes this rank refuse the step in its
-       peers' agreement round: it raises ``ValueError``, the others ``RemoteError``.
+    1. Gather the local gradients into one flat float32 vector (zeros where ``p.grad``
+       is None), unscaled when a ``torch.amp.GradScaler`` drives the step
+       (``_local_gradient``). A gradient that cannot be used (sparse) makes this rank
+       refuse the step in its peers' agreement round: it raises ``ValueError``, the
+       others ``RemoteError``.
     2. Run the algorithm's ``_update``, whose first collective is an agreement round: it
        raises ``NonFiniteError`` on every rank, before it changes anything, when a
        gradient is NaN / Inf on some rank.
     3. On that error, ``nonfinite="skip"`` (default) leaves parameters and state as they
        were on every rank and counts the step in ``skipped_steps``, as a loss scaler
        does; ``"raise"`` lets the error through (still on every rank, nothing changed).
+    4. Round the float32 master weights into any 16-bit parameters (``FlatParams``).
 
     ``state_dict()`` holds this rank's whole state (moments, error-feedback buffers,
-    phase counters, and this rank's own parameters while the replicas differ, as
-    between 0/1 Adam's synchronisations); save one per rank and load it on the same
+    phase counters, and this rank's own float32 parameters while the replicas differ,
+    as between 0/1 Adam's synchronisations, or when 16-bit parameters hold only a
+    rounding of them); save one per rank and load it on the same
     rank of a world of the same size: the run then continues bit for bit as if
     uninterrupted, whether the optimizer is built before or after the model's weights
     are loaded (building it broadcasts rank 0's parameters; ``load_state_dict`` puts
@@ -48,6 +53,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
     """
 
     _scalar_names: tuple[str, ...] = ()
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str) -> None:
         if nonfinite not in NONFINITE_POLICIES:
@@ -62,8 +68,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
             (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),),
         )
         self.comm.bcast(self.flat.data, 0)
+        self.flat.write_back()
         self.steps = 0
         self.skipped_steps = 0
+        self._warned_scaler = False
         self._buffers: dict[str, torch.Tensor] = {}
         self._channel: ErrorFeedbackChannel | None = None
         self.workspace = Workspace()
@@ -103,16 +111,50 @@ class CompressedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad = checked(self.comm, f"{type(self).__name__}.step", self.flat.gather_grads)
+        grad = checked(self.comm, f"{type(self).__name__}.step", self._local_gradient)
         try:
             self._update(grad)
         except NonFiniteError:
+            self._warn_if_scaler_missed_it()
             if self.nonfinite == "raise":
                 raise
             self.skipped_steps += 1
             return loss
+        self.flat.write_back()
         self.steps += 1
         return loss
+
+    def _local_gradient(self) -> torch.Tensor:
+        """This rank's flat gradient, unscaled when a ``torch.amp.GradScaler`` drives the step.
+
+        ``GradScaler.step`` sets ``grad_scale`` (the loss scale, or None when
+        ``scaler.unscale_(opt)`` already unscaled) and ``found_inf`` (this rank's
+        overflow) on an optimizer that declares ``_step_supports_amp_scaling``:
+        1. Multiply by float32(1 / grad_scale), as ``GradScaler.unscale_`` does.
+        2. A found overflow makes the vector non-finite, so that the step's agreement
+           round skips the step on every rank (the scaler alone would skip it on this
+           rank only, and the others would wait for it in their collective).
+        """
+        grad = self.flat.gather_grads()
+        scale = getattr(self, "grad_scale", None)
+        if scale is not None:
+            grad.mul_(scale.double().reciprocal().float())
+        found = getattr(self, "found_inf", None)
+        if found is not None and bool(found.item()):
+            grad[:1].fill_(float("nan"))
+        return grad
+
+    def _warn_if_scaler_missed_it(self) -> None:
+        """Warn (once) when another rank's overflow skipped a step this rank's GradScaler saw as clean."""
+        found = getattr(self, "found_inf", None)
+        if found is None or bool(found.item()) or self._warned_scaler:
+            return
+        self._warned_scaler = True
+        warnings.warn(
+            f"{type(self).__name__}: another rank's gradients overflowed and every rank skipped the step, but this "
+            f"rank's torch.amp.GradScaler saw no overflow, so its loss scale will now differ from that rank's "
+            f"(training stays correct and replicas identical); compcoll.optim.GradScaler agrees on overflows "
+            f"across ranks and keeps the loss scales equal", stacklevel=3)
 
     @property
     def synchronized(self) -> bool:
@@ -154,7 +196,8 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters.
 
         While the replicas differ (``synchronized`` False) it also holds this rank's
-        parameters, since building an optimizer broadcasts rank 0's over them.
+        parameters, since building an optimizer broadcasts rank 0's over them, and
+        always the float32 master weights of a model with 16-bit parameters.
         """
         groups = []
         index = 0
@@ -174,7 +217,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 "scalars": {name: getattr(self, name) for name in self._scalar_names},
                 "buffers": {name: buf.clone() for name, buf in self._buffers.items()},
                 "error_feedback": None if self._channel is None else self._channel.state_dict(),
-                "local_params": None if self.synchronized else self.flat.data.clone(),
+                "params": None if self.synchronized and not self.flat.low_precision else self.flat.data.clone(),
             },
             "param_groups": groups,
         }
@@ -208,7 +251,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"{name}: checkpoint buffer {key!r} has shape {tuple(saved.shape)}")
         if (state.get("error_feedback") is None) != (self._channel is None):
             raise ValueError(f"{name}: checkpoint error-feedback buffers differ from this optimizer's")
-        local = state.get("local_params")
+        local = state.get("params")
         if local is not None and local.shape != self.flat.data.shape:
             raise ValueError(f"{name}: checkpoint parameters have shape {tuple(local.shape)}")
         if self._channel is not None:
@@ -217,6 +260,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
             self._buffers[key].copy_(saved)
         if local is not None:
             self.flat.data.copy_(local)
+            self.flat.write_back()
         for key, value in state["scalars"].items():
             setattr(self, key, value)
         self.steps = state["steps"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class Segment:
@@ -22,19 +23,25 @@ class Segment:
 
 
 class FlatParams:
-    """The parameters of every group, laid out group after group in one flat buffer.
+    """The parameters of every group, laid out group after group in one flat float32 buffer.
 
-    1. Check that every parameter is a dense float32 tensor on one CPU device.
-    2. Copy them, in group order, into ``data``, and make each parameter a view of its
-       slice (``p.data = data[slice].view_as(p)``), so the model trains the flat buffer.
-    3. ``gather_grads`` copies every ``p.grad`` into ``grad`` (zeros where a parameter
-       has no gradient), so an optimizer step reads one contiguous vector.
+    1. Check that every parameter is a dense float32, float16 or bfloat16 tensor on one
+       CPU device.
+    2. Copy them, in group order, into ``data`` (float32). A float32 parameter becomes a
+       view of its slice (``p.data = data[slice].view_as(p)``), so the model trains the
+       flat buffer. A 16-bit parameter keeps its own storage: ``data`` holds its float32
+       master copy, and ``write_back`` rounds the master into it (to nearest even, as
+       torch's ``copy_`` does) after every change.
+    3. ``gather_grads`` copies every ``p.grad`` into ``grad`` as float32 (exact for
+       16-bit gradients; zeros where a parameter has no gradient), so an optimizer step
+       reads one contiguous vector.
 
     Attributes:
-        data: the flat parameter buffer.
+        data: the flat parameter buffer (the master weights).
         grad: the flat gradient buffer, filled by ``gather_grads``.
         segments: one ``Segment`` per parameter, in order.
         groups: (start, stop) of each parameter group.
+        low_precision: the 16-bit parameters and their segments.
     """
 
     def __init__(self, param_groups: list[dict], what: str) -> None:
@@ -43,14 +50,15 @@ class FlatParams:
             raise ValueError(f"{what}: got no parameters to optimize")
         device = params[0].device
         for p in params:
-            if p.dtype != torch.float32:
+            if p.dtype not in DTYPES:
                 raise TypeError(
-                    f"{what}: parameters must be float32 (keep float32 master weights for mixed "
-                    f"precision), got a {p.dtype} parameter of shape {tuple(p.shape)}"
+                    f"{what}: parameters must be float32, float16 or bfloat16, got a {p.dtype} parameter of "
+                    f"shape {tuple(p.shape)}"
                 )
             if p.is_sparse or p.device != device or device.type != "cpu":
                 raise ValueError(f"{what}: parameters must be dense and on one CPU device, got {p.device}")
         self.shapes = [tuple(p.shape) for p in params]
+        self.dtypes = [str(p.dtype) for p in params]
         self.segments: list[Segment] = []
         self.groups: list[tuple[int, int]] = []
         start = 0
@@ -64,14 +72,24 @@ class FlatParams:
         self.params = params
         self.data = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.grad = torch.zeros(self.numel, dtype=torch.float32, device=device)
+        self.low_precision: list[tuple[torch.Tensor, Segment]] = []
         for p, seg in zip(params, self.segments):
             view = self.data[seg.start:seg.stop]
             view.copy_(p.detach().reshape(-1))
-            p.data = view.view_as(p)
+            if p.dtype == torch.float32:
+                p.data = view.view_as(p)
+            else:
+                self.low_precision.append((p, seg))
 
     def layout_code(self) -> int:
-        """A checksum of the group sizes and parameter shapes, for checking that ranks agree."""
-        return zlib.crc32(repr((self.groups, self.shapes)).encode())
+        """A checksum of the group sizes, parameter shapes and dtypes, for checking that ranks agree."""
+        return zlib.crc32(repr((self.groups, self.shapes, self.dtypes)).encode())
+
+    def write_back(self) -> None:
+        """Round the master weights of the 16-bit parameters into them (nothing for float32 ones, which are views)."""
+        with torch.no_grad():
+            for p, seg in self.low_precision:
+                p.copy_(self.data[seg.start:seg.stop].view_as(p))
 
     def gather_grads(self) -> torch.Tensor:
         """Copy every parameter's gradient into ``grad`` (zeros for None) and return it."""

@@ -97,6 +97,7 @@ class ZeroOneAdam(CompressedOptimizer):
         """
         if self.pending:
             self._synchronize(self.exp_avg_sq == 0)
+            self.flat.write_back()
 
     def _update(self, grad: torch.Tensor) -> None:
         if self.steps + 1 <= self.var_freeze_step:

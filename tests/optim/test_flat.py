@@ -36,9 +36,26 @@ def test_gradients_gathered_with_zeros_where_none() -> None:
         flat.gather_grads()
 
 
+def test_sixteen_bit_parameters_get_float32_masters() -> None:
+    half = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16))
+    full = torch.nn.Parameter(torch.tensor([4.0, 5.0]))
+    flat = FlatParams([{"params": [half, full]}], "test")
+    assert flat.data.dtype == torch.float32 and flat.data.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert full.data_ptr() == flat.data[3:].data_ptr(), "a float32 parameter is a view of the flat buffer"
+    flat.data[0] = 1.0 + 2.0 ** -10
+    assert half[0].item() == 1.0, "the model changed before write_back"
+    flat.write_back()
+    assert half.dtype == torch.bfloat16 and half[0].item() == 1.0 and flat.data[0].item() == 1.0 + 2.0 ** -10
+    flat.data[1] = 2.0 + 2.0 ** -6
+    flat.write_back()
+    assert half[1].item() == 2.0 + 2.0 ** -6, "rounded to nearest: bfloat16 holds 8 bits of mantissa"
+    half.grad = torch.full((3,), 0.5, dtype=torch.bfloat16)
+    assert flat.gather_grads()[:3].tolist() == [0.5] * 3
+
+
 def test_bad_parameters_are_refused() -> None:
-    with pytest.raises(TypeError, match="float32"):
-        FlatParams([{"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))]}], "test")
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        FlatParams([{"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))]}], "test")
     with pytest.raises(ValueError, match="no parameters"):
         FlatParams([{"params": []}], "test")
     assert FlatParams([{"params": [torch.nn.Parameter(torch.zeros(4))]}], "t").layout_code() != \

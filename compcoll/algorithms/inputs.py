@@ -11,7 +11,9 @@ from ..spec import SCALES
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
     """The input is a supported torch tensor on a supported device, and ``out`` fits it."""
     if not isinstance(tensor, torch.Tensor):
-        hint = " (wrap a numpy array with torch.from_numpy(array): no copy)" if type(tensor).__module__ == "numpy" else ""
+        hint = {"numpy": " (wrap a numpy array with torch.from_numpy(array): no copy)",
+                "cupy": " (wrap a cupy array with torch.from_dlpack(array): no copy)"}.get(
+            type(tensor).__module__.split(".")[0], "")
         raise TypeError(f"{what}: tensor must be a torch.Tensor, got {type(tensor).__name__}{hint}")
     if tensor.dtype not in codecs.SUPPORTED_DTYPES:
         raise TypeError(f"{what}: tensor dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,3 +62,11 @@ def test_functional_calls_keep_a_bounded_number_of_plans() -> None:
         full = padded_numel(numel, 1)
         compressed_allreduce(torch.randn(numel), torch.zeros(full), torch.zeros(full), comm)
     assert cached_plans(comm) == MAX_CACHED_PLANS
+
+
+def test_arrays_are_refused_with_how_to_wrap_them() -> None:
+    """numpy and cupy arrays get a TypeError saying how to wrap them without a copy (cupy: its type's module)."""
+    cupy_like = type("ndarray", (), {"__module__": "cupy._core.core"})
+    for array, hint in ((np.zeros(8, np.float32), "torch.from_numpy"), (cupy_like(), "torch.from_dlpack")):
+        with pytest.raises(TypeError, match=hint):
+            compressed_allreduce(array, torch.zeros(8), torch.zeros(8), SingleComm())

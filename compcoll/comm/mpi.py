@@ -179,7 +179,7 @@ class MPIComm(Communicator):
 class RequestWork(PendingWork):
     """MPI requests in flight, as one operation.
 
-    Polled with ``Testall``; each poll yields the core, and polls after the first 10 ms are
+    Polled with ``Test`` (``Testall`` for several); each poll yields the core, and polls after the first 10 ms are
     0.1 ms apart. ``sources[i]``, where given, is the rank the i-th request receives from.
     """
 

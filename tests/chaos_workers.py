@@ -9,7 +9,7 @@ import torch
 
 import compcoll
 from compcoll.errors import NonFiniteError, RemoteError
-from tests.algorithms.onebit_workers import make_input
+from tests.algorithms.onebit_workers import assert_same_on_all_ranks, make_input
 from tests.optim.optim_workers import CONFIGS, batch, build
 
 FAULTS = ("none", "nan", "bad", "late")
@@ -111,15 +111,6 @@ def _expected(plan: list) -> list[int]:
     return [{"none": OK, "late": OK, "nan": SKIPPED, "bad": REFUSED}[kind] for kind, _, _ in plan]
 
 
-def _same_everywhere(comm: compcoll.Communicator, outcomes: list[int], what: str) -> None:
-    mine = torch.tensor(outcomes, dtype=torch.int64)
-    table = torch.empty(comm.size * mine.numel(), dtype=torch.int64)
-    comm.allgather(mine, table)
-    rows = table.view(comm.size, -1)
-    for r in range(comm.size):
-        assert torch.equal(rows[r], mine), f"{what}: rank {r}'s outcomes differ from rank {comm.rank}'s"
-
-
 def chaos(comm: compcoll.Communicator, calls: int, seed: int) -> None:
     """``calls`` calls of compressed_allreduce and of each optimizer's step with random per-rank faults.
 
@@ -137,7 +128,7 @@ def chaos(comm: compcoll.Communicator, calls: int, seed: int) -> None:
         if outcomes != want:
             at = next(i for i, (got, expect) in enumerate(zip(outcomes, want)) if got != expect)
             raise AssertionError(f"{what}: call {at} ({plan[at]}) ended {outcomes[at]}, expected {want[at]}")
-        _same_everywhere(comm, outcomes, what)
+        assert_same_on_all_ranks(comm, torch.tensor(outcomes, dtype=torch.int64))
         clean_outcomes, clean = run_series(False)
         assert all(o == OK for o in clean_outcomes), f"{what}: the clean run had a fault"
         assert len(final) == len(clean)

@@ -31,12 +31,12 @@ model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.
 
 warmup = args.steps // 5
 if args.optimizer == "onebit_adam":
-    opt = OneBitAdam(model.parameters(), lr=2e-3, freeze_step=warmup, eps=1e-4, comm=comm)
+    opt = OneBitAdam(model.parameters(), lr=2e-3, freeze_step=warmup, comm=comm)
 elif args.optimizer == "onebit_lamb":
-    opt = OneBitLamb(model.parameters(), lr=5e-3, freeze_step=warmup, eps=1e-4, comm=comm)
+    opt = OneBitLamb(model.parameters(), lr=5e-3, freeze_step=warmup, comm=comm)
 elif args.optimizer == "zero_one_adam":
     opt = ZeroOneAdam(model.parameters(), lr=2e-3, var_freeze_step=warmup, local_step_scaler=args.steps // 10,
-                      eps=1e-4, comm=comm)
+                      eps=1e-4, comm=comm)  # 0/1 Adam diverges at eps=1e-8 on uneven gradients (README)
 else:
     opt = Birder(model.parameters(), lr=1e-3, comm=comm)
 

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compcoll
 import compcoll.ddp
-from digits_job import load_digits, make_model
+from tasks import load_digits, make_model
 
 
 def ring_bytes(numel: int, element: int, n: int) -> int:

@@ -9,6 +9,7 @@ import torch
 
 from ..algorithms.agreement import Option, agree, checked
 from ..algorithms.exact import exact_average
+from ..algorithms.inputs import check_scale
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
 from ..workspace import Workspace
@@ -16,6 +17,18 @@ from .channel import ErrorFeedbackChannel
 from .flat import FlatParams
 
 NONFINITE_POLICIES = ("skip", "raise")
+COMPRESSED = ("update", "momentum")
+"""What the Adam-family optimizers send in 1 bit: the preconditioned momentum m / (sqrt(v) + eps), or m itself
+(DeepSpeed's choice); docs/architecture.md, "Algorithms"."""
+
+
+def compression_options(what: str, compress: str, scale: str) -> tuple[Option, ...]:
+    """Check ``compress`` (one of ``COMPRESSED``) and ``scale`` (``spec.SCALES``); the agreed option of ``compress``."""
+    if not isinstance(compress, str) or compress not in COMPRESSED:
+        raise ValueError(f"{what}: compress {compress!r} is not one of {COMPRESSED} (update: m / (sqrt(v) + eps); "
+                         f"momentum: m, as DeepSpeed)")
+    check_scale(what, scale)
+    return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),)
 
 
 class CompressedOptimizer(torch.optim.Optimizer):
@@ -55,7 +68,8 @@ class CompressedOptimizer(torch.optim.Optimizer):
     _scalar_names: tuple[str, ...] = ()
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str) -> None:
+    def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
+                 options: tuple[Option, ...] = ()) -> None:
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         self._built = False
@@ -65,7 +79,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.flat = FlatParams(self.param_groups, type(self).__name__)
         agree(
             self.comm, type(self).__name__, self.flat.data, None,
-            (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),),
+            (Option("parameter layouts (groups and shapes)", self.flat.layout_code()), *options),
         )
         self.comm.bcast(self.flat.data, 0)
         self.flat.write_back()
@@ -91,9 +105,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self._buffers[name] = buf
         return buf
 
-    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None) -> ErrorFeedbackChannel:
+    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
+                        scale: str = "l2") -> ErrorFeedbackChannel:
         """The 1-bit channel for the flat vector; ``state_dict`` saves its error buffers (the channel owns them)."""
-        self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical)
+        self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical, scale)
         return self._channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:

@@ -30,10 +30,12 @@ class ErrorFeedbackChannel:
         numel: the length of every vector sent.
         ranks_per_node: as for ``hierarchical_compressed_allreduce``.
         hierarchical: None (auto), True or False.
+        scale: the 1-bit scale, "l2" or "l1" (``compressed_allreduce``'s ``scale``).
     """
 
     def __init__(
-        self, comm: Communicator, numel: int, ranks_per_node: int | None = None, hierarchical: bool | None = None
+        self, comm: Communicator, numel: int, ranks_per_node: int | None = None, hierarchical: bool | None = None,
+        scale: str = "l2",
     ) -> None:
         self.comm = comm
         self.numel = numel
@@ -43,9 +45,9 @@ class ErrorFeedbackChannel:
         if self.hierarchical:
             k = topology(comm, ranks_per_node).ranks_per_node
             self.plan = CompensatedPlan(comm, numel, vector.device, requested_ranks_per_node(ranks_per_node),
-                                        ranks_per_node, hierarchical_error_numels(numel, comm.size, k))
+                                        ranks_per_node, hierarchical_error_numels(numel, comm.size, k), scale)
         else:
-            self.plan = FlatPlan(comm, numel, vector.device, "gather_scatter", default_pieces(vector))
+            self.plan = FlatPlan(comm, numel, vector.device, "gather_scatter", default_pieces(vector), scale)
 
     @property
     def error_feedback(self) -> ErrorFeedback:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .base import CompressedOptimizer
+from .channel import ErrorFeedbackChannel
 
 
 def averaged_moments(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
@@ -35,3 +36,27 @@ def adam_step(opt: CompressedOptimizer, p: torch.Tensor, m: torch.Tensor, v: tor
         if group["weight_decay"]:
             update.add_(p[sl], alpha=group["weight_decay"])
         p[sl].add_(update, alpha=-group["lr"])
+
+
+def preconditioner(opt: CompressedOptimizer, v: torch.Tensor) -> torch.Tensor:
+    """sqrt(v) + eps with each group's eps, in a scratch buffer: what turns m into Adam's update m / (sqrt(v) + eps)."""
+    denom = opt.workspace.get("optim.denom", v.numel(), torch.float32, v.device)
+    for group, sl in opt._groups():
+        torch.sqrt(v[sl], out=denom[sl]).add_(group["eps"])
+    return denom
+
+
+def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out: torch.Tensor, denom: torch.Tensor,
+                        silent: torch.Tensor) -> torch.Tensor:
+    """``out`` = denom * (1-bit average of local / denom), zero where ``silent`` (``compress="update"``).
+
+    1. local /= denom (in place), zero where ``silent``: Adam's update direction, whose
+       coordinates are of one order of magnitude, so one 1-bit scale fits them all and a
+       coordinate with a tiny variance no longer multiplies the compression error by 1/eps.
+    2. The error-compensated 1-bit average of it through ``channel`` (its error feedback
+       then works on update directions).
+    3. out *= denom: back to the quantity the caller keeps (a momentum).
+    """
+    local.div_(denom).masked_fill_(silent, 0.0)
+    channel.average_except(local, out, silent)
+    return out.mul_(denom)

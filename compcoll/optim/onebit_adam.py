@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters
-from .moments import adam_step, averaged_moments, local_momentum
+from .base import CompressedOptimizer, check_hyperparameters, compression_options
+from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 
 class OneBitAdam(CompressedOptimizer):
@@ -16,9 +16,13 @@ class OneBitAdam(CompressedOptimizer):
     1. Warmup (the first ``freeze_step`` steps): g_avg = exact average of g over ranks
        (uncompressed, bit-identical everywhere); m = b1*m + (1-b1)*g_avg;
        v = b2*v + (1-b2)*g_avg^2.
-    2. Compression (afterwards): v stays frozen; m = compressed_allreduce(b1*m + (1-b1)*g),
-       the error-compensated 1-bit average (docs/architecture.md, "Algorithms"; the
-       hierarchical form when the ranks form several nodes), so every rank holds the same m.
+    2. Compression (afterwards): v stays frozen, d = sqrt(v) + eps; with ``compress="update"``
+       (default) m = d * C((b1*m + (1-b1)*g) / d), with ``"momentum"`` (DeepSpeed's)
+       m = C(b1*m + (1-b1)*g), where C is the error-compensated 1-bit average
+       (docs/architecture.md, "Algorithms"; the hierarchical form when the ranks form
+       several nodes), so every rank holds the same m. Sending the update direction keeps
+       the compression error of coordinates with a tiny variance from growing by 1/eps:
+       with the momentum, eps = 1e-8 diverges on digits (README, "Optimizers").
     3. p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), per parameter group.
     Like DeepSpeed's, the update has no bias correction. Unlike DeepSpeed's, the first step
     updates the parameters, and coordinates whose frozen variance is 0 (they never had a
@@ -44,6 +48,8 @@ class OneBitAdam(CompressedOptimizer):
         ranks_per_node / hierarchical: the node layout and whether to use the
             hierarchical 1-bit allreduce (None: when there are several nodes).
         nonfinite: "skip" or "raise".
+        compress: "update" or "momentum" (step 2).
+        scale: the 1-bit scale, "l2" (||x|| / sqrt(d), DeepSpeed's) or "l1" (mean |x|).
     """
 
     _scalar_names = ()
@@ -61,15 +67,20 @@ class OneBitAdam(CompressedOptimizer):
         ranks_per_node: int | None = None,
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
+        compress: str = "update",
+        scale: str = "l2",
     ) -> None:
         check_hyperparameters(type(self).__name__, lr, betas, eps, weight_decay)
+        options = compression_options(type(self).__name__, compress, scale)
         if freeze_step < 0:
             raise ValueError(f"OneBitAdam: freeze_step must be >= 0, got {freeze_step}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
+                         options)
         self.freeze_step = int(freeze_step)
+        self.compress = compress
         self.exp_avg = self._buffer("exp_avg")
         self.exp_avg_sq = self._buffer("exp_avg_sq")
-        self.channel = self._error_feedback(ranks_per_node, hierarchical)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale)
 
     @property
     def compressing(self) -> bool:
@@ -78,7 +89,9 @@ class OneBitAdam(CompressedOptimizer):
 
     def _update(self, grad: torch.Tensor) -> None:
         m, v = self.exp_avg, self.exp_avg_sq
-        if self.compressing:
+        if self.compressing and self.compress == "update":
+            send_preconditioned(self.channel, local_momentum(self, grad, m), m, preconditioner(self, v), v == 0)
+        elif self.compressing:
             self.channel.average_except(local_momentum(self, grad, m), m, v == 0)
         else:
             averaged_moments(self, grad, m, v)

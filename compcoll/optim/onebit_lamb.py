@@ -8,8 +8,8 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters
-from .moments import averaged_moments, local_momentum
+from .base import CompressedOptimizer, check_hyperparameters, compression_options
+from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 
 class OneBitLamb(CompressedOptimizer):
@@ -21,11 +21,14 @@ class OneBitLamb(CompressedOptimizer):
        v_fresh = v). Per layer: u = m/(sqrt(v)+eps) + wd*p; c = clip(||p||/||u||,
        min_coeff, max_coeff) (1 if either norm is 0); where c != 1 the frozen ratio
        follows c_frozen = coeff_beta*c_frozen + (1-coeff_beta)*c; p -= lr*c*u.
-    2. Compression: at its first step each layer gets a scaling s_l = mean_k(r_k) / r_l,
-       r_l = ||m_l|| / sqrt(numel_l), so that all layers' momenta share the one 1-bit
-       scale fairly. Each step: m_last = m; m = (b1*m + (1-b1)*g) * s_l per layer; one
-       compressed_allreduce of the whole vector (hierarchical across several nodes);
-       m /= s_l. Coordinates whose frozen v is 0 are kept at m = 0.
+    2. Compression: m_last = m, then one error-compensated 1-bit average C of the whole
+       vector (hierarchical across several nodes). ``compress="update"`` (default):
+       m = d * C((b1*m + (1-b1)*g) / d), d = sqrt(v)+eps, the update direction, whose
+       coordinates share one scale whatever the layer. ``"momentum"`` (DeepSpeed's): at its
+       first step each layer gets a scaling s_l = mean_k(r_k) / r_l, r_l = ||m_l|| /
+       sqrt(numel_l), so that all layers' momenta share the one scale fairly, and
+       m = C((b1*m + (1-b1)*g) * s_l) / s_l per layer. Coordinates whose frozen v is 0
+       are kept at m = 0.
     3. The reconstructed gradient g~ = (m - b1*m_last)/(1-b1) updates a fresh variance
        v_fresh = b2*v_fresh + (1-b2)*g~^2. Per layer: u = m/(sqrt(v)+eps) + wd*p;
        f = max(denominator / (sqrt(v_fresh)+eps)) (blended towards 1 by the share of
@@ -38,7 +41,9 @@ class OneBitLamb(CompressedOptimizer):
 
     Args:
         params, lr, freeze_step (>= 1), betas, eps, weight_decay, comm, ranks_per_node,
-            hierarchical, nonfinite: as for ``OneBitAdam``.
+            hierarchical, nonfinite, compress: as for ``OneBitAdam``.
+        scale: as for ``OneBitAdam``, but "l1" by default: with "l2", eps = 1e-8 diverged on
+            digits after the warmup, with "l1" it ended 0.8 point from LAMB (README, "Optimizers").
         max_coeff / min_coeff: clip of the warmup trust ratio.
         coeff_beta: decay of the frozen trust ratio's moving average (1/(1-coeff_beta)
             should not exceed freeze_step).
@@ -67,9 +72,12 @@ class OneBitLamb(CompressedOptimizer):
         ranks_per_node: int | None = None,
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
+        compress: str = "update",
+        scale: str = "l1",
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
+        options = compression_options(what, compress, scale)
         if freeze_step < 1:
             raise ValueError(f"{what}: freeze_step must be >= 1 (warmup estimates the variance), got {freeze_step}")
         if not 0 < min_coeff <= max_coeff or not 0 < factor_min <= factor_max or not 0 <= coeff_beta < 1:
@@ -81,8 +89,9 @@ class OneBitLamb(CompressedOptimizer):
             raise ValueError(f"{what}: factor_threshold must be >= 0, got {factor_threshold}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         max_coeff=max_coeff, min_coeff=min_coeff)
-        super().__init__(params, defaults, comm, nonfinite)
+        super().__init__(params, defaults, comm, nonfinite, options)
         self.freeze_step = int(freeze_step)
+        self.compress = compress
         self.coeff_beta, self.factor_max, self.factor_min = coeff_beta, factor_max, factor_min
         self.factor_threshold = factor_threshold
         layers = len(self.flat.segments)
@@ -94,7 +103,7 @@ class OneBitLamb(CompressedOptimizer):
         self.scaling_coeff = self._buffer("scaling_coeff", layers, torch.float64)
         self.scaled = False
         self.lamb_coeffs: list[float] = []
-        self.channel = self._error_feedback(ranks_per_node, hierarchical)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale)
 
     @property
     def compressing(self) -> bool:
@@ -130,16 +139,13 @@ class OneBitLamb(CompressedOptimizer):
 
     def _compressed_step(self, grad: torch.Tensor) -> None:
         m, v, fresh, p = self.exp_avg, self.exp_avg_sq, self.exp_avg_sq_fresh, self.flat.data
-        if not self.scaled:
-            self._set_scaling()
         last = self.workspace.get("optim.last", m.numel(), torch.float32, m.device)
         last.copy_(m)
         local = local_momentum(self, grad, m)
-        for index, (seg, local_l) in enumerate(self.flat.views(local)):
-            local_l.mul_(self.scaling_coeff[index].item())
-        self.channel.average_except(local, m, v == 0)
-        for index, (seg, m_l) in enumerate(self.flat.views(m)):
-            m_l.div_(self.scaling_coeff[index].item())
+        if self.compress == "update":
+            send_preconditioned(self.channel, local, m, preconditioner(self, v), v == 0)
+        else:
+            self._send_scaled(local)
         for group, sl in self._groups():
             b1, b2 = group["betas"]
             rebuilt = (m[sl] - last[sl] * b1) / (1 - b1)
@@ -167,6 +173,16 @@ class OneBitLamb(CompressedOptimizer):
             coeff = self.coeff_freeze[index].item() * factor
             self.lamb_coeffs.append(coeff)
             p_l.add_(update, alpha=-group["lr"] * coeff)
+
+    def _send_scaled(self, local: torch.Tensor) -> None:
+        """m = C(local * s_l) / s_l per layer (``compress="momentum"``), the scalings set at the first call."""
+        if not self.scaled:
+            self._set_scaling()
+        for index, (seg, local_l) in enumerate(self.flat.views(local)):
+            local_l.mul_(self.scaling_coeff[index].item())
+        self.channel.average_except(local, self.exp_avg, self.exp_avg_sq == 0)
+        for index, (seg, m_l) in enumerate(self.flat.views(self.exp_avg)):
+            m_l.div_(self.scaling_coeff[index].item())
 
     def _set_scaling(self) -> None:
         """s_l = mean_k(r_k) / r_l with r_l = ||m_l|| / sqrt(numel_l); 1 for a layer with zero momentum."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters
-from .moments import adam_step
+from .base import CompressedOptimizer, check_hyperparameters, compression_options
+from .moments import adam_step, preconditioner, send_preconditioned
 
 
 class ZeroOneAdam(CompressedOptimizer):
@@ -16,16 +16,17 @@ class ZeroOneAdam(CompressedOptimizer):
     1. Variance phase (s <= var_freeze_step). If s is a multiple of ``var_interval``:
        g_avg = exact average of g over ranks, v = b2*v + (1-b2)*g_avg^2,
        m = b1*m + (1-b1)*g_avg; after ``var_update_scaler`` such refreshes the interval
-       doubles. Otherwise m = b1*m + (1-b1)*compressed_allreduce(g) (error-compensated
-       1 bit). Then p -= lr*(m/(sqrt(v)+eps) + wd*p).
+       doubles. Otherwise m = b1*m + (1-b1)*g~ with g~ = d * C(g / d), d = sqrt(v)+eps
+       (``compress="update"``, default) or g~ = C(g) (``"momentum"``, DeepSpeed's), C the
+       error-compensated 1-bit average. Then p -= lr*(m/(sqrt(v)+eps) + wd*p).
     2. Local phase (s > var_freeze_step; v frozen): m = b1*m + (1-b1)*g with the local
        gradient; p -= lr*u_s and the accumulator a += lr*u_s, u_s = m/(sqrt(v)+eps) + wd*p;
        no vector is sent. Every ``local_interval`` steps the ranks synchronise: the
-       accumulated step a*(sqrt(v)+eps) goes through ``compressed_allreduce`` (error
-       buffers reset once when the phase starts, since they now hold another quantity),
-       p = p_sync + mean/(sqrt(v)+eps) from the parameters p_sync of the last
-       synchronisation, and m = mean / (the group's sum of lr since then). The interval doubles every
-       ``local_step_scaler`` steps, up to ``local_step_clipper``.
+       accumulated step a (``"update"``) or a*d (``"momentum"``) goes through C (error
+       buffers reset once when the phase starts, since they now hold another quantity);
+       from its mean, a~ = mean (or mean/d), p = p_sync - a~ from the parameters p_sync of
+       the last synchronisation, and m = a~*d / (the group's sum of lr since then). The
+       interval doubles every ``local_step_scaler`` steps, up to ``local_step_clipper``.
     Replicas are bit-identical after every step of phase 1 and after every
     synchronisation (``synchronized`` is True then); between synchronisations each rank
     trains its own copy, as the algorithm intends. Unlike DeepSpeed's, the first step
@@ -37,7 +38,7 @@ class ZeroOneAdam(CompressedOptimizer):
 
     Args:
         params, lr, betas, eps, weight_decay, comm, ranks_per_node, hierarchical,
-            nonfinite: as for ``OneBitAdam``.
+            nonfinite, compress, scale: as for ``OneBitAdam``.
         var_freeze_step: the last step of the variance phase.
         var_update_scaler: refreshes of v per interval before the interval doubles.
         local_step_scaler: local-phase steps per doubling of the synchronisation interval.
@@ -62,14 +63,19 @@ class ZeroOneAdam(CompressedOptimizer):
         ranks_per_node: int | None = None,
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
+        compress: str = "update",
+        scale: str = "l2",
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
+        options = compression_options(what, compress, scale)
         for name, value in (("var_freeze_step", var_freeze_step), ("var_update_scaler", var_update_scaler),
                             ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what}: {name} must be a positive integer, got {value!r}")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
+                         options)
+        self.compress = compress
         self.var_freeze_step = var_freeze_step
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
@@ -82,7 +88,7 @@ class ZeroOneAdam(CompressedOptimizer):
         self.accumulator = self._buffer("momentum_accumulator")
         self.synced_params = self._buffer("synced_params")
         self.lr_sums = self._buffer("lr_sums", len(self.param_groups), torch.float64)
-        self.channel = self._error_feedback(ranks_per_node, hierarchical)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale)
 
     @property
     def synchronized(self) -> bool:
@@ -111,6 +117,9 @@ class ZeroOneAdam(CompressedOptimizer):
         refresh = s % self.var_interval == 0
         if refresh:
             self._average(grad, source)
+        elif self.compress == "update":
+            local = self.workspace.get("optim.local", grad.numel(), torch.float32, grad.device)
+            send_preconditioned(self.channel, local.copy_(grad), source, preconditioner(self, v), v == 0)
         else:
             self.channel.average_except(grad, source, v == 0)
         for group, sl in self._groups():
@@ -152,15 +161,20 @@ class ZeroOneAdam(CompressedOptimizer):
     def _synchronize(self, silent: torch.Tensor) -> None:
         """Average the accumulated steps in 1 bit and rebuild p and m from it, identically on every rank."""
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
-        scaled = self.workspace.get("optim.local", acc.numel(), torch.float32, acc.device)
-        for group, sl in self._groups():
-            torch.mul(acc[sl], v[sl].sqrt().add_(group["eps"]), out=scaled[sl])
-        self.channel.average_except(scaled, acc, silent)
+        denom = preconditioner(self, v)
+        sent = self.workspace.get("optim.local", acc.numel(), torch.float32, acc.device)
+        update = self.compress == "update"
+        if update:
+            self.channel.average_except(sent.copy_(acc).masked_fill_(silent, 0.0), acc, silent)
+            torch.sub(self.synced_params, acc, out=p)
+        else:
+            self.channel.average_except(torch.mul(acc, denom, out=sent), acc, silent)
+            torch.sub(self.synced_params, acc / denom, out=p)
         for index, (group, sl) in enumerate(self._groups()):
-            denom = v[sl].sqrt().add_(group["eps"])
-            torch.sub(self.synced_params[sl], acc[sl] / denom, out=p[sl])
             lr_sum = self.lr_sums[index].item()
-            if lr_sum:
+            if lr_sum and update:
+                torch.mul(acc[sl], denom[sl], out=m[sl]).div_(lr_sum)
+            elif lr_sum:
                 torch.div(acc[sl], lr_sum, out=m[sl])
         self.synced_params.copy_(p)
         acc.zero_()

@@ -167,14 +167,26 @@ def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
         raise AssertionError("no RankMismatchError")
 
 
-def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0) -> None:
+def compress_mismatch(comm: compcoll.Communicator, name: str) -> None:
+    """Ranks that ask for different compressed quantities get RankMismatchError at construction, naming it."""
+    cls, kwargs = CONFIGS[name]
+    try:
+        cls(Net().parameters(), comm=comm, compress="update" if comm.rank else "momentum", **kwargs)
+    except compcoll.RankMismatchError as exc:
+        assert "compressed quantities" in str(exc), exc
+    else:
+        raise AssertionError("no RankMismatchError")
+
+
+def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0,
+                          compress: str = "update", scale: str = "l2") -> None:
     """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit.
 
     With ``ranks_per_node`` the ranks form nodes and the optimizer must pick the
     hierarchical compensated allreduce; the simulation uses its reference.
     """
     n = comm.size
-    model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01)
+    model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01, compress=compress, scale=scale)
     assert opt.channel.hierarchical == bool(ranks_per_node)
     b1, b2, lr, eps, wd = 0.9, 0.999, 1e-2, 1e-8, 0.01
     torch.manual_seed(100)
@@ -194,7 +206,8 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
             m.mul_(b1).add_(avg, alpha=1 - b1)
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
         else:
-            m = _onebit([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, ranks_per_node)
+            m = _sent([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, compress,
+                      v.sqrt().add_(eps), ranks_per_node, scale)
         update = (m / v.sqrt().add_(eps)).add_(p, alpha=wd)
         p.add_(update, alpha=-lr)
         train(comm, model, opt, range(step, step + 1))
@@ -238,7 +251,7 @@ def _exact(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
-            ranks_per_node: int = 0) -> torch.Tensor:
+            ranks_per_node: int = 0, scale: str = "l2") -> torch.Tensor:
     """The reference 1-bit allreduce of every rank's vector, zero where ``silent``, errors cleared there.
 
     With ``ranks_per_node`` k, the hierarchical compensated form: rank m*k + j's worker error
@@ -247,12 +260,12 @@ def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarra
     n = len(values)
     if ranks_per_node:
         outs, new_we, new_se, _ = reference.hierarchical_compressed_allreduce(
-            [v.numpy() for v in values], we, se, ranks_per_node)
+            [v.numpy() for v in values], we, se, ranks_per_node, scale)
         shard, sub = we[0].size, se[0].size
         starts = [((r % ranks_per_node) * shard, (r % ranks_per_node) * shard + (r // ranks_per_node) * sub)
                   for r in range(n)]
     else:
-        outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se)
+        outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se, scale=scale)
         starts = [(0, r * se[0].size) for r in range(n)]
     mask = np.concatenate([silent.numpy(), np.zeros(n * se[0].size, bool)])
     for q, (worker_start, server_start) in enumerate(starts):
@@ -263,10 +276,19 @@ def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarra
     return torch.from_numpy(outs[0]).masked_fill_(silent, 0.0)
 
 
-def zero_one_adam_reference(comm: compcoll.Communicator, steps: int) -> None:
+def _sent(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
+          compress: str, denom: torch.Tensor, ranks_per_node: int = 0, scale: str = "l2") -> torch.Tensor:
+    """What an optimizer's 1-bit average gives: of the vectors themselves, or (``"update"``) denom * that of vector / denom."""
+    if compress == "momentum":
+        return _onebit(values, we, se, silent, ranks_per_node, scale)
+    preconditioned = [x.div(denom).masked_fill_(silent, 0.0) for x in values]
+    return _onebit(preconditioned, we, se, silent, ranks_per_node, scale).mul_(denom)
+
+
+def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: str = "update") -> None:
     """ZeroOneAdam equals a one-process simulation of every rank's copy, bit for bit, through both phases."""
     n, wd = comm.size, 0.01
-    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd)
+    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd, compress=compress)
     kw = CONFIGS["ZeroOneAdam"][1]
     b1, b2, lr, eps, vf = 0.9, 0.999, kw["lr"], 1e-8, kw["var_freeze_step"]
     torch.manual_seed(100)
@@ -287,7 +309,7 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int) -> None:
         silent = v == 0
         if s <= vf:
             refresh = s % var_interval == 0
-            source = _exact(grads) if refresh else _onebit(grads, we, se, silent)
+            source = _exact(grads) if refresh else _sent(grads, we, se, silent, compress, v.sqrt().add_(eps))
             if refresh:
                 v.mul_(b2).addcmul_(source, source, value=1 - b2)
             for q in range(n):
@@ -310,10 +332,16 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int) -> None:
                 acc[q].add_(update, alpha=lr)
             lr_sum += lr
             if s % local_interval == 0:
-                mean = _onebit([a.mul(v.sqrt().add_(eps)) for a in acc], we, se, silent)
-                synced = synced - mean / v.sqrt().add_(eps)
+                denom = v.sqrt().add_(eps)
+                if compress == "update":
+                    mean = _onebit([a.masked_fill(silent, 0.0) for a in acc], we, se, silent)
+                    synced = synced - mean
+                    m = [mean.mul(denom).div_(lr_sum) for _ in range(n)]
+                else:
+                    mean = _onebit([a.mul(denom) for a in acc], we, se, silent)
+                    synced = synced - mean / denom
+                    m = [mean / lr_sum for _ in range(n)]
                 p = [synced.clone() for _ in range(n)]
-                m = [mean / lr_sum for _ in range(n)]
                 acc = [torch.zeros(numel) for _ in range(n)]
                 lr_sum = 0.0
             local_count += 1
@@ -358,11 +386,11 @@ def _norm(t: torch.Tensor) -> float:
     return math.sqrt(reference.sumsq(t.numpy()))
 
 
-def onebit_lamb_reference(comm: compcoll.Communicator, steps: int) -> None:
+def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str = "update", scale: str = "l1") -> None:
     """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression."""
     n, wd, lr, fs = comm.size, 0.01, CONFIGS["OneBitLamb"][1]["lr"], CONFIGS["OneBitLamb"][1]["freeze_step"]
     b1, b2, eps, cb, fmin, fmax, thr = 0.9, 0.999, 1e-8, 0.9, 0.5, 4.0, 0.1
-    model, opt = build(comm, "OneBitLamb", weight_decay=wd)
+    model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale)
     torch.manual_seed(100)
     sim = Net()
     p = flat_params(sim).clone()
@@ -392,19 +420,20 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int) -> None:
                     frozen[i] = cb * frozen[i] + (1 - cb) * coeff
                 p[sl].add_(update, alpha=-lr * coeff)
         else:
-            if scaling is None:
-                ratios = [_norm(m[sl]) / math.sqrt(sl.stop - sl.start) for sl in layers]
-                scaling = [(sum(ratios) / len(ratios)) / r if r else 1.0 for r in ratios]
             last = m.clone()
-            locals_ = []
-            for g in grads:
-                local = torch.add(m.mul(b1), g, alpha=1 - b1)
+            locals_ = [torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads]
+            if compress == "update":
+                m = _sent(locals_, we, se, v == 0, compress, v.sqrt().add_(eps), scale=scale)
+            else:
+                if scaling is None:
+                    ratios = [_norm(m[sl]) / math.sqrt(sl.stop - sl.start) for sl in layers]
+                    scaling = [(sum(ratios) / len(ratios)) / r if r else 1.0 for r in ratios]
+                for local in locals_:
+                    for sl, s in zip(layers, scaling):
+                        local[sl].mul_(s)
+                m = _onebit(locals_, we, se, v == 0, scale=scale)
                 for sl, s in zip(layers, scaling):
-                    local[sl].mul_(s)
-                locals_.append(local)
-            m = _onebit(locals_, we, se, v == 0)
-            for sl, s in zip(layers, scaling):
-                m[sl].div_(s)
+                    m[sl].div_(s)
             rebuilt = (m - last * b1) / (1 - b1)
             fresh.mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
             for i, sl in enumerate(layers):

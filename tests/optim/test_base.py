@@ -29,6 +29,15 @@ def test_bad_options_name_the_problem(cls) -> None:
         cls(_model().double().parameters(), comm=comm)
 
 
+@pytest.mark.parametrize("cls", [OneBitAdam, OneBitLamb, ZeroOneAdam])
+def test_compression_options_are_checked(cls) -> None:
+    comm = compcoll.SingleComm()
+    with pytest.raises(ValueError, match="compress 'gradient' is not one of"):
+        cls(_model().parameters(), compress="gradient", comm=comm)
+    with pytest.raises(ValueError, match="scale 'max' is not one of"):
+        cls(_model().parameters(), scale="max", comm=comm)
+
+
 def test_phase_options_are_checked() -> None:
     comm = compcoll.SingleComm()
     with pytest.raises(ValueError, match="eps"):

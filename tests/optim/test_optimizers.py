@@ -47,9 +47,19 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
     run(f"{WORKERS}:layout_mismatch", 2, "mpi", args=(name,))
 
 
+@pytest.mark.parametrize("name", ["OneBitAdam", "OneBitLamb", "ZeroOneAdam"])
+def test_different_compressed_quantities_raise_on_every_rank(name: str) -> None:
+    run(f"{WORKERS}:compress_mismatch", 2, "mpi", args=(name,))
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_onebit_adam_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8))
+
+
+@pytest.mark.parametrize("compress, scale", [("momentum", "l2"), ("update", "l1")])
+def test_onebit_adam_options_match_simulation(compress: str, scale: str) -> None:
+    run(f"{WORKERS}:onebit_adam_reference", 3, "mpi", args=(3, 8, 0, compress, scale))
 
 
 @pytest.mark.parametrize("world_size, ranks_per_node", [(4, 2), (6, 3)])
@@ -68,6 +78,10 @@ def test_zero_one_adam_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:zero_one_adam_reference", world_size, "mpi", args=(STEPS,))
 
 
+def test_zero_one_adam_compressing_the_momentum_matches_simulation() -> None:
+    run(f"{WORKERS}:zero_one_adam_reference", 3, "mpi", args=(STEPS, "momentum"))
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_birder_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:birder_reference", world_size, "mpi", args=(8,))
@@ -76,3 +90,8 @@ def test_birder_matches_simulation(world_size: int) -> None:
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_onebit_lamb_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(10,))
+
+
+@pytest.mark.parametrize("compress, scale", [("momentum", "l2"), ("update", "l2")])
+def test_onebit_lamb_options_match_simulation(compress: str, scale: str) -> None:
+    run(f"{WORKERS}:onebit_lamb_reference", 3, "mpi", args=(10, compress, scale))

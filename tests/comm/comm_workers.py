@@ -146,7 +146,8 @@ def _calls_until_error(comm: compcoll.Communicator, numel: int, limit: float) ->
 def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
     """The last rank stops (SIGSTOP) between two calls or at some point inside a loop of calls.
 
-    The others raise ``CollectiveTimeout`` within twice the timeout of their last completed
+    The others raise ``CollectiveTimeout`` (or, over Gloo, an error naming a peer that had
+    already timed out and dropped its connections) within twice the timeout of their last completed
     call (each operation of a call has the whole timeout from its start). When the stop fell
     between calls the message names the stopped rank, alone. Inside a call, a peer still
     waiting on the stopped rank in the call before is missing from the next agreement round
@@ -172,9 +173,10 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
     raised.mkdir(exist_ok=True)
     (raised / str(comm.rank)).touch()
     try:
-        assert isinstance(exc, compcoll.CollectiveTimeout), f"expected a timeout, got {exc!r}"
         assert quiet < 2 * comm.timeout, f"raised {quiet:.2f} s after the last call (timeout {comm.timeout} s)"
-        if where == "between":
+        if not isinstance(exc, compcoll.CollectiveTimeout):
+            assert "did it die or leave?" in str(exc), f"expected a timeout or a peer that left, got {exc!r}"
+        elif where == "between":
             assert exc.absent == [last] and f"rank(s) {last}" in str(exc), exc
         else:
             assert not exc.absent or last in exc.absent, exc

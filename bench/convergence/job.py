@@ -35,6 +35,35 @@ class AveragedAdam:
         self.steps += 1
 
 
+class DeepSpeedOneBitAdam:
+    """The peer: DeepSpeed 0.19.6's own OnebitAdam in its engine, on Gloo (bench/peers/deepspeed_shim.py).
+
+    1. ``deepspeed.initialize`` wraps the model with fp32, ZeRO off, the global batch split
+       over the ranks, and OnebitAdam with ``comm_backend_name="compressed"`` (its
+       torch.distributed backend, the one that runs on CPU).
+    2. ``backward`` is the engine's: the loss's gradients, then (during warmup) the engine's
+       allreduce of them; ``step`` is the engine's. As in DeepSpeed, the first step only sets
+       up the error buffers and leaves the parameters alone.
+    """
+
+    def __init__(self, model: torch.nn.Module, comm: compcoll.Communicator, batch: int, **kwargs) -> None:
+        import deepspeed_shim
+
+        deepspeed = deepspeed_shim.load()
+        config = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": batch // comm.size,
+                  "optimizer": {"type": "OneBitAdam", "params": {**kwargs, "comm_backend_name": "compressed"}}}
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> None:
+        self.engine.step()
+
+
 def train(comm: compcoll.Communicator, config_json: str) -> None:
     """Train with one optimizer; rank 0 writes the curve and the byte counts to config["out"] (JSON).
 
@@ -42,7 +71,8 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     2. Every ``eval_every`` steps rank 0 records the task's evaluation (training loss and its
        metric: test accuracy, validation loss) of its own parameters.
     3. At the end every rank's ``comm.bytes_sent`` and its intra-node / inter-node split
-       (``compcoll.topology(comm).traffic``) are gathered.
+       (``compcoll.topology(comm).traffic``) are gathered (DeepSpeed's traffic goes around
+       compcoll's counters: its run reads 0 bytes, and the report leaves them out).
     """
     config = json.loads(config_json)
     task = TASKS[config["task"]](config)
@@ -50,8 +80,11 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     kind, kwargs = config["optimizer"], config["kwargs"]
     if kind == "Adam":
         opt = AveragedAdam(model.parameters(), comm, **kwargs)
+    elif kind == "DeepSpeedOneBitAdam":
+        opt = DeepSpeedOneBitAdam(model, comm, config["batch"], **kwargs)
     else:
         opt = OPTIMIZERS[kind](model.parameters(), comm=comm, **kwargs)
+    backward = getattr(opt, "backward", torch.Tensor.backward)
     curve = []
     layout = compcoll.topology(comm)
     start_traffic = layout.traffic(comm)
@@ -62,7 +95,7 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
         if step == config["steps"]:
             break
         opt.zero_grad()
-        task.loss(step, comm.rank, comm.size).backward()
+        backward(task.loss(step, comm.rank, comm.size))
         opt.step()
     seconds = time.perf_counter() - start
     traffic = [now - before for now, before in zip(layout.traffic(comm), start_traffic)]

@@ -13,6 +13,9 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step). The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
    the l2 scale), beside the defaults (the update direction m / (sqrt(v) + eps)).
+   With ``--deepspeed`` (needs ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own
+   OnebitAdam runs too, in its engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with
+   1-bit Adam's settings.
 3. Write OUT.json (curves, bytes per rank, settings), OUT.txt (final loss and the task's
    metric side by side, bytes per rank and the reduction against the uncompressed
    allreduce) and OUT.png (loss and metric curves).
@@ -27,12 +30,15 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "peers"))
 
 from compcoll.launcher import run  # noqa: E402
 
-def runs(steps: int, eps: float, lr: float, lamb_lr: float) -> list[dict]:
+def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> list[dict]:
     """(name, optimizer, kwargs, baseline name) of every run; phases scale with ``steps``."""
     freeze = steps * 3 // 20
+    peer = [dict(name="DeepSpeed 1b", optimizer="DeepSpeedOneBitAdam", baseline="Adam", backend="gloo",
+                 kwargs=dict(lr=lr, eps=eps, freeze_step=freeze))] if deepspeed else []
     return [
         dict(name="Adam", optimizer="Adam", kwargs=dict(lr=lr, eps=eps), baseline=None),
         dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam", kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
@@ -47,6 +53,7 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float) -> list[dict]:
              kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit LAMB m", optimizer="OneBitLamb", baseline="LAMB",
              kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
+        *peer,
     ]
 
 
@@ -64,17 +71,18 @@ def main() -> int:
     p.add_argument("--lamb-lr", type=float, default=5e-3, help="learning rate of the LAMB runs")
     p.add_argument("--eps", type=float, default=1e-8, help="eps of every Adam / LAMB run (torch's and DeepSpeed's default)")
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--deepspeed", action="store_true", help="also run DeepSpeed 0.19.6's OnebitAdam (the peer)")
     p.add_argument("--ranks-per-node", type=int, help="emulate nodes of k consecutive ranks (COMPCOLL_RANKS_PER_NODE)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json, OUT.txt and OUT.png")
     args = p.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, spec in enumerate(runs(args.steps, args.eps, args.lr, args.lamb_lr)):
+        for i, spec in enumerate(runs(args.steps, args.eps, args.lr, args.lamb_lr, args.deepspeed)):
             out = Path(tmp) / f"{i}.json"
             config = dict(spec, task=args.task, hidden=args.hidden, layers=args.layers, context=args.context,
                           batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=0, out=str(out))
             env = {"COMPCOLL_RANKS_PER_NODE": str(args.ranks_per_node)} if args.ranks_per_node else None
-            run("job:train", args.ranks, "mpi", args=(json.dumps(config),), timeout=1800, env=env)
+            run("job:train", args.ranks, spec.get("backend", "mpi"), args=(json.dumps(config),), timeout=1800, env=env)
             result = json.loads(out.read_text())
             result["baseline"] = spec["baseline"]
             results.append(result)
@@ -110,7 +118,8 @@ def report(results: list[dict], args) -> str:
         f"# {model} ({results[0]['params']} parameters), {args.ranks} MPI ranks as {nodes} node(s), global batch "
         f"{args.batch}, {args.steps} steps, eps {args.eps:g}; bytes = comm.bytes_sent per rank (max over ranks), "
         f"inter = the part sent to other nodes",
-        "# reduction = bytes of the uncompressed allreduce every step (the Adam run) / bytes of the run",
+        "# reduction = bytes of the uncompressed allreduce every step (the Adam run) / bytes of the run; - where "
+        "compcoll's counters do not see the traffic (DeepSpeed's)",
         f"{'run':<13}{'final loss':>11}{columns}{'vs base':>9}{'MB/rank':>10}{'reduction':>11}"
         + (f"{'inter MB':>10}{'inter red.':>11}" if nodes > 1 else ""),
     ]
@@ -125,11 +134,11 @@ def report(results: list[dict], args) -> str:
             value, last = curve[-1]["val_loss"], sum(c["val_loss"] for c in curve[-4:]) / 4
             metric = f"{value:>10.4f}{last:>11.4f}"
             gap = "" if base is None else f"{100 * (value / base['curve'][-1]['val_loss'] - 1):+.1f}%"
-        sent = max(r["bytes_per_rank"])
-        lines.append(f"{r['name']:<13}{curve[-1]['train_loss']:>11.4f}{metric}{gap:>9}{sent / 1e6:>10.2f}"
-                     f"{uncompressed / sent:>10.1f}x"
-                     + (f"{max(r['inter_bytes_per_rank']) / 1e6:>10.2f}"
-                        f"{inter_uncompressed / max(r['inter_bytes_per_rank']):>10.1f}x" if nodes > 1 else ""))
+        sent, inter = max(r["bytes_per_rank"]), max(r["inter_bytes_per_rank"])
+        volume = f"{sent / 1e6:>10.2f}{uncompressed / sent:>10.1f}x" if sent else f"{'-':>10}{'-':>11}"
+        if nodes > 1:
+            volume += f"{inter / 1e6:>10.2f}{inter_uncompressed / inter:>10.1f}x" if inter else f"{'-':>10}{'-':>11}"
+        lines.append(f"{r['name']:<13}{curve[-1]['train_loss']:>11.4f}{metric}{gap:>9}{volume}")
     return "\n".join(lines)
 
 

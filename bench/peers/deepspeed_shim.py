@@ -12,26 +12,24 @@ Install with ``pip install -e '.[deepspeed]'``; never needed by compcoll or its 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
-
-_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)
 
 
 class CpuPacker:
-    """DeepSpeed's packbits op (csrc/xpu/packbits/packing.cpp) in torch ops on CPU."""
+    """DeepSpeed's packbits op (csrc/xpu/packbits/packing.cpp) on CPU, as numpy's packbits / unpackbits (C loops)."""
 
     @staticmethod
     def packbits(tensor: torch.Tensor, input_size: int, rank: int) -> torch.Tensor:
         """Bits of ``not signbit`` of the first ``input_size`` floats, 8 per byte, padded with 0 bits."""
-        bits = (~torch.signbit(tensor.reshape(-1)[:input_size])).to(torch.uint8)
-        bits = torch.nn.functional.pad(bits, (0, -input_size % 8)).view(-1, 8)
-        return (bits << _SHIFTS).sum(dim=1, dtype=torch.uint8)
+        signs = np.signbit(tensor.reshape(-1)[:input_size].numpy())
+        return torch.from_numpy(np.packbits(np.logical_not(signs, out=signs)))
 
     @staticmethod
     def unpackbits(tensor: torch.Tensor, input_size: int, rank: int) -> torch.Tensor:
         """``input_size`` bytes -> 8 * input_size floats of +1.0 / -1.0."""
-        bits = (tensor.reshape(-1)[:input_size, None] >> _SHIFTS) & 1
-        return bits.reshape(-1).to(torch.float32).mul_(2.0).sub_(1.0)
+        bits = torch.from_numpy(np.unpackbits(tensor.reshape(-1)[:input_size].numpy()))
+        return bits.to(torch.float32).mul_(2.0).sub_(1.0)
 
 
 class _CpuPackbitsBuilder:

@@ -42,7 +42,7 @@ class OneBitLamb(CompressedOptimizer):
     Args:
         params, lr, freeze_step (>= 1), betas, eps, weight_decay, comm, ranks_per_node,
             hierarchical, nonfinite, compress: as for ``OneBitAdam``.
-        scale: as for ``OneBitAdam``, but "l1" by default: with "l2", eps = 1e-8 diverged on
+        scale: as for ``OneBitAdam`` ("l1" by default): with "l2", eps = 1e-8 diverged on
             digits after the warmup, with "l1" it ended 0.8 point from LAMB (README, "Optimizers").
         max_coeff / min_coeff: clip of the warmup trust ratio.
         coeff_beta: decay of the frozen trust ratio's moving average (1/(1-coeff_beta)

@@ -64,7 +64,7 @@ class ZeroOneAdam(CompressedOptimizer):
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
         compress: str = "update",
-        scale: str = "l2",
+        scale: str = "l1",
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)

@@ -179,7 +179,7 @@ def compress_mismatch(comm: compcoll.Communicator, name: str) -> None:
 
 
 def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0,
-                          compress: str = "update", scale: str = "l2") -> None:
+                          compress: str = "update", scale: str = "l1") -> None:
     """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit.
 
     With ``ranks_per_node`` the ranks form nodes and the optimizer must pick the
@@ -285,10 +285,11 @@ def _sent(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray]
     return _onebit(preconditioned, we, se, silent, ranks_per_node, scale).mul_(denom)
 
 
-def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: str = "update") -> None:
+def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: str = "update",
+                            scale: str = "l1") -> None:
     """ZeroOneAdam equals a one-process simulation of every rank's copy, bit for bit, through both phases."""
     n, wd = comm.size, 0.01
-    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd, compress=compress)
+    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd, compress=compress, scale=scale)
     kw = CONFIGS["ZeroOneAdam"][1]
     b1, b2, lr, eps, vf = 0.9, 0.999, kw["lr"], 1e-8, kw["var_freeze_step"]
     torch.manual_seed(100)
@@ -309,7 +310,7 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
         silent = v == 0
         if s <= vf:
             refresh = s % var_interval == 0
-            source = _exact(grads) if refresh else _sent(grads, we, se, silent, compress, v.sqrt().add_(eps))
+            source = _exact(grads) if refresh else _sent(grads, we, se, silent, compress, v.sqrt().add_(eps), scale=scale)
             if refresh:
                 v.mul_(b2).addcmul_(source, source, value=1 - b2)
             for q in range(n):
@@ -334,11 +335,11 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
             if s % local_interval == 0:
                 denom = v.sqrt().add_(eps)
                 if compress == "update":
-                    mean = _onebit([a.masked_fill(silent, 0.0) for a in acc], we, se, silent)
+                    mean = _onebit([a.masked_fill(silent, 0.0) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean
                     m = [mean.mul(denom).div_(lr_sum) for _ in range(n)]
                 else:
-                    mean = _onebit([a.mul(denom) for a in acc], we, se, silent)
+                    mean = _onebit([a.mul(denom) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean / denom
                     m = [mean / lr_sum for _ in range(n)]
                 p = [synced.clone() for _ in range(n)]

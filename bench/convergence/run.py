@@ -37,13 +37,13 @@ from compcoll.launcher import run  # noqa: E402
 def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> list[dict]:
     """(name, optimizer, kwargs, baseline name) of every run; phases scale with ``steps``."""
     freeze = steps * 3 // 20
-    peer = [dict(name="DeepSpeed 1b", optimizer="DeepSpeedOneBitAdam", baseline="Adam", backend="gloo",
+    peer = [dict(name="DS 1-bit Adam", optimizer="DeepSpeedOneBitAdam", baseline="Adam", backend="gloo",
                  kwargs=dict(lr=lr, eps=eps, freeze_step=freeze))] if deepspeed else []
     return [
         dict(name="Adam", optimizer="Adam", kwargs=dict(lr=lr, eps=eps), baseline=None),
         dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam", kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit Adam m", optimizer="OneBitAdam", baseline="Adam",
-             kwargs=dict(lr=lr, eps=eps, freeze_step=freeze, compress="momentum")),
+             kwargs=dict(lr=lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
         dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam",
              kwargs=dict(lr=lr, eps=eps, var_freeze_step=steps // 5, local_step_scaler=steps // 10,
                          local_step_clipper=16)),

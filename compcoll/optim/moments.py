@@ -60,3 +60,17 @@ def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out:
     local.div_(denom).masked_fill_(silent, 0.0)
     channel.average_except(local, out, silent)
     return out.mul_(denom)
+
+
+def floor_variance(opt: CompressedOptimizer, m: torch.Tensor, v: torch.Tensor) -> None:
+    """v = max(v, c * m^2), c = (1-b2) / (1-b1)^2 per group: no step larger than Adam's largest.
+
+    Adam's |m / sqrt(v)| peaks at (1-b1) / sqrt(1-b2) (3.16 at the default betas) when one
+    gradient follows a silent history; a variance that is refreshed only now and then (0/1
+    Adam) has no such bound, and a coordinate whose gradient grows since the refresh takes
+    steps up to |g| / eps. The floor restores the bound. It needs m and v equal on every
+    rank, so that v stays so; it leaves v = 0 where m = 0.
+    """
+    for group, sl in opt._groups():
+        b1, b2 = group["betas"]
+        torch.maximum(v[sl], m[sl].square().mul_((1 - b2) / (1 - b1) ** 2), out=v[sl])

@@ -6,7 +6,7 @@ import torch
 
 from ..comm import Communicator
 from .base import CompressedOptimizer, check_hyperparameters, compression_options
-from .moments import adam_step, preconditioner, send_preconditioned
+from .moments import adam_step, floor_variance, preconditioner, send_preconditioned
 
 
 class ZeroOneAdam(CompressedOptimizer):
@@ -18,14 +18,17 @@ class ZeroOneAdam(CompressedOptimizer):
        m = b1*m + (1-b1)*g_avg; after ``var_update_scaler`` such refreshes the interval
        doubles. Otherwise m = b1*m + (1-b1)*g~ with g~ = d * C(g / d), d = sqrt(v)+eps
        (``compress="update"``, default) or g~ = C(g) (``"momentum"``, DeepSpeed's), C the
-       error-compensated 1-bit average. Then p -= lr*(m/(sqrt(v)+eps) + wd*p).
+       error-compensated 1-bit average. Then v = max(v, m^2 (1-b2)/(1-b1)^2) (the
+       variance floor: no step beyond Adam's largest, (1-b1)/sqrt(1-b2), however stale v
+       is; ``moments.floor_variance``) and p -= lr*(m/(sqrt(v)+eps) + wd*p).
     2. Local phase (s > var_freeze_step; v frozen): m = b1*m + (1-b1)*g with the local
        gradient; p -= lr*u_s and the accumulator a += lr*u_s, u_s = m/(sqrt(v)+eps) + wd*p;
        no vector is sent. Every ``local_interval`` steps the ranks synchronise: the
        accumulated step a (``"update"``) or a*d (``"momentum"``) goes through C (error
        buffers reset once when the phase starts, since they now hold another quantity);
        from its mean, a~ = mean (or mean/d), p = p_sync - a~ from the parameters p_sync of
-       the last synchronisation, and m = a~*d / (the group's sum of lr since then). The
+       the last synchronisation, m = a~*d / (the group's sum of lr since then), and the
+       variance floor again (m and v are the same on every rank there). The
        interval doubles every ``local_step_scaler`` steps, up to ``local_step_clipper``.
     Replicas are bit-identical after every step of phase 1 and after every
     synchronisation (``synchronized`` is True then); between synchronisations each rank
@@ -127,6 +130,7 @@ class ZeroOneAdam(CompressedOptimizer):
             if refresh:
                 v[sl].mul_(b2).addcmul_(source[sl], source[sl], value=1 - b2)
             m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
+        floor_variance(self, m, v)
         adam_step(self, self.flat.data, m, v)
         if refresh:
             self.var_counter += 1
@@ -176,6 +180,7 @@ class ZeroOneAdam(CompressedOptimizer):
                 torch.mul(acc[sl], denom[sl], out=m[sl]).div_(lr_sum)
             elif lr_sum:
                 torch.div(acc[sl], lr_sum, out=m[sl])
+        floor_variance(self, m, v)
         self.synced_params.copy_(p)
         acc.zero_()
         self.lr_sums.zero_()

@@ -303,7 +303,7 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
     v, synced = torch.zeros(numel), None
     we = [np.zeros(full, np.float32) for _ in range(n)]
     se = [np.zeros(full // n, np.float32) for _ in range(n)]
-    var_interval, var_count, local_interval, local_count, lr_sum = 1, 0, 1, 0, 0.0
+    var_interval, var_count, local_interval, local_count, lr_sum, floored = 1, 0, 1, 0, 0.0, 0
     for step in range(steps):
         s = step + 1
         grads = _world_grads(sims, p, step)
@@ -315,6 +315,8 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                 v.mul_(b2).addcmul_(source, source, value=1 - b2)
             for q in range(n):
                 m[q].mul_(b1).add_(source, alpha=1 - b1)
+            floored, v = _floor(v, m[0], b1, b2, floored)
+            for q in range(n):
                 update = (m[q] / v.sqrt().add_(eps)).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
             if refresh:
@@ -342,6 +344,7 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                     mean = _onebit([a.mul(denom) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean / denom
                     m = [mean / lr_sum for _ in range(n)]
+                floored, v = _floor(v, m[0], b1, b2, floored)
                 p = [synced.clone() for _ in range(n)]
                 acc = [torch.zeros(numel) for _ in range(n)]
                 lr_sum = 0.0
@@ -352,6 +355,7 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
         assert torch.equal(opt.flat.data.view(torch.int32), p[comm.rank].view(torch.int32)), f"step {step}: params"
         assert torch.equal(opt.exp_avg.view(torch.int32), m[comm.rank].view(torch.int32)), f"step {step}: momentum"
         assert np.array_equal(opt.channel.worker_error.numpy(), we[comm.rank]), f"step {step}: worker error"
+    assert floored, "the variance floor never raised v: this run does not test it"
 
 
 def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
@@ -381,6 +385,12 @@ def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
         train(comm, model, opt, range(step, step + 1))
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
         assert torch.equal(opt.live, live), f"step {step}: live coordinates"
+
+
+def _floor(v: torch.Tensor, m: torch.Tensor, b1: float, b2: float, floored: int) -> tuple[int, torch.Tensor]:
+    """0/1 Adam's variance floor max(v, m^2 (1-b2)/(1-b1)^2), and ``floored`` + 1 if it raised v."""
+    new = torch.maximum(v, m.square().mul_((1 - b2) / (1 - b1) ** 2))
+    return floored + (not torch.equal(new, v)), new
 
 
 def _norm(t: torch.Tensor) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -46,21 +47,23 @@ def job(comm: compcoll.Communicator, config_json: str) -> None:
     backend = CompressedBackend()
     n, size = config["numel"], comm.size
     x = torch.randn(n, generator=torch.Generator().manual_seed(comm.rank))
-    ds_chunk = size * 8 // torch.gcd(torch.tensor(size), torch.tensor(8)).item() * size
+    ds_chunk = math.lcm(size, 8) * size  # DeepSpeed pads to a multiple of size * lcm(size, 8)
     ds_full = -(-n // ds_chunk) * ds_chunk
     ds_errors = torch.zeros(ds_full), torch.zeros(ds_full // size)
     full = compcoll.padded_numel(n, size)
     errors = torch.zeros(full), torch.zeros(full // size)
-    out = torch.empty_like(x)
-    cases = {
-        "deepspeed": lambda: backend.compressed_allreduce(x.clone(), *ds_errors, 0),
+    out, ds_in = torch.empty_like(x), torch.empty_like(x)
+    cases = {  # DeepSpeed's call adds its error into its input: a fresh copy, made before the clock starts
+        "deepspeed": lambda: backend.compressed_allreduce(ds_in, *ds_errors, 0),
         "compcoll": lambda: compcoll.compressed_allreduce(x, *errors, comm, out=out),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
     for fn in cases.values():
+        ds_in.copy_(x)
         fn()
     for _ in range(config["runs"]):
         for name, fn in cases.items():
+            ds_in.copy_(x)
             dist.barrier()
             start = time.perf_counter()
             fn()

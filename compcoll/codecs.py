@@ -73,7 +73,7 @@ _WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", 
 _CPU_KERNELS = threading.Lock()
 
 
-def _run(kernel: str, tensor: torch.Tensor, *args):
+def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream).
 
     CPU kernels run one at a time in the process (Numba's workqueue threads are not
@@ -95,7 +95,7 @@ def _run(kernel: str, tensor: torch.Tensor, *args):
 
     stream = cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
     extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
-    return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra)
+    return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
 
 
 def _torch_empty(device: torch.device):
@@ -111,18 +111,19 @@ def scale_from(total: float, numel: int, scale: str) -> float:
     return float(spec.scale_from(total, numel, scale))
 
 
-def divide_(values: torch.Tensor, count: int) -> torch.Tensor:
-    """values /= count in place, correctly rounded on every device.
+def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
+    """values /= divisor in place, correctly rounded on every device (the divisor rounded to the values' dtype).
 
     torch's CUDA division by a Python number multiplies by its reciprocal (1/3 is not
-    exact), so the divisor goes in as a tensor, which takes the IEEE division the CPU
-    and the numpy reference do; on the CPU numpy divides, correctly rounded too.
+    exact), so the divisor goes in as a 0-dim tensor on the device, which takes the IEEE
+    division the CPU and the numpy reference do; on the CPU numpy divides, correctly
+    rounded too (as torch's CPU division by a Python number).
     """
     if values.device.type == "cpu":
         array = values.numpy()
-        np.divide(array, array.dtype.type(count), out=array)
+        np.divide(array, array.dtype.type(divisor), out=array)
         return values
-    return values.div_(torch.full_like(values, count))
+    return values.div_(torch.full((), divisor, dtype=values.dtype, device=values.device))
 
 
 def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2") -> float:
@@ -139,6 +140,18 @@ def sumsq(tensor: torch.Tensor) -> float:
     compute the same norm.
     """
     return float(_run("compensated_power_sum", tensor, _array(tensor[:0]), None, _array(tensor), 0, 2))
+
+
+def sumsq_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` (one float64 element on ``tensor``'s device) <- ``sumsq(tensor)``, the same bits.
+
+    On CUDA the sum stays on the device (no host round trip), so that many sums can be
+    queued and read back together.
+    """
+    if tensor.device.type == "cpu":
+        out.fill_(sumsq(tensor))
+        return
+    _run("compensated_power_sum", tensor, _array(tensor[:0]), None, _array(tensor), 0, 2, into=_array(out))
 
 
 def compensate_encode(

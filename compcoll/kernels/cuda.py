@@ -82,13 +82,15 @@ def _halve_in_block(values, size):
         cuda.syncthreads()
 
 
-def tree_sum(partial, stream=0, empty=_device_empty) -> float:
+def tree_sum(partial, stream=0, empty=_device_empty, into=None) -> float | None:
     """Pairwise tree sum of a device float64 vector, as ``reference.tree_sum``; returns the float64.
 
     1. The first level reads ``partial`` as if zero-padded to a power of two (size p),
        adding its upper half onto its lower half in a buffer of p / 2.
     2. Levels wider than ``TAIL`` run one launch each, over the whole grid.
-    3. One block runs the rest, with a barrier between levels; the value is copied to the host.
+    3. One block runs the rest, with a barrier between levels; the value is copied to the
+       host, or, when ``into`` (a one-element float64 device array) is given, into it on
+       the device (no host round trip; returns None).
     """
     size = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
     if size == 1:
@@ -102,6 +104,9 @@ def tree_sum(partial, stream=0, empty=_device_empty) -> float:
             _halve[_grid(size), THREADS, stream](values, size)
         if size > 1:
             _halve_in_block[1, TAIL_THREADS, stream](values, size)
+    if into is not None:
+        into.copy_to_device(values[:1], stream=stream)
+        return None
     host = values[:1].copy_to_host(stream=stream)
     if stream:
         stream.synchronize()
@@ -129,13 +134,14 @@ def _power_lanes(with_lut: bool, p: int):
     return kernel
 
 
-def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty) -> float:
-    """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing else."""
+def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty, into=None) -> float | None:
+    """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing
+    else, except ``into`` (``tree_sum``)."""
     nblocks = max(1, -(-err.size // BLOCK))
     partial = empty(nblocks * LANES, np.float64, stream)
     _power_lanes(lut is not None, int(power))[_grid(partial.size), THREADS, stream](src, _table(lut), err, n_src,
                                                                                    partial)
-    return tree_sum(partial, stream, empty)
+    return tree_sum(partial, stream, empty, into)
 
 
 @lru_cache(maxsize=None)

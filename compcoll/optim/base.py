@@ -35,8 +35,9 @@ class CompressedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that averages over ranks itself; subclasses give ``_update``.
 
     Construction:
-    1. Lay every parameter of every group into one flat float32 buffer (``FlatParams``);
-       parameters become views of it, so one step sends one vector.
+    1. Lay every parameter of every group into one flat float32 buffer (``FlatParams``)
+       on the parameters' device, CPU or CUDA; parameters become views of it, so one step
+       sends one vector, and every state buffer lives on that device too.
     2. Check that all ranks hold the same groups and shapes (one small allgather; a
        ``RankMismatchError`` on every rank otherwise) and broadcast the buffer from rank 0,
        so replicas start identical.
@@ -101,14 +102,15 @@ class CompressedOptimizer(torch.optim.Optimizer):
 
     def _buffer(self, name: str, numel: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A zero state buffer kept in ``state_dict`` (``numel`` defaults to the parameter count)."""
-        buf = torch.zeros(self.flat.numel if numel is None else numel, dtype=dtype)
+        buf = torch.zeros(self.flat.numel if numel is None else numel, dtype=dtype, device=self.flat.device)
         self._buffers[name] = buf
         return buf
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
                         scale: str = "l2") -> ErrorFeedbackChannel:
         """The 1-bit channel for the flat vector; ``state_dict`` saves its error buffers (the channel owns them)."""
-        self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical, scale)
+        self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical, scale,
+                                             self.flat.device)
         return self._channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:

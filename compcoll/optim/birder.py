@@ -32,7 +32,7 @@ class Birder(CompressedOptimizer):
     resumed run draws the same bits.
 
     Args:
-        params: parameters or parameter groups (dense float32, CPU).
+        params: parameters or parameter groups: dense float32, float16 or bfloat16, all on one CPU or CUDA device.
         lr: learning rate (each step moves a coordinate by about lr: sign-like updates).
         betas: (b1, b2) for m and b.
         weight_decay: decoupled weight decay.

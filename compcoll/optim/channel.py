@@ -31,23 +31,25 @@ class ErrorFeedbackChannel:
         ranks_per_node: as for ``hierarchical_compressed_allreduce``.
         hierarchical: None (auto), True or False.
         scale: the 1-bit scale, "l2" or "l1" (``compressed_allreduce``'s ``scale``).
+        device: where the vectors and the error buffers live (the optimizer's parameters' device).
     """
 
     def __init__(
         self, comm: Communicator, numel: int, ranks_per_node: int | None = None, hierarchical: bool | None = None,
-        scale: str = "l2",
+        scale: str = "l2", device: torch.device | str = "cpu",
     ) -> None:
         self.comm = comm
         self.numel = numel
         self.hierarchical = _use_hierarchical(comm, ranks_per_node) if hierarchical is None else bool(hierarchical)
-        vector = torch.empty(numel)
+        device = torch.device(device)
         self.plan: FlatPlan | CompensatedPlan
         if self.hierarchical:
             k = topology(comm, ranks_per_node).ranks_per_node
-            self.plan = CompensatedPlan(comm, numel, vector.device, requested_ranks_per_node(ranks_per_node),
+            self.plan = CompensatedPlan(comm, numel, device, requested_ranks_per_node(ranks_per_node),
                                         ranks_per_node, hierarchical_error_numels(numel, comm.size, k), scale)
         else:
-            self.plan = FlatPlan(comm, numel, vector.device, "gather_scatter", default_pieces(vector), scale)
+            self.plan = FlatPlan(comm, numel, device, "gather_scatter",
+                                 default_pieces(torch.empty(1, device=device).expand(numel)), scale)
 
     @property
     def error_feedback(self) -> ErrorFeedback:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEVICE_TYPES = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class Segment:
@@ -25,8 +26,8 @@ class Segment:
 class FlatParams:
     """The parameters of every group, laid out group after group in one flat float32 buffer.
 
-    1. Check that every parameter is a dense float32, float16 or bfloat16 tensor on one
-       CPU device.
+    1. Check that every parameter is a dense float32, float16 or bfloat16 tensor, all on
+       one device, CPU or CUDA (``DEVICE_TYPES``); every buffer lives there too.
     2. Copy them, in group order, into ``data`` (float32). A float32 parameter becomes a
        view of its slice (``p.data = data[slice].view_as(p)``), so the model trains the
        flat buffer. A 16-bit parameter keeps its own storage: ``data`` holds its float32
@@ -48,15 +49,15 @@ class FlatParams:
         params = [p for group in param_groups for p in group["params"]]
         if not params:
             raise ValueError(f"{what}: got no parameters to optimize")
-        device = params[0].device
         for p in params:
             if p.dtype not in DTYPES:
                 raise TypeError(
                     f"{what}: parameters must be float32, float16 or bfloat16, got a {p.dtype} parameter of "
                     f"shape {tuple(p.shape)}"
                 )
-            if p.is_sparse or p.device != device or device.type != "cpu":
-                raise ValueError(f"{what}: parameters must be dense and on one CPU device, got {p.device}")
+            if p.is_sparse:
+                raise ValueError(f"{what}: parameters must be dense, got a sparse one of shape {tuple(p.shape)}")
+        device = _one_device(params, what)
         self.shapes = [tuple(p.shape) for p in params]
         self.dtypes = [str(p.dtype) for p in params]
         self.segments: list[Segment] = []
@@ -80,6 +81,11 @@ class FlatParams:
                 p.data = view.view_as(p)
             else:
                 self.low_precision.append((p, seg))
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the parameters, the flat buffers and every optimizer state buffer."""
+        return self.data.device
 
     def layout_code(self) -> int:
         """A checksum of the group sizes, parameter shapes and dtypes, for checking that ranks agree."""
@@ -109,3 +115,17 @@ class FlatParams:
     def views(self, flat: torch.Tensor) -> list[tuple[Segment, torch.Tensor]]:
         """(segment, slice of ``flat``) for every parameter: per-layer views of a flat state buffer."""
         return [(seg, flat[seg.start:seg.stop]) for seg in self.segments]
+
+
+def _one_device(params: list[torch.Tensor], what: str) -> torch.device:
+    """The one CPU or CUDA device all ``params`` are on; ValueError naming the devices otherwise."""
+    devices = sorted({str(p.device) for p in params})
+    if len(devices) > 1:
+        raise ValueError(
+            f"{what}: parameters are on several devices ({', '.join(devices)}); one optimizer takes the "
+            f"parameters of one device (its flat buffer lives there): move the model with .to(device) first"
+        )
+    device = params[0].device
+    if device.type not in DEVICE_TYPES:
+        raise ValueError(f"{what}: parameters on {device} are not supported; use CPU or CUDA parameters")
+    return device

@@ -38,9 +38,10 @@ def adam_step(opt: CompressedOptimizer, p: torch.Tensor, m: torch.Tensor, v: tor
         p[sl].add_(update, alpha=-group["lr"])
 
 
-def preconditioner(opt: CompressedOptimizer, v: torch.Tensor) -> torch.Tensor:
-    """sqrt(v) + eps with each group's eps, in a scratch buffer: what turns m into Adam's update m / (sqrt(v) + eps)."""
-    denom = opt.workspace.get("optim.denom", v.numel(), torch.float32, v.device)
+def preconditioner(opt: CompressedOptimizer, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """sqrt(v) + eps with each group's eps, in ``out`` (None: a scratch buffer): what turns m into Adam's update
+    m / (sqrt(v) + eps)."""
+    denom = opt.workspace.get("optim.denom", v.numel(), torch.float32, v.device) if out is None else out
     for group, sl in opt._groups():
         torch.sqrt(v[sl], out=denom[sl]).add_(group["eps"])
     return denom

@@ -37,7 +37,7 @@ class OneBitAdam(CompressedOptimizer):
     compression 2(n-1)/n / 8 bytes per element, 32x fewer.
 
     Args:
-        params: parameters or parameter groups (dense float32, CPU).
+        params: parameters or parameter groups: dense float32, float16 or bfloat16, all on one CPU or CUDA device.
         lr: learning rate.
         freeze_step: number of warmup (uncompressed) steps; tune to where v settles,
             typically 15-25% of training.

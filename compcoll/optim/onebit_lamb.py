@@ -121,21 +121,21 @@ class OneBitLamb(CompressedOptimizer):
         averaged_moments(self, grad, m, v)
         if self.steps + 1 == self.freeze_step:
             self.exp_avg_sq_fresh.copy_(v)
+        update = self._adam_update(m, v, p)
+        norms = self._read_sums_of_squares((p, update))
+        frozen = self.coeff_freeze.tolist()
         self.lamb_coeffs = []
-        for index, (seg, p_l) in enumerate(self.flat.views(p)):
+        for index, (seg, (weight_sq, update_sq)) in enumerate(zip(self.flat.segments, norms)):
             group = self.param_groups[seg.group]
-            update = m[seg.start:seg.stop] / v[seg.start:seg.stop].sqrt().add_(group["eps"])
-            if group["weight_decay"]:
-                update.add_(p_l, alpha=group["weight_decay"])
-            weight_norm, update_norm = _norm(p_l), _norm(update)
+            weight_norm, update_norm = math.sqrt(weight_sq), math.sqrt(update_sq)
             coeff = 1.0
             if weight_norm and update_norm:
                 coeff = min(max(weight_norm / update_norm, group["min_coeff"]), group["max_coeff"])
             if coeff != 1.0:
-                frozen = self.coeff_freeze[index].item()
-                self.coeff_freeze[index] = self.coeff_beta * frozen + (1 - self.coeff_beta) * coeff
+                frozen[index] = self.coeff_beta * frozen[index] + (1 - self.coeff_beta) * coeff
             self.lamb_coeffs.append(coeff)
-            p_l.add_(update, alpha=-group["lr"] * coeff)
+        self.coeff_freeze.copy_(torch.tensor(frozen, dtype=torch.float64))
+        self._apply(p, update, self.lamb_coeffs)
 
     def _compressed_step(self, grad: torch.Tensor) -> None:
         m, v, fresh, p = self.exp_avg, self.exp_avg_sq, self.exp_avg_sq_fresh, self.flat.data
@@ -148,53 +148,85 @@ class OneBitLamb(CompressedOptimizer):
             self._send_scaled(local)
         for group, sl in self._groups():
             b1, b2 = group["betas"]
-            rebuilt = (m[sl] - last[sl] * b1) / (1 - b1)
+            rebuilt = codecs.divide_(m[sl] - last[sl] * b1, 1 - b1)
             fresh[sl].mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
+        factors = last  # free from here on: it holds denominator / (sqrt(v_fresh) + eps)
+        denom = preconditioner(self, v)
+        torch.div(denom, preconditioner(self, fresh, factors), out=factors)
+        table = torch.zeros(len(self.flat.segments), 3, dtype=torch.float64, device=p.device)
+        update = self.workspace.get("optim.update", p.numel(), torch.float32, p.device)
+        torch.div(m, denom, out=update)
+        for index, (seg, ratio_l) in enumerate(self.flat.views(factors)):
+            if seg.numel:
+                table[index, 0] = ratio_l.max()
+            if self.param_groups[seg.group]["weight_decay"]:
+                codecs.sumsq_into(update[seg.start:seg.stop], table[index, 1:2])
+        for group, sl in self._groups():
+            if group["weight_decay"]:
+                update[sl].add_(p[sl], alpha=group["weight_decay"])
+        for index, (seg, update_l) in enumerate(self.flat.views(update)):
+            if self.param_groups[seg.group]["weight_decay"]:
+                codecs.sumsq_into(update_l, table[index, 2:3])
+        rows = table.tolist()
+        frozen, last_factors = self.coeff_freeze.tolist(), self.last_factor.tolist()
         self.lamb_coeffs = []
-        for index, (seg, p_l) in enumerate(self.flat.views(p)):
+        for index, (seg, (factor, prelim_sq, update_sq)) in enumerate(zip(self.flat.segments, rows)):
             if not seg.numel:
                 self.lamb_coeffs.append(0.0)
                 continue
-            group = self.param_groups[seg.group]
-            sl = slice(seg.start, seg.stop)
-            denom = v[sl].sqrt().add_(group["eps"])
-            prelim = m[sl] / denom
-            update = prelim.add(p_l, alpha=group["weight_decay"]) if group["weight_decay"] else prelim
-            factor = (denom / fresh[sl].sqrt().add_(group["eps"])).max().item()
-            if group["weight_decay"]:
-                update_norm = _norm(update)
-                ratio = min(1.0, _norm(prelim) / update_norm) if update_norm else 1.0
+            if self.param_groups[seg.group]["weight_decay"]:
+                update_norm = math.sqrt(update_sq)
+                ratio = min(1.0, math.sqrt(prelim_sq) / update_norm) if update_norm else 1.0
                 factor = factor * ratio + (1.0 - ratio)
-            last_factor = self.last_factor[index].item()
             factor = min(max(factor, self.factor_min), self.factor_max)
-            factor = min(max(factor, last_factor * (1.0 - self.factor_threshold)),
-                         last_factor * (1.0 + self.factor_threshold))
-            self.last_factor[index] = factor
-            coeff = self.coeff_freeze[index].item() * factor
-            self.lamb_coeffs.append(coeff)
-            p_l.add_(update, alpha=-group["lr"] * coeff)
+            factor = min(max(factor, last_factors[index] * (1.0 - self.factor_threshold)),
+                         last_factors[index] * (1.0 + self.factor_threshold))
+            last_factors[index] = factor
+            self.lamb_coeffs.append(frozen[index] * factor)
+        self.last_factor.copy_(torch.tensor(last_factors, dtype=torch.float64))
+        self._apply(p, update, self.lamb_coeffs)
+
+    def _adam_update(self, m: torch.Tensor, v: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """u = m / (sqrt(v) + eps) + weight_decay * p per group, in a scratch buffer."""
+        update = self.workspace.get("optim.update", p.numel(), torch.float32, p.device)
+        torch.div(m, preconditioner(self, v), out=update)
+        for group, sl in self._groups():
+            if group["weight_decay"]:
+                update[sl].add_(p[sl], alpha=group["weight_decay"])
+        return update
+
+    def _apply(self, p: torch.Tensor, update: torch.Tensor, coeffs: list[float]) -> None:
+        """p_l -= lr * coeff_l * u_l for every layer l (queued on the device; no host round trip)."""
+        for (seg, p_l), coeff in zip(self.flat.views(p), coeffs):
+            p_l.add_(update[seg.start:seg.stop], alpha=-self.param_groups[seg.group]["lr"] * coeff)
+
+    def _read_sums_of_squares(self, flats: tuple[torch.Tensor, ...]) -> list[list[float]]:
+        """Every layer's float64 sum of squares in each of ``flats`` (``codecs.sumsq``'s fixed order), by layer.
+
+        The sums are queued on the device and cross to the host together, in one transfer.
+        """
+        table = torch.empty(len(self.flat.segments), len(flats), dtype=torch.float64, device=self.flat.device)
+        for column, flat in enumerate(flats):
+            for index, (seg, view) in enumerate(self.flat.views(flat)):
+                codecs.sumsq_into(view, table[index, column:column + 1])
+        return table.tolist()
 
     def _send_scaled(self, local: torch.Tensor) -> None:
         """m = C(local * s_l) / s_l per layer (``compress="momentum"``), the scalings set at the first call."""
         if not self.scaled:
             self._set_scaling()
-        for index, (seg, local_l) in enumerate(self.flat.views(local)):
-            local_l.mul_(self.scaling_coeff[index].item())
+        scalings = self.scaling_coeff.tolist()
+        for (seg, local_l), scaling in zip(self.flat.views(local), scalings):
+            local_l.mul_(scaling)
         self.channel.average_except(local, self.exp_avg, self.exp_avg_sq == 0)
-        for index, (seg, m_l) in enumerate(self.flat.views(self.exp_avg)):
-            m_l.div_(self.scaling_coeff[index].item())
+        for (seg, m_l), scaling in zip(self.flat.views(self.exp_avg), scalings):
+            codecs.divide_(m_l, scaling)
 
     def _set_scaling(self) -> None:
         """s_l = mean_k(r_k) / r_l with r_l = ||m_l|| / sqrt(numel_l); 1 for a layer with zero momentum."""
-        ratios = [
-            _norm(m_l) / math.sqrt(seg.numel) if seg.numel else 0.0 for seg, m_l in self.flat.views(self.exp_avg)
-        ]
+        sums = self._read_sums_of_squares((self.exp_avg,))
+        ratios = [math.sqrt(total) / math.sqrt(seg.numel) if seg.numel else 0.0
+                  for seg, (total,) in zip(self.flat.segments, sums)]
         united = sum(ratios) / len(ratios)
-        for index, r in enumerate(ratios):
-            self.scaling_coeff[index] = united / r if r else 1.0
+        self.scaling_coeff.copy_(torch.tensor([united / r if r else 1.0 for r in ratios], dtype=torch.float64))
         self.scaled = True
-
-
-def _norm(tensor: torch.Tensor) -> float:
-    """||tensor||_2 in float64, summed in an order fixed by the length (the same on every rank)."""
-    return math.sqrt(codecs.sumsq(tensor))

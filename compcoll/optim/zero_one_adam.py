@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import codecs
 from ..comm import Communicator
 from .base import CompressedOptimizer, check_hyperparameters, compression_options
 from .moments import adam_step, floor_variance, preconditioner, send_preconditioned
@@ -174,12 +175,11 @@ class ZeroOneAdam(CompressedOptimizer):
         else:
             self.channel.average_except(torch.mul(acc, denom, out=sent), acc, silent)
             torch.sub(self.synced_params, acc / denom, out=p)
-        for index, (group, sl) in enumerate(self._groups()):
-            lr_sum = self.lr_sums[index].item()
+        for (group, sl), lr_sum in zip(self._groups(), self.lr_sums.tolist()):
             if lr_sum and update:
-                torch.mul(acc[sl], denom[sl], out=m[sl]).div_(lr_sum)
+                codecs.divide_(torch.mul(acc[sl], denom[sl], out=m[sl]), lr_sum)
             elif lr_sum:
-                torch.div(acc[sl], lr_sum, out=m[sl])
+                codecs.divide_(m[sl].copy_(acc[sl]), lr_sum)
         floor_variance(self, m, v)
         self.synced_params.copy_(p)
         acc.zero_()

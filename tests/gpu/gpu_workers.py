@@ -50,3 +50,77 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
                 outs, ref_hwe, ref_hse, _ = reference.hierarchical_compressed_allreduce(flat, ref_hwe, ref_hse, n)
                 assert_matches_reference(out.cpu(), outs[rank], "hierarchical compensated " + where)
                 assert_errors_match(hwe.cpu(), hse.cpu(), ref_hwe[rank], ref_hse[rank], "hierarchical " + where)
+
+
+def optimizers_on_cuda_equal_cpu(comm: compcoll.Communicator, steps: int, device: str = "cuda") -> None:
+    """Every optimizer trains CUDA parameters to the bits of the same run on CPU parameters.
+
+    Both copies get the same gradients (seeded per rank and step, a zero row and a zero
+    column that the silent-coordinate masks must keep at zero), through warmup and the
+    compressed phases; after every step the parameters, and at the end every state
+    buffer and error buffer, must be equal. (``device="cpu"`` runs the same check on two
+    CPU copies, which is how the test body is tried without a GPU.)
+    """
+    from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+
+    device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    configs = [
+        (OneBitAdam, dict(lr=1e-2, freeze_step=3, weight_decay=0.01), torch.float32),
+        (OneBitAdam, dict(lr=1e-2, freeze_step=3, compress="momentum", scale="l2"), torch.float32),
+        (OneBitAdam, dict(lr=1e-2, freeze_step=3), torch.bfloat16),
+        (OneBitLamb, dict(lr=1e-2, freeze_step=3, weight_decay=0.01), torch.float32),
+        (OneBitLamb, dict(lr=1e-2, freeze_step=3, compress="momentum", scale="l2"), torch.float32),
+        (ZeroOneAdam, dict(lr=1e-2, var_freeze_step=5, var_update_scaler=2, local_step_scaler=3,
+                           local_step_clipper=4, weight_decay=0.01), torch.float32),
+        (Birder, dict(lr=1e-3, weight_decay=0.01), torch.float32),
+    ]
+    shapes = [(20, 4), (7, 5), (5,), (3, 5), (3,)]
+    for cls, kwargs, dtype in configs:
+        init = torch.Generator().manual_seed(11)
+        values = [(torch.randn(shape, generator=init) * 0.5).to(dtype) for shape in shapes]
+        devices = (torch.device("cpu"), device)
+        copies = [[torch.nn.Parameter(v.clone().to(d)) for v in values] for d in devices]
+        opts = [cls([{"params": ps[:3]}, {"params": ps[3:], "lr": kwargs["lr"] / 2}], comm=comm, **kwargs)
+                for ps in copies]
+        where = f"{cls.__name__} {kwargs} {dtype}"
+        for step in range(steps):
+            gen = torch.Generator().manual_seed(1000 * comm.rank + step)
+            grads = [torch.randn(shape, generator=gen).to(dtype) for shape in shapes]
+            grads[0][10:] = 0.0
+            grads[1][:, 2] = 0.0
+            for d, ps, opt in zip(devices, copies, opts):
+                for p, g in zip(ps, grads):
+                    p.grad = g.to(d)
+                opt.step()
+            for a, b in zip(*copies):
+                assert torch.equal(a.detach(), b.detach().cpu()), f"{where}: parameters differ at step {step}"
+        cpu_state, cuda_state = (opt.state_dict()["state"] for opt in opts)
+        for name, buf in cpu_state["buffers"].items():
+            assert torch.equal(buf, cuda_state["buffers"][name].cpu()), f"{where}: state buffer {name}"
+        for name in ("worker_error", "server_error"):
+            if cpu_state["error_feedback"] is not None:
+                assert torch.equal(cpu_state["error_feedback"][name], cuda_state["error_feedback"][name].cpu()), \
+                    f"{where}: {name}"
+        assert cpu_state["scalars"] == cuda_state["scalars"], where
+
+
+def cupy_arrays(comm: compcoll.Communicator, steps: int) -> None:
+    """cupy in, cupy out (through DLPack, no copy): compressed_allreduce equals the reference, blocking and async."""
+    import cupy
+
+    n, rank = comm.size, comm.rank
+    for shape in ((37,), (3, 7, 11)):
+        numel = int(np.prod(shape))
+        full = compcoll.padded_numel(numel, n)
+        we, se = cupy.zeros(full, cupy.float32), cupy.zeros(full // n, cupy.float32)
+        ref_we, ref_se = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
+        for step in range(steps):
+            xs = [make_input(q, step, shape, torch.float32) for q in range(n)]
+            asynchronous = step % 2 == 1
+            got = compcoll.compressed_allreduce(cupy.asarray(xs[rank].numpy()), we, se, comm, async_op=asynchronous)
+            got = got.wait() if asynchronous else got
+            assert isinstance(got, cupy.ndarray) and got.shape == shape
+            outs, ref_we, ref_se, _ = reference.compressed_allreduce([x.reshape(-1).numpy() for x in xs], ref_we, ref_se)
+            where = f"cupy {shape} step {step}"
+            assert np.array_equal(cupy.asnumpy(got).reshape(-1), outs[rank]), where
+            assert np.array_equal(cupy.asnumpy(we), ref_we[rank]) and np.array_equal(cupy.asnumpy(se), ref_se[rank])

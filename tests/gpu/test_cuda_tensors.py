@@ -51,3 +51,18 @@ def test_mpi_ranks_sharing_the_gpu(world_size: int) -> None:
 
 def test_nccl_at_world_size_one() -> None:
     run(f"{WORKERS}:cuda_numerics", 1, "nccl", args=(SHAPES, 2))
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_optimizers_on_cuda_equal_cpu_over_mpi(world_size: int) -> None:
+    run(f"{WORKERS}:optimizers_on_cuda_equal_cpu", world_size, "mpi", args=(9,))
+
+
+def test_optimizers_on_cuda_equal_cpu_over_nccl() -> None:
+    run(f"{WORKERS}:optimizers_on_cuda_equal_cpu", 1, "nccl", args=(9,))
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_cupy_arrays_over_mpi(world_size: int) -> None:
+    pytest.importorskip("cupy")
+    run(f"{WORKERS}:cupy_arrays", world_size, "mpi", args=(4,))

@@ -32,6 +32,9 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     for power in (1, 2):
         total = cpu.compensated_power_sum(src, lut, err, numel, power)
         assert cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, power) == total, power
+    slot = cuda.cuda.device_array(1, np.float64)
+    cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, 2, into=slot)
+    assert slot.copy_to_host()[0] == total, "sum of squares into a device slot"
     scale = np.float32(np.sqrt(total) / np.sqrt(full))
     cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
     cpu.compensate_encode(src, lut, cpu_err, numel, scale, cpu_bits)
@@ -90,6 +93,9 @@ def check_tree_sum() -> None:
         values = rng.standard_normal(size) * 10.0 ** rng.integers(-8, 8, size)
         values[::7] = -0.0
         assert cuda.tree_sum(cuda.cuda.to_device(values)) == reference.tree_sum(values), f"tree_sum of {size}"
+        slots = cuda.cuda.to_device(np.full(3, np.nan))
+        assert cuda.tree_sum(cuda.cuda.to_device(values), into=slots[1:2]) is None
+        assert slots.copy_to_host()[1] == reference.tree_sum(values), f"tree_sum of {size} into a device slot"
 
 
 def main(lengths: list[int]) -> int:

@@ -60,3 +60,15 @@ def test_bad_parameters_are_refused() -> None:
         FlatParams([{"params": []}], "test")
     assert FlatParams([{"params": [torch.nn.Parameter(torch.zeros(4))]}], "t").layout_code() != \
         FlatParams([{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], "t").layout_code()
+
+
+def test_parameters_on_several_devices_or_an_unsupported_one_are_refused() -> None:
+    cpu, meta = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3, device="meta"))
+    with pytest.raises(ValueError, match=r"several devices \(cpu, meta\).*one device"):
+        FlatParams([{"params": [cpu]}, {"params": [meta]}], "test")
+    with pytest.raises(ValueError, match="on meta are not supported; use CPU or CUDA"):
+        FlatParams([{"params": [meta]}], "test")
+    sparse = torch.nn.Parameter(torch.zeros(3).to_sparse())
+    with pytest.raises(ValueError, match="dense"):
+        FlatParams([{"params": [sparse]}], "test")
+    assert FlatParams([{"params": [cpu]}], "test").device == torch.device("cpu")

@@ -14,6 +14,7 @@ from ..comm.work import Work
 from ..spec import SCALES, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
+from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
 from .onebit import serve
@@ -34,6 +35,7 @@ def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) 
     return full // ranks_per_node, full // world_size
 
 
+@accepts_arrays
 def hierarchical_allreduce(
     tensor: torch.Tensor,
     comm: Communicator | None = None,
@@ -67,7 +69,9 @@ def hierarchical_allreduce(
     rank, i), so CPU and GPU give the same bits and a run is reproduced from its seed.
 
     Args:
-        tensor: any shape, float32 / float16 / bfloat16, CPU; not modified.
+        tensor: any shape, float32 / float16 / bfloat16, on the CPU or a CUDA device; not modified.
+            A numpy or cupy array (anything that exports DLPack) works too, without a copy;
+            the result is then an array of its library (``arrays.accepts_arrays``).
         comm: the communicator; None means ``compcoll.get_default()``.
         ranks_per_node: k consecutive ranks form a node; None discovers the nodes from
             hostnames (or ``COMPCOLL_RANKS_PER_NODE``). Every rank must pass the same.
@@ -198,6 +202,7 @@ def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor
     codecs.decode(rows, scales, out.view(-1))
 
 
+@accepts_arrays
 def hierarchical_compressed_allreduce(
     tensor: torch.Tensor,
     worker_error: torch.Tensor,
@@ -227,7 +232,9 @@ def hierarchical_compressed_allreduce(
     1/k of the flat algorithm's.
 
     Args:
-        tensor: any shape, float32 / float16 / bfloat16, CPU; not modified.
+        tensor: any shape, float32 / float16 / bfloat16, on the CPU or a CUDA device; not modified.
+            A numpy or cupy array (anything that exports DLPack) works too, without a copy;
+            the result is then an array of its library (``arrays.accepts_arrays``).
         worker_error: float32, 1-D, Np / k elements (``hierarchical_error_numels``);
             updated in place.
         server_error: float32, 1-D, Np / n elements; updated in place.

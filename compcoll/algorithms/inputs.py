@@ -11,10 +11,10 @@ from ..spec import SCALES
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
     """The input is a supported torch tensor on a supported device, and ``out`` fits it."""
     if not isinstance(tensor, torch.Tensor):
-        hint = {"numpy": " (wrap a numpy array with torch.from_numpy(array): no copy)",
-                "cupy": " (wrap a cupy array with torch.from_dlpack(array): no copy)"}.get(
-            type(tensor).__module__.split(".")[0], "")
-        raise TypeError(f"{what}: tensor must be a torch.Tensor, got {type(tensor).__name__}{hint}")
+        raise TypeError(
+            f"{what}: tensor must be a torch.Tensor or an array that exports DLPack (numpy, cupy), got "
+            f"{type(tensor).__module__}.{type(tensor).__name__}"
+        )
     if tensor.dtype not in codecs.SUPPORTED_DTYPES:
         raise TypeError(f"{what}: tensor dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16")
     if out is not None and (
@@ -34,7 +34,8 @@ def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> N
 def check_error_buffer(what: str, name: str, buf: torch.Tensor, tensor: torch.Tensor) -> None:
     """An error-feedback buffer is a contiguous 1-D float32 tensor on the input's device."""
     if not isinstance(buf, torch.Tensor):
-        raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(buf).__name__}")
+        raise TypeError(f"{what}: {name} must be a torch.Tensor or a writable array that exports DLPack (numpy, "
+                        f"cupy), got {type(buf).__module__}.{type(buf).__name__}")
     if buf.dtype != torch.float32:
         raise TypeError(f"{what}: {name} must be float32, got {buf.dtype}")
     if buf.device != tensor.device:

@@ -13,6 +13,7 @@ from ..comm.work import Work
 from ..spec import SCALES, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
+from .arrays import accepts_arrays
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
 from .pipeline import default_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
@@ -20,6 +21,7 @@ from .plan import Plan, cached_plan, check_owner
 PROTOCOLS = ("gather_scatter", "allgather")
 
 
+@accepts_arrays
 def compressed_allreduce(
     tensor: torch.Tensor,
     worker_error: torch.Tensor,
@@ -59,7 +61,9 @@ def compressed_allreduce(
     gather-scatter at n = 2 and is more precise there.
 
     Args:
-        tensor: any shape, float32 / float16 / bfloat16, CPU; not modified.
+        tensor: any shape, float32 / float16 / bfloat16, on the CPU or a CUDA device; not modified.
+            A numpy or cupy array (anything that exports DLPack) works too, without a copy;
+            the result is then an array of its library (``arrays.accepts_arrays``).
         worker_error: float32, 1-D, length Np, same device; updated in place.
         server_error: float32, 1-D, length Np // n, same device; updated in place.
         comm: the communicator; None means ``compcoll.get_default()``.

@@ -130,7 +130,9 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
 
     sent = comm.bytes_sent
     _expect(TypeError, "int32", car, x.to(torch.int32), we, se, comm)
-    _expect(TypeError, "got ndarray (wrap a numpy array with torch.from_numpy(array)", car, x.numpy(), we, se, comm)
+    read_only = np.frombuffer(we.numpy().tobytes(), np.float32)
+    _expect(TypeError, "worker_error must be a torch.Tensor or a writable array", car, x, read_only, se, comm)
+    _expect(TypeError, "or an array that exports DLPack (numpy, cupy), got builtins.list", car, [1.0], we, se, comm)
     _expect(TypeError, "float64", car, x.double(), we, se, comm)
     _expect(TypeError, "worker_error must be float32", car, x, we.half(), se, comm)
     _expect(ValueError, f"{full} elements", car, x, we[:-8], se, comm)
@@ -141,7 +143,7 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "scale 'linf' is not one of ('l2', 'l1')", car, x, we, se, comm, scale="linf")
     _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
     refusal = (n - 1) * (8 * RECORD + MESSAGE_BYTES)
-    assert comm.bytes_sent - sent == 11 * refusal, "a refused call sent more than its two fixed-size rounds"
+    assert comm.bytes_sent - sent == 12 * refusal, "a refused call sent more than its two fixed-size rounds"
 
     saved = we.clone(), se.clone()
 

@@ -64,9 +64,12 @@ def test_functional_calls_keep_a_bounded_number_of_plans() -> None:
     assert cached_plans(comm) == MAX_CACHED_PLANS
 
 
-def test_arrays_are_refused_with_how_to_wrap_them() -> None:
-    """numpy and cupy arrays get a TypeError saying how to wrap them without a copy (cupy: its type's module)."""
+def test_objects_that_give_no_dlpack_view_are_refused_saying_what_works() -> None:
+    """A cupy-like object without DLPack, a list, a read-only error buffer: a TypeError naming what is accepted."""
     cupy_like = type("ndarray", (), {"__module__": "cupy._core.core"})
-    for array, hint in ((np.zeros(8, np.float32), "torch.from_numpy"), (cupy_like(), "torch.from_dlpack")):
-        with pytest.raises(TypeError, match=hint):
+    for array, name in ((cupy_like(), "cupy._core.core.ndarray"), ([0.0] * 8, "builtins.list")):
+        with pytest.raises(TypeError, match=f"torch.Tensor or an array that exports DLPack .numpy, cupy., got {name}"):
             compressed_allreduce(array, torch.zeros(8), torch.zeros(8), SingleComm())
+    read_only = np.frombuffer(np.zeros(8, np.float32).tobytes(), np.float32)
+    with pytest.raises(TypeError, match="server_error must be a torch.Tensor or a writable array"):
+        compressed_allreduce(np.ones(8, np.float32), torch.zeros(8), read_only, SingleComm())

@@ -1,0 +1,90 @@
+"""Arrays of other libraries (numpy, cupy: anything that exports DLPack) as zero-copy torch views, results handed back."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from typing import Any, Callable, TypeVar
+
+import torch
+
+from ..comm.work import Work
+
+F = TypeVar("F", bound=Callable[..., Any])
+ARRAY_ARGUMENTS = ("tensor", "worker_error", "server_error", "out")
+
+
+def accepts_arrays(function: F) -> F:
+    """Let an allreduce take numpy / cupy arrays where it takes tensors, and return the caller's type.
+
+    1. If ``tensor`` is a torch tensor, call ``function`` unchanged.
+    2. Otherwise view ``tensor`` and any of ``worker_error``, ``server_error`` and ``out``
+       that are not tensors through ``torch.from_dlpack`` (no copy; on CUDA, torch's
+       stream waits for the producer's). An argument that cannot be viewed (or one the
+       call writes that is read-only) is passed on
+       as it is, so that the call's own checks refuse it in the ranks' agreement round
+       (a ``TypeError`` here, ``RemoteError`` on the other ranks), never a hang.
+    3. Return the result as an array of ``tensor``'s library viewing the same memory
+       (``out``'s, when given): numpy through ``Tensor.numpy()``, others through their
+       ``from_dlpack`` (which orders their stream after torch's). With ``async_op`` the
+       ``Work``'s ``wait()`` and future hand back that array. Error buffers passed as
+       arrays are updated in place, as tensors are.
+    """
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        source = bound.arguments["tensor"]
+        if isinstance(source, torch.Tensor):
+            return function(*args, **kwargs)
+        for name in ARRAY_ARGUMENTS:
+            value = bound.arguments.get(name)
+            if value is not None and not isinstance(value, torch.Tensor):
+                bound.arguments[name] = _view(value, written=name != "tensor")
+        result = function(*bound.args, **bound.kwargs)
+        library = sys.modules.get(type(source).__module__.split(".")[0])
+        if isinstance(result, Work):
+            return ArrayWork(result, library)
+        return to_library(result, library)
+
+    return call  # type: ignore[return-value]
+
+
+def _view(array: Any, written: bool) -> Any:
+    """A torch view of ``array`` through DLPack, or ``array`` itself when it has none to give.
+
+    An array the call writes (``written``) that says it is read-only (numpy's
+    ``flags.writeable``) is not viewed: torch would write through DLPack regardless.
+    """
+    if written and not getattr(getattr(array, "flags", None), "writeable", True):
+        return array
+    try:
+        return torch.from_dlpack(array)
+    except (AttributeError, BufferError, RuntimeError, TypeError, ValueError):
+        return array
+
+
+def to_library(tensor: torch.Tensor, library: Any) -> Any:
+    """``tensor`` as an array of ``library`` (a module) viewing the same memory."""
+    if library is not None and library.__name__ == "numpy" and tensor.device.type == "cpu":
+        return tensor.numpy()
+    return library.from_dlpack(tensor)
+
+
+class ArrayWork(Work):
+    """A ``Work`` whose result is handed back as an array of the caller's library (``accepts_arrays``)."""
+
+    def __init__(self, work: Work, library: Any) -> None:
+        self._work = work
+        self._library = library
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return to_library(self._work.wait(timeout), self._library)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future().then(lambda done: to_library(done.value(), self._library))

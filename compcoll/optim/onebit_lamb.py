@@ -142,8 +142,9 @@ class OneBitLamb(CompressedOptimizer):
         last = self.workspace.get("optim.last", m.numel(), torch.float32, m.device)
         last.copy_(m)
         local = local_momentum(self, grad, m)
+        denom = preconditioner(self, v)  # v is frozen: one denominator serves the whole step
         if self.compress == "update":
-            send_preconditioned(self.channel, local, m, preconditioner(self, v), v == 0)
+            send_preconditioned(self.channel, local, m, denom, v == 0)
         else:
             self._send_scaled(local)
         for group, sl in self._groups():
@@ -151,7 +152,6 @@ class OneBitLamb(CompressedOptimizer):
             rebuilt = codecs.divide_(m[sl] - last[sl] * b1, 1 - b1)
             fresh[sl].mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
         factors = last  # free from here on: it holds denominator / (sqrt(v_fresh) + eps)
-        denom = preconditioner(self, v)
         torch.div(denom, preconditioner(self, fresh, factors), out=factors)
         table = torch.zeros(len(self.flat.segments), 3, dtype=torch.float64, device=p.device)
         update = self.workspace.get("optim.update", p.numel(), torch.float32, p.device)

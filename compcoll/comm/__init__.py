@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
-from .base import Communicator
+from .base import Communicator, default_timeout
 from .single import SingleComm
 
 _MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
@@ -46,7 +47,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
     3. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
     4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
        ``COMPCOLL_TORCH_BACKEND`` backend if set, else NCCL if CUDA is available (on the
-       GPU ``LOCAL_RANK``), else Gloo) and TorchComm;
+       GPU ``LOCAL_RANK``), else Gloo; the group's timeout is ``timeout``, which bounds
+       NCCL collectives) and TorchComm;
     5. srun (SLURM_NTASKS > 1) -> MPIComm;
     6. otherwise a SingleComm of size 1.
     Under MPI it also makes an uncaught exception on any rank end the job at once
@@ -90,7 +92,7 @@ def _init_torch(timeout: float | None) -> Communicator:
                     f"none (torch.cuda.is_available() is False); use {TORCH_BACKEND_ENV}=gloo on CPUs"
                 )
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(seconds=default_timeout() if timeout is None else timeout))
     return TorchComm(timeout=timeout)
 
 

@@ -18,14 +18,14 @@ class TorchComm(Communicator):
     """A Communicator over a torch.distributed ProcessGroup.
 
     Collectives are issued with ``async_op=True`` and returned as a ``TorchWork``, waited
-    on within ``timeout`` seconds,
-    using ``all_to_all_single`` and ``all_gather_single`` (``all_gather_into_tensor`` before
-    torch 2.13), the flat-tensor forms NCCL is fastest at; over Gloo the all-to-all (and a
-    2-rank all-gather) is point-to-point pairs with the receives posted first
-    (``_pairwise``). CUDA tensors go to NCCL as they are (NCCL orders its work after
-    torch's current stream); a tensor on the other kind of device than the backend moves
-    (NCCL: the small CPU metadata of an agreement; Gloo: CUDA tensors) is copied to the
-    backend's device and back.
+    on within ``timeout`` seconds (NCCL's in stream order, bounded by the group's own
+    timeout; ``TorchWork._block``), using ``all_to_all_single`` and ``all_gather_single``
+    (``all_gather_into_tensor`` before torch 2.13), the flat-tensor forms NCCL is fastest
+    at; over Gloo the all-to-all (and a 2-rank all-gather) is point-to-point pairs with
+    the receives posted first (``_pairwise``). CUDA tensors go to NCCL as they are (NCCL
+    orders its work after torch's current stream); a tensor on the other kind of device
+    than the backend moves (NCCL: the small CPU metadata of an agreement; Gloo: CUDA
+    tensors) is copied to the backend's device and back.
 
     Args:
         group: a ProcessGroup; None means the default (WORLD) group, which must be initialised.
@@ -155,6 +155,20 @@ class TorchWork(PendingWork):
         return self._late
 
     def _block(self, seconds: float) -> bool:
+        """Wait for every work: NCCL's in stream order, the others on the host within ``seconds``.
+
+        1. NCCL: ``work.wait()`` with no timeout makes the current CUDA stream wait for
+           the collective and returns at once; with a timeout it would hold this thread
+           polling until the GPU finishes. A hung NCCL collective is ended by the process
+           group's watchdog after the group's own timeout (``compcoll.init`` sets it to
+           the communicator's), which aborts the job on every rank.
+        2. Otherwise wait on each work in turn until the deadline; a timeout names the
+           ranks whose receives had not completed, a failure the peer behind it.
+        """
+        if self._comm.backend == "nccl":
+            for work in self._works:
+                work.wait()
+            return True
         deadline = time.monotonic() + seconds
         for index, work in enumerate(self._works):
             try:

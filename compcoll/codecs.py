@@ -80,7 +80,8 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     re-entrant), each on all of Numba's threads (serially below ``SERIAL_BELOW`` elements
     of ``tensor``), with the GIL released.
 
-    CUDA kernels that need temporaries take them from torch's caching allocator on the
+    CUDA kernels run in the context of ``tensor``'s GPU, whichever GPU is Numba's current
+    one, and those that need temporaries take them from torch's caching allocator on the
     same stream (numba's own allocator would cudaMalloc and free them on every call).
     """
     if tensor.device.type == "cpu":
@@ -95,7 +96,8 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
 
     stream = cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
     extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
-    return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
+    with cuda.gpus[tensor.device.index]:
+        return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
 
 
 def _torch_empty(device: torch.device):

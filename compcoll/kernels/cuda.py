@@ -33,13 +33,15 @@ _ROWS_PER_BLOCK = BLOCK // LANES
 
 
 @lru_cache(maxsize=None)
-def _no_table():
+def _no_table(device: int):
+    """A one-element stand-in table on GPU ``device``."""
     return cuda.to_device(np.zeros(1, np.float32))
 
 
 def _table(lut):
-    """The lookup table, or a one-element stand-in when there is none (kernels take no None arguments)."""
-    return _no_table() if lut is None else lut
+    """The lookup table, or a one-element stand-in on the current GPU when there is none (kernels take no None
+    arguments)."""
+    return _no_table(cuda.gpus.current.id) if lut is None else lut
 
 
 def _grid(work: int) -> int:

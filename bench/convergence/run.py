@@ -12,7 +12,9 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 2. Baselines: torch.optim.Adam on the exact average of the gradients every step, and
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step). The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
-   the l2 scale), beside the defaults (the update direction m / (sqrt(v) + eps)).
+   the l2 scale), beside the defaults (the update direction m / (sqrt(v) + eps)). "1-bit
+   Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights) and is
+   compared with the float32 "1-bit Adam" run.
    With ``--deepspeed`` (needs ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own
    OnebitAdam runs too, in its engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with
    1-bit Adam's settings.
@@ -42,6 +44,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
     return [
         dict(name="Adam", optimizer="Adam", kwargs=dict(lr=lr, eps=eps), baseline=None),
         dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam", kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
+        dict(name="1-bit Adam bf16", optimizer="OneBitAdam", baseline="1-bit Adam", dtype="bfloat16",
+             kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit Adam m", optimizer="OneBitAdam", baseline="Adam",
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
         dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam",
@@ -120,7 +124,7 @@ def report(results: list[dict], args) -> str:
         f"inter = the part sent to other nodes",
         "# reduction = bytes of the uncompressed allreduce every step (the Adam run) / bytes of the run; - where "
         "compcoll's counters do not see the traffic (DeepSpeed's)",
-        f"{'run':<13}{'final loss':>11}{columns}{'vs base':>9}{'MB/rank':>10}{'reduction':>11}"
+        f"{'run':<16}{'final loss':>11}{columns}{'vs base':>9}{'MB/rank':>10}{'reduction':>11}"
         + (f"{'inter MB':>10}{'inter red.':>11}" if nodes > 1 else ""),
     ]
     for r in results:
@@ -138,7 +142,7 @@ def report(results: list[dict], args) -> str:
         volume = f"{sent / 1e6:>10.2f}{uncompressed / sent:>10.1f}x" if sent else f"{'-':>10}{'-':>11}"
         if nodes > 1:
             volume += f"{inter / 1e6:>10.2f}{inter_uncompressed / inter:>10.1f}x" if inter else f"{'-':>10}{'-':>11}"
-        lines.append(f"{r['name']:<13}{curve[-1]['train_loss']:>11.4f}{metric}{gap:>9}{volume}")
+        lines.append(f"{r['name']:<16}{curve[-1]['train_loss']:>11.4f}{metric}{gap:>9}{volume}")
     return "\n".join(lines)
 
 

@@ -28,14 +28,21 @@ def make_model(hidden: int) -> torch.nn.Module:
     )
 
 
+def parameter_dtype(config: dict) -> torch.dtype:
+    """The model's parameter dtype: ``config["dtype"]`` ("float32", the default, or "bfloat16", "float16")."""
+    return getattr(torch, config.get("dtype", "float32"))
+
+
 class Digits:
-    """An MLP 64-hidden-hidden-10 on the digits; metric: test accuracy."""
+    """An MLP 64-hidden-hidden-10 on the digits (parameters and pixels in the config's dtype); metric: test accuracy."""
 
     metric = "test_accuracy"
 
     def __init__(self, config: dict) -> None:
-        self.x_train, self.y_train, self.x_test, self.y_test = load_digits()
-        self.model = make_model(config["hidden"])
+        dtype = parameter_dtype(config)
+        x_train, self.y_train, x_test, self.y_test = load_digits()
+        self.x_train, self.x_test = x_train.to(dtype), x_test.to(dtype)
+        self.model = make_model(config["hidden"]).to(dtype)
         rng = np.random.default_rng(config["seed"])
         epochs = config["steps"] * config["batch"] // len(self.y_train) + 2
         self.order = np.concatenate([rng.permutation(len(self.y_train)) for _ in range(epochs)])
@@ -45,12 +52,12 @@ class Digits:
         """This rank's share (1/size) of global batch ``step``."""
         per_rank = self.batch // size
         index = self.order[step * self.batch:(step + 1) * self.batch][rank * per_rank:(rank + 1) * per_rank]
-        return torch.nn.functional.cross_entropy(self.model(self.x_train[index]), self.y_train[index])
+        return torch.nn.functional.cross_entropy(self.model(self.x_train[index]).float(), self.y_train[index])
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """The loss on the whole training set and the test accuracy."""
-        loss = torch.nn.functional.cross_entropy(self.model(self.x_train), self.y_train).item()
+        loss = torch.nn.functional.cross_entropy(self.model(self.x_train).float(), self.y_train).item()
         accuracy = (self.model(self.x_test).argmax(dim=1) == self.y_test).float().mean().item()
         return {"train_loss": loss, "test_accuracy": accuracy}
 
@@ -86,6 +93,8 @@ class CausalLM(torch.nn.Module):
 class TextLM:
     """Next-byte prediction on Python's docs: the first 90% trains, the last 10% validates; metric: validation loss.
 
+    The parameters are in the config's dtype; the loss is taken in float32.
+
     Each global batch is ``batch`` windows of ``context`` + 1 bytes at random offsets of the
     training part (the same offsets in every run); rank r takes its 1/size of them.
     """
@@ -98,7 +107,7 @@ class TextLM:
         self.train_text, self.val_text = text[:cut], text[cut:]
         self.context, self.batch = config["context"], config["batch"]
         torch.manual_seed(0)
-        self.model = CausalLM(config["hidden"], config["layers"], self.context)
+        self.model = CausalLM(config["hidden"], config["layers"], self.context).to(parameter_dtype(config))
         rng = np.random.default_rng(config["seed"])
         self.offsets = rng.integers(0, cut - self.context - 1, size=(config["steps"], self.batch))
         starts = np.linspace(0, len(self.val_text) - self.context - 1, 64).astype(np.int64)
@@ -108,7 +117,7 @@ class TextLM:
 
     def _loss(self, windows: torch.Tensor) -> torch.Tensor:
         logits = self.model(windows[:, :-1])
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), windows[:, 1:].reshape(-1))
 
     def loss(self, step: int, rank: int, size: int) -> torch.Tensor:
         per_rank = self.batch // size

@@ -8,7 +8,9 @@ Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of abs
 values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
 elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
 coalesce), then the block-major lane sums are combined by the same pairwise tree, in
-log2 launches on the device; only the final float64 crosses to the host. 16-bit inputs
+log2 launches on the device; only the final float64 crosses to the host. The encoders
+read and write elements coalesced and stage a tile's signs in shared memory before each
+thread packs one byte; decoding goes row by row, one thread per element. 16-bit inputs
 arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No kernel takes a
 None argument: each is built per variant (with or without a table, with or without a base
 vector, power 1 or 2) and cached.
@@ -30,6 +32,8 @@ MAX_BLOCKS = 4096
 TAIL = 4096
 TAIL_THREADS = 512
 _ROWS_PER_BLOCK = BLOCK // LANES
+TILE = 8 * THREADS
+"""Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 
 
 @lru_cache(maxsize=None)
@@ -57,6 +61,15 @@ def _device_empty(size: int, dtype, stream=0):
 _LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
 _power = cuda.jit(device=True)(scalar.power)
+
+
+@cuda.jit(device=True)
+def _pack(signs, first):
+    """The byte of signs[first:first + 8] (0 or 1 each), the first in the most significant bit."""
+    byte = 0
+    for j in range(8):
+        byte |= signs[first + j] << (7 - j)
+    return byte
 
 
 @cuda.jit
@@ -152,23 +165,38 @@ def _compensate_encode(with_lut: bool):
 
     @cuda.jit
     def kernel(src, lut, err, n_src, scale, bits):
-        for k in range(cuda.grid(1), bits.size, cuda.gridsize(1)):
-            byte = 0
+        signs = cuda.shared.array(TILE, np.uint8)
+        lane = cuda.threadIdx.x
+        n = err.size
+        for tile in range(cuda.blockIdx.x, -(-bits.size // THREADS), cuda.gridDim.x):
+            base = tile * TILE
             for j in range(8):
-                i = 8 * k + j
-                x = err[i] + load(src, lut, i) if i < n_src else err[i]
-                if x >= 0:
-                    byte |= 1 << (7 - j)
-                    err[i] = x - scale
-                else:
-                    err[i] = x + scale
-            bits[k] = byte
+                e = j * THREADS + lane
+                i = base + e
+                if i < n:
+                    x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                    if x >= 0:
+                        signs[e] = 1
+                        err[i] = x - scale
+                    else:
+                        signs[e] = 0
+                        err[i] = x + scale
+            cuda.syncthreads()
+            k = tile * THREADS + lane
+            if k < bits.size:
+                bits[k] = _pack(signs, 8 * lane)
+            cuda.syncthreads()
 
     return kernel
 
 
 def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
-    """One pass per packed byte: x = err + src; bit = x >= 0; err = x -+ scale (float32), as the CPU kernel."""
+    """x = err + src; bit = x >= 0; err = x -+ scale (float32), as the CPU kernel.
+
+    A block takes a tile of ``TILE`` elements: thread l reads and writes elements
+    l, l + THREADS, ... (neighbouring threads, neighbouring elements: coalesced), keeps
+    their signs in shared memory, then packs byte l of the tile from elements 8l..8l+7.
+    """
     _compensate_encode(lut is not None)[_grid(bits.size), THREADS, stream](
         src, _table(lut), err, n_src, np.float32(scale), bits
     )
@@ -217,19 +245,23 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_de
 
 @cuda.jit
 def _select_decode(bits, positive, negative, out, n_out):
-    row_len = bits.shape[1] * 8
-    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-        r = i // row_len
-        k = i - r * row_len
-        out[i] = positive[r] if (bits[r, k >> 3] >> (7 - (k & 7))) & 1 else negative[r]
+    rows, row_bytes = bits.shape
+    row_len = row_bytes * 8
+    for r in range(rows):
+        lo = r * row_len
+        hi = min(lo + row_len, n_out)
+        high, low = positive[r], negative[r]
+        for k in range(cuda.grid(1), hi - lo, cuda.gridsize(1)):
+            out[lo + k] = high if (bits[r, k >> 3] >> (7 - (k & 7))) & 1 else low
 
 
 def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out.
 
-    One thread per element, so that neighbouring threads write neighbouring elements.
+    Row by row, one thread per element of the row, so that neighbouring threads write
+    neighbouring elements and no thread divides to find its row.
     """
-    _select_decode[_grid(n_out), THREADS, stream](bits, positive, negative, out, n_out)
+    _select_decode[_grid(min(n_out, bits.shape[1] * 8)), THREADS, stream](bits, positive, negative, out, n_out)
 
 
 @lru_cache(maxsize=None)
@@ -305,24 +337,33 @@ def _randomized_encode(with_lut: bool):
 
     @cuda.jit
     def kernel(src, lut, n_src, scales, key, start, bits):
+        signs = cuda.shared.array(TILE, np.uint8)
+        lane = cuda.threadIdx.x
         rows, row_bytes = bits.shape
-        for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
-            r = t // row_bytes
-            scale = np.float64(scales[r])
-            first = t * 8
-            byte = 0
+        total = rows * row_bytes
+        row_len = row_bytes * 8
+        for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
+            base = tile * TILE
             for j in range(8):
-                i = first + j
-                x = np.float64(load(src, lut, i)) if i < n_src else 0.0
-                if x > _threshold(key, start + i) * scale:
-                    byte |= 1 << (7 - j)
-            bits[r, t % row_bytes] = byte
+                e = j * THREADS + lane
+                i = base + e
+                if i < total * 8:
+                    x = np.float64(load(src, lut, i)) if i < n_src else 0.0
+                    signs[e] = 1 if x > _threshold(key, start + i) * np.float64(scales[i // row_len]) else 0
+            cuda.syncthreads()
+            t = tile * THREADS + lane
+            if t < total:
+                bits[t // row_bytes, t % row_bytes] = _pack(signs, 8 * lane)
+            cuda.syncthreads()
 
     return kernel
 
 
 def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> None:
-    """bits[r] <- Birder's binary randomization of row r of x: bit i set when x_i > t_i * scale_r, as the CPU kernel."""
+    """bits[r] <- Birder's binary randomization of row r of x: bit i set when x_i > t_i * scale_r, as the CPU kernel.
+
+    Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory.
+    """
     _randomized_encode(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
         src, _table(lut), n_src, scales, np.uint64(key), start, bits
     )

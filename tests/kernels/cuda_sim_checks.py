@@ -107,6 +107,11 @@ def main(lengths: list[int]) -> int:
         for numel in lengths:
             for world in (1, 3):
                 check(numel, world, dtype)
+    cuda.MAX_BLOCKS, blocks = 2, cuda.MAX_BLOCKS  # grid-stride loops: several tiles and lanes per block
+    try:
+        check(max(lengths), 3, torch.float16)
+    finally:
+        cuda.MAX_BLOCKS = blocks
     print(f"cuda kernels == cpu kernels on lengths {lengths}, world 1 and 3, float32/float16/bfloat16")
     return 0
 

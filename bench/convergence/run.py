@@ -12,7 +12,8 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 2. Baselines: torch.optim.Adam on the exact average of the gradients every step, and
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step). The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
-   the l2 scale), beside the defaults (the update direction m / (sqrt(v) + eps)). "1-bit
+   the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
+   the defaults (the update direction m / (sqrt(v) + eps)). "1-bit
    Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights) and is
    compared with the float32 "1-bit Adam" run.
    With ``--deepspeed`` (needs ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own
@@ -56,7 +57,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
         dict(name="1-bit LAMB", optimizer="OneBitLamb", baseline="LAMB",
              kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit LAMB m", optimizer="OneBitLamb", baseline="LAMB",
-             kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
+             kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2",
+                         trust_ratio="frozen")),
         *peer,
     ]
 

@@ -397,11 +397,18 @@ def _norm(t: torch.Tensor) -> float:
     return math.sqrt(reference.sumsq(t.numpy()))
 
 
-def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str = "update", scale: str = "l1") -> None:
+def _trust_ratio(p: torch.Tensor, update: torch.Tensor) -> float:
+    """LAMB's clipped ||p|| / ||u|| at OneBitLamb's default clip [0.01, 10]; 1 where either norm is 0."""
+    w, u = _norm(p), _norm(update)
+    return min(max(w / u, 0.01), 10.0) if w and u else 1.0
+
+
+def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str = "update", scale: str = "l1",
+                          trust_ratio: str = "fresh") -> None:
     """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression."""
     n, wd, lr, fs = comm.size, 0.01, CONFIGS["OneBitLamb"][1]["lr"], CONFIGS["OneBitLamb"][1]["freeze_step"]
     b1, b2, eps, cb, fmin, fmax, thr = 0.9, 0.999, 1e-8, 0.9, 0.5, 4.0, 0.1
-    model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale)
+    model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale, trust_ratio=trust_ratio)
     torch.manual_seed(100)
     sim = Net()
     p = flat_params(sim).clone()
@@ -425,8 +432,7 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
                 fresh = v.clone()
             for i, sl in enumerate(layers):
                 update = (m[sl] / v[sl].sqrt().add_(eps)).add_(p[sl], alpha=wd)
-                w, u = _norm(p[sl]), _norm(update)
-                coeff = min(max(w / u, 0.01), 10.0) if w and u else 1.0
+                coeff = _trust_ratio(p[sl], update)
                 if coeff != 1.0:
                     frozen[i] = cb * frozen[i] + (1 - cb) * coeff
                 p[sl].add_(update, alpha=-lr * coeff)
@@ -445,18 +451,23 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
                 m = _onebit(locals_, we, se, v == 0, scale=scale)
                 for sl, s in zip(layers, scaling):
                     m[sl].div_(s)
-            rebuilt = (m - last * b1) / (1 - b1)
-            fresh.mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
-            for i, sl in enumerate(layers):
-                denom = v[sl].sqrt().add_(eps)
-                prelim = m[sl] / denom
-                update = prelim.add(p[sl], alpha=wd)
-                factor = (denom / fresh[sl].sqrt().add_(eps)).max().item()
-                ratio = min(1.0, _norm(prelim) / _norm(update))
-                factor = min(max(factor * ratio + (1.0 - ratio), fmin), fmax)
-                factor = min(max(factor, last_factor[i] * (1 - thr)), last_factor[i] * (1 + thr))
-                last_factor[i] = factor
-                p[sl].add_(update, alpha=-lr * frozen[i] * factor)
+            if trust_ratio == "fresh":
+                for sl in layers:
+                    update = (m[sl] / v[sl].sqrt().add_(eps)).add_(p[sl], alpha=wd)
+                    p[sl].add_(update, alpha=-lr * _trust_ratio(p[sl], update))
+            else:
+                rebuilt = (m - last * b1) / (1 - b1)
+                fresh.mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
+                for i, sl in enumerate(layers):
+                    denom = v[sl].sqrt().add_(eps)
+                    prelim = m[sl] / denom
+                    update = prelim.add(p[sl], alpha=wd)
+                    factor = (denom / fresh[sl].sqrt().add_(eps)).max().item()
+                    ratio = min(1.0, _norm(prelim) / _norm(update))
+                    factor = min(max(factor * ratio + (1.0 - ratio), fmin), fmax)
+                    factor = min(max(factor, last_factor[i] * (1 - thr)), last_factor[i] * (1 + thr))
+                    last_factor[i] = factor
+                    p[sl].add_(update, alpha=-lr * frozen[i] * factor)
         train(comm, model, opt, range(step, step + 1))
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
         assert np.array_equal(opt.channel.server_error.numpy(), se[comm.rank]), f"step {step}: server error"

@@ -44,6 +44,8 @@ def test_phase_options_are_checked() -> None:
         OneBitAdam(_model().parameters(), eps=0.0, comm=comm)
     with pytest.raises(ValueError, match="freeze_step"):
         OneBitLamb(_model().parameters(), freeze_step=0, comm=comm)
+    with pytest.raises(ValueError, match="trust_ratio must be one of fresh, frozen, got 'stale'"):
+        OneBitLamb(_model().parameters(), trust_ratio="stale", comm=comm)
     with pytest.raises(ValueError, match="local_step_clipper"):
         ZeroOneAdam(_model().parameters(), local_step_clipper=0, comm=comm)
 

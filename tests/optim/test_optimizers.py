@@ -92,6 +92,7 @@ def test_onebit_lamb_matches_simulation(world_size: int) -> None:
     run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(10,))
 
 
-@pytest.mark.parametrize("compress, scale", [("momentum", "l2"), ("update", "l2")])
-def test_onebit_lamb_options_match_simulation(compress: str, scale: str) -> None:
-    run(f"{WORKERS}:onebit_lamb_reference", 3, "mpi", args=(10, compress, scale))
+@pytest.mark.parametrize("compress, scale, trust_ratio",
+                         [("momentum", "l2", "frozen"), ("update", "l2", "fresh"), ("update", "l1", "frozen")])
+def test_onebit_lamb_options_match_simulation(compress: str, scale: str, trust_ratio: str) -> None:
+    run(f"{WORKERS}:onebit_lamb_reference", 3, "mpi", args=(10, compress, scale, trust_ratio))

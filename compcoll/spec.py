@@ -6,6 +6,8 @@ both import them from here; docs/architecture.md ("Exact numerics") says where e
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 LANES = 32
@@ -38,8 +40,8 @@ def scale_from(total: float, d: int, scale: str) -> np.float32:
     """
     if d == 0:
         return np.float32(0.0)
-    if scale == "l2":
-        return np.float32(np.sqrt(total) / np.sqrt(d))
+    if scale == "l2":  # math.sqrt and np.sqrt are both IEEE's correctly rounded float64 root; math's is faster
+        return np.float32(math.sqrt(total) / math.sqrt(d)) if total >= 0 else np.float32(np.nan)
     return np.float32(total / d)
 
 

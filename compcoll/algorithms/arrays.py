@@ -18,7 +18,8 @@ ARRAY_ARGUMENTS = ("tensor", "worker_error", "server_error", "out")
 def accepts_arrays(function: F) -> F:
     """Let an allreduce take numpy / cupy arrays where it takes tensors, and return the caller's type.
 
-    1. If ``tensor`` is a torch tensor, call ``function`` unchanged.
+    1. If ``tensor`` (the first parameter) is a torch tensor, call ``function`` unchanged
+       (no argument binding: this is every tensor call's path).
     2. Otherwise view ``tensor`` and any of ``worker_error``, ``server_error`` and ``out``
        that are not tensors through ``torch.from_dlpack`` (no copy; on CUDA, torch's
        stream waits for the producer's). An argument that cannot be viewed (or one the
@@ -32,13 +33,15 @@ def accepts_arrays(function: F) -> F:
        arrays are updated in place, as tensors are.
     """
     signature = inspect.signature(function)
+    if next(iter(signature.parameters)) != "tensor":
+        raise TypeError(f"accepts_arrays: {function.__name__}'s first parameter must be 'tensor'")
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if isinstance(args[0] if args else kwargs.get("tensor"), torch.Tensor):
+            return function(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         source = bound.arguments["tensor"]
-        if isinstance(source, torch.Tensor):
-            return function(*args, **kwargs)
         for name in ARRAY_ARGUMENTS:
             value = bound.arguments.get(name)
             if value is not None and not isinstance(value, torch.Tensor):

@@ -47,8 +47,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
     3. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
     4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
        ``COMPCOLL_TORCH_BACKEND`` backend if set, else NCCL if CUDA is available (on the
-       GPU ``LOCAL_RANK``), else Gloo; the group's timeout is ``timeout``, which bounds
-       NCCL collectives) and TorchComm;
+       GPU ``LOCAL_RANK``), else Gloo; an NCCL group's timeout is ``timeout``, which
+       bounds its collectives) and TorchComm;
     5. srun (SLURM_NTASKS > 1) -> MPIComm;
     6. otherwise a SingleComm of size 1.
     Under MPI it also makes an uncaught exception on any rank end the job at once
@@ -92,7 +92,10 @@ def _init_torch(timeout: float | None) -> Communicator:
                     f"none (torch.cuda.is_available() is False); use {TORCH_BACKEND_ENV}=gloo on CPUs"
                 )
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        dist.init_process_group(backend, timeout=timedelta(seconds=default_timeout() if timeout is None else timeout))
+            seconds = default_timeout() if timeout is None else timeout  # NCCL's watchdog bounds its collectives
+            dist.init_process_group(backend, timeout=timedelta(seconds=seconds))
+        else:
+            dist.init_process_group(backend)
     return TorchComm(timeout=timeout)
 
 

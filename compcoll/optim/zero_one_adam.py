@@ -7,7 +7,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator
 from .base import CompressedOptimizer, check_hyperparameters, compression_options
-from .moments import adam_step, floor_variance, preconditioner, send_preconditioned
+from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
 
 
 class ZeroOneAdam(CompressedOptimizer):
@@ -17,9 +17,11 @@ class ZeroOneAdam(CompressedOptimizer):
     1. Variance phase (s <= var_freeze_step). If s is a multiple of ``var_interval``:
        g_avg = exact average of g over ranks, v = b2*v + (1-b2)*g_avg^2,
        m = b1*m + (1-b1)*g_avg; after ``var_update_scaler`` such refreshes the interval
-       doubles. Otherwise m = b1*m + (1-b1)*g~ with g~ = d * C(g / d), d = sqrt(v)+eps
-       (``compress="update"``, default) or g~ = C(g) (``"momentum"``, DeepSpeed's), C the
-       error-compensated 1-bit average. Then v = max(v, m^2 (1-b2)/(1-b1)^2) (the
+       doubles. Otherwise, with C the error-compensated 1-bit average and d = sqrt(v)+eps:
+       m = d * C((b1*m + (1-b1)*g) / d) (``compress="update"``, default: the momentum's
+       update direction, as 1-bit Adam sends it; error feedback then works on a smooth
+       quantity, not on raw gradients), or m = b1*m + (1-b1)*C(g) (``"momentum"``,
+       DeepSpeed's). Then v = max(v, m^2 (1-b2)/(1-b1)^2) (the
        variance floor: no step beyond Adam's largest, (1-b1)/sqrt(1-b2), however stale v
        is; ``moments.floor_variance``) and p -= lr*(m/(sqrt(v)+eps) + wd*p).
     2. Local phase (s > var_freeze_step; v frozen): m = b1*m + (1-b1)*g with the local
@@ -117,20 +119,20 @@ class ZeroOneAdam(CompressedOptimizer):
 
     def _variance_phase_step(self, grad: torch.Tensor, s: int) -> None:
         m, v = self.exp_avg, self.exp_avg_sq
-        source = self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device)
         refresh = s % self.var_interval == 0
-        if refresh:
-            self._average(grad, source)
-        elif self.compress == "update":
-            local = self.workspace.get("optim.local", grad.numel(), torch.float32, grad.device)
-            send_preconditioned(self.channel, local.copy_(grad), source, preconditioner(self, v), v == 0)
-        else:
-            self.channel.average_except(grad, source, v == 0)
-        for group, sl in self._groups():
-            b1, b2 = group["betas"]
+        if refresh or self.compress == "momentum":
+            source = self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device)
             if refresh:
-                v[sl].mul_(b2).addcmul_(source[sl], source[sl], value=1 - b2)
-            m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
+                self._average(grad, source)
+            else:
+                self.channel.average_except(grad, source, v == 0)
+            for group, sl in self._groups():
+                b1, b2 = group["betas"]
+                if refresh:
+                    v[sl].mul_(b2).addcmul_(source[sl], source[sl], value=1 - b2)
+                m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
+        else:
+            send_preconditioned(self.channel, local_momentum(self, grad, m), m, preconditioner(self, v), v == 0)
         floor_variance(self, m, v)
         adam_step(self, self.flat.data, m, v)
         if refresh:

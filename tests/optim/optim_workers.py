@@ -310,11 +310,16 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
         silent = v == 0
         if s <= vf:
             refresh = s % var_interval == 0
-            source = _exact(grads) if refresh else _sent(grads, we, se, silent, compress, v.sqrt().add_(eps), scale=scale)
-            if refresh:
-                v.mul_(b2).addcmul_(source, source, value=1 - b2)
-            for q in range(n):
-                m[q].mul_(b1).add_(source, alpha=1 - b1)
+            if refresh or compress == "momentum":
+                source = _exact(grads) if refresh else _onebit(grads, we, se, silent, scale=scale)
+                if refresh:
+                    v.mul_(b2).addcmul_(source, source, value=1 - b2)
+                for q in range(n):
+                    m[q].mul_(b1).add_(source, alpha=1 - b1)
+            else:
+                locals_ = [torch.add(m[q].mul(b1), grads[q], alpha=1 - b1) for q in range(n)]
+                common = _sent(locals_, we, se, silent, compress, v.sqrt().add_(eps), scale=scale)
+                m = [common.clone() for _ in range(n)]
             floored, v = _floor(v, m[0], b1, b2, floored)
             for q in range(n):
                 update = (m[q] / v.sqrt().add_(eps)).add_(p[q], alpha=wd)

@@ -44,7 +44,7 @@ def check_device(tensor: torch.Tensor) -> None:
 
 def _array(tensor: torch.Tensor):
     """A zero-copy kernel view: numpy for CPU tensors, a numba device array for CUDA tensors."""
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
     from numba import cuda
 
@@ -54,11 +54,13 @@ def _array(tensor: torch.Tensor):
 
 def _source(tensor: torch.Tensor):
     """A flat kernel view of ``tensor`` and the lookup table its dtype needs (or None)."""
+    if tensor.is_cpu and tensor.dtype == torch.float32:
+        return _array(tensor).reshape(-1), None
     flat = tensor.detach().reshape(-1)
     if tensor.dtype == torch.float32:
         return _array(flat), None
     raw = flat.view(torch.int16)
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         return raw.numpy().view(np.uint16), _lookup_table(tensor.dtype)
     return _array(raw).view(np.uint16), _array(_device_lookup_table(tensor.dtype, tensor.device))
 
@@ -84,7 +86,7 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     one, and those that need temporaries take them from torch's caching allocator on the
     same stream (numba's own allocator would cudaMalloc and free them on every call).
     """
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         small = tensor.numel() < cpu_kernels.SERIAL_BELOW
         run = cpu_kernels.SERIAL[kernel] if small else getattr(cpu_kernels, kernel)
         with _CPU_KERNELS:
@@ -121,7 +123,7 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
     division the CPU and the numpy reference do; on the CPU numpy divides, correctly
     rounded too (as torch's CPU division by a Python number).
     """
-    if values.device.type == "cpu":
+    if values.is_cpu:
         array = values.numpy()
         np.divide(array, array.dtype.type(divisor), out=array)
         return values
@@ -206,7 +208,7 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
 
     The values +-scale are rounded to the output dtype once (by torch), then selected.
     """
-    if out.device.type == "cpu" and out.dtype == torch.float32 and scales.dtype == torch.float32:
+    if out.is_cpu and out.dtype == torch.float32 and scales.dtype == torch.float32:
         positive = scales.numpy()
         _run("select_decode", out, _array(bits), positive, -positive, out.numpy(), out.numel())
         return
@@ -248,11 +250,11 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
 
     A 1-D ``rows`` is one row, and ``scales`` may then be a single float.
     """
-    table = rows.view(1, -1) if rows.dim() == 1 else rows
-    if table.device.type == "cpu":
-        heads = table.numpy()[:, :SCALE_BYTES].view(np.float32)
-        heads[:, 0] = scales.numpy() if isinstance(scales, torch.Tensor) else scales
+    if rows.is_cpu:
+        heads = rows.numpy().reshape(-1, rows.shape[-1])[:, :SCALE_BYTES].view(np.float32)
+        heads[:, 0] = scales.numpy().reshape(-1) if isinstance(scales, torch.Tensor) else scales
         return rows[..., SCALE_BYTES:]
+    table = rows.view(1, -1) if rows.dim() == 1 else rows
     values = torch.as_tensor(scales, dtype=torch.float32).reshape(-1, 1)
     table[:, :SCALE_BYTES].copy_(values.view(torch.uint8))
     return rows[..., SCALE_BYTES:]
@@ -260,7 +262,7 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
 
 def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split (n, SCALE_BYTES + nbytes) wire rows into n float32 scales and the sign bytes."""
-    if rows.device.type == "cpu":
+    if rows.is_cpu:
         heads = np.ascontiguousarray(rows.numpy()[:, :SCALE_BYTES]).view(np.float32).reshape(-1)
         return torch.from_numpy(heads), rows[:, SCALE_BYTES:]
     scales = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)

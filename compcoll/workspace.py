@@ -29,7 +29,7 @@ class Workspace:
         if buf is None or buf.numel() < numel:
             buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[key] = buf
-        return buf[:numel]
+        return buf if buf.numel() == numel else buf[:numel]
 
     def nbytes(self) -> int:
         """Bytes held (for tests and memory reports)."""

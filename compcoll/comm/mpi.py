@@ -87,7 +87,7 @@ class MPIComm(Communicator):
 
     def _is_device(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lives in device memory (the CUDA-aware or staged path)."""
-        return tensor.device.type == "cuda"
+        return tensor.is_cuda
 
     def _stage(self, tensor: torch.Tensor, copy_in: bool) -> torch.Tensor:
         """A host buffer for ``tensor`` (pinned where CUDA is available), filled from it if ``copy_in``."""
@@ -109,6 +109,8 @@ class MPIComm(Communicator):
         ``result`` (default ``recv``) is the tensor the Work returns; when it is another
         tensor, ``recv`` is copied into it on completion (a 16-bit allreduce done in float32).
         """
+        if result is None and not (recv.is_cuda or (send is not None and send.is_cuda)):
+            return RequestWork(self, what, start(None if send is None else _buffer(send), _buffer(recv)), recv)
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         on_device = self._is_device(recv) or (send is not None and self._is_device(send))
         if on_device and not self.cuda_aware:

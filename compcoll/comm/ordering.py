@@ -60,7 +60,11 @@ class Ordering:
             return start()
         with self._lock:
             if self._queued == 0:
-                return self.run(start, what)
+                self._local.inside = True
+                try:
+                    return start()
+                finally:
+                    self._local.inside = False
             return self.submit(lambda: start().wait(), what)
 
     def submit(self, call: Callable[[], Any], what: str, on_wait: Callable[[Any], None] | None = None) -> TaskWork:

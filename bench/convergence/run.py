@@ -15,7 +15,10 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
    the defaults (the update direction m / (sqrt(v) + eps)). "1-bit
    Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights) and is
-   compared with the float32 "1-bit Adam" run.
+   compared with the float32 "1-bit Adam" run. 0/1 Adam's phases scale with the run:
+   variance refreshes until ``steps // 5``, local intervals doubling every ``steps // 10``
+   steps and capped at 2 (DeepSpeed's cap of 16 and scaler of 32768 suit runs of 10^5
+   steps; README, "Optimizers").
    With ``--deepspeed`` (needs ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own
    OnebitAdam runs too, in its engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with
    1-bit Adam's settings.
@@ -51,7 +54,7 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
         dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam",
              kwargs=dict(lr=lr, eps=eps, var_freeze_step=steps // 5, local_step_scaler=steps // 10,
-                         local_step_clipper=16)),
+                         local_step_clipper=2)),
         dict(name="Birder", optimizer="Birder", baseline="Adam", kwargs=dict(lr=lr)),
         dict(name="LAMB", optimizer="OneBitLamb", baseline=None, kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=10**9)),
         dict(name="1-bit LAMB", optimizer="OneBitLamb", baseline="LAMB",

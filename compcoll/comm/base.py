@@ -173,13 +173,7 @@ class Communicator(ABC):
 
     def _count_each(self, nbytes: int) -> None:
         """Count ``nbytes`` sent to every other rank."""
-        if self._parent is not None:
-            self._count(dict.fromkeys(self._peers, nbytes))
-            return
-        sent_to = self.bytes_sent_to
-        for peer in self._peers:
-            sent_to[peer] += nbytes
-        self.bytes_sent += nbytes * len(self._peers)
+        self._count(dict.fromkeys(self._peers, nbytes))
 
     def _count_spread(self, total: int) -> None:
         """Count ``total`` bytes spread evenly over the other ranks (the first peers take the remainder)."""

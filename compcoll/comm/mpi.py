@@ -109,8 +109,6 @@ class MPIComm(Communicator):
         ``result`` (default ``recv``) is the tensor the Work returns; when it is another
         tensor, ``recv`` is copied into it on completion (a 16-bit allreduce done in float32).
         """
-        if result is None and not (recv.is_cuda or (send is not None and send.is_cuda)):
-            return RequestWork(self, what, start(None if send is None else _buffer(send), _buffer(recv)), recv)
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         on_device = self._is_device(recv) or (send is not None and self._is_device(send))
         if on_device and not self.cuda_aware:

@@ -60,11 +60,7 @@ class Ordering:
             return start()
         with self._lock:
             if self._queued == 0:
-                self._local.inside = True
-                try:
-                    return start()
-                finally:
-                    self._local.inside = False
+                return self.run(start, what)
             return self.submit(lambda: start().wait(), what)
 
     def submit(self, call: Callable[[], Any], what: str, on_wait: Callable[[Any], None] | None = None) -> TaskWork:

@@ -13,6 +13,7 @@ from .moments import averaged_moments, local_momentum, preconditioner, send_prec
 
 TRUST_RATIOS = ("fresh", "frozen")
 
+
 class OneBitLamb(CompressedOptimizer):
     """1-bit LAMB, standing alone: call ``loss.backward(); opt.step()`` on local gradients.
 

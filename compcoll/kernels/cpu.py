@@ -85,8 +85,9 @@ def compensated_power_sum(src, lut, err, n_src, power):
     1. Each block of BLOCK elements keeps LANES float64 accumulators; element
        i adds |float64(x_i)|^power to lane i % LANES, in order.
     2. The block-major lane sums are combined by ``tree_sum``.
-    Inside a block, whole rows of LANES elements go through a zero-based loop over the
-    lanes (vectorized); rows that straddle n_src or the end take a checked loop.
+    Whole rows of LANES elements run through a loop over the lanes whose bound is read from
+    the accumulator row (so LLVM vectorizes it instead of unrolling it into scalar code);
+    the rest of a block (past n_src or the end) runs element by element.
 
     Returns the float64 sum; it is not finite when any x_i is not.
     """
@@ -100,32 +101,42 @@ def compensated_power_sum(src, lut, err, n_src, power):
         errs = err[lo:lo + count]
         values = src[lo:lo + valid]
         acc = partial[b]
-        for k in range((count + LANES - 1) // LANES):
-            row_err = errs[k * LANES:(k + 1) * LANES]
-            if (k + 1) * LANES <= valid:
-                row = values[k * LANES:(k + 1) * LANES]
-                for lane in range(LANES):
-                    acc[lane] += _power(np.float64(row_err[lane] + _load(row, lut, lane)), power)
-            elif k * LANES >= valid and (k + 1) * LANES <= count:
-                for lane in range(LANES):
-                    acc[lane] += _power(np.float64(row_err[lane]), power)
-            else:
-                for lane in range(row_err.size):
-                    i = k * LANES + lane
-                    x = np.float64(row_err[lane] + _load(values, lut, i) if i < valid else row_err[lane])
-                    acc[lane] += _power(x, power)
+        lanes = acc.size
+        rows = valid // lanes
+        for k in range(rows):
+            first = k * lanes
+            for lane in range(lanes):
+                acc[lane] += _power(np.float64(errs[first + lane] + _load(values, lut, first + lane)), power)
+        for i in range(rows * lanes, count):
+            x = np.float64(errs[i] + _load(values, lut, i) if i < valid else errs[i])
+            acc[i % lanes] += _power(x, power)
     return tree_sum(partial.reshape(-1))
+
+
+GATHER = np.uint64(0x8040201008040201)
+"""Times the 8 flag bytes (0/1) of a little-endian uint64, it puts flag j at bit 63 - j and nothing
+else at bits 56-63: the top byte is the 8 flags packed, the first in the most significant bit."""
+SPREAD = np.uint64(0x0101010101010101)
+"""Times a byte, it copies the byte into all 8 bytes of a uint64."""
+SELECT = np.uint64(0x0102040810204080)
+"""Masks byte j of a spread byte down to its bit 7 - j: nonzero exactly where element j's sign bit is set."""
+_TOP = np.uint64(56)
 
 
 @njit(cache=True, inline="always")
 def _pack(flags, out):
-    """out[k] <- flags[8k .. 8k+7] (bytes 0/1), the first in the most significant bit."""
+    """out[k] <- flags[8k .. 8k+7] (bytes 0/1), the first in the most significant bit: one multiply per byte (``GATHER``)."""
+    words = flags.view(np.uint64)
     for k in range(out.size):
-        e = 8 * k
-        out[k] = (
-            (flags[e] << 7) | (flags[e + 1] << 6) | (flags[e + 2] << 5) | (flags[e + 3] << 4)
-            | (flags[e + 4] << 3) | (flags[e + 5] << 2) | (flags[e + 6] << 1) | flags[e + 7]
-        )
+        out[k] = np.uint8((words[k] * GATHER) >> _TOP)
+
+
+@njit(cache=True, inline="always")
+def _unpack(bits, flags):
+    """flags[8k + j] <- nonzero where bit 7 - j of bits[k] is set, else 0 (``SPREAD``, ``SELECT``); flags holds >= 8 * bits.size."""
+    words = flags.view(np.uint64)
+    for k in range(bits.size):
+        words[k] = (np.uint64(bits[k]) * SPREAD) & SELECT
 
 
 @_threaded
@@ -162,12 +173,6 @@ def compensate_encode(src, lut, err, n_src, scale, bits):
         _pack(flags, bits[lo:hi])
 
 
-SIGNS = np.array([[1.0 if (byte >> (7 - j)) & 1 else -1.0 for j in range(8)] for byte in range(256)], np.float32)
-"""SIGNS[b] holds the 8 signs packed in byte b (first element in the most significant bit) as float32 +-1."""
-TABLE_DECODE_FROM = 256
-"""Rows of at least this many bytes decode by copying 8 values per byte from a per-row table."""
-
-
 @_threaded
 def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
     """out = sum_r weights[r] * signs(bits[r]) (+ base); ``lanes`` <- the lane sums of its |out|^power.
@@ -181,8 +186,9 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
     3. |out|^power summed per (block, lane) in the order of ``compensated_power_sum``,
        into ``lanes`` (nblocks * LANES float64, block-major): ``tree_sum(lanes)`` is the
        whole sum, and the lanes of BLOCK-aligned pieces concatenate.
-    Each block adds rank after rank over all its elements, a byte's 8 signs at a time
-    from ``SIGNS`` (a loop Numba vectorizes), then adds the base and the powers row by row.
+    Each block unpacks rank after rank's bytes into flags (``_unpack``) and adds +-weight
+    over all its elements; these loops, the base and the powers (lanes bounded as in
+    ``compensated_power_sum``) are elementwise, so LLVM vectorizes them.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
@@ -191,33 +197,28 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
     for b in prange(nblocks):
         lo = b * BLOCK
         count = max(0, min(BLOCK, n_out - lo))
-        whole = count // 8
-        block_bits = bits[:, lo // 8:(lo + count + 7) // 8]
         block_out = out[lo:lo + count]
-        block_base = block_out if base is None else base[lo:lo + count]
+        flags = np.empty(BLOCK, np.uint8)
         acc = np.zeros(count, np.float32)
         for r in range(nranks):
             w = weights[r]
-            row_bits = block_bits[r]
-            for q in range(whole):
-                signs = SIGNS[row_bits[q]]
-                part = acc[8 * q:8 * q + 8]
-                for j in range(8):
-                    part[j] += w * signs[j]
-            for e in range(8 * whole, count):
-                acc[e] += w * SIGNS[row_bits[e >> 3], e & 7]
+            _unpack(bits[r, lo // 8:(lo + count + 7) // 8], flags)
+            for e in range(count):
+                acc[e] += w if flags[e] else -w
+        if base is not None:
+            block_base = base[lo:lo + count]
+            for e in range(count):
+                acc[e] = acc[e] + block_base[e]
+        for e in range(count):
+            block_out[e] = acc[e]
         sums = partial[b]
-        for k in range((count + LANES - 1) // LANES):
-            width = min(LANES, count - k * LANES)
-            row_acc = acc[k * LANES:k * LANES + width]
-            row_out = block_out[k * LANES:k * LANES + width]
-            if base is not None:
-                row_base = block_base[k * LANES:k * LANES + width]
-                for lane in range(width):
-                    row_acc[lane] = row_acc[lane] + row_base[lane]
+        width = sums.size
+        rows = count // width
+        for k in range(rows):
             for lane in range(width):
-                row_out[lane] = row_acc[lane]
-                sums[lane] += _power(np.float64(row_acc[lane]), power)
+                sums[lane] += _power(np.float64(acc[k * width + lane]), power)
+        for e in range(rows * width, count):
+            sums[e - rows * width] += _power(np.float64(acc[e]), power)
 
 
 _accumulate_lanes_serial = SERIAL["accumulate_lanes"]
@@ -250,37 +251,28 @@ def select_decode(bits, positive, negative, out, n_out):
     ``bits`` is (n, nbytes): row r holds elements [r * 8 * nbytes, (r + 1) * 8 * nbytes).
     ``positive`` / ``negative`` hold the already rounded output values (+s_r, -s_r) in the
     output's storage type, so a float16 / bfloat16 output is written as raw bits.
-    1. Rows of at least ``TABLE_DECODE_FROM`` bytes: a table of every byte's 8 output
-       values per row (256 x 8), then each whole byte copies its 8 values.
-    2. For every byte of every row, in parallel, write the row's positive or negative
-       value for each of its 8 bits, skipping elements >= n_out.
+    For every block of BLOCK elements of every row, in parallel:
+    1. unpack its bytes into flags (``_unpack``);
+    2. write the row's positive or negative value for each flag, skipping elements >= n_out
+       (an elementwise select, which LLVM vectorizes).
     """
     nranks, nbytes = bits.shape
     per_block = BLOCK // 8
     blocks_per_row = (nbytes + per_block - 1) // per_block
-    tables = np.empty((nranks if nbytes >= TABLE_DECODE_FROM else 0, 256, 8), out.dtype)
-    for r in range(tables.shape[0]):
-        for byte in range(256):
-            for j in range(8):
-                tables[r, byte, j] = positive[r] if SIGNS[byte, j] > 0 else negative[r]
     for t in prange(nranks * blocks_per_row):
         r = t // blocks_per_row
         lo = (t % blocks_per_row) * per_block
         hi = min(nbytes, lo + per_block)
-        pos = positive[r]
-        neg = negative[r]
-        first = r * nbytes * 8
-        whole = min(hi, max(lo, (n_out - first) // 8)) if tables.shape[0] else lo
-        for k in range(lo, whole):
-            values = tables[r, bits[r, k]]
-            dest = out[first + 8 * k:first + 8 * k + 8]
-            for j in range(8):
-                dest[j] = values[j]
-        for k in range(whole, hi):
-            byte = bits[r, k]
-            start = first + 8 * k
-            for j in range(max(0, min(8, n_out - start))):
-                out[start + j] = pos if (byte >> (7 - j)) & 1 else neg
+        start = (r * nbytes + lo) * 8
+        count = max(0, min((hi - lo) * 8, n_out - start))
+        if count:
+            pos = positive[r]
+            neg = negative[r]
+            flags = np.empty(BLOCK, np.uint8)
+            _unpack(bits[r, lo:hi], flags)
+            dest = out[start:start + count]
+            for e in range(count):
+                dest[e] = pos if flags[e] else neg
 
 
 @_threaded

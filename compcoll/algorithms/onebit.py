@@ -15,7 +15,7 @@ from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
-from .pipeline import default_pieces, serve_in_pieces
+from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
 
 PROTOCOLS = ("gather_scatter", "allgather")
@@ -53,7 +53,8 @@ def compressed_allreduce(
     Large tensors run steps 3-6 in pieces, the encoding and decoding of one piece
     overlapping the exchange of another, with the same bits (``pieces``).
     Bytes sent per rank: 2(n-1)/n * Np/8 + 4(n-1) + 48(n-1) of metadata; a float32 ring
-    allreduce sends 2(n-1)/n * 4 * numel, 32x more.
+    allreduce sends 2(n-1)/n * 4 * numel, 32x more. The first call of each size whose pieces
+    are left to compcoll sends 24(n-1) more (``pipeline.agree_pieces``).
 
     The allgather protocol instead all-gathers every rank's whole packed vector
     ((n-1) * Np/8 bytes per rank, one round fewer) and returns the exact average of the
@@ -76,9 +77,9 @@ def compressed_allreduce(
             Leave ``tensor``, the buffers and ``out`` alone until then.
         pieces: gather-scatter only: exchange the chunks in this many pieces, so that
             encoding and decoding overlap the wire (``pipeline.serve_in_pieces``); the
-            result is the same bits. None picks by size and device
-            (``pipeline.default_pieces``: one per 8 MiB on the CPU, 1 on CUDA). Every
-            rank must use the same number.
+            result is the same bits. None lets compcoll pick, alike on every rank, at the
+            first call of each size (``pipeline.agree_pieces``): 1 when all ranks share a
+            node or on CUDA, else one per 8 MiB. Every rank must pass the same.
         scale: "l2" (default; DeepSpeed's ||x||_2 / sqrt(d)) or "l1" (mean |x|, the s that
             minimises ||x - s sign(x)||_2, so each call's compression error is smallest).
             Every rank must use the same.
@@ -99,8 +100,8 @@ def compressed_allreduce(
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     comm = get_default() if comm is None else comm
-    pieces = checked(comm, FlatPlan.what,
-                     lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces, scale))
+    checked(comm, FlatPlan.what,
+            lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces, scale))
     plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces, scale),
                        lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces, scale))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
@@ -117,16 +118,17 @@ class FlatPlan(Plan):
         numel: the tensors' number of elements.
         device: the tensors' device.
         protocol: "gather_scatter" or "allgather".
-        pieces: gather-scatter pieces (1: unpipelined).
+        pieces: gather-scatter pieces (1: unpipelined; None: ``agree_pieces`` at the first call).
         scale: "l2" or "l1" (``spec.SCALES``).
     """
 
     what = "compressed_allreduce"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, protocol: str = "gather_scatter",
-                 pieces: int = 1, scale: str = "l2") -> None:
+                 pieces: int | None = None, scale: str = "l2") -> None:
         super().__init__(comm, numel, device,
-                         (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS), Option("pieces", pieces),
+                         (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS),
+                          Option("pieces", pieces or 0, ("chosen by compcoll",)),
                           Option("scales", list(SCALES).index(scale), tuple(SCALES))))
         self.protocol = protocol
         self.pieces = pieces
@@ -148,6 +150,8 @@ class FlatPlan(Plan):
             return result
 
         weights = codecs.divide_(scales.float(), n)
+        if self.protocol == "gather_scatter" and self.pieces is None:
+            self.pieces = agree_pieces(comm, tensor)
         if self.protocol == "gather_scatter" and self.pieces > 1:
             serve_in_pieces(tensor, worker_error, server_error, comm, scale, weights, self.pieces, result,
                             self.workspace, self.scale)
@@ -211,8 +215,8 @@ def _validate(
     protocol: str,
     pieces: int | None,
     scale: str,
-) -> int:
-    """Local checks, made before any communication; returns the pieces to use."""
+) -> None:
+    """Local checks, made before any communication."""
     what = "compressed_allreduce"
     check_tensor(what, tensor, out)
     if protocol not in PROTOCOLS:
@@ -228,7 +232,6 @@ def _validate(
     ):
         check_error_buffer(what, name, buf, tensor)
         check_length(what, name, buf, length, formula)
-    return default_pieces(tensor) if pieces is None else pieces
 
 
 class CompressedAllreduce:
@@ -269,7 +272,7 @@ class CompressedAllreduce:
         """
         plan = self.plans.get(key)
         if plan is None:
-            plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, default_pieces(tensor), self.scale)
+            plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, None, self.scale)
             self.plans[key] = plan
         elif (plan.numel, plan.device) != (tensor.numel(), tensor.device):
             raise ValueError(
@@ -309,8 +312,7 @@ class CompressedAllreduce:
         plans = {}
         for key, saved in state["buffers"].items():
             worker = saved["worker_error"]
-            plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol,
-                            default_pieces(worker[:saved["numel"]]), self.scale)
+            plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol, None, self.scale)
             plan.error_feedback.load_state_dict(saved)
             plans[key] = plan
         self.plans = plans

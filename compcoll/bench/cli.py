@@ -138,7 +138,7 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
         row[name] = {
             "time_us": seconds * 1e6,
             "compute_us": compute * 1e6 if method.counted else None,
-            "pieces": method.pieces(args, x) if method.pieces else None,
+            "pieces": method.pieces(args, topo, x) if method.pieces else None,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (n - 1) / n,
             "bytes_sent": sent,
@@ -241,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 yes, 0 no (1)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="gather_scatter", help="of the 1bit method")
     p.add_argument("--pieces", type=int, metavar="P",
-                   help="pieces of the 1bit method (default: compressed_allreduce's choice by size and device)")
+                   help="pieces of the 1bit method (default: compressed_allreduce's choice by size, device and node layout)")
     p.add_argument("--methods", type=_method_list, default=["plain", "1bit"],
                    help="comma-separated, side by side, the first is the baseline (plain,1bit): "
                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()))

@@ -36,7 +36,7 @@ class Method:
             number of wrong elements).
         counted: whether its traffic goes through the communicator (its bytes and waits
             are counted there); PyTorch's hooks send through DDP instead.
-        pieces: (args, input) -> the pieces a ``compressed_allreduce`` method runs in
+        pieces: (args, topology, input) -> the pieces a ``compressed_allreduce`` method runs in
             (recorded in the report for the model); None for the others.
         sent: for a method the communicator does not count, (world size, input, args) ->
             the bytes one rank sends per call.
@@ -46,7 +46,7 @@ class Method:
     summary: str
     build: Callable[[Communicator, compcoll.Topology, torch.Tensor, argparse.Namespace], tuple[Step, Verify]]
     counted: bool = True
-    pieces: Callable[[argparse.Namespace, torch.Tensor], int] | None = None
+    pieces: Callable[[argparse.Namespace, compcoll.Topology, torch.Tensor], int] | None = None
     sent: Callable[[int, torch.Tensor, argparse.Namespace], int] | None = None
 
 
@@ -94,17 +94,17 @@ def _plain(comm, topo, x, args) -> tuple[Step, Verify]:
     return step, verify
 
 
-def _pieces(args: argparse.Namespace, x: torch.Tensor) -> int:
-    """``--pieces``, or ``compressed_allreduce``'s own choice for ``x``."""
-    return args.pieces or default_pieces(x)
+def _pieces(args: argparse.Namespace, topo: compcoll.Topology, x: torch.Tensor) -> int:
+    """``--pieces``, or ``compressed_allreduce``'s own rule (``pipeline.agree_pieces``) on the bench's node layout."""
+    return args.pieces or (1 if topo.nodes == 1 else default_pieces(x))
 
 
-def _one_piece(args: argparse.Namespace, x: torch.Tensor) -> int:
+def _one_piece(args: argparse.Namespace, topo: compcoll.Topology, x: torch.Tensor) -> int:
     return 1
 
 
-def _onebit(pieces: Callable[[argparse.Namespace, torch.Tensor], int]):
-    """``compressed_allreduce`` with ``pieces(args, input)`` pieces; verified from zero error buffers."""
+def _onebit(pieces: Callable[[argparse.Namespace, compcoll.Topology, torch.Tensor], int]):
+    """``compressed_allreduce`` with ``pieces(args, topo, input)`` pieces; verified from zero error buffers."""
     def build(comm, topo, x, args) -> tuple[Step, Verify]:
         n, count = comm.size, x.numel()
         full = compcoll.padded_numel(count, n)
@@ -112,12 +112,12 @@ def _onebit(pieces: Callable[[argparse.Namespace, torch.Tensor], int]):
 
         def step() -> None:
             compcoll.compressed_allreduce(x, worker, server, comm, protocol=args.protocol, out=out,
-                                          pieces=pieces(args, x))
+                                          pieces=pieces(args, topo, x))
 
         def verify() -> int:
             result = compcoll.compressed_allreduce(make_input(comm.rank, count), torch.zeros(full),
                                                    torch.zeros(full // n), comm, protocol=args.protocol,
-                                                   pieces=pieces(args, x))
+                                                   pieces=pieces(args, topo, x))
             zeros_w, zeros_s = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
             return count_wrong(comm, result, lambda xs: reference.compressed_allreduce(
                 xs, zeros_w, zeros_s, args.protocol)[0][comm.rank])

@@ -77,7 +77,7 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
     built = _cache.setdefault(comm, {})
     if requested in built:
         return built[requested]
-    mine = torch.tensor([_host_id(), requested], dtype=torch.int64)
+    mine = torch.tensor([host_id(), requested], dtype=torch.int64)
     table = torch.empty(2 * comm.size, dtype=torch.int64)
     comm.allgather(mine, table)
     hosts, asked = table.view(comm.size, 2).t().tolist()
@@ -123,8 +123,8 @@ def requested_ranks_per_node(ranks_per_node: int | None) -> int:
     return ranks_per_node
 
 
-def _host_id() -> int:
-    """A signed 64-bit hash of this machine's hostname."""
+def host_id() -> int:
+    """A signed 64-bit hash of this machine's hostname: ranks with the same one share a node."""
     digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 

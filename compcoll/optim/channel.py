@@ -8,7 +8,6 @@ import torch
 
 from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
 from ..algorithms.onebit import FlatPlan
-from ..algorithms.pipeline import default_pieces
 from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
 from ..comm.topology import requested_ranks_per_node, topology
@@ -48,8 +47,7 @@ class ErrorFeedbackChannel:
             self.plan = CompensatedPlan(comm, numel, device, requested_ranks_per_node(ranks_per_node),
                                         ranks_per_node, hierarchical_error_numels(numel, comm.size, k), scale)
         else:
-            self.plan = FlatPlan(comm, numel, device, "gather_scatter",
-                                 default_pieces(torch.empty(1, device=device).expand(numel)), scale)
+            self.plan = FlatPlan(comm, numel, device, "gather_scatter", None, scale)
 
     @property
     def error_feedback(self) -> ErrorFeedback:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 import compcoll
+from compcoll.algorithms.pipeline import PIECE_BYTES, agree_pieces, default_pieces
+from compcoll.comm.topology import RANKS_PER_NODE_ENV
 from compcoll.kernels import reference
 from tests.algorithms.onebit_workers import (
     DTYPES, SCALE_NAMES, _expect, assert_errors_match, assert_matches_reference, assert_same_on_all_ranks, make_input,
@@ -50,3 +54,27 @@ def pieces_must_agree(comm: compcoll.Communicator) -> None:
     _expect(compcoll.RankMismatchError, "different pieces", compcoll.compressed_allreduce, x, we, se, comm,
             pieces=2 + rank)
     assert not we.any() and not se.any(), "a refused call changed the error buffers"
+
+
+def pieces_by_node(comm: compcoll.Communicator) -> None:
+    """Pieces left to compcoll: 1 with every rank on this host; the size's pieces, and the same bits as asking for
+    them, when COMPCOLL_RANKS_PER_NODE=1 makes each rank a node; a bad value raises on every rank."""
+    n, rank = comm.size, comm.rank
+    large = torch.empty(1).expand(64 << 18)
+    assert agree_pieces(comm, large) == 1
+    os.environ[RANKS_PER_NODE_ENV] = "1"
+    try:
+        assert agree_pieces(comm, large) == (default_pieces(large) if n > 1 else 1)
+        assert agree_pieces(comm, torch.empty(1000)) == 1
+        x = make_input(rank, 0, (3 * PIECE_BYTES // 4 + 5,), torch.float32)
+        full = compcoll.padded_numel(x.numel(), n)
+        outs = []
+        for pieces in (None, 3):
+            we, se = torch.zeros(full), torch.zeros(full // n)
+            outs += [compcoll.compressed_allreduce(x, we, se, comm, pieces=pieces), we, se]
+        assert all(torch.equal(a, b) for a, b in zip(outs[:3], outs[3:])), "left to compcoll != 3 pieces"
+        os.environ[RANKS_PER_NODE_ENV] = "one" if rank == n - 1 else "1"
+        _expect(ValueError, f"{RANKS_PER_NODE_ENV} is not a positive integer on rank(s) [{n - 1}]",
+                agree_pieces, comm, large)
+    finally:
+        del os.environ[RANKS_PER_NODE_ENV]

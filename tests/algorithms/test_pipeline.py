@@ -24,6 +24,12 @@ def test_pieces_must_agree(backend: str) -> None:
     run(f"{WORKERS}:pieces_must_agree", 2, backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_pieces_by_node(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:pieces_by_node", world_size, backend)
+
+
 @pytest.mark.parametrize("chunk,pieces", [(8, 1), (8, 5), (24, 2), (1000, 3), (12296, 7), (100008, 5), (0, 4)])
 def test_piece_bounds_cover_the_chunk_from_block_boundaries(chunk: int, pieces: int) -> None:
     bounds = piece_bounds(chunk, pieces)

@@ -21,6 +21,7 @@ from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+_EMPTY_HOST = np.empty(0, dtype=np.float32)
 
 
 @lru_cache(maxsize=None)
@@ -50,6 +51,11 @@ def _array(tensor: torch.Tensor):
 
     # no stream sync on import: the kernels run on torch's current stream, behind the producer
     return cuda.as_cuda_array(tensor.detach(), sync=False)
+
+
+def _no_source(like: torch.Tensor):
+    """An empty float32 kernel view on ``like``'s device: the source slot of a kernel that reads only its error."""
+    return _EMPTY_HOST if like.is_cpu else _array(like[:0])
 
 
 def _source(tensor: torch.Tensor):
@@ -143,7 +149,7 @@ def sumsq(tensor: torch.Tensor) -> float:
     so the result does not depend on the number of threads: ranks holding the same bits
     compute the same norm.
     """
-    return float(_run("compensated_power_sum", tensor, _array(tensor[:0]), None, _array(tensor), 0, 2))
+    return float(_run("compensated_power_sum", tensor, _no_source(tensor), None, _array(tensor), 0, 2))
 
 
 def sumsq_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
@@ -155,7 +161,7 @@ def sumsq_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
     if tensor.device.type == "cpu":
         out.fill_(sumsq(tensor))
         return
-    _run("compensated_power_sum", tensor, _array(tensor[:0]), None, _array(tensor), 0, 2, into=_array(out))
+    _run("compensated_power_sum", tensor, _no_source(tensor), None, _array(tensor), 0, 2, into=_array(out))
 
 
 def compensate_encode(
@@ -165,7 +171,7 @@ def compensate_encode(
 
     ``tensor=None`` encodes ``error`` alone (the server step, where it holds the sum).
     """
-    src, lut = (_array(error[:0]), None) if tensor is None else _source(tensor)
+    src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     n_src = 0 if tensor is None else tensor.numel()
     _run("compensate_encode", error, src, lut, _array(error), n_src, np.float32(scale), _array(bits))
 
@@ -175,10 +181,23 @@ def accumulate_signs(
     scale: str = "l2",
 ) -> float:
     """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of |out|^p (p: ``scale``'s power)."""
-    base_view = None if base is None else _array(base)
-    weights = weights.to(device=out.device, dtype=torch.float32)
-    return float(_run("accumulate_signs", out, _array(bits), _array(weights), base_view, _array(out), count,
-                      spec.SCALES[scale]))
+    out_view = _array(out)
+    return float(_run("accumulate_signs", out, _array(bits), _weights(weights, out), _base(base, out, out_view),
+                      out_view, count, spec.SCALES[scale]))
+
+
+def _weights(weights: torch.Tensor, out: torch.Tensor):
+    """The kernel view of ``weights`` as float32 on ``out``'s device (copied only if they are not)."""
+    if weights.dtype != torch.float32 or weights.device != out.device:
+        weights = weights.to(device=out.device, dtype=torch.float32)
+    return _array(weights)
+
+
+def _base(base: torch.Tensor | None, out: torch.Tensor, out_view):
+    """The kernel view of an accumulation's ``base``: None, ``out_view`` when it is ``out`` itself, else its own."""
+    if base is None:
+        return None
+    return out_view if base is out else _array(base)
 
 
 def lane_count(count: int) -> int:
@@ -192,10 +211,9 @@ def accumulate_lanes(
 ) -> None:
     """``accumulate_signs`` without the final sum: ``lanes`` (float64, ``lane_count(count)``) gets the
     (block, lane) sums of |out|^p, so that BLOCK-aligned pieces can be summed together by ``tree_sum``."""
-    base_view = None if base is None else _array(base)
-    weights = weights.to(device=out.device, dtype=torch.float32)
-    _run("accumulate_lanes", out, _array(bits), _array(weights), base_view, _array(out), count, _array(lanes),
-         spec.SCALES[scale])
+    out_view = _array(out)
+    _run("accumulate_lanes", out, _array(bits), _weights(weights, out), _base(base, out, out_view), out_view, count,
+         _array(lanes), spec.SCALES[scale])
 
 
 def tree_sum(lanes: torch.Tensor) -> float:
@@ -209,13 +227,27 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
     The values +-scale are rounded to the output dtype once (by torch), then selected.
     """
     if out.is_cpu and out.dtype == torch.float32 and scales.dtype == torch.float32:
-        positive = scales.numpy()
-        _run("select_decode", out, _array(bits), positive, -positive, out.numpy(), out.numel())
+        _decode_host(_array(bits), scales.numpy(), out)
         return
     scales = scales.to(device=out.device)
     positive = _storage(scales.to(out.dtype))
     negative = _storage((-scales).to(out.dtype))
     _run("select_decode", out, _array(bits), positive, negative, _storage(out), out.numel())
+
+
+def _decode_host(bits: np.ndarray, positive: np.ndarray, out: torch.Tensor) -> None:
+    """``decode`` into a float32 CPU ``out`` from numpy views of the sign rows and their scales."""
+    _run("select_decode", out, bits, positive, -positive, out.numpy().reshape(-1), out.numel())
+
+
+def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
+    """out <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode`` into ``out`` (contiguous)."""
+    if rows.is_cpu and out.dtype == torch.float32:
+        table = rows.numpy()
+        _decode_host(table[:, SCALE_BYTES:], _heads(table), out)
+        return
+    scales, signs = unframe(rows)
+    decode(signs, scales, out.view(-1))
 
 
 def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:
@@ -251,9 +283,13 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
     A 1-D ``rows`` is one row, and ``scales`` may then be a single float.
     """
     if rows.is_cpu:
-        heads = rows.numpy().reshape(-1, rows.shape[-1])[:, :SCALE_BYTES].view(np.float32)
-        heads[:, 0] = scales.numpy().reshape(-1) if isinstance(scales, torch.Tensor) else scales
-        return rows[..., SCALE_BYTES:]
+        values = scales.numpy().reshape(-1) if isinstance(scales, torch.Tensor) else scales
+        table = rows.numpy()
+        if rows.dim() == 1:
+            table[:SCALE_BYTES].view(np.float32)[:] = values
+            return rows[SCALE_BYTES:]
+        table[:, :SCALE_BYTES].view(np.float32)[:, 0] = values
+        return rows[:, SCALE_BYTES:]
     table = rows.view(1, -1) if rows.dim() == 1 else rows
     values = torch.as_tensor(scales, dtype=torch.float32).reshape(-1, 1)
     table[:, :SCALE_BYTES].copy_(values.view(torch.uint8))
@@ -263,7 +299,11 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
 def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split (n, SCALE_BYTES + nbytes) wire rows into n float32 scales and the sign bytes."""
     if rows.is_cpu:
-        heads = np.ascontiguousarray(rows.numpy()[:, :SCALE_BYTES]).view(np.float32).reshape(-1)
-        return torch.from_numpy(heads), rows[:, SCALE_BYTES:]
+        return torch.from_numpy(_heads(rows.numpy())), rows[:, SCALE_BYTES:]
     scales = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
     return scales, rows[:, SCALE_BYTES:]
+
+
+def _heads(table: np.ndarray) -> np.ndarray:
+    """The float32 scales at the heads of host wire rows (a copy)."""
+    return np.ascontiguousarray(table[:, :SCALE_BYTES]).view(np.float32).reshape(-1)

@@ -76,6 +76,9 @@ class Agreement:
         self.signature = float(_crc(repr(self.description)))
         self._mine = torch.empty(RECORD, dtype=torch.float64)
         self._table = torch.empty(comm.size * RECORD, dtype=torch.float64)
+        self._mine_fields = self._mine.numpy()
+        self._rows = self._table.numpy().reshape(comm.size, RECORD)
+        self._values = self._table.view(comm.size, RECORD)[:, 2]
 
     def check(self, finite: bool | None = None, value: float = 0.0) -> torch.Tensor:
         """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank).
@@ -83,11 +86,10 @@ class Agreement:
         ``finite=None`` skips the finiteness check. The returned tensor is reused by the
         next call: read it before.
         """
-        mine = self._mine.numpy()
+        mine = self._mine_fields
         mine[0], mine[1], mine[2] = self.signature, 1.0 if finite is None else float(finite), value
         self.comm.allgather(self._mine, self._table)
-        rows = self._table.view(self.comm.size, RECORD)
-        table = rows.tolist()
+        table = self._rows.tolist()
         if any(row[0] != self.signature for row in table):
             refusing = _refused(table)
             if refusing:
@@ -104,7 +106,7 @@ class Agreement:
                 f"and the communicator is still usable (skip this step, as a loss scaler does, or fix "
                 f"the input)"
             )
-        return rows[:, 2]
+        return self._values
 
     def _diagnose(self) -> None:
         """Gather every rank's description and raise the same RankMismatchError on every rank."""

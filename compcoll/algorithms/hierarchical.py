@@ -198,8 +198,7 @@ def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor
     n = layout.ranks_per_node * layout.nodes
     gathered = workspace.get("all_rows", layout.ranks_per_node * shard_rows.numel(), torch.uint8, out.device)
     layout.intra.allgather(shard_rows, gathered)
-    scales, rows = codecs.unframe(gathered.view(n, -1))
-    codecs.decode(rows, scales, out.view(-1))
+    codecs.decode_framed(gathered.view(n, -1), out)
 
 
 @accepts_arrays

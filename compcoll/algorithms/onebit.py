@@ -160,9 +160,7 @@ class FlatPlan(Plan):
         codecs.compensate_encode(tensor, worker_error, scale, bits)
         if self.protocol == "allgather":
             return self._allgather_average(bits, weights, result)
-        gathered = serve(bits, weights, server_error, comm, self.workspace, self.scale)
-        scales, rows = codecs.unframe(gathered)
-        codecs.decode(rows, scales, result.view(-1))
+        codecs.decode_framed(serve(bits, weights, server_error, comm, self.workspace, self.scale), result)
         return result
 
     def _allgather_average(self, bits: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

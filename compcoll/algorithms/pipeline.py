@@ -6,7 +6,7 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from ..comm.topology import RANKS_PER_NODE_ENV, host_id, requested_ranks_per_node
+from ..comm.topology import check_requests, host_id, request_code
 from ..comm.work import Work
 from ..spec import BLOCK, LANES, SCALE_BYTES
 from ..workspace import Workspace
@@ -34,9 +34,8 @@ def agree_pieces(comm: Communicator, tensor: torch.Tensor) -> int:
     """Pieces for a call that left them to compcoll, the same on every rank: one small allgather, once per plan.
 
     1. Every rank sends (``host_id()``, the ranks per node it was asked for by
-       ``COMPCOLL_RANKS_PER_NODE``, -1 if that is not a positive integer,
-       ``default_pieces(tensor)``).
-    2. A rank with a bad ``COMPCOLL_RANKS_PER_NODE``: ValueError on every rank.
+       ``COMPCOLL_RANKS_PER_NODE`` (``topology.request_code``), ``default_pieces(tensor)``).
+    2. A rank with a bad ``COMPCOLL_RANKS_PER_NODE``: ValueError on every rank (``topology.check_requests``).
     3. Every rank on one node (one hostname, and no rank asked for fewer ranks per node than
        the world has): 1. There the exchange is a memory copy by the same cores that run the
        kernels, so pieces hide nothing and cost their extra calls and synchronisations
@@ -45,17 +44,11 @@ def agree_pieces(comm: Communicator, tensor: torch.Tensor) -> int:
     4. Otherwise the smallest of the ranks' ``default_pieces``.
     Must run in the call's turn, after its agreement (every rank is in the same plan).
     """
-    try:
-        requested = requested_ranks_per_node(None)
-    except ValueError:
-        requested = -1
-    mine = torch.tensor([host_id(), requested, default_pieces(tensor)], dtype=torch.int64)
+    mine = torch.tensor([host_id(), request_code(None), default_pieces(tensor)], dtype=torch.int64)
     table = torch.empty(PIECES_FIELDS * comm.size, dtype=torch.int64)
     comm.allgather(mine, table)
     hosts, asked, wanted = table.view(comm.size, PIECES_FIELDS).t().tolist()
-    bad = [r for r, k in enumerate(asked) if k < 0]
-    if bad:
-        raise ValueError(f"{RANKS_PER_NODE_ENV} is not a positive integer on rank(s) {bad}")
+    check_requests(asked, "compressed_allreduce", None)
     if len(set(hosts)) == 1 and all(k == 0 or k >= comm.size for k in asked):
         return 1
     return min(wanted)

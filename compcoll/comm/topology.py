@@ -14,6 +14,12 @@ from ..errors import RankMismatchError
 from .base import Communicator
 
 RANKS_PER_NODE_ENV = "COMPCOLL_RANKS_PER_NODE"
+BAD_REQUEST = -1
+"""What a rank whose ranks_per_node (or ``COMPCOLL_RANKS_PER_NODE``) is not a positive integer sends the others."""
+
+
+class LayoutError(ValueError):
+    """The ranks cannot form nodes of equal size (raised alike on every rank)."""
 
 _cache: "weakref.WeakKeyDictionary[Communicator, dict[int, Topology]]" = weakref.WeakKeyDictionary()
 
@@ -65,15 +71,18 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
        must hold the same number of ranks.
     4. Split ``comm`` into the intra-node and inter-node communicators.
 
-    Every rank must call it with the same ``ranks_per_node``. Layout errors are raised
-    on every rank alike, so none is left waiting.
+    Every rank must call it with the same ``ranks_per_node``. Errors are raised on every
+    rank alike, so none is left waiting: a rank whose request is not a positive integer
+    still takes its part in the allgather (``request_code``).
 
     Raises:
-        ValueError: ranks_per_node does not divide the world, or nodes hold different
+        ValueError: ranks_per_node or ``COMPCOLL_RANKS_PER_NODE`` is not a positive
+            integer on some rank (``check_requests``).
+        LayoutError: ranks_per_node does not divide the world, or nodes hold different
             numbers of ranks (pass ``ranks_per_node`` or use the flat algorithm).
         RankMismatchError: ranks asked for different ranks_per_node.
     """
-    requested = requested_ranks_per_node(ranks_per_node)
+    requested = request_code(ranks_per_node)
     built = _cache.setdefault(comm, {})
     if requested in built:
         return built[requested]
@@ -81,6 +90,7 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
     table = torch.empty(2 * comm.size, dtype=torch.int64)
     comm.allgather(mine, table)
     hosts, asked = table.view(comm.size, 2).t().tolist()
+    check_requests(asked, "topology", ranks_per_node)
     if len(set(asked)) > 1:
         listed = ", ".join(f"rank {r}: {k or 'discover'}" for r, k in enumerate(asked))
         raise RankMismatchError(f"topology: ranks asked for different ranks_per_node ({listed})")
@@ -123,6 +133,31 @@ def requested_ranks_per_node(ranks_per_node: int | None) -> int:
     return ranks_per_node
 
 
+def request_code(ranks_per_node: int | None) -> int:
+    """``requested_ranks_per_node``, or ``BAD_REQUEST`` where it raises: what this rank tells the others."""
+    try:
+        return requested_ranks_per_node(ranks_per_node)
+    except ValueError:
+        return BAD_REQUEST
+
+
+def check_requests(asked: list[int], what: str, ranks_per_node: int | None) -> None:
+    """Raise the same ValueError on every rank when some rank's request (``request_code``, by rank) was bad.
+
+    A rank whose own request was bad adds its reason.
+    """
+    bad = [r for r, code in enumerate(asked) if code == BAD_REQUEST]
+    if not bad:
+        return
+    reason = ""
+    try:
+        requested_ranks_per_node(ranks_per_node)
+    except ValueError as exc:
+        reason = f" (this rank: {exc})"
+    raise ValueError(f"{what}: ranks_per_node or {RANKS_PER_NODE_ENV} is not a positive integer on rank(s) {bad}"
+                     f"{reason}")
+
+
 def host_id() -> int:
     """A signed 64-bit hash of this machine's hostname: ranks with the same one share a node."""
     digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=8).digest()
@@ -134,7 +169,7 @@ def _layout(hosts: list[int], ranks_per_node: int) -> list[int]:
     size = len(hosts)
     if ranks_per_node:
         if size % ranks_per_node:
-            raise ValueError(
+            raise LayoutError(
                 f"topology: ranks_per_node={ranks_per_node} does not divide the {size} ranks; "
                 f"every node must hold the same number of ranks"
             )
@@ -145,7 +180,7 @@ def _layout(hosts: list[int], ranks_per_node: int) -> list[int]:
     node_of = [first_rank[host] for host in hosts]
     counts = [node_of.count(node) for node in range(len(first_rank))]
     if len(set(counts)) > 1:
-        raise ValueError(
+        raise LayoutError(
             f"topology: nodes hold different numbers of ranks ({counts}, by hostname); launch the "
             f"same number of ranks per node, pass ranks_per_node=k to group consecutive ranks, "
             f"or use the flat compressed_allreduce"

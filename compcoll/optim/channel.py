@@ -10,8 +10,7 @@ from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
 from ..algorithms.onebit import FlatPlan
 from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
-from ..comm.topology import requested_ranks_per_node, topology
-from ..errors import RankMismatchError
+from ..comm.topology import LayoutError, requested_ranks_per_node, topology
 
 
 class ErrorFeedbackChannel:
@@ -99,13 +98,12 @@ class ErrorFeedbackChannel:
 def _use_hierarchical(comm: Communicator, ranks_per_node: int | None) -> bool:
     """Whether the ranks form several equal nodes of more than one rank (every rank decides alike).
 
-    Nodes of different sizes mean the flat form; ranks that disagree on the layout
-    (``RankMismatchError``) are an error, raised on every rank.
+    Ranks that cannot form equal nodes (``LayoutError``) mean the flat form; ranks that
+    disagree on the layout (``RankMismatchError``) or a rank whose ranks per node is not a
+    positive integer (ValueError) are errors, raised on every rank.
     """
     try:
         layout = topology(comm, ranks_per_node)
-    except RankMismatchError:
-        raise
-    except ValueError:
+    except LayoutError:
         return False
     return layout.nodes > 1 and layout.ranks_per_node > 1

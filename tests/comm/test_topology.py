@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.comm.topology import RANKS_PER_NODE_ENV, _layout, requested_ranks_per_node
+from compcoll.comm.topology import RANKS_PER_NODE_ENV, LayoutError, _layout, requested_ranks_per_node
 from compcoll.launcher import run
 
 
@@ -28,11 +28,15 @@ def test_disagreeing_ranks_are_refused_on_every_rank() -> None:
     run("tests.comm.topology_workers:refused", 4, "gloo", args=([2, 2, 1, 2], "different ranks_per_node"))
 
 
+def test_a_bad_request_on_one_rank_is_refused_on_every_rank() -> None:
+    run("tests.comm.topology_workers:refused", 4, "gloo", args=([2, 2, 0, 2], "not a positive integer on rank(s) [2]"))
+
+
 def test_hostname_layout() -> None:
     a, b = 11, -7
     assert _layout([a, b, a, b], 0) == [0, 1, 0, 1]
     assert _layout([b, b, a, a, a, b], 0) == [0, 0, 1, 1, 1, 0]
-    with pytest.raises(ValueError, match=r"different numbers of ranks \(\[2, 1\]"):
+    with pytest.raises(LayoutError, match=r"different numbers of ranks \(\[2, 1\]"):
         _layout([a, a, b], 0)
 
 

@@ -1,8 +1,11 @@
-"""Rank-side body of the channel test: ranks that disagree on the node layout fail alike."""
+"""Rank-side bodies of the channel tests: ranks that disagree on, or cannot form, a node layout."""
 
 from __future__ import annotations
 
+import os
+
 import compcoll
+from compcoll.comm.topology import RANKS_PER_NODE_ENV
 from compcoll.optim.channel import ErrorFeedbackChannel
 
 
@@ -14,3 +17,26 @@ def layout_disagreement(comm: compcoll.Communicator) -> None:
         assert "ranks_per_node" in str(exc), exc
     else:
         raise AssertionError("ranks that disagree on the layout built a channel")
+
+
+def bad_request_on_one_rank(comm: compcoll.Communicator) -> None:
+    """A COMPCOLL_RANKS_PER_NODE that is not a positive integer on the last rank: ValueError on every rank, naming it."""
+    last = comm.size - 1
+    os.environ[RANKS_PER_NODE_ENV] = "two" if comm.rank == last else "1"
+    try:
+        ErrorFeedbackChannel(comm, 1000)
+    except ValueError as exc:
+        assert f"not a positive integer on rank(s) [{last}]" in str(exc), exc
+        assert ("this rank: " in str(exc)) == (comm.rank == last), exc
+    else:
+        raise AssertionError("a bad COMPCOLL_RANKS_PER_NODE built a channel")
+    finally:
+        del os.environ[RANKS_PER_NODE_ENV]
+    comm.barrier()
+
+
+def uneven_nodes_go_flat(comm: compcoll.Communicator) -> None:
+    """ranks_per_node that does not divide the world: the flat form on every rank, and the channel works."""
+    channel = ErrorFeedbackChannel(comm, 1000, ranks_per_node=2)
+    assert not channel.hierarchical
+    comm.barrier()

@@ -241,7 +241,7 @@ def _decode_host(bits: np.ndarray, positive: np.ndarray, out: torch.Tensor) -> N
 
 
 def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode`` into ``out`` (contiguous)."""
+    """out (contiguous) <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode``."""
     if rows.is_cpu and out.dtype == torch.float32:
         table = rows.numpy()
         _decode_host(table[:, SCALE_BYTES:], _heads(table), out)

@@ -94,6 +94,18 @@ def test_scenario_counts_what_the_link_carries_for_every_method(tmp_path: Path) 
     assert result["summary"]["all"]["points"] == 2 and "gloo_1gbit_2x1" in text
 
 
+def test_progress_probe_times_every_mode_on_both_backends() -> None:
+    """The progress probe: 2 nodes x 1 rank at 1 Gbit/s, every mode timed per backend and size."""
+    import progress
+
+    table, report = progress.probe_link("1gbit", [4096, 65536], 2, ["gloo", "mpi"])
+    for backend in ("gloo", "mpi"):
+        assert [row["bytes"] for row in report[backend]] == [4096, 65536]
+        for row in report[backend]:
+            assert all(row[f"{mode} ms"] >= 0 and row[f"start ({mode}) ms"] > 0 for mode in progress.MODES), row
+        assert table.count(f"  {backend:>8} ") == 2
+
+
 def test_suite_methods_per_layout() -> None:
     import suite
 

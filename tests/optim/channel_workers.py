@@ -20,7 +20,7 @@ def layout_disagreement(comm: compcoll.Communicator) -> None:
 
 
 def bad_request_on_one_rank(comm: compcoll.Communicator) -> None:
-    """A COMPCOLL_RANKS_PER_NODE that is not a positive integer on the last rank: ValueError on every rank, naming it."""
+    """COMPCOLL_RANKS_PER_NODE not a positive integer on the last rank: ValueError on every rank, naming it."""
     last = comm.size - 1
     os.environ[RANKS_PER_NODE_ENV] = "two" if comm.rank == last else "1"
     try:

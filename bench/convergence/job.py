@@ -16,11 +16,13 @@ OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam":
 
 
 class AveragedAdam:
-    """The uncompressed baseline: torch.optim.Adam on the exact average of the ranks' gradients."""
+    """The uncompressed baseline: torch.optim.Adam on the exact average of the ranks' gradients,
+    clipped to norm ``clip`` first where it is not 0."""
 
-    def __init__(self, params, comm: compcoll.Communicator, **kwargs) -> None:
+    def __init__(self, params, comm: compcoll.Communicator, clip: float = 0.0, **kwargs) -> None:
         self.params = list(params)
         self.comm = comm
+        self.clip = clip
         self.adam = torch.optim.Adam(self.params, **kwargs)
         self.steps = 0
 
@@ -31,6 +33,8 @@ class AveragedAdam:
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
         exact_average(flat, self.comm, flat)
         torch.nn.utils.vector_to_parameters(flat, [p.grad for p in self.params])
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.adam.step()
         self.steps += 1
 
@@ -40,17 +44,21 @@ class DeepSpeedOneBitAdam:
 
     1. ``deepspeed.initialize`` wraps the model with fp32, ZeRO off, the global batch split
        over the ranks, and OnebitAdam with ``comm_backend_name="compressed"`` (its
-       torch.distributed backend, the one that runs on CPU).
+       torch.distributed backend, the one that runs on CPU). The engine clips gradients to
+       norm ``gradient_clipping`` (0: not at all; DeepSpeed's default is 1.0): the averaged
+       ones during warmup, each rank's own once compression starts.
     2. ``backward`` is the engine's: the loss's gradients, then (during warmup) the engine's
        allreduce of them; ``step`` is the engine's. As in DeepSpeed, the first step only sets
        up the error buffers and leaves the parameters alone.
     """
 
-    def __init__(self, model: torch.nn.Module, comm: compcoll.Communicator, batch: int, **kwargs) -> None:
+    def __init__(self, model: torch.nn.Module, comm: compcoll.Communicator, batch: int, gradient_clipping: float,
+                 **kwargs) -> None:
         import deepspeed_shim
 
         deepspeed = deepspeed_shim.load()
         config = {"train_batch_size": batch, "train_micro_batch_size_per_gpu": batch // comm.size,
+                  "gradient_clipping": gradient_clipping,
                   "optimizer": {"type": "OneBitAdam", "params": {**kwargs, "comm_backend_name": "compressed"}}}
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 
@@ -68,22 +76,26 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     """Train with one optimizer; rank 0 writes the curve and the byte counts to config["out"] (JSON).
 
     1. Every rank takes its own share of each global batch (the same batches in every run).
-    2. Every ``eval_every`` steps rank 0 records the task's evaluation (training loss and its
+    2. With ``config["clip"]`` (0 or absent: none) gradients are clipped to that norm: the
+       baselines' averaged ones and DeepSpeed's as its engine does, compcoll's optimizers'
+       each rank's own before its step (what their users can do).
+    3. Every ``eval_every`` steps rank 0 records the task's evaluation (training loss and its
        metric: test accuracy, validation loss) of its own parameters.
-    3. At the end every rank's ``comm.bytes_sent`` and its intra-node / inter-node split
+    4. At the end every rank's ``comm.bytes_sent`` and its intra-node / inter-node split
        (``compcoll.topology(comm).traffic``) are gathered (DeepSpeed's traffic goes around
        compcoll's counters: its run reads 0 bytes, and the report leaves them out).
     """
     config = json.loads(config_json)
     task = TASKS[config["task"]](config)
     model = task.model
-    kind, kwargs = config["optimizer"], config["kwargs"]
+    kind, kwargs, clip = config["optimizer"], config["kwargs"], config.get("clip", 0.0)
     if kind == "Adam":
-        opt = AveragedAdam(model.parameters(), comm, **kwargs)
+        opt = AveragedAdam(model.parameters(), comm, clip, **kwargs)
     elif kind == "DeepSpeedOneBitAdam":
-        opt = DeepSpeedOneBitAdam(model, comm, config["batch"], **kwargs)
+        opt = DeepSpeedOneBitAdam(model, comm, config["batch"], clip, **kwargs)
     else:
         opt = OPTIMIZERS[kind](model.parameters(), comm=comm, **kwargs)
+    local_clip = clip if kind in OPTIMIZERS else 0.0
     backward = getattr(opt, "backward", torch.Tensor.backward)
     curve = []
     layout = compcoll.topology(comm)
@@ -96,6 +108,8 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
             break
         opt.zero_grad()
         backward(task.loss(step, comm.rank, comm.size))
+        if local_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), local_clip)
         opt.step()
     seconds = time.perf_counter() - start
     traffic = [now - before for now, before in zip(layout.traffic(comm), start_traffic)]

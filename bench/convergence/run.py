@@ -21,7 +21,9 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    steps; README, "Optimizers").
    With ``--deepspeed`` (needs ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own
    OnebitAdam runs too, in its engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with
-   1-bit Adam's settings.
+   1-bit Adam's settings and, like every other run, no gradient clipping; then the runs
+   "... clip" clip gradients to norm 1.0, DeepSpeed's engine default: Adam the averaged
+   gradient, 1-bit Adam each rank's own before its step, DeepSpeed as its engine does.
 3. Write OUT.json (curves, bytes per rank, settings), OUT.txt (final loss and the task's
    metric side by side, bytes per rank and the reduction against the uncompressed
    allreduce) and OUT.png (loss and metric curves).
@@ -43,8 +45,14 @@ from compcoll.launcher import run  # noqa: E402
 def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> list[dict]:
     """(name, optimizer, kwargs, baseline name) of every run; phases scale with ``steps``."""
     freeze = steps * 3 // 20
-    peer = [dict(name="DS 1-bit Adam", optimizer="DeepSpeedOneBitAdam", baseline="Adam", backend="gloo",
-                 kwargs=dict(lr=lr, eps=eps, freeze_step=freeze))] if deepspeed else []
+    onebit = dict(lr=lr, eps=eps, freeze_step=freeze)
+    peer = [
+        dict(name="DS 1-bit Adam", optimizer="DeepSpeedOneBitAdam", baseline="Adam", backend="gloo", kwargs=onebit),
+        dict(name="Adam clip", optimizer="Adam", baseline=None, clip=1.0, kwargs=dict(lr=lr, eps=eps)),
+        dict(name="1-bit Adam clip", optimizer="OneBitAdam", baseline="Adam clip", clip=1.0, kwargs=onebit),
+        dict(name="DS 1-bit Adam clip", optimizer="DeepSpeedOneBitAdam", baseline="Adam clip", backend="gloo",
+             clip=1.0, kwargs=onebit),
+    ] if deepspeed else []
     return [
         dict(name="Adam", optimizer="Adam", kwargs=dict(lr=lr, eps=eps), baseline=None),
         dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam", kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),

@@ -32,6 +32,10 @@ class Node:
         host, so without it ranks would meet through shared memory and never touch the link."""
         return {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self", "UCX_NET_DEVICES": self.interface}
 
+    def env(self, backend: str) -> dict[str, str]:
+        """The environment a rank of ``backend`` ("gloo" or "mpi") needs on this node."""
+        return self.gloo_env() if backend == "gloo" else self.mpi_env()
+
     def prefix(self) -> list[str]:
         """The command prefix that runs a program inside this node."""
         return ["ip", "netns", "exec", self.namespace]

@@ -88,8 +88,7 @@ def probe_link(rate: str, sizes: list[int], runs: int, backends: list[str]) -> t
         for backend in backends:
             text = run(f"{Path(__file__).stem}:probe", 2, backend, timeout=600, args=(sizes, runs),
                        rank_prefix=[h.prefix() for h in hosts],
-                       rank_env=[{**(h.gloo_env() if backend == "gloo" else h.mpi_env()), "NUMBA_NUM_THREADS": "1"}
-                                 for h in hosts],
+                       rank_env=[{**h.env(backend), "NUMBA_NUM_THREADS": "1"} for h in hosts],
                        master_addr=hosts[0].address)
             rows = json.loads(next(line for line in text.splitlines() if line.startswith("PROBE "))[6:])
             report[backend] = rows

@@ -50,7 +50,7 @@ def run_scenario(rate: str, nodes: int, ranks_per_node: int, backend: str, bench
             args=([*bench_args, "--ranks-per-node", str(ranks_per_node), "--nic", INTERFACE, "--json", str(report),
                    "--progress", f"/proc/{os.getpid()}/fd/2"],),
             rank_prefix=[node.prefix() for node in placed],
-            rank_env=[{**(node.gloo_env() if backend == "gloo" else node.mpi_env()), **compute} for node in placed],
+            rank_env=[{**node.env(backend), **compute} for node in placed],
             master_addr=hosts[0].address,
         )
         result = json.loads(report.read_text())

@@ -147,7 +147,8 @@ def _accumulate(piece: tuple[Work, int, int], recv: torch.Tensor, weights: torch
     work.wait()
     rows = recv[n * a // 8:n * b // 8].view(n, (b - a) // 8)
     mine = lanes[a // BLOCK * LANES:a // BLOCK * LANES + codecs.lane_count(b - a)]
-    codecs.accumulate_lanes(rows, weights, server_error[a:b], server_error[a:b], b - a, mine, scale_kind)
+    errors = server_error[a:b]
+    codecs.accumulate_lanes(rows, weights, errors, errors, b - a, mine, scale_kind)
 
 
 def _decode(piece: tuple[Work, torch.Tensor, int, int], scales: list[torch.Tensor], out: torch.Tensor,

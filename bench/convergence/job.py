@@ -12,7 +12,17 @@ from compcoll.algorithms.exact import exact_average
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
 from tasks import TASKS
 
-OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam, "Birder": Birder}
+
+class ExactBirder(Birder):
+    """Birder's uncompressed baseline: the same steps, with the exact float32 average of the ranks' ratios m / b
+    in place of the 1-bit hierarchical estimate (what Birder is when nothing is compressed)."""
+
+    def _combine(self, ratio: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return exact_average(ratio, self.comm, out, self.workspace)
+
+
+OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam, "Birder": Birder,
+              "ExactBirder": ExactBirder}
 
 
 class AveragedAdam:

@@ -9,9 +9,10 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    ``tasks.py``, on data that ships with installed packages, no download): ``digits``, an
    MLP on scikit-learn's 8x8 digits (1437 train / 360 test images); ``lm``, a causal
    transformer predicting the next byte of Python's reference docs (``pydoc_data``).
-2. Baselines: torch.optim.Adam on the exact average of the gradients every step, and
-   OneBitLamb with its warmup never ending (= LAMB, uncompressed every step). The runs
-   named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
+2. Baselines: torch.optim.Adam on the exact average of the gradients every step,
+   OneBitLamb with its warmup never ending (= LAMB, uncompressed every step), and Birder
+   with the exact average of its ratios (``job.ExactBirder``); the table also gives every
+   run against Adam. The runs named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
    the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
    the defaults (the update direction m / (sqrt(v) + eps)). "1-bit
    Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights) and is
@@ -63,7 +64,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
         dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam",
              kwargs=dict(lr=lr, eps=eps, var_freeze_step=steps // 5, local_step_scaler=steps // 10,
                          local_step_clipper=2)),
-        dict(name="Birder", optimizer="Birder", baseline="Adam", kwargs=dict(lr=lr)),
+        dict(name="Birder exact", optimizer="ExactBirder", baseline=None, kwargs=dict(lr=lr)),
+        dict(name="Birder", optimizer="Birder", baseline="Birder exact", kwargs=dict(lr=lr)),
         dict(name="LAMB", optimizer="OneBitLamb", baseline=None, kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=10**9)),
         dict(name="1-bit LAMB", optimizer="OneBitLamb", baseline="LAMB",
              kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze)),
@@ -88,6 +90,7 @@ def main() -> int:
     p.add_argument("--lamb-lr", type=float, default=5e-3, help="learning rate of the LAMB runs")
     p.add_argument("--eps", type=float, default=1e-8, help="eps of every Adam / LAMB run (torch's and DeepSpeed's default)")
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="the order of the batches (the model's initial weights stay)")
     p.add_argument("--deepspeed", action="store_true", help="also run DeepSpeed 0.19.6's OnebitAdam (the peer)")
     p.add_argument("--ranks-per-node", type=int, help="emulate nodes of k consecutive ranks (COMPCOLL_RANKS_PER_NODE)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json, OUT.txt and OUT.png")
@@ -97,7 +100,8 @@ def main() -> int:
         for i, spec in enumerate(runs(args.steps, args.eps, args.lr, args.lamb_lr, args.deepspeed)):
             out = Path(tmp) / f"{i}.json"
             config = dict(spec, task=args.task, hidden=args.hidden, layers=args.layers, context=args.context,
-                          batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=0, out=str(out))
+                          batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
+                          out=str(out))
             env = {"COMPCOLL_RANKS_PER_NODE": str(args.ranks_per_node)} if args.ranks_per_node else None
             run("job:train", args.ranks, spec.get("backend", "mpi"), args=(json.dumps(config),), timeout=1800, env=env)
             result = json.loads(out.read_text())
@@ -117,13 +121,15 @@ def main() -> int:
 def report(results: list[dict], args) -> str:
     """The side-by-side table: final loss, the task's metric and its gap to the baseline, bytes and the reduction.
 
-    Digits: test accuracy (and its mean over the last 4 evaluations), the gap in points.
-    LM: validation loss (nats per byte), the gap in percent of the baseline's.
+    Digits: test accuracy (and its mean over the last 4 evaluations), the gaps in points.
+    LM: validation loss (nats per byte), the gaps in percent of the other run's. Each run
+    is given against its baseline and against Adam.
     """
     by_name = {r["name"]: r for r in results}
     uncompressed = max(by_name["Adam"]["bytes_per_rank"])
     inter_uncompressed = max(by_name["Adam"]["inter_bytes_per_rank"])
     nodes = results[0]["nodes"]
+    width = max(len(r["name"]) for r in results) + 1
     if args.task == "digits":
         model = f"digits MLP 64-{args.hidden}-{args.hidden}-10"
         columns = f"{'test acc':>10}{'acc last 4':>11}"
@@ -137,7 +143,7 @@ def report(results: list[dict], args) -> str:
         f"inter = the part sent to other nodes",
         "# reduction = bytes of the uncompressed allreduce every step (the Adam run) / bytes of the run; - where "
         "compcoll's counters do not see the traffic (DeepSpeed's)",
-        f"{'run':<16}{'final loss':>11}{columns}{'vs base':>9}{'MB/rank':>10}{'reduction':>11}"
+        f"{'run':<{width}}{'final loss':>11}{columns}{'vs base':>9}{'vs Adam':>9}{'MB/rank':>10}{'reduction':>11}"
         + (f"{'inter MB':>10}{'inter red.':>11}" if nodes > 1 else ""),
     ]
     for r in results:
@@ -146,17 +152,24 @@ def report(results: list[dict], args) -> str:
         if args.task == "digits":
             value, last = (100 * curve[-1]["test_accuracy"], 100 * sum(c["test_accuracy"] for c in curve[-4:]) / 4)
             metric = f"{value:>9.2f}%{last:>10.2f}%"
-            gap = "" if base is None else f"{value - 100 * base['curve'][-1]['test_accuracy']:+.2f}pt"
         else:
             value, last = curve[-1]["val_loss"], sum(c["val_loss"] for c in curve[-4:]) / 4
             metric = f"{value:>10.4f}{last:>11.4f}"
-            gap = "" if base is None else f"{100 * (value / base['curve'][-1]['val_loss'] - 1):+.1f}%"
+        gap = "" if base is None else _gap(args.task, value, base)
+        against_adam = "" if r["name"] == "Adam" else _gap(args.task, value, by_name["Adam"])
         sent, inter = max(r["bytes_per_rank"]), max(r["inter_bytes_per_rank"])
         volume = f"{sent / 1e6:>10.2f}{uncompressed / sent:>10.1f}x" if sent else f"{'-':>10}{'-':>11}"
         if nodes > 1:
             volume += f"{inter / 1e6:>10.2f}{inter_uncompressed / inter:>10.1f}x" if inter else f"{'-':>10}{'-':>11}"
-        lines.append(f"{r['name']:<16}{curve[-1]['train_loss']:>11.4f}{metric}{gap:>9}{volume}")
+        lines.append(f"{r['name']:<{width}}{curve[-1]['train_loss']:>11.4f}{metric}{gap:>9}{against_adam:>9}{volume}")
     return "\n".join(lines)
+
+
+def _gap(task: str, value: float, base: dict) -> str:
+    """The final metric against another run's: accuracy points (digits) or percent of its validation loss (LM)."""
+    if task == "digits":
+        return f"{value - 100 * base['curve'][-1]['test_accuracy']:+.2f}pt"
+    return f"{100 * (value / base['curve'][-1]['val_loss'] - 1):+.1f}%"
 
 
 def plot(results: list[dict], path: Path) -> None:

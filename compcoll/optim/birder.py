@@ -80,11 +80,18 @@ class Birder(CompressedOptimizer):
             b[sl].mul_(b2).add_(grad[sl].abs(), alpha=1 - b2)
             torch.div(m[sl], b[sl], out=ratio[sl])
         ratio.masked_fill_(b == 0, 0.0)
-        mean = self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device)
-        hierarchical_allreduce(ratio, self.comm, ranks_per_node=self.ranks_per_node, seed=self.seed,
-                               step=self.steps, out=mean)
+        mean = self._combine(ratio, self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device))
         mean.masked_fill_(~self.live, 0.0)
         for group, sl in self._groups():
             if group["weight_decay"]:
                 mean[sl].add_(p[sl], alpha=group["weight_decay"])
             p[sl].add_(mean[sl], alpha=-group["lr"])
+
+    def _combine(self, ratio: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Step 3: the ranks' 1-bit estimate of the average of ``ratio``, into ``out``.
+
+        The one place Birder compresses: the convergence bench's uncompressed baseline
+        (``bench/convergence/job.py``, ``ExactBirder``) replaces it with the exact average.
+        """
+        return hierarchical_allreduce(ratio, self.comm, ranks_per_node=self.ranks_per_node, seed=self.seed,
+                                      step=self.steps, out=out)

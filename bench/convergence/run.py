@@ -12,19 +12,19 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 2. Baselines: torch.optim.Adam on the exact average of the gradients every step,
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step), and Birder
    with the exact average of its ratios (``job.ExactBirder``); the table also gives every
-   run against Adam. The runs named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
-   the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
-   the defaults (the update direction m / (sqrt(v) + eps)). "1-bit
-   Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights) and is
-   compared with the float32 "1-bit Adam" run. 0/1 Adam's phases scale with the run:
-   variance refreshes until ``steps // 5``, local intervals doubling every ``steps // 10``
-   steps and capped at 2 (DeepSpeed's cap of 16 and scaler of 32768 suit runs of 10^5
-   steps; README, "Optimizers").
-   With ``--deepspeed`` (needs ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own
-   OnebitAdam runs too, in its engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with
-   1-bit Adam's settings and, like every other run, no gradient clipping; then the runs
-   "... clip" clip gradients to norm 1.0, DeepSpeed's engine default: Adam the averaged
-   gradient, 1-bit Adam each rank's own before its step, DeepSpeed as its engine does.
+   run against Adam. The runs named "... m" compress the momentum, as DeepSpeed does
+   (``compress="momentum"``, and the l2 scale; 1-bit LAMB m also freezes the trust ratios
+   as DeepSpeed does), beside the defaults (the update direction m / (sqrt(v) + eps)).
+   "1-bit Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights)
+   and is compared with the float32 "1-bit Adam" run. 0/1 Adam's phases scale with the
+   run: variance refreshes until ``steps // 5``, local intervals doubling every
+   ``steps // 10`` steps and capped at 2 (DeepSpeed's cap of 16 and scaler of 32768 suit
+   runs of 10^5 steps; README, "Optimizers"). With ``--deepspeed`` (needs
+   ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own OnebitAdam runs too, in its
+   engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with 1-bit Adam's settings and,
+   like every other run, no gradient clipping; then the runs "... clip" clip gradients to
+   norm 1.0, DeepSpeed's engine default: Adam the averaged gradient, 1-bit Adam each
+   rank's own before its step, DeepSpeed as its engine does.
 3. Write OUT.json (curves, bytes per rank, settings), OUT.txt (final loss and the task's
    metric side by side, bytes per rank and the reduction against the uncompressed
    allreduce) and OUT.png (loss and metric curves).

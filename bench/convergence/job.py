@@ -10,6 +10,7 @@ import torch
 import compcoll
 from compcoll.algorithms.exact import exact_average
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+from compcoll.workspace import Workspace
 from tasks import TASKS
 
 
@@ -21,8 +22,32 @@ class ExactBirder(Birder):
         return exact_average(ratio, self.comm, out, self.workspace)
 
 
+class ExactChannel:
+    """An error-feedback channel's ``average_except`` with nothing compressed: the exact float32 average."""
+
+    def __init__(self, comm: compcoll.Communicator, workspace: Workspace) -> None:
+        self.comm = comm
+        self.workspace = workspace
+
+    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
+        exact_average(tensor, self.comm, out, self.workspace)
+        return out.masked_fill_(silent, 0.0)
+
+
+class FrozenVarianceLamb(OneBitLamb):
+    """1-bit LAMB with nothing compressed: after the freeze, the exact average of what it would send in 1 bit.
+
+    What is left is its frozen variance (and fresh trust ratios); 1-bit LAMB's gap to this
+    run is what its compression costs, and this run's gap to LAMB what freezing v costs.
+    """
+
+    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
+                        scale: str = "l2") -> ExactChannel:
+        return ExactChannel(self.comm, self.workspace)
+
+
 OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam, "Birder": Birder,
-              "ExactBirder": ExactBirder}
+              "ExactBirder": ExactBirder, "FrozenVarianceLamb": FrozenVarianceLamb}
 
 
 class AveragedAdam:

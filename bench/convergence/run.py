@@ -12,9 +12,11 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 2. Baselines: torch.optim.Adam on the exact average of the gradients every step,
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step), and Birder
    with the exact average of its ratios (``job.ExactBirder``); the table also gives every
-   run against Adam. The runs named "... m" compress the momentum, as DeepSpeed does
-   (``compress="momentum"``, and the l2 scale; 1-bit LAMB m also freezes the trust ratios
-   as DeepSpeed does), beside the defaults (the update direction m / (sqrt(v) + eps)).
+   run against Adam. "LAMB frozen v" is 1-bit LAMB with the exact average where it sends
+   1 bit (``job.FrozenVarianceLamb``): its frozen variance without compression. The runs
+   named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
+   the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
+   the defaults (the update direction m / (sqrt(v) + eps)).
    "1-bit Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights)
    and is compared with the float32 "1-bit Adam" run. 0/1 Adam's phases scale with the
    run: variance refreshes until ``steps // 5``, local intervals doubling every
@@ -67,6 +69,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
         dict(name="Birder exact", optimizer="ExactBirder", baseline=None, kwargs=dict(lr=lr)),
         dict(name="Birder", optimizer="Birder", baseline="Birder exact", kwargs=dict(lr=lr)),
         dict(name="LAMB", optimizer="OneBitLamb", baseline=None, kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=10**9)),
+        dict(name="LAMB frozen v", optimizer="FrozenVarianceLamb", baseline="LAMB",
+             kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit LAMB", optimizer="OneBitLamb", baseline="LAMB",
              kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit LAMB m", optimizer="OneBitLamb", baseline="LAMB",

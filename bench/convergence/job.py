@@ -42,7 +42,7 @@ class FrozenVarianceLamb(OneBitLamb):
     """
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
-                        scale: str = "l2") -> ExactChannel:
+                        scale: str = "l2", protocol: str = "gather_scatter") -> ExactChannel:
         return ExactChannel(self.comm, self.workspace)
 
 

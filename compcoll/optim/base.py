@@ -10,6 +10,7 @@ import torch
 from ..algorithms.agreement import Option, agree, checked
 from ..algorithms.exact import exact_average
 from ..algorithms.inputs import check_scale
+from ..algorithms.onebit import PROTOCOLS
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
 from ..workspace import Workspace
@@ -22,13 +23,17 @@ COMPRESSED = ("update", "momentum")
 (DeepSpeed's choice); docs/architecture.md, "Algorithms"."""
 
 
-def compression_options(what: str, compress: str, scale: str) -> tuple[Option, ...]:
-    """Check ``compress`` (one of ``COMPRESSED``) and ``scale`` (``spec.SCALES``); the agreed option of ``compress``."""
+def compression_options(what: str, compress: str, scale: str, protocol: str = "gather_scatter") -> tuple[Option, ...]:
+    """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol`` (``PROTOCOLS``);
+    the options of ``compress`` and ``protocol`` that all ranks must agree on."""
     if not isinstance(compress, str) or compress not in COMPRESSED:
         raise ValueError(f"{what}: compress {compress!r} is not one of {COMPRESSED} (update: m / (sqrt(v) + eps); "
                          f"momentum: m, as DeepSpeed)")
     check_scale(what, scale)
-    return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),)
+    if not isinstance(protocol, str) or protocol not in PROTOCOLS:
+        raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+    return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),
+            Option("1-bit protocols", PROTOCOLS.index(protocol), PROTOCOLS))
 
 
 class CompressedOptimizer(torch.optim.Optimizer):
@@ -107,10 +112,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return buf
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
-                        scale: str = "l2") -> ErrorFeedbackChannel:
+                        scale: str = "l2", protocol: str = "gather_scatter") -> ErrorFeedbackChannel:
         """The 1-bit channel for the flat vector; ``state_dict`` saves its error buffers (the channel owns them)."""
         self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical, scale,
-                                             self.flat.device)
+                                             self.flat.device, protocol)
         return self._channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:

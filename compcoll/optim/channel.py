@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
-from ..algorithms.onebit import FlatPlan
+from ..algorithms.onebit import PROTOCOLS, FlatPlan
 from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
 from ..comm.topology import LayoutError, requested_ranks_per_node, topology
@@ -18,7 +18,7 @@ class ErrorFeedbackChannel:
 
     1. Choose the algorithm once: ``hierarchical=None`` takes the hierarchical form
        (float32 inside a node, 1-bit gather-scatter between nodes) when the ranks form
-       several equal nodes of more than one rank each, else the flat gather-scatter;
+       several equal nodes of more than one rank each, else the flat form (``protocol``);
        True / False force it.
     2. Build its plan; the plan's ``ErrorFeedback`` holds the worker and server errors and
        knows which elements of the vector each covers, so that ``forget`` can clear them.
@@ -30,15 +30,27 @@ class ErrorFeedbackChannel:
         hierarchical: None (auto), True or False.
         scale: the 1-bit scale, "l2" or "l1" (``compressed_allreduce``'s ``scale``).
         device: where the vectors and the error buffers live (the optimizer's parameters' device).
+        protocol: the flat form's protocol, "gather_scatter" or "allgather" (``compressed_allreduce``'s);
+            "allgather" compresses once and sends (n - 1) / 2 times the bytes per rank, so it has no
+            hierarchical form: with several nodes pass ``hierarchical=False``.
+
+    Raises:
+        ValueError: ``protocol`` is unknown, or "allgather" where the hierarchical form is chosen
+            (alike on every rank: the choice is the same everywhere).
     """
 
     def __init__(
         self, comm: Communicator, numel: int, ranks_per_node: int | None = None, hierarchical: bool | None = None,
-        scale: str = "l2", device: torch.device | str = "cpu",
+        scale: str = "l2", device: torch.device | str = "cpu", protocol: str = "gather_scatter",
     ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"ErrorFeedbackChannel: protocol {protocol!r} is not one of {PROTOCOLS}")
         self.comm = comm
         self.numel = numel
         self.hierarchical = _use_hierarchical(comm, ranks_per_node) if hierarchical is None else bool(hierarchical)
+        if self.hierarchical and protocol != "gather_scatter":
+            raise ValueError(f"ErrorFeedbackChannel: the {protocol} protocol has no hierarchical form; these ranks "
+                             f"form several nodes, so pass hierarchical=False to use it between all ranks")
         device = torch.device(device)
         self.plan: FlatPlan | CompensatedPlan
         if self.hierarchical:
@@ -46,7 +58,7 @@ class ErrorFeedbackChannel:
             self.plan = CompensatedPlan(comm, numel, device, requested_ranks_per_node(ranks_per_node),
                                         ranks_per_node, hierarchical_error_numels(numel, comm.size, k), scale)
         else:
-            self.plan = FlatPlan(comm, numel, device, "gather_scatter", None, scale)
+            self.plan = FlatPlan(comm, numel, device, protocol, None, scale)
 
     @property
     def error_feedback(self) -> ErrorFeedback:

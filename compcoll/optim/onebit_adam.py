@@ -53,6 +53,11 @@ class OneBitAdam(CompressedOptimizer):
             (||x|| / sqrt(d), DeepSpeed's). On the causal LM of bench/convergence (eps 1e-8)
             "l1" ends 0.8% below Adam's validation loss and "l2" 15.3% above (README,
             "Optimizers"); on digits both end level.
+        protocol: the flat 1-bit allreduce's protocol: "gather_scatter" (default; each
+            coordinate compressed twice, by its sender and by the rank that sums its chunk)
+            or "allgather" (compressed once, the exact average of every rank's 1-bit
+            estimate; (n - 1) / 2 times the bytes per rank, the same at n = 2; flat only,
+            so with several nodes also pass ``hierarchical=False``).
     """
 
     _scalar_names = ()
@@ -72,9 +77,10 @@ class OneBitAdam(CompressedOptimizer):
         nonfinite: str = "skip",
         compress: str = "update",
         scale: str = "l1",
+        protocol: str = "gather_scatter",
     ) -> None:
         check_hyperparameters(type(self).__name__, lr, betas, eps, weight_decay)
-        options = compression_options(type(self).__name__, compress, scale)
+        options = compression_options(type(self).__name__, compress, scale, protocol)
         if freeze_step < 0:
             raise ValueError(f"OneBitAdam: freeze_step must be >= 0, got {freeze_step}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
@@ -83,7 +89,7 @@ class OneBitAdam(CompressedOptimizer):
         self.compress = compress
         self.exp_avg = self._buffer("exp_avg")
         self.exp_avg_sq = self._buffer("exp_avg_sq")
-        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
 
     @property
     def compressing(self) -> bool:

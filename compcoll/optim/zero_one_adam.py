@@ -44,7 +44,7 @@ class ZeroOneAdam(CompressedOptimizer):
 
     Args:
         params, lr, betas, eps, weight_decay, comm, ranks_per_node, hierarchical,
-            nonfinite, compress, scale: as for ``OneBitAdam``.
+            nonfinite, compress, scale, protocol: as for ``OneBitAdam``.
         var_freeze_step: the last step of the variance phase.
         var_update_scaler: refreshes of v per interval before the interval doubles.
         local_step_scaler: local-phase steps per doubling of the synchronisation interval.
@@ -71,10 +71,11 @@ class ZeroOneAdam(CompressedOptimizer):
         nonfinite: str = "skip",
         compress: str = "update",
         scale: str = "l1",
+        protocol: str = "gather_scatter",
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
-        options = compression_options(what, compress, scale)
+        options = compression_options(what, compress, scale, protocol)
         for name, value in (("var_freeze_step", var_freeze_step), ("var_update_scaler", var_update_scaler),
                             ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
             if not isinstance(value, int) or value < 1:
@@ -94,7 +95,7 @@ class ZeroOneAdam(CompressedOptimizer):
         self.accumulator = self._buffer("momentum_accumulator")
         self.synced_params = self._buffer("synced_params")
         self.lr_sums = self._buffer("lr_sums", len(self.param_groups), torch.float64)
-        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale)
+        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
 
     @property
     def synchronized(self) -> bool:

@@ -40,3 +40,16 @@ def uneven_nodes_go_flat(comm: compcoll.Communicator) -> None:
     channel = ErrorFeedbackChannel(comm, 1000, ranks_per_node=2)
     assert not channel.hierarchical
     comm.barrier()
+
+
+def allgather_needs_flat(comm: compcoll.Communicator) -> None:
+    """The allgather protocol where the ranks form several nodes: ValueError on every rank, unless forced flat."""
+    try:
+        ErrorFeedbackChannel(comm, 1000, ranks_per_node=2, protocol="allgather")
+    except ValueError as exc:
+        assert "hierarchical=False" in str(exc), exc
+    else:
+        raise AssertionError("the allgather protocol built a hierarchical channel")
+    channel = ErrorFeedbackChannel(comm, 1000, ranks_per_node=2, hierarchical=False, protocol="allgather")
+    assert channel.plan.protocol == "allgather"
+    comm.barrier()

@@ -167,13 +167,20 @@ def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
         raise AssertionError("no RankMismatchError")
 
 
-def compress_mismatch(comm: compcoll.Communicator, name: str) -> None:
-    """Ranks that ask for different compressed quantities get RankMismatchError at construction, naming it."""
+OPTION_CHOICES = {"compress": ("update", "momentum", "compressed quantities"),
+                  "protocol": ("gather_scatter", "allgather", "1-bit protocols"),
+                  "variance_refresh": (0, 8, "variance refresh intervals")}
+"""Per option an optimizer's ranks must agree on: rank 0's value, the others', and the name errors give it."""
+
+
+def option_mismatch(comm: compcoll.Communicator, name: str, option: str) -> None:
+    """Ranks that choose ``option`` differently get RankMismatchError at construction, naming it."""
     cls, kwargs = CONFIGS[name]
+    first, other, label = OPTION_CHOICES[option]
     try:
-        cls(Net().parameters(), comm=comm, compress="update" if comm.rank else "momentum", **kwargs)
+        cls(Net().parameters(), comm=comm, **{option: other if comm.rank else first}, **kwargs)
     except compcoll.RankMismatchError as exc:
-        assert "compressed quantities" in str(exc), exc
+        assert label in str(exc), exc
     else:
         raise AssertionError("no RankMismatchError")
 
@@ -251,7 +258,7 @@ def _exact(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
-            ranks_per_node: int = 0, scale: str = "l2") -> torch.Tensor:
+            ranks_per_node: int = 0, scale: str = "l2", protocol: str = "gather_scatter") -> torch.Tensor:
     """The reference 1-bit allreduce of every rank's vector, zero where ``silent``, errors cleared there.
 
     With ``ranks_per_node`` k, the hierarchical compensated form: rank m*k + j's worker error
@@ -265,7 +272,8 @@ def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarra
         starts = [((r % ranks_per_node) * shard, (r % ranks_per_node) * shard + (r // ranks_per_node) * sub)
                   for r in range(n)]
     else:
-        outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se, scale=scale)
+        outs, new_we, new_se, _ = reference.compressed_allreduce([v.numpy() for v in values], we, se, protocol,
+                                                                 scale)
         starts = [(0, r * se[0].size) for r in range(n)]
     mask = np.concatenate([silent.numpy(), np.zeros(n * se[0].size, bool)])
     for q, (worker_start, server_start) in enumerate(starts):
@@ -277,12 +285,13 @@ def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarra
 
 
 def _sent(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
-          compress: str, denom: torch.Tensor, ranks_per_node: int = 0, scale: str = "l2") -> torch.Tensor:
+          compress: str, denom: torch.Tensor, ranks_per_node: int = 0, scale: str = "l2",
+          protocol: str = "gather_scatter") -> torch.Tensor:
     """What an optimizer's 1-bit average gives: of the vectors themselves, or (``"update"``) denom * that of vector / denom."""
     if compress == "momentum":
-        return _onebit(values, we, se, silent, ranks_per_node, scale)
+        return _onebit(values, we, se, silent, ranks_per_node, scale, protocol)
     preconditioned = [x.div(denom).masked_fill_(silent, 0.0) for x in values]
-    return _onebit(preconditioned, we, se, silent, ranks_per_node, scale).mul_(denom)
+    return _onebit(preconditioned, we, se, silent, ranks_per_node, scale, protocol).mul_(denom)
 
 
 def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: str = "update",
@@ -409,11 +418,13 @@ def _trust_ratio(p: torch.Tensor, update: torch.Tensor) -> float:
 
 
 def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str = "update", scale: str = "l1",
-                          trust_ratio: str = "fresh") -> None:
-    """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression."""
+                          trust_ratio: str = "fresh", protocol: str = "gather_scatter", refresh: int = 0) -> None:
+    """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression
+    (with ``refresh`` > 0, every ``refresh``-th compression-phase step is a warmup step)."""
     n, wd, lr, fs = comm.size, 0.01, CONFIGS["OneBitLamb"][1]["lr"], CONFIGS["OneBitLamb"][1]["freeze_step"]
     b1, b2, eps, cb, fmin, fmax, thr = 0.9, 0.999, 1e-8, 0.9, 0.5, 4.0, 0.1
-    model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale, trust_ratio=trust_ratio)
+    model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale, trust_ratio=trust_ratio,
+                       protocol=protocol, variance_refresh=refresh)
     torch.manual_seed(100)
     sim = Net()
     p = flat_params(sim).clone()
@@ -429,11 +440,12 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
     se = [np.zeros(full // n, np.float32) for _ in range(n)]
     for step in range(steps):
         grads = _world_grads([sim] * n, [p] * n, step)
-        if step < fs:
+        refreshing = step >= fs and refresh > 0 and (step - fs) % refresh == refresh - 1
+        if step < fs or refreshing:
             avg = _exact(grads)
             m.mul_(b1).add_(avg, alpha=1 - b1)
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
-            if step + 1 == fs:
+            if step + 1 == fs or refreshing:
                 fresh = v.clone()
             for i, sl in enumerate(layers):
                 update = (m[sl] / v[sl].sqrt().add_(eps)).add_(p[sl], alpha=wd)
@@ -445,7 +457,7 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
             last = m.clone()
             locals_ = [torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads]
             if compress == "update":
-                m = _sent(locals_, we, se, v == 0, compress, v.sqrt().add_(eps), scale=scale)
+                m = _sent(locals_, we, se, v == 0, compress, v.sqrt().add_(eps), scale=scale, protocol=protocol)
             else:
                 if scaling is None:
                     ratios = [_norm(m[sl]) / math.sqrt(sl.stop - sl.start) for sl in layers]
@@ -453,7 +465,7 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
                 for local in locals_:
                     for sl, s in zip(layers, scaling):
                         local[sl].mul_(s)
-                m = _onebit(locals_, we, se, v == 0, scale=scale)
+                m = _onebit(locals_, we, se, v == 0, scale=scale, protocol=protocol)
                 for sl, s in zip(layers, scaling):
                     m[sl].div_(s)
             if trust_ratio == "fresh":

@@ -19,3 +19,7 @@ def test_bad_ranks_per_node_on_one_rank_raises_on_every_rank(backend: str) -> No
 
 def test_ranks_that_cannot_form_equal_nodes_go_flat() -> None:
     run("tests.optim.channel_workers:uneven_nodes_go_flat", 3, "mpi")
+
+
+def test_allgather_protocol_raises_on_every_rank_where_nodes_form() -> None:
+    run("tests.optim.channel_workers:allgather_needs_flat", 4, "mpi")

@@ -47,9 +47,10 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
     run(f"{WORKERS}:layout_mismatch", 2, "mpi", args=(name,))
 
 
-@pytest.mark.parametrize("name", ["OneBitAdam", "OneBitLamb", "ZeroOneAdam"])
-def test_different_compressed_quantities_raise_on_every_rank(name: str) -> None:
-    run(f"{WORKERS}:compress_mismatch", 2, "mpi", args=(name,))
+@pytest.mark.parametrize("name, option", [(name, option) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
+                                          for option in ("compress", "protocol")] + [("OneBitLamb", "variance_refresh")])
+def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
+    run(f"{WORKERS}:option_mismatch", 2, "mpi", args=(name, option))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -96,3 +97,12 @@ def test_onebit_lamb_matches_simulation(world_size: int) -> None:
                          [("momentum", "l2", "frozen"), ("update", "l2", "fresh"), ("update", "l1", "frozen")])
 def test_onebit_lamb_options_match_simulation(compress: str, scale: str, trust_ratio: str) -> None:
     run(f"{WORKERS}:onebit_lamb_reference", 3, "mpi", args=(10, compress, scale, trust_ratio))
+
+
+@pytest.mark.parametrize("world_size, compress, trust_ratio, protocol, refresh",
+                         [(3, "update", "fresh", "allgather", 2), (4, "update", "fresh", "allgather", 0),
+                          (2, "momentum", "frozen", "gather_scatter", 3), (1, "update", "frozen", "allgather", 2)])
+def test_onebit_lamb_protocol_and_variance_refresh_match_simulation(world_size: int, compress: str, trust_ratio: str,
+                                                                     protocol: str, refresh: int) -> None:
+    run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(12, compress, "l1", trust_ratio, protocol,
+                                                                      refresh))

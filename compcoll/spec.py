@@ -28,6 +28,9 @@ AGREEMENT_FIELDS = 3
 SCALES = {"l2": 2, "l1": 1}
 """The 1-bit scales, each with the power p of its sum of |x|^p (docs/architecture.md, "Exact numerics"):
 "l2" is DeepSpeed's ||x||_2 / sqrt(d); "l1" is mean |x| = ||x||_1 / d, the s that minimises ||x - s sign(x)||_2."""
+PROTOCOLS = ("gather_scatter", "allgather")
+"""The flat 1-bit allreduce's protocols: compress twice (by the sender, and the sum of each chunk by the rank that
+serves it) or once (every rank averages all ranks' 1-bit estimates); docs/architecture.md, "Algorithms"."""
 STAGES = {"node": 1, "inter": 2, "server": 3}
 """The stage numbers mixed into Birder's random streams."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import codecs
-from ..spec import SCALES
+from ..spec import PROTOCOLS, SCALES
 
 
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
@@ -51,6 +51,12 @@ def check_length(what: str, name: str, buf: torch.Tensor, length: int, formula: 
             f"{what}: {name} must be a contiguous 1-D float32 tensor of {length} elements ({formula}), "
             f"got shape {tuple(buf.shape)}"
         )
+
+
+def check_protocol(what: str, protocol: str) -> None:
+    """``protocol`` names one of the flat 1-bit allreduce's protocols (``spec.PROTOCOLS``)."""
+    if not isinstance(protocol, str) or protocol not in PROTOCOLS:
+        raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
 
 
 def check_scale(what: str, scale: str) -> None:

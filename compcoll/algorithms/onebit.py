@@ -10,16 +10,13 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
-from ..spec import SCALES, padded_numel
+from ..spec import PROTOCOLS, SCALES, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
-from .inputs import check_error_buffer, check_length, check_scale, check_tensor
+from .inputs import check_error_buffer, check_length, check_protocol, check_scale, check_tensor
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
-
-PROTOCOLS = ("gather_scatter", "allgather")
-
 
 @accepts_arrays
 def compressed_allreduce(
@@ -217,8 +214,7 @@ def _validate(
     """Local checks, made before any communication."""
     what = "compressed_allreduce"
     check_tensor(what, tensor, out)
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+    check_protocol(what, protocol)
     check_scale(what, scale)
     if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int) or pieces < 1):
         raise ValueError(f"{what}: pieces must be a positive integer or None, got {pieces!r}")
@@ -254,8 +250,7 @@ class CompressedAllreduce:
 
     def __init__(self, comm: Communicator | None = None, *, protocol: str = "gather_scatter",
                  scale: str = "l2") -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"CompressedAllreduce: protocol {protocol!r} is not one of {PROTOCOLS}")
+        check_protocol("CompressedAllreduce", protocol)
         check_scale("CompressedAllreduce", scale)
         self.comm = get_default() if comm is None else comm
         self.protocol = protocol
@@ -302,8 +297,7 @@ class CompressedAllreduce:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved (same world size and rank); keys are rebuilt from it."""
         check_owner(state, self.comm.rank, self.comm.size)
-        if state["protocol"] not in PROTOCOLS:
-            raise ValueError(f"CompressedAllreduce: checkpoint protocol {state['protocol']!r} is not one of {PROTOCOLS}")
+        check_protocol("CompressedAllreduce checkpoint", state["protocol"])
         self.protocol = state["protocol"]
         self.scale = state.get("scale", "l2")
         check_scale("CompressedAllreduce checkpoint", self.scale)

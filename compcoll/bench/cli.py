@@ -28,8 +28,8 @@ from typing import Callable
 import torch
 
 import compcoll
-from compcoll.algorithms.onebit import PROTOCOLS
 from compcoll.comm import Communicator
+from compcoll.spec import PROTOCOLS
 
 from .methods import METHODS, make_input
 

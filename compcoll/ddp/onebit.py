@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
-from ..algorithms.inputs import check_scale
-from ..algorithms.onebit import PROTOCOLS, CompressedAllreduce
+from ..algorithms.inputs import check_protocol, check_scale
+from ..algorithms.onebit import CompressedAllreduce
 from .buckets import Schedule, own_comm, plain_allreduce, settle
 
 MIN_COMPRESS_NUMEL = 16384
@@ -59,8 +59,7 @@ class OneBitState:
         if isinstance(start_iter, int) and start_iter < 1:
             raise ValueError("OneBitState: start_iter must be at least 1: DDP rebuilds its buckets after the first "
                              "iteration, and error buffers are kept per bucket")
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"OneBitState: protocol {protocol!r} is not one of {PROTOCOLS}")
+        check_protocol("OneBitState", protocol)
         check_scale("OneBitState", scale)
         size = dist.get_world_size(process_group)
         if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1 \

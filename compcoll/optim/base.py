@@ -9,10 +9,10 @@ import torch
 
 from ..algorithms.agreement import Option, agree, checked
 from ..algorithms.exact import exact_average
-from ..algorithms.inputs import check_scale
-from ..algorithms.onebit import PROTOCOLS
+from ..algorithms.inputs import check_protocol, check_scale
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
+from ..spec import PROTOCOLS
 from ..workspace import Workspace
 from .channel import ErrorFeedbackChannel
 from .flat import FlatParams
@@ -24,14 +24,13 @@ COMPRESSED = ("update", "momentum")
 
 
 def compression_options(what: str, compress: str, scale: str, protocol: str = "gather_scatter") -> tuple[Option, ...]:
-    """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol`` (``PROTOCOLS``);
+    """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol`` (``spec.PROTOCOLS``);
     the options of ``compress`` and ``protocol`` that all ranks must agree on."""
     if not isinstance(compress, str) or compress not in COMPRESSED:
         raise ValueError(f"{what}: compress {compress!r} is not one of {COMPRESSED} (update: m / (sqrt(v) + eps); "
                          f"momentum: m, as DeepSpeed)")
     check_scale(what, scale)
-    if not isinstance(protocol, str) or protocol not in PROTOCOLS:
-        raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+    check_protocol(what, protocol)
     return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),
             Option("1-bit protocols", PROTOCOLS.index(protocol), PROTOCOLS))
 

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
-from ..algorithms.onebit import PROTOCOLS, FlatPlan
+from ..algorithms.inputs import check_protocol
+from ..algorithms.onebit import FlatPlan
 from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
 from ..comm.topology import LayoutError, requested_ranks_per_node, topology
@@ -43,8 +44,7 @@ class ErrorFeedbackChannel:
         self, comm: Communicator, numel: int, ranks_per_node: int | None = None, hierarchical: bool | None = None,
         scale: str = "l2", device: torch.device | str = "cpu", protocol: str = "gather_scatter",
     ) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"ErrorFeedbackChannel: protocol {protocol!r} is not one of {PROTOCOLS}")
+        check_protocol("ErrorFeedbackChannel", protocol)
         self.comm = comm
         self.numel = numel
         self.hierarchical = _use_hierarchical(comm, ranks_per_node) if hierarchical is None else bool(hierarchical)

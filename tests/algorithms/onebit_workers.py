@@ -10,10 +10,9 @@ import torch
 
 import compcoll
 from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD
-from compcoll.algorithms.onebit import PROTOCOLS
 from compcoll.algorithms.pipeline import PIECES_FIELDS
 from compcoll.kernels import reference
-from compcoll.spec import SCALES
+from compcoll.spec import PROTOCOLS, SCALES
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCALE_NAMES = tuple(SCALES)

@@ -13,7 +13,7 @@ from ..errors import NonFiniteError, RankMismatchError, RemoteError
 from ..spec import AGREEMENT_FIELDS
 
 RECORD = AGREEMENT_FIELDS
-MAX_OPTIONS = 4
+MAX_OPTIONS = 6
 REFUSED = -1.0
 """The signature of a rank that refuses its call (signatures are CRC-32s, never negative)."""
 MESSAGE_BYTES = 240

@@ -14,7 +14,7 @@ from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
 from ..spec import PROTOCOLS
 from ..workspace import Workspace
-from .channel import ErrorFeedbackChannel
+from .channel import Channel, ErrorFeedbackChannel, LayeredChannel
 from .flat import FlatParams
 
 NONFINITE_POLICIES = ("skip", "raise")
@@ -92,7 +92,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.skipped_steps = 0
         self._warned_scaler = False
         self._buffers: dict[str, torch.Tensor] = {}
-        self._channel: ErrorFeedbackChannel | None = None
+        self._channel: Channel | None = None
         self.workspace = Workspace()
         self._built = True
 
@@ -110,11 +110,17 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self._buffers[name] = buf
         return buf
 
-    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
-                        scale: str = "l2", protocol: str = "gather_scatter") -> ErrorFeedbackChannel:
-        """The 1-bit channel for the flat vector; ``state_dict`` saves its error buffers (the channel owns them)."""
-        self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical, scale,
-                                             self.flat.device, protocol)
+    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
+                        protocol: str = "gather_scatter", by_layer: bool = False) -> Channel:
+        """The 1-bit channel for the flat vector, with one scale for it or (``by_layer``) one per parameter;
+        ``state_dict`` saves its error buffers (the channel owns them)."""
+        if by_layer:
+            layers = [(seg.start, seg.stop) for seg in self.flat.segments]
+            self._channel = LayeredChannel(self.comm, layers, ranks_per_node, hierarchical, scale, self.flat.device,
+                                           protocol)
+        else:
+            self._channel = ErrorFeedbackChannel(self.comm, self.flat.numel, ranks_per_node, hierarchical, scale,
+                                                 self.flat.device, protocol)
         return self._channel
 
     def _groups(self) -> Iterator[tuple[dict[str, Any], slice]]:

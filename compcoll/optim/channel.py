@@ -1,11 +1,12 @@
-"""The error-compensated 1-bit allreduce an optimizer sends through: a flat or hierarchical plan that owns its error buffers."""
+"""The error-compensated 1-bit allreduce an optimizer sends through: plans that own its error buffers, one or one per layer."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
+from ..algorithms.agreement import Agreement
 from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol
 from ..algorithms.onebit import FlatPlan
@@ -14,7 +15,28 @@ from ..comm import Communicator
 from ..comm.topology import LayoutError, requested_ranks_per_node, topology
 
 
-class ErrorFeedbackChannel:
+class Channel:
+    """What the optimizers send through: ``self(tensor, out)`` gives the 1-bit average, ``forget`` clears errors."""
+
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forget(self, coordinates: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
+        """``self(tensor, out)``, then zero where ``silent`` in ``out`` and in both error buffers.
+
+        A 1-bit sign has no zero: without this, coordinates that should not move would get
+        +-scale every step and carry it in their error feedback.
+        """
+        self(tensor, out)
+        out.masked_fill_(silent, 0.0)
+        self.forget(silent)
+        return out
+
+
+class ErrorFeedbackChannel(Channel):
     """1-bit averages of a fixed-length vector through one plan, whose error buffers it keeps.
 
     1. Choose the algorithm once: ``hierarchical=None`` takes the hierarchical form
@@ -80,17 +102,6 @@ class ErrorFeedbackChannel:
         """
         return self.plan.start(tensor, out, False)
 
-    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
-        """``self(tensor, out)``, then zero where ``silent`` in ``out`` and in both error buffers.
-
-        A 1-bit sign has no zero: without this, coordinates that should not move would get
-        +-scale every step and carry it in their error feedback.
-        """
-        self(tensor, out)
-        out.masked_fill_(silent, 0.0)
-        self.forget(silent)
-        return out
-
     def forget(self, coordinates: torch.Tensor) -> None:
         """Zero both error buffers at the coordinates where the bool vector ``coordinates`` is True."""
         self.error_feedback.forget(coordinates)
@@ -119,3 +130,72 @@ def _use_hierarchical(comm: Communicator, ranks_per_node: int | None) -> bool:
     except LayoutError:
         return False
     return layout.nodes > 1 and layout.ranks_per_node > 1
+
+
+class LayeredChannel(Channel):
+    """1-bit averages of a fixed-length vector with one scale per layer: an ``ErrorFeedbackChannel`` per layer.
+
+    A layer whose update is small against the rest of the vector gets signs of the whole
+    vector's scale under one scale; with its own, the 1-bit estimate keeps its size (on
+    the LM of ``bench/convergence``, 1-bit LAMB's gap to LAMB fell from +1.7-3.4% to
+    +0.5-1.4%; README, "Optimizers"). Per call:
+    1. One agreement on the whole vector (signature and finiteness): a NaN or Inf on some
+       rank raises ``NonFiniteError`` on every rank before any layer's buffers change.
+    2. Each layer's slice through its own channel, in layer order, so every rank pairs the
+       same calls; each layer's plan keeps its own error buffers and scale.
+
+    Args:
+        comm: the communicator.
+        layers: (start, stop) of each layer in the vector, in order, covering it; empty
+            layers are skipped.
+        ranks_per_node, hierarchical, scale, device, protocol: as for ``ErrorFeedbackChannel``;
+            the first layer's channel decides flat or hierarchical for all.
+    """
+
+    what = "1-bit average by layer"
+
+    def __init__(
+        self, comm: Communicator, layers: Sequence[tuple[int, int]], ranks_per_node: int | None = None,
+        hierarchical: bool | None = None, scale: str = "l2", device: torch.device | str = "cpu",
+        protocol: str = "gather_scatter",
+    ) -> None:
+        self.layers = [(start, stop) for start, stop in layers if stop > start]
+        if not self.layers:
+            raise ValueError("LayeredChannel: needs at least one non-empty layer")
+        self.numel = self.layers[-1][1]
+        self.channels: list[ErrorFeedbackChannel] = []
+        for start, stop in self.layers:
+            channel = ErrorFeedbackChannel(comm, stop - start, ranks_per_node, hierarchical, scale, device, protocol)
+            hierarchical = channel.hierarchical
+            self.channels.append(channel)
+        self.hierarchical = bool(hierarchical)
+        self.agreement = Agreement(comm, self.what, self.numel, (self.numel,), torch.float32)
+
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Steps 1-2: the 1-bit estimate of the average of ``tensor`` over ranks, layer by layer, into ``out``."""
+        self.agreement.check(bool(torch.isfinite(tensor).all()))
+        for (start, stop), channel in zip(self.layers, self.channels):
+            channel(tensor[start:stop], out[start:stop])
+        return out
+
+    def forget(self, coordinates: torch.Tensor) -> None:
+        """Zero every layer's error buffers at the coordinates where the bool vector ``coordinates`` is True."""
+        for (start, stop), channel in zip(self.layers, self.channels):
+            channel.forget(coordinates[start:stop])
+
+    def reset(self) -> None:
+        """Zero every layer's error buffers."""
+        for channel in self.channels:
+            channel.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every layer's error buffers, in layer order."""
+        return {"layers": [channel.state_dict() for channel in self.channels]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("layers")
+        if saved is None or len(saved) != len(self.channels):
+            raise ValueError(f"LayeredChannel: the checkpoint's error buffers are not for these "
+                             f"{len(self.channels)} layers")
+        for channel, layer in zip(self.channels, saved):
+            channel.load_state_dict(layer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ ZERO_INPUT = 4 + 1
 CONFIGS = {
     "OneBitAdam": (OneBitAdam, dict(lr=1e-2, freeze_step=4)),
     "OneBitLamb": (OneBitLamb, dict(lr=1e-2, freeze_step=4)),
+    "OneBitLamb layers": (OneBitLamb, dict(lr=1e-2, freeze_step=4, layer_scales=True)),
     "ZeroOneAdam": (ZeroOneAdam, dict(lr=1e-2, var_freeze_step=6, var_update_scaler=2, local_step_scaler=3,
                                       local_step_clipper=4)),
     "Birder": (Birder, dict(lr=1e-3)),
@@ -151,8 +153,23 @@ def nonfinite(comm: compcoll.Communicator, name: str, at: int, policy: str) -> N
     assert after_state["steps"] == at
     for key, value in before_state["buffers"].items():
         assert torch.equal(value, after_state["buffers"][key]), f"a skipped step changed {key}"
+    before_errors, after_errors = _tensors(before_state["error_feedback"]), _tensors(after_state["error_feedback"])
+    assert len(before_errors) == len(after_errors)
+    for before, after in zip(before_errors, after_errors):
+        assert torch.equal(before, after), "a skipped step changed an error buffer"
     train(comm, model, opt, range(at + 1, STEPS))
     assert opt.steps == STEPS - 1
+
+
+def _tensors(state) -> list[torch.Tensor]:
+    """Every tensor in a nested state (dicts and lists), in order."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for key in sorted(state) for t in _tensors(state[key])]
+    if isinstance(state, list):
+        return [t for item in state for t in _tensors(item)]
+    return []
 
 
 def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
@@ -169,7 +186,8 @@ def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
 
 OPTION_CHOICES = {"compress": ("update", "momentum", "compressed quantities"),
                   "protocol": ("gather_scatter", "allgather", "1-bit protocols"),
-                  "variance_refresh": (0, 8, "variance refresh intervals")}
+                  "variance_refresh": (0, 8, "variance refresh intervals"),
+                  "layer_scales": (False, True, "1-bit scales per layer")}
 """Per option an optimizer's ranks must agree on: rank 0's value, the others', and the name errors give it."""
 
 
@@ -418,13 +436,15 @@ def _trust_ratio(p: torch.Tensor, update: torch.Tensor) -> float:
 
 
 def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str = "update", scale: str = "l1",
-                          trust_ratio: str = "fresh", protocol: str = "gather_scatter", refresh: int = 0) -> None:
+                          trust_ratio: str = "fresh", protocol: str = "gather_scatter", refresh: int = 0,
+                          layer_scales: bool = False) -> None:
     """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression
-    (with ``refresh`` > 0, every ``refresh``-th compression-phase step is a warmup step)."""
+    (with ``refresh`` > 0, every ``refresh``-th compression-phase step is a warmup step; with ``layer_scales``,
+    each layer goes through its own 1-bit average with its own error buffers)."""
     n, wd, lr, fs = comm.size, 0.01, CONFIGS["OneBitLamb"][1]["lr"], CONFIGS["OneBitLamb"][1]["freeze_step"]
     b1, b2, eps, cb, fmin, fmax, thr = 0.9, 0.999, 1e-8, 0.9, 0.5, 4.0, 0.1
     model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale, trust_ratio=trust_ratio,
-                       protocol=protocol, variance_refresh=refresh)
+                       protocol=protocol, variance_refresh=refresh, layer_scales=layer_scales)
     torch.manual_seed(100)
     sim = Net()
     p = flat_params(sim).clone()
@@ -433,11 +453,19 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
         layers.append(slice(start, start + t.numel()))
         start += t.numel()
     numel = p.numel()
-    full = compcoll.padded_numel(numel, n)
     m, v, fresh = torch.zeros(numel), torch.zeros(numel), torch.zeros(numel)
     frozen, last_factor, scaling = [0.0] * len(layers), [1.0] * len(layers), None
-    we = [np.zeros(full, np.float32) for _ in range(n)]
-    se = [np.zeros(full // n, np.float32) for _ in range(n)]
+    parts = layers if layer_scales else [slice(0, numel)]
+    errors = [([np.zeros(compcoll.padded_numel(sl.stop - sl.start, n), np.float32) for _ in range(n)],
+               [np.zeros(compcoll.padded_numel(sl.stop - sl.start, n) // n, np.float32) for _ in range(n)])
+              for sl in parts]
+
+    def by_part(send: Callable[..., torch.Tensor], values: list[torch.Tensor], silent: torch.Tensor,
+                *extra: torch.Tensor) -> torch.Tensor:
+        """``send`` on each part (the whole vector, or each layer) with that part's error buffers."""
+        return torch.cat([send([x[sl] for x in values], we, se, silent[sl], *(e[sl] for e in extra))
+                          for sl, (we, se) in zip(parts, errors)])
+
     for step in range(steps):
         grads = _world_grads([sim] * n, [p] * n, step)
         refreshing = step >= fs and refresh > 0 and (step - fs) % refresh == refresh - 1
@@ -457,7 +485,9 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
             last = m.clone()
             locals_ = [torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads]
             if compress == "update":
-                m = _sent(locals_, we, se, v == 0, compress, v.sqrt().add_(eps), scale=scale, protocol=protocol)
+                m = by_part(lambda x, we, se, silent, denom: _sent(x, we, se, silent, compress, denom, scale=scale,
+                                                                   protocol=protocol),
+                            locals_, v == 0, v.sqrt().add_(eps))
             else:
                 if scaling is None:
                     ratios = [_norm(m[sl]) / math.sqrt(sl.stop - sl.start) for sl in layers]
@@ -465,7 +495,8 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
                 for local in locals_:
                     for sl, s in zip(layers, scaling):
                         local[sl].mul_(s)
-                m = _onebit(locals_, we, se, v == 0, scale=scale, protocol=protocol)
+                m = by_part(lambda x, we, se, silent: _onebit(x, we, se, silent, scale=scale, protocol=protocol),
+                            locals_, v == 0)
                 for sl, s in zip(layers, scaling):
                     m[sl].div_(s)
             if trust_ratio == "fresh":
@@ -487,4 +518,7 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
                     p[sl].add_(update, alpha=-lr * frozen[i] * factor)
         train(comm, model, opt, range(step, step + 1))
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
-        assert np.array_equal(opt.channel.server_error.numpy(), se[comm.rank]), f"step {step}: server error"
+        saved = opt.channel.state_dict()
+        for (we, se), state in zip(errors, saved["layers"] if layer_scales else [saved], strict=True):
+            assert np.array_equal(state["worker_error"].numpy(), we[comm.rank]), f"step {step}: worker error"
+            assert np.array_equal(state["server_error"].numpy(), se[comm.rank]), f"step {step}: server error"

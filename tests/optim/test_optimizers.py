@@ -11,7 +11,10 @@ from .optim_workers import STEPS
 WORKERS = "tests.optim.optim_workers"
 NAMES = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder"]
 # a warmup / variance-phase step and a compression / local-phase step (ZeroOneAdam: between syncs)
-RESUME_AT = {"OneBitAdam": (2, 9), "OneBitLamb": (3, 9), "ZeroOneAdam": (5, 11), "Birder": (1, 9)}
+RESUME_AT = {"OneBitAdam": (2, 9), "OneBitLamb": (3, 9), "ZeroOneAdam": (5, 11), "Birder": (1, 9),
+             "OneBitLamb layers": (3, 9)}
+WITH_LAYERS = [*NAMES, "OneBitLamb layers"]
+"""The optimizers, and 1-bit LAMB with a 1-bit scale per layer (its channel has one plan per layer)."""
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -20,12 +23,12 @@ def test_replicas_stay_identical_and_unused_coordinates_untouched(name: str, wor
     run(f"{WORKERS}:replicas", world_size, "mpi", args=(name,))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", WITH_LAYERS)
 def test_replicas_over_gloo_with_two_nodes(name: str) -> None:
     run(f"{WORKERS}:replicas", 4, "gloo", args=(name,), env={"COMPCOLL_RANKS_PER_NODE": "2"})
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", WITH_LAYERS)
 def test_exact_resume_in_both_phases_and_both_orders(name: str) -> None:
     for at in RESUME_AT[name]:
         run(f"{WORKERS}:resume", 4 if name == "ZeroOneAdam" else 3, "mpi", args=(name, at))
@@ -35,7 +38,7 @@ def test_zero_one_adam_resumes_between_syncs_over_gloo() -> None:
     run(f"{WORKERS}:resume", 4, "gloo", args=("ZeroOneAdam", RESUME_AT["ZeroOneAdam"][1]))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", WITH_LAYERS)
 @pytest.mark.parametrize("policy", ["skip", "raise"])
 def test_nonfinite_gradient_skips_alike(name: str, policy: str) -> None:
     for at in RESUME_AT[name]:
@@ -48,7 +51,8 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
 
 
 @pytest.mark.parametrize("name, option", [(name, option) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
-                                          for option in ("compress", "protocol")] + [("OneBitLamb", "variance_refresh")])
+                                          for option in ("compress", "protocol")]
+                         + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales")])
 def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
     run(f"{WORKERS}:option_mismatch", 2, "mpi", args=(name, option))
 
@@ -99,10 +103,13 @@ def test_onebit_lamb_options_match_simulation(compress: str, scale: str, trust_r
     run(f"{WORKERS}:onebit_lamb_reference", 3, "mpi", args=(10, compress, scale, trust_ratio))
 
 
-@pytest.mark.parametrize("world_size, compress, trust_ratio, protocol, refresh",
-                         [(3, "update", "fresh", "allgather", 2), (4, "update", "fresh", "allgather", 0),
-                          (2, "momentum", "frozen", "gather_scatter", 3), (1, "update", "frozen", "allgather", 2)])
-def test_onebit_lamb_protocol_and_variance_refresh_match_simulation(world_size: int, compress: str, trust_ratio: str,
-                                                                     protocol: str, refresh: int) -> None:
+@pytest.mark.parametrize("world_size, compress, trust_ratio, protocol, refresh, layer_scales",
+                         [(3, "update", "fresh", "allgather", 2, False), (4, "update", "fresh", "allgather", 0, False),
+                          (2, "momentum", "frozen", "gather_scatter", 3, False),
+                          (1, "update", "frozen", "allgather", 2, False), (4, "update", "fresh", "allgather", 3, True),
+                          (3, "momentum", "frozen", "gather_scatter", 0, True), (2, "update", "fresh", "allgather", 0, True),
+                          (1, "update", "fresh", "gather_scatter", 2, True)])
+def test_onebit_lamb_protocol_refresh_and_layer_scales_match_simulation(
+        world_size: int, compress: str, trust_ratio: str, protocol: str, refresh: int, layer_scales: bool) -> None:
     run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(12, compress, "l1", trust_ratio, protocol,
-                                                                      refresh))
+                                                                      refresh, layer_scales))

@@ -41,8 +41,8 @@ class FrozenVarianceLamb(OneBitLamb):
     run is what its compression costs, and this run's gap to LAMB what freezing v costs.
     """
 
-    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None,
-                        scale: str = "l2", protocol: str = "gather_scatter") -> ExactChannel:
+    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
+                        protocol: str = "gather_scatter", by_layer: bool = False) -> ExactChannel:
         return ExactChannel(self.comm, self.workspace)
 
 

@@ -17,8 +17,9 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
    the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
    the defaults (the update direction m / (sqrt(v) + eps)). "1-bit LAMB refresh" takes
-   an exact step that refreshes v every 16 compression-phase steps and compresses once
-   (``variance_refresh=16, protocol="allgather"``, flat).
+   an exact step that refreshes v every 20 compression-phase steps, compresses once and
+   gives each layer its own 1-bit scale (``variance_refresh=20, protocol="allgather",
+   layer_scales=True``, flat).
    "1-bit Adam bf16" trains a bfloat16 model (the optimizer keeps float32 master weights)
    and is compared with the float32 "1-bit Adam" run. 0/1 Adam's phases scale with the
    run: variance refreshes until ``steps // 5``, local intervals doubling every
@@ -79,8 +80,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
              kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2",
                          trust_ratio="frozen")),
         dict(name="1-bit LAMB refresh", optimizer="OneBitLamb", baseline="LAMB",
-             kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze, protocol="allgather", variance_refresh=16,
-                         hierarchical=False)),
+             kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=freeze, protocol="allgather", variance_refresh=20,
+                         layer_scales=True, hierarchical=False)),
         *peer,
     ]
 

@@ -184,7 +184,6 @@ class LayeredChannel(Channel):
             channel = ErrorFeedbackChannel(comm, stop - start, ranks_per_node, hierarchical, scale, device, protocol)
             hierarchical = channel.hierarchical
             self.channels.append(channel)
-        self.hierarchical = bool(hierarchical)
         self.agreement = Agreement(comm, self.what, self.numel, (self.numel,), torch.float32)
 
     def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,9 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    GB/s and as a fraction of the copy's;
 3. the worker step both ways: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
-4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors.
+4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors;
+5. the server step (``serve``: accumulate, scale, encode, frame) on the device and on the host:
+   the host's time to queue it is far below the device's when nothing in it waits for the device.
 Writes OUT.txt and OUT.json with the GPU's name and the command.
 """
 
@@ -22,12 +24,15 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 import compcoll
 from compcoll import codecs
+from compcoll.algorithms.onebit import serve
+from compcoll.workspace import Workspace
 
 
 def timed(fn, runs: int, warmup: int = 3) -> float:
@@ -42,6 +47,20 @@ def timed(fn, runs: int, warmup: int = 3) -> float:
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times)
+
+
+def host_timed(fn, runs: int, warmup: int = 3) -> float:
+    """Median seconds the host spends in ``fn`` (its call returning, not the device finishing)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 
@@ -90,6 +109,12 @@ def measure(numel: int, runs: int) -> dict:
     we, se = torch.zeros(full, device=dev), torch.zeros(full, device=dev)
     comm = compcoll.SingleComm()
     result["compressed_allreduce_1rank_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs)
+    workspace = Workspace()
+
+    def server() -> torch.Tensor:
+        return serve(bits, one, se[:numel], comm, workspace)
+
+    result["serve"] = {"device_s": timed(server, runs), "host_s": host_timed(server, runs)}
     return result
 
 
@@ -114,6 +139,8 @@ def main() -> int:
         lines.append(f"{r['numel']:>11} worker step: fused {1e6 * w['fused_s']:.1f} us, DeepSpeed-style "
                      f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x; compressed_allreduce (1 rank) "
                      f"{1e6 * r['compressed_allreduce_1rank_s']:.1f} us")
+        lines.append(f"{r['numel']:>11} server step: device {1e6 * r['serve']['device_s']:.1f} us, host "
+                     f"{1e6 * r['serve']['host_s']:.1f} us to queue it")
     table = "\n".join(lines)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
+from typing import Union
 
 import numpy as np
 import torch
@@ -20,6 +21,8 @@ from .kernels import cpu as cpu_kernels
 from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+Scalar = Union[float, torch.Tensor]
+"""A sum or a scale: a float, or (``resident=True`` on CUDA) a one-element tensor kept on the device."""
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 _EMPTY_HOST = np.empty(0, dtype=np.float32)
 
@@ -116,9 +119,27 @@ def _torch_empty(device: torch.device):
     return empty
 
 
-def scale_from(total: float, numel: int, scale: str) -> float:
-    """The float32 scale of ``numel`` elements from their float64 sum of |x|^p (``spec.scale_from``), as a float."""
-    return float(spec.scale_from(total, numel, scale))
+def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
+    """The float32 scale of ``numel`` elements from their float64 sum of |x|^p (``spec.scale_from``).
+
+    A float gives a float. A device-resident sum (a one-element float64 CUDA tensor) gives
+    a one-element float32 tensor on that device, computed there with the same bits.
+    """
+    if isinstance(total, torch.Tensor) and not total.is_cpu:
+        out = torch.empty(1, dtype=torch.float32, device=total.device)
+        _run("scale_of", total, _array(total), numel, spec.SCALES[scale], _array(out))
+        return out
+    return float(spec.scale_from(float(total), numel, scale))
+
+
+def _sum(kernel: str, tensor: torch.Tensor, resident: bool, *args) -> Scalar:
+    """Run a kernel that ends in a float64 sum: to the host as a float, or, ``resident`` on CUDA, into a
+    one-element device tensor that is returned (no host round trip)."""
+    if resident and not tensor.is_cpu:
+        total = torch.empty(1, dtype=torch.float64, device=tensor.device)
+        _run(kernel, tensor, *args, into=_array(total))
+        return total
+    return float(_run(kernel, tensor, *args))
 
 
 def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
@@ -165,25 +186,35 @@ def sumsq_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def compensate_encode(
-    tensor: torch.Tensor | None, error: torch.Tensor, scale: float, bits: torch.Tensor
+    tensor: torch.Tensor | None, error: torch.Tensor, scale: Scalar, bits: torch.Tensor
 ) -> None:
     """bits <- packed sign(error + pad(tensor)); error <- (error + pad(tensor)) - scale * sign.
 
     ``tensor=None`` encodes ``error`` alone (the server step, where it holds the sum).
+    ``scale`` may be a device-resident scale (``scale_from``), which the CUDA kernel reads
+    from device memory.
     """
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     n_src = 0 if tensor is None else tensor.numel()
-    _run("compensate_encode", error, src, lut, _array(error), n_src, np.float32(scale), _array(bits))
+    if isinstance(scale, torch.Tensor):
+        scale = float(scale) if error.is_cpu else _array(scale)
+    else:
+        scale = np.float32(scale)
+    _run("compensate_encode", error, src, lut, _array(error), n_src, scale, _array(bits))
 
 
 def accumulate_signs(
     bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int,
-    scale: str = "l2",
-) -> float:
-    """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of |out|^p (p: ``scale``'s power)."""
+    scale: str = "l2", resident: bool = False,
+) -> Scalar:
+    """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of |out|^p (p: ``scale``'s power).
+
+    ``resident=True``: on CUDA the sum stays on the device (a one-element float64 tensor;
+    no host round trip); on the CPU it is a float either way.
+    """
     out_view = _array(out)
-    return float(_run("accumulate_signs", out, _array(bits), _weights(weights, out), _base(base, out, out_view),
-                      out_view, count, spec.SCALES[scale]))
+    return _sum("accumulate_signs", out, resident, _array(bits), _weights(weights, out),
+                _base(base, out, out_view), out_view, count, spec.SCALES[scale])
 
 
 def _weights(weights: torch.Tensor, out: torch.Tensor):
@@ -216,9 +247,10 @@ def accumulate_lanes(
          _array(lanes), spec.SCALES[scale])
 
 
-def tree_sum(lanes: torch.Tensor) -> float:
-    """The pairwise tree sum of float64 lane sums (the last step of every scale's sum)."""
-    return float(_run("tree_sum", lanes, _array(lanes)))
+def tree_sum(lanes: torch.Tensor, resident: bool = False) -> Scalar:
+    """The pairwise tree sum of float64 lane sums (the last step of every scale's sum); ``resident``
+    as for ``accumulate_signs``."""
+    return _sum("tree_sum", lanes, resident, _array(lanes))
 
 
 def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:

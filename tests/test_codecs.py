@@ -100,6 +100,9 @@ def test_compensate_encode_matches_the_reference(dtype: torch.dtype, scale: str,
     assert _same(np.float64(total), np.float64(want_total))
     assert _same(np.float32(value), want_scale)
     assert np.array_equal(bits.numpy(), want_bits) and _same(work.numpy(), want_error)
+    held, held_bits = error.clone(), torch.empty_like(bits)  # the scale held in a tensor, as a device-resident one
+    codecs.compensate_encode(x, held, torch.tensor([value], dtype=torch.float32), held_bits)
+    assert torch.equal(held_bits, bits) and _same(held.numpy(), work.numpy())
 
 
 @pytest.mark.parametrize("scale", list(SCALES))
@@ -116,10 +119,12 @@ def test_accumulate_signs_matches_the_reference(scale: str, data, ranks: int, wi
         want = reference.average_signs(list(bits.numpy()), list(scales), numel)
         if with_base:
             want = (want + base.numpy()).astype(np.float32)
-    out = base.clone() if with_base else torch.empty(numel)
-    total = codecs.accumulate_signs(bits, weights, out if with_base else None, out, numel, scale)
-    assert _same(out.numpy(), want)
-    assert _same(np.float64(total), np.float64(reference.power_sum(want, SCALES[scale])))
+    for resident in (False, True):  # resident: kept on a CUDA device; a float on the CPU either way
+        out = base.clone() if with_base else torch.empty(numel)
+        total = codecs.accumulate_signs(bits, weights, out if with_base else None, out, numel, scale, resident)
+        assert isinstance(total, float)
+        assert _same(out.numpy(), want)
+        assert _same(np.float64(total), np.float64(reference.power_sum(want, SCALES[scale])))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -189,7 +189,7 @@ def _binarize_exchange(
     group.alltoall(wire.view(-1), received)
     row_scales, rows = codecs.unframe(received.view(size, width))
     average = workspace.get(name + ".average", length, torch.float32, source.device)
-    codecs.accumulate_signs(rows, codecs.divide_(row_scales, size), None, average, length)
+    codecs.accumulate_signs(rows, codecs.divide_(row_scales, size), None, average, length, resident=True)
     return average
 
 
@@ -316,7 +316,7 @@ class CompensatedPlan(_NodePlan):
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
-        weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes)
+        weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes).to(self.device)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
         codecs.compensate_encode(average, worker_error, scale, bits)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)

@@ -146,7 +146,7 @@ class FlatPlan(Plan):
         if self.numel == 0:
             return result
 
-        weights = codecs.divide_(scales.float(), n)
+        weights = codecs.divide_(scales.float(), n).to(self.device)  # before the wire: later, nothing waits
         if self.protocol == "gather_scatter" and self.pieces is None:
             self.pieces = agree_pieces(comm, tensor)
         if self.protocol == "gather_scatter" and self.pieces > 1:
@@ -168,7 +168,7 @@ class FlatPlan(Plan):
         flat = out.view(-1)
         average = flat if out.dtype == torch.float32 else self.workspace.get("avg", flat.numel(), torch.float32,
                                                                               self.device)
-        codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel())
+        codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel(), resident=True)
         if average is not flat:
             flat.copy_(average)
         return out
@@ -180,7 +180,8 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
 
     1. All-to-all of the packed chunks of ``bits``.
     2. c = sum_i weights[i] * signs_i + server_error; s_s = ``scale`` of c over the chunk;
-       server_error = c - s_s * sign(c); pack sign(c) behind s_s.
+       server_error = c - s_s * sign(c); pack sign(c) behind s_s. On CUDA s_s is computed,
+       framed and read on the device (``resident``): the host does not wait for the all-to-all.
     3. All-gather of the framed server chunks.
 
     Returns:
@@ -192,7 +193,8 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     cb = chunk // 8
     received = workspace.get("serve.chunks", n * cb, torch.uint8, bits.device)
     comm.alltoall(bits, received)
-    total = codecs.accumulate_signs(received.view(n, cb), weights, server_error, server_error, chunk, scale)
+    total = codecs.accumulate_signs(received.view(n, cb), weights, server_error, server_error, chunk, scale,
+                                    resident=True)
     server_scale = codecs.scale_from(total, chunk, scale)
     send = workspace.get("serve.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
     codecs.compensate_encode(None, server_error, server_scale, codecs.frame(send, server_scale))

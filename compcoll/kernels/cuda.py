@@ -8,7 +8,8 @@ Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of abs
 values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
 elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
 coalesce), then the block-major lane sums are combined by the same pairwise tree, in
-log2 launches on the device; only the final float64 crosses to the host. The encoders
+log2 launches on the device; only the final float64 crosses to the host, or none where the
+caller keeps it on the device (``into``, ``scale_of``, a scale read from memory). The encoders
 read and write elements coalesced and stage a tile's signs in shared memory before each
 thread packs one byte; decoding goes row by row, one thread per element. 16-bit inputs
 arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No kernel takes a
@@ -59,6 +60,7 @@ def _device_empty(size: int, dtype, stream=0):
 
 
 _LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
+_SCALE_LOADS = {False: cuda.jit(device=True)(scalar.scale_value), True: cuda.jit(device=True)(scalar.scale_in_memory)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
 _power = cuda.jit(device=True)(scalar.power)
 
@@ -160,14 +162,16 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
 
 
 @lru_cache(maxsize=None)
-def _compensate_encode(with_lut: bool):
+def _compensate_encode(with_lut: bool, scale_in_memory: bool):
     load = _LOADS[with_lut]
+    read_scale = _SCALE_LOADS[scale_in_memory]
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, scale, bits):
+    def kernel(src, lut, err, n_src, scale_slot, bits):
         signs = cuda.shared.array(TILE, np.uint8)
         lane = cuda.threadIdx.x
         n = err.size
+        scale = read_scale(scale_slot)
         for tile in range(cuda.blockIdx.x, -(-bits.size // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
@@ -193,13 +197,35 @@ def _compensate_encode(with_lut: bool):
 def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
     """x = err + src; bit = x >= 0; err = x -+ scale (float32), as the CPU kernel.
 
-    A block takes a tile of ``TILE`` elements: thread l reads and writes elements
-    l, l + THREADS, ... (neighbouring threads, neighbouring elements: coalesced), keeps
-    their signs in shared memory, then packs byte l of the tile from elements 8l..8l+7.
+    ``scale`` is a number, or a one-element float32 device array that the kernel reads
+    (a scale computed on the device: no host round trip). A block takes a tile of
+    ``TILE`` elements: thread l reads and writes elements l, l + THREADS, ...
+    (neighbouring threads, neighbouring elements: coalesced), keeps their signs in shared
+    memory, then packs byte l of the tile from elements 8l..8l+7.
     """
-    _compensate_encode(lut is not None)[_grid(bits.size), THREADS, stream](
-        src, _table(lut), err, n_src, np.float32(scale), bits
+    in_memory = not isinstance(scale, (int, float, np.number))
+    _compensate_encode(lut is not None, in_memory)[_grid(bits.size), THREADS, stream](
+        src, _table(lut), err, n_src, scale if in_memory else np.float32(scale), bits
     )
+
+
+@cuda.jit
+def _scale_of(total, d, root_d, l2, out):
+    if cuda.grid(1) == 0:
+        t = total[0]
+        if d == 0:
+            out[0] = np.float32(0.0)
+        elif l2:
+            out[0] = np.float32(math.sqrt(t) / root_d) if t >= 0 else np.float32(math.nan)
+        else:
+            out[0] = np.float32(t / d)
+
+
+def scale_of(total, d, power, out, stream=0) -> None:
+    """out[0] <- the float32 scale of ``d`` elements from their float64 sum of |x|^power in total[0],
+    as ``spec.scale_from`` on the host: float64 sqrt and division (IEEE, correctly rounded), then
+    rounded to float32. One thread; both arrays on the device, so the scale never crosses to the host."""
+    _scale_of[1, 1, stream](total, d, math.sqrt(d), power == 2, out)
 
 
 @lru_cache(maxsize=None)
@@ -236,11 +262,12 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) ->
     )
 
 
-def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty) -> float:
-    """``accumulate_lanes``, then the sum of |out|^power (``tree_sum`` of the lanes)."""
+def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty, into=None
+                     ) -> float | None:
+    """``accumulate_lanes``, then the sum of |out|^power (``tree_sum`` of the lanes: to the host, or ``into``)."""
     lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
     accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream)
-    return tree_sum(lanes, stream, empty)
+    return tree_sum(lanes, stream, empty, into)
 
 
 @cuda.jit

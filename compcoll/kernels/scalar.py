@@ -1,4 +1,4 @@
-"""Per-element helpers that both kernel modules compile (Numba CPU and numba.cuda): input loading, the scales' powers, the threshold hash."""
+"""Per-element helpers that the kernel modules compile (Numba CPU and numba.cuda): input and scale loading, the scales' powers, the threshold hash."""
 
 from __future__ import annotations
 
@@ -28,6 +28,16 @@ def load_value(src, lut, i):
 def load_table(src, lut, i):
     """Element i of a 16-bit input: its pattern looked up in the float32 table ``lut``."""
     return lut[src[i]]
+
+
+def scale_value(scale):
+    """A kernel's scale passed as a number."""
+    return scale
+
+
+def scale_in_memory(scale):
+    """A kernel's scale passed as a one-element array (computed on the device)."""
+    return scale[0]
 
 
 def power(x, p):

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from compcoll import codecs
+from compcoll import SingleComm, codecs
+from compcoll.algorithms.onebit import serve
 from compcoll.launcher import run
+from compcoll.workspace import Workspace
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 WORKERS = "tests.gpu.gpu_workers"
@@ -42,6 +44,31 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
                           results["cpu"], results["cuda"]):
         same = a == b if isinstance(a, float) else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy())
         assert same, name
+
+
+@pytest.mark.parametrize("scale", ["l2", "l1"])
+def test_the_server_step_keeps_its_scale_on_the_device(scale: str) -> None:
+    """``serve`` on CUDA gives the CPU's wire rows and server error, and, queued behind a busy
+    stream, returns while the stream is still busy: the server scale is summed, framed and
+    read on the device, so the host never waits for the all-to-all."""
+    gen = torch.Generator().manual_seed(5)
+    chunk = 8200
+    bits = torch.randint(0, 256, (chunk // 8,), dtype=torch.uint8, generator=gen)
+    error = torch.randn(chunk, generator=gen)
+    weights = torch.tensor([0.37])
+    results = {}
+    for device in ("cpu", "cuda"):
+        server_error = error.to(device)
+        rows = serve(bits.to(device), weights.to(device), server_error, SingleComm(), Workspace(), scale)
+        results[device] = (rows.cpu(), server_error.cpu())
+    assert torch.equal(results["cpu"][0], results["cuda"][0]) and torch.equal(results["cpu"][1], results["cuda"][1])
+
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 30)  # about half a second of the GPU's time on the current stream
+    serve(bits.cuda(), weights.cuda(), error.cuda(), SingleComm(), Workspace(), scale)
+    busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert busy, "serve waited for the device: a host round trip is left in the server step"
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

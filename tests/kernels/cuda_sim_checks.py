@@ -8,8 +8,9 @@ import warnings
 import numpy as np
 import torch
 
-from compcoll import codecs
+from compcoll import codecs, spec
 from compcoll.kernels import cpu, cuda, reference
+from compcoll.spec import SCALES
 
 
 def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -39,7 +40,8 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
     cpu.compensate_encode(src, lut, cpu_err, numel, scale, cpu_bits)
     d_err, d_bits = cuda.cuda.to_device(err), cuda.cuda.device_array(full // 8, np.uint8)
-    cuda.compensate_encode(d_src, d_lut, d_err, numel, scale, d_bits)
+    held = scale if world == 1 else cuda.cuda.to_device(np.array([scale], np.float32))  # a number, or in device memory
+    cuda.compensate_encode(d_src, d_lut, d_err, numel, held, d_bits)
     assert np.array_equal(d_bits.copy_to_host(), cpu_bits), "encoded bits"
     assert np.array_equal(d_err.copy_to_host(), cpu_err), "worker error"
 
@@ -50,8 +52,11 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         out = np.empty(chunk, np.float32)
         want = cpu.accumulate_signs(rows[:, :chunk // 8].copy(), weights, base, out, chunk, power)
         d_out = cuda.cuda.device_array(chunk, np.float32)
+        slot = None if base is None else cuda.cuda.device_array(1, np.float64)  # the sum kept on the device
         got = cuda.accumulate_signs(cuda.cuda.to_device(rows[:, :chunk // 8].copy()), cuda.cuda.to_device(weights),
-                                    None if base is None else cuda.cuda.to_device(base), d_out, chunk, power)
+                                    None if base is None else cuda.cuda.to_device(base), d_out, chunk, power,
+                                    into=slot)
+        got = got if slot is None else slot.copy_to_host()[0]
         assert got == want and np.array_equal(d_out.copy_to_host(), out), "accumulate_signs"
 
     positive, negative = weights, -weights
@@ -98,11 +103,26 @@ def check_tree_sum() -> None:
         assert slots.copy_to_host()[1] == reference.tree_sum(values), f"tree_sum of {size} into a device slot"
 
 
+def check_scale_of() -> None:
+    """The device scale has ``spec.scale_from``'s bits, for both scales, over sums of many magnitudes."""
+    rng = np.random.default_rng(5)
+    totals = np.concatenate([[0.0, 1.0, 2.0, 3.0, 1e-300, 5e-324, 1e300, np.inf, np.nan],
+                             rng.random(200) * 10.0 ** rng.integers(-30, 30, 200)])
+    out = cuda.cuda.device_array(1, np.float32)
+    for name, power in SCALES.items():
+        for d in (0, 1, 3, 8, 37, 8200, 12345678, 2 ** 40 + 3):
+            for total in totals:
+                cuda.scale_of(cuda.cuda.to_device(np.array([total])), d, power, out)
+                got, want = out.copy_to_host()[0], spec.scale_from(float(total), d, name)
+                assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
+
+
 def main(lengths: list[int]) -> int:
     assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
     # the simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as intended)
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
     check_tree_sum()
+    check_scale_of()
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for numel in lengths:
             for world in (1, 3):

@@ -1,0 +1,102 @@
+"""Compile every numba.cuda kernel of ``compcoll.kernels.cuda`` to PTX with numba-cuda's own compiler, no GPU needed.
+
+The CUDA simulator runs the kernels as Python and so accepts code that NVVM rejects (an
+unsupported builtin, a type that does not unify); this script types and compiles each
+kernel variant, with the argument types the codecs pass, for one compute capability.
+
+Usage (numba-cuda with NVVM: ``pip install -e '.[gpu]'``):
+    python scripts/cuda_ptx.py [--cc 9.0]
+or with the compiler's packages in a folder of their own (what CI does:
+``pip install --no-deps --target DIR -r requirements-cuda-compiler.txt``, and
+``LD_LIBRARY_PATH=DIR/nvidia/cuda_nvrtc/lib``):
+    python scripts/cuda_ptx.py --site DIR
+
+1. Device functions compile for the current GPU's compute capability; without a GPU that
+   lookup fails, so it is pinned to ``--cc`` here (this script only; nothing runs).
+2. Every kernel variant (table or not, scale in memory or not, base or not, power 1 or 2,
+   float32 or 16-bit output) compiles with ``numba.cuda.compile_ptx``.
+3. The scale kernel's PTX must use the IEEE instructions the host's float64 maths uses
+   (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits.
+Prints one line per kernel; exits 1 if any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import site
+import sys
+from types import SimpleNamespace
+
+
+def variants() -> dict[str, tuple]:
+    """Every kernel variant the codecs launch: name -> (Python function, argument types)."""
+    from numba import types as t
+
+    from compcoll.kernels import cuda as kernels
+
+    def rows(dtype) -> t.Array:
+        return t.Array(dtype, 2, "A")
+
+    F32, F64, U8, U16, I16 = (t.Array(d, 1, "C") for d in (t.float32, t.float64, t.uint8, t.uint16, t.int16))
+    I64 = t.int64
+    found: dict[str, tuple] = {
+        "tree: first level": (kernels._halve_from.py_func, (F64, F64, I64)),
+        "tree: level": (kernels._halve.py_func, (F64, I64)),
+        "tree: tail in one block": (kernels._halve_in_block.py_func, (F64, I64)),
+        "scale of a device sum": (kernels._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32)),
+        "max |x| of rows (reduce)": (kernels._absmax_rows.py_func, (F32, I64, F32)),
+    }
+    for out in (F32, I16):
+        found[f"decode to {out.dtype}"] = (kernels._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
+    for lut in (False, True):
+        src = U16 if lut else F32
+        for p in (1, 2):
+            found[f"sum of |x|^{p}, table={lut}"] = (kernels._power_lanes(lut, p).py_func, (src, F32, F32, I64, F64))
+        for in_memory in (False, True):
+            found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
+                kernels._compensate_encode(lut, in_memory).py_func,
+                (src, F32, F32, I64, F32 if in_memory else t.float32, U8))
+        found[f"max |x| of rows (lanes), table={lut}"] = (kernels._absmax_lanes(lut).py_func,
+                                                          (src, F32, I64, I64, I64, F32))
+        found[f"randomized encode, table={lut}"] = (kernels._randomized_encode(lut).py_func,
+                                                    (src, F32, I64, F32, t.uint64, I64, rows(t.uint8)))
+    for base in (False, True):
+        for p in (1, 2):
+            found[f"accumulate signs, base={base}, power {p}"] = (
+                kernels._accumulate_lanes(base, p).py_func, (rows(t.uint8), F32, F32, F32, I64, F64))
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cc", default="9.0", help="compute capability, major.minor (default 9.0: H100 / H200)")
+    parser.add_argument("--site", help="a folder holding numba-cuda and the CUDA compiler's packages")
+    args = parser.parse_args()
+    if args.site:
+        site.addsitedir(args.site)  # before numba.cuda is imported: numba-cuda's .pth redirects it
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
+
+    cc = tuple(int(part) for part in args.cc.split("."))
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
+    failed = 0
+    found = variants()
+    for name, (function, types) in found.items():
+        try:
+            ptx, _ = cuda.compile_ptx(function, types, cc=cc)
+        except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
+            failed += 1
+            print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            continue
+        print(f"ok      {name} ({len(ptx)} chars of PTX)")
+        if name == "scale of a device sum":
+            missing = [op for op in ("sqrt.rn.f64", "div.rn.f64", "cvt.rn.f32.f64") if op not in ptx]
+            if missing:
+                failed += 1
+                print(f"FAILED  {name}: no {', '.join(missing)} in its PTX (the host's IEEE float64 maths)")
+    print(f"{len(found) - failed} of {len(found)} kernel variants compile for sm_{cc[0]}{cc[1]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Every CUDA kernel variant compiles to PTX with numba-cuda's own compiler, no GPU needed (``scripts/cuda_ptx.py``).
+
+The simulator (``test_cuda.py``) checks the kernels' bits but runs them as Python; this
+checks that NVVM accepts them. It runs where numba-cuda is importable (``pip install -e
+'.[gpu]'``) or where CI put the compiler's packages (``.ci/run``: ``.venv/cuda-compiler``),
+and is skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPILER = ROOT / ".venv" / "cuda-compiler"
+
+
+def _command() -> tuple[list[str], dict[str, str]] | None:
+    """How to run the script here: with the packages in ``COMPILER``, or with numba-cuda installed; None: neither."""
+    script = [sys.executable, str(ROOT / "scripts" / "cuda_ptx.py")]
+    if COMPILER.is_dir():
+        nvrtc = COMPILER / "nvidia" / "cuda_nvrtc" / "lib"  # found by the dynamic loader, not a site folder
+        library_path = os.pathsep.join(filter(None, [str(nvrtc), os.environ.get("LD_LIBRARY_PATH")]))
+        return script + ["--site", str(COMPILER)], {**os.environ, "LD_LIBRARY_PATH": library_path}
+    if importlib.util.find_spec("numba_cuda") is not None:
+        return script, dict(os.environ)
+    return None
+
+
+@pytest.mark.skipif(_command() is None, reason="needs numba-cuda with NVVM (pip install -e '.[gpu]'; CI installs it)")
+def test_every_cuda_kernel_variant_compiles_for_hopper() -> None:
+    command, env = _command()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    compiled = re.search(r"^(\d+) of (\d+) kernel variants compile for sm_90$", done.stdout, re.MULTILINE)
+    assert compiled and compiled[1] == compiled[2] and int(compiled[2]) > 0, done.stdout

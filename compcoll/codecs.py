@@ -196,11 +196,9 @@ def compensate_encode(
     """
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     n_src = 0 if tensor is None else tensor.numel()
-    if isinstance(scale, torch.Tensor):
-        scale = float(scale) if error.is_cpu else _array(scale)
-    else:
-        scale = np.float32(scale)
-    _run("compensate_encode", error, src, lut, _array(error), n_src, scale, _array(bits))
+    on_device = isinstance(scale, torch.Tensor) and not error.is_cpu
+    _run("compensate_encode", error, src, lut, _array(error), n_src,
+         _array(scale) if on_device else np.float32(float(scale)), _array(bits))
 
 
 def accumulate_signs(

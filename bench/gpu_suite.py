@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -35,31 +36,29 @@ from compcoll.algorithms.onebit import serve
 from compcoll.workspace import Workspace
 
 
-def timed(fn, runs: int, warmup: int = 3) -> float:
-    """Median seconds of ``fn`` over ``runs`` runs, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) / 1e3)
-    return statistics.median(times)
+def _device_seconds(fn) -> float:
+    """Seconds of the device's work that ``fn`` queues, between two CUDA events."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3
 
 
-def host_timed(fn, runs: int, warmup: int = 3) -> float:
-    """Median seconds the host spends in ``fn`` (its call returning, not the device finishing)."""
+def _host_seconds(fn) -> float:
+    """Seconds the host spends in ``fn`` (its call returning, not the device finishing), from an idle device."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def timed(fn, runs: int, warmup: int = 3, clock: Callable[[Callable], float] = _device_seconds) -> float:
+    """Median seconds of ``fn`` over ``runs`` runs after ``warmup`` (``clock``: the device's time or the host's)."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times = [clock(fn) for _ in range(runs)]
     torch.cuda.synchronize()
     return statistics.median(times)
 
@@ -114,7 +113,7 @@ def measure(numel: int, runs: int) -> dict:
     def server() -> torch.Tensor:
         return serve(bits, one, se[:numel], comm, workspace)
 
-    result["serve"] = {"device_s": timed(server, runs), "host_s": host_timed(server, runs)}
+    result["serve"] = {"device_s": timed(server, runs), "host_s": timed(server, runs, clock=_host_seconds)}
     return result
 
 

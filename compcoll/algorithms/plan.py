@@ -55,6 +55,13 @@ class ErrorFeedback:
         """(worker_error, server_error), updated in place by every call."""
         return self.worker_error, self.server_error
 
+    def to(self, device: torch.device) -> None:
+        """Move both buffers to ``device`` (their values unchanged)."""
+        worker, server = self._spans
+        self.worker_error = self.worker_error.to(device)
+        self.server_error = self.server_error.to(device)
+        self._spans = ((self.worker_error, worker[1]), (self.server_error, server[1]))
+
     def forget(self, coordinates: torch.Tensor) -> None:
         """Zero both buffers where the bool vector ``coordinates`` (``numel`` long) is True."""
         for buffer, start in self._spans:
@@ -140,6 +147,16 @@ class Plan(ABC):
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """((worker length, worker start), (server length, server start)) in the padded vector."""
         raise TypeError(f"{self.what} keeps no error feedback")
+
+    def to(self, device: torch.device) -> None:
+        """Serve tensors on ``device`` from now on: its own error buffers move there, its scratch is dropped.
+
+        Local: no rank is asked (the layout and agreements do not depend on the device).
+        """
+        self.device = torch.device(device)
+        self.workspace = Workspace()
+        if self._error_feedback is not None:
+            self._error_feedback.to(self.device)
 
     def start(
         self, tensor: torch.Tensor, out: torch.Tensor | None, async_op: bool,

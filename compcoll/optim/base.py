@@ -35,6 +35,23 @@ def compression_options(what: str, compress: str, scale: str, protocol: str = "g
             Option("1-bit protocols", PROTOCOLS.index(protocol), PROTOCOLS))
 
 
+class StateBuffer:
+    """A named state buffer of a ``CompressedOptimizer``, read from the one dict that owns them all (``_buffers``).
+
+    Subclasses declare ``exp_avg = StateBuffer()`` and create it with ``self._buffer("exp_avg")``;
+    the attribute always reads the current tensor, also after the state moved to another device.
+    """
+
+    def __init__(self, key: str = "") -> None:
+        self.key = key
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = self.key or name
+
+    def __get__(self, opt: "CompressedOptimizer | None", owner: type | None = None) -> Any:
+        return self if opt is None else opt._buffers[self.key]
+
+
 class CompressedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that averages over ranks itself; subclasses give ``_update``.
 
@@ -47,11 +64,15 @@ class CompressedOptimizer(torch.optim.Optimizer):
        so replicas start identical.
 
     ``step()``:
-    1. Gather the local gradients into one flat float32 vector (zeros where ``p.grad``
+    1. Follow the parameters (``_follow_parameters``): whatever a framework did to them
+       since the last step (``model.to(device)``, ``param.data = ...``, an in-place
+       ``load_state_dict``, ``.half()``), this step trains them, as if the optimizer had
+       been built after; the state follows a move to another device.
+       Then gather the local gradients into one flat float32 vector (zeros where ``p.grad``
        is None), unscaled when a ``torch.amp.GradScaler`` drives the step
-       (``_local_gradient``). A gradient that cannot be used (sparse) makes this rank
-       refuse the step in its peers' agreement round: it raises ``ValueError``, the
-       others ``RemoteError``.
+       (``_local_gradient``). A gradient that cannot be used (sparse), or parameters that
+       cannot be followed (another set, another shape), make this rank refuse the step in
+       its peers' agreement round: it raises ``ValueError``, the others ``RemoteError``.
     2. Run the algorithm's ``_update``, whose first collective is an agreement round: it
        raises ``NonFiniteError`` on every rank, before it changes anything, when a
        gradient is NaN / Inf on some rank.
@@ -110,6 +131,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self._buffers[name] = buf
         return buf
 
+    @property
+    def channel(self) -> Channel:
+        """The 1-bit channel the algorithm sends through (``_error_feedback`` builds it)."""
+        if self._channel is None:
+            raise AttributeError(f"{type(self).__name__} sends through no 1-bit channel")
+        return self._channel
+
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
                         protocol: str = "gather_scatter", by_layer: bool = False) -> Channel:
         """The 1-bit channel for the flat vector, with one scale for it or (``by_layer``) one per parameter;
@@ -162,6 +190,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
            round skips the step on every rank (the scaler alone would skip it on this
            rank only, and the others would wait for it in their collective).
         """
+        self._follow_parameters()
         grad = self.flat.gather_grads()
         scale = getattr(self, "grad_scale", None)
         if scale is not None:
@@ -170,6 +199,23 @@ class CompressedOptimizer(torch.optim.Optimizer):
         if found is not None and bool(found.item()):
             grad[:1].fill_(float("nan"))
         return grad
+
+    def _follow_parameters(self) -> None:
+        """Re-bind the flat buffer to the parameters if a framework changed them (``FlatParams.rebind``).
+
+        When they moved to another device, every state buffer, the channel's error buffers
+        and the scratch move there too, with their values. Local: the ranks are not asked,
+        since frameworks move the model on every rank alike, and a rank whose parameters
+        cannot be followed refuses the step in the agreement round.
+        """
+        params = [p for group in self.param_groups for p in group["params"]]
+        if not self.flat.rebind(params, type(self).__name__):
+            return
+        device = self.flat.device
+        self._buffers = {name: buf.to(device) for name, buf in self._buffers.items()}
+        if self._channel is not None:
+            self._channel.to(device)
+        self.workspace = Workspace()
 
     def _warn_if_scaler_missed_it(self) -> None:
         """Warn (once) when another rank's overflow skipped a step this rank's GradScaler saw as clean."""
@@ -226,6 +272,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         parameters, since building an optimizer broadcasts rank 0's over them, and
         always the float32 master weights of a model with 16-bit parameters.
         """
+        self._follow_parameters()
         groups = []
         index = 0
         for group in self.param_groups:
@@ -259,6 +306,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 changed world size is refused rather than silently re-chunked.
         """
         name = type(self).__name__
+        self._follow_parameters()
         state = state_dict["state"]
         if state.get("algorithm") != name:
             raise ValueError(f"{name}: this checkpoint is a {state.get('algorithm')!r} optimizer's state")

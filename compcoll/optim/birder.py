@@ -6,7 +6,7 @@ import torch
 
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters
 from .live import add_fresh
 
 
@@ -43,6 +43,10 @@ class Birder(CompressedOptimizer):
     """
 
     _scalar_names = ()
+    exp_avg = StateBuffer()
+    exp_avg_abs = StateBuffer()
+    seen = StateBuffer()
+    live = StateBuffer()
 
     def __init__(
         self,
@@ -60,10 +64,10 @@ class Birder(CompressedOptimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), comm, nonfinite)
         self.ranks_per_node = ranks_per_node
         self.seed = int(seed)
-        self.exp_avg = self._buffer("exp_avg")
-        self.exp_avg_abs = self._buffer("exp_avg_abs")
-        self.seen = self._buffer("seen", dtype=torch.bool)
-        self.live = self._buffer("live", dtype=torch.bool)
+        self._buffer("exp_avg")
+        self._buffer("exp_avg_abs")
+        self._buffer("seen", dtype=torch.bool)
+        self._buffer("live", dtype=torch.bool)
 
     def _update(self, grad: torch.Tensor) -> None:
         seen = self.seen | (grad != 0)

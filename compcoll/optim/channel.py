@@ -39,6 +39,10 @@ class Channel(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Copy back what ``state_dict()`` saved on this rank."""
 
+    @abstractmethod
+    def to(self, device: torch.device) -> None:
+        """Take vectors on ``device`` from now on; the error buffers move there (local, values kept)."""
+
     def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
         """``self(tensor, out)``, then zero where ``silent`` in ``out`` and in both error buffers.
 
@@ -132,6 +136,9 @@ class ErrorFeedbackChannel(Channel):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.error_feedback.load_state_dict(state)
 
+    def to(self, device: torch.device) -> None:
+        self.plan.to(device)
+
 
 def _use_hierarchical(comm: Communicator, ranks_per_node: int | None) -> bool:
     """Whether the ranks form several equal nodes of more than one rank (every rank decides alike).
@@ -214,3 +221,7 @@ class LayeredChannel(Channel):
                              f"{len(self.channels)} layers")
         for channel, layer in zip(self.channels, saved):
             channel.load_state_dict(layer)
+
+    def to(self, device: torch.device) -> None:
+        for channel in self.channels:
+            channel.to(device)

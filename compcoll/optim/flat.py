@@ -36,6 +36,9 @@ class FlatParams:
     3. ``gather_grads`` copies every ``p.grad`` into ``grad`` as float32 (exact for
        16-bit gradients; zeros where a parameter has no gradient), so an optimizer step
        reads one contiguous vector.
+    4. ``rebind`` follows what a framework did to the parameters since the last step
+       (moved them, assigned ``param.data``, loaded values in place, changed their
+       dtype), so the next step trains them and not a detached copy.
 
     Attributes:
         data: the flat parameter buffer (the master weights).
@@ -74,13 +77,10 @@ class FlatParams:
         self.data = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.grad = torch.zeros(self.numel, dtype=torch.float32, device=device)
         self.low_precision: list[tuple[torch.Tensor, Segment]] = []
+        self._marks: list[tuple[int, int]] = []
         for p, seg in zip(params, self.segments):
-            view = self.data[seg.start:seg.stop]
-            view.copy_(p.detach().reshape(-1))
-            if p.dtype == torch.float32:
-                p.data = view.view_as(p)
-            else:
-                self.low_precision.append((p, seg))
+            self.data[seg.start:seg.stop].copy_(p.detach().reshape(-1))
+        self._bind()
 
     @property
     def device(self) -> torch.device:
@@ -96,6 +96,55 @@ class FlatParams:
         with torch.no_grad():
             for p, seg in self.low_precision:
                 p.copy_(self.data[seg.start:seg.stop].view_as(p))
+        self._marks = [_mark(p) for p in self.params]
+
+    def rebind(self, params: list[torch.Tensor], what: str) -> bool:
+        """Follow what was done to the parameters since the last step; whether their device changed.
+
+        ``params`` are the optimizer's parameters now (its groups, flattened).
+        1. Check that they are the parameters it was built with, each of its old shape and
+           a supported dtype, all on one device: re-binding could not be exact otherwise,
+           so ValueError (TypeError for a dtype) names what changed.
+        2. If that device is not the buffers' (CPU <-> CUDA, another GPU), move ``data``
+           and ``grad`` there.
+        3. Every parameter whose storage changed (``.to()``, ``param.data = ...``, a dtype
+           change) or, for a 16-bit one, was written in place (``load_state_dict``), is read
+           back: its master takes the parameter's value, as an optimizer built now would,
+           except where the parameter kept its dtype and holds exactly the rounding of its
+           master (a move, the same values assigned): a 16-bit model's master then keeps
+           its float32 bits, as an optimizer built now would after ``load_state_dict``.
+           Float32 parameters become views of their slice again; a parameter cast to 16
+           bits keeps its own storage from now on.
+        Nothing is copied when nothing changed: one pointer (and, for 16-bit parameters,
+        version) check per parameter.
+        """
+        if len(params) != len(self.params) or any(p is not q for p, q in zip(params, self.params)):
+            raise ValueError(f"{what}: its parameter groups no longer hold the parameters it was built with (one "
+                             f"flat buffer holds them); build a new optimizer for the new parameters")
+        for index, (p, shape) in enumerate(zip(params, self.shapes)):
+            if tuple(p.shape) != shape:
+                raise ValueError(f"{what}: parameter {index} changed shape from {shape} to {tuple(p.shape)} since "
+                                 f"the optimizer was built; build a new optimizer for the new shapes")
+            if p.dtype not in DTYPES:
+                raise TypeError(f"{what}: parameter {index} is now {p.dtype}; compcoll's optimizers train float32, "
+                                f"float16 or bfloat16 parameters")
+        device = _one_device(params, what)
+        moved = device != self.data.device
+        if moved:
+            self.data, self.grad = self.data.to(device), self.grad.to(device)
+        elif all(_mark(p) == mark for p, mark in zip(params, self._marks)):
+            return False
+        with torch.no_grad():
+            for p, seg, mark, dtype in zip(params, self.segments, self._marks, self.dtypes):
+                master = self.data[seg.start:seg.stop]
+                if _mark(p) == mark and not moved:
+                    continue
+                value = p.detach().reshape(-1)
+                if str(p.dtype) != dtype or not torch.equal(value, master.to(p.dtype)):
+                    master.copy_(value)
+        self.dtypes = [str(p.dtype) for p in params]
+        self._bind()
+        return moved
 
     def gather_grads(self) -> torch.Tensor:
         """Copy every parameter's gradient into ``grad`` (zeros for None) and return it."""
@@ -115,6 +164,26 @@ class FlatParams:
     def views(self, flat: torch.Tensor) -> list[tuple[Segment, torch.Tensor]]:
         """(segment, slice of ``flat``) for every parameter: per-layer views of a flat state buffer."""
         return [(seg, flat[seg.start:seg.stop]) for seg in self.segments]
+
+    def _bind(self) -> None:
+        """Make every float32 parameter a view of its slice of ``data``; list the 16-bit ones; mark them all."""
+        self.low_precision = []
+        for p, seg in zip(self.params, self.segments):
+            if p.dtype == torch.float32:
+                p.data = self.data[seg.start:seg.stop].view_as(p)
+            else:
+                self.low_precision.append((p, seg))
+        self._marks = [_mark(p) for p in self.params]
+
+
+def _mark(p: torch.Tensor) -> tuple[int, int]:
+    """What changes when a parameter's storage is replaced or, for a 16-bit one, written: (pointer, version).
+
+    A float32 parameter is a view of the flat buffer, which every step writes and whose
+    version it shares, so its mark holds only the pointer: another pointer means it is no
+    longer the view.
+    """
+    return (p.data_ptr(), 0 if p.dtype == torch.float32 else p._version)
 
 
 def _one_device(params: list[torch.Tensor], what: str) -> torch.device:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters, compression_options
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 
@@ -61,6 +61,8 @@ class OneBitAdam(CompressedOptimizer):
     """
 
     _scalar_names = ()
+    exp_avg = StateBuffer()
+    exp_avg_sq = StateBuffer()
 
     def __init__(
         self,
@@ -87,9 +89,9 @@ class OneBitAdam(CompressedOptimizer):
                          options)
         self.freeze_step = int(freeze_step)
         self.compress = compress
-        self.exp_avg = self._buffer("exp_avg")
-        self.exp_avg_sq = self._buffer("exp_avg_sq")
-        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
+        self._buffer("exp_avg")
+        self._buffer("exp_avg_sq")
+        self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
 
     @property
     def compressing(self) -> bool:

@@ -9,7 +9,7 @@ import torch
 from .. import codecs
 from ..algorithms.agreement import Option
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters, compression_options
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 TRUST_RATIOS = ("fresh", "frozen")
@@ -82,6 +82,12 @@ class OneBitLamb(CompressedOptimizer):
     """
 
     _scalar_names = ("scaled",)
+    exp_avg = StateBuffer()
+    exp_avg_sq = StateBuffer()
+    exp_avg_sq_fresh = StateBuffer()
+    coeff_freeze = StateBuffer("lamb_coeff_freeze")
+    last_factor = StateBuffer()
+    scaling_coeff = StateBuffer()
 
     def __init__(
         self,
@@ -139,15 +145,15 @@ class OneBitLamb(CompressedOptimizer):
         self.factor_threshold = factor_threshold
         self.variance_refresh = variance_refresh
         layers = len(self.flat.segments)
-        self.exp_avg = self._buffer("exp_avg")
-        self.exp_avg_sq = self._buffer("exp_avg_sq")
-        self.exp_avg_sq_fresh = self._buffer("exp_avg_sq_fresh")
-        self.coeff_freeze = self._buffer("lamb_coeff_freeze", layers, torch.float64)
-        self.last_factor = self._buffer("last_factor", layers, torch.float64).fill_(1.0)
-        self.scaling_coeff = self._buffer("scaling_coeff", layers, torch.float64)
+        self._buffer("exp_avg")
+        self._buffer("exp_avg_sq")
+        self._buffer("exp_avg_sq_fresh")
+        self._buffer("lamb_coeff_freeze", layers, torch.float64)
+        self._buffer("last_factor", layers, torch.float64).fill_(1.0)
+        self._buffer("scaling_coeff", layers, torch.float64)
         self.scaled = False
         self.lamb_coeffs: list[float] = []
-        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale, protocol, layer_scales)
+        self._error_feedback(ranks_per_node, hierarchical, scale, protocol, layer_scales)
 
     @property
     def compressing(self) -> bool:

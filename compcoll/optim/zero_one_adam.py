@@ -6,7 +6,7 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from .base import CompressedOptimizer, check_hyperparameters, compression_options
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
 
 
@@ -52,6 +52,11 @@ class ZeroOneAdam(CompressedOptimizer):
     """
 
     _scalar_names = ("var_interval", "var_counter", "local_interval", "local_counter", "pending")
+    exp_avg = StateBuffer()
+    exp_avg_sq = StateBuffer()
+    accumulator = StateBuffer("momentum_accumulator")
+    synced_params = StateBuffer()
+    lr_sums = StateBuffer()
 
     def __init__(
         self,
@@ -90,12 +95,12 @@ class ZeroOneAdam(CompressedOptimizer):
         self.var_interval, self.var_counter = 1, 0
         self.local_interval, self.local_counter = 1, 0
         self.pending = 0
-        self.exp_avg = self._buffer("exp_avg")
-        self.exp_avg_sq = self._buffer("exp_avg_sq")
-        self.accumulator = self._buffer("momentum_accumulator")
-        self.synced_params = self._buffer("synced_params")
-        self.lr_sums = self._buffer("lr_sums", len(self.param_groups), torch.float64)
-        self.channel = self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
+        self._buffer("exp_avg")
+        self._buffer("exp_avg_sq")
+        self._buffer("momentum_accumulator")
+        self._buffer("synced_params")
+        self._buffer("lr_sums", len(self.param_groups), torch.float64)
+        self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
 
     @property
     def synchronized(self) -> bool:

@@ -10,6 +10,7 @@ from compcoll import SingleComm, codecs
 from compcoll.algorithms.onebit import serve
 from compcoll.launcher import run
 from compcoll.workspace import Workspace
+from tests.optim.follow_workers import CHANGES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 WORKERS = "tests.gpu.gpu_workers"
@@ -93,3 +94,9 @@ def test_optimizers_on_cuda_equal_cpu_over_nccl() -> None:
 def test_cupy_arrays_over_mpi(world_size: int) -> None:
     pytest.importorskip("cupy")
     run(f"{WORKERS}:cupy_arrays", world_size, "mpi", args=(4,))
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("start, device", [("cpu", "cuda"), ("cuda", "cpu")])
+def test_optimizers_follow_models_between_cpu_and_cuda(world_size: int, start: str, device: str) -> None:
+    run("tests.optim.follow_workers:built_then_changed", world_size, "mpi", args=(start, device, list(CHANGES)))

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The real-GPU run as one command on a lent GPU machine (its image has torch, numba-cuda, cupy): every CUDA kernel
+# against the CPU kernels on the hardware, tests/gpu, bench/gpu_suite.py, then the rest of the suite until the deadline.
+# Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5). Logs and figures go to $OUT.
+# Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gpu_run}
+mkdir -p "$out"
+deadline=$((SECONDS + ${SECONDS_LEFT:-450}))
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+py=python3
+left() { echo $((deadline - SECONDS > 10 ? deadline - SECONDS : 10)); }
+{
+    nvidia-smi -L
+    $py -m pip install -q --no-index --no-deps .whl/*.whl
+    $py -m pip install -q --no-index --no-deps --no-build-isolation -e .
+    $py -c "import sys, torch, numba, numba.cuda, mpi4py; from mpi4py import MPI
+print(sys.version.split()[0], 'torch', torch.__version__, 'numba', numba.__version__, 'mpi4py', mpi4py.__version__,
+      MPI.Get_library_version().splitlines()[0], torch.cuda.get_device_name())"
+    $py -m pip list 2>/dev/null | grep -i -E '^(numba|numba-cuda|cupy|cuda-core|cuda-bindings) '
+    $py -m compcoll.warmup
+} 2>&1 | tee "$out/env.txt"
+echo "== CUDA kernels == CPU kernels, on the GPU (beside tests/gpu, 8 workers sharing the GPU)"
+timeout "${GPU_TESTS_S:-200}" $py -m tests.kernels.cuda_sim_checks 1 37 1000 8200 100003 1048577 > "$out/kernels.log" 2>&1 &
+timeout "${GPU_TESTS_S:-200}" $py -m pytest -q -ra -p xdist -n 8 tests/gpu "$@" 2>&1 | tee "$out/tests_gpu.log" | tail -25
+wait
+tail -3 "$out/kernels.log"
+echo "== bench/gpu_suite.py"
+timeout 150 $py bench/gpu_suite.py --out "$out/gpu_kernels" 2>&1 | tail -5
+echo "== the rest of the suite, $(left) s left"
+timeout "$(left)" $py -m pytest -q -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"

@@ -1,0 +1,137 @@
+"""Rank-side bodies of the tests that frameworks may move, assign, load or cast the parameters under an optimizer."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+import compcoll
+from tests.algorithms.onebit_workers import assert_same_on_all_ranks
+from tests.optim.optim_workers import CONFIGS, Net, _tensors
+
+STEPS = 12
+"""Through every optimizer's warmup into its compressed phase (0/1 Adam: local steps and a sync)."""
+NAMES = ["OneBitAdam", "OneBitLamb", "OneBitLamb layers", "ZeroOneAdam", "Birder"]
+
+
+def _loaded(model: torch.nn.Module) -> None:
+    """Load other weights in place, as ``model.load_state_dict`` after a checkpoint (the same on every rank)."""
+    torch.manual_seed(777)
+    model.load_state_dict({k: v * 0.5 for k, v in Net().state_dict().items()})
+
+
+def _assigned(model: torch.nn.Module) -> None:
+    for p in model.parameters():
+        p.data = p.data.clone()
+
+
+CHANGES: dict[str, Callable[[torch.nn.Module, str], object]] = {
+    "to": lambda model, device: model.to(device),
+    "param.data": lambda model, device: _assigned(model),
+    "load_state_dict": lambda model, device: _loaded(model),
+    "half": lambda model, device: model.half(),
+    "bfloat16": lambda model, device: model.bfloat16(),
+}
+"""What frameworks do to a model after its optimizer exists, each given the device ``to`` moves to."""
+SIXTEEN_BIT_TOO = ("param.data", "load_state_dict")
+"""Changes also tried on a bfloat16 model, whose parameters are not views of the flat buffer but rounded copies."""
+
+
+def _step(comm: compcoll.Communicator, model: torch.nn.Module, opt, step: int) -> None:
+    """One step on seeded gradients of this rank (an embedding row and an input column always zero)."""
+    gen = torch.Generator().manual_seed(1000 * comm.rank + step)
+    for p in model.parameters():
+        grad = torch.randn(p.shape, generator=gen)
+        if p is model.emb.weight:
+            grad[10:] = 0.0
+        p.grad = grad.to(p.dtype).to(p.device)
+    opt.step()
+
+
+def _run(comm: compcoll.Communicator, name: str, change: str, start: str, device: str, at: int | None,
+         dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object]:
+    """A model on ``start``, its optimizer, STEPS steps; ``change`` the model at step ``at`` (-1: before building;
+    None: never)."""
+    torch.manual_seed(100 + comm.rank)
+    model = Net().to(dtype).to(start)
+    cls, kwargs = CONFIGS[name]
+    if at == -1:
+        CHANGES[change](model, device)
+    opt = cls(model.parameters(), comm=comm, **kwargs)
+    for step in range(STEPS):
+        if step == at:
+            CHANGES[change](model, device)
+        _step(comm, model, opt, step)
+    return model, opt
+
+
+def _same(a: tuple[torch.nn.Module, object], b: tuple[torch.nn.Module, object], where: str) -> None:
+    """Both runs' parameters (bits, dtypes), master weights and every state and error buffer are equal."""
+    (model_a, opt_a), (model_b, opt_b) = a, b
+    for (key, p), q in zip(model_a.named_parameters(), model_b.parameters()):
+        assert p.dtype == q.dtype, f"{where}: {key} is {p.dtype}, not {q.dtype}"
+        assert torch.equal(p.detach().cpu().view(torch.uint8), q.detach().cpu().view(torch.uint8)), \
+            f"{where}: parameter {key} differs"
+    state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+    assert torch.equal(opt_a.flat.data.cpu(), opt_b.flat.data.cpu()), f"{where}: master weights differ"
+    for key, buf in state_a["buffers"].items():
+        assert torch.equal(buf.cpu(), state_b["buffers"][key].cpu()), f"{where}: state buffer {key} differs"
+    errors_a, errors_b = state_a["error_feedback"], state_b["error_feedback"]
+    if errors_a is not None:
+        assert all(torch.equal(x.cpu(), y.cpu()) for x, y in zip(_tensors(errors_a), _tensors(errors_b))), \
+            f"{where}: error buffers differ"
+    assert state_a["scalars"] == state_b["scalars"] and state_a["steps"] == state_b["steps"] == STEPS, where
+
+
+def built_then_changed(comm: compcoll.Communicator, start: str, device: str, changes: list[str]) -> None:
+    """Every optimizer, every change: changed after building equals changed before building, bit for bit.
+
+    The model starts on ``start``; ``to`` moves it to ``device``. For that move, also:
+    moved in the middle of training equals never moved (the state follows, 16-bit
+    parameters keep their float32 masters); across devices that relies on CUDA matching
+    the CPU bit for bit.
+    """
+    for name in NAMES:
+        for change in changes:
+            for dtype in (torch.float32, torch.bfloat16) if change in SIXTEEN_BIT_TOO else (torch.float32,):
+                where = f"{name}, {change} of {dtype} ({start} -> {device}) on rank {comm.rank} of {comm.size}"
+                after = _run(comm, name, change, start, device, 0, dtype)
+                _same(after, _run(comm, name, change, start, device, -1, dtype), f"{where}: built then changed")
+                assert_same_on_all_ranks(comm, after[1].flat.data.cpu())
+                if change in ("load_state_dict", "half", "bfloat16"):
+                    never = _run(comm, name, change, start, device, None, dtype)
+                    assert not torch.equal(after[1].flat.data.cpu(), never[1].flat.data.cpu()), \
+                        f"{where}: the change made no difference, so the test shows nothing"
+        if "to" in changes:
+            for dtype in (torch.float32, torch.bfloat16):
+                moved = _run(comm, name, "to", start, device, STEPS // 2, dtype)
+                _same(moved, _run(comm, name, "to", start, device, None, dtype),
+                      f"{name} {dtype} moved {start} -> {device} mid-run")
+                assert moved[1].flat.device.type == torch.device(device).type
+                assert all(p.device.type == torch.device(device).type for p in moved[0].parameters())
+
+
+def unfollowable_changes_raise_everywhere(comm: compcoll.Communicator, change: str) -> None:
+    """A parameter that changes shape, or groups that no longer hold the built parameters, on the last rank:
+    that rank raises ValueError naming it, the others RemoteError, at that step, and nothing changed."""
+    torch.manual_seed(100 + comm.rank)
+    model = Net()
+    opt = CONFIGS["OneBitAdam"][0](model.parameters(), comm=comm, **CONFIGS["OneBitAdam"][1])
+    _step(comm, model, opt, 0)
+    if comm.rank == comm.size - 1:
+        if change == "shape":
+            model.out.bias.data = torch.zeros(4)
+        else:
+            opt.param_groups[0]["params"][-1] = torch.nn.Parameter(torch.zeros(3))
+    before = opt.flat.data.clone()
+    try:
+        _step(comm, model, opt, 1)
+    except compcoll.RemoteError as exc:
+        assert comm.rank != comm.size - 1 and ("shape" in str(exc) or "parameter groups" in str(exc)), exc
+    except ValueError as exc:
+        assert comm.rank == comm.size - 1, exc
+        assert ("changed shape from (3,) to (4,)" if change == "shape" else "no longer hold") in str(exc), exc
+    else:
+        raise AssertionError(f"no error on rank {comm.rank}")
+    assert torch.equal(opt.flat.data, before) and opt.steps == 1

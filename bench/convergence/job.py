@@ -10,6 +10,7 @@ import torch
 import compcoll
 from compcoll.algorithms.exact import exact_average
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+from compcoll.optim.channel import Channel
 from compcoll.workspace import Workspace
 from tasks import TASKS
 
@@ -22,16 +23,30 @@ class ExactBirder(Birder):
         return exact_average(ratio, self.comm, out, self.workspace)
 
 
-class ExactChannel:
-    """An error-feedback channel's ``average_except`` with nothing compressed: the exact float32 average."""
+class ExactChannel(Channel):
+    """A 1-bit channel with nothing compressed: the exact float32 average, and no error buffers."""
 
     def __init__(self, comm: compcoll.Communicator, workspace: Workspace) -> None:
         self.comm = comm
         self.workspace = workspace
 
-    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
-        exact_average(tensor, self.comm, out, self.workspace)
-        return out.masked_fill_(silent, 0.0)
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return exact_average(tensor, self.comm, out, self.workspace)
+
+    def forget(self, coordinates: torch.Tensor) -> None:
+        """Nothing to forget: no error buffers."""
+
+    def reset(self) -> None:
+        """Nothing to reset: no error buffers."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to load: no error buffers."""
+
+    def to(self, device: torch.device) -> None:
+        """Nothing to move: no error buffers."""
 
 
 class FrozenVarianceLamb(OneBitLamb):
@@ -43,7 +58,8 @@ class FrozenVarianceLamb(OneBitLamb):
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
                         protocol: str = "gather_scatter", by_layer: bool = False) -> ExactChannel:
-        return ExactChannel(self.comm, self.workspace)
+        self._channel = ExactChannel(self.comm, self.workspace)
+        return self._channel
 
 
 OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam, "Birder": Birder,

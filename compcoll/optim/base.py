@@ -344,6 +344,31 @@ class CompressedOptimizer(torch.optim.Optimizer):
             group.update({k: v for k, v in saved.items() if k != "params"})
 
 
+def warmup_steps(what: str, name: str, value: int | float, total_steps: int | None, least: int = 0) -> int:
+    """A phase length in steps: ``value`` itself, or, a float in (0, 1), that fraction of ``total_steps``.
+
+    1. A float strictly between 0 and 1 is a share of the run (the papers warm up for
+       10-25% of it): round(value * total_steps), which needs ``total_steps``, the run's
+       optimizer steps (the Trainer's ``max_steps``).
+    2. Anything else is a count of steps.
+    3. ValueError naming ``name`` when the count is below ``least`` or not a whole number,
+       or a share comes without a positive ``total_steps``.
+    """
+    if isinstance(value, float) and 0.0 < value < 1.0:
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"{what}: {name}={value} is a share of the run, so pass total_steps, the run's number "
+                             f"of optimizer steps (got {total_steps!r})")
+        steps = round(value * total_steps)
+    elif isinstance(value, bool) or not float(value).is_integer():
+        raise ValueError(f"{what}: {name} must be a number of steps or a share of the run in (0, 1), got {value!r}")
+    else:
+        steps = int(value)
+    if steps < least:
+        raise ValueError(f"{what}: {name} must come to at least {least} step(s), got {value!r}"
+                         + (f" of {total_steps} steps" if isinstance(value, float) and value < 1.0 else ""))
+    return steps
+
+
 def check_hyperparameters(
     what: str, lr: float, betas: tuple[float, float], eps: float | None, weight_decay: float
 ) -> None:

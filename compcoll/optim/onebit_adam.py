@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, warmup_steps
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 
@@ -40,7 +40,8 @@ class OneBitAdam(CompressedOptimizer):
         params: parameters or parameter groups: dense float32, float16 or bfloat16, all on one CPU or CUDA device.
         lr: learning rate.
         freeze_step: number of warmup (uncompressed) steps; tune to where v settles,
-            typically 15-25% of training.
+            typically 15-25% of training. A float in (0, 1) is that share of ``total_steps``
+            (``freeze_step=0.15, total_steps=trainer_max_steps``).
         betas: (b1, b2) for m and v.
         eps: added to sqrt(v).
         weight_decay: decoupled weight decay, as DeepSpeed applies it.
@@ -58,6 +59,7 @@ class OneBitAdam(CompressedOptimizer):
             or "allgather" (compressed once, the exact average of every rank's 1-bit
             estimate; (n - 1) / 2 times the bytes per rank, the same at n = 2; flat only,
             so with several nodes also pass ``hierarchical=False``).
+        total_steps: the run's number of optimizer steps, for a ``freeze_step`` given as a share.
     """
 
     _scalar_names = ()
@@ -68,7 +70,7 @@ class OneBitAdam(CompressedOptimizer):
         self,
         params,
         lr: float = 1e-3,
-        freeze_step: int = 100000,
+        freeze_step: int | float = 100000,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
@@ -80,11 +82,11 @@ class OneBitAdam(CompressedOptimizer):
         compress: str = "update",
         scale: str = "l1",
         protocol: str = "gather_scatter",
+        total_steps: int | None = None,
     ) -> None:
         check_hyperparameters(type(self).__name__, lr, betas, eps, weight_decay)
         options = compression_options(type(self).__name__, compress, scale, protocol)
-        if freeze_step < 0:
-            raise ValueError(f"OneBitAdam: freeze_step must be >= 0, got {freeze_step}")
+        freeze_step = warmup_steps("OneBitAdam", "freeze_step", freeze_step, total_steps)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          options)
         self.freeze_step = int(freeze_step)

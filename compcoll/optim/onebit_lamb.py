@@ -9,7 +9,7 @@ import torch
 from .. import codecs
 from ..algorithms.agreement import Option
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, warmup_steps
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 TRUST_RATIOS = ("fresh", "frozen")
@@ -58,8 +58,9 @@ class OneBitLamb(CompressedOptimizer):
     ``lamb_coeffs`` holds the last step's per-layer coefficients.
 
     Args:
-        params, lr, freeze_step (>= 1), betas, eps, weight_decay, comm, ranks_per_node,
-            hierarchical, nonfinite, compress: as for ``OneBitAdam``.
+        params, lr, freeze_step (>= 1; a float in (0, 1): a share of ``total_steps``), betas, eps,
+            weight_decay, comm, ranks_per_node, hierarchical, nonfinite, compress, total_steps: as
+            for ``OneBitAdam``.
         scale: as for ``OneBitAdam`` ("l1" by default): with "l2" and frozen ratios, eps = 1e-8
             diverged on digits after the warmup; with "l1" and fresh ratios it ends level with
             LAMB (README, "Optimizers").
@@ -93,7 +94,7 @@ class OneBitLamb(CompressedOptimizer):
         self,
         params,
         lr: float = 1e-3,
-        freeze_step: int = 100000,
+        freeze_step: int | float = 100000,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
@@ -114,6 +115,7 @@ class OneBitLamb(CompressedOptimizer):
         protocol: str = "gather_scatter",
         variance_refresh: int = 0,
         layer_scales: bool = False,
+        total_steps: int | None = None,
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
@@ -126,8 +128,7 @@ class OneBitLamb(CompressedOptimizer):
                     Option("1-bit scales per layer", int(layer_scales), ("off", "on")))
         if trust_ratio not in TRUST_RATIOS:
             raise ValueError(f"{what}: trust_ratio must be one of {', '.join(TRUST_RATIOS)}, got {trust_ratio!r}")
-        if freeze_step < 1:
-            raise ValueError(f"{what}: freeze_step must be >= 1 (warmup estimates the variance), got {freeze_step}")
+        freeze_step = warmup_steps(what, "freeze_step", freeze_step, total_steps, least=1)  # warmup estimates v
         if not 0 < min_coeff <= max_coeff or not 0 < factor_min <= factor_max or not 0 <= coeff_beta < 1:
             raise ValueError(
                 f"{what}: need 0 < min_coeff <= max_coeff, 0 < factor_min <= factor_max and 0 <= coeff_beta < 1, "

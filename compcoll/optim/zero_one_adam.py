@@ -6,7 +6,7 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options
+from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, warmup_steps
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
 
 
@@ -45,10 +45,12 @@ class ZeroOneAdam(CompressedOptimizer):
     Args:
         params, lr, betas, eps, weight_decay, comm, ranks_per_node, hierarchical,
             nonfinite, compress, scale, protocol: as for ``OneBitAdam``.
-        var_freeze_step: the last step of the variance phase.
+        var_freeze_step: the last step of the variance phase; a float in (0, 1) is that
+            share of ``total_steps``.
         var_update_scaler: refreshes of v per interval before the interval doubles.
         local_step_scaler: local-phase steps per doubling of the synchronisation interval.
         local_step_clipper: the largest synchronisation interval.
+        total_steps: the run's number of optimizer steps, for a ``var_freeze_step`` given as a share.
     """
 
     _scalar_names = ("var_interval", "var_counter", "local_interval", "local_counter", "pending")
@@ -65,7 +67,7 @@ class ZeroOneAdam(CompressedOptimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
-        var_freeze_step: int = 100000,
+        var_freeze_step: int | float = 100000,
         var_update_scaler: int = 16,
         local_step_scaler: int = 32678,
         local_step_clipper: int = 16,
@@ -77,11 +79,13 @@ class ZeroOneAdam(CompressedOptimizer):
         compress: str = "update",
         scale: str = "l1",
         protocol: str = "gather_scatter",
+        total_steps: int | None = None,
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
         options = compression_options(what, compress, scale, protocol)
-        for name, value in (("var_freeze_step", var_freeze_step), ("var_update_scaler", var_update_scaler),
+        var_freeze_step = warmup_steps(what, "var_freeze_step", var_freeze_step, total_steps, least=1)
+        for name, value in (("var_update_scaler", var_update_scaler),
                             ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what}: {name} must be a positive integer, got {value!r}")

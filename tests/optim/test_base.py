@@ -50,6 +50,23 @@ def test_phase_options_are_checked() -> None:
         ZeroOneAdam(_model().parameters(), local_step_clipper=0, comm=comm)
 
 
+def test_warmup_as_a_share_of_the_run() -> None:
+    """freeze_step / var_freeze_step in (0, 1) is that share of total_steps, rounded; without total_steps, an error."""
+    comm = compcoll.SingleComm()
+    assert OneBitAdam(_model().parameters(), freeze_step=0.15, total_steps=60, comm=comm).freeze_step == 9
+    assert OneBitAdam(_model().parameters(), freeze_step=7, comm=comm).freeze_step == 7
+    assert OneBitLamb(_model().parameters(), freeze_step=0.1, total_steps=1000, comm=comm).freeze_step == 100
+    assert ZeroOneAdam(_model().parameters(), var_freeze_step=0.25, total_steps=10, comm=comm).var_freeze_step == 2
+    with pytest.raises(ValueError, match="freeze_step=0.15 is a share of the run, so pass total_steps"):
+        OneBitAdam(_model().parameters(), freeze_step=0.15, comm=comm)
+    with pytest.raises(ValueError, match="freeze_step must come to at least 1 step"):
+        OneBitLamb(_model().parameters(), freeze_step=0.01, total_steps=20, comm=comm)
+    with pytest.raises(ValueError, match="a number of steps or a share of the run"):
+        OneBitAdam(_model().parameters(), freeze_step=2.5, comm=comm)
+    with pytest.raises(ValueError, match="freeze_step must come to at least 0"):
+        OneBitAdam(_model().parameters(), freeze_step=-1, comm=comm)
+
+
 @pytest.mark.parametrize("cls", ALL)
 def test_checkpoints_of_another_world_rank_or_model_are_refused(cls) -> None:
     comm = compcoll.SingleComm()

@@ -196,6 +196,27 @@ def refuse(comm: Communicator, error: Exception) -> NoReturn:
     raise error
 
 
+def agree_outcome(comm: Communicator, what: str, error: Exception | None) -> None:
+    """Every rank learns whether some rank's local part of ``what`` failed; all raise if one did.
+
+    1. Allgather one flag per rank (failed or not).
+    2. If any rank failed, allgather the failing ranks' messages (``_messages``): a failing
+       rank raises its own ``error``, every other rank ``RemoteError`` naming them.
+    Every rank must call it at the same point (a collective), failed or not.
+    """
+    flag = torch.tensor([0.0 if error is None else 1.0], dtype=torch.float64)
+    table = torch.empty(comm.size, dtype=torch.float64)
+    comm.allgather(flag, table)
+    failing = [r for r, value in enumerate(table.tolist()) if value]
+    if not failing:
+        return
+    messages = _messages(comm, "" if error is None else f"{type(error).__name__}: {error}", failing)
+    if error is not None:
+        raise error
+    raise RemoteError(f"{what} failed on rank(s) {failing}: " + "; ".join(f"rank {r}: {m}" for r, m in
+                                                                         messages.items()), messages)
+
+
 def checked(comm: Communicator, what: str, checks: Callable[[], T]) -> T:
     """Run a call's local ``checks``; if they raise TypeError or ValueError, ``refuse`` the call in this rank's turn.
 

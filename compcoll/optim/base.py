@@ -84,14 +84,18 @@ class CompressedOptimizer(torch.optim.Optimizer):
     ``state_dict()`` holds this rank's whole state (moments, error-feedback buffers,
     phase counters, and this rank's own float32 parameters while the replicas differ,
     as between 0/1 Adam's synchronisations, or when 16-bit parameters hold only a
-    rounding of them); save one per rank and load it on the same
-    rank of a world of the same size: the run then continues bit for bit as if
+    rounding of them); save one per rank (``compcoll.checkpoint.save``) and load it on
+    the same rank of a world of the same size: the run then continues bit for bit as if
     uninterrupted, whether the optimizer is built before or after the model's weights
     are loaded (building it broadcasts rank 0's parameters; ``load_state_dict`` puts
-    this rank's local copy back).
+    this rank's local copy back). Rank 0's state loaded on every rank (what the Trainer,
+    Accelerate and Lightning save) resumes everything but the error buffers, which
+    restart at zero with a warning.
     """
 
     _scalar_names: tuple[str, ...] = ()
+    _rank_own: tuple[str, ...] = ()
+    """State buffers that hold this rank's own values (from its local gradients) even while replicas agree."""
     _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
@@ -297,25 +301,25 @@ class CompressedOptimizer(torch.optim.Optimizer):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved on this rank of a world of the same size.
+        """Restore what ``state_dict()`` saved: this rank's own, or another rank's (frameworks save rank 0's).
 
-        Raises:
-            ValueError: the checkpoint is another algorithm's, another rank's or world
-                size's, or for other parameter groups and shapes. Error-feedback buffers
-                and local moments belong to one rank and one chunking of the vector, so a
-                changed world size is refused rather than silently re-chunked.
+        1. Check the algorithm, parameter groups, shapes and buffers (ValueError naming
+           what differs; nothing changes).
+        2. Load the step counters, phase scalars, hyperparameters, moments and any saved
+           parameters: the same on every rank while the replicas agree, so any rank's do.
+        3. The error-feedback buffers belong to one rank's share of the vector and one
+           world size: this rank's own are loaded, so the run continues bit for bit;
+           from another rank or world size they restart at zero, and buffers that are a
+           rank's own (``_rank_own``: Birder's local moments) are the saving rank's, with a
+           warning that exact resume needs each rank's own state (``compcoll.checkpoint``).
+           All ranks that load the same state continue with identical replicas.
         """
         name = type(self).__name__
         self._follow_parameters()
         state = state_dict["state"]
         if state.get("algorithm") != name:
             raise ValueError(f"{name}: this checkpoint is a {state.get('algorithm')!r} optimizer's state")
-        if (state["world_size"], state["rank"]) != (self.comm.size, self.comm.rank):
-            raise ValueError(
-                f"{name}: checkpoint is from rank {state['rank']} of a world of {state['world_size']}, this is "
-                f"rank {self.comm.rank} of {self.comm.size}; error-feedback buffers and local moments belong to "
-                f"one rank, so resume with the same world size and each rank's own state_dict"
-            )
+        own = (state["world_size"], state["rank"]) == (self.comm.size, self.comm.rank)
         if state["layout"] != self.flat.layout_code() or len(state_dict["param_groups"]) != len(self.param_groups):
             raise ValueError(f"{name}: checkpoint is for other parameter groups or shapes than this optimizer's")
         missing = set(self._buffers) ^ set(state["buffers"])
@@ -329,8 +333,18 @@ class CompressedOptimizer(torch.optim.Optimizer):
         local = state.get("params")
         if local is not None and local.shape != self.flat.data.shape:
             raise ValueError(f"{name}: checkpoint parameters have shape {tuple(local.shape)}")
-        if self._channel is not None:
+        if self._channel is not None and own:
             self._channel.load_state_dict(state["error_feedback"])
+        elif self._channel is not None:
+            self._channel.reset()
+        if not own and (self._channel is not None or self._rank_own):
+            lost = ["the error-feedback buffers restart at zero"] if self._channel is not None else []
+            lost += [f"{', '.join(self._rank_own)} are that rank's"] if self._rank_own else []
+            warnings.warn(
+                f"{name}: loaded the state of rank {state['rank']} of {state['world_size']} on rank "
+                f"{self.comm.rank} of {self.comm.size}: counters resume exactly, but {' and '.join(lost)} (one rank's "
+                f"own); for an exact resume save and load every rank's state with compcoll.checkpoint.save / load",
+                stacklevel=2)
         for key, saved in state["buffers"].items():
             self._buffers[key].copy_(saved)
         if local is not None:

@@ -43,6 +43,7 @@ class Birder(CompressedOptimizer):
     """
 
     _scalar_names = ()
+    _rank_own = ("exp_avg", "exp_avg_abs", "seen")
     exp_avg = StateBuffer()
     exp_avg_abs = StateBuffer()
     seen = StateBuffer()

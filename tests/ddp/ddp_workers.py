@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import tempfile
 import warnings
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compcoll
+import compcoll.checkpoint
 import compcoll.ddp
 from compcoll.kernels import reference
 
@@ -117,7 +119,8 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
 
 def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1) -> None:
     """Checkpoint model, optimizer and hook state after 5 steps; a fresh DDP resumed from it (state pickled whole,
-    and through state_dict) ends the next 4 steps with the bits of the run that went on."""
+    through state_dict, and through compcoll.checkpoint's per-rank files) ends the next 4 steps with the bits of
+    the run that went on."""
     rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
@@ -127,9 +130,11 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
     saved = io.BytesIO()
     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state}, saved)
     hook_dict = state.state_dict()
+    directory = gather(tempfile.mkdtemp() if rank == 0 else None)[0]
+    compcoll.checkpoint.save(directory, state)
     expected = _train(model, opt, rank, range(5, 9))
 
-    for how in ("pickled", "state_dict"):
+    for how in ("pickled", "state_dict", "compcoll.checkpoint"):
         saved.seek(0)
         checkpoint = torch.load(saved, weights_only=False)
         module = make_model()
@@ -139,7 +144,10 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
             hook_state = checkpoint["hook"]
         else:
             hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
-            hook_state.load_state_dict(hook_dict)
+            if how == "state_dict":
+                hook_state.load_state_dict(hook_dict)
+            else:
+                compcoll.checkpoint.load(directory, hook_state)
         resumed.register_comm_hook(hook_state, compcoll.ddp.onebit_hook)
         opt = torch.optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)
         opt.load_state_dict(checkpoint["opt"])

@@ -1,0 +1,105 @@
+"""Per-rank checkpoints: every rank saves and loads its own share of optimizers' and DDP hooks' state, all or none."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from .algorithms.agreement import agree_outcome
+from .comm import Communicator, get_default
+
+
+class Stateful(Protocol):
+    """What ``save`` and ``load`` take: compcoll's optimizers, ``OneBitState``, ``BirderState``, ``CompressedAllreduce``."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def path_of(directory: str | os.PathLike, rank: int, world_size: int) -> Path:
+    """The file that holds rank ``rank``'s share of a checkpoint taken by ``world_size`` ranks."""
+    return Path(directory) / f"compcoll-rank{rank}-of-{world_size}.pt"
+
+
+def save(directory: str | os.PathLike, *states: Stateful, comm: Communicator | None = None) -> Path:
+    """Save this rank's state of every object in ``states`` (in order); every rank calls it.
+
+    1. Write ``[s.state_dict() for s in states]`` to this rank's file in ``directory``
+       (``path_of``), through a temporary file renamed into place, so a crash leaves the
+       previous checkpoint whole.
+    2. Agree on the outcome (``agree_outcome``): if any rank could not save, every rank
+       raises, the failing ones their own error, the others ``RemoteError`` naming them.
+
+    Args:
+        directory: created if missing; shared by all ranks or each rank's own.
+        states: objects with ``state_dict()`` / ``load_state_dict()``.
+        comm: the ranks that save together; None: the first state's ``comm`` (an
+            optimizer's, a hook state's own group), else ``compcoll.get_default()``.
+
+    Returns:
+        This rank's file.
+    """
+    comm = _communicator(states, comm)
+    path = path_of(directory, comm.rank, comm.size)
+    error = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        torch.save([state.state_dict() for state in states], partial)
+        os.replace(partial, path)
+    except Exception as exc:  # any rank's failure must reach every rank, whatever it is
+        error = exc
+    agree_outcome(comm, "compcoll.checkpoint.save", error)
+    return path
+
+
+def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | None = None) -> None:
+    """Load this rank's share of a checkpoint that ``save`` wrote into ``states`` (same objects, same order).
+
+    1. Read this rank's file (the same rank of a world of the same size); check it holds
+       one state per object.
+    2. Agree on the outcome: if any rank's file is missing or unreadable, every rank
+       raises before any object changes.
+    3. ``load_state_dict`` each object (each checks its own layout), then agree again:
+       a rank whose objects refused their state makes every rank raise (reload before
+       training on).
+
+    Args:
+        directory, states, comm: as for ``save``.
+    """
+    comm = _communicator(states, comm)
+    path = path_of(directory, comm.rank, comm.size)
+    saved: list[dict[str, Any]] = []
+    error = None
+    try:
+        if not path.exists():
+            found = sorted(p.name for p in Path(directory).glob("compcoll-rank*-of-*.pt"))
+            raise FileNotFoundError(f"no checkpoint file {path.name} in {directory} (found: "
+                                    f"{', '.join(found) or 'none'}): resume with the world size that saved it")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if len(saved) != len(states):
+            raise ValueError(f"{path} holds {len(saved)} states, {len(states)} objects were given to load")
+    except Exception as exc:
+        error = exc
+    agree_outcome(comm, "compcoll.checkpoint.load", error)
+    try:
+        for state, values in zip(states, saved):
+            state.load_state_dict(values)
+    except Exception as exc:
+        error = exc
+    agree_outcome(comm, "compcoll.checkpoint.load", error)
+
+
+def _communicator(states: tuple[Stateful, ...], comm: Communicator | None) -> Communicator:
+    """``comm``, else the first state's ``comm`` attribute that is a Communicator, else the default one."""
+    if comm is not None:
+        return comm
+    for state in states:
+        found = getattr(state, "comm", None)
+        if isinstance(found, Communicator):
+            return found
+    return get_default()

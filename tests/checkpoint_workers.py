@@ -1,0 +1,88 @@
+"""Rank-side bodies of the checkpoint tests: per-rank files through compcoll.checkpoint, rank 0's state on every rank."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+import compcoll
+import compcoll.checkpoint
+from tests.optim.optim_workers import STEPS, build, flat_params, train
+
+
+def _barrier(comm: compcoll.Communicator) -> None:
+    comm.allgather(torch.zeros(1), torch.empty(comm.size))
+
+
+def per_rank_files_resume_exactly(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
+    """compcoll.checkpoint.save at step ``at``, then load into a fresh model and optimizer: the run continues with
+    the bits of the uninterrupted one."""
+    model, opt = build(comm, name)
+    train(comm, model, opt, range(at))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    path = compcoll.checkpoint.save(directory, opt)
+    assert path == Path(directory) / f"compcoll-rank{comm.rank}-of-{comm.size}.pt" and path.exists()
+    train(comm, model, opt, range(at, STEPS))
+    model2, opt2 = build(comm, name)
+    model2.load_state_dict(weights)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compcoll.checkpoint.load(directory, opt2)
+        train(comm, model2, opt2, range(at, STEPS))
+    assert torch.equal(flat_params(model2).view(torch.int32), flat_params(model).view(torch.int32)), \
+        f"{name} resumed from per-rank files at step {at} differs from the uninterrupted run"
+
+
+def rank_zero_state_on_every_rank(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
+    """What frameworks do: rank 0 saves ``opt.state_dict()``, every rank loads it. Moments and counters resume;
+    other ranks warn and restart their error buffers at zero; replicas stay identical; where the error buffers
+    are still zero (warmup), the run continues with the uninterrupted run's bits."""
+    model, opt = build(comm, name)
+    train(comm, model, opt, range(at))
+    file = Path(directory) / "optimizer.pt"
+    if comm.rank == 0:
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, file)
+    _barrier(comm)
+    train(comm, model, opt, range(at, STEPS))
+    saved = torch.load(file, weights_only=True)
+    model2, opt2 = build(comm, name)
+    model2.load_state_dict(saved["model"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt2.load_state_dict(saved["optimizer"])
+    per_rank = opt2._channel is not None or bool(opt2._rank_own)
+    warned = [w for w in caught if "for an exact resume save and load every rank's state" in str(w.message)]
+    assert len(warned) == (1 if comm.rank and per_rank else 0), [str(w.message) for w in caught]
+    assert opt2.steps == at
+    train(comm, model2, opt2, range(at, STEPS))  # asserts identical replicas after every synchronised step
+    if not opt2._rank_own and not any(bool(t.any()) for t in _error_tensors(saved["optimizer"])):
+        assert torch.equal(flat_params(model2), flat_params(model)), f"{name} resumed in warmup differs"
+
+
+def _error_tensors(state: dict) -> list[torch.Tensor]:
+    from tests.optim.optim_workers import _tensors
+
+    return _tensors(state["state"]["error_feedback"])
+
+
+def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str) -> None:
+    """The last rank's file is gone: it raises FileNotFoundError naming it, the others RemoteError, and no
+    optimizer changed."""
+    model, opt = build(comm, "OneBitAdam")
+    train(comm, model, opt, range(6))
+    compcoll.checkpoint.save(directory, opt)
+    if comm.rank == comm.size - 1:
+        compcoll.checkpoint.path_of(directory, comm.rank, comm.size).unlink()
+    _barrier(comm)
+    model2, opt2 = build(comm, "OneBitAdam")
+    try:
+        compcoll.checkpoint.load(directory, opt2)
+    except FileNotFoundError as exc:
+        assert comm.rank == comm.size - 1 and f"compcoll-rank{comm.rank}-of-{comm.size}.pt" in str(exc), exc
+    except compcoll.RemoteError as exc:
+        assert comm.rank != comm.size - 1 and comm.size - 1 in exc.failures, exc
+    else:
+        raise AssertionError(f"rank {comm.rank} loaded without its peer's file")
+    assert opt2.steps == 0

@@ -1,4 +1,4 @@
-"""One rank of the DDP convergence benchmark: the digits MLP under real DDP with momentum SGD and one gradient hook."""
+"""One rank of the DDP convergence benchmark: the digits MLP under real DDP with one optimizer and one gradient hook."""
 
 # no ``from __future__ import annotations``: DDP checks the hooks' annotations against the classes
 
@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compcoll
 import compcoll.ddp
+import compcoll.optim
 from tasks import load_digits, make_model
 
 
@@ -29,6 +30,9 @@ def hooked(model: DDP, hook: str, options: dict, n: int) -> tuple[list[int], obj
     of P and Q by the ring formula on their sizes.
     """
     counted = [0]
+    if hook == "local":
+        model.register_comm_hook(None, compcoll.ddp.local_hook)
+        return counted, None
     if hook == "allreduce":
         def plain(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             counted[0] += ring_bytes(bucket.buffer().numel(), 4, n)
@@ -71,6 +75,19 @@ def _powersgd_counting(state, counted: list[int], n: int):
     return counting
 
 
+def optimizer(model: DDP, config: dict, comm: compcoll.Communicator) -> torch.optim.Optimizer:
+    """config["optimizer"]: "sgd" (momentum 0.9, the default), "adam", or "onebit_adam" (compcoll's 1-bit Adam,
+    warming up for config["freeze"] of the run and averaging over ``comm`` itself), built after DDP wraps the model,
+    as frameworks do."""
+    kind = config.get("optimizer", "sgd")
+    if kind == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    if kind == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config["lr"])
+    return compcoll.optim.OneBitAdam(model.parameters(), lr=config["lr"], freeze_step=config["freeze"],
+                                     total_steps=config["steps"], comm=comm)
+
+
 def train(comm: compcoll.Communicator, config_json: str) -> None:
     """Train under DDP with one hook; rank 0 writes the curve and bytes to config["out"] (JSON).
 
@@ -84,12 +101,13 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     n = comm.size
     model = DDP(make_model(config["hidden"]))
     counted, state = hooked(model, config["hook"], config["options"], n)
-    opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    opt = optimizer(model, config, comm)
     per_rank = config["batch"] // n
     rng = np.random.default_rng(config["seed"])
     order = np.concatenate([rng.permutation(len(y_train))
                             for _ in range(config["steps"] * config["batch"] // len(y_train) + 2)])
-    sent = lambda: counted[0] + (state.comm.bytes_sent if isinstance(state, compcoll.ddp.OneBitState) else 0)
+    sent = lambda: (counted[0] + (state.comm.bytes_sent if isinstance(state, compcoll.ddp.OneBitState) else 0)
+                    + (opt.comm.bytes_sent if isinstance(opt, compcoll.optim.OneBitAdam) else 0))
     curve, start = [], time.perf_counter()
     for step in range(config["steps"] + 1):
         if step % config["eval_every"] == 0 or step == config["steps"]:

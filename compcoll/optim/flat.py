@@ -118,6 +118,9 @@ class FlatParams:
         Nothing is copied when nothing changed: one pointer (and, for 16-bit parameters,
         version) check per parameter.
         """
+        if len(params) == len(self.params) and all(p is q and _mark(p) == mark
+                                                   for p, q, mark in zip(params, self.params, self._marks)):
+            return False
         if len(params) != len(self.params) or any(p is not q for p, q in zip(params, self.params)):
             raise ValueError(f"{what}: its parameter groups no longer hold the parameters it was built with (one "
                              f"flat buffer holds them); build a new optimizer for the new parameters")
@@ -132,8 +135,6 @@ class FlatParams:
         moved = device != self.data.device
         if moved:
             self.data, self.grad = self.data.to(device), self.grad.to(device)
-        elif all(_mark(p) == mark for p, mark in zip(params, self._marks)):
-            return False
         with torch.no_grad():
             for p, seg, mark, dtype in zip(params, self.segments, self._marks, self.dtypes):
                 master = self.data[seg.start:seg.stop]

@@ -72,3 +72,29 @@ def test_parameters_on_several_devices_or_an_unsupported_one_are_refused() -> No
     with pytest.raises(ValueError, match="dense"):
         FlatParams([{"params": [sparse]}], "test")
     assert FlatParams([{"params": [cpu]}], "test").device == torch.device("cpu")
+
+
+def test_rebind_follows_replaced_storage_and_leaves_the_rest() -> None:
+    """Nothing changed: no copy. A float32 parameter assigned new storage is read back and becomes a view again; a
+    bfloat16 one loaded in place is read back; one moved with the same values keeps its float32 master."""
+    half = torch.nn.Parameter(torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16))
+    full = torch.nn.Parameter(torch.tensor([4.0, 5.0]))
+    flat = FlatParams([{"params": [half, full]}], "test")
+    flat.data[0] = 1.0 + 2.0 ** -10
+    flat.write_back()
+    buffer = flat.data.data_ptr()
+    assert flat.rebind([half, full], "test") is False and flat.data.data_ptr() == buffer
+    assert flat.data[0].item() == 1.0 + 2.0 ** -10
+    full.data = torch.tensor([6.0, 7.0])
+    half.data = half.data.clone()  # the same values in new storage: the master keeps its bits
+    assert flat.rebind([half, full], "test") is False
+    assert flat.data.tolist() == [1.0 + 2.0 ** -10, 2.0, 3.0, 6.0, 7.0] and full.data_ptr() == flat.data[3:].data_ptr()
+    with torch.no_grad():
+        half.copy_(torch.tensor([8.0, 9.0, 10.0]))
+    flat.rebind([half, full], "test")
+    assert flat.data[:3].tolist() == [8.0, 9.0, 10.0]
+    with pytest.raises(ValueError, match="no longer hold the parameters"):
+        flat.rebind([full, half], "test")
+    full.data = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"parameter 1 changed shape from \(2,\) to \(3,\)"):
+        flat.rebind([half, full], "test")

@@ -1,4 +1,4 @@
-"""Run a function on N local processes (mpiexec, or torchrun-style Gloo), with a timeout.
+"""Run a function on N local processes (mpiexec, or torchrun-style Gloo) or threads, with a timeout.
 
 Used by the benchmark's ``--launch``, the network suite and the tests. The parent starts
 the ranks, each rank runs ``function(comm, *args)`` on the communicator ``compcoll.init``
@@ -26,7 +26,7 @@ from typing import Sequence
 from .comm import TORCH_BACKEND_ENV
 
 BACKENDS = ("mpi", "gloo")
-ALL_BACKENDS = (*BACKENDS, "nccl")
+ALL_BACKENDS = (*BACKENDS, "nccl", "threads")
 
 
 class WorkerFailure(RuntimeError):
@@ -75,7 +75,8 @@ def run(
 
     1. Start the ranks: ``mpiexec -n N`` for "mpi"; N processes with RANK, WORLD_SIZE,
        MASTER_ADDR/PORT (as torchrun sets them) for "gloo" or "nccl" (that process-group
-       backend, through ``COMPCOLL_TORCH_BACKEND``).
+       backend, through ``COMPCOLL_TORCH_BACKEND``); N threads of this process over one
+       in-process world (``compcoll.comm.local_world``) for "threads" (``run_threads``).
     2. Each rank calls ``function(comm, *args)``; ``args`` must be JSON-serialisable.
     3. Wait up to ``timeout`` seconds for all ranks, killing them all past it (or when
        the wait is interrupted: Ctrl-C, SIGTERM turned into SystemExit).
@@ -90,6 +91,8 @@ def run(
     """
     if backend not in ALL_BACKENDS:
         raise ValueError(f"backend must be one of {ALL_BACKENDS}, got {backend!r}")
+    if backend == "threads":
+        return run_threads(target, world_size, args=args, timeout=timeout)
     command = [sys.executable, "-m", "compcoll.launcher", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi" and (rank_prefix or rank_env):
@@ -131,6 +134,49 @@ def run(
     if failed:
         raise WorkerFailure(f"{target} on {world_size} {backend} rank(s): {failed}\n{text[-20000:]}")
     return text
+
+
+def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: float = 180.0) -> str:
+    """Run ``target`` on ``world_size`` threads of this process, each with its rank of one ``local_world``.
+
+    1. Build the world (its collectives time out after ``timeout`` seconds, so a rank that
+       never arrives fails the others) and start one daemon thread per rank; ``args`` go
+       through JSON, as to real ranks.
+    2. Wait up to ``timeout`` seconds for them all.
+    3. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
+       still running past the timeout (their threads are left to end with the process).
+    Threads share this process's global random state (``torch.manual_seed``): a target
+    must draw from generators of its own to give the bits of real ranks.
+    """
+    import threading
+
+    from .comm.local import local_world
+
+    module_name, func_name = target.split(":")
+    function = getattr(importlib.import_module(module_name), func_name)
+    arguments = json.loads(json.dumps(list(args)))
+    failures: dict[int, str] = {}
+
+    def rank(comm) -> None:
+        try:
+            function(comm, *arguments)
+        except BaseException:
+            failures[comm.rank] = traceback.format_exc()
+
+    threads = [threading.Thread(target=rank, args=(comm,), name=f"compcoll-rank-{comm.rank}", daemon=True)
+               for comm in local_world(world_size, timeout)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    running = [r for r, thread in enumerate(threads) if thread.is_alive()]
+    if failures or running:
+        notes = [f"rank(s) {running} still running after {timeout:g} s"] if running else []
+        text = "\n".join(f"[rank {r}] FAILED:\n{failures[r]}" for r in sorted(failures))
+        raise WorkerFailure(f"{target} on {world_size} threads: {'; '.join(notes + [f'{len(failures)} failed'])}"
+                            f"\n{text[-20000:]}")
+    return ""
 
 
 def _read(log) -> str:

@@ -1,4 +1,4 @@
-"""Transports: Communicator and its MPI, torch.distributed and single-process forms, and init()."""
+"""Transports: Communicator and its MPI, torch.distributed, in-process and single-process forms, and init()."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ import os
 from datetime import timedelta
 
 from .base import Communicator, default_timeout
+from .local import LocalComm, local_world
 from .single import SingleComm
 
 _MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 _default: Communicator | None = None
 
-__all__ = ["Communicator", "SingleComm", "MPIComm", "TorchComm", "init", "get_default", "set_default"]
+__all__ = ["Communicator", "LocalComm", "SingleComm", "MPIComm", "TorchComm", "init", "get_default", "local_world",
+           "set_default"]
 
 
 def __getattr__(name: str):

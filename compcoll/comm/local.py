@@ -1,0 +1,175 @@
+"""LocalComm: n ranks of one world in this process, one thread each, moving the same bytes as MPI and Gloo."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import torch
+
+from .base import Communicator
+from .work import PendingWork, Work
+
+
+class Fabric:
+    """The wires of one in-process world: for every ordered pair of ranks, its messages and its posted receives.
+
+    As on MPI's point-to-point channels, a pair's messages match its receives in the order
+    both were issued: every rank issues its collectives in the same order, so the i-th
+    message from rank a to rank b lands in the i-th receive b posted for a, whichever
+    call waits first.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.changed = threading.Condition()
+        self.messages = [[deque() for _ in range(size)] for _ in range(size)]
+        self.receives = [[deque() for _ in range(size)] for _ in range(size)]
+        self.children: dict[tuple, Fabric] = {}
+
+    def post(self, source: int, dest: int, payload: torch.Tensor) -> None:
+        """Send a copy of ``payload`` from ``source`` to ``dest``: into its oldest posted receive, else queued."""
+        copy = payload.clone()
+        if copy.is_cuda:
+            torch.cuda.current_stream(copy.device).synchronize()
+        with self.changed:
+            waiting = self.receives[source][dest]
+            if waiting:
+                waiting.popleft().fill(copy)
+                self.changed.notify_all()
+            else:
+                self.messages[source][dest].append(copy)
+
+    def expect(self, source: int, dest: int, into: torch.Tensor) -> "Slot":
+        """Post a receive into ``into`` of ``dest``'s next message from ``source``; filled now if it has arrived."""
+        slot = Slot(into)
+        with self.changed:
+            queued = self.messages[source][dest]
+            if queued:
+                slot.fill(queued.popleft())
+            else:
+                self.receives[source][dest].append(slot)
+        return slot
+
+    def child(self, key: tuple, size: int) -> "Fabric":
+        """The fabric of a sub-world, the same object for every member that asks with ``key``."""
+        with self.changed:
+            found = self.children.get(key)
+            if found is None:
+                found = self.children[key] = Fabric(size)
+            return found
+
+
+class Slot:
+    """One posted receive: the tensor a message is copied into, and whether it has been."""
+
+    def __init__(self, into: torch.Tensor) -> None:
+        self.into = into
+        self.filled = False
+
+    def fill(self, payload: torch.Tensor) -> None:
+        self.into.copy_(payload)
+        self.filled = True
+
+
+class LocalComm(Communicator):
+    """One rank of an in-process world (``local_world``); use it from one thread per rank.
+
+    Each collective sends a copy of this rank's blocks to its peers' mailboxes at once and
+    completes when the blocks meant for it have arrived: alltoall, allgather and bcast move
+    exactly the bytes MPI and Gloo move, so every compcoll call gives their bits; allreduce
+    sums the ranks' tensors in rank order. Byte counts, ``wait_seconds``, ``split`` and
+    timeouts (a rank that never arrives raises ``CollectiveTimeout`` on the others, naming
+    it) work as on the real transports.
+    """
+
+    def __init__(self, fabric: Fabric, rank: int, timeout: float | None = None) -> None:
+        super().__init__(rank, fabric.size, timeout)
+        self.fabric = fabric
+        self._splits = 0
+
+    def describe(self) -> str:
+        return "in-process world"
+
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+        blocks, rows = send.view(self.size, -1), recv.view(self.size, -1)
+        work = MailWork(self, "alltoall", recv, {peer: rows[peer] for peer in self._peers})
+        for peer in self._peers:
+            self.fabric.post(self.rank, peer, blocks[peer])
+        rows[self.rank].copy_(blocks[self.rank])
+        return work
+
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+        rows = recv.view(self.size, -1)
+        work = MailWork(self, "allgather", recv, {peer: rows[peer] for peer in self._peers})
+        for peer in self._peers:
+            self.fabric.post(self.rank, peer, send)
+        rows[self.rank].copy_(send)
+        return work
+
+    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
+        parts = {peer: torch.empty_like(tensor) for peer in self._peers}
+        for peer in self._peers:
+            self.fabric.post(self.rank, peer, tensor)
+        own = tensor.clone()
+
+        def total() -> None:
+            summed = own if self.rank == 0 else parts[0].clone()
+            for r in range(1, self.size):
+                summed += own if r == self.rank else parts[r]
+            tensor.copy_(summed)
+
+        return MailWork(self, "allreduce", tensor, parts, total)
+
+    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
+        if self.rank == root:
+            for peer in self._peers:
+                self.fabric.post(self.rank, peer, tensor)
+            return MailWork(self, "bcast", tensor, {})
+        return MailWork(self, "bcast", tensor, {root: tensor})
+
+    def _start_barrier(self) -> Work:
+        tokens = {peer: torch.zeros(0) for peer in self._peers}
+        work = MailWork(self, "barrier", None, tokens)
+        for peer in self._peers:
+            self.fabric.post(self.rank, peer, torch.zeros(0))
+        return work
+
+    def _split(self, color: int, groups: dict[int, list[int]]) -> "LocalComm":
+        """Every member of a color gets the same child fabric, keyed by this world's split count and the color."""
+        self._splits += 1
+        members = groups[color]
+        fabric = self.fabric.child((self._splits, color), len(members))
+        return LocalComm(fabric, members.index(self.rank), self.timeout)
+
+
+class MailWork(PendingWork):
+    """A collective's receives, posted when it starts: done when a block from every source has been copied in."""
+
+    def __init__(self, comm: LocalComm, what: str, result, into: dict[int, torch.Tensor], finish=None) -> None:
+        super().__init__(comm, what, result, finish)
+        self._fabric = comm.fabric
+        self._slots = {source: comm.fabric.expect(source, comm.rank, block) for source, block in into.items()}
+
+    def _arrived(self) -> bool:
+        return all(slot.filled for slot in self._slots.values())
+
+    def _test(self) -> bool:
+        with self._fabric.changed:
+            return self._arrived()
+
+    def _block(self, seconds: float) -> bool:
+        with self._fabric.changed:
+            return self._fabric.changed.wait_for(self._arrived, timeout=seconds)
+
+    def _absent(self) -> list[int] | None:
+        with self._fabric.changed:
+            return sorted(source for source, slot in self._slots.items() if not slot.filled)
+
+
+def local_world(size: int, timeout: float | None = None) -> list[LocalComm]:
+    """``size`` communicators of one in-process world, rank r's at index r; give each to its own thread."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"local_world needs a positive number of ranks, got {size!r}")
+    fabric = Fabric(size)
+    return [LocalComm(fabric, rank, timeout) for rank in range(size)]

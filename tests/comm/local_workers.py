@@ -1,0 +1,79 @@
+"""Rank-side bodies of the in-process world's tests: a digest of every 1-bit form's bits, to compare transports."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+import compcoll
+from compcoll.spec import AGREEMENT_FIELDS, SCALE_BYTES
+from tests.algorithms.onebit_workers import make_input
+
+
+def digest(comm: compcoll.Communicator, directory: str, transport: str) -> None:
+    """Write the SHA-256 of this rank's outputs and error buffers over 3 steps of every 1-bit form to
+    ``directory/{transport}-{rank}``: compressed_allreduce (both protocols, both scales, 3 pieces), the
+    compensated hierarchical form (nodes of 2 where the ranks form them) and Birder's."""
+    n = comm.size
+    sha = hashlib.sha256()
+    k = 2 if n % 2 == 0 and n > 2 else 1
+    for shape in ((37,), (3, 7, 11), (12289,)):
+        numel = int(torch.tensor(shape).prod())
+        full = compcoll.padded_numel(numel, n)
+        for protocol, scale, pieces in (("gather_scatter", "l2", None), ("gather_scatter", "l1", 3),
+                                        ("allgather", "l1", None)):
+            we, se = torch.zeros(full), torch.zeros(full // n)
+            for step in range(3):
+                out = compcoll.compressed_allreduce(make_input(comm.rank, step, shape, torch.float32), we, se, comm,
+                                                    protocol=protocol, scale=scale, pieces=pieces)
+                for t in (out, we, se):
+                    sha.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
+        hwe, hse = torch.zeros(wn), torch.zeros(sn)
+        for step in range(3):
+            x = make_input(comm.rank, step, shape, torch.float32)
+            out = compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm, ranks_per_node=k)
+            birder = compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, seed=3, step=step)
+            for t in (out, hwe, hse, birder):
+                sha.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    Path(directory, f"{transport}-{comm.rank}").write_text(sha.hexdigest())
+
+
+def a_rank_that_never_arrives(comm: compcoll.Communicator) -> None:
+    """The last rank never calls: the others raise CollectiveTimeout naming it, then CommunicatorBroken."""
+    comm.timeout = 1.0
+    if comm.rank == comm.size - 1:
+        return
+    x = torch.randn(100, generator=torch.Generator().manual_seed(comm.rank))
+    full = compcoll.padded_numel(100, comm.size)
+    try:
+        compcoll.compressed_allreduce(x, torch.zeros(full), torch.zeros(full // comm.size), comm)
+    except compcoll.CollectiveTimeout as exc:
+        assert exc.absent == [comm.size - 1], exc.absent
+        assert f"nothing arrived from rank(s) {comm.size - 1}" in str(exc), exc
+    else:
+        raise AssertionError("no CollectiveTimeout")
+    try:
+        comm.barrier()
+    except compcoll.CommunicatorBroken:
+        pass
+    else:
+        raise AssertionError("the communicator still worked after a timeout")
+
+
+def counts_bytes(comm: compcoll.Communicator, numel: int) -> None:
+    """A flat gather-scatter call (after the first of its size) sends, per rank, to each of the n-1 others: its
+    agreement record (float64 fields), a chunk of padded_numel/(8n) sign bytes in the all-to-all and its framed
+    server chunk in the all-gather."""
+    n = comm.size
+    full = compcoll.padded_numel(numel, n)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(comm.rank))
+    we, se = torch.zeros(full), torch.zeros(full // n)
+    compcoll.compressed_allreduce(x, we, se, comm)  # the first call of a size also agrees on its plan's options
+    before = comm.bytes_sent
+    compcoll.compressed_allreduce(x, we, se, comm)
+    chunk_bytes = full // n // 8
+    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes + 8 * AGREEMENT_FIELDS)
+    assert comm.bytes_sent - before == expected, f"rank {comm.rank} of {n}: {comm.bytes_sent - before} != {expected}"

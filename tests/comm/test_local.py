@@ -1,0 +1,56 @@
+"""The in-process world (compcoll.comm.local_world, the launcher's "threads"): MPI's and Gloo's bits and behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll.comm import local_world
+from compcoll.launcher import run
+
+SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
+
+
+def _digests(directory, transport: str, n: int) -> list[str]:
+    return [(directory / f"{transport}-{r}").read_text() for r in range(n)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_the_same_bits_as_mpi_and_gloo(world_size: int, tmp_path) -> None:
+    """Every 1-bit form (both protocols and scales, pieces, the compensated hierarchical form, Birder's) gives
+    threads the bits of MPI ranks and of Gloo ranks, on every rank."""
+    for transport in ("threads", "mpi", "gloo"):
+        run("tests.comm.local_workers:digest", world_size, transport, args=(str(tmp_path), transport))
+    threads = _digests(tmp_path, "threads", world_size)
+    assert threads == _digests(tmp_path, "mpi", world_size) == _digests(tmp_path, "gloo", world_size)
+
+
+@pytest.mark.parametrize("target, args, sizes", [
+    ("tests.algorithms.onebit_workers:numerics", (SHAPES, 3), [1, 2, 3, 4]),
+    ("tests.algorithms.onebit_workers:in_place_and_stateful", (), [1, 3]),
+    ("tests.algorithms.onebit_workers:bad_inputs", (), [1, 2, 4]),
+    ("tests.algorithms.pipeline_workers:pieces_match_reference", (SHAPES[:4], 2), [1, 3, 4]),
+    ("tests.algorithms.launch_workers:in_flight", (SHAPES[:4], 2), [2, 3]),
+    ("tests.algorithms.launch_workers:errors_through_wait", (), [3]),
+    ("tests.algorithms.hierarchical_workers:numerics", (2, SHAPES[:4], 2), [4]),
+    ("tests.optim.optim_workers:replicas", ("OneBitAdam",), [1, 4]),
+    ("tests.optim.optim_workers:replicas", ("ZeroOneAdam",), [3]),
+    ("tests.optim.optim_workers:nonfinite", ("OneBitLamb", 9, "skip"), [2]),
+])
+def test_the_transport_suites_bodies_pass_on_threads(target: str, args: tuple, sizes: list[int]) -> None:
+    """The bodies that test compcoll over MPI and Gloo, against the numpy reference, pass on the in-process world."""
+    for n in sizes:
+        run(target, n, "threads", args=args)
+
+
+def test_a_rank_that_never_arrives_times_out_the_others() -> None:
+    run("tests.comm.local_workers:a_rank_that_never_arrives", 3, "threads", timeout=60)
+
+
+@pytest.mark.parametrize("world_size", [2, 16, 256])
+def test_bytes_counted_as_the_formula(world_size: int) -> None:
+    run("tests.comm.local_workers:counts_bytes", world_size, "threads", args=(10007,))
+
+
+def test_a_world_needs_ranks() -> None:
+    with pytest.raises(ValueError, match="positive number of ranks"):
+        local_world(0)

@@ -43,6 +43,7 @@ class TorchComm(Communicator):
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
         self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
+        self.polled = False  # set once this group's works refuse a finite timeout: waits poll them then
 
     def describe(self) -> str:
         return f"torch.distributed ({self.backend})"
@@ -172,8 +173,14 @@ class TorchWork(PendingWork):
         deadline = time.monotonic() + seconds
         for index, work in enumerate(self._works):
             try:
-                work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
+                if self._comm.polled:
+                    _poll(work, deadline)
+                else:
+                    work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
             except RuntimeError as exc:
+                if "finite timeout not implemented" in str(exc) and not self._comm.polled:
+                    self._comm.polled = True  # torch's multi-threaded test group: poll instead, same deadline
+                    return self._block(max(0.0, deadline - time.monotonic()))
                 if "timed out" in str(exc).lower():
                     if self._sources is not None:
                         self._late = [rank for i, rank in enumerate(self._sources)
@@ -186,6 +193,18 @@ class TorchWork(PendingWork):
                     f"{self._comm.describe()} {self._what} failed on rank {self._comm.rank}{peer}: {exc}"
                 ) from exc
         return True
+
+
+def _poll(work, deadline: float) -> None:
+    """Wait for ``work`` by polling ``is_completed`` (for groups whose works take no finite timeout); past
+    ``deadline``, RuntimeError("timed out"), as a timed wait raises."""
+    pause = 1e-5
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            raise RuntimeError("timed out polling the work")
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
+    work.wait()
 
 
 def _list(work) -> list:

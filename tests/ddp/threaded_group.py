@@ -1,0 +1,54 @@
+"""Run a rank body on n threads over torch's own multi-threaded process group (the one torch's DDP and FSDP tests use)."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+import compcoll
+
+
+def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeout: float = 300.0) -> None:
+    """``body(comm, *args)`` on ``world_size`` threads, each in its rank of a "threaded" process group.
+
+    1. Install torch's thread-local world (``multi_threaded_pg``) with thread isolation on,
+       and start one thread per rank that joins the group and builds a ``TorchComm``.
+    2. Join them all within ``timeout``; then restore torch's world.
+    3. AssertionError naming each failed rank with its traceback, or the ranks still running.
+    """
+    from torch.testing._internal.distributed.multi_threaded_pg import (
+        ProcessLocalGroup, _install_threaded_pg, _uninstall_threaded_pg,
+    )
+
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    _install_threaded_pg()
+    store = dist.HashStore()
+    failures: dict[int, str] = {}
+
+    def rank(r: int) -> None:
+        dist.init_process_group("threaded", rank=r, world_size=world_size, store=store)
+        try:
+            body(compcoll.TorchComm(), *args)
+        except BaseException as exc:
+            failures[r] = traceback.format_exc()
+            ProcessLocalGroup.exception_handle(exc)  # wakes the ranks waiting in a collective for this one
+        finally:
+            dist.destroy_process_group()
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world_size)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout)
+    finally:
+        ProcessLocalGroup.reset()
+        _uninstall_threaded_pg()
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    running = [r for r, thread in enumerate(threads) if thread.is_alive()]
+    assert not failures and not running, f"still running: {running}\n" + "\n".join(
+        f"[rank {r}] FAILED:\n{failures[r]}" for r in sorted(failures))

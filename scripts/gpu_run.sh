@@ -29,4 +29,4 @@ tail -3 "$out/kernels.log"
 echo "== bench/gpu_suite.py"
 timeout 150 $py bench/gpu_suite.py --out "$out/gpu_kernels" 2>&1 | tail -5
 echo "== the rest of the suite, $(left) s left"
-timeout "$(left)" $py -m pytest -q -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"
+timeout "$(left)" $py -m pytest -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"

@@ -9,11 +9,7 @@ import torch
 
 import compcoll
 import compcoll.checkpoint
-from tests.optim.optim_workers import STEPS, build, flat_params, train
-
-
-def _barrier(comm: compcoll.Communicator) -> None:
-    comm.allgather(torch.zeros(1), torch.empty(comm.size))
+from tests.optim.optim_workers import STEPS, _tensors, build, flat_params, train
 
 
 def per_rank_files_resume_exactly(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
@@ -44,7 +40,7 @@ def rank_zero_state_on_every_rank(comm: compcoll.Communicator, name: str, at: in
     file = Path(directory) / "optimizer.pt"
     if comm.rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, file)
-    _barrier(comm)
+    comm.barrier()
     train(comm, model, opt, range(at, STEPS))
     saved = torch.load(file, weights_only=True)
     model2, opt2 = build(comm, name)
@@ -62,8 +58,6 @@ def rank_zero_state_on_every_rank(comm: compcoll.Communicator, name: str, at: in
 
 
 def _error_tensors(state: dict) -> list[torch.Tensor]:
-    from tests.optim.optim_workers import _tensors
-
     return _tensors(state["state"]["error_feedback"])
 
 
@@ -75,7 +69,7 @@ def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str)
     compcoll.checkpoint.save(directory, opt)
     if comm.rank == comm.size - 1:
         compcoll.checkpoint.path_of(directory, comm.rank, comm.size).unlink()
-    _barrier(comm)
+    comm.barrier()
     model2, opt2 = build(comm, "OneBitAdam")
     try:
         compcoll.checkpoint.load(directory, opt2)

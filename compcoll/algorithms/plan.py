@@ -49,7 +49,7 @@ class ErrorFeedback:
         self.numel = numel
         self.worker_error = torch.zeros(worker[0], dtype=torch.float32, device=device)
         self.server_error = torch.zeros(server[0], dtype=torch.float32, device=device)
-        self._spans = ((self.worker_error, worker[1]), (self.server_error, server[1]))
+        self._starts = (worker[1], server[1])
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(worker_error, server_error), updated in place by every call."""
@@ -57,14 +57,12 @@ class ErrorFeedback:
 
     def to(self, device: torch.device) -> None:
         """Move both buffers to ``device`` (their values unchanged)."""
-        worker, server = self._spans
         self.worker_error = self.worker_error.to(device)
         self.server_error = self.server_error.to(device)
-        self._spans = ((self.worker_error, worker[1]), (self.server_error, server[1]))
 
     def forget(self, coordinates: torch.Tensor) -> None:
         """Zero both buffers where the bool vector ``coordinates`` (``numel`` long) is True."""
-        for buffer, start in self._spans:
+        for buffer, start in zip(self.buffers(), self._starts):
             overlap = max(0, min(buffer.numel(), self.numel - start))
             if overlap:
                 buffer[:overlap].masked_fill_(coordinates[start:start + overlap], 0.0)

@@ -52,15 +52,7 @@ class FlatParams:
         params = [p for group in param_groups for p in group["params"]]
         if not params:
             raise ValueError(f"{what}: got no parameters to optimize")
-        for p in params:
-            if p.dtype not in DTYPES:
-                raise TypeError(
-                    f"{what}: parameters must be float32, float16 or bfloat16, got a {p.dtype} parameter of "
-                    f"shape {tuple(p.shape)}"
-                )
-            if p.is_sparse:
-                raise ValueError(f"{what}: parameters must be dense, got a sparse one of shape {tuple(p.shape)}")
-        device = _one_device(params, what)
+        device = _checked(params, what)
         self.shapes = [tuple(p.shape) for p in params]
         self.dtypes = [str(p.dtype) for p in params]
         self.segments: list[Segment] = []
@@ -76,8 +68,6 @@ class FlatParams:
         self.params = params
         self.data = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.grad = torch.zeros(self.numel, dtype=torch.float32, device=device)
-        self.low_precision: list[tuple[torch.Tensor, Segment]] = []
-        self._marks: list[tuple[int, int]] = []
         for p, seg in zip(params, self.segments):
             self.data[seg.start:seg.stop].copy_(p.detach().reshape(-1))
         self._bind()
@@ -96,7 +86,8 @@ class FlatParams:
         with torch.no_grad():
             for p, seg in self.low_precision:
                 p.copy_(self.data[seg.start:seg.stop].view_as(p))
-        self._marks = [_mark(p) for p in self.params]
+        if self.low_precision:  # their versions moved; float32 parameters' marks (pointers) did not
+            self._marks = [_mark(p) for p in self.params]
 
     def rebind(self, params: list[torch.Tensor], what: str) -> bool:
         """Follow what was done to the parameters since the last step; whether their device changed.
@@ -128,10 +119,7 @@ class FlatParams:
             if tuple(p.shape) != shape:
                 raise ValueError(f"{what}: parameter {index} changed shape from {shape} to {tuple(p.shape)} since "
                                  f"the optimizer was built; build a new optimizer for the new shapes")
-            if p.dtype not in DTYPES:
-                raise TypeError(f"{what}: parameter {index} is now {p.dtype}; compcoll's optimizers train float32, "
-                                f"float16 or bfloat16 parameters")
-        device = _one_device(params, what)
+        device = _checked(params, what)
         moved = device != self.data.device
         if moved:
             self.data, self.grad = self.data.to(device), self.grad.to(device)
@@ -168,7 +156,7 @@ class FlatParams:
 
     def _bind(self) -> None:
         """Make every float32 parameter a view of its slice of ``data``; list the 16-bit ones; mark them all."""
-        self.low_precision = []
+        self.low_precision: list[tuple[torch.Tensor, Segment]] = []
         for p, seg in zip(self.params, self.segments):
             if p.dtype == torch.float32:
                 p.data = self.data[seg.start:seg.stop].view_as(p)
@@ -185,6 +173,20 @@ def _mark(p: torch.Tensor) -> tuple[int, int]:
     longer the view.
     """
     return (p.data_ptr(), 0 if p.dtype == torch.float32 else p._version)
+
+
+def _checked(params: list[torch.Tensor], what: str) -> torch.device:
+    """The one device of ``params`` once each is a dense float32, float16 or bfloat16 tensor (TypeError or
+    ValueError naming the first that is not)."""
+    for p in params:
+        if p.dtype not in DTYPES:
+            raise TypeError(
+                f"{what}: parameters must be float32, float16 or bfloat16, got a {p.dtype} parameter of "
+                f"shape {tuple(p.shape)}"
+            )
+        if p.is_sparse:
+            raise ValueError(f"{what}: parameters must be dense, got a sparse one of shape {tuple(p.shape)}")
+    return _one_device(params, what)
 
 
 def _one_device(params: list[torch.Tensor], what: str) -> torch.device:

@@ -40,7 +40,7 @@ def hierarchical_allreduce(
     tensor: torch.Tensor,
     comm: Communicator | None = None,
     *,
-    ranks_per_node: int | None = None,
+    ranks_per_node: int | str | None = "auto",
     seed: int = 0,
     step: int | None = None,
     out: torch.Tensor | None = None,
@@ -73,8 +73,8 @@ def hierarchical_allreduce(
             A numpy or cupy array (anything that exports DLPack) works too, without a copy;
             the result is then an array of its library (``arrays.accepts_arrays``).
         comm: the communicator; None means ``compcoll.get_default()``.
-        ranks_per_node: k consecutive ranks form a node; None discovers the nodes from
-            hostnames (or ``COMPCOLL_RANKS_PER_NODE``). Every rank must pass the same.
+        ranks_per_node: k consecutive ranks form a node; "auto" (default; None too)
+            discovers the nodes from hostnames (or ``COMPCOLL_RANKS_PER_NODE``). Every rank must pass the same.
         seed: the random seed; every call with the same seed and step draws the same bits.
         step: the call counter mixed into the randomness; None takes the communicator's
             own counter, which advances on every such call, so every call draws fresh bits.
@@ -112,7 +112,7 @@ class _NodePlan(Plan):
     """A plan whose layout needs the node layout (``topology``), resolved at its first call."""
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
-                 ranks_per_node: int | None, options: tuple[Option, ...] = ()) -> None:
+                 ranks_per_node: int | str | None, options: tuple[Option, ...] = ()) -> None:
         super().__init__(comm, numel, device, (Option("ranks_per_node", requested), *options))
         self.ranks_per_node = ranks_per_node
         self._layout: Topology | None = None
@@ -208,7 +208,7 @@ def hierarchical_compressed_allreduce(
     server_error: torch.Tensor,
     comm: Communicator | None = None,
     *,
-    ranks_per_node: int | None = None,
+    ranks_per_node: int | str | None = "auto",
     out: torch.Tensor | None = None,
     async_op: bool = False,
     scale: str = "l2",
@@ -279,7 +279,7 @@ class CompensatedPlan(_NodePlan):
     what = "hierarchical_compressed_allreduce"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
-                 ranks_per_node: int | None, lengths: tuple[int, int], scale: str = "l2") -> None:
+                 ranks_per_node: int | str | None, lengths: tuple[int, int], scale: str = "l2") -> None:
         super().__init__(comm, numel, device, requested, ranks_per_node, (
             Option("worker_error lengths", lengths[0]),
             Option("server_error lengths", lengths[1]),

@@ -14,6 +14,9 @@ from ..errors import RankMismatchError
 from .base import Communicator
 
 RANKS_PER_NODE_ENV = "COMPCOLL_RANKS_PER_NODE"
+AUTO = "auto"
+"""``ranks_per_node="auto"`` (the default everywhere; None means the same): ``COMPCOLL_RANKS_PER_NODE`` if set, else
+the hostnames."""
 BAD_REQUEST = -1
 """What a rank whose ranks_per_node (or ``COMPCOLL_RANKS_PER_NODE``) is not a positive integer sends the others."""
 
@@ -58,11 +61,11 @@ class Topology:
         return intra, comm.bytes_sent - intra
 
 
-def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
+def topology(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> Topology:
     """The node layout of ``comm``, discovered once and then reused (a collective on first use).
 
-    1. The requested layout is ``ranks_per_node`` if given, else ``COMPCOLL_RANKS_PER_NODE``
-       if set, else "discover". A layout already built for that request is returned.
+    1. The requested layout is ``ranks_per_node`` if it is a number, else (``"auto"`` or
+       None) ``COMPCOLL_RANKS_PER_NODE`` if set, else "discover". A layout already built for that request is returned.
     2. Allgather (hash of the hostname, requested ranks_per_node) over ``comm``; every
        rank checks that all ranks asked for the same thing.
     3. With ranks_per_node = k, consecutive ranks share a node (node = rank // k, as
@@ -119,9 +122,9 @@ def topology(comm: Communicator, ranks_per_node: int | None = None) -> Topology:
     return layout
 
 
-def requested_ranks_per_node(ranks_per_node: int | None) -> int:
-    """The ranks per node asked for by the argument, else by ``COMPCOLL_RANKS_PER_NODE``; 0: discover."""
-    if ranks_per_node is None:
+def requested_ranks_per_node(ranks_per_node: int | str | None) -> int:
+    """The ranks per node asked for: the argument if a number, else ``COMPCOLL_RANKS_PER_NODE``; 0: discover."""
+    if ranks_per_node is None or ranks_per_node == AUTO:
         value = os.environ.get(RANKS_PER_NODE_ENV, "")
         if not value:
             return 0
@@ -129,11 +132,27 @@ def requested_ranks_per_node(ranks_per_node: int | None) -> int:
             raise ValueError(f"{RANKS_PER_NODE_ENV}={value!r} is not a positive integer")
         ranks_per_node = int(value)
     if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) or ranks_per_node < 1:
-        raise ValueError(f"ranks_per_node must be a positive integer, got {ranks_per_node!r}")
+        raise ValueError(f"ranks_per_node must be a positive integer or \"auto\", got {ranks_per_node!r}")
     return ranks_per_node
 
 
-def request_code(ranks_per_node: int | None) -> int:
+def node_size(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> int:
+    """The ranks per node of the hierarchical form for ``comm``, or 1 for the flat form (every rank decides alike).
+
+    1. ``topology(comm, ranks_per_node)``: the layout asked for, or the hostnames'.
+    2. k when the ranks form several equal nodes of k > 1 ranks each; 1 (flat) when there
+       is one node, one rank per node, or nodes of unequal sizes (``LayoutError``).
+    Ranks that disagree on the request (``RankMismatchError``), or a request that is not a
+    positive integer or "auto" (ValueError), raise on every rank.
+    """
+    try:
+        layout = topology(comm, ranks_per_node)
+    except LayoutError:
+        return 1
+    return layout.ranks_per_node if layout.nodes > 1 else 1
+
+
+def request_code(ranks_per_node: int | str | None) -> int:
     """``requested_ranks_per_node``, or ``BAD_REQUEST`` where it raises: what this rank tells the others."""
     try:
         return requested_ranks_per_node(ranks_per_node)
@@ -141,7 +160,7 @@ def request_code(ranks_per_node: int | None) -> int:
         return BAD_REQUEST
 
 
-def check_requests(asked: list[int], what: str, ranks_per_node: int | None) -> None:
+def check_requests(asked: list[int], what: str, ranks_per_node: int | str | None) -> None:
     """Raise the same ValueError on every rank when some rank's request (``request_code``, by rank) was bad.
 
     A rank whose own request was bad adds its reason.

@@ -19,8 +19,8 @@ class BirderState:
     Args:
         process_group: the ranks DDP averages over; None means the default group (the
             calls run on a new group of the same ranks, as ``OneBitState``'s).
-        ranks_per_node: k consecutive ranks form a node; None discovers the nodes from
-            hostnames (or ``COMPCOLL_RANKS_PER_NODE``).
+        ranks_per_node: k consecutive ranks form a node; "auto" (default; None too)
+            discovers the nodes from hostnames (or ``COMPCOLL_RANKS_PER_NODE``).
         seed: the random seed; a run is reproduced from it.
         start_iter: iterations sent uncompressed first (default 0).
         min_compress_numel: buckets of fewer elements go uncompressed.
@@ -31,7 +31,7 @@ class BirderState:
         self,
         process_group: dist.ProcessGroup | None = None,
         *,
-        ranks_per_node: int | None = None,
+        ranks_per_node: int | str | None = "auto",
         seed: int = 0,
         start_iter: int = 0,
         min_compress_numel: int = MIN_COMPRESS_NUMEL,

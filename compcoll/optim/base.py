@@ -142,7 +142,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
             raise AttributeError(f"{type(self).__name__} sends through no 1-bit channel")
         return self._channel
 
-    def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
+    def _error_feedback(self, ranks_per_node: int | str | None, hierarchical: bool | None, scale: str = "l2",
                         protocol: str = "gather_scatter", by_layer: bool = False) -> Channel:
         """The 1-bit channel for the flat vector, with one scale for it or (``by_layer``) one per parameter;
         ``state_dict`` saves its error buffers (the channel owns them)."""

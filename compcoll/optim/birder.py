@@ -37,7 +37,7 @@ class Birder(CompressedOptimizer):
         betas: (b1, b2) for m and b.
         weight_decay: decoupled weight decay.
         comm: the communicator; None means ``compcoll.get_default()``.
-        ranks_per_node: the node layout (None: discovered from hostnames).
+        ranks_per_node: the node layout ("auto", the default: discovered from hostnames).
         seed: the random seed of the binary randomization.
         nonfinite: "skip" or "raise".
     """
@@ -57,7 +57,7 @@ class Birder(CompressedOptimizer):
         weight_decay: float = 0.0,
         comm: Communicator | None = None,
         *,
-        ranks_per_node: int | None = None,
+        ranks_per_node: int | str | None = "auto",
         seed: int = 0,
         nonfinite: str = "skip",
     ) -> None:

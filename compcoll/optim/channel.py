@@ -13,7 +13,7 @@ from ..algorithms.inputs import check_protocol
 from ..algorithms.onebit import FlatPlan
 from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
-from ..comm.topology import LayoutError, requested_ranks_per_node, topology
+from ..comm.topology import node_size, requested_ranks_per_node, topology
 
 
 class Channel(ABC):
@@ -82,13 +82,14 @@ class ErrorFeedbackChannel(Channel):
     """
 
     def __init__(
-        self, comm: Communicator, numel: int, ranks_per_node: int | None = None, hierarchical: bool | None = None,
+        self, comm: Communicator, numel: int, ranks_per_node: int | str | None = "auto",
+        hierarchical: bool | None = None,
         scale: str = "l2", device: torch.device | str = "cpu", protocol: str = "gather_scatter",
     ) -> None:
         check_protocol("ErrorFeedbackChannel", protocol)
         self.comm = comm
         self.numel = numel
-        self.hierarchical = _use_hierarchical(comm, ranks_per_node) if hierarchical is None else bool(hierarchical)
+        self.hierarchical = node_size(comm, ranks_per_node) > 1 if hierarchical is None else bool(hierarchical)
         if self.hierarchical and protocol != "gather_scatter":
             raise ValueError(f"ErrorFeedbackChannel: the {protocol} protocol has no hierarchical form; these ranks "
                              f"form several nodes, so pass hierarchical=False to use it between all ranks")
@@ -140,20 +141,6 @@ class ErrorFeedbackChannel(Channel):
         self.plan.to(device)
 
 
-def _use_hierarchical(comm: Communicator, ranks_per_node: int | None) -> bool:
-    """Whether the ranks form several equal nodes of more than one rank (every rank decides alike).
-
-    Ranks that cannot form equal nodes (``LayoutError``) mean the flat form; ranks that
-    disagree on the layout (``RankMismatchError``) or a rank whose ranks per node is not a
-    positive integer (ValueError) are errors, raised on every rank.
-    """
-    try:
-        layout = topology(comm, ranks_per_node)
-    except LayoutError:
-        return False
-    return layout.nodes > 1 and layout.ranks_per_node > 1
-
-
 class LayeredChannel(Channel):
     """1-bit averages of a fixed-length vector with one scale per layer: an ``ErrorFeedbackChannel`` per layer.
 
@@ -178,7 +165,7 @@ class LayeredChannel(Channel):
     what = "1-bit average by layer"
 
     def __init__(
-        self, comm: Communicator, layers: Sequence[tuple[int, int]], ranks_per_node: int | None = None,
+        self, comm: Communicator, layers: Sequence[tuple[int, int]], ranks_per_node: int | str | None = "auto",
         hierarchical: bool | None = None, scale: str = "l2", device: torch.device | str = "cpu",
         protocol: str = "gather_scatter",
     ) -> None:

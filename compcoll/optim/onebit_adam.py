@@ -46,8 +46,10 @@ class OneBitAdam(CompressedOptimizer):
         eps: added to sqrt(v).
         weight_decay: decoupled weight decay, as DeepSpeed applies it.
         comm: the communicator; None means ``compcoll.get_default()``.
-        ranks_per_node / hierarchical: the node layout and whether to use the
-            hierarchical 1-bit allreduce (None: when there are several nodes).
+        ranks_per_node / hierarchical: the node layout ("auto", the default: from the
+            hostnames, or ``COMPCOLL_RANKS_PER_NODE``; k: k consecutive ranks per node) and
+            whether to use the hierarchical 1-bit allreduce (None: when the ranks form
+            several equal nodes of more than one rank).
         nonfinite: "skip" or "raise".
         compress: "update" or "momentum" (step 2).
         scale: the 1-bit scale, "l1" (default: mean |x|, the least-squares one) or "l2"
@@ -76,7 +78,7 @@ class OneBitAdam(CompressedOptimizer):
         weight_decay: float = 0.0,
         comm: Communicator | None = None,
         *,
-        ranks_per_node: int | None = None,
+        ranks_per_node: int | str | None = "auto",
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
         compress: str = "update",

@@ -106,7 +106,7 @@ class OneBitLamb(CompressedOptimizer):
         factor_threshold: float = 0.1,
         comm: Communicator | None = None,
         *,
-        ranks_per_node: int | None = None,
+        ranks_per_node: int | str | None = "auto",
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
         compress: str = "update",

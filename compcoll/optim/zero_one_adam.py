@@ -73,7 +73,7 @@ class ZeroOneAdam(CompressedOptimizer):
         local_step_clipper: int = 16,
         comm: Communicator | None = None,
         *,
-        ranks_per_node: int | None = None,
+        ranks_per_node: int | str | None = "auto",
         hierarchical: bool | None = None,
         nonfinite: str = "skip",
         compress: str = "update",

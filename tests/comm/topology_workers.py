@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import compcoll
-from compcoll.comm.topology import topology
+from compcoll.comm.topology import node_size, topology
 
 
 def layout(comm: compcoll.Communicator, ranks_per_node: int | None) -> None:
@@ -47,3 +47,8 @@ def refused(comm: compcoll.Communicator, per_rank: list[int], expected: str) -> 
     else:
         raise AssertionError("an impossible layout was accepted")
     comm.barrier()
+
+
+def sizes(comm: compcoll.Communicator, requested: int | str | None, expected: int) -> None:
+    """``node_size``: the ranks per node of the hierarchical form, or 1 for the flat one, alike on every rank."""
+    assert node_size(comm, requested) == expected

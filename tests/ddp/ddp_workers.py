@@ -70,14 +70,17 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
-                             ranks_per_node: int = 1) -> None:
+                             ranks_per_node: int | str = "auto", nodes_of: int = 1) -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
-    ``ranks_per_node``), with error buffers kept per bucket across steps; plain buckets (first iterations, small
-    ones) are the float mean; gradients and replicas are the same bits on every rank; the final error buffers
-    equal the reference's."""
-    n, rank, k = comm.size, comm.rank, ranks_per_node
+    ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
+    steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
+    bits on every rank; the final error buffers equal the reference's."""
+    n, rank = comm.size, comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale, ranks_per_node=k)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale,
+                                     ranks_per_node=ranks_per_node)
+    k = state.ranks_per_node
+    assert k == (nodes_of if ranks_per_node == "auto" else ranks_per_node), f"ranks per node {k}"
     records: dict[int, tuple] = {}
     model.register_comm_hook(state, recording(compcoll.ddp.onebit_hook, records))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from compcoll.comm.topology import RANKS_PER_NODE_ENV
 from tests.ddp import ddp_workers
 from tests.ddp.threaded_group import run_threaded_group
 
@@ -14,3 +17,13 @@ def test_buckets_match_the_reference_on_four_threads() -> None:
 
 def test_sixteen_threads_train_with_identical_replicas() -> None:
     run_threaded_group(ddp_workers.onebit_matches_reference, 16, 3, "allgather", "l1")
+
+
+def test_the_default_layout_follows_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ranks_per_node="auto"`` (the default): 4 threads on one host stay flat; told they are 2 nodes of 2
+    (``COMPCOLL_RANKS_PER_NODE``, what hostnames say on a cluster), the hook takes the hierarchical form and
+    matches its reference."""
+    monkeypatch.delenv(RANKS_PER_NODE_ENV, raising=False)
+    run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", "auto", 1)
+    monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
+    run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", "auto", 2)

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.onebit import CompressedAllreduce
-from ..comm.topology import AUTO, node_size
+from ..comm.topology import AUTO, node_size, topology
 from .buckets import Schedule, own_comm, plain_allreduce, settle
 
 MIN_COMPRESS_NUMEL = 16384
@@ -21,7 +21,9 @@ class OneBitState:
 
     Modelled on PyTorch's ``PowerSGDState``: every argument has a default, it pickles
     (``torch.save(state)``) and has ``state_dict()`` / ``load_state_dict()`` for an exact
-    resume. Build it on every rank at the same point (it makes a process group).
+    resume. Build it on every rank at the same point: it makes a process group and, on
+    several nodes, the node groups (on the caller's thread, so no group is made in the
+    background where a thread-local world such as torch's threaded group has none).
 
     Args:
         process_group: the ranks DDP averages over; None means the default group. The hook
@@ -76,6 +78,8 @@ class OneBitState:
         self.schedule = Schedule(start_iter, min_compress_numel)
         self.comm = own_comm(process_group, timeout)
         self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
+        if self.ranks_per_node > 1:
+            topology(self.comm, self.ranks_per_node)
         self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale)
         self.layouts: dict[int, list[list[int]]] = {}
 

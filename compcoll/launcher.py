@@ -9,6 +9,7 @@ output if any rank fails or the whole run exceeds its timeout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -18,10 +19,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .comm import TORCH_BACKEND_ENV
 
@@ -29,8 +31,28 @@ BACKENDS = ("mpi", "gloo")
 ALL_BACKENDS = (*BACKENDS, "nccl", "threads")
 
 
+_SEEDING = threading.Lock()
+
+
 class WorkerFailure(RuntimeError):
     """A multi-process run failed or timed out; the message holds the ranks' output."""
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Draw from torch's global generator seeded with ``seed``, one thread at a time, and restore it after.
+
+    For code that seeds the global generator (``torch.manual_seed``, then building a model)
+    and may run on thread ranks (``backend="threads"``), where every rank shares that
+    generator: ``with seeded(0): model = Net()`` gives each thread the draws a real rank
+    gets, where interleaved draws would silently differ. On its own process it is
+    ``torch.manual_seed`` undone at exit.
+    """
+    import torch
+
+    with _SEEDING, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def mpiexec() -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+import torch
 
-from compcoll.launcher import BACKENDS, WorkerFailure, run
+from compcoll.launcher import BACKENDS, WorkerFailure, run, seeded
 
 
 def fails_on_last_rank(comm) -> None:
@@ -45,3 +47,27 @@ def test_large_output_does_not_block_the_ranks() -> None:
 def test_each_rank_gets_its_own_prefix_and_environment(backend: str) -> None:
     run("tests.launcher_workers:placed", 3, backend,
         rank_prefix=[["env", f"PREFIXED={r}"] for r in range(3)], rank_env=[{"PLACED": str(r)} for r in range(3)])
+
+
+def test_seeded_gives_every_thread_the_draws_of_its_own_process() -> None:
+    """16 threads drawing under ``seeded(3)`` at once each get what ``torch.manual_seed(3)`` gives one process,
+    and the global generator is left as it was."""
+    torch.manual_seed(3)
+    expected = torch.cat([torch.randn(50) for _ in range(20)])
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    drawn: list[torch.Tensor] = []
+
+    def draw() -> None:
+        for _ in range(20):
+            with seeded(3):
+                values = [torch.randn(50) for _ in range(20)]
+        drawn.append(torch.cat(values))
+
+    threads = [threading.Thread(target=draw) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(drawn) == 16 and all(torch.equal(d, expected) for d in drawn)
+    assert torch.equal(torch.get_rng_state(), before)

@@ -91,6 +91,26 @@ class CompressedOptimizer(torch.optim.Optimizer):
     this rank's local copy back). Rank 0's state loaded on every rank (what the Trainer,
     Accelerate and Lightning save) resumes everything but the error buffers, which
     restart at zero with a warning.
+
+    Tuning, in this order (bytes per element sent per rank per step; a float32 ring
+    allreduce sends 8(n-1)/n, and the compressed steps of the defaults 2(n-1)/(8n) plus a
+    scale per rank and chunk, 1/28 to 1/32 of the ring at 2-1024 ranks,
+    bench/results/scaling_bytes.txt):
+    1. The warm-up (``freeze_step``, 0/1 Adam's ``var_freeze_step``; Birder has none):
+       long enough for the variance to settle, typically 15-25% of the run; each warm-up
+       step sends float32 (the ring's bytes), so it sets the run's bytes.
+    2. ``scale`` and ``compress``: free in bytes. The defaults ("l1", "update") were
+       chosen on the LM of bench/convergence; "l2" / "momentum" are DeepSpeed's numerics.
+    3. The node layout: ``ranks_per_node="auto"`` (default) finds the nodes; on several
+       the hierarchical form sends float32 inside a node and 1/k of the flat 1-bit bytes
+       per rank between nodes (k ranks per node).
+    4. ``protocol="allgather"`` (flat only): one compression instead of two, (n-1)/8
+       bytes, 1/32 of the ring at 2 ranks, 1/16 at 4, as much as the ring at 64: for
+       small worlds.
+    5. 1-bit LAMB only: ``layer_scales=True`` (one scale per layer, 4 bytes each) and
+       ``variance_refresh=R`` (an exact float32 step every R steps: 8(n-1)/(nR) more per
+       step).
+    How each default holds from 2 to 64 ranks: README, "At scale".
     """
 
     _scalar_names: tuple[str, ...] = ()

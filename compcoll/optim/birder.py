@@ -31,6 +31,9 @@ class Birder(CompressedOptimizer):
     R and p are the same on every rank. The random stream is fixed by (seed, t), so a
     resumed run draws the same bits.
 
+    Tuning: ``CompressedOptimizer`` lists the knobs in the order to try them and what each
+    costs in bytes.
+
     Args:
         params: parameters or parameter groups: dense float32, float16 or bfloat16, all on one CPU or CUDA device.
         lr: learning rate (each step moves a coordinate by about lr: sign-like updates).

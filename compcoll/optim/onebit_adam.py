@@ -36,6 +36,9 @@ class OneBitAdam(CompressedOptimizer):
     Bytes per rank and step: warmup 2(n-1)/n * 4 bytes per element (as a ring allreduce),
     compression 2(n-1)/n / 8 bytes per element, 32x fewer.
 
+    Tuning: ``CompressedOptimizer`` lists the knobs in the order to try them and what each
+    costs in bytes.
+
     Args:
         params: parameters or parameter groups: dense float32, float16 or bfloat16, all on one CPU or CUDA device.
         lr: learning rate.

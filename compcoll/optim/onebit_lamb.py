@@ -57,6 +57,9 @@ class OneBitLamb(CompressedOptimizer):
     (frozen ratios, factors, scalings, error buffers) is all in ``state_dict``.
     ``lamb_coeffs`` holds the last step's per-layer coefficients.
 
+    Tuning: ``CompressedOptimizer`` lists the knobs in the order to try them and what each
+    costs in bytes.
+
     Args:
         params, lr, freeze_step (>= 1; a float in (0, 1): a share of ``total_steps``), betas, eps,
             weight_decay, comm, ranks_per_node, hierarchical, nonfinite, compress, total_steps: as

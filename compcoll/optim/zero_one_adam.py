@@ -42,6 +42,9 @@ class ZeroOneAdam(CompressedOptimizer):
     m = 0, no momentum step and no error-feedback residue. In the local phase one
     32-byte allgather per step lets every rank skip a step with a non-finite gradient alike.
 
+    Tuning: ``CompressedOptimizer`` lists the knobs in the order to try them and what each
+    costs in bytes.
+
     Args:
         params, lr, betas, eps, weight_decay, comm, ranks_per_node, hierarchical,
             nonfinite, compress, scale, protocol: as for ``OneBitAdam``.

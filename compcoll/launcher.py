@@ -114,7 +114,7 @@ def run(
     if backend not in ALL_BACKENDS:
         raise ValueError(f"backend must be one of {ALL_BACKENDS}, got {backend!r}")
     if backend == "threads":
-        return run_threads(target, world_size, args=args, timeout=timeout)
+        return run_threads(target, world_size, args=args, timeout=timeout, env=env)
     command = [sys.executable, "-m", "compcoll.launcher", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi" and (rank_prefix or rank_env):
@@ -158,20 +158,22 @@ def run(
     return text
 
 
-def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: float = 180.0) -> str:
+def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: float = 180.0,
+                env: dict[str, str] | None = None) -> str:
     """Run ``target`` on ``world_size`` threads of this process, each with its rank of one ``local_world``.
 
-    1. Build the world (its collectives time out after ``timeout`` seconds, so a rank that
+    1. Set ``env`` in this process's environment for the run (the ranks share it), and
+       restore it after.
+    2. Build the world (its collectives time out after ``timeout`` seconds, so a rank that
        never arrives fails the others) and start one daemon thread per rank; ``args`` go
        through JSON, as to real ranks.
-    2. Wait up to ``timeout`` seconds for them all.
-    3. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
+    3. Wait up to ``timeout`` seconds for them all.
+    4. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
        still running past the timeout (their threads are left to end with the process).
     Threads share this process's global random state (``torch.manual_seed``): a target
-    must draw from generators of its own to give the bits of real ranks.
+    must draw from generators of its own, or build under ``seeded``, to give the bits of
+    real ranks.
     """
-    import threading
-
     from .comm.local import local_world
 
     module_name, func_name = target.split(":")
@@ -185,13 +187,22 @@ def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: floa
         except BaseException:
             failures[comm.rank] = traceback.format_exc()
 
-    threads = [threading.Thread(target=rank, args=(comm,), name=f"compcoll-rank-{comm.rank}", daemon=True)
-               for comm in local_world(world_size, timeout)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
+    saved = {key: os.environ.get(key) for key in env or {}}
+    os.environ.update(env or {})
+    try:
+        threads = [threading.Thread(target=rank, args=(comm,), name=f"compcoll-rank-{comm.rank}", daemon=True)
+                   for comm in local_world(world_size, timeout)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     running = [r for r, thread in enumerate(threads) if thread.is_alive()]
     if failures or running:
         notes = [f"rank(s) {running} still running after {timeout:g} s"] if running else []

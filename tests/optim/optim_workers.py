@@ -11,6 +11,7 @@ import torch
 
 import compcoll
 from compcoll.kernels import reference
+from compcoll.launcher import seeded
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
 
@@ -52,8 +53,8 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def build(comm: compcoll.Communicator, name: str, **overrides):
     """A model initialised differently on every rank (the optimizer broadcasts rank 0's) and its optimizer."""
-    torch.manual_seed(100 + comm.rank)
-    model = Net()
+    with seeded(100 + comm.rank):
+        model = Net()
     cls, kwargs = CONFIGS[name]
     return model, cls(model.parameters(), comm=comm, **{**kwargs, **overrides})
 
@@ -113,13 +114,13 @@ def resume(comm: compcoll.Communicator, name: str, at: int) -> None:
     train(comm, model, opt, range(at, STEPS))
     cls, kwargs = CONFIGS[name]
     for order in ("optimizer first", "model first"):
-        torch.manual_seed(12345 + comm.rank)
         loaded = torch.load(io.BytesIO(saved), weights_only=True)
         if order == "optimizer first":
             model2, opt2 = build(comm, name)
             model2.load_state_dict(loaded["model"])
         else:
-            model2 = Net()
+            with seeded(12345 + comm.rank):
+                model2 = Net()
             model2.load_state_dict(loaded["model"])
             opt2 = cls(model2.parameters(), comm=comm, **kwargs)
         opt2.load_state_dict(loaded["optimizer"])
@@ -214,8 +215,8 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
     model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01, compress=compress, scale=scale)
     assert opt.channel.hierarchical == bool(ranks_per_node)
     b1, b2, lr, eps, wd = 0.9, 0.999, 1e-2, 1e-8, 0.01
-    torch.manual_seed(100)
-    sim = Net()
+    with seeded(100):
+        sim = Net()
     p = flat_params(sim).clone()
     numel = p.numel()
     lengths = compcoll.hierarchical_error_numels(numel, n, ranks_per_node or n)
@@ -319,9 +320,9 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
     model, opt = build(comm, "ZeroOneAdam", weight_decay=wd, compress=compress, scale=scale)
     kw = CONFIGS["ZeroOneAdam"][1]
     b1, b2, lr, eps, vf = 0.9, 0.999, kw["lr"], 1e-8, kw["var_freeze_step"]
-    torch.manual_seed(100)
-    start = flat_params(Net()).clone()
-    sims = [Net() for _ in range(n)]
+    with seeded(100):
+        start = flat_params(Net()).clone()
+        sims = [Net() for _ in range(n)]
     numel = start.numel()
     full = compcoll.padded_numel(numel, n)
     p = [start.clone() for _ in range(n)]
@@ -395,9 +396,9 @@ def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
     n, wd, b1, b2 = comm.size, 0.01, 0.9, 0.9
     model, opt = build(comm, "Birder", weight_decay=wd)
     lr = CONFIGS["Birder"][1]["lr"]
-    torch.manual_seed(100)
-    p = flat_params(Net()).clone()
-    sims = [Net() for _ in range(n)]
+    with seeded(100):
+        p = flat_params(Net()).clone()
+        sims = [Net() for _ in range(n)]
     numel = p.numel()
     m = [torch.zeros(numel) for _ in range(n)]
     b = [torch.zeros(numel) for _ in range(n)]
@@ -445,8 +446,8 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
     b1, b2, eps, cb, fmin, fmax, thr = 0.9, 0.999, 1e-8, 0.9, 0.5, 4.0, 0.1
     model, opt = build(comm, "OneBitLamb", weight_decay=wd, compress=compress, scale=scale, trust_ratio=trust_ratio,
                        protocol=protocol, variance_refresh=refresh, layer_scales=layer_scales)
-    torch.manual_seed(100)
-    sim = Net()
+    with seeded(100):
+        sim = Net()
     p = flat_params(sim).clone()
     layers, start = [], 0
     for t in sim.parameters():

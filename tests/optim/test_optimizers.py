@@ -1,4 +1,8 @@
-"""The four optimizers on 1-4 ranks: identical replicas, exact resume, skipped non-finite steps, untouched unused coordinates."""
+"""The four optimizers on 1-4 ranks: identical replicas, exact resume, skipped non-finite steps, untouched unused coordinates.
+
+The ranks are threads of this process (``backend="threads"``, the bits of MPI and Gloo ranks:
+tests/comm/test_local.py); each optimizer also trains on real MPI and real Gloo ranks.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from compcoll.launcher import run
 from .optim_workers import STEPS
 
 WORKERS = "tests.optim.optim_workers"
+IN = "threads"
 NAMES = ["OneBitAdam", "OneBitLamb", "ZeroOneAdam", "Birder"]
 # a warmup / variance-phase step and a compression / local-phase step (ZeroOneAdam: between syncs)
 RESUME_AT = {"OneBitAdam": (2, 9), "OneBitLamb": (3, 9), "ZeroOneAdam": (5, 11), "Birder": (1, 9),
@@ -18,9 +23,9 @@ WITH_LAYERS = [*NAMES, "OneBitLamb layers"]
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_replicas_stay_identical_and_unused_coordinates_untouched(name: str, world_size: int) -> None:
-    run(f"{WORKERS}:replicas", world_size, "mpi", args=(name,))
+@pytest.mark.parametrize("world_size, transport", [(1, IN), (2, IN), (3, IN), (4, IN), (2, "mpi")])
+def test_replicas_stay_identical_and_unused_coordinates_untouched(name: str, world_size: int, transport: str) -> None:
+    run(f"{WORKERS}:replicas", world_size, transport, args=(name,))
 
 
 @pytest.mark.parametrize("name", WITH_LAYERS)
@@ -31,7 +36,7 @@ def test_replicas_over_gloo_with_two_nodes(name: str) -> None:
 @pytest.mark.parametrize("name", WITH_LAYERS)
 def test_exact_resume_in_both_phases_and_both_orders(name: str) -> None:
     for at in RESUME_AT[name]:
-        run(f"{WORKERS}:resume", 4 if name == "ZeroOneAdam" else 3, "mpi", args=(name, at))
+        run(f"{WORKERS}:resume", 4 if name == "ZeroOneAdam" else 3, IN, args=(name, at))
 
 
 def test_zero_one_adam_resumes_between_syncs_over_gloo() -> None:
@@ -42,65 +47,69 @@ def test_zero_one_adam_resumes_between_syncs_over_gloo() -> None:
 @pytest.mark.parametrize("policy", ["skip", "raise"])
 def test_nonfinite_gradient_skips_alike(name: str, policy: str) -> None:
     for at in RESUME_AT[name]:
-        run(f"{WORKERS}:nonfinite", 2, "mpi", args=(name, at, policy))
+        run(f"{WORKERS}:nonfinite", 2, IN, args=(name, at, policy))
+
+
+def test_nonfinite_gradient_skips_alike_on_mpi() -> None:
+    run(f"{WORKERS}:nonfinite", 3, "mpi", args=("OneBitAdam", RESUME_AT["OneBitAdam"][1], "skip"))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_different_models_raise_on_every_rank(name: str) -> None:
-    run(f"{WORKERS}:layout_mismatch", 2, "mpi", args=(name,))
+    run(f"{WORKERS}:layout_mismatch", 2, IN, args=(name,))
 
 
 @pytest.mark.parametrize("name, option", [(name, option) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
                                           for option in ("compress", "protocol")]
                          + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales")])
 def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
-    run(f"{WORKERS}:option_mismatch", 2, "mpi", args=(name, option))
+    run(f"{WORKERS}:option_mismatch", 2, IN, args=(name, option))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_onebit_adam_matches_simulation(world_size: int) -> None:
-    run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8))
+    run(f"{WORKERS}:onebit_adam_reference", world_size, IN, args=(3, 8))
 
 
 @pytest.mark.parametrize("compress, scale", [("momentum", "l2"), ("update", "l2")])
 def test_onebit_adam_options_match_simulation(compress: str, scale: str) -> None:
-    run(f"{WORKERS}:onebit_adam_reference", 3, "mpi", args=(3, 8, 0, compress, scale))
+    run(f"{WORKERS}:onebit_adam_reference", 3, IN, args=(3, 8, 0, compress, scale))
 
 
 @pytest.mark.parametrize("world_size, ranks_per_node", [(4, 2), (6, 3)])
 def test_onebit_adam_hierarchical_matches_simulation(world_size: int, ranks_per_node: int) -> None:
-    run(f"{WORKERS}:onebit_adam_reference", world_size, "mpi", args=(3, 8, ranks_per_node),
+    run(f"{WORKERS}:onebit_adam_reference", world_size, IN, args=(3, 8, ranks_per_node),
         env={"COMPCOLL_RANKS_PER_NODE": str(ranks_per_node)})
 
 
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_zero_one_adam_synchronize_between_syncs(world_size: int) -> None:
-    run(f"{WORKERS}:synchronize_between_syncs", world_size, "mpi", args=(11,))
+    run(f"{WORKERS}:synchronize_between_syncs", world_size, IN, args=(11,))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_zero_one_adam_matches_simulation(world_size: int) -> None:
-    run(f"{WORKERS}:zero_one_adam_reference", world_size, "mpi", args=(STEPS,))
+    run(f"{WORKERS}:zero_one_adam_reference", world_size, IN, args=(STEPS,))
 
 
 def test_zero_one_adam_compressing_the_momentum_matches_simulation() -> None:
-    run(f"{WORKERS}:zero_one_adam_reference", 3, "mpi", args=(STEPS, "momentum", "l2"))
+    run(f"{WORKERS}:zero_one_adam_reference", 3, IN, args=(STEPS, "momentum", "l2"))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_birder_matches_simulation(world_size: int) -> None:
-    run(f"{WORKERS}:birder_reference", world_size, "mpi", args=(8,))
+    run(f"{WORKERS}:birder_reference", world_size, IN, args=(8,))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_onebit_lamb_matches_simulation(world_size: int) -> None:
-    run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(10,))
+    run(f"{WORKERS}:onebit_lamb_reference", world_size, IN, args=(10,))
 
 
 @pytest.mark.parametrize("compress, scale, trust_ratio",
                          [("momentum", "l2", "frozen"), ("update", "l2", "fresh"), ("update", "l1", "frozen")])
 def test_onebit_lamb_options_match_simulation(compress: str, scale: str, trust_ratio: str) -> None:
-    run(f"{WORKERS}:onebit_lamb_reference", 3, "mpi", args=(10, compress, scale, trust_ratio))
+    run(f"{WORKERS}:onebit_lamb_reference", 3, IN, args=(10, compress, scale, trust_ratio))
 
 
 @pytest.mark.parametrize("world_size, compress, trust_ratio, protocol, refresh, layer_scales",
@@ -111,5 +120,5 @@ def test_onebit_lamb_options_match_simulation(compress: str, scale: str, trust_r
                           (1, "update", "fresh", "gather_scatter", 2, True)])
 def test_onebit_lamb_protocol_refresh_and_layer_scales_match_simulation(
         world_size: int, compress: str, trust_ratio: str, protocol: str, refresh: int, layer_scales: bool) -> None:
-    run(f"{WORKERS}:onebit_lamb_reference", world_size, "mpi", args=(12, compress, "l1", trust_ratio, protocol,
+    run(f"{WORKERS}:onebit_lamb_reference", world_size, IN, args=(12, compress, "l1", trust_ratio, protocol,
                                                                       refresh, layer_scales))

@@ -1,4 +1,4 @@
-"""numpy arrays (through DLPack, no copy) in every allreduce, on 1-3 ranks over MPI and Gloo."""
+"""numpy arrays (through DLPack, no copy) in every allreduce, on 1-3 in-process ranks and on real MPI and Gloo ranks."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from compcoll.algorithms.arrays import to_library
-from compcoll.launcher import BACKENDS, run
+from compcoll.launcher import run
+from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.arrays_workers"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3), mpi=2, gloo=3))
 def test_numpy_arrays_match_the_reference(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:numpy_arrays", world_size, backend, args=(3,))
 

@@ -13,7 +13,11 @@ LAYOUTS = [(1, 1), (3, 1), (2, 2), (4, 2), (6, 2), (6, 3)]
 
 @pytest.mark.parametrize("world_size,k", LAYOUTS)
 def test_matches_reference(world_size: int, k: int) -> None:
-    run(f"{WORKERS}:numerics", world_size, "mpi", args=(k, SHAPES, 2), timeout=300)
+    run(f"{WORKERS}:numerics", world_size, "threads", args=(k, SHAPES, 2), timeout=300)
+
+
+def test_matches_reference_over_mpi() -> None:
+    run(f"{WORKERS}:numerics", 6, "mpi", args=(3, SHAPES, 2), timeout=300)
 
 
 def test_matches_reference_over_gloo() -> None:
@@ -22,9 +26,10 @@ def test_matches_reference_over_gloo() -> None:
 
 @pytest.mark.parametrize("world_size,k", [(4, 2), (6, 2), (6, 3)])
 def test_unbiased_one_bit_and_a_kth_of_the_inter_node_bytes(world_size: int, k: int) -> None:
-    run(f"{WORKERS}:statistics", world_size, "mpi", args=(k, 1001, 400), timeout=300)
+    run(f"{WORKERS}:statistics", world_size, "threads", args=(k, 1001, 400), timeout=300)
 
 
-@pytest.mark.parametrize("world_size,k,backend", [(1, 1, "mpi"), (4, 2, "mpi"), (6, 3, "gloo")])
+@pytest.mark.parametrize("world_size,k,backend", [(1, 1, "threads"), (4, 2, "threads"), (6, 2, "threads"),
+                                                   (4, 2, "mpi"), (6, 3, "gloo")])
 def test_bad_inputs_raise_on_every_rank(world_size: int, k: int, backend: str) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend, args=(k,))

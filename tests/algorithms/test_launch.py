@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from compcoll.launcher import BACKENDS, run
+from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.launch_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289]]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4), mpi=4, gloo=2))
 def test_calls_in_flight_equal_the_reference(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:in_flight", world_size, backend, args=(SHAPES, 2))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "threads"])
 def test_errors_reach_every_rank_through_wait(backend: str) -> None:
     run(f"{WORKERS}:errors_through_wait", 3, backend)
 

@@ -1,4 +1,4 @@
-"""compressed_allreduce against the numpy reference, on 1-4 ranks over MPI and Gloo."""
+"""compressed_allreduce against the numpy reference, on 1-8 in-process ranks and on real MPI and Gloo ranks."""
 
 from __future__ import annotations
 
@@ -9,25 +9,23 @@ import torch
 import compcoll
 from compcoll.kernels import reference
 from compcoll.launcher import BACKENDS, run
+from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.onebit_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4, 5, 8), mpi=4, gloo=3))
 def test_matches_reference_over_steps(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:numerics", world_size, backend, args=(SHAPES, 3))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4), mpi=2, gloo=4))
 def test_bad_inputs_raise_on_every_rank(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("backend, world_size", worlds((2, 3, 4), mpi=3, gloo=2))
 def test_in_place_and_stateful_resume(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:in_place_and_stateful", world_size, backend)
 

@@ -1,4 +1,4 @@
-"""compressed_allreduce in pieces equals the reference bit for bit, on 1-4 ranks over MPI and Gloo."""
+"""compressed_allreduce in pieces equals the reference bit for bit, on 1-4 in-process ranks and on real MPI and Gloo ranks."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import torch
 
 from compcoll.algorithms.pipeline import PIECE_BYTES, default_pieces, piece_bounds
 from compcoll.launcher import BACKENDS, run
+from tests.worlds import worlds
 from compcoll.spec import BLOCK
 
 WORKERS = "tests.algorithms.pipeline_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4), mpi=3, gloo=2))
 def test_pieces_match_reference(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:pieces_match_reference", world_size, backend, args=(SHAPES, 2))
 

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from ..algorithms.hierarchical import hierarchical_allreduce
+from ..comm.topology import topology
 from .buckets import Schedule, own_comm, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
 
@@ -14,7 +15,8 @@ class BirderState:
     """The state of ``birder_hook``: its communicator, the node layout, the seed and the call counter.
 
     Birder's compression is unbiased (binary randomization) and keeps no error buffers, so
-    it may start at the first iteration. Build it on every rank at the same point.
+    it may start at the first iteration. Build it on every rank at the same point: it makes a
+    process group and the node groups (on the caller's thread, as ``OneBitState`` does).
 
     Args:
         process_group: the ranks DDP averages over; None means the default group (the
@@ -43,6 +45,7 @@ class BirderState:
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
         self.comm = own_comm(process_group, timeout)
+        topology(self.comm, ranks_per_node)
         self.calls = 0
 
     def state_dict(self) -> dict[str, Any]:

@@ -25,6 +25,26 @@ class OneBitState:
     several nodes, the node groups (on the caller's thread, so no group is made in the
     background where a thread-local world such as torch's threaded group has none).
 
+    Tuning, in this order (bytes per element sent per rank per compressed step; a float32
+    ring allreduce sends 8(n-1)/n; figures from bench/results/scaling_hooks.txt: the
+    digits MLP under DDP, momentum SGD, global batch 256 split over n ranks, test accuracy
+    against DDP's allreduce at the same n):
+    1. ``protocol`` by world size. "allgather" (default) compresses once and sends
+       (n-1)/8: 1/32 of the ring at 2 ranks, 1/16 at 4, 1/4 at 16, as much as the ring at
+       64; -0.28, -1.11 and -0.83 points at 2, 16 and 64 ranks. "gather_scatter" sends
+       2(n-1)/(8n), 1/26 to 1/32 of the ring at any n, but compresses twice: -0.56, -8.06
+       and -9.44 points at 2, 16 and 64 ranks.
+    2. ``ranks_per_node`` ("auto"): on several nodes the hierarchical form sends float32
+       inside a node and 1/k of gather-scatter's 1-bit bytes per rank between nodes (k
+       ranks per node); its accuracy is gather-scatter's between nodes (-3.33 points at 2
+       nodes of 8, -9.44 at 8 nodes of 8).
+    3. ``start_iter`` and ``min_compress_numel``: every uncompressed iteration or bucket
+       sends the ring's bytes.
+    4. ``scale``: free in bytes ("l2" chosen on digits at 2 and 4 ranks).
+    From 16 ranks on, for SGD, PyTorch's PowerSGD hook (rank 2) kept DDP's accuracy on that
+    task at 1/26 of the ring's bytes from 2 to 64 ranks; for Adam and LAMB, compcoll's
+    optimizers compress their momentum instead of raw gradients (README, "At scale").
+
     Args:
         process_group: the ranks DDP averages over; None means the default group. The hook
             runs its compressed calls on a new group of the same ranks and backend (Gloo on

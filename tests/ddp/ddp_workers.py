@@ -15,6 +15,7 @@ import compcoll
 import compcoll.checkpoint
 import compcoll.ddp
 from compcoll.kernels import reference
+from compcoll.launcher import seeded
 
 BUCKET_MB = 0.5
 """Small buckets, so that the 1.6 MiB model spans several (DDP's first bucket holds up to 1 MiB)."""
@@ -22,9 +23,9 @@ BUCKET_MB = 0.5
 
 def make_model() -> torch.nn.Module:
     """423,107 parameters in 6 tensors; lengths that are multiples of nothing in particular."""
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(300, 701), torch.nn.Tanh(), torch.nn.Linear(701, 299), torch.nn.Tanh(),
-                               torch.nn.Linear(299, 7))
+    with seeded(0):
+        return torch.nn.Sequential(torch.nn.Linear(300, 701), torch.nn.Tanh(), torch.nn.Linear(701, 299),
+                                   torch.nn.Tanh(), torch.nn.Linear(299, 7))
 
 
 def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

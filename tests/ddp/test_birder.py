@@ -1,14 +1,12 @@
-"""compcoll.ddp.birder_hook under real DDP on Gloo ranks: Birder's reference per bucket, replicas identical."""
+"""compcoll.ddp.birder_hook under real DDP: Birder's reference per bucket, replicas identical (threaded group and Gloo)."""
 
 from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import run
-
-WORKERS = "tests.ddp.ddp_workers"
+from tests.ddp.test_onebit import on
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_buckets_match_the_reference(world_size: int) -> None:
-    run(f"{WORKERS}:birder_matches_reference", world_size, "gloo", args=(3,))
+@pytest.mark.parametrize("backend, world_size", [("threads", 1), ("threads", 2), ("threads", 4), ("gloo", 4)])
+def test_buckets_match_the_reference(backend: str, world_size: int) -> None:
+    on(backend, "birder_matches_reference", world_size, 3)

@@ -1,35 +1,51 @@
-"""compcoll.ddp.onebit_hook under real DDP on 1-4 Gloo ranks: the reference per bucket, exact resume, NaN steps."""
+"""compcoll.ddp.onebit_hook under real DDP: the reference per bucket, exact resume, NaN steps.
+
+On threads of torch's own multi-threaded process group at 1-4 ranks (DDP's real buckets,
+in one process), and on real Gloo ranks.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from compcoll.launcher import run
+from tests.ddp import ddp_workers
+from tests.ddp.threaded_group import run_threaded_group
 
 WORKERS = "tests.ddp.ddp_workers"
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_buckets_match_the_reference(world_size: int) -> None:
-    run(f"{WORKERS}:onebit_matches_reference", world_size, "gloo", args=(5, "allgather", "l1"))
+def on(backend: str, target: str, world_size: int, *args) -> None:
+    """``target`` of ddp_workers on ``world_size`` ranks: threads of torch's threaded group, or Gloo processes."""
+    if backend == "threads":
+        run_threaded_group(getattr(ddp_workers, target), world_size, *args)
+    else:
+        run(f"{WORKERS}:{target}", world_size, backend, args=args)
+
+
+@pytest.mark.parametrize("backend, world_size", [("threads", 1), ("threads", 2), ("threads", 3), ("threads", 4),
+                                                 ("gloo", 3)])
+def test_buckets_match_the_reference(backend: str, world_size: int) -> None:
+    on(backend, "onebit_matches_reference", world_size, 5, "allgather", "l1")
 
 
 def test_gather_scatter_with_the_l2_scale_matches_the_reference() -> None:
-    run(f"{WORKERS}:onebit_matches_reference", 3, "gloo", args=(4, "gather_scatter", "l2"))
+    on("threads", "onebit_matches_reference", 3, 4, "gather_scatter", "l2")
 
 
 def test_hierarchical_form_matches_the_reference() -> None:
     run(f"{WORKERS}:onebit_matches_reference", 4, "gloo", args=(4, "allgather", "l2", 2))
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_resume_is_exact(world_size: int) -> None:
-    run(f"{WORKERS}:onebit_resumes_exactly", world_size, "gloo")
+@pytest.mark.parametrize("backend, world_size", [("threads", 2), ("threads", 3), ("gloo", 2)])
+def test_resume_is_exact(backend: str, world_size: int) -> None:
+    on(backend, "onebit_resumes_exactly", world_size)
 
 
 def test_hierarchical_resume_is_exact() -> None:
-    run(f"{WORKERS}:onebit_resumes_exactly", 4, "gloo", args=(2,))
+    on("threads", "onebit_resumes_exactly", 4, 2)
 
 
-def test_a_nan_skips_the_step_on_every_rank() -> None:
-    run(f"{WORKERS}:nan_skips_on_every_rank", 3, "gloo")
+@pytest.mark.parametrize("backend", ["threads", "gloo"])
+def test_a_nan_skips_the_step_on_every_rank(backend: str) -> None:
+    on(backend, "nan_skips_on_every_rank", 3)

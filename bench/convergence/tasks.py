@@ -7,6 +7,8 @@ import math
 import numpy as np
 import torch
 
+from compcoll.launcher import seeded
+
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The 1797 8x8 digits that ship inside scikit-learn (no download): a fixed 80/20 split, pixels / 16."""
@@ -21,11 +23,11 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def make_model(hidden: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, 10),
-    )
+    with seeded(0):
+        return torch.nn.Sequential(
+            torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, 10),
+        )
 
 
 def parameter_dtype(config: dict) -> torch.dtype:
@@ -106,8 +108,8 @@ class TextLM:
         cut = int(0.9 * len(text))
         self.train_text, self.val_text = text[:cut], text[cut:]
         self.context, self.batch = config["context"], config["batch"]
-        torch.manual_seed(0)
-        self.model = CausalLM(config["hidden"], config["layers"], self.context).to(parameter_dtype(config))
+        with seeded(0):
+            self.model = CausalLM(config["hidden"], config["layers"], self.context).to(parameter_dtype(config))
         rng = np.random.default_rng(config["seed"])
         self.offsets = rng.integers(0, cut - self.context - 1, size=(config["steps"], self.batch))
         starts = np.linspace(0, len(self.val_text) - self.context - 1, 64).astype(np.int64)

@@ -1,0 +1,282 @@
+"""The scaling benchmark: bytes and convergence of compcoll's hooks and optimizers from 2 to 1024 ranks, in one process.
+
+Usage (from the repository root; needs scikit-learn and matplotlib: pip install -e '.[bench]'):
+    .venv/bin/python bench/scaling/scale.py bytes --ranks 2 4 16 64 256 1024 --out bench/results/scaling_bytes
+    .venv/bin/python bench/scaling/scale.py hooks --ranks 2 16 64 --out bench/results/scaling_hooks
+    .venv/bin/python bench/scaling/scale.py optimizers --ranks 2 16 64 --out bench/results/scaling_optimizers
+    .venv/bin/python bench/scaling/scale.py plot --out bench/results/scaling
+
+Every rank is a thread of this process (compcoll's numerics are deterministic, so the bits
+are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json and OUT.txt.
+1. ``bytes``: one call of each form on ``local_world(n)`` (``--numel`` float32, 262,151
+   by default, a length that is a multiple of nothing; the allgather form on at most
+   2^32 / n^2, since every rank receives n copies; lengths are padded to 8n): the flat ``compressed_allreduce`` with each protocol,
+   and the hierarchical form with 8 ranks per node. Bytes per element per rank are the
+   communicators' own counts (``bytes_sent``, the most any rank sent, agreement included),
+   inter-node bytes those sent to ranks of other nodes (``bytes_sent_to``); beside them a
+   float32 ring allreduce's 8 (n-1)/n.
+2. ``hooks``: the digits MLP of bench/convergence under real DDP on n threads of torch's
+   multi-threaded process group (``tests/ddp/threaded_group.py``), momentum SGD, the global
+   batch fixed (``--batch``) and split over the ranks (``ddp_job.py``). Rows: DDP's
+   allreduce (the baseline at the same n), PyTorch's fp16 and PowerSGD r=2 and r=4 hooks,
+   compcoll's ``onebit_hook`` with each protocol, and the hierarchical form with 8 ranks
+   per node from 16 ranks on. Bytes: compcoll's counters and, for PyTorch's hooks, the
+   ring formula on what they send.
+3. ``optimizers``: the causal LM of bench/convergence (``job.py``), global batch 64 split
+   over the ranks, each optimizer against its uncompressed baseline (Adam, LAMB, Birder
+   with the exact average). The baselines average every gradient exactly, so they are one
+   run whatever n (the same global batch); they run once, at the first n.
+4. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
+   _optimizers), OUT_bytes.png (bytes per element per rank against n, log-log) and
+   OUT_gap.png (each run's gap to its baseline against n); the training parts' tables are
+   written again from their JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "convergence"))
+
+import compcoll  # noqa: E402
+from compcoll.algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels  # noqa: E402
+from compcoll.comm import local_world  # noqa: E402
+from compcoll.launcher import run_threads  # noqa: E402
+
+RANKS_PER_NODE = 8
+OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "Birder exact", "Birder", "LAMB", "1-bit LAMB")
+"""Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
+
+
+def hook_rows(n: int) -> list[dict]:
+    """The DDP rows at n ranks: the baseline, PyTorch's hooks, compcoll's hook in each form."""
+    rows = [
+        dict(name="DDP allreduce", hook="allreduce", options={}, baseline=None),
+        dict(name="fp16 hook", hook="fp16", options={}, baseline="DDP allreduce"),
+        dict(name="PowerSGD r=2", hook="powersgd", options=dict(matrix_approximation_rank=2, start_powerSGD_iter=2),
+             baseline="DDP allreduce"),
+        dict(name="PowerSGD r=4", hook="powersgd", options=dict(matrix_approximation_rank=4, start_powerSGD_iter=2),
+             baseline="DDP allreduce"),
+        dict(name="1-bit AG", hook="onebit", options=dict(protocol="allgather"), baseline="DDP allreduce"),
+        dict(name="1-bit GS", hook="onebit", options=dict(protocol="gather_scatter"), baseline="DDP allreduce"),
+    ]
+    if n > RANKS_PER_NODE:
+        rows.append(dict(name="1-bit hier 8/node", hook="onebit", options=dict(ranks_per_node=RANKS_PER_NODE),
+                         baseline="DDP allreduce"))
+    return rows
+
+
+def count_bytes(n: int, numel: int) -> list[dict]:
+    """Bytes per element of one call of each form on ``local_world(n)``: the most any rank sent, and inter-node.
+
+    The allgather form receives n compressed copies on every rank (n^2 numel / 8 bytes in
+    all), so it runs on at most 2^32 / n^2 elements.
+    """
+    forms = [("flat allgather", dict(protocol="allgather")), ("flat gather-scatter", dict(protocol="gather_scatter"))]
+    if n > RANKS_PER_NODE:
+        forms.append(("hierarchical 8/node", None))
+    rows = []
+    for name, options in forms:
+        length = min(numel, 2**32 // n**2) if name == "flat allgather" else numel
+        sent = [[0, 0] for _ in range(n)]
+
+        def rank(comm: compcoll.Communicator) -> None:
+            x = torch.randn(length, generator=torch.Generator().manual_seed(comm.rank))
+            node = comm.rank // RANKS_PER_NODE
+            if options is None:
+                we, se = (torch.zeros(k) for k in hierarchical_error_numels(length, n, RANKS_PER_NODE))
+                hierarchical_compressed_allreduce(x, we, se, comm, ranks_per_node=RANKS_PER_NODE)
+            else:
+                compcoll.CompressedAllreduce(comm, **options)(x)
+            inter = sum(b for peer, b in enumerate(comm.bytes_sent_to) if peer // RANKS_PER_NODE != node)
+            sent[comm.rank] = [comm.bytes_sent, inter]
+
+        threads = [threading.Thread(target=rank, args=(comm,)) for comm in local_world(n, timeout=1800)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        most, inter = max(s[0] for s in sent), max(s[1] for s in sent)
+        rows.append({"n": n, "form": name, "numel": length, "bytes_per_element": most / length,
+                     "inter_bytes_per_element": inter / length if options is None else None,
+                     "ring_float32": 8 * (n - 1) / n})
+    return rows
+
+
+def bytes_part(args) -> dict:
+    rows = []
+    for n in args.ranks:
+        start = time.perf_counter()
+        rows += count_bytes(n, args.numel)
+        print(f"# bytes at {n} ranks: {time.perf_counter() - start:.1f} s", flush=True)
+    lines = [f"# one call of numel float32 on local_world(n); bytes per element per rank (the most any rank sent, "
+             f"counted by the communicators, agreement included); ring = a float32 ring allreduce's 8(n-1)/n",
+             f"{'n':>6} {'form':<22}{'numel':>9}{'bytes/elem':>11}{'ring/this':>10}{'inter/elem':>11}{'ring/inter':>11}"]
+    for r in rows:
+        inter = r["inter_bytes_per_element"]
+        extra = f"{inter:>11.4f}{r['ring_float32'] / inter:>10.1f}x" if inter else ""
+        lines.append(f"{r['n']:>6} {r['form']:<22}{r['numel']:>9}{r['bytes_per_element']:>11.4f}"
+                     f"{r['ring_float32'] / r['bytes_per_element']:>9.1f}x{extra}")
+    return {"rows": rows, "table": "\n".join(lines)}
+
+
+def hooks_part(args) -> dict:
+    import ddp_job
+    from tests.ddp.threaded_group import run_threaded_group
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.ranks:
+            for i, spec in enumerate(hook_rows(n)):
+                if args.only and spec["name"] not in args.only:
+                    continue
+                out = Path(tmp) / f"{n}-{i}.json"
+                config = dict(spec, hidden=args.hidden, batch=args.batch, steps=args.steps, lr=args.lr,
+                              eval_every=args.eval_every, seed=0, out=str(out))
+                run_threaded_group(ddp_job.train, n, json.dumps(config), timeout=3600)
+                result = json.loads(out.read_text())
+                results.append(dict(result, n=n, baseline=spec["baseline"]))
+                print(f"# {n} ranks, {spec['name']}: {result['seconds']:.1f} s", flush=True)
+    return {"runs": results, "table": report(results, "test_accuracy")}
+
+
+def optimizers_part(args) -> dict:
+    from run import runs
+
+    specs = {s["name"]: s for s in runs(args.steps, 1e-8, 1e-3, 5e-3, False)}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.ranks:
+            for i, name in enumerate(OPTIMIZER_ROWS):
+                spec = specs[name]
+                if (args.only and name not in args.only) or (spec["baseline"] is None and n != args.ranks[0]):
+                    continue
+                out = Path(tmp) / f"{n}-{i}.json"
+                config = dict(spec, task="lm", hidden=64, layers=2, context=64, batch=args.batch, steps=args.steps,
+                              eval_every=args.eval_every, seed=0, out=str(out))
+                start = time.perf_counter()
+                run_threads("job:train", n, args=(json.dumps(config),), timeout=7200)
+                result = json.loads(out.read_text())
+                results.append(dict(result, n=n, baseline=spec["baseline"]))
+                print(f"# {n} ranks, {name}: {time.perf_counter() - start:.1f} s", flush=True)
+    return {"runs": results, "table": report(results, "val_loss")}
+
+
+def report(results: list[dict], metric: str) -> str:
+    """One line per run: n, final metric, its gap to the baseline (at the same n, or the one baseline run), bytes.
+
+    Digits: test accuracy, gap in points. LM: validation loss, gap in percent. Bytes per
+    element per rank per step: over the run, the most any rank sent / (parameters x steps),
+    warm-up included; late, rank 0's over the last evaluation interval (compressed steps).
+    """
+    lines = [f"{'n':>5} {'run':<20}{metric:>14}{'vs base':>9}{'B/elem/step':>12}{'vs ring':>8}{'late B/el':>10}"
+             f"{'vs ring':>8}"]
+    for r in results:
+        value = r["curve"][-1][metric]
+        against = "" if not r["baseline"] else (f"{gap(r, results, metric):+.2f}pt" if metric == "test_accuracy"
+                                               else f"{gap(r, results, metric):+.1f}%")
+        last, before = r["curve"][-1], r["curve"][-2]
+        per_element = max(r["bytes_per_rank"]) / (r["params"] * last["step"])
+        late = (last["bytes"] - before["bytes"]) / (r["params"] * (last["step"] - before["step"]))
+        ring = 8 * (r["n"] - 1) / r["n"]
+        shown = f"{100 * value:.2f}%" if metric == "test_accuracy" else f"{value:.4f}"
+        lines.append(f"{r['n']:>5} {r['name']:<20}{shown:>14}{against:>9}{per_element:>12.4f}{ring / per_element:>7.1f}x"
+                     f"{late:>10.4f}{ring / late:>7.1f}x")
+    return "\n".join(lines)
+
+
+def gap(run: dict, runs: list[dict], metric: str) -> float:
+    """A run's final metric against its baseline's (at the same n, else the one baseline run): points or percent."""
+    same = [b for b in runs if b["name"] == run["baseline"]]
+    base = next((b for b in same if b["n"] == run["n"]), same[0])
+    value, reference = run["curve"][-1][metric], base["curve"][-1][metric]
+    return 100 * (value - reference) if metric == "test_accuracy" else 100 * (value / reference - 1)
+
+
+def label_ranks(ax, ranks: list[int]) -> None:
+    """A log x axis labelled at the world sizes that ran, and nowhere else."""
+    ax.set_xscale("log")
+    ax.set_xticks(ranks, [str(n) for n in ranks])
+    ax.minorticks_off()
+
+
+def plot_part(args) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prefix = str(args.out)
+    counted = json.loads(Path(prefix + "_bytes.json").read_text())["rows"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for form in dict.fromkeys(r["form"] for r in counted):
+        rows = [r for r in counted if r["form"] == form]
+        ax.plot([r["n"] for r in rows], [r["bytes_per_element"] for r in rows], "o-", label=form)
+        if rows[0]["inter_bytes_per_element"] is not None:
+            ax.plot([r["n"] for r in rows], [r["inter_bytes_per_element"] for r in rows], "o--", label=f"{form}, inter-node")
+    ring = sorted({r["n"] for r in counted})
+    ax.plot(ring, [8 * (n - 1) / n for n in ring], "k-", label="float32 ring allreduce")
+    ax.plot(ring, [8 * (n - 1) / n / 25 for n in ring], "k:", label="1/25 of the ring (the aim)")
+    ax.set(yscale="log", xlabel="ranks n", ylabel="bytes per element per rank",
+           title="one call, counted by the communicators")
+    label_ranks(ax, ring)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(prefix + "_bytes.png", dpi=110)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, part, metric, unit in ((axes[0], "hooks", "test_accuracy", "test accuracy vs DDP allreduce (points)"),
+                                   (axes[1], "optimizers", "val_loss", "validation loss vs baseline (%)")):
+        runs = json.loads(Path(f"{prefix}_{part}.json").read_text())["runs"]
+        Path(f"{prefix}_{part}.txt").write_text(report(runs, metric) + "\n")
+        for name in dict.fromkeys(r["name"] for r in runs if r["baseline"]):
+            rows = [r for r in runs if r["name"] == name]
+            ax.plot([r["n"] for r in rows], [gap(r, runs, metric) for r in rows], "o-", label=name)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set(xlabel="ranks n (global batch fixed)", ylabel=unit,
+               title="DDP hooks, digits MLP, momentum SGD" if part == "hooks" else "optimizers, causal LM")
+        label_ranks(ax, sorted({r["n"] for r in runs}))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(prefix + "_gap.png", dpi=110)
+    return {"table": f"wrote {prefix}_bytes.png and {prefix}_gap.png"}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("part", choices=("bytes", "hooks", "optimizers", "plot"))
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 64])
+    p.add_argument("--numel", type=int, default=262151, help="bytes: elements per call")
+    p.add_argument("--steps", type=int, help="training steps (hooks 300, optimizers 400)")
+    p.add_argument("--batch", type=int, help="global batch, split over the ranks (hooks 256, optimizers 64)")
+    p.add_argument("--hidden", type=int, default=256, help="hooks: the digits MLP's hidden units")
+    p.add_argument("--lr", type=float, default=0.05, help="hooks: momentum SGD's learning rate")
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--only", nargs="*", help="only these rows (by name)")
+    p.add_argument("--out", type=Path, required=True, help="write OUT.json and OUT.txt")
+    args = p.parse_args()
+    args.steps = args.steps or (300 if args.part == "hooks" else 400)
+    args.batch = args.batch or (256 if args.part == "hooks" else 64)
+    torch.set_num_threads(1)
+    result = {"bytes": bytes_part, "hooks": hooks_part, "optimizers": optimizers_part, "plot": plot_part}[args.part](args)
+    print(result["table"])
+    if args.part == "plot":
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".txt").write_text(result["table"] + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)},
+                                                         "command": " ".join(sys.argv), **result}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,7 @@ import warnings
 import torch
 
 import compcoll
+from compcoll.launcher import seeded
 from compcoll.optim import GradScaler
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
 from tests.optim.optim_workers import CONFIGS, STEPS, Net, batch, build
@@ -83,8 +84,8 @@ def half_parameters(comm: compcoll.Communicator, name: str, dtype_name: str, at:
     cls, kwargs = CONFIGS[name]
 
     def fresh() -> tuple[torch.nn.Module, object]:
-        torch.manual_seed(100 + comm.rank)
-        model = Net().to(dtype)
+        with seeded(100 + comm.rank):
+            model = Net().to(dtype)
         return model, cls(model.parameters(), comm=comm, **kwargs)
 
     def train(model, opt, steps: range) -> None:
@@ -108,8 +109,8 @@ def half_parameters(comm: compcoll.Communicator, name: str, dtype_name: str, at:
     assert not torch.equal(master, master.to(dtype).float()), "the master weights hold no more than the model"
 
     loaded = torch.load(io.BytesIO(saved.getvalue()), weights_only=True)
-    torch.manual_seed(999)
-    model2 = Net().to(dtype)
+    with seeded(999):
+        model2 = Net().to(dtype)
     model2.load_state_dict(loaded["model"])
     opt2 = cls(model2.parameters(), comm=comm, **kwargs)
     opt2.load_state_dict(loaded["optimizer"])

@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 import compcoll
+from compcoll.launcher import seeded
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
 from tests.optim.optim_workers import CONFIGS, Net, _tensors
 
@@ -17,8 +18,9 @@ NAMES = ["OneBitAdam", "OneBitLamb", "OneBitLamb layers", "ZeroOneAdam", "Birder
 
 def _loaded(model: torch.nn.Module) -> None:
     """Load other weights in place, as ``model.load_state_dict`` after a checkpoint (the same on every rank)."""
-    torch.manual_seed(777)
-    model.load_state_dict({k: v * 0.5 for k, v in Net().state_dict().items()})
+    with seeded(777):
+        other = Net()
+    model.load_state_dict({k: v * 0.5 for k, v in other.state_dict().items()})
 
 
 def _assigned(model: torch.nn.Module) -> None:
@@ -53,8 +55,8 @@ def _run(comm: compcoll.Communicator, name: str, change: str, start: str, device
          dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object]:
     """A model on ``start``, its optimizer, STEPS steps; ``change`` the model at step ``at`` (-1: before building;
     None: never)."""
-    torch.manual_seed(100 + comm.rank)
-    model = Net().to(dtype).to(start)
+    with seeded(100 + comm.rank):
+        model = Net().to(dtype).to(start)
     cls, kwargs = CONFIGS[name]
     if at == -1:
         CHANGES[change](model, device)
@@ -123,8 +125,8 @@ def moved_mid_run(comm: compcoll.Communicator, start: str, device: str) -> None:
 def unfollowable_changes_raise_everywhere(comm: compcoll.Communicator, change: str) -> None:
     """A parameter that changes shape, or groups that no longer hold the built parameters, on the last rank:
     that rank raises ValueError naming it, the others RemoteError, at that step, and nothing changed."""
-    torch.manual_seed(100 + comm.rank)
-    model = Net()
+    with seeded(100 + comm.rank):
+        model = Net()
     opt = CONFIGS["OneBitAdam"][0](model.parameters(), comm=comm, **CONFIGS["OneBitAdam"][1])
     _step(comm, model, opt, 0)
     if comm.rank == comm.size - 1:

@@ -24,4 +24,8 @@ def test_grad_scaler_over_gloo_and_alone() -> None:
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_sixteen_bit_parameters_keep_float32_masters(name: str, dtype: str) -> None:
-    run(f"{WORKERS}:half_parameters", 2, "mpi", args=(name, dtype, RESUME_AT[name][1]))
+    run(f"{WORKERS}:half_parameters", 2, "threads", args=(name, dtype, RESUME_AT[name][1]))
+
+
+def test_sixteen_bit_parameters_on_mpi() -> None:
+    run(f"{WORKERS}:half_parameters", 3, "mpi", args=("OneBitLamb", "bfloat16", RESUME_AT["OneBitLamb"][1]))

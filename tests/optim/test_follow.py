@@ -11,12 +11,13 @@ from .follow_workers import CHANGES
 WORKERS = "tests.optim.follow_workers"
 
 
-@pytest.mark.parametrize("world_size, backend", [(1, "mpi"), (2, "mpi"), (2, "gloo")])
+@pytest.mark.parametrize("world_size, backend", [(1, "threads"), (2, "threads"), (3, "threads"), (2, "mpi"),
+                                                 (2, "gloo")])
 def test_built_then_changed_equals_changed_then_built(world_size: int, backend: str) -> None:
     run(f"{WORKERS}:built_then_changed", world_size, backend, args=("cpu", "cpu:0", list(CHANGES)))
 
 
-@pytest.mark.parametrize("change, world_size, backend", [("shape", 2, "mpi"), ("groups", 2, "mpi"),
-                                                          ("shape", 3, "gloo")])
+@pytest.mark.parametrize("change, world_size, backend", [("shape", 2, "threads"), ("groups", 2, "threads"),
+                                                          ("groups", 3, "mpi"), ("shape", 3, "gloo")])
 def test_changes_that_cannot_be_followed_raise_on_every_rank(change: str, world_size: int, backend: str) -> None:
     run(f"{WORKERS}:unfollowable_changes_raise_everywhere", world_size, backend, args=(change,))

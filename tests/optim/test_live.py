@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from compcoll.launcher import run
+from tests.worlds import worlds
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_union_of_masks(world_size: int) -> None:
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4, 7), mpi=3, gloo=None))
+def test_union_of_masks(backend: str, world_size: int) -> None:
     for numel, density in ((1, 0.5), (37, 0.3), (10007, 0.001), (10007, 0.2)):
-        run("tests.optim.live_workers:union", world_size, "mpi", args=(numel, density))
+        run("tests.optim.live_workers:union", world_size, backend, args=(numel, density))

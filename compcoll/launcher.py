@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .comm import TORCH_BACKEND_ENV
 
@@ -158,9 +158,10 @@ def run(
     return text
 
 
-def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: float = 180.0,
+def run_threads(target: str | Callable[..., None], world_size: int, *, args: tuple = (), timeout: float = 180.0,
                 env: dict[str, str] | None = None) -> str:
-    """Run ``target`` on ``world_size`` threads of this process, each with its rank of one ``local_world``.
+    """Run ``target`` ("package.module:function", or the function itself) on ``world_size`` threads of this process,
+    each with its rank of one ``local_world``.
 
     1. Set ``env`` in this process's environment for the run (the ranks share it), and
        restore it after.
@@ -176,8 +177,11 @@ def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: floa
     """
     from .comm.local import local_world
 
-    module_name, func_name = target.split(":")
-    function = getattr(importlib.import_module(module_name), func_name)
+    if callable(target):
+        function = target
+    else:
+        module_name, func_name = target.split(":")
+        function = getattr(importlib.import_module(module_name), func_name)
     arguments = json.loads(json.dumps(list(args)))
     failures: dict[int, str] = {}
 
@@ -207,7 +211,8 @@ def run_threads(target: str, world_size: int, *, args: tuple = (), timeout: floa
     if failures or running:
         notes = [f"rank(s) {running} still running after {timeout:g} s"] if running else []
         text = "\n".join(f"[rank {r}] FAILED:\n{failures[r]}" for r in sorted(failures))
-        raise WorkerFailure(f"{target} on {world_size} threads: {'; '.join(notes + [f'{len(failures)} failed'])}"
+        what = target if isinstance(target, str) else target.__qualname__
+        raise WorkerFailure(f"{what} on {world_size} threads: {'; '.join(notes + [f'{len(failures)} failed'])}"
                             f"\n{text[-20000:]}")
     return ""
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from compcoll.launcher import BACKENDS, WorkerFailure, run, seeded
+from compcoll.launcher import BACKENDS, WorkerFailure, run, run_threads, seeded
 
 
 def fails_on_last_rank(comm) -> None:
@@ -71,3 +71,11 @@ def test_seeded_gives_every_thread_the_draws_of_its_own_process() -> None:
         thread.join()
     assert len(drawn) == 16 and all(torch.equal(d, expected) for d in drawn)
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_threads_take_a_function_and_name_it_when_a_rank_fails() -> None:
+    seen: list[int] = []
+    run_threads(lambda comm: seen.append(comm.rank), 3)
+    assert sorted(seen) == [0, 1, 2]
+    with pytest.raises(WorkerFailure, match=r"fails_on_last_rank on 2 threads: 1 failed(.|\n)*deliberate failure"):
+        run_threads(fails_on_last_rank, 2)

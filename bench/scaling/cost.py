@@ -20,7 +20,6 @@ import json
 import resource
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import compcoll  # noqa: E402
 import compcoll.ddp  # noqa: E402
-from compcoll.comm import local_world  # noqa: E402
+from compcoll.launcher import run_threads  # noqa: E402
 from tests.ddp.threaded_group import run_threaded_group  # noqa: E402
 
 
@@ -51,11 +50,7 @@ def allreduce_seconds(n: int, numel: int, steps: int) -> list[float]:
             compcoll.compressed_allreduce(x, we, se, comm)
             times[comm.rank][step] = time.perf_counter() - start
 
-    threads = [threading.Thread(target=rank, args=(comm,)) for comm in local_world(n, timeout=1800)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_threads(rank, n, timeout=1800)
     return [max(times[r][step] for r in range(n)) for step in range(steps)]
 
 

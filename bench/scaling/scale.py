@@ -38,7 +38,6 @@ import argparse
 import json
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -50,7 +49,6 @@ sys.path.insert(0, str(ROOT / "bench" / "convergence"))
 
 import compcoll  # noqa: E402
 from compcoll.algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels  # noqa: E402
-from compcoll.comm import local_world  # noqa: E402
 from compcoll.launcher import run_threads  # noqa: E402
 
 RANKS_PER_NODE = 8
@@ -101,11 +99,7 @@ def count_bytes(n: int, numel: int) -> list[dict]:
             inter = sum(b for peer, b in enumerate(comm.bytes_sent_to) if peer // RANKS_PER_NODE != node)
             sent[comm.rank] = [comm.bytes_sent, inter]
 
-        threads = [threading.Thread(target=rank, args=(comm,)) for comm in local_world(n, timeout=1800)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_threads(rank, n, timeout=1800)
         most, inter = max(s[0] for s in sent), max(s[1] for s in sent)
         rows.append({"n": n, "form": name, "numel": length, "bytes_per_element": most / length,
                      "inter_bytes_per_element": inter / length if options is None else None,
@@ -130,46 +124,51 @@ def bytes_part(args) -> dict:
     return {"rows": rows, "table": "\n".join(lines)}
 
 
+def train_rows(args, rows_at, launch, metric: str) -> dict:
+    """Train every row of ``rows_at(n)`` at every n (``--only``: those named); ``launch(n, config)`` runs one.
+
+    Rank 0 of each run writes its result to ``config["out"]``; it is kept with its n and
+    baseline, and the table is ``report``'s.
+    """
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.ranks:
+            for i, spec in enumerate(rows_at(n)):
+                if args.only and spec["name"] not in args.only:
+                    continue
+                out = Path(tmp) / f"{n}-{i}.json"
+                start = time.perf_counter()
+                launch(n, dict(spec, batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=0,
+                               out=str(out)))
+                results.append(dict(json.loads(out.read_text()), n=n, baseline=spec["baseline"]))
+                print(f"# {n} ranks, {spec['name']}: {time.perf_counter() - start:.1f} s", flush=True)
+    return {"runs": results, "table": report(results, metric)}
+
+
 def hooks_part(args) -> dict:
     import ddp_job
     from tests.ddp.threaded_group import run_threaded_group
 
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.ranks:
-            for i, spec in enumerate(hook_rows(n)):
-                if args.only and spec["name"] not in args.only:
-                    continue
-                out = Path(tmp) / f"{n}-{i}.json"
-                config = dict(spec, hidden=args.hidden, batch=args.batch, steps=args.steps, lr=args.lr,
-                              eval_every=args.eval_every, seed=0, out=str(out))
-                run_threaded_group(ddp_job.train, n, json.dumps(config), timeout=3600)
-                result = json.loads(out.read_text())
-                results.append(dict(result, n=n, baseline=spec["baseline"]))
-                print(f"# {n} ranks, {spec['name']}: {result['seconds']:.1f} s", flush=True)
-    return {"runs": results, "table": report(results, "test_accuracy")}
+    def launch(n: int, config: dict) -> None:
+        config = dict(config, hidden=args.hidden, lr=args.lr)
+        run_threaded_group(ddp_job.train, n, json.dumps(config), timeout=3600)
+
+    return train_rows(args, hook_rows, launch, "test_accuracy")
 
 
 def optimizers_part(args) -> dict:
     from run import runs
 
     specs = {s["name"]: s for s in runs(args.steps, 1e-8, 1e-3, 5e-3, False)}
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.ranks:
-            for i, name in enumerate(OPTIMIZER_ROWS):
-                spec = specs[name]
-                if (args.only and name not in args.only) or (spec["baseline"] is None and n != args.ranks[0]):
-                    continue
-                out = Path(tmp) / f"{n}-{i}.json"
-                config = dict(spec, task="lm", hidden=64, layers=2, context=64, batch=args.batch, steps=args.steps,
-                              eval_every=args.eval_every, seed=0, out=str(out))
-                start = time.perf_counter()
-                run_threads("job:train", n, args=(json.dumps(config),), timeout=7200)
-                result = json.loads(out.read_text())
-                results.append(dict(result, n=n, baseline=spec["baseline"]))
-                print(f"# {n} ranks, {name}: {time.perf_counter() - start:.1f} s", flush=True)
-    return {"runs": results, "table": report(results, "val_loss")}
+
+    def rows_at(n: int) -> list[dict]:
+        return [specs[name] for name in OPTIMIZER_ROWS if specs[name]["baseline"] or n == args.ranks[0]]
+
+    def launch(n: int, config: dict) -> None:
+        config = dict(config, task="lm", hidden=64, layers=2, context=64)
+        run_threads("job:train", n, args=(json.dumps(config),), timeout=7200)
+
+    return train_rows(args, rows_at, launch, "val_loss")
 
 
 def report(results: list[dict], metric: str) -> str:

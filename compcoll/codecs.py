@@ -9,6 +9,7 @@ scale as 4 native-endian float32 bytes.
 
 from __future__ import annotations
 
+import math
 import threading
 from functools import lru_cache
 from typing import Union
@@ -337,3 +338,65 @@ def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _heads(table: np.ndarray) -> np.ndarray:
     """The float32 scales at the heads of host wire rows (a copy)."""
     return np.ascontiguousarray(table[:, :SCALE_BYTES]).view(np.float32).reshape(-1)
+
+
+def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2") -> torch.Tensor:
+    """Float64 sums of |x|^p over each block of ``block_size`` elements of x = ``error + pad(tensor)`` (p: ``scale``'s
+    power), on ``error``'s device; ``tensor=None`` sums ``error`` alone. Reads both, writes nothing else."""
+    src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
+    sums = torch.empty(error.numel() // block_size, dtype=torch.float64, device=error.device)
+    _run("block_power_sums", error, src, lut, _array(error), 0 if tensor is None else tensor.numel(), block_size,
+         spec.SCALES[scale], _array(sums))
+    return sums
+
+
+def block_scales(sums: torch.Tensor, block_size: int, scale: str) -> torch.Tensor:
+    """The float32 scale of each block from its float64 sum (``spec.block_scales_from``), on ``sums``' device.
+
+    On CUDA torch takes the float64 root and divides by a 0-dim tensor (IEEE division, not a
+    reciprocal's product), then rounds to float32: the host's bits, with no host round trip.
+    """
+    if sums.is_cpu:
+        return torch.from_numpy(spec.block_scales_from(sums.numpy(), block_size, scale))
+    divisor = torch.full((), math.sqrt(block_size) if scale == "l2" else float(block_size), dtype=torch.float64,
+                         device=sums.device)
+    return ((sums.sqrt() if scale == "l2" else sums) / divisor).float()
+
+
+def encode_blocks(tensor: torch.Tensor | None, error: torch.Tensor, scales: torch.Tensor, block_size: int,
+                  bits: torch.Tensor) -> None:
+    """``compensate_encode`` with scale ``scales[i // block_size]`` for element i; ``bits`` is (rows, row_bytes),
+    possibly the sign bytes of framed wire rows (``frame_blocks``)."""
+    src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
+    _run("encode_blocks", error, src, lut, _array(error), 0 if tensor is None else tensor.numel(), _array(scales),
+         block_size, _array(bits))
+
+
+def accumulate_blocks(bits: torch.Tensor, weights: torch.Tensor, block_size: int, base: torch.Tensor | None,
+                      out: torch.Tensor, count: int) -> None:
+    """out[:count] <- sum_r weights[r, i // block_size] * signs(bits[r]) (+ base), rank by rank in float32."""
+    out_view = _array(out)
+    _run("accumulate_blocks", out, _array(bits), _array(weights), block_size, _base(base, out, out_view), out_view,
+         count)
+
+
+def decode_blocks(bits: torch.Tensor, scales: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
+    """out (float32, contiguous) <- +-scales[r, k // block_size] for element k of row r of ``bits``, cut to
+    out.numel()."""
+    _run("decode_blocks", out, _array(bits), _array(scales), block_size, _array(out.view(-1)), out.numel())
+
+
+def frame_blocks(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Write the (n, m) float32 ``scales`` at the heads of (n, SCALE_BYTES * m + nbytes) wire rows; return their
+    sign bytes (an (n, nbytes) view)."""
+    heads = SCALE_BYTES * scales.shape[1]
+    rows[:, :heads].copy_(scales.contiguous().view(torch.uint8).view(rows.shape[0], heads))
+    return rows[:, heads:]
+
+
+def unframe_blocks(rows: torch.Tensor, per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split (n, SCALE_BYTES * per_row + nbytes) wire rows into (n, per_row) float32 scales (a copy) and the sign
+    bytes (a view)."""
+    heads = SCALE_BYTES * per_row
+    scales = rows[:, :heads].flatten().clone().view(torch.float32).view(rows.shape[0], per_row)
+    return scales, rows[:, heads:]

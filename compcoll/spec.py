@@ -48,15 +48,36 @@ def scale_from(total: float, d: int, scale: str) -> np.float32:
     return np.float32(total / d)
 
 
-def padded_numel(numel: int, world_size: int) -> int:
+def padded_numel(numel: int, world_size: int, block_size: int | None = None) -> int:
     """Smallest length the 1-bit path accepts: ``numel`` rounded up to a multiple of 8 * world_size.
 
+    With ``block_size`` (one scale per block of that many elements), a multiple of
+    block_size * world_size instead, so that every rank's chunk is whole blocks.
     The worker error buffer has this length, the server error buffer 1/world_size of it.
     """
     if numel < 0 or world_size < 1:
         raise ValueError(f"padded_numel needs numel >= 0 and world_size >= 1, got {numel}, {world_size}")
-    unit = 8 * world_size
+    unit = (8 if block_size is None else block_size) * world_size
     return -(-numel // unit) * unit
+
+
+def check_block_size(what: str, block_size: int | None) -> None:
+    """``block_size`` is None (one scale per chunk) or a power of two from 8 to ``BLOCK`` (one scale per block)."""
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                   or block_size < 8 or block_size > BLOCK or block_size & (block_size - 1)):
+        raise ValueError(f"{what}: block_size must be None (one scale per chunk) or a power of two from 8 to "
+                         f"{BLOCK}, got {block_size!r}")
+
+
+def block_scales_from(totals: np.ndarray, block_size: int, scale: str) -> np.ndarray:
+    """The float32 scales of blocks of ``block_size`` elements from their float64 sums of |x|^p.
+
+    1. "l2": sqrt(total) / sqrt(block_size); "l1": total / block_size; in float64 (IEEE, correctly rounded).
+    2. Round to float32.
+    """
+    totals = np.asarray(totals, dtype=np.float64)
+    values = np.sqrt(totals) / np.float64(math.sqrt(block_size)) if scale == "l2" else totals / np.float64(block_size)
+    return values.astype(np.float32)
 
 
 def mix64(z: np.ndarray) -> np.ndarray:

@@ -67,6 +67,8 @@ def hook_rows(n: int) -> list[dict]:
              baseline="DDP allreduce"),
         dict(name="1-bit AG", hook="onebit", options=dict(protocol="allgather"), baseline="DDP allreduce"),
         dict(name="1-bit GS", hook="onebit", options=dict(protocol="gather_scatter"), baseline="DDP allreduce"),
+        *(dict(name=f"1-bit GS B={b}", hook="onebit", options=dict(protocol="gather_scatter", block_size=b),
+               baseline="DDP allreduce") for b in (64, 128, 256)),
     ]
     if n > RANKS_PER_NODE:
         rows.append(dict(name="1-bit hier 8/node", hook="onebit", options=dict(ranks_per_node=RANKS_PER_NODE),

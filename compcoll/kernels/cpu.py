@@ -335,3 +335,106 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits):
         for e in range(count - valid):
             tail_flags[e] = 0.0 > _threshold(key, start + first + valid + e) * scale
         _pack(flags, bits[r, lo:hi])
+
+
+@_threaded
+def block_power_sums(src, lut, err, n_src, block, power, sums):
+    """sums[b] = sum of |x_i|^power over block b (elements [b * block, (b + 1) * block)), x = err + src.
+
+    src is zero beyond n_src; err.size = sums.size * block. Each block is summed sequentially
+    in float64 (every |x| and square exact), as ``reference.block_sums``; blocks in parallel,
+    BLOCK elements' worth of them per task.
+    """
+    per_task = max(1, BLOCK // block)
+    for t in prange((sums.size + per_task - 1) // per_task):
+        for b in range(t * per_task, min(sums.size, (t + 1) * per_task)):
+            acc = 0.0
+            first = b * block
+            for e in range(block):
+                i = first + e
+                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                acc += _power(np.float64(x), power)
+            sums[b] = acc
+
+
+@_threaded
+def encode_blocks(src, lut, err, n_src, scales, block, bits):
+    """``compensate_encode`` with one scale per block: err[i] = x - (+-scales[i // block]).
+
+    ``bits`` is (rows, row_bytes), possibly a strided view (rows behind their scales): row r
+    holds elements [r * 8 * row_bytes, (r + 1) * 8 * row_bytes), a whole number of blocks.
+    Each task takes up to BLOCK elements of one row, writes their bits as bytes 0/1, then packs them.
+    """
+    rows, row_bytes = bits.shape
+    per_task = BLOCK // 8
+    tasks_per_row = (row_bytes + per_task - 1) // per_task
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * per_task
+        hi = min(row_bytes, lo + per_task)
+        first = (r * row_bytes + lo) * 8
+        count = (hi - lo) * 8
+        flags = np.empty(count, np.uint8)
+        for k in range(count // block):
+            s = scales[first // block + k]
+            for e in range(k * block, (k + 1) * block):
+                i = first + e
+                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                flags[e] = x >= 0
+                err[i] = x - s if x >= 0 else x + s
+        _pack(flags, bits[r, lo:hi])
+
+
+@_threaded
+def accumulate_blocks(bits, weights, block, base, out, n_out):
+    """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32.
+
+    ``bits`` is (n, row_bytes), row r the packed signs of the same n_out elements from rank
+    r (possibly a strided view); ``weights`` is (n, blocks); ``base`` as in
+    ``accumulate_lanes`` (it may be ``out``). Every product is exact, so each step is
+    acc +- w, as ``reference.average_block_signs``.
+    """
+    nranks = bits.shape[0]
+    ntasks = (n_out + BLOCK - 1) // BLOCK
+    for t in prange(ntasks):
+        lo = t * BLOCK
+        count = min(BLOCK, n_out - lo)
+        flags = np.empty(BLOCK, np.uint8)
+        acc = np.zeros(count, np.float32)
+        for r in range(nranks):
+            _unpack(bits[r, lo // 8:(lo + count + 7) // 8], flags)
+            for k in range((count + block - 1) // block):
+                w = weights[r, lo // block + k]
+                for e in range(k * block, min(count, (k + 1) * block)):
+                    acc[e] += w if flags[e] else -w
+        if base is not None:
+            block_base = base[lo:lo + count]
+            for e in range(count):
+                acc[e] = acc[e] + block_base[e]
+        block_out = out[lo:lo + count]
+        for e in range(count):
+            block_out[e] = acc[e]
+
+
+@_threaded
+def decode_blocks(bits, scales, block, out, n_out):
+    """out[i] = +-scales[r, k // block] for element k of row r of ``bits`` (set bit: +), cut to n_out (float32).
+
+    ``bits`` is (rows, row_bytes) (possibly strided), ``scales`` (rows, 8 * row_bytes / block).
+    """
+    rows, row_bytes = bits.shape
+    per_task = BLOCK // 8
+    tasks_per_row = (row_bytes + per_task - 1) // per_task
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * per_task
+        hi = min(row_bytes, lo + per_task)
+        start = (r * row_bytes + lo) * 8
+        count = max(0, min((hi - lo) * 8, n_out - start))
+        if count:
+            flags = np.empty(BLOCK, np.uint8)
+            _unpack(bits[r, lo:hi], flags)
+            dest = out[start:start + count]
+            for e in range(count):
+                s = scales[r, (lo * 8 + e) // block]
+                dest[e] = s if flags[e] else -s

@@ -394,3 +394,111 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> No
     _randomized_encode(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
         src, _table(lut), n_src, scales, np.uint64(key), start, bits
     )
+
+
+@lru_cache(maxsize=None)
+def _block_power_sums(with_lut: bool, p: int):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, block, sums):
+        for b in range(cuda.grid(1), sums.size, cuda.gridsize(1)):
+            acc = 0.0
+            for i in range(b * block, (b + 1) * block):
+                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                acc += _power(np.float64(x), p)
+            sums[b] = acc
+
+    return kernel
+
+
+def block_power_sums(src, lut, err, n_src, block, power, sums, stream=0) -> None:
+    """sums[b] = sum of |x|^power over block b of x = err + src, sequentially in float64, as the CPU kernel:
+    one thread per block."""
+    _block_power_sums(lut is not None, int(power))[_grid(sums.size), THREADS, stream](
+        src, _table(lut), err, n_src, block, sums
+    )
+
+
+@lru_cache(maxsize=None)
+def _encode_blocks(with_lut: bool):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, scales, block, bits):
+        signs = cuda.shared.array(TILE, np.uint8)
+        lane = cuda.threadIdx.x
+        rows, row_bytes = bits.shape
+        total = rows * row_bytes
+        for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
+            base = tile * TILE
+            for j in range(8):
+                e = j * THREADS + lane
+                i = base + e
+                if i < total * 8:
+                    s = scales[i // block]
+                    x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                    if x >= 0:
+                        signs[e] = 1
+                        err[i] = x - s
+                    else:
+                        signs[e] = 0
+                        err[i] = x + s
+            cuda.syncthreads()
+            t = tile * THREADS + lane
+            if t < total:
+                bits[t // row_bytes, t % row_bytes] = _pack(signs, 8 * lane)
+            cuda.syncthreads()
+
+    return kernel
+
+
+def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
+    """``compensate_encode`` with scale scales[i // block] for element i, into (rows, row_bytes) ``bits``
+    (possibly strided), as the CPU kernel; tiled as ``compensate_encode``."""
+    _encode_blocks(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
+        src, _table(lut), err, n_src, scales, block, bits
+    )
+
+
+@lru_cache(maxsize=None)
+def _accumulate_blocks(with_base: bool):
+    @cuda.jit
+    def kernel(bits, weights, block, base, out, n_out):
+        nranks = bits.shape[0]
+        for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+            acc = np.float32(0)
+            k = i // block
+            for r in range(nranks):
+                if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
+                    acc += weights[r, k]
+                else:
+                    acc -= weights[r, k]
+            if with_base:
+                acc = acc + base[i]
+            out[i] = acc
+
+    return kernel
+
+
+def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
+    """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
+    one thread per element."""
+    _accumulate_blocks(base is not None)[_grid(n_out), THREADS, stream](
+        bits, weights, block, out if base is None else base, out, n_out
+    )
+
+
+@cuda.jit
+def _decode_blocks(bits, scales, block, out, n_out):
+    row_len = bits.shape[1] * 8
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        r = i // row_len
+        k = i - r * row_len
+        s = scales[r, k // block]
+        out[i] = s if (bits[r, k >> 3] >> (7 - (k & 7))) & 1 else -s
+
+
+def decode_blocks(bits, scales, block, out, n_out, stream=0) -> None:
+    """out[i] = +-scales[r, k // block] for element k of row r (set bit: +), cut to n_out, as the CPU kernel."""
+    _decode_blocks[_grid(n_out), THREADS, stream](bits, scales, block, out, n_out)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import (
-    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, mix64, padded_numel, scale_from, stream_key,
+    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, block_scales_from, mix64, padded_numel, scale_from,
+    stream_key,
 )
 
 META_FIELDS = AGREEMENT_FIELDS
@@ -104,6 +105,41 @@ def compress(x: np.ndarray, error: np.ndarray, scale: str = "l2") -> tuple[np.nd
     return pack(q), s, (x - s * q).astype(np.float32)
 
 
+def block_sums(x: np.ndarray, block_size: int, power: int = 2) -> np.ndarray:
+    """Float64 sums of |x|^power over consecutive blocks of ``block_size`` elements, each summed sequentially.
+
+    ``x.size`` is a multiple of ``block_size``; every |x| and square is exact in float64.
+    """
+    values = np.abs(np.asarray(x, dtype=np.float32).astype(np.float64)) ** power
+    return np.cumsum(values.reshape(-1, block_size), axis=1)[:, -1].copy() if values.size else np.zeros(0)
+
+
+def compress_blocks(x: np.ndarray, error: np.ndarray, block_size: int, scale: str = "l2"
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``compress`` with one scale per block of ``block_size`` elements.
+
+    1. x = x + error (float32).
+    2. s_b = ``block_scales_from(block_sums(x))`` for each block b; q = sign(x).
+    3. new error = x - s_b * q on block b.
+
+    Returns (packed bits, the float32 block scales, new error).
+    """
+    x = (np.asarray(x, dtype=np.float32) + error).astype(np.float32)
+    s = block_scales_from(block_sums(x, block_size, SCALES[scale]), block_size, scale)
+    q = sign(x)
+    return pack(q), s, (x - np.repeat(s, block_size) * q).astype(np.float32)
+
+
+def average_block_signs(bits: list[np.ndarray], scales: list[np.ndarray], count: int, block_size: int) -> np.ndarray:
+    """``average_signs`` with one scale per block: term i of block b uses w_ib = float32(scales[i][b] / n)."""
+    n = len(bits)
+    acc = np.zeros(count, dtype=np.float32)
+    for b, s in zip(bits, scales):
+        w = np.repeat((np.asarray(s, np.float32) / np.float32(n)).astype(np.float32), block_size)
+        acc = (acc + w * unpack(b, count)).astype(np.float32)
+    return acc
+
+
 def average_signs(bits: list[np.ndarray], scales: list[np.float32], count: int) -> np.ndarray:
     """(1/n) * sum_i scales[i] * unpack(bits[i]), summed in rank order in float32.
 
@@ -123,6 +159,7 @@ def compressed_allreduce(
     server_errors: list[np.ndarray],
     protocol: str = "gather_scatter",
     scale: str = "l2",
+    block_size: int | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
     """Error-compensated 1-bit allreduce (docs/architecture.md, "Algorithms"), simulated for the whole world.
 
@@ -141,12 +178,18 @@ def compressed_allreduce(
         server_errors: one float32 vector of length Np / n per rank.
         protocol: "gather_scatter" or "allgather".
         scale: "l2" or "l1" (``scale_of``), for the worker and the server compression.
+        block_size: None (one scale per compressed vector or chunk) or a power of two: one
+            scale per block of that many elements (``compress_blocks``), for the worker and the
+            server compression; Np is then a multiple of block_size * n, and each packed
+            chunk travels behind its blocks' scales (4 bytes each) instead of one scale.
 
     Returns:
         (outputs (float32, unpadded), new worker errors, new server errors,
         payload bytes sent per rank).
     """
     n = len(xs)
+    if block_size is not None:
+        return _blockwise_allreduce(xs, worker_errors, server_errors, protocol, scale, block_size)
     numel = xs[0].size
     np_ = padded_numel(numel, n)
     chunk = np_ // n
@@ -172,6 +215,43 @@ def compressed_allreduce(
     out = np.concatenate([s * unpack(b, chunk) for b, s in zip(server_bits, server_scales)])
     out = out.astype(np.float32)[:numel]
     sent = meta_bytes + (n - 1) * cb + (n - 1) * (cb + 4)
+    return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
+
+
+def _blockwise_allreduce(
+    xs: list[np.ndarray],
+    worker_errors: list[np.ndarray],
+    server_errors: list[np.ndarray],
+    protocol: str,
+    scale: str,
+    block_size: int,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
+    """``compressed_allreduce`` with one scale per block (``compress_blocks``); same steps, same returns."""
+    n, numel, b = len(xs), xs[0].size, block_size
+    np_ = padded_numel(numel, n, b)
+    chunk, cb, blocks = np_ // n, np_ // (8 * n), np_ // (n * b)
+    packed, scales, new_we = [], [], []
+    for x, we in zip(xs, worker_errors):
+        bits, s, err = compress_blocks(pad(x, np_), we, b, scale)
+        packed.append(bits)
+        scales.append(s)
+        new_we.append(err)
+    meta_bytes = (n - 1) * META_FIELDS * 8
+    if protocol == "allgather":
+        avg = average_block_signs(packed, scales, np_, b)[:numel]
+        sent = meta_bytes + (n - 1) * (np_ // 8 + 4 * n * blocks)
+        return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [sent] * n
+    server_bits, server_scales, new_se = [], [], []
+    for r in range(n):
+        c = average_block_signs([p[r * cb:(r + 1) * cb] for p in packed], [s[r * blocks:(r + 1) * blocks]
+                                                                           for s in scales], chunk, b)
+        bits, s, err = compress_blocks(c, server_errors[r], b, scale)
+        server_bits.append(bits)
+        server_scales.append(s)
+        new_se.append(err)
+    out = np.concatenate([np.repeat(s, b) * unpack(p, chunk) for p, s in zip(server_bits, server_scales)])
+    out = out.astype(np.float32)[:numel]
+    sent = meta_bytes + 2 * (n - 1) * (cb + 4 * blocks)
     return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
 
 

@@ -246,3 +246,66 @@ def late_rank(comm: compcoll.Communicator, delay: float) -> None:
             torch.randn(numel), we, se, comm)
     assert time.monotonic() - start < delay, "the timeout fired late"
     _expect(compcoll.CommunicatorBroken, "unusable", comm.barrier)
+
+
+def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
+    """One scale per block (``block_size``): outputs, both error buffers and bytes equal the reference's, step after
+    step, for every dtype, both protocols, both scales and several block sizes; blocking and async; the stateful
+    form resumes exactly; a NaN on one rank and ranks that disagree on the block size fail on every rank."""
+    n, rank = comm.size, comm.rank
+    sizes = (8, 64, 128, 1024)
+    case = 0
+    for dtype in DTYPES:
+        for protocol in PROTOCOLS:
+            for shape in map(tuple, shapes):
+                case += 1
+                block, scale = sizes[case % len(sizes)], SCALE_NAMES[case % 2]
+                numel = int(np.prod(shape))
+                full = compcoll.padded_numel(numel, n, block)
+                we, se = torch.zeros(full), torch.zeros(full // n)
+                ref_we = [np.zeros(full, np.float32) for _ in range(n)]
+                ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
+                for step in range(steps):
+                    xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                    sent_before = comm.bytes_sent
+                    call = dict(protocol=protocol, scale=scale, block_size=block, async_op=step == 1)
+                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, **call)
+                    out = out.wait() if step == 1 else out
+                    outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol, scale, block)
+                    where = f"{dtype} {protocol} {scale} block {block} shape {shape} step {step}"
+                    assert out.shape == shape and out.dtype == dtype, where
+                    assert_matches_reference(out, outs[rank], where)
+                    assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+                    assert comm.bytes_sent - sent_before == ref_sent[rank], f"bytes sent ({where})"
+                    assert_same_on_all_ranks(comm, out)
+
+    straight = compcoll.CompressedAllreduce(comm, block_size=64)
+    resumed = compcoll.CompressedAllreduce(comm, block_size=64)
+    for step in range(4):
+        if step == 2:
+            buffer = io.BytesIO()
+            torch.save(resumed.state_dict(), buffer)
+            buffer.seek(0)
+            resumed = compcoll.CompressedAllreduce(comm)
+            resumed.load_state_dict(torch.load(buffer))
+        grad = make_input(rank, step, (1001,), torch.float32)
+        assert torch.equal(straight(grad, "g"), resumed(grad, "g")), f"resumed blockwise call, step {step}"
+
+    full = compcoll.padded_numel(1001, n, 64)
+    we, se = torch.ones(full), torch.ones(full // n)
+    poisoned = make_input(rank, 0, (1001,), torch.float32)
+    if rank == n - 1:
+        poisoned[7] = float("nan")
+    _expect(compcoll.NonFiniteError, f"rank(s) [{n - 1}]", compcoll.compressed_allreduce, poisoned, we, se, comm,
+            block_size=64)
+    assert bool((we == 1).all() and (se == 1).all()), "a NaN changed an error buffer"
+    if n > 1:
+        block = 64 if rank else 128
+        full = compcoll.padded_numel(1001, n, block)
+        _expect(compcoll.RankMismatchError, "block sizes", compcoll.compressed_allreduce, poisoned.nan_to_num(),
+                torch.zeros(full), torch.zeros(full // n), comm, block_size=block)
+    _expect(ValueError, "block_size must be None", compcoll.compressed_allreduce, poisoned, we, se, comm,
+            block_size=100)
+    _expect(ValueError, "runs in one piece", compcoll.compressed_allreduce, poisoned, we, se, comm, block_size=64,
+            pieces=2)

@@ -82,3 +82,14 @@ def test_non_contiguous_input() -> None:
     out = compcoll.compressed_allreduce(x, torch.zeros(1200), torch.zeros(1200), comm)
     ref = compcoll.compressed_allreduce(x.contiguous(), torch.zeros(1200), torch.zeros(1200), comm)
     assert out.shape == x.shape and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4, 5), mpi=3, gloo=2))
+def test_block_scales_match_reference(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:blockwise", world_size, backend, args=([[1], [37], [3, 7, 11], [12289]], 3))
+
+
+@pytest.mark.parametrize("numel,world,block,expected", [(0, 1, 8, 0), (1, 1, 64, 64), (9, 2, 8, 16),
+                                                        (100, 3, 128, 384), (1000, 2, 256, 1024)])
+def test_padded_numel_with_block_scales(numel: int, world: int, block: int, expected: int) -> None:
+    assert compcoll.padded_numel(numel, world, block) == expected

@@ -91,6 +91,57 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
                           reference.binarize(padded, maxima, key, 11).reshape(-1)), "randomized vs reference"
 
 
+def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None:
+    """The block-scale kernels (one scale per ``block`` elements): CUDA = CPU = reference, strided wire rows."""
+    src, lut, values = _source(numel, dtype, numel + block)
+    full = spec.padded_numel(numel, world, block)
+    rng = np.random.default_rng(numel + world)
+    err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+    d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = values
+    for power in (1, 2):
+        sums = np.empty(full // block, np.float64)
+        cpu.block_power_sums(src, lut, err, numel, block, power, sums)
+        assert np.array_equal(sums, reference.block_sums(padded + err, block, power)), ("cpu block sums", power)
+        d_sums = cuda.cuda.device_array(full // block, np.float64)
+        cuda.block_power_sums(d_src, d_lut, cuda.cuda.to_device(err), numel, block, power, d_sums)
+        assert np.array_equal(d_sums.copy_to_host(), sums), ("block sums", power)
+    scales = spec.block_scales_from(sums, block, "l2")
+    chunk = full // world
+    heads = codecs.SCALE_BYTES * (chunk // block)
+    framed = np.zeros((world, heads + chunk // 8), np.uint8)
+    cpu_err = err.copy()
+    cpu.encode_blocks(src, lut, cpu_err, numel, scales, block, framed[:, heads:])
+    want_bits, _, want_err = reference.compress_blocks(padded, err, block, "l2")
+    assert np.array_equal(framed[:, heads:].reshape(-1), want_bits) and np.array_equal(cpu_err, want_err), "cpu encode"
+    d_framed, d_err = cuda.cuda.to_device(np.zeros_like(framed)), cuda.cuda.to_device(err)
+    cuda.encode_blocks(d_src, d_lut, d_err, numel, cuda.cuda.to_device(scales), block, d_framed[:, heads:])
+    assert np.array_equal(d_framed.copy_to_host(), framed) and np.array_equal(d_err.copy_to_host(), cpu_err), "encode"
+
+    weights = (rng.random((world, chunk // block)) + 0.5).astype(np.float32)
+    rows = framed[:, heads:]
+    for base in (None, (rng.standard_normal(chunk) * 0.1).astype(np.float32)):
+        out = np.empty(chunk, np.float32)
+        cpu.accumulate_blocks(rows, weights, block, base, out, chunk)
+        want = np.zeros(chunk, np.float32)
+        for r in range(world):  # rank by rank in float32, as reference.average_block_signs
+            want = (want + np.repeat(weights[r], block) * reference.unpack(rows[r].copy(), chunk)).astype(np.float32)
+        assert np.array_equal(out, want if base is None else (want + base).astype(np.float32)), "cpu accumulate"
+        d_out = cuda.cuda.device_array(chunk, np.float32)
+        cuda.accumulate_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block,
+                               None if base is None else cuda.cuda.to_device(base), d_out, chunk)
+        assert np.array_equal(d_out.copy_to_host(), out), "accumulate_blocks"
+
+    out = np.empty(numel, np.float32)
+    cpu.decode_blocks(rows, weights, block, out, numel)
+    want = (np.repeat(weights.reshape(-1), block) * reference.unpack(rows.reshape(-1), full))[:numel]
+    assert np.array_equal(out, want), "cpu decode"
+    d_out = cuda.cuda.device_array(numel, np.float32)
+    cuda.decode_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, d_out, numel)
+    assert np.array_equal(d_out.copy_to_host(), out), "decode_blocks"
+
+
 def check_tree_sum() -> None:
     """The device pairwise tree adds like the reference's, across the one-block tail and wider levels."""
     rng = np.random.default_rng(3)
@@ -127,12 +178,17 @@ def main(lengths: list[int]) -> int:
         for numel in lengths:
             for world in (1, 3):
                 check(numel, world, dtype)
+    for numel, block in ((37, 8), (1000, 64)):  # the simulator runs a thread per element: small lengths
+        for dtype, world in ((torch.float32, 1), (torch.bfloat16, 3)):
+            check_blocks(numel, world, dtype, block)
     cuda.MAX_BLOCKS, blocks = 2, cuda.MAX_BLOCKS  # grid-stride loops: several tiles and lanes per block
     try:
         check(max(lengths), 3, torch.float16)
+        check_blocks(1000, 3, torch.float16, 128)
     finally:
         cuda.MAX_BLOCKS = blocks
-    print(f"cuda kernels == cpu kernels on lengths {lengths}, world 1 and 3, float32/float16/bfloat16")
+    print(f"cuda kernels == cpu kernels on lengths {lengths}, world 1 and 3, float32/float16/bfloat16; "
+          f"block scales of 8, 64 and 128")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import numba
 import numpy as np
 import pytest
@@ -117,3 +119,41 @@ def test_serial_twins_cache_apart_from_threaded_kernels() -> None:
         threaded = getattr(cpu, name)
         if threaded is not twin:
             assert twin.py_func.__qualname__ != threaded.py_func.__qualname__, name
+
+
+@pytest.mark.parametrize("numel, world, block", [(1, 1, 8), (8193, 3, 64), (70001, 2, 128), (262147, 3, 8192),
+                                                 (100003, 5, 16)])
+def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
+    """One scale per block: sums, scales, encode into strided wire rows, accumulate and decode = the reference,
+    threaded (as ``codecs`` runs them from 65536 elements) and serial alike."""
+    rng = _rng(numel + block)
+    full = reference.padded_numel(numel, world, block)
+    src = rng.standard_normal(numel).astype(np.float32) * np.float32(10.0) ** rng.integers(-3, 3, numel)
+    src[::11] = 0.0
+    err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = src
+    chunk, blocks = full // world, full // (world * block)
+    for kernels in (cpu, types.SimpleNamespace(**cpu.SERIAL)):
+        for scale, power in SCALES.items():
+            sums = np.empty(full // block, np.float64)
+            kernels.block_power_sums(src, None, err, numel, block, power, sums)
+            assert np.array_equal(sums, reference.block_sums(padded + err, block, power))
+        scales = reference.block_scales_from(sums, block, "l1")
+        framed = np.zeros((world, 4 * blocks + chunk // 8), np.uint8)
+        new_err = err.copy()
+        kernels.encode_blocks(src, None, new_err, numel, scales, block, framed[:, 4 * blocks:])
+        ref_bits, ref_scales, ref_err = reference.compress_blocks(padded, err, block, "l1")
+        assert np.array_equal(scales, ref_scales)
+        assert np.array_equal(framed[:, 4 * blocks:].reshape(-1), ref_bits) and np.array_equal(new_err, ref_err)
+        assert not framed[:, :4 * blocks].any(), "the encoder wrote into the scales' bytes"
+
+        rows = framed[:, 4 * blocks:]
+        weights = scales.reshape(world, blocks)
+        out = np.empty(chunk, np.float32)
+        kernels.accumulate_blocks(rows, weights / np.float32(world), block, None, out, chunk)
+        slices = [rows[r].copy() for r in range(world)]
+        assert np.array_equal(out, reference.average_block_signs(slices, list(weights), chunk, block))
+        decoded = np.empty(numel, np.float32)
+        kernels.decode_blocks(rows, weights, block, decoded, numel)
+        assert np.array_equal(decoded, (np.repeat(scales, block) * reference.unpack(ref_bits, full))[:numel])

@@ -386,17 +386,45 @@ def decode_blocks(bits: torch.Tensor, scales: torch.Tensor, block_size: int, out
     _run("decode_blocks", out, _array(bits), _array(scales), block_size, _array(out.view(-1)), out.numel())
 
 
-def frame_blocks(rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Write the (n, m) float32 ``scales`` at the heads of (n, SCALE_BYTES * m + nbytes) wire rows; return their
-    sign bytes (an (n, nbytes) view)."""
-    heads = SCALE_BYTES * scales.shape[1]
-    rows[:, :heads].copy_(scales.contiguous().view(torch.uint8).view(rows.shape[0], heads))
+@lru_cache(maxsize=None)
+def _scale_steps(device: torch.device) -> torch.Tensor:
+    """``spec.SCALE_STEPS`` on ``device`` (copied, so every device holds the host's bits)."""
+    return torch.from_numpy(spec.SCALE_STEPS).to(device)
+
+
+def _decoded(refs: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """float32(float64(ref_r) * SCALE_STEPS[code]) for every code of every row."""
+    return (refs.double()[:, None] * _scale_steps(refs.device)[codes.long()]).float()
+
+
+def code_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``spec.code_scales`` in torch, on ``scales``' device (the same bits: float64 products, exact comparisons).
+
+    Returns (refs float32 (rows,), codes uint8 (rows, m), decoded float32 (rows, m)).
+    """
+    rows, m = scales.shape
+    refs = scales.amax(dim=1) if m else torch.zeros(rows, dtype=torch.float32, device=scales.device)
+    values = _decoded(refs, torch.arange(256, device=scales.device).expand(rows, 256))
+    first = torch.searchsorted(values.flip(1).contiguous(), scales.contiguous(), side="left")
+    hi = (255 - first).clamp_min(0)
+    lo = (hi + 1).clamp_max(255)
+    wide = scales.double()
+    nearer_hi = values.gather(1, hi).double() - wide <= wide - values.gather(1, lo).double()
+    codes = torch.where(first == 0, torch.full_like(hi, 255), torch.where(nearer_hi, hi, lo))
+    return refs, codes.to(torch.uint8), values.gather(1, codes)
+
+
+def frame_blocks(rows: torch.Tensor, refs: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Write each row's largest scale (float32) and its (rows, m) block codes at the heads of (rows,
+    SCALE_BYTES + m + nbytes) wire rows; return their sign bytes (a (rows, nbytes) view)."""
+    heads = SCALE_BYTES + codes.shape[1]
+    rows[:, :SCALE_BYTES].copy_(refs.contiguous().view(torch.uint8).view(rows.shape[0], SCALE_BYTES))
+    rows[:, SCALE_BYTES:heads].copy_(codes)
     return rows[:, heads:]
 
 
 def unframe_blocks(rows: torch.Tensor, per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split (n, SCALE_BYTES * per_row + nbytes) wire rows into (n, per_row) float32 scales (a copy) and the sign
-    bytes (a view)."""
-    heads = SCALE_BYTES * per_row
-    scales = rows[:, :heads].flatten().clone().view(torch.float32).view(rows.shape[0], per_row)
-    return scales, rows[:, heads:]
+    """Split (n, SCALE_BYTES + per_row + nbytes) wire rows into the (n, per_row) decoded float32 block scales and
+    the sign bytes (a view)."""
+    refs = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
+    return _decoded(refs, rows[:, SCALE_BYTES:SCALE_BYTES + per_row]), rows[:, SCALE_BYTES + per_row:]

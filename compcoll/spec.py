@@ -48,6 +48,45 @@ def scale_from(total: float, d: int, scale: str) -> np.float32:
     return np.float32(total / d)
 
 
+CODES_PER_OCTAVE = 8
+"""Block scales travel as 8-bit codes: code k < 255 is the row's largest scale times 2^(-k / 8), code 255 is zero."""
+SCALE_STEPS = np.concatenate([np.exp2(-np.arange(255) / CODES_PER_OCTAVE), [0.0]])
+"""The float64 factor of each code, computed once here and copied to every device (the same bits everywhere)."""
+
+
+def code_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """8-bit codes of a (rows, m) float32 array of block scales, each row against its largest scale.
+
+    1. ref_r = max_b scales[r, b] (float32; travels as 4 bytes in front of the row's codes).
+    2. The row's values v_k = float32(float64(ref_r) * SCALE_STEPS[k]), non-increasing in k.
+    3. code[r, b] = the k whose v_k is nearest to scales[r, b], differences in float64
+       (exact): with i the first index of the ascending v where v >= s, k_hi = 255 - i
+       (v >= s) and k_lo = k_hi + 1 (v < s); k_hi when v[k_hi] - s <= s - v[k_lo];
+       a scale of 0 below every nonzero value (i = 0) takes code 255.
+    4. The decoded scale is v[code]: what every rank uses, the encoder's error included.
+
+    Returns (refs float32 (rows,), codes uint8 (rows, m), decoded float32 (rows, m)).
+    """
+    scales = np.asarray(scales, dtype=np.float32)
+    rows, m = scales.shape
+    refs = scales.max(axis=1) if m else np.zeros(rows, np.float32)
+    codes = np.empty((rows, m), np.uint8)
+    decoded = np.empty((rows, m), np.float32)
+    for r in range(rows):
+        values = (np.float64(refs[r]) * SCALE_STEPS).astype(np.float32)
+        ascending = values[::-1]
+        for b, s in enumerate(scales[r]):
+            i = int(np.searchsorted(ascending, s, side="left"))
+            if i == 0:
+                k = 255
+            else:
+                hi = 255 - i
+                k = hi if np.float64(values[hi]) - s <= np.float64(s) - values[hi + 1] else hi + 1
+            codes[r, b] = k
+            decoded[r, b] = values[k]
+    return refs, codes, decoded
+
+
 def padded_numel(numel: int, world_size: int, block_size: int | None = None) -> int:
     """Smallest length the 1-bit path accepts: ``numel`` rounded up to a multiple of 8 * world_size.
 

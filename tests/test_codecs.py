@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from compcoll import codecs
+from compcoll import codecs, spec
 from compcoll.kernels import cpu, reference
 from compcoll.spec import SCALES, STAGES, padded_numel, stream_key
 
@@ -158,3 +158,25 @@ def test_randomized_encode_matches_the_reference(dtype: torch.dtype, data, rows:
     codecs.randomized_encode(x, scales, 17, step, "inter", rank, 0, bits)
     key = stream_key(17, step, STAGES["inter"], rank)
     assert np.array_equal(bits.numpy(), reference.binarize(padded, scales.numpy(), key, 0))
+
+
+def test_scale_codes_match_the_reference() -> None:
+    """``codecs.code_scales`` (torch, any device) = ``spec.code_scales`` (numpy), on scales of every magnitude,
+    zeros, subnormals, ties between rows' values and rows of one value; decoding the frame gives the same scales."""
+    rng = np.random.default_rng(17)
+    rows = [(rng.random(40) * 10.0 ** rng.integers(-20, 20, 40)).astype(np.float32),
+            np.zeros(7, np.float32), np.full(5, 3.0, np.float32),
+            np.array([1e-45, 1e-40, 1e-38, 0.0, 2e-45], np.float32),
+            np.array([1.0, 0.5, 2 ** -0.0625, 2 ** -31.8, 2 ** -40, 3.4e38], np.float32)]
+    for row in rows:
+        for table in (row.reshape(1, -1), np.stack([row, row[::-1].copy()])):
+            refs, codes, decoded = spec.code_scales(table)
+            got = codecs.code_scales(torch.from_numpy(table))
+            assert np.array_equal(got[0].numpy(), refs) and np.array_equal(got[1].numpy(), codes)
+            assert np.array_equal(got[2].numpy(), decoded)
+            near = (table >= refs[:, None] * 2.0 ** -31) & (table > 1e-30)  # within the codes' 31 octaves
+            assert np.all(np.abs(decoded[near] / table[near] - 1) <= 0.044), "a code off its nearest value"
+            assert np.all(decoded <= refs[:, None])
+            frame = torch.zeros(table.shape[0], 4 + table.shape[1] + 3, dtype=torch.uint8)
+            codecs.frame_blocks(frame, got[0], got[1])
+            assert torch.equal(codecs.unframe_blocks(frame, table.shape[1])[0], got[2])

@@ -7,8 +7,10 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    of ``run.py`` under real DDP with momentum SGD, the same seed and batch order, each
    rank its share of every global batch (``ddp_job.py``).
 2. Hooks: DDP's default allreduce (the baseline), PyTorch's fp16 and PowerSGD hooks, and
-   compcoll's ``onebit_hook`` in four numerics: one compression (allgather) or two
-   (gather-scatter), each with the l1 and the l2 scale (GS l2 is DeepSpeed's numerics).
+   compcoll's ``onebit_hook`` in four numerics, each with one scale per bucket or chunk
+   (``block_size=None``): one compression (allgather) or two (gather-scatter), each with
+   the l1 and the l2 scale (GS l2 is DeepSpeed's numerics). The hook's default, a scale per
+   64 elements, is measured by bench/scaling/scale.py.
    ``--runs framework`` instead trains Adam under DDP's allreduce (the baseline) and
    compcoll's 1-bit Adam built after DDP wrapped the model (as frameworks do), with
    ``local_hook`` and without it (DDP averages in float32 first).
@@ -34,11 +36,13 @@ RUNS = [
     dict(name="fp16 hook", hook="fp16", options={}, baseline="DDP allreduce"),
     dict(name="PowerSGD r=2", hook="powersgd", options=dict(matrix_approximation_rank=2, start_powerSGD_iter=2),
          baseline="DDP allreduce"),
-    dict(name="1-bit AG l1", hook="onebit", options=dict(scale="l1", protocol="allgather"), baseline="DDP allreduce"),
-    dict(name="1-bit AG l2", hook="onebit", options=dict(scale="l2", protocol="allgather"), baseline="DDP allreduce"),
-    dict(name="1-bit GS l1", hook="onebit", options=dict(scale="l1", protocol="gather_scatter"),
+    dict(name="1-bit AG l1", hook="onebit", options=dict(scale="l1", protocol="allgather", block_size=None),
          baseline="DDP allreduce"),
-    dict(name="1-bit GS l2", hook="onebit", options=dict(scale="l2", protocol="gather_scatter"),
+    dict(name="1-bit AG l2", hook="onebit", options=dict(scale="l2", protocol="allgather", block_size=None),
+         baseline="DDP allreduce"),
+    dict(name="1-bit GS l1", hook="onebit", options=dict(scale="l1", protocol="gather_scatter", block_size=None),
+         baseline="DDP allreduce"),
+    dict(name="1-bit GS l2", hook="onebit", options=dict(scale="l2", protocol="gather_scatter", block_size=None),
          baseline="DDP allreduce"),
 ]
 FRAMEWORK_RUNS = [

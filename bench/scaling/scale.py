@@ -10,8 +10,9 @@ Every rank is a thread of this process (compcoll's numerics are deterministic, s
 are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json and OUT.txt.
 1. ``bytes``: one call of each form on ``local_world(n)`` (``--numel`` float32, 262,151
    by default, a length that is a multiple of nothing; the allgather form on at most
-   2^32 / n^2, since every rank receives n copies; lengths are padded to 8n): the flat ``compressed_allreduce`` with each protocol,
-   and the hierarchical form with 8 ranks per node. Bytes per element per rank are the
+   2^32 / n^2, since every rank receives n copies; lengths are padded to 8n, 64n with
+   block scales): the flat ``compressed_allreduce`` with each protocol, gather-scatter with
+   one scale per 64 elements (the hook's default), and the hierarchical form with 8 ranks per node. Bytes per element per rank are the
    communicators' own counts (``bytes_sent``, the most any rank sent, agreement included),
    inter-node bytes those sent to ranks of other nodes (``bytes_sent_to``); beside them a
    float32 ring allreduce's 8 (n-1)/n.
@@ -19,9 +20,10 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
    multi-threaded process group (``tests/ddp/threaded_group.py``), momentum SGD, the global
    batch fixed (``--batch``) and split over the ranks (``ddp_job.py``). Rows: DDP's
    allreduce (the baseline at the same n), PyTorch's fp16 and PowerSGD r=2 and r=4 hooks,
-   compcoll's ``onebit_hook`` with each protocol, and the hierarchical form with 8 ranks
-   per node from 16 ranks on. Bytes: compcoll's counters and, for PyTorch's hooks, the
-   ring formula on what they send.
+   compcoll's ``onebit_hook`` with its defaults (gather-scatter, one scale per 64
+   elements), with one scale per bucket and chunk (each protocol), with 32 and 128
+   elements per scale, and the hierarchical form with 8 ranks per node from 16 ranks on.
+   Bytes: compcoll's counters and, for PyTorch's hooks, the ring formula on what they send.
 3. ``optimizers``: the causal LM of bench/convergence (``job.py``), global batch 64 split
    over the ranks, each optimizer against its uncompressed baseline (Adam, LAMB, Birder
    with the exact average). The baselines average every gradient exactly, so they are one
@@ -65,26 +67,31 @@ def hook_rows(n: int) -> list[dict]:
              baseline="DDP allreduce"),
         dict(name="PowerSGD r=4", hook="powersgd", options=dict(matrix_approximation_rank=4, start_powerSGD_iter=2),
              baseline="DDP allreduce"),
-        dict(name="1-bit AG", hook="onebit", options=dict(protocol="allgather"), baseline="DDP allreduce"),
-        dict(name="1-bit GS", hook="onebit", options=dict(protocol="gather_scatter"), baseline="DDP allreduce"),
+        dict(name="1-bit default", hook="onebit", options={}, baseline="DDP allreduce"),
+        dict(name="1-bit AG", hook="onebit", options=dict(protocol="allgather", block_size=None),
+             baseline="DDP allreduce"),
+        dict(name="1-bit GS", hook="onebit", options=dict(protocol="gather_scatter", block_size=None),
+             baseline="DDP allreduce"),
         *(dict(name=f"1-bit GS B={b}", hook="onebit", options=dict(protocol="gather_scatter", block_size=b),
-               baseline="DDP allreduce") for b in (64, 128, 256)),
+               baseline="DDP allreduce") for b in (32, 128)),
     ]
     if n > RANKS_PER_NODE:
-        rows.append(dict(name="1-bit hier 8/node", hook="onebit", options=dict(ranks_per_node=RANKS_PER_NODE),
-                         baseline="DDP allreduce"))
+        rows.append(dict(name="1-bit hier 8/node", hook="onebit",
+                         options=dict(ranks_per_node=RANKS_PER_NODE, block_size=None), baseline="DDP allreduce"))
     return rows
 
 
-def count_bytes(n: int, numel: int) -> list[dict]:
+def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]:
     """Bytes per element of one call of each form on ``local_world(n)``: the most any rank sent, and inter-node.
 
     The allgather form receives n compressed copies on every rank (n^2 numel / 8 bytes in
     all), so it runs on at most 2^32 / n^2 elements.
     """
-    forms = [("flat allgather", dict(protocol="allgather")), ("flat gather-scatter", dict(protocol="gather_scatter"))]
+    forms = [("flat allgather", dict(protocol="allgather")), ("flat gather-scatter", dict(protocol="gather_scatter")),
+             ("gather-scatter B=64", dict(protocol="gather_scatter", block_size=64))]
     if n > RANKS_PER_NODE:
         forms.append(("hierarchical 8/node", None))
+    forms = [form for form in forms if not only or form[0] in only]
     rows = []
     for name, options in forms:
         length = min(numel, 2**32 // n**2) if name == "flat allgather" else numel
@@ -113,7 +120,7 @@ def bytes_part(args) -> dict:
     rows = []
     for n in args.ranks:
         start = time.perf_counter()
-        rows += count_bytes(n, args.numel)
+        rows += count_bytes(n, args.numel, args.only)
         print(f"# bytes at {n} ranks: {time.perf_counter() - start:.1f} s", flush=True)
     lines = [f"# one call of numel float32 on local_world(n); bytes per element per rank (the most any rank sent, "
              f"counted by the communicators, agreement included); ring = a float32 ring allreduce's 8(n-1)/n",
@@ -184,8 +191,9 @@ def report(results: list[dict], metric: str) -> str:
              f"{'vs ring':>8}"]
     for r in results:
         value = r["curve"][-1][metric]
-        against = "" if not r["baseline"] else (f"{gap(r, results, metric):+.2f}pt" if metric == "test_accuracy"
-                                               else f"{gap(r, results, metric):+.1f}%")
+        has_base = any(b["name"] == r["baseline"] for b in results)
+        against = "" if not has_base else (f"{gap(r, results, metric):+.2f}pt" if metric == "test_accuracy"
+                                           else f"{gap(r, results, metric):+.1f}%")
         last, before = r["curve"][-1], r["curve"][-2]
         per_element = max(r["bytes_per_rank"]) / (r["params"] * last["step"])
         late = (last["bytes"] - before["bytes"]) / (r["params"] * (last["step"] - before["step"]))
@@ -262,7 +270,7 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=256, help="hooks: the digits MLP's hidden units")
     p.add_argument("--lr", type=float, default=0.05, help="hooks: momentum SGD's learning rate")
     p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--only", nargs="*", help="only these rows (by name)")
+    p.add_argument("--only", nargs="*", help="only these rows (by name; bytes: forms)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json and OUT.txt")
     args = p.parse_args()
     args.steps = args.steps or (300 if args.part == "hooks" else 400)

@@ -57,9 +57,13 @@ def compressed_allreduce(
     With ``block_size`` B, Np is a multiple of B * n and every compression (steps 1, 3 and
     5) takes one scale per block of B elements instead of one per vector or chunk: the scale
     of block b is the same formula over its B elements (``codecs.block_scales``), each block's
-    float64 sum taken sequentially. The agreement carries no scale; each packed chunk travels
-    behind its blocks' float32 scales, 4 bytes per B elements (B = 128: +3.1% bytes), and the
-    server weighs rank i's block b by s_w[i, b] / n. The call runs in one piece.
+    float64 sum taken sequentially. The agreement carries no scale. Each packed chunk travels
+    behind its largest block scale (float32) and one 8-bit code per block: the chunk's largest
+    scale times 2^(-k/8), or 0 (``spec.code_scales``: the nearest of 255 values over 32
+    octaves, within 4.4%); every rank, the encoder included, uses the decoded scale, so the
+    error buffers absorb the rounding. That is 1 byte per B elements (B = 64: +12.5% bytes
+    over one bit each). The server weighs rank i's block b by s_w[i, b] / n. The call runs
+    in one piece.
 
     The allgather protocol instead all-gathers every rank's whole packed vector
     ((n-1) * Np/8 bytes per rank, one round fewer) and returns the exact average of the
@@ -183,11 +187,12 @@ class FlatPlan(Plan):
         """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece.
 
         1. Block sums of |x|^p of x = tensor + worker_error; the agreement (finite? on every rank).
-        2. Block scales; encode into wire rows, each chunk's packed signs behind its blocks'
-           scales (one row per rank for gather-scatter, one row for allgather).
-        3. Gather-scatter: all-to-all of the rows; serve this rank's chunk (weights s_w[i, b] / n,
-           plus the server error), re-encode it with its own block scales behind them; all-gather
-           the served rows. Allgather: all-gather the rows; every rank averages all of them.
+        2. Block scales, coded per wire row (one row per rank's chunk for gather-scatter, one
+           row for allgather); encode with the decoded scales into the rows, each row's packed
+           signs behind its largest scale and its codes.
+        3. Gather-scatter: all-to-all of the rows; serve this rank's chunk (weights s_w[i, b] / n
+           of the decoded scales, plus the server error), re-encode it with its own coded block
+           scales; all-gather the served rows. Allgather: all-gather the rows; every rank averages all of them.
         4. Decode (into float32 scratch first for a 16-bit result).
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
@@ -196,10 +201,10 @@ class FlatPlan(Plan):
         if self.numel == 0:
             return result
         rows = n if self.protocol == "gather_scatter" else 1
-        width = SCALE_BYTES * full // (b * rows) + full // (8 * rows)
+        width = SCALE_BYTES + full // (b * rows) + full // (8 * rows)
         send = ws.get("blocks.send", rows * width, torch.uint8, self.device).view(rows, width)
-        scales = codecs.block_scales(sums, b, self.scale)
-        codecs.encode_blocks(tensor, worker_error, scales, b, codecs.frame_blocks(send, scales.view(rows, -1)))
+        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, self.scale).view(rows, -1))
+        codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
         received = ws.get("blocks.received", n * width, torch.uint8, self.device)
         if self.protocol == "allgather":
             comm.allgather(send.view(-1), received)
@@ -211,8 +216,9 @@ class FlatPlan(Plan):
             weights, bits = codecs.unframe_blocks(received.view(n, width), self.chunk // b)
             codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, server_error, server_error, self.chunk)
             served = ws.get("blocks.served", width, torch.uint8, self.device).view(1, width)
-            mine = codecs.block_scales(codecs.block_sums(None, server_error, b, self.scale), b, self.scale)
-            codecs.encode_blocks(None, server_error, mine, b, codecs.frame_blocks(served, mine.view(1, -1)))
+            sums = codecs.block_sums(None, server_error, b, self.scale)
+            refs, codes, mine = codecs.code_scales(codecs.block_scales(sums, b, self.scale).view(1, -1))
+            codecs.encode_blocks(None, server_error, mine.view(-1), b, codecs.frame_blocks(served, refs, codes))
             gathered = ws.get("blocks.gathered", n * width, torch.uint8, self.device)
             comm.allgather(served.view(-1), gathered)
             decoded = self._decoded(result, self.numel)

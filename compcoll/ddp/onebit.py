@@ -12,6 +12,9 @@ from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from .buckets import Schedule, own_comm, plain_allreduce, settle
 
+BLOCK_SIZE = 64
+"""The hook's default elements per 1-bit scale block (bench/results/scaling_hooks.txt)."""
+
 MIN_COMPRESS_NUMEL = 16384
 """Buckets below this many elements (64 KiB of float32) go uncompressed: a compressed call has a fixed cost
 (0.4-0.6 ms for 4 KB on 2 local ranks here), about what such a bucket's ring allreduce takes at 1 Gbit/s."""
@@ -30,21 +33,30 @@ class OneBitState:
     ring allreduce sends 8(n-1)/n; figures from bench/results/scaling_hooks.txt: the
     digits MLP under DDP, momentum SGD, global batch 256 split over n ranks, test accuracy
     against DDP's allreduce at the same n):
-    1. ``protocol`` by world size. "allgather" (default) compresses once and sends
-       (n-1)/8: 1/32 of the ring at 2 ranks, 1/16 at 4, 1/4 at 16, as much as the ring at
-       64; -0.28, -1.11 and -0.83 points at 2, 16 and 64 ranks. "gather_scatter" sends
-       2(n-1)/(8n), 1/26 to 1/32 of the ring at any n, but compresses twice: -0.56, -8.06
-       and -9.44 points at 2, 16 and 64 ranks.
-    2. ``ranks_per_node`` ("auto"): on several nodes the hierarchical form sends float32
-       inside a node and 1/k of gather-scatter's 1-bit bytes per rank between nodes (k
-       ranks per node); its accuracy is gather-scatter's between nodes (-3.33 points at 2
-       nodes of 8, -9.44 at 8 nodes of 8).
-    3. ``start_iter`` and ``min_compress_numel``: every uncompressed iteration or bucket
+    1. ``block_size`` (64, default) with ``protocol="gather_scatter"`` (default): both
+       compressions take one scale per 64 elements, sent as an 8-bit code, so each of the
+       two exchanges sends 1/8 + 1/64 bytes per element: 2(n-1)/n * 0.14, 1/28 of the ring
+       at any n (counted: 28x, 28x and 26x at 2, 16 and 64 ranks, the agreement included);
+       -0.28, 0.00 and 0.00 points at 2, 16 and 64 ranks. 32 sends 1/25 of the ring
+       (+0.28 points at 16 and 64); 128 sends 1/29 (-1.11 / -0.83 / 0.00 points).
+       ``block_size=None`` (one scale per bucket and per server chunk, DeepSpeed's
+       numerics) sends 1/32 but lost -0.56, -8.06 and -9.44 points.
+    2. ``protocol="allgather"`` compresses once (the server's second compression goes) and
+       sends (n-1)/8 (1 + 8/B) per element: fewer bytes than gather-scatter only at 2 ranks,
+       n/2 times more beyond (with ``block_size=None``: -0.28, -1.11, -0.83 points at 2, 16
+       and 64 ranks, 1/32, 1/4 and 1x the ring).
+    3. ``ranks_per_node`` ("auto"): with ``block_size=None`` and several nodes, the
+       hierarchical form sends float32 inside a node and 1/k of gather-scatter's 1-bit
+       bytes per rank between nodes (k ranks per node); its accuracy is one-scale
+       gather-scatter's between nodes (-3.33 points at 2 nodes of 8, -9.44 at 8 nodes of 8).
+       Block scales have no hierarchical form yet, so with them (the default) the hook
+       sends flat over all ranks on any layout.
+    4. ``start_iter`` and ``min_compress_numel``: every uncompressed iteration or bucket
        sends the ring's bytes.
-    4. ``scale``: free in bytes ("l2" chosen on digits at 2 and 4 ranks).
-    From 16 ranks on, for SGD, PyTorch's PowerSGD hook (rank 2) kept DDP's accuracy on that
-    task at 1/26 of the ring's bytes from 2 to 64 ranks; for Adam and LAMB, compcoll's
-    optimizers compress their momentum instead of raw gradients (README, "At scale").
+    5. ``scale``: free in bytes ("l2" chosen on digits at 2 and 4 ranks).
+    PyTorch's PowerSGD hook (rank 2) also kept DDP's accuracy on that task, at 1/31 of the
+    ring from 2 to 64 ranks; for Adam and LAMB, compcoll's optimizers compress their
+    momentum instead of raw gradients (README, "At scale").
 
     Args:
         process_group: the ranks DDP averages over; None means the default group. The hook
@@ -53,10 +65,10 @@ class OneBitState:
         start_iter: iterations sent uncompressed first (DDP's own allreduce), while DDP
             rebuilds its buckets; at least 1 (default 2, as PowerSGD requires).
         min_compress_numel: buckets of fewer elements go uncompressed (default 16384).
-        protocol: "allgather" (default: each rank compresses once, every rank averages all
-            ranks' signs; (n-1)/8 bytes per element sent per rank) or "gather_scatter"
-            (compressed twice, through a server chunk, as DeepSpeed's 1-bit Adam; 2(n-1)/(8n)
-            bytes per element, fewer from 3 ranks on).
+        protocol: "gather_scatter" (default: compressed twice, through a server chunk, as
+            DeepSpeed's 1-bit Adam; 2(n-1)/(8n) bytes per element plus the scales) or
+            "allgather" (each rank compresses once, every rank averages all ranks' signs;
+            (n-1)/8 bytes per element sent per rank plus the scales).
         ranks_per_node: "auto" (default): the nodes the hostnames say (or
             ``COMPCOLL_RANKS_PER_NODE``), agreed by every rank when the state is built
             (``compcoll.comm.topology.node_size``): on one host, or with one rank per node,
@@ -64,7 +76,7 @@ class OneBitState:
             k > 1 ranks per node, buckets go through ``hierarchical_compressed_allreduce``
             (float32 inside the node, gather-scatter 1-bit between nodes: 2(N-1)/(8N) bytes
             per element between N nodes, 1/k of them per rank; ``protocol`` does not apply).
-            The resolved k is what ``self.ranks_per_node`` holds; the buckets go by the
+            Only with ``block_size=None``. The resolved k is what ``self.ranks_per_node`` holds; the buckets go by the
             layout that was asked for (``self.layout_request``), so "auto" keeps the
             hostnames' nodes even where ranks are not placed consecutively.
         scale: "l2" (default: ||x|| / sqrt(d), DeepSpeed's) or "l1" (mean |x|). Chosen by
@@ -72,10 +84,10 @@ class OneBitState:
             with l2 ended +0.28 points of test accuracy against DDP's allreduce at both, l1
             -0.83 and -2.22; gather-scatter with l2 +0.56 and -4.17, with l1 it diverged.
         timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
-        block_size: None (one scale per bucket, and per server chunk) or a power of two
-            from 8 to 8192: one scale per block of that many elements in the flat form
-            (``compressed_allreduce``), 4 bytes more per block. The hierarchical form keeps
-            one scale per chunk.
+        block_size: 64 (default) or another power of two from 8 to 8192: one scale per block
+            of that many elements, sent as an 8-bit code (``compressed_allreduce``); None: one
+            scale per bucket, and per server chunk. Block scales go through the flat form:
+            with them, ``ranks_per_node`` "auto" stays flat, and k > 1 raises ValueError.
     """
 
     def __init__(
@@ -84,11 +96,11 @@ class OneBitState:
         *,
         start_iter: int = 2,
         min_compress_numel: int = MIN_COMPRESS_NUMEL,
-        protocol: str = "allgather",
+        protocol: str = "gather_scatter",
         scale: str = "l2",
         ranks_per_node: int | str = "auto",
         timeout: float | None = None,
-        block_size: int | None = None,
+        block_size: int | None = BLOCK_SIZE,
     ) -> None:
         if isinstance(start_iter, int) and start_iter < 1:
             raise ValueError("OneBitState: start_iter must be at least 1: DDP rebuilds its buckets after the first "
@@ -101,13 +113,20 @@ class OneBitState:
                                        or ranks_per_node < 1 or size % ranks_per_node):
             raise ValueError(f"OneBitState: ranks_per_node must be \"auto\" or a positive divisor of the group's "
                              f"{size} ranks, got {ranks_per_node!r}")
+        if block_size is not None and ranks_per_node not in (AUTO, 1):
+            raise ValueError(f"OneBitState: block scales (block_size={block_size}) go through the flat form, and the "
+                             f"hierarchical form (ranks_per_node={ranks_per_node}) has none yet: pass "
+                             f"block_size=None with it")
         self.node_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.process_group = process_group
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
         self.comm = own_comm(process_group, timeout)
         self.layout_request = ranks_per_node
-        self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
+        if block_size is not None:
+            self.ranks_per_node = 1
+        else:
+            self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
         if self.ranks_per_node > 1:
             topology(self.comm, ranks_per_node)
         self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size)

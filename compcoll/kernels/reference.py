@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import (
-    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, block_scales_from, mix64, padded_numel, scale_from,
-    stream_key,
+    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, block_scales_from, code_scales, mix64,
+    padded_numel, scale_from, stream_key,
 )
 
 META_FIELDS = AGREEMENT_FIELDS
@@ -114,18 +114,21 @@ def block_sums(x: np.ndarray, block_size: int, power: int = 2) -> np.ndarray:
     return np.cumsum(values.reshape(-1, block_size), axis=1)[:, -1].copy() if values.size else np.zeros(0)
 
 
-def compress_blocks(x: np.ndarray, error: np.ndarray, block_size: int, scale: str = "l2"
+def compress_blocks(x: np.ndarray, error: np.ndarray, block_size: int, scale: str = "l2", rows: int = 1
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``compress`` with one scale per block of ``block_size`` elements.
+    """``compress`` with one scale per block of ``block_size`` elements, sent as 8-bit codes per row.
 
     1. x = x + error (float32).
     2. s_b = ``block_scales_from(block_sums(x))`` for each block b; q = sign(x).
-    3. new error = x - s_b * q on block b.
+    3. The scales of each of ``rows`` equal rows (wire rows: chunks) are coded against the
+       row's largest (``code_scales``); s_b becomes its decoded value.
+    4. new error = x - s_b * q on block b.
 
-    Returns (packed bits, the float32 block scales, new error).
+    Returns (packed bits, the decoded float32 block scales, new error).
     """
     x = (np.asarray(x, dtype=np.float32) + error).astype(np.float32)
-    s = block_scales_from(block_sums(x, block_size, SCALES[scale]), block_size, scale)
+    exact = block_scales_from(block_sums(x, block_size, SCALES[scale]), block_size, scale)
+    s = code_scales(exact.reshape(rows, -1))[2].reshape(-1)
     q = sign(x)
     return pack(q), s, (x - np.repeat(s, block_size) * q).astype(np.float32)
 
@@ -181,7 +184,7 @@ def compressed_allreduce(
         block_size: None (one scale per compressed vector or chunk) or a power of two: one
             scale per block of that many elements (``compress_blocks``), for the worker and the
             server compression; Np is then a multiple of block_size * n, and each packed
-            chunk travels behind its blocks' scales (4 bytes each) instead of one scale.
+            chunk travels behind its largest scale (4 bytes) and its blocks' 8-bit codes.
 
     Returns:
         (outputs (float32, unpadded), new worker errors, new server errors,
@@ -232,14 +235,14 @@ def _blockwise_allreduce(
     chunk, cb, blocks = np_ // n, np_ // (8 * n), np_ // (n * b)
     packed, scales, new_we = [], [], []
     for x, we in zip(xs, worker_errors):
-        bits, s, err = compress_blocks(pad(x, np_), we, b, scale)
+        bits, s, err = compress_blocks(pad(x, np_), we, b, scale, n if protocol == "gather_scatter" else 1)
         packed.append(bits)
         scales.append(s)
         new_we.append(err)
     meta_bytes = (n - 1) * META_FIELDS * 8
     if protocol == "allgather":
         avg = average_block_signs(packed, scales, np_, b)[:numel]
-        sent = meta_bytes + (n - 1) * (np_ // 8 + 4 * n * blocks)
+        sent = meta_bytes + (n - 1) * (4 + np_ // 8 + n * blocks)
         return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [sent] * n
     server_bits, server_scales, new_se = [], [], []
     for r in range(n):
@@ -251,7 +254,7 @@ def _blockwise_allreduce(
         new_se.append(err)
     out = np.concatenate([np.repeat(s, b) * unpack(p, chunk) for p, s in zip(server_bits, server_scales)])
     out = out.astype(np.float32)[:numel]
-    sent = meta_bytes + 2 * (n - 1) * (cb + 4 * blocks)
+    sent = meta_bytes + 2 * (n - 1) * (4 + blocks + cb)
     return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
 
 

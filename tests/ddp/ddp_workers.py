@@ -71,7 +71,8 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
-                             ranks_per_node: int | str = "auto", nodes_of: int = 1) -> None:
+                             ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None
+                             ) -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
     ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
     steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
@@ -79,7 +80,7 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
     n, rank = comm.size, comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale,
-                                     ranks_per_node=ranks_per_node)
+                                     ranks_per_node=ranks_per_node, block_size=block_size)
     k = state.ranks_per_node
     assert k == (nodes_of if ranks_per_node == "auto" else ranks_per_node), f"ranks per node {k}"
     records: dict[int, tuple] = {}
@@ -97,11 +98,11 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
             if not compressed:
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
                 continue
-            full = compcoll.padded_numel(before.numel(), n)
+            full = compcoll.padded_numel(before.numel(), n, block_size)
             wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k)
             we, se = ref.setdefault(index, ([np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n))
             if k == 1:
-                outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale)
+                outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale, block_size)
             else:
                 outs, we, se, _ = reference.hierarchical_compressed_allreduce(xs, we, se, k, scale)
             ref[index] = (we, se)
@@ -127,7 +128,8 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
     the run that went on."""
     rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
+    blocks = {} if ranks_per_node == 1 else {"block_size": None}  # the hierarchical form has no block scales
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node, **blocks)
     model.register_comm_hook(state, compcoll.ddp.onebit_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     _train(model, opt, rank, range(5))
@@ -147,7 +149,7 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
         if how == "pickled":
             hook_state = checkpoint["hook"]
         else:
-            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
+            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node, **blocks)
             if how == "state_dict":
                 hook_state.load_state_dict(hook_dict)
             else:

@@ -107,13 +107,12 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
         d_sums = cuda.cuda.device_array(full // block, np.float64)
         cuda.block_power_sums(d_src, d_lut, cuda.cuda.to_device(err), numel, block, power, d_sums)
         assert np.array_equal(d_sums.copy_to_host(), sums), ("block sums", power)
-    scales = spec.block_scales_from(sums, block, "l2")
+    want_bits, scales, want_err = reference.compress_blocks(padded, err, block, "l2", world)
     chunk = full // world
     heads = codecs.SCALE_BYTES * (chunk // block)
     framed = np.zeros((world, heads + chunk // 8), np.uint8)
     cpu_err = err.copy()
     cpu.encode_blocks(src, lut, cpu_err, numel, scales, block, framed[:, heads:])
-    want_bits, _, want_err = reference.compress_blocks(padded, err, block, "l2")
     assert np.array_equal(framed[:, heads:].reshape(-1), want_bits) and np.array_equal(cpu_err, want_err), "cpu encode"
     d_framed, d_err = cuda.cuda.to_device(np.zeros_like(framed)), cuda.cuda.to_device(err)
     cuda.encode_blocks(d_src, d_lut, d_err, numel, cuda.cuda.to_device(scales), block, d_framed[:, heads:])

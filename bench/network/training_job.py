@@ -50,8 +50,7 @@ def prepare(method: str, comm: compcoll.Communicator, width: int) -> tuple[DDP, 
         return model, sgd()
     if method in ("onebit", "onebit_hier"):
         per_node = int(os.environ.get("COMPCOLL_RANKS_PER_NODE", "1")) if method == "onebit_hier" else 1
-        blocks = {} if per_node == 1 else {"block_size": None}  # the hierarchical form has no block scales
-        model.register_comm_hook(compcoll.ddp.OneBitState(ranks_per_node=per_node, **blocks), compcoll.ddp.onebit_hook)
+        model.register_comm_hook(compcoll.ddp.OneBitState(ranks_per_node=per_node), compcoll.ddp.onebit_hook)
         return model, sgd()
     model.register_comm_hook(None, compcoll.ddp.local_hook)
     if method == "onebit_adam":

@@ -22,7 +22,8 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
    allreduce (the baseline at the same n), PyTorch's fp16 and PowerSGD r=2 and r=4 hooks,
    compcoll's ``onebit_hook`` with its defaults (gather-scatter, one scale per 64
    elements), with one scale per bucket and chunk (each protocol), with 32 and 128
-   elements per scale, and the hierarchical form with 8 ranks per node from 16 ranks on.
+   elements per scale, and the hierarchical form with 8 ranks per node from 16 ranks on
+   (a scale per 64 elements, the default, and per chunk).
    Bytes: compcoll's counters and, for PyTorch's hooks, the ring formula on what they send.
 3. ``optimizers``: the causal LM of bench/convergence (``job.py``), global batch 64 split
    over the ranks, each optimizer against its uncompressed baseline (Adam, LAMB, Birder
@@ -76,7 +77,9 @@ def hook_rows(n: int) -> list[dict]:
                baseline="DDP allreduce") for b in (32, 128)),
     ]
     if n > RANKS_PER_NODE:
-        rows.append(dict(name="1-bit hier 8/node", hook="onebit",
+        rows.append(dict(name="1-bit hier 8/node", hook="onebit", options=dict(ranks_per_node=RANKS_PER_NODE),
+                         baseline="DDP allreduce"))
+        rows.append(dict(name="1-bit hier, per chunk", hook="onebit",
                          options=dict(ranks_per_node=RANKS_PER_NODE, block_size=None), baseline="DDP allreduce"))
     return rows
 

@@ -187,43 +187,31 @@ class FlatPlan(Plan):
         """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece.
 
         1. Block sums of |x|^p of x = tensor + worker_error; the agreement (finite? on every rank).
-        2. Block scales, coded per wire row (one row per rank's chunk for gather-scatter, one
-           row for allgather); encode with the decoded scales into the rows, each row's packed
-           signs behind its largest scale and its codes.
-        3. Gather-scatter: all-to-all of the rows; serve this rank's chunk (weights s_w[i, b] / n
-           of the decoded scales, plus the server error), re-encode it with its own coded block
-           scales; all-gather the served rows. Allgather: all-gather the rows; every rank averages all of them.
-        4. Decode (into float32 scratch first for a 16-bit result).
+        2. Gather-scatter: ``serve_blocks``. Allgather: the block scales coded over the whole
+           vector, encoded behind them; all-gather; every rank averages all ranks' rows
+           (weights s_w[i, b] / n of the decoded scales).
+        3. Decode (into float32 scratch first for a 16-bit result).
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         sums = codecs.block_sums(tensor, worker_error, b, self.scale)
         self.agreement(tensor).check(bool(torch.isfinite(sums).all()), 0.0)
         if self.numel == 0:
             return result
-        rows = n if self.protocol == "gather_scatter" else 1
-        width = SCALE_BYTES + full // (b * rows) + full // (8 * rows)
-        send = ws.get("blocks.send", rows * width, torch.uint8, self.device).view(rows, width)
-        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, self.scale).view(rows, -1))
-        codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
-        received = ws.get("blocks.received", n * width, torch.uint8, self.device)
-        if self.protocol == "allgather":
+        if self.protocol == "gather_scatter":
+            rows = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
+            decoded = self._decoded(result, self.numel)
+            row_scales, bits = codecs.unframe_blocks(rows, self.chunk // b)
+            codecs.decode_blocks(bits, row_scales, b, decoded)
+        else:
+            width = SCALE_BYTES + full // b + full // 8
+            send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)
+            refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, self.scale).view(1, -1))
+            codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
+            received = ws.get("blocks.received", n * width, torch.uint8, self.device)
             comm.allgather(send.view(-1), received)
             decoded = self._decoded(result, full)
             weights, bits = codecs.unframe_blocks(received.view(n, width), full // b)
             codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, None, decoded, decoded.numel())
-        else:
-            comm.alltoall(send.view(-1), received)
-            weights, bits = codecs.unframe_blocks(received.view(n, width), self.chunk // b)
-            codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, server_error, server_error, self.chunk)
-            served = ws.get("blocks.served", width, torch.uint8, self.device).view(1, width)
-            sums = codecs.block_sums(None, server_error, b, self.scale)
-            refs, codes, mine = codecs.code_scales(codecs.block_scales(sums, b, self.scale).view(1, -1))
-            codecs.encode_blocks(None, server_error, mine.view(-1), b, codecs.frame_blocks(served, refs, codes))
-            gathered = ws.get("blocks.gathered", n * width, torch.uint8, self.device)
-            comm.allgather(served.view(-1), gathered)
-            decoded = self._decoded(result, self.numel)
-            served_scales, served_bits = codecs.unframe_blocks(gathered.view(n, width), self.chunk // b)
-            codecs.decode_blocks(served_bits, served_scales, b, decoded)
         if decoded.data_ptr() != result.data_ptr():
             result.view(-1).copy_(decoded[:self.numel])
         return result
@@ -275,6 +263,41 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)
     comm.allgather(send, gathered)
     return gathered.view(n, -1)
+
+
+def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, sums: torch.Tensor,
+                 comm: Communicator, workspace: Workspace, block_size: int, scale: str = "l2") -> torch.Tensor:
+    """Steps 3-6 of the gather-scatter protocol with one scale per block, up to the decode.
+
+    1. The block scales (from ``sums``, those of source + worker_error) coded per rank's chunk;
+       encode with the decoded scales into n wire rows, each chunk's packed signs behind its
+       largest scale and its codes.
+    2. All-to-all of the rows; c = sum_i (s_w[i, b] / n) * signs_i + server_error.
+    3. c's block scales, coded over the chunk; server_error = c - s_s * sign(c), packed into
+       one row behind them.
+    4. All-gather of the served rows.
+
+    Returns:
+        The (n, SCALE_BYTES + blocks + chunk / 8) wire rows, rank r's chunk in row r, the same
+        on every rank; ``codecs.unframe_blocks`` splits them into scales and signs.
+    """
+    n, device, b = comm.size, worker_error.device, block_size
+    chunk = server_error.numel()
+    width = SCALE_BYTES + chunk // b + chunk // 8
+    send = workspace.get("blocks.send", n * width, torch.uint8, device).view(n, width)
+    refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, scale).view(n, -1))
+    codecs.encode_blocks(source, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
+    received = workspace.get("blocks.received", n * width, torch.uint8, device)
+    comm.alltoall(send.view(-1), received)
+    weights, bits = codecs.unframe_blocks(received.view(n, width), chunk // b)
+    codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, server_error, server_error, chunk)
+    served = workspace.get("blocks.served", width, torch.uint8, device).view(1, width)
+    refs, codes, mine = codecs.code_scales(
+        codecs.block_scales(codecs.block_sums(None, server_error, b, scale), b, scale).view(1, -1))
+    codecs.encode_blocks(None, server_error, mine.view(-1), b, codecs.frame_blocks(served, refs, codes))
+    gathered = workspace.get("blocks.gathered", n * width, torch.uint8, device)
+    comm.allgather(served.view(-1), gathered)
+    return gathered.view(n, width)
 
 
 def _validate(

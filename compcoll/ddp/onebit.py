@@ -76,7 +76,7 @@ class OneBitState:
             k > 1 ranks per node, buckets go through ``hierarchical_compressed_allreduce``
             (float32 inside the node, gather-scatter 1-bit between nodes: 2(N-1)/(8N) bytes
             per element between N nodes, 1/k of them per rank; ``protocol`` does not apply).
-            Only with ``block_size=None``. The resolved k is what ``self.ranks_per_node`` holds; the buckets go by the
+            The resolved k is what ``self.ranks_per_node`` holds; the buckets go by the
             layout that was asked for (``self.layout_request``), so "auto" keeps the
             hostnames' nodes even where ranks are not placed consecutively.
         scale: "l2" (default: ||x|| / sqrt(d), DeepSpeed's) or "l1" (mean |x|). Chosen by
@@ -86,8 +86,8 @@ class OneBitState:
         timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
         block_size: 64 (default) or another power of two from 8 to 8192: one scale per block
             of that many elements, sent as an 8-bit code (``compressed_allreduce``); None: one
-            scale per bucket, and per server chunk. Block scales go through the flat form:
-            with them, ``ranks_per_node`` "auto" stays flat, and k > 1 raises ValueError.
+            scale per bucket, and per server chunk. The hierarchical form takes them between
+            nodes.
     """
 
     def __init__(
@@ -113,20 +113,13 @@ class OneBitState:
                                        or ranks_per_node < 1 or size % ranks_per_node):
             raise ValueError(f"OneBitState: ranks_per_node must be \"auto\" or a positive divisor of the group's "
                              f"{size} ranks, got {ranks_per_node!r}")
-        if block_size is not None and ranks_per_node not in (AUTO, 1):
-            raise ValueError(f"OneBitState: block scales (block_size={block_size}) go through the flat form, and the "
-                             f"hierarchical form (ranks_per_node={ranks_per_node}) has none yet: pass "
-                             f"block_size=None with it")
         self.node_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.process_group = process_group
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
         self.comm = own_comm(process_group, timeout)
         self.layout_request = ranks_per_node
-        if block_size is not None:
-            self.ranks_per_node = 1
-        else:
-            self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
+        self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
         if self.ranks_per_node > 1:
             topology(self.comm, ranks_per_node)
         self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size)
@@ -247,13 +240,14 @@ def _compress(state: OneBitState, key: int, piece: torch.Tensor) -> torch.future
     k = state.ranks_per_node
     if k == 1:
         return settle(state.allreduce(piece, key=key, out=piece, async_op=True), piece)
-    lengths = hierarchical_error_numels(piece.numel(), state.comm.size, k)
+    block = state.allreduce.block_size
+    lengths = hierarchical_error_numels(piece.numel(), state.comm.size, k, block)
     buffers = state.node_buffers.get(key)
     if buffers is None or (buffers[0].numel(), buffers[1].numel()) != lengths:
         buffers = tuple(torch.zeros(length, device=piece.device) for length in lengths)
         state.node_buffers[key] = buffers
     work = hierarchical_compressed_allreduce(piece, *buffers, state.comm, ranks_per_node=state.layout_request,
-                                             out=piece, async_op=True, scale=state.allreduce.scale)
+                                             out=piece, async_op=True, scale=state.allreduce.scale, block_size=block)
     return settle(work, piece)
 
 

@@ -352,14 +352,16 @@ def hierarchical_compressed_allreduce(
     server_errors: list[np.ndarray],
     ranks_per_node: int,
     scale: str = "l2",
+    block_size: int | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
     """The error-compensated hierarchical allreduce, simulated for the whole world.
 
-    n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n).
+    n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n, block_size).
     1. Node average of shard j at local rank j: the k ranks' float32 shards summed in
        local-rank order, divided by k.
-    2. The N local ranks j run ``compressed_allreduce`` (gather-scatter, ``scale``) on their
-       node averages with their own worker errors (length Np/k) and server errors (Np/n).
+    2. The N local ranks j run ``compressed_allreduce`` (gather-scatter, ``scale``,
+       ``block_size``) on their node averages with their own worker errors (length Np/k)
+       and server errors (Np/n).
     3. Every rank decodes every shard's server rows.
 
     Returns:
@@ -369,7 +371,7 @@ def hierarchical_compressed_allreduce(
     n, k = len(xs), ranks_per_node
     nodes = n // k
     numel = xs[0].size
-    full = padded_numel(numel, n)
+    full = padded_numel(numel, n, block_size)
     shard, sub = full // k, full // n
     padded = [pad(x, full).reshape(k, shard) for x in xs]
     new_we, new_se = list(worker_errors), list(server_errors)
@@ -383,7 +385,8 @@ def hierarchical_compressed_allreduce(
             averages.append((acc / np.float32(k)).astype(np.float32))
         group = [m * k + j for m in range(nodes)]
         outs, wes, ses, _ = compressed_allreduce(
-            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group], scale=scale
+            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group], scale=scale,
+            block_size=block_size,
         )
         pieces.append(outs[0])
         for r, we, se in zip(group, wes, ses):
@@ -391,6 +394,11 @@ def hierarchical_compressed_allreduce(
     out = np.concatenate(pieces).astype(np.float32)[:numel]
     meta = COMPENSATED_META_FIELDS * 8
     cb = sub // 8
-    intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * (4 + cb)
-    inter = (n - k) * meta + (nodes - 1) * (2 * cb + 4)
+    if block_size is None:
+        intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * (4 + cb)
+        inter = (n - k) * meta + (nodes - 1) * (2 * cb + 4)
+    else:
+        row = 4 + sub // block_size + cb
+        intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * row
+        inter = (n - k) * meta + 2 * (nodes - 1) * row
     return [out.copy() for _ in range(n)], new_we, new_se, [(intra, inter)] * n

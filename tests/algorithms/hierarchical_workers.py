@@ -152,3 +152,32 @@ def bad_inputs(comm: compcoll.Communicator, k: int) -> None:
     _expect(TypeError, "dtype torch.float64", har, x.double(), comm, ranks_per_node=k)
     _expect(ValueError, "step must be", har, x, comm, ranks_per_node=k, step=-1)
     assert torch.equal(har(x, comm, ranks_per_node=k, step=3), expected), "the communicator broke after the errors"
+
+
+def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps: int) -> None:
+    """The compensated form with one scale per block equals the reference bit for bit (outputs, both error buffers,
+    intra- and inter-node bytes), for every dtype, both scales and several block sizes."""
+    n, rank = comm.size, comm.rank
+    topo = compcoll.topology(comm, k)
+    case = 0
+    for dtype in DTYPES:
+        for shape in map(tuple, shapes):
+            case += 1
+            scale, block = SCALE_NAMES[case % 2], (8, 64, 256)[case % 3]
+            numel = int(np.prod(shape))
+            wn, sn = compcoll.hierarchical_error_numels(numel, n, k, block)
+            we, se = torch.zeros(wn), torch.zeros(sn)
+            ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
+            ref_se = [np.zeros(sn, np.float32) for _ in range(n)]
+            for call in range(steps):
+                xs = [make_input(q, call, shape, dtype) for q in range(n)]
+                where = f"{dtype} shape {shape} block {block} call {call}"
+                out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
+                                     comm, ranks_per_node=k, scale=scale, block_size=block)
+                outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(
+                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, k, scale, block)
+                assert out.shape == shape and out.dtype == dtype, where
+                assert_matches_reference(out, outs[rank], f"compensated blocks {scale}, {where}")
+                assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+                assert sent == ref_sent[rank], f"compensated bytes {sent} != {ref_sent[rank]} ({where})"
+                assert_same_on_all_ranks(comm, out)

@@ -33,3 +33,10 @@ def test_unbiased_one_bit_and_a_kth_of_the_inter_node_bytes(world_size: int, k: 
                                                    (4, 2, "mpi"), (6, 3, "gloo")])
 def test_bad_inputs_raise_on_every_rank(world_size: int, k: int, backend: str) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend, args=(k,))
+
+
+@pytest.mark.parametrize("backend, world_size, k", [("threads", 4, 2), ("threads", 6, 3), ("threads", 8, 4),
+                                                    ("mpi", 4, 2), ("gloo", 4, 2)])
+def test_compensated_block_scales_match_reference(backend: str, world_size: int, k: int) -> None:
+    run(f"{WORKERS}:compensated_blocks", world_size, backend, args=(k, [[1], [37], [3, 7, 11], [12289]], 2),
+        timeout=300)

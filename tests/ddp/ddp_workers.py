@@ -99,12 +99,13 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
                 continue
             full = compcoll.padded_numel(before.numel(), n, block_size)
-            wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k)
+            wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k,
+                                                                                          block_size)
             we, se = ref.setdefault(index, ([np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n))
             if k == 1:
                 outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale, block_size)
             else:
-                outs, we, se, _ = reference.hierarchical_compressed_allreduce(xs, we, se, k, scale)
+                outs, we, se, _ = reference.hierarchical_compressed_allreduce(xs, we, se, k, scale, block_size)
             ref[index] = (we, se)
             assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i} differs from the reference"
         assert_replicas_equal(model)
@@ -128,8 +129,7 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
     the run that went on."""
     rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    blocks = {} if ranks_per_node == 1 else {"block_size": None}  # the hierarchical form has no block scales
-    state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node, **blocks)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
     model.register_comm_hook(state, compcoll.ddp.onebit_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     _train(model, opt, rank, range(5))
@@ -149,7 +149,7 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
         if how == "pickled":
             hook_state = checkpoint["hook"]
         else:
-            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node, **blocks)
+            hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
             if how == "state_dict":
                 hook_state.load_state_dict(hook_dict)
             else:

@@ -23,10 +23,10 @@ def test_the_default_layout_follows_the_nodes(monkeypatch: pytest.MonkeyPatch) -
     """``ranks_per_node="auto"`` (the default): 4 threads on one host stay flat; told they are 2 nodes of 2
     (``COMPCOLL_RANKS_PER_NODE``, what hostnames say on a cluster), or asked for it (``ranks_per_node=2``, whose
     node groups must be made on the rank's own thread), the hook takes the hierarchical form and matches its
-    reference; with block scales (the default) it stays flat, as they have no hierarchical form yet."""
+    reference, with one scale per chunk and with block scales (the default's)."""
     monkeypatch.delenv(RANKS_PER_NODE_ENV, raising=False)
     run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", "auto", 1)
     run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", 2)
     monkeypatch.setenv(RANKS_PER_NODE_ENV, "2")
     run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", "auto", 2)
-    run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", "auto", 1, 64)
+    run_threaded_group(ddp_workers.onebit_matches_reference, 4, 3, "gather_scatter", "l2", "auto", 2, 64)

@@ -15,8 +15,9 @@ import torch
 from .algorithms.hierarchical import hierarchical_allreduce
 from .algorithms.onebit import compressed_allreduce
 from .comm.single import SingleComm
+from .ddp.onebit import BLOCK_SIZE
 from .kernels import cpu
-from .spec import padded_numel
+from .spec import PROTOCOLS, padded_numel
 
 
 def warm() -> float:
@@ -25,7 +26,8 @@ def warm() -> float:
     1. Two sizes: below ``SERIAL_BELOW`` (the serial twins) and above (the threaded kernels).
     2. Each input dtype (float32 reads directly, 16-bit types through the lookup table).
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather
-       protocol, and ``hierarchical_allreduce``, on a 1-rank communicator.
+       protocol, each protocol with block scales (the DDP hook's default), and
+       ``hierarchical_allreduce``, on a 1-rank communicator.
     """
     start = time.perf_counter()
     comm = SingleComm()
@@ -35,6 +37,10 @@ def warm() -> float:
             for protocol, pieces in (("gather_scatter", 1), ("gather_scatter", 2), ("allgather", 1)):
                 compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(full), comm,
                                      protocol=protocol, pieces=pieces)
+            for protocol in PROTOCOLS:
+                blocks = padded_numel(numel, 1, BLOCK_SIZE)
+                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(blocks), torch.zeros(blocks), comm,
+                                     protocol=protocol, block_size=BLOCK_SIZE)
             hierarchical_allreduce(torch.ones(numel, dtype=dtype), comm, ranks_per_node=1)
     return time.perf_counter() - start
 

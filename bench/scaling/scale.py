@@ -12,7 +12,8 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
    by default, a length that is a multiple of nothing; the allgather form on at most
    2^32 / n^2, since every rank receives n copies; lengths are padded to 8n, 64n with
    block scales): the flat ``compressed_allreduce`` with each protocol, gather-scatter with
-   one scale per 64 elements (the hook's default), and the hierarchical form with 8 ranks per node. Bytes per element per rank are the
+   one scale per 64 elements (the hook's default), and the hierarchical form with 8 ranks
+   per node (a scale per chunk, and per 64 elements). Bytes per element per rank are the
    communicators' own counts (``bytes_sent``, the most any rank sent, agreement included),
    inter-node bytes those sent to ranks of other nodes (``bytes_sent_to``); beside them a
    float32 ring allreduce's 8 (n-1)/n.
@@ -90,22 +91,24 @@ def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]
     The allgather form receives n compressed copies on every rank (n^2 numel / 8 bytes in
     all), so it runs on at most 2^32 / n^2 elements.
     """
-    forms = [("flat allgather", dict(protocol="allgather")), ("flat gather-scatter", dict(protocol="gather_scatter")),
-             ("gather-scatter B=64", dict(protocol="gather_scatter", block_size=64))]
+    forms = [("flat allgather", dict(protocol="allgather"), False),
+             ("flat gather-scatter", dict(protocol="gather_scatter"), False),
+             ("gather-scatter B=64", dict(protocol="gather_scatter", block_size=64), False)]
     if n > RANKS_PER_NODE:
-        forms.append(("hierarchical 8/node", None))
+        forms += [("hierarchical 8/node", {}, True), ("hierarchical 8/node B=64", dict(block_size=64), True)]
     forms = [form for form in forms if not only or form[0] in only]
     rows = []
-    for name, options in forms:
+    for name, options, hierarchical in forms:
         length = min(numel, 2**32 // n**2) if name == "flat allgather" else numel
         sent = [[0, 0] for _ in range(n)]
 
         def rank(comm: compcoll.Communicator) -> None:
             x = torch.randn(length, generator=torch.Generator().manual_seed(comm.rank))
             node = comm.rank // RANKS_PER_NODE
-            if options is None:
-                we, se = (torch.zeros(k) for k in hierarchical_error_numels(length, n, RANKS_PER_NODE))
-                hierarchical_compressed_allreduce(x, we, se, comm, ranks_per_node=RANKS_PER_NODE)
+            if hierarchical:
+                lengths = hierarchical_error_numels(length, n, RANKS_PER_NODE, options.get("block_size"))
+                we, se = (torch.zeros(k) for k in lengths)
+                hierarchical_compressed_allreduce(x, we, se, comm, ranks_per_node=RANKS_PER_NODE, **options)
             else:
                 compcoll.CompressedAllreduce(comm, **options)(x)
             inter = sum(b for peer, b in enumerate(comm.bytes_sent_to) if peer // RANKS_PER_NODE != node)
@@ -114,7 +117,7 @@ def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]
         run_threads(rank, n, timeout=1800)
         most, inter = max(s[0] for s in sent), max(s[1] for s in sent)
         rows.append({"n": n, "form": name, "numel": length, "bytes_per_element": most / length,
-                     "inter_bytes_per_element": inter / length if options is None else None,
+                     "inter_bytes_per_element": inter / length if hierarchical else None,
                      "ring_float32": 8 * (n - 1) / n})
     return rows
 

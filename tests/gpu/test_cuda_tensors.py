@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from compcoll import SingleComm, codecs
+from compcoll import SingleComm, codecs, compressed_allreduce
 from compcoll.algorithms.onebit import serve
 from compcoll.launcher import run
 from compcoll.workspace import Workspace
@@ -45,6 +45,39 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
                           results["cpu"], results["cuda"]):
         same = a == b if isinstance(a, float) else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy())
         assert same, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("numel, block", [(37, 8), (8193, 64), (1 << 20, 128)])
+def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: int) -> None:
+    """The block-scale codecs (sums, scales, 8-bit codes, encode into framed rows, accumulate, decode) and
+    ``compressed_allreduce(block_size=...)`` with both protocols give the CPU's bits on CUDA tensors."""
+    gen = torch.Generator().manual_seed(numel + block)
+    x = (torch.randn(numel, generator=gen) * 3).to(dtype)
+    full = -(-numel // (3 * block)) * 3 * block
+    err = torch.randn(full, generator=gen) * 0.1
+    results = {}
+    for device in ("cpu", "cuda"):
+        xd, ed = x.to(device), err.clone().to(device)
+        sums = codecs.block_sums(xd, ed, block, "l2")
+        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, block, "l2").view(3, -1))
+        wire = torch.zeros(3, codecs.SCALE_BYTES + full // (3 * block) + full // 24, dtype=torch.uint8, device=device)
+        codecs.encode_blocks(xd, ed, scales.view(-1), block, codecs.frame_blocks(wire, refs, codes))
+        decoded, bits = codecs.unframe_blocks(wire, full // (3 * block))
+        acc = torch.empty(full // 3, device=device)
+        codecs.accumulate_blocks(bits, codecs.divide_(decoded.clone(), 3), block, None, acc, full // 3)
+        out = torch.empty(full, device=device)
+        codecs.decode_blocks(bits, decoded, block, out)
+        calls = []
+        for protocol in ("gather_scatter", "allgather"):
+            padded = -(-numel // block) * block
+            calls.append(compressed_allreduce(xd, torch.zeros(padded, device=device), torch.zeros(padded, device=device),
+                                              SingleComm(), protocol=protocol, block_size=block).cpu())
+        torch.cuda.synchronize()
+        results[device] = (sums.cpu(), wire.cpu(), ed.cpu(), acc.cpu(), out.cpu(), *calls)
+    for name, a, b in zip(("sums", "wire", "error", "accumulate", "decode", "gather-scatter", "allgather"),
+                          results["cpu"], results["cuda"]):
+        assert np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy()), name
 
 
 @pytest.mark.parametrize("scale", ["l2", "l1"])

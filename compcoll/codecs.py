@@ -9,7 +9,6 @@ scale as 4 native-endian float32 bytes.
 
 from __future__ import annotations
 
-import math
 import threading
 from functools import lru_cache
 from typing import Union
@@ -340,27 +339,34 @@ def _heads(table: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(table[:, :SCALE_BYTES]).view(np.float32).reshape(-1)
 
 
-def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2") -> torch.Tensor:
-    """Float64 sums of |x|^p over each block of ``block_size`` elements of x = ``error + pad(tensor)`` (p: ``scale``'s
-    power), on ``error``'s device; ``tensor=None`` sums ``error`` alone. Reads both, writes nothing else."""
+def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
+               rows: int = 1) -> torch.Tensor:
+    """Float64 sums of |x|^p over the blocks of x = ``error + pad(tensor)`` (p: ``scale``'s power), on ``error``'s
+    device: x cut into ``rows`` equal rows, each into blocks of ``block_size`` from its start, the last one
+    shorter where needed (``spec.block_lengths``); row-major. ``tensor=None`` sums ``error`` alone. Writes
+    nothing else."""
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
-    sums = torch.empty(error.numel() // block_size, dtype=torch.float64, device=error.device)
+    row_len = error.numel() // rows
+    sums = torch.empty(rows * -(-row_len // block_size), dtype=torch.float64, device=error.device)
     _run("block_power_sums", error, src, lut, _array(error), 0 if tensor is None else tensor.numel(), block_size,
-         spec.SCALES[scale], _array(sums))
+         row_len, spec.SCALES[scale], _array(sums))
     return sums
 
 
-def block_scales(sums: torch.Tensor, block_size: int, scale: str) -> torch.Tensor:
-    """The float32 scale of each block from its float64 sum (``spec.block_scales_from``), on ``sums``' device.
+def block_scales(sums: torch.Tensor, block_size: int, scale: str, row_len: int) -> torch.Tensor:
+    """The float32 scale of each block from its float64 sum (``spec.block_scales_from``), on ``sums``' device;
+    the blocks are those of rows of ``row_len`` elements (``block_sums``).
 
-    On CUDA torch takes the float64 root and divides by a 0-dim tensor (IEEE division, not a
-    reciprocal's product), then rounds to float32: the host's bits, with no host round trip.
+    On CUDA torch takes the float64 roots and divides by the lengths as float64 tensors (IEEE
+    operations, correctly rounded as numpy's), then rounds to float32: the host's bits, with
+    no host round trip.
     """
+    per_row = spec.block_lengths(row_len, block_size)
+    lengths = np.tile(per_row, sums.numel() // per_row.size) if per_row.size else per_row
     if sums.is_cpu:
-        return torch.from_numpy(spec.block_scales_from(sums.numpy(), block_size, scale))
-    divisor = torch.full((), math.sqrt(block_size) if scale == "l2" else float(block_size), dtype=torch.float64,
-                         device=sums.device)
-    return ((sums.sqrt() if scale == "l2" else sums) / divisor).float()
+        return torch.from_numpy(spec.block_scales_from(sums.numpy(), lengths, scale))
+    d = torch.from_numpy(lengths.astype(np.float64)).to(sums.device)
+    return ((sums.sqrt() / d.sqrt()) if scale == "l2" else sums / d).float()
 
 
 def encode_blocks(tensor: torch.Tensor | None, error: torch.Tensor, scales: torch.Tensor, block_size: int,

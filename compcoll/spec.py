@@ -87,16 +87,14 @@ def code_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return refs, codes, decoded
 
 
-def padded_numel(numel: int, world_size: int, block_size: int | None = None) -> int:
+def padded_numel(numel: int, world_size: int) -> int:
     """Smallest length the 1-bit path accepts: ``numel`` rounded up to a multiple of 8 * world_size.
 
-    With ``block_size`` (one scale per block of that many elements), a multiple of
-    block_size * world_size instead, so that every rank's chunk is whole blocks.
     The worker error buffer has this length, the server error buffer 1/world_size of it.
     """
     if numel < 0 or world_size < 1:
         raise ValueError(f"padded_numel needs numel >= 0 and world_size >= 1, got {numel}, {world_size}")
-    unit = (8 if block_size is None else block_size) * world_size
+    unit = 8 * world_size
     return -(-numel // unit) * unit
 
 
@@ -108,14 +106,25 @@ def check_block_size(what: str, block_size: int | None) -> None:
                          f"{BLOCK}, got {block_size!r}")
 
 
-def block_scales_from(totals: np.ndarray, block_size: int, scale: str) -> np.ndarray:
-    """The float32 scales of blocks of ``block_size`` elements from their float64 sums of |x|^p.
+def block_lengths(row_len: int, block_size: int) -> np.ndarray:
+    """The lengths of the blocks of one wire row of ``row_len`` elements: blocks of ``block_size`` from the row's
+    start, the last one shorter where block_size does not divide row_len."""
+    count = -(-row_len // block_size)
+    lengths = np.full(count, block_size, dtype=np.int64)
+    if count:
+        lengths[-1] = row_len - (count - 1) * block_size
+    return lengths
 
-    1. "l2": sqrt(total) / sqrt(block_size); "l1": total / block_size; in float64 (IEEE, correctly rounded).
+
+def block_scales_from(totals: np.ndarray, lengths: np.ndarray, scale: str) -> np.ndarray:
+    """The float32 scales of blocks of ``lengths`` elements from their float64 sums of |x|^p.
+
+    1. "l2": sqrt(total) / sqrt(d); "l1": total / d; in float64 (IEEE, correctly rounded), d the block's length.
     2. Round to float32.
     """
     totals = np.asarray(totals, dtype=np.float64)
-    values = np.sqrt(totals) / np.float64(math.sqrt(block_size)) if scale == "l2" else totals / np.float64(block_size)
+    d = np.asarray(lengths, dtype=np.float64)
+    values = np.sqrt(totals) / np.sqrt(d) if scale == "l2" else totals / d
     return values.astype(np.float32)
 
 

@@ -38,8 +38,7 @@ def warm() -> float:
                 compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(full), comm,
                                      protocol=protocol, pieces=pieces)
             for protocol in PROTOCOLS:
-                blocks = padded_numel(numel, 1, BLOCK_SIZE)
-                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(blocks), torch.zeros(blocks), comm,
+                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(full), comm,
                                      protocol=protocol, block_size=BLOCK_SIZE)
             hierarchical_allreduce(torch.ones(numel, dtype=dtype), comm, ranks_per_node=1)
     return time.perf_counter() - start

@@ -62,7 +62,7 @@ def variants() -> dict[str, tuple]:
                                                     (src, F32, I64, F32, t.uint64, I64, rows(t.uint8)))
         for p in (1, 2):
             found[f"block sums of |x|^{p}, table={lut}"] = (kernels._block_power_sums(lut, p).py_func,
-                                                            (src, F32, F32, I64, I64, F64))
+                                                            (src, F32, F32, I64, I64, I64, F64))
         found[f"encode with block scales, table={lut}"] = (kernels._encode_blocks(lut).py_func,
                                                            (src, F32, F32, I64, F32, I64, rows(t.uint8)))
     found["decode with block scales"] = (kernels._decode_blocks.py_func, (rows(t.uint8), rows(t.float32), I64, F32, I64))

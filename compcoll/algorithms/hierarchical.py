@@ -23,16 +23,15 @@ from .plan import Plan, cached_plan
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 
 
-def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int,
-                              block_size: int | None = None) -> tuple[int, int]:
+def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) -> tuple[int, int]:
     """Lengths of the (worker, server) error buffers of ``hierarchical_compressed_allreduce``.
 
-    With Np = padded_numel(numel, world_size, block_size): the worker error covers one shard,
-    Np / k; the server error one sub-chunk, Np / world_size.
+    With Np = padded_numel(numel, world_size): the worker error covers one shard, Np / k;
+    the server error one sub-chunk, Np / world_size.
     """
     if ranks_per_node < 1 or world_size % ranks_per_node:
         raise ValueError(f"ranks_per_node={ranks_per_node} does not divide world_size={world_size}")
-    full = padded_numel(numel, world_size, block_size)
+    full = padded_numel(numel, world_size)
     return full // ranks_per_node, full // world_size
 
 
@@ -113,9 +112,8 @@ class _NodePlan(Plan):
     """A plan whose layout needs the node layout (``topology``), resolved at its first call."""
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
-                 ranks_per_node: int | str | None, options: tuple[Option, ...] = (),
-                 block_size: int | None = None) -> None:
-        super().__init__(comm, numel, device, (Option("ranks_per_node", requested), *options), block_size)
+                 ranks_per_node: int | str | None, options: tuple[Option, ...] = ()) -> None:
+        super().__init__(comm, numel, device, (Option("ranks_per_node", requested), *options))
         self.ranks_per_node = ranks_per_node
         self._layout: Topology | None = None
 
@@ -247,8 +245,7 @@ def hierarchical_compressed_allreduce(
         scale: "l2" (default) or "l1", as in ``compressed_allreduce``; every rank the same.
         block_size: None (default) or elements per scale block, as in
             ``compressed_allreduce``: the inter-node gather-scatter (step 3) takes one coded
-            scale per block (``onebit.serve_blocks``); Np = padded_numel(numel, n, block_size)
-            and the buffers' lengths follow (``hierarchical_error_numels``).
+            scale per block (``onebit.serve_blocks``).
 
     Returns:
         The estimate of the average, shaped and typed like ``tensor``, bit-identical on
@@ -295,13 +292,13 @@ class CompensatedPlan(_NodePlan):
             Option("server_error lengths", lengths[1]),
             Option("scales", list(SCALES).index(scale), tuple(SCALES)),
             Option("block sizes", block_size or 0, ("one scale per chunk",)),
-        ), block_size)
+        ))
         self.scale = scale
         self.block_size = block_size
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout
-        worker, server = hierarchical_error_numels(self.numel, self.comm.size, layout.ranks_per_node, self.block_size)
+        worker, server = hierarchical_error_numels(self.numel, self.comm.size, layout.ranks_per_node)
         worker_start = layout.local_rank * worker
         return (worker, worker_start), (server, worker_start + layout.inter.rank * server)
 
@@ -315,26 +312,23 @@ class CompensatedPlan(_NodePlan):
         n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes
         numel = self.numel
         b = self.block_size
-        shard, sub = hierarchical_error_numels(numel, n, k, b)
+        shard, sub = hierarchical_error_numels(numel, n, k)
         if (worker_error.numel(), server_error.numel()) != (shard, sub):
-            block = "" if b is None else f", {b}"
             hint = (f"; they depend on the node layout, here {k} rank(s) per node: size them with "
-                    f"hierarchical_error_numels({numel}, {n}, {k}{block}), or pass the ranks_per_node they were "
-                    f"sized for")
-            padded = f"padded_numel({numel}, {n}{block})"
-            check_length(what, "worker_error", worker_error, shard, f"{padded} // {k}{hint}")
-            check_length(what, "server_error", server_error, sub, f"{padded} // {n}{hint}")
+                    f"hierarchical_error_numels({numel}, {n}, {k}), or pass the ranks_per_node they were sized for")
+            check_length(what, "worker_error", worker_error, shard, f"padded_numel({numel}, {n}) // {k}{hint}")
+            check_length(what, "server_error", server_error, sub, f"padded_numel({numel}, {n}) // {n}{hint}")
         if numel == 0:
             return result
 
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
-            sums = codecs.block_sums(average, worker_error, b, self.scale)
+            sums = codecs.block_sums(average, worker_error, b, self.scale, layout.nodes)
             agreement.check(bool(torch.isfinite(sums).all()), 0.0)
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
             layout.intra.allgather(rows.view(-1), gathered)
-            row_scales, bits = codecs.unframe_blocks(gathered.view(n, -1), sub // b)
+            row_scales, bits = codecs.unframe_blocks(gathered.view(n, -1), -(-sub // b))
             decoded = result.view(-1) if result.dtype == torch.float32 else ws.get("decoded", numel, torch.float32,
                                                                                      self.device)
             codecs.decode_blocks(bits, row_scales, b, decoded)

@@ -54,10 +54,11 @@ def compressed_allreduce(
     allreduce sends 2(n-1)/n * 4 * numel, 32x more. The first call of each size whose pieces
     are left to compcoll sends 24(n-1) more (``pipeline.agree_pieces``).
 
-    With ``block_size`` B, Np is a multiple of B * n and every compression (steps 1, 3 and
-    5) takes one scale per block of B elements instead of one per vector or chunk: the scale
-    of block b is the same formula over its B elements (``codecs.block_scales``), each block's
-    float64 sum taken sequentially. The agreement carries no scale. Each packed chunk travels
+    With ``block_size`` B every compression (steps 1, 3 and 5) takes one scale per block of B
+    elements instead of one per vector or chunk: blocks start at each chunk's start (the whole
+    vector's for allgather), the last one of a chunk shorter where B does not divide it; the
+    scale of a block is the same formula over its elements (``codecs.block_scales``), each
+    block's float64 sum taken sequentially. The agreement carries no scale. Each packed chunk travels
     behind its largest block scale (float32) and one 8-bit code per block: the chunk's largest
     scale times 2^(-k/8), or 0 (``spec.code_scales``: the nearest of 255 values over 32
     octaves, within 4.4%); every rank, the encoder included, uses the decoded scale, so the
@@ -94,8 +95,7 @@ def compressed_allreduce(
             Every rank must use the same.
         block_size: None (default: one scale per vector, and per server chunk) or a power
             of two from 8 to 8192: one scale per block of that many elements, for both
-            protocols (see above). Every rank must use the same; the error buffers' lengths
-            follow ``padded_numel(numel, n, block_size)``. Not with ``pieces`` > 1.
+            protocols (see above). Every rank must use the same. Not with ``pieces`` > 1.
 
     Returns:
         The estimate of the average over ranks, shaped and typed like ``tensor``,
@@ -123,7 +123,7 @@ def compressed_allreduce(
 class FlatPlan(Plan):
     """``compressed_allreduce`` on tensors of ``numel`` elements: layout, scratch, agreement, error feedback.
 
-    Layout: Np = padded_numel(numel, n, block_size); the worker error covers the whole padded
+    Layout: Np = padded_numel(numel, n); the worker error covers the whole padded
     vector, the server error this rank's chunk of Np / n from rank * Np / n.
 
     Args:
@@ -144,8 +144,7 @@ class FlatPlan(Plan):
                          (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS),
                           Option("pieces", pieces or 0, ("chosen by compcoll",)),
                           Option("scales", list(SCALES).index(scale), tuple(SCALES)),
-                          Option("block sizes", block_size or 0, ("one scale per chunk",))),
-                         block_size)
+                          Option("block sizes", block_size or 0, ("one scale per chunk",))))
         self.protocol = protocol
         self.pieces = pieces
         self.scale = scale
@@ -193,24 +192,25 @@ class FlatPlan(Plan):
         3. Decode (into float32 scratch first for a 16-bit result).
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
-        sums = codecs.block_sums(tensor, worker_error, b, self.scale)
+        rows = n if self.protocol == "gather_scatter" else 1
+        sums = codecs.block_sums(tensor, worker_error, b, self.scale, rows)
         self.agreement(tensor).check(bool(torch.isfinite(sums).all()), 0.0)
         if self.numel == 0:
             return result
         if self.protocol == "gather_scatter":
-            rows = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
+            served = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
             decoded = self._decoded(result, self.numel)
-            row_scales, bits = codecs.unframe_blocks(rows, self.chunk // b)
+            row_scales, bits = codecs.unframe_blocks(served, -(-self.chunk // b))
             codecs.decode_blocks(bits, row_scales, b, decoded)
         else:
-            width = SCALE_BYTES + full // b + full // 8
+            width = SCALE_BYTES + -(-full // b) + full // 8
             send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)
-            refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, self.scale).view(1, -1))
+            refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, self.scale, full).view(1, -1))
             codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
             received = ws.get("blocks.received", n * width, torch.uint8, self.device)
             comm.allgather(send.view(-1), received)
             decoded = self._decoded(result, full)
-            weights, bits = codecs.unframe_blocks(received.view(n, width), full // b)
+            weights, bits = codecs.unframe_blocks(received.view(n, width), -(-full // b))
             codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, None, decoded, decoded.numel())
         if decoded.data_ptr() != result.data_ptr():
             result.view(-1).copy_(decoded[:self.numel])
@@ -269,7 +269,8 @@ def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error:
                  comm: Communicator, workspace: Workspace, block_size: int, scale: str = "l2") -> torch.Tensor:
     """Steps 3-6 of the gather-scatter protocol with one scale per block, up to the decode.
 
-    1. The block scales (from ``sums``, those of source + worker_error) coded per rank's chunk;
+    1. The block scales (from ``sums``, those of source + worker_error by chunk: ``block_sums``
+       with n rows) coded per rank's chunk;
        encode with the decoded scales into n wire rows, each chunk's packed signs behind its
        largest scale and its codes.
     2. All-to-all of the rows; c = sum_i (s_w[i, b] / n) * signs_i + server_error.
@@ -278,22 +279,23 @@ def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     4. All-gather of the served rows.
 
     Returns:
-        The (n, SCALE_BYTES + blocks + chunk / 8) wire rows, rank r's chunk in row r, the same
-        on every rank; ``codecs.unframe_blocks`` splits them into scales and signs.
+        The (n, SCALE_BYTES + ceil(chunk / block_size) + chunk / 8) wire rows, rank r's chunk in row
+        r, the same on every rank; ``codecs.unframe_blocks`` splits them into scales and signs.
     """
     n, device, b = comm.size, worker_error.device, block_size
     chunk = server_error.numel()
-    width = SCALE_BYTES + chunk // b + chunk // 8
+    blocks = -(-chunk // b)
+    width = SCALE_BYTES + blocks + chunk // 8
     send = workspace.get("blocks.send", n * width, torch.uint8, device).view(n, width)
-    refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, scale).view(n, -1))
+    refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, scale, chunk).view(n, -1))
     codecs.encode_blocks(source, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
     received = workspace.get("blocks.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)
-    weights, bits = codecs.unframe_blocks(received.view(n, width), chunk // b)
+    weights, bits = codecs.unframe_blocks(received.view(n, width), blocks)
     codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, server_error, server_error, chunk)
     served = workspace.get("blocks.served", width, torch.uint8, device).view(1, width)
     refs, codes, mine = codecs.code_scales(
-        codecs.block_scales(codecs.block_sums(None, server_error, b, scale), b, scale).view(1, -1))
+        codecs.block_scales(codecs.block_sums(None, server_error, b, scale), b, scale, chunk).view(1, -1))
     codecs.encode_blocks(None, server_error, mine.view(-1), b, codecs.frame_blocks(served, refs, codes))
     gathered = workspace.get("blocks.gathered", n * width, torch.uint8, device)
     comm.allgather(served.view(-1), gathered)
@@ -322,11 +324,10 @@ def _validate(
     if block_size is not None and pieces not in (None, 1):
         raise ValueError(f"{what}: a call with block_size runs in one piece; got pieces={pieces!r}")
     numel = tensor.numel()
-    full = padded_numel(numel, n, block_size)
-    formula = f"padded_numel({numel}, {n}{'' if block_size is None else f', {block_size}'})"
+    full = padded_numel(numel, n)
     for name, buf, length, formula in (
-        ("worker_error", worker_error, full, formula),
-        ("server_error", server_error, full // n, f"{formula} // {n}"),
+        ("worker_error", worker_error, full, f"padded_numel({numel}, {n})"),
+        ("server_error", server_error, full // n, f"padded_numel({numel}, {n}) // {n}"),
     ):
         check_error_buffer(what, name, buf, tensor)
         check_length(what, name, buf, length, formula)

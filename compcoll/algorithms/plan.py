@@ -113,13 +113,12 @@ class Plan(ABC):
 
     what = "collective"
 
-    def __init__(self, comm: Communicator, numel: int, device: torch.device, options: tuple[Option, ...],
-                 block_size: int | None = None) -> None:
+    def __init__(self, comm: Communicator, numel: int, device: torch.device, options: tuple[Option, ...]) -> None:
         self.comm = comm
         self.numel = numel
         self.device = torch.device(device)
         self.options = options
-        self.full = padded_numel(numel, comm.size, block_size)
+        self.full = padded_numel(numel, comm.size)
         self.workspace = Workspace()
         self._agreements: dict[tuple[tuple[int, ...], torch.dtype], Agreement] = {}
         self._error_feedback: ErrorFeedback | None = None

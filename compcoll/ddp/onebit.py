@@ -240,7 +240,7 @@ def _compress(state: OneBitState, key: int, piece: torch.Tensor) -> torch.future
     if k == 1:
         return settle(state.allreduce(piece, key=key, out=piece, async_op=True), piece)
     block = state.allreduce.block_size
-    lengths = hierarchical_error_numels(piece.numel(), state.comm.size, k, block)
+    lengths = hierarchical_error_numels(piece.numel(), state.comm.size, k)
     buffers = state.node_buffers.get(key)
     if buffers is None or (buffers[0].numel(), buffers[1].numel()) != lengths:
         buffers = tuple(torch.zeros(length, device=piece.device) for length in lengths)

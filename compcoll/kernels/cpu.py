@@ -338,20 +338,23 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits):
 
 
 @_threaded
-def block_power_sums(src, lut, err, n_src, block, power, sums):
-    """sums[b] = sum of |x_i|^power over block b (elements [b * block, (b + 1) * block)), x = err + src.
+def block_power_sums(src, lut, err, n_src, block, row_len, power, sums):
+    """sums[r * m + b] = sum of |x_i|^power over block b of row r, x = err + src (rows of row_len elements).
 
-    src is zero beyond n_src; err.size = sums.size * block. Each block is summed sequentially
-    in float64 (every |x| and square exact), as ``reference.block_sums``; blocks in parallel,
-    BLOCK elements' worth of them per task.
+    A row's blocks are ``block`` elements from its start, m = ceil(row_len / block) of them,
+    the last one shorter where needed; src is zero beyond n_src. Each block is summed
+    sequentially in float64 (every |x| and square exact), as ``reference.block_sums``;
+    blocks in parallel, BLOCK elements' worth of them per task.
     """
+    per_row = (row_len + block - 1) // block
     per_task = max(1, BLOCK // block)
     for t in prange((sums.size + per_task - 1) // per_task):
         for b in range(t * per_task, min(sums.size, (t + 1) * per_task)):
+            r = b // per_row
+            first = r * row_len + (b - r * per_row) * block
+            last = min(first + block, (r + 1) * row_len)
             acc = 0.0
-            first = b * block
-            for e in range(block):
-                i = first + e
+            for i in range(first, last):
                 x = err[i] + _load(src, lut, i) if i < n_src else err[i]
                 acc += _power(np.float64(x), power)
             sums[b] = acc
@@ -359,13 +362,15 @@ def block_power_sums(src, lut, err, n_src, block, power, sums):
 
 @_threaded
 def encode_blocks(src, lut, err, n_src, scales, block, bits):
-    """``compensate_encode`` with one scale per block: err[i] = x - (+-scales[i // block]).
+    """``compensate_encode`` with one scale per block: err[i] = x - (+-scales[r * m + k // block]).
 
     ``bits`` is (rows, row_bytes), possibly a strided view (rows behind their scales): row r
-    holds elements [r * 8 * row_bytes, (r + 1) * 8 * row_bytes), a whole number of blocks.
-    Each task takes up to BLOCK elements of one row, writes their bits as bytes 0/1, then packs them.
+    holds elements [r * 8 * row_bytes, (r + 1) * 8 * row_bytes); element k of the row is in
+    its block k // block, m = ceil(8 * row_bytes / block) blocks per row. Each task takes up
+    to BLOCK elements of one row, writes their bits as bytes 0/1, then packs them.
     """
     rows, row_bytes = bits.shape
+    per_row = (8 * row_bytes + block - 1) // block
     per_task = BLOCK // 8
     tasks_per_row = (row_bytes + per_task - 1) // per_task
     for t in prange(rows * tasks_per_row):
@@ -375,9 +380,9 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits):
         first = (r * row_bytes + lo) * 8
         count = (hi - lo) * 8
         flags = np.empty(count, np.uint8)
-        for k in range(count // block):
-            s = scales[first // block + k]
-            for e in range(k * block, (k + 1) * block):
+        for k in range((count + block - 1) // block):
+            s = scales[r * per_row + lo * 8 // block + k]
+            for e in range(k * block, min(count, (k + 1) * block)):
                 i = first + e
                 x = err[i] + _load(src, lut, i) if i < n_src else err[i]
                 flags[e] = x >= 0

@@ -401,10 +401,14 @@ def _block_power_sums(with_lut: bool, p: int):
     load = _LOADS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, block, sums):
+    def kernel(src, lut, err, n_src, block, row_len, sums):
+        per_row = (row_len + block - 1) // block
         for b in range(cuda.grid(1), sums.size, cuda.gridsize(1)):
+            r = b // per_row
+            first = r * row_len + (b - r * per_row) * block
+            last = min(first + block, (r + 1) * row_len)
             acc = 0.0
-            for i in range(b * block, (b + 1) * block):
+            for i in range(first, last):
                 x = err[i] + load(src, lut, i) if i < n_src else err[i]
                 acc += _power(np.float64(x), p)
             sums[b] = acc
@@ -412,11 +416,11 @@ def _block_power_sums(with_lut: bool, p: int):
     return kernel
 
 
-def block_power_sums(src, lut, err, n_src, block, power, sums, stream=0) -> None:
-    """sums[b] = sum of |x|^power over block b of x = err + src, sequentially in float64, as the CPU kernel:
-    one thread per block."""
+def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
+    """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
+    CPU kernel: one thread per block."""
     _block_power_sums(lut is not None, int(power))[_grid(sums.size), THREADS, stream](
-        src, _table(lut), err, n_src, block, sums
+        src, _table(lut), err, n_src, block, row_len, sums
     )
 
 
@@ -430,13 +434,16 @@ def _encode_blocks(with_lut: bool):
         lane = cuda.threadIdx.x
         rows, row_bytes = bits.shape
         total = rows * row_bytes
+        row_len = 8 * row_bytes
+        per_row = (row_len + block - 1) // block
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
                 e = j * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    s = scales[i // block]
+                    r = i // row_len
+                    s = scales[r * per_row + (i - r * row_len) // block]
                     x = err[i] + load(src, lut, i) if i < n_src else err[i]
                     if x >= 0:
                         signs[e] = 1
@@ -454,8 +461,8 @@ def _encode_blocks(with_lut: bool):
 
 
 def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
-    """``compensate_encode`` with scale scales[i // block] for element i, into (rows, row_bytes) ``bits``
-    (possibly strided), as the CPU kernel; tiled as ``compensate_encode``."""
+    """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
+    row_bytes) ``bits`` (possibly strided), as the CPU kernel; tiled as ``compensate_encode``."""
     _encode_blocks(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
         src, _table(lut), err, n_src, scales, block, bits
     )

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import (
-    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, block_scales_from, code_scales, mix64,
-    padded_numel, scale_from, stream_key,
+    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, block_lengths, block_scales_from, code_scales,
+    mix64, padded_numel, scale_from, stream_key,
 )
 
 META_FIELDS = AGREEMENT_FIELDS
@@ -105,13 +105,20 @@ def compress(x: np.ndarray, error: np.ndarray, scale: str = "l2") -> tuple[np.nd
     return pack(q), s, (x - s * q).astype(np.float32)
 
 
-def block_sums(x: np.ndarray, block_size: int, power: int = 2) -> np.ndarray:
-    """Float64 sums of |x|^power over consecutive blocks of ``block_size`` elements, each summed sequentially.
+def block_sums(x: np.ndarray, block_size: int, power: int = 2, rows: int = 1) -> np.ndarray:
+    """Float64 sums of |x|^power over the blocks of each of ``rows`` equal rows of ``x``, each summed sequentially.
 
-    ``x.size`` is a multiple of ``block_size``; every |x| and square is exact in float64.
+    A row's blocks are ``block_size`` elements from its start, the last one shorter where
+    needed (``spec.block_lengths``); row-major. Every |x| and square is exact in float64.
     """
     values = np.abs(np.asarray(x, dtype=np.float32).astype(np.float64)) ** power
-    return np.cumsum(values.reshape(-1, block_size), axis=1)[:, -1].copy() if values.size else np.zeros(0)
+    row_len = values.size // rows
+    sums = []
+    for row in values.reshape(rows, row_len):
+        for start in range(0, row_len, block_size):
+            block = row[start:start + block_size]
+            sums.append(np.cumsum(block)[-1])
+    return np.array(sums, dtype=np.float64)
 
 
 def compress_blocks(x: np.ndarray, error: np.ndarray, block_size: int, scale: str = "l2", rows: int = 1
@@ -119,26 +126,30 @@ def compress_blocks(x: np.ndarray, error: np.ndarray, block_size: int, scale: st
     """``compress`` with one scale per block of ``block_size`` elements, sent as 8-bit codes per row.
 
     1. x = x + error (float32).
-    2. s_b = ``block_scales_from(block_sums(x))`` for each block b; q = sign(x).
-    3. The scales of each of ``rows`` equal rows (wire rows: chunks) are coded against the
-       row's largest (``code_scales``); s_b becomes its decoded value.
+    2. s_b = ``block_scales_from(block_sums(x))`` for each block b of each of ``rows`` equal
+       rows (wire rows: chunks; blocks restart at each row); q = sign(x).
+    3. The scales of each row are coded against the row's largest (``code_scales``); s_b
+       becomes its decoded value.
     4. new error = x - s_b * q on block b.
 
     Returns (packed bits, the decoded float32 block scales, new error).
     """
     x = (np.asarray(x, dtype=np.float32) + error).astype(np.float32)
-    exact = block_scales_from(block_sums(x, block_size, SCALES[scale]), block_size, scale)
+    lengths = block_lengths(x.size // rows, block_size)
+    exact = block_scales_from(block_sums(x, block_size, SCALES[scale], rows), np.tile(lengths, rows), scale)
     s = code_scales(exact.reshape(rows, -1))[2].reshape(-1)
     q = sign(x)
-    return pack(q), s, (x - np.repeat(s, block_size) * q).astype(np.float32)
+    return pack(q), s, (x - np.repeat(s, np.tile(lengths, rows)) * q).astype(np.float32)
 
 
 def average_block_signs(bits: list[np.ndarray], scales: list[np.ndarray], count: int, block_size: int) -> np.ndarray:
-    """``average_signs`` with one scale per block: term i of block b uses w_ib = float32(scales[i][b] / n)."""
+    """``average_signs`` of one row of ``count`` elements with one scale per block (``spec.block_lengths``): term i
+    of block b uses w_ib = float32(scales[i][b] / n)."""
     n = len(bits)
+    lengths = block_lengths(count, block_size)
     acc = np.zeros(count, dtype=np.float32)
     for b, s in zip(bits, scales):
-        w = np.repeat((np.asarray(s, np.float32) / np.float32(n)).astype(np.float32), block_size)
+        w = np.repeat((np.asarray(s, np.float32) / np.float32(n)).astype(np.float32), lengths)
         acc = (acc + w * unpack(b, count)).astype(np.float32)
     return acc
 
@@ -182,9 +193,10 @@ def compressed_allreduce(
         protocol: "gather_scatter" or "allgather".
         scale: "l2" or "l1" (``scale_of``), for the worker and the server compression.
         block_size: None (one scale per compressed vector or chunk) or a power of two: one
-            scale per block of that many elements (``compress_blocks``), for the worker and the
-            server compression; Np is then a multiple of block_size * n, and each packed
-            chunk travels behind its largest scale (4 bytes) and its blocks' 8-bit codes.
+            scale per block of that many elements (``compress_blocks``; blocks restart at each
+            chunk, the last one of a chunk shorter where needed), for the worker and the server
+            compression; each packed chunk travels behind its largest scale (4 bytes) and its
+            blocks' 8-bit codes.
 
     Returns:
         (outputs (float32, unpadded), new worker errors, new server errors,
@@ -231,8 +243,9 @@ def _blockwise_allreduce(
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
     """``compressed_allreduce`` with one scale per block (``compress_blocks``); same steps, same returns."""
     n, numel, b = len(xs), xs[0].size, block_size
-    np_ = padded_numel(numel, n, b)
-    chunk, cb, blocks = np_ // n, np_ // (8 * n), np_ // (n * b)
+    np_ = padded_numel(numel, n)
+    chunk, cb = np_ // n, np_ // (8 * n)
+    blocks = -(-chunk // b)
     packed, scales, new_we = [], [], []
     for x, we in zip(xs, worker_errors):
         bits, s, err = compress_blocks(pad(x, np_), we, b, scale, n if protocol == "gather_scatter" else 1)
@@ -242,7 +255,7 @@ def _blockwise_allreduce(
     meta_bytes = (n - 1) * META_FIELDS * 8
     if protocol == "allgather":
         avg = average_block_signs(packed, scales, np_, b)[:numel]
-        sent = meta_bytes + (n - 1) * (4 + np_ // 8 + n * blocks)
+        sent = meta_bytes + (n - 1) * (4 + np_ // 8 + -(-np_ // b))
         return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [sent] * n
     server_bits, server_scales, new_se = [], [], []
     for r in range(n):
@@ -252,7 +265,8 @@ def _blockwise_allreduce(
         server_bits.append(bits)
         server_scales.append(s)
         new_se.append(err)
-    out = np.concatenate([np.repeat(s, b) * unpack(p, chunk) for p, s in zip(server_bits, server_scales)])
+    lengths = block_lengths(chunk, b)
+    out = np.concatenate([np.repeat(s, lengths) * unpack(p, chunk) for p, s in zip(server_bits, server_scales)])
     out = out.astype(np.float32)[:numel]
     sent = meta_bytes + 2 * (n - 1) * (4 + blocks + cb)
     return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
@@ -356,7 +370,7 @@ def hierarchical_compressed_allreduce(
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
     """The error-compensated hierarchical allreduce, simulated for the whole world.
 
-    n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n, block_size).
+    n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n).
     1. Node average of shard j at local rank j: the k ranks' float32 shards summed in
        local-rank order, divided by k.
     2. The N local ranks j run ``compressed_allreduce`` (gather-scatter, ``scale``,
@@ -371,7 +385,7 @@ def hierarchical_compressed_allreduce(
     n, k = len(xs), ranks_per_node
     nodes = n // k
     numel = xs[0].size
-    full = padded_numel(numel, n, block_size)
+    full = padded_numel(numel, n)
     shard, sub = full // k, full // n
     padded = [pad(x, full).reshape(k, shard) for x in xs]
     new_we, new_se = list(worker_errors), list(server_errors)
@@ -398,7 +412,7 @@ def hierarchical_compressed_allreduce(
         intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * (4 + cb)
         inter = (n - k) * meta + (nodes - 1) * (2 * cb + 4)
     else:
-        row = 4 + sub // block_size + cb
+        row = 4 + -(-sub // block_size) + cb
         intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * row
         inter = (n - k) * meta + 2 * (nodes - 1) * row
     return [out.copy() for _ in range(n)], new_we, new_se, [(intra, inter)] * n

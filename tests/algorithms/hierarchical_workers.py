@@ -165,7 +165,7 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
             case += 1
             scale, block = SCALE_NAMES[case % 2], (8, 64, 256)[case % 3]
             numel = int(np.prod(shape))
-            wn, sn = compcoll.hierarchical_error_numels(numel, n, k, block)
+            wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
             we, se = torch.zeros(wn), torch.zeros(sn)
             ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
             ref_se = [np.zeros(sn, np.float32) for _ in range(n)]

@@ -261,7 +261,7 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                 case += 1
                 block, scale = sizes[case % len(sizes)], SCALE_NAMES[case % 2]
                 numel = int(np.prod(shape))
-                full = compcoll.padded_numel(numel, n, block)
+                full = compcoll.padded_numel(numel, n)
                 we, se = torch.zeros(full), torch.zeros(full // n)
                 ref_we = [np.zeros(full, np.float32) for _ in range(n)]
                 ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
@@ -292,7 +292,7 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
         grad = make_input(rank, step, (1001,), torch.float32)
         assert torch.equal(straight(grad, "g"), resumed(grad, "g")), f"resumed blockwise call, step {step}"
 
-    full = compcoll.padded_numel(1001, n, 64)
+    full = compcoll.padded_numel(1001, n)
     we, se = torch.ones(full), torch.ones(full // n)
     poisoned = make_input(rank, 0, (1001,), torch.float32)
     if rank == n - 1:
@@ -301,10 +301,8 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
             block_size=64)
     assert bool((we == 1).all() and (se == 1).all()), "a NaN changed an error buffer"
     if n > 1:
-        block = 64 if rank else 128
-        full = compcoll.padded_numel(1001, n, block)
         _expect(compcoll.RankMismatchError, "block sizes", compcoll.compressed_allreduce, poisoned.nan_to_num(),
-                torch.zeros(full), torch.zeros(full // n), comm, block_size=block)
+                torch.zeros(full), torch.zeros(full // n), comm, block_size=64 if rank else 128)
     _expect(ValueError, "block_size must be None", compcoll.compressed_allreduce, poisoned, we, se, comm,
             block_size=100)
     _expect(ValueError, "runs in one piece", compcoll.compressed_allreduce, poisoned, we, se, comm, block_size=64,

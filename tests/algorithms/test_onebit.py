@@ -88,8 +88,3 @@ def test_non_contiguous_input() -> None:
 def test_block_scales_match_reference(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:blockwise", world_size, backend, args=([[1], [37], [3, 7, 11], [12289]], 3))
 
-
-@pytest.mark.parametrize("numel,world,block,expected", [(0, 1, 8, 0), (1, 1, 64, 64), (9, 2, 8, 16),
-                                                        (100, 3, 128, 384), (1000, 2, 256, 1024)])
-def test_padded_numel_with_block_scales(numel: int, world: int, block: int, expected: int) -> None:
-    assert compcoll.padded_numel(numel, world, block) == expected

@@ -98,9 +98,8 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
             if not compressed:
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
                 continue
-            full = compcoll.padded_numel(before.numel(), n, block_size)
-            wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k,
-                                                                                          block_size)
+            full = compcoll.padded_numel(before.numel(), n)
+            wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k)
             we, se = ref.setdefault(index, ([np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n))
             if k == 1:
                 outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale, block_size)

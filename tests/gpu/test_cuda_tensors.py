@@ -54,23 +54,24 @@ def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: i
     ``compressed_allreduce(block_size=...)`` with both protocols give the CPU's bits on CUDA tensors."""
     gen = torch.Generator().manual_seed(numel + block)
     x = (torch.randn(numel, generator=gen) * 3).to(dtype)
-    full = -(-numel // (3 * block)) * 3 * block
+    full = -(-numel // 24) * 24
+    blocks = -(-full // 3 // block)
     err = torch.randn(full, generator=gen) * 0.1
     results = {}
     for device in ("cpu", "cuda"):
         xd, ed = x.to(device), err.clone().to(device)
-        sums = codecs.block_sums(xd, ed, block, "l2")
-        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, block, "l2").view(3, -1))
-        wire = torch.zeros(3, codecs.SCALE_BYTES + full // (3 * block) + full // 24, dtype=torch.uint8, device=device)
+        sums = codecs.block_sums(xd, ed, block, "l2", 3)
+        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, block, "l2", full // 3).view(3, -1))
+        wire = torch.zeros(3, codecs.SCALE_BYTES + blocks + full // 24, dtype=torch.uint8, device=device)
         codecs.encode_blocks(xd, ed, scales.view(-1), block, codecs.frame_blocks(wire, refs, codes))
-        decoded, bits = codecs.unframe_blocks(wire, full // (3 * block))
+        decoded, bits = codecs.unframe_blocks(wire, blocks)
         acc = torch.empty(full // 3, device=device)
         codecs.accumulate_blocks(bits, codecs.divide_(decoded.clone(), 3), block, None, acc, full // 3)
         out = torch.empty(full, device=device)
         codecs.decode_blocks(bits, decoded, block, out)
         calls = []
         for protocol in ("gather_scatter", "allgather"):
-            padded = -(-numel // block) * block
+            padded = -(-numel // 8) * 8
             calls.append(compressed_allreduce(xd, torch.zeros(padded, device=device), torch.zeros(padded, device=device),
                                               SingleComm(), protocol=protocol, block_size=block).cpu())
         torch.cuda.synchronize()

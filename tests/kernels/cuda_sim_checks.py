@@ -94,22 +94,23 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
 def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None:
     """The block-scale kernels (one scale per ``block`` elements): CUDA = CPU = reference, strided wire rows."""
     src, lut, values = _source(numel, dtype, numel + block)
-    full = spec.padded_numel(numel, world, block)
+    full = spec.padded_numel(numel, world)
+    chunk = full // world
+    blocks = -(-chunk // block)
     rng = np.random.default_rng(numel + world)
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
     d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
     padded = np.zeros(full, np.float32)
     padded[:numel] = values
     for power in (1, 2):
-        sums = np.empty(full // block, np.float64)
-        cpu.block_power_sums(src, lut, err, numel, block, power, sums)
-        assert np.array_equal(sums, reference.block_sums(padded + err, block, power)), ("cpu block sums", power)
-        d_sums = cuda.cuda.device_array(full // block, np.float64)
-        cuda.block_power_sums(d_src, d_lut, cuda.cuda.to_device(err), numel, block, power, d_sums)
+        sums = np.empty(world * blocks, np.float64)
+        cpu.block_power_sums(src, lut, err, numel, block, chunk, power, sums)
+        assert np.array_equal(sums, reference.block_sums(padded + err, block, power, world)), ("cpu block sums", power)
+        d_sums = cuda.cuda.device_array(world * blocks, np.float64)
+        cuda.block_power_sums(d_src, d_lut, cuda.cuda.to_device(err), numel, block, chunk, power, d_sums)
         assert np.array_equal(d_sums.copy_to_host(), sums), ("block sums", power)
     want_bits, scales, want_err = reference.compress_blocks(padded, err, block, "l2", world)
-    chunk = full // world
-    heads = codecs.SCALE_BYTES * (chunk // block)
+    heads = codecs.SCALE_BYTES * blocks
     framed = np.zeros((world, heads + chunk // 8), np.uint8)
     cpu_err = err.copy()
     cpu.encode_blocks(src, lut, cpu_err, numel, scales, block, framed[:, heads:])
@@ -118,14 +119,15 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
     cuda.encode_blocks(d_src, d_lut, d_err, numel, cuda.cuda.to_device(scales), block, d_framed[:, heads:])
     assert np.array_equal(d_framed.copy_to_host(), framed) and np.array_equal(d_err.copy_to_host(), cpu_err), "encode"
 
-    weights = (rng.random((world, chunk // block)) + 0.5).astype(np.float32)
+    weights = (rng.random((world, blocks)) + 0.5).astype(np.float32)
     rows = framed[:, heads:]
     for base in (None, (rng.standard_normal(chunk) * 0.1).astype(np.float32)):
         out = np.empty(chunk, np.float32)
         cpu.accumulate_blocks(rows, weights, block, base, out, chunk)
         want = np.zeros(chunk, np.float32)
         for r in range(world):  # rank by rank in float32, as reference.average_block_signs
-            want = (want + np.repeat(weights[r], block) * reference.unpack(rows[r].copy(), chunk)).astype(np.float32)
+            lengths = reference.block_lengths(chunk, block)
+            want = (want + np.repeat(weights[r], lengths) * reference.unpack(rows[r].copy(), chunk)).astype(np.float32)
         assert np.array_equal(out, want if base is None else (want + base).astype(np.float32)), "cpu accumulate"
         d_out = cuda.cuda.device_array(chunk, np.float32)
         cuda.accumulate_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block,
@@ -134,7 +136,8 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
 
     out = np.empty(numel, np.float32)
     cpu.decode_blocks(rows, weights, block, out, numel)
-    want = (np.repeat(weights.reshape(-1), block) * reference.unpack(rows.reshape(-1), full))[:numel]
+    lengths = np.tile(reference.block_lengths(chunk, block), world)
+    want = (np.repeat(weights.reshape(-1), lengths) * reference.unpack(rows.reshape(-1), full))[:numel]
     assert np.array_equal(out, want), "cpu decode"
     d_out = cuda.cuda.device_array(numel, np.float32)
     cuda.decode_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, d_out, numel)

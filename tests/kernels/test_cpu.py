@@ -124,21 +124,23 @@ def test_serial_twins_cache_apart_from_threaded_kernels() -> None:
 @pytest.mark.parametrize("numel, world, block", [(1, 1, 8), (8193, 3, 64), (70001, 2, 128), (262147, 3, 8192),
                                                  (100003, 5, 16)])
 def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
-    """One scale per block: sums, scales, encode into strided wire rows, accumulate and decode = the reference,
-    threaded (as ``codecs`` runs them from 65536 elements) and serial alike."""
+    """One scale per block (blocks restart at each row, the last one of a row shorter where needed): sums, scales,
+    encode into strided wire rows, accumulate and decode = the reference, threaded (as ``codecs`` runs them from
+    65536 elements) and serial alike."""
     rng = _rng(numel + block)
-    full = reference.padded_numel(numel, world, block)
+    full = reference.padded_numel(numel, world)
     src = rng.standard_normal(numel).astype(np.float32) * np.float32(10.0) ** rng.integers(-3, 3, numel)
     src[::11] = 0.0
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
     padded = np.zeros(full, np.float32)
     padded[:numel] = src
-    chunk, blocks = full // world, full // (world * block)
+    chunk = full // world
+    blocks = -(-chunk // block)
     for kernels in (cpu, types.SimpleNamespace(**cpu.SERIAL)):
         for scale, power in SCALES.items():
-            sums = np.empty(full // block, np.float64)
-            kernels.block_power_sums(src, None, err, numel, block, power, sums)
-            assert np.array_equal(sums, reference.block_sums(padded + err, block, power))
+            sums = np.empty(world * blocks, np.float64)
+            kernels.block_power_sums(src, None, err, numel, block, chunk, power, sums)
+            assert np.array_equal(sums, reference.block_sums(padded + err, block, power, world))
         ref_bits, scales, ref_err = reference.compress_blocks(padded, err, block, "l1", world)
         framed = np.zeros((world, 4 * blocks + chunk // 8), np.uint8)
         new_err = err.copy()
@@ -154,4 +156,5 @@ def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
         assert np.array_equal(out, reference.average_block_signs(slices, list(weights), chunk, block))
         decoded = np.empty(numel, np.float32)
         kernels.decode_blocks(rows, weights, block, decoded, numel)
-        assert np.array_equal(decoded, (np.repeat(scales, block) * reference.unpack(ref_bits, full))[:numel])
+        lengths = np.tile(reference.block_lengths(chunk, block), world)
+        assert np.array_equal(decoded, (np.repeat(scales, lengths) * reference.unpack(ref_bits, full))[:numel])

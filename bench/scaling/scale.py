@@ -10,8 +10,8 @@ Every rank is a thread of this process (compcoll's numerics are deterministic, s
 are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json and OUT.txt.
 1. ``bytes``: one call of each form on ``local_world(n)`` (``--numel`` float32, 262,151
    by default, a length that is a multiple of nothing; the allgather form on at most
-   2^32 / n^2, since every rank receives n copies; lengths are padded to 8n, 64n with
-   block scales): the flat ``compressed_allreduce`` with each protocol, gather-scatter with
+   2^32 / n^2, since every rank receives n copies; lengths are padded to 8n): the flat
+   ``compressed_allreduce`` with each protocol, gather-scatter with
    one scale per 64 elements (the hook's default), and the hierarchical form with 8 ranks
    per node (a scale per chunk, and per 64 elements). Bytes per element per rank are the
    communicators' own counts (``bytes_sent``, the most any rank sent, agreement included),
@@ -106,7 +106,7 @@ def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]
             x = torch.randn(length, generator=torch.Generator().manual_seed(comm.rank))
             node = comm.rank // RANKS_PER_NODE
             if hierarchical:
-                lengths = hierarchical_error_numels(length, n, RANKS_PER_NODE, options.get("block_size"))
+                lengths = hierarchical_error_numels(length, n, RANKS_PER_NODE)
                 we, se = (torch.zeros(k) for k in lengths)
                 hierarchical_compressed_allreduce(x, we, se, comm, ranks_per_node=RANKS_PER_NODE, **options)
             else:

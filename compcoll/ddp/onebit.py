@@ -36,9 +36,9 @@ class OneBitState:
     1. ``block_size`` (64, default) with ``protocol="gather_scatter"`` (default): both
        compressions take one scale per 64 elements, sent as an 8-bit code, so each of the
        two exchanges sends 1/8 + 1/64 bytes per element: 2(n-1)/n * 0.14, 1/28 of the ring
-       at any n (counted: 28x, 28x and 26x at 2, 16 and 64 ranks, the agreement included);
-       -0.28, 0.00 and 0.00 points at 2, 16 and 64 ranks. 32 sends 1/25 of the ring
-       (+0.28 points at 16 and 64); 128 sends 1/29 (-1.11 / -0.83 / 0.00 points).
+       (counted on compressed steps: 28x, 28x and 26x at 2, 16 and 64 ranks, the agreement
+       included); +0.56, +0.56 and +0.28 points at 2, 16 and 64 ranks. 32 sends 1/25
+       (+0.00 points at each); 128 sends 1/29 (+0.00 / -2.50 / -2.78 points).
        ``block_size=None`` (one scale per bucket and per server chunk, DeepSpeed's
        numerics) sends 1/32 but lost -0.56, -8.06 and -9.44 points.
     2. ``protocol="allgather"`` compresses once (the server's second compression goes) and
@@ -47,9 +47,9 @@ class OneBitState:
        and 64 ranks, 1/32, 1/4 and 1x the ring).
     3. ``ranks_per_node`` ("auto"): on several nodes the hierarchical form sends float32
        inside a node and 1/k of gather-scatter's 1-bit bytes per rank between nodes (k
-       ranks per node), with the block scales between nodes: -0.83 points at 2 nodes of 8,
-       -0.56 at 8 nodes of 8 (flat: 0.00 at both sizes). With one scale per chunk
-       (``block_size=None``) it lost -3.33 and -9.44 points.
+       ranks per node), with the block scales between nodes: +0.00 points at 2 nodes of 8
+       and at 8 nodes of 8. With one scale per chunk (``block_size=None``) it lost -3.33
+       and -9.44 points.
     4. ``start_iter`` and ``min_compress_numel``: every uncompressed iteration or bucket
        sends the ring's bytes.
     5. ``scale``: free in bytes ("l2" chosen on digits at 2 and 4 ranks).

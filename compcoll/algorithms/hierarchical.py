@@ -17,7 +17,7 @@ from .agreement import Option, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
-from .onebit import serve, serve_blocks
+from .onebit import float32_target, serve, serve_blocks
 from .plan import Plan, cached_plan
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
@@ -329,8 +329,7 @@ class CompensatedPlan(_NodePlan):
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
             layout.intra.allgather(rows.view(-1), gathered)
             row_scales, bits = codecs.unframe_blocks(gathered.view(n, -1), -(-sub // b))
-            decoded = result.view(-1) if result.dtype == torch.float32 else ws.get("decoded", numel, torch.float32,
-                                                                                     self.device)
+            decoded = float32_target(result, numel, ws)
             codecs.decode_blocks(bits, row_scales, b, decoded)
             if decoded.data_ptr() != result.data_ptr():
                 result.view(-1).copy_(decoded)

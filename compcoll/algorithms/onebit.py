@@ -199,7 +199,7 @@ class FlatPlan(Plan):
             return result
         if self.protocol == "gather_scatter":
             served = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
-            decoded = self._decoded(result, self.numel)
+            decoded = float32_target(result, self.numel, ws)
             row_scales, bits = codecs.unframe_blocks(served, -(-self.chunk // b))
             codecs.decode_blocks(bits, row_scales, b, decoded)
         else:
@@ -209,18 +209,12 @@ class FlatPlan(Plan):
             codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
             received = ws.get("blocks.received", n * width, torch.uint8, self.device)
             comm.allgather(send.view(-1), received)
-            decoded = self._decoded(result, full)
+            decoded = float32_target(result, full, ws)
             weights, bits = codecs.unframe_blocks(received.view(n, width), -(-full // b))
             codecs.accumulate_blocks(bits, codecs.divide_(weights, n), b, None, decoded, decoded.numel())
         if decoded.data_ptr() != result.data_ptr():
             result.view(-1).copy_(decoded[:self.numel])
         return result
-
-    def _decoded(self, result: torch.Tensor, length: int) -> torch.Tensor:
-        """Where a blockwise call writes its float32 average: ``result`` itself when it is float32, else scratch."""
-        if result.dtype == torch.float32:
-            return result.view(-1)
-        return self.workspace.get("blocks.decoded", length, torch.float32, self.device)
 
     def _allgather_average(self, bits: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """All-gather every rank's packed vector and average the decoded vectors."""
@@ -263,6 +257,14 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)
     comm.allgather(send, gathered)
     return gathered.view(n, -1)
+
+
+def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> torch.Tensor:
+    """Where a blockwise call writes its float32 average: ``result`` itself (flat) when it is float32, else
+    ``length`` elements of scratch, which the caller copies into ``result``."""
+    if result.dtype == torch.float32:
+        return result.view(-1)
+    return workspace.get("blocks.decoded", length, torch.float32, result.device)
 
 
 def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, sums: torch.Tensor,

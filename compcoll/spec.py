@@ -24,7 +24,45 @@ MIX2 = 0x94D049BB133111EB
 UNIFORM_BITS = 24
 """Bits of a threshold: the midpoints of 2^24 equal cells of (-1, 1), exact in float64."""
 AGREEMENT_FIELDS = 3
-"""Float64 fields of one agreement round, for every collective: (plan signature, finite?, scale)."""
+"""Float64 fields of each rank's status in an agreement round, for every collective: (plan signature, finite?, scale)."""
+GATHERED_AGREEMENT_RANKS = 64
+"""Up to this many ranks, an agreement round all-gathers the statuses (point to point, so a timeout names the ranks
+that sent nothing); above it, the ranks allreduce ``SUMMED_AGREEMENT_FIELDS`` instead, whose bytes do not grow with
+the ranks, and all-gather the statuses only when the sums say a call failed (docs/architecture.md, "Plans")."""
+SUMMED_AGREEMENT_FIELDS = 10
+"""Float64 fields each rank adds in a summed agreement round: the plan signature's four bytes, their squares,
+refused?, and not finite?. The signatures agree where n * sum(b^2) == sum(b)^2 for each byte b, exact in float64
+up to ``MAX_AGREEMENT_RANKS``."""
+MAX_AGREEMENT_RANKS = 1 << 18
+"""The most ranks a summed agreement round's float64 sums stay exact for."""
+
+
+def agreement_shares(n: int, rank: int, value: bool) -> list[int]:
+    """Bytes one agreement round (``check``) sends from ``rank`` to each rank (0 to itself) on n ranks.
+
+    1. Up to ``GATHERED_AGREEMENT_RANKS``: an all-gather of ``AGREEMENT_FIELDS`` float64s to every peer.
+    2. Above: an allreduce of ``SUMMED_AGREEMENT_FIELDS`` float64s (``allreduce_shares``), and, for a call that
+       agrees on a value (a scale), an all-gather of that one float64.
+    """
+    if n <= GATHERED_AGREEMENT_RANKS:
+        return [0 if r == rank else 8 * AGREEMENT_FIELDS for r in range(n)]
+    shares = allreduce_shares(n, rank, 8 * SUMMED_AGREEMENT_FIELDS)
+    return [b + (8 if value and r != rank else 0) for r, b in enumerate(shares)]
+
+
+def allreduce_shares(n: int, rank: int, nbytes: int) -> list[int]:
+    """Bytes a rank is counted as sending to each rank (0 to itself) by an allreduce of ``nbytes`` on n ranks.
+
+    1. The total is a ring allreduce's 2(n-1)/n of the tensor, rounded down.
+    2. It is spread evenly over the other ranks in rank order; the first ones take the remainder.
+    """
+    peers = [r for r in range(n) if r != rank]
+    shares = [0] * n
+    if peers:
+        share, extra = divmod(2 * (n - 1) * nbytes // n, len(peers))
+        for i, peer in enumerate(peers):
+            shares[peer] = share + (i < extra)
+    return shares
 SCALES = {"l2": 2, "l1": 1}
 """The 1-bit scales, each with the power p of its sum of |x|^p (docs/architecture.md, "Exact numerics"):
 "l2" is DeepSpeed's ||x||_2 / sqrt(d); "l1" is mean |x| = ||x||_1 / d, the s that minimises ||x - s sign(x)||_2."""

@@ -1,4 +1,4 @@
-"""One small fixed-size allgather per call, so that every rank refuses a bad call alike (docs/architecture.md, "Plans")."""
+"""One small fixed-size round per call, so that every rank refuses a bad call alike (docs/architecture.md, "Plans")."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import Callable, NoReturn, Sequence, TypeVar
 
 import torch
 
+from .. import spec
 from ..comm import Communicator
 from ..errors import NonFiniteError, RankMismatchError, RemoteError
-from ..spec import AGREEMENT_FIELDS
 
-RECORD = AGREEMENT_FIELDS
+RECORD = spec.AGREEMENT_FIELDS
+SUMMED = spec.SUMMED_AGREEMENT_FIELDS
 MAX_OPTIONS = 6
 REFUSED = -1.0
 """The signature of a rank that refuses its call (signatures are CRC-32s, never negative)."""
@@ -38,18 +39,50 @@ def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
+def summed(comm: Communicator) -> bool:
+    """Whether ``comm``'s agreement rounds are allreduces (more than ``spec.GATHERED_AGREEMENT_RANKS`` ranks)."""
+    return comm.size > spec.GATHERED_AGREEMENT_RANKS
+
+
+def _sums_agree(comm: Communicator, signature: float, finite: bool) -> bool:
+    """A summed round: allreduce the signature's bytes, their squares, refused? and not finite?; whether all is well.
+
+    Every rank reads the same sums (small integers, exact in float64 in any order), so every
+    rank takes the same branch.
+    """
+    digits = [(int(signature) >> shift) & 0xFF for shift in (0, 8, 16, 24)] if signature >= 0 else [0] * 4
+    record = torch.tensor(digits + [d * d for d in digits] + [float(signature == REFUSED), float(not finite)],
+                          dtype=torch.float64)
+    comm.allreduce(record)
+    sums, n = record.tolist(), comm.size
+    return all(n * sums[4 + i] == sums[i] * sums[i] for i in range(4)) and sums[8] == 0 and sums[9] == 0
+
+
+def _statuses(comm: Communicator, signature: float, finite: bool, value: float) -> list[list[float]]:
+    """Every rank's (signature or ``REFUSED``, finite?, value): an all-gather of ``RECORD`` float64s."""
+    mine = torch.tensor([signature, float(finite), value], dtype=torch.float64)
+    table = torch.empty(comm.size * RECORD, dtype=torch.float64)
+    comm.allgather(mine, table)
+    return table.view(comm.size, RECORD).tolist()
+
+
 class Agreement:
-    """The per-call check of one plan: every rank's (signature, finite?, value), gathered.
+    """The per-call check of one plan: every rank's signature, finiteness and value (a scale), compared alike.
 
     The plan's description (collective, numel, shape, dtype, options) is reduced once to a
-    32-bit signature; each call then sends only that, its finiteness and one value (a
-    scale), always in ``RECORD`` float64s, whatever the collective, so that ranks that are
-    in different calls still meet in a round of the same size and all raise.
-    1. Allgather the records.
-    2. Some rank refused its call (``refuse``: its own arguments were bad): a second,
-       fixed-size allgather of the refusing ranks' messages, and ``RemoteError`` naming
-       them on every other rank.
-    3. Signatures differ: a second, fixed-size allgather of the descriptions, and the same
+    32-bit signature. Each call's round has one fixed size whatever the collective, so that
+    ranks in different calls still meet in it and all raise.
+    1. Up to ``spec.GATHERED_AGREEMENT_RANKS`` ranks, all-gather every rank's status
+       (signature, finite?, value): ``RECORD`` float64s. Above, allreduce
+       ``SUMMED`` float64s (the signature's bytes, their squares, refused?, not finite?),
+       whose bytes per rank do not grow with the ranks: the signatures agree where
+       n * sum(b^2) == sum(b)^2 for each byte b, and the flags must sum to 0; only a
+       failed round all-gathers the statuses, and a call that agrees on a value all-gathers
+       that one float64.
+    2. Some rank refused its call (``refuse``: its own arguments were bad): a fixed-size
+       all-gather of the refusing ranks' messages, and ``RemoteError`` naming them on every
+       other rank.
+    3. Signatures differ: a fixed-size all-gather of the descriptions, and the same
        ``RankMismatchError`` on every rank naming what differs (size, shape, dtype, an
        option, or the collective itself).
     4. Some rank not finite: ``NonFiniteError`` on every rank.
@@ -67,6 +100,8 @@ class Agreement:
     ) -> None:
         if len(options) > MAX_OPTIONS:
             raise ValueError(f"{what}: at most {MAX_OPTIONS} agreed options, got {len(options)}")
+        if comm.size > spec.MAX_AGREEMENT_RANKS:
+            raise ValueError(f"{what}: at most {spec.MAX_AGREEMENT_RANKS} ranks, got {comm.size}")
         self.comm = comm
         self.what = what
         self.options = options
@@ -74,39 +109,50 @@ class Agreement:
         codes = [float(o.code) for o in options] + [0.0] * (MAX_OPTIONS - len(options))
         self.description = [float(_crc(what)), float(numel), float(_crc(repr(tuple(shape)))), float(dtype_code)] + codes
         self.signature = float(_crc(repr(self.description)))
-        self._mine = torch.empty(RECORD, dtype=torch.float64)
-        self._table = torch.empty(comm.size * RECORD, dtype=torch.float64)
-        self._mine_fields = self._mine.numpy()
-        self._rows = self._table.numpy().reshape(comm.size, RECORD)
-        self._values = self._table.view(comm.size, RECORD)[:, 2]
+        self._value = torch.empty(1, dtype=torch.float64)
+        self._values = torch.empty(comm.size, dtype=torch.float64)
 
-    def check(self, finite: bool | None = None, value: float = 0.0) -> torch.Tensor:
-        """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank).
+    def check(self, finite: bool | None = None, value: float | None = None) -> torch.Tensor | None:
+        """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank), or None without one.
 
         ``finite=None`` skips the finiteness check. The returned tensor is reused by the
         next call: read it before.
         """
-        mine = self._mine_fields
-        mine[0], mine[1], mine[2] = self.signature, 1.0 if finite is None else float(finite), value
-        self.comm.allgather(self._mine, self._table)
-        table = self._rows.tolist()
+        finite = finite is not False
+        mine = 0.0 if value is None else value
+        if summed(self.comm):
+            if not _sums_agree(self.comm, self.signature, finite):
+                self._fail(_statuses(self.comm, self.signature, finite, mine))
+            if value is None:
+                return None
+            self._value[0] = value
+            self.comm.allgather(self._value, self._values)
+            return self._values
+        table = _statuses(self.comm, self.signature, finite, mine)
+        if any(row[0] != self.signature or not row[1] for row in table):
+            self._fail(table)
+        if value is None:
+            return None
+        self._values.copy_(torch.tensor([row[2] for row in table], dtype=torch.float64))
+        return self._values
+
+    def _fail(self, table: list[list[float]]) -> NoReturn:
+        """Steps 2-4 on every rank's status: raise the error every rank raises."""
+        refusing = _refused(table)
+        if refusing:
+            failures = _messages(self.comm, "", refusing)
+            listing = "; ".join(f"rank {r}: {message}" for r, message in failures.items())
+            raise RemoteError(
+                f"{self.what}: rank(s) {list(failures)} refused the call ({listing}); nothing was changed on "
+                f"any rank and the communicator is still usable", failures)
         if any(row[0] != self.signature for row in table):
-            refusing = _refused(table)
-            if refusing:
-                failures = _messages(self.comm, "", refusing)
-                listing = "; ".join(f"rank {r}: {message}" for r, message in failures.items())
-                raise RemoteError(
-                    f"{self.what}: rank(s) {list(failures)} refused the call ({listing}); nothing was changed on "
-                    f"any rank and the communicator is still usable", failures)
             self._diagnose()
         bad = [r for r, row in enumerate(table) if not row[1]]
-        if bad:
-            raise NonFiniteError(
-                f"{self.what}: NaN or Inf in the input on rank(s) {bad}; no buffer was changed on any rank "
-                f"and the communicator is still usable (skip this step, as a loss scaler does, or fix "
-                f"the input)"
-            )
-        return self._values
+        raise NonFiniteError(
+            f"{self.what}: NaN or Inf in the input on rank(s) {bad}; no buffer was changed on any rank "
+            f"and the communicator is still usable (skip this step, as a loss scaler does, or fix "
+            f"the input)"
+        )
 
     def _diagnose(self) -> None:
         """Gather every rank's description and raise the same RankMismatchError on every rank."""
@@ -161,12 +207,14 @@ def agree(
     if len(values) > 1:
         raise ValueError(f"{what}: at most one agreed value per call, got {len(values)}")
     agreement = Agreement(comm, what, tensor.numel(), tensor.shape, tensor.dtype, options)
-    gathered = agreement.check(finite, values[0] if values else 0.0).clone()
-    return gathered.view(-1, 1)[:, :len(values)]
+    gathered = agreement.check(finite, values[0] if values else None)
+    if gathered is None:
+        return torch.empty(comm.size, 0, dtype=torch.float64)
+    return gathered.clone().view(-1, 1)
 
 
 def _refused(table: list[list[float]]) -> list[int]:
-    """The ranks whose record in an agreement table says they refused their call."""
+    """The ranks whose row in a status table says they refused their call."""
     return [r for r, row in enumerate(table) if row[0] == REFUSED]
 
 
@@ -182,17 +230,17 @@ def _messages(comm: Communicator, mine: str, refusing: list[int]) -> dict[int, s
 def refuse(comm: Communicator, error: Exception) -> NoReturn:
     """Take this rank's part in a call whose own arguments failed their checks, then raise ``error``.
 
-    1. Allgather a record of the agreement's size whose signature is ``REFUSED``: the
-       other ranks are in their call's agreement round, so the rounds pair up.
-    2. Allgather the error's message (``_messages``); every other rank raises
+    1. Take part in the peers' agreement round with signature ``REFUSED``: the status
+       all-gather (after a summed round that says a rank refused, where the round is an
+       allreduce), so the rounds pair up and every rank sees the refusal.
+    2. All-gather the error's message (``_messages``); every other rank raises
        ``RemoteError`` with it, and ranks that refused too raise their own errors.
     3. Raise ``error``. Nothing was changed on any rank; the communicator is still usable.
     Must run in this rank's turn (``checked``).
     """
-    mine = torch.tensor([REFUSED, 1.0, 0.0], dtype=torch.float64)
-    table = torch.empty(comm.size * RECORD, dtype=torch.float64)
-    comm.allgather(mine, table)
-    _messages(comm, f"{type(error).__name__}: {error}", _refused(table.view(comm.size, RECORD).tolist()))
+    if summed(comm):
+        _sums_agree(comm, REFUSED, True)
+    _messages(comm, f"{type(error).__name__}: {error}", _refused(_statuses(comm, REFUSED, True, 0.0)))
     raise error
 
 

@@ -194,7 +194,7 @@ class FlatPlan(Plan):
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
         sums = codecs.block_sums(tensor, worker_error, b, self.scale, rows)
-        self.agreement(tensor).check(bool(torch.isfinite(sums).all()), 0.0)
+        self.agreement(tensor).check(bool(torch.isfinite(sums).all()))
         if self.numel == 0:
             return result
         if self.protocol == "gather_scatter":

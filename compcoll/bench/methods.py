@@ -14,7 +14,8 @@ import compcoll
 from compcoll.algorithms.pipeline import default_pieces
 from compcoll.comm import Communicator
 from compcoll.kernels import reference
-from compcoll.spec import AGREEMENT_FIELDS, SCALE_BYTES
+from compcoll import spec
+from compcoll.spec import SCALE_BYTES
 
 from .peers import PEERS, ddp_hook_step, hook_bytes
 
@@ -135,7 +136,9 @@ def _pattern(rank: int, count: int) -> torch.Tensor:
 def _wire(comm, topo, x, args) -> tuple[Step, Verify]:
     """The transport operations of a one-piece ``1bit`` call on the same bytes, without a kernel.
 
-    1. The agreement: an all-gather of ``AGREEMENT_FIELDS`` float64s.
+    1. The agreement round with the scale (``spec.agreement_shares``): an all-gather of
+       ``AGREEMENT_FIELDS`` float64s, or above ``GATHERED_AGREEMENT_RANKS`` an allreduce of
+       ``SUMMED_AGREEMENT_FIELDS`` and an all-gather of one.
     2. gather_scatter: the all-to-all of the packed vector and the all-gather of the
        framed server chunks; allgather: the all-gather of the packed vector.
     Its time is the wire time of ``1bit``: ``1bit-serial``'s compute time beside it is the
@@ -144,8 +147,9 @@ def _wire(comm, topo, x, args) -> tuple[Step, Verify]:
     """
     n, rank = comm.size, comm.rank
     full = compcoll.padded_numel(x.numel(), n)
-    record, table = torch.zeros(AGREEMENT_FIELDS, dtype=torch.float64), torch.empty(n * AGREEMENT_FIELDS,
-                                                                                    dtype=torch.float64)
+    summed = n > spec.GATHERED_AGREEMENT_RANKS
+    record = torch.zeros(spec.SUMMED_AGREEMENT_FIELDS if summed else spec.AGREEMENT_FIELDS, dtype=torch.float64)
+    value, table = torch.zeros(1, dtype=torch.float64), torch.empty(n * record.numel(), dtype=torch.float64)
     packed, framed = full // 8, SCALE_BYTES + full // n // 8
     if args.protocol == "allgather":
         exchanges = [(comm.allgather, _pattern(rank, packed), n * packed, lambda r: _pattern(r, packed))]
@@ -155,7 +159,11 @@ def _wire(comm, topo, x, args) -> tuple[Step, Verify]:
     received = [torch.empty(size, dtype=torch.uint8) for _, _, size, _ in exchanges]
 
     def step() -> None:
-        comm.allgather(record, table)
+        if summed:
+            comm.allreduce(record)
+            comm.allgather(value, table[:n])
+        else:
+            comm.allgather(record, table)
         for (op, send, _, _), recv in zip(exchanges, received):
             op(send, recv)
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CommunicatorBroken
+from ..spec import allreduce_shares
 from .ordering import Ordering
 from .work import Work
 
@@ -95,8 +96,11 @@ class Communicator(ABC):
     def allreduce(self, tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """Sum ``tensor`` over all ranks, in place (``async_op``: as for ``alltoall``)."""
         self._check(tensor)
-        return self._issue("allreduce", lambda: self._count_spread(2 * (self.size - 1) * _nbytes(tensor) // self.size),
-                           lambda: self._start_allreduce(tensor), async_op)
+        def count() -> None:
+            shares = allreduce_shares(self.size, self.rank, _nbytes(tensor))
+            self._count({peer: shares[peer] for peer in self._peers})
+
+        return self._issue("allreduce", count, lambda: self._start_allreduce(tensor), async_op)
 
     def bcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` from rank ``root`` to every rank, in place (``async_op``: as for ``alltoall``)."""

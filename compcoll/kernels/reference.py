@@ -16,14 +16,30 @@ from __future__ import annotations
 import numpy as np
 
 from ..spec import (
-    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, block_lengths, block_scales_from, code_scales,
+    AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, agreement_shares, block_lengths,
+    block_scales_from, code_scales,
     mix64, padded_numel, scale_from, stream_key,
 )
 
 META_FIELDS = AGREEMENT_FIELDS
-HIERARCHICAL_META_FIELDS = AGREEMENT_FIELDS
-COMPENSATED_META_FIELDS = 2 * AGREEMENT_FIELDS
-"""Float64 metadata fields each rank all-gathers per call: one agreement round, two for the compensated form."""
+"""Float64 fields each rank all-gathers to every peer in one agreement round, up to ``GATHERED_AGREEMENT_RANKS``."""
+
+
+def agreement_sent(n: int, values: tuple[bool, ...], ranks_per_node: int | None = None) -> list:
+    """Bytes each rank sends in a call's agreement rounds (``spec.agreement_shares``), one round per entry.
+
+    ``values[i]``: whether round i agrees on a value (a scale). Returns, by rank, the total,
+    or (intra-node, inter-node) bytes with ``ranks_per_node``.
+    """
+    totals = []
+    for rank in range(n):
+        shares = [sum(b) for b in zip(*(agreement_shares(n, rank, value) for value in values))]
+        if ranks_per_node is None:
+            totals.append(sum(shares))
+        else:
+            intra = sum(b for r, b in enumerate(shares) if r // ranks_per_node == rank // ranks_per_node)
+            totals.append((intra, sum(shares) - intra))
+    return totals
 
 
 def tree_sum(values: np.ndarray) -> float:
@@ -215,11 +231,11 @@ def compressed_allreduce(
         packed.append(bits)
         scales.append(s)
         new_we.append(err)
-    meta_bytes = (n - 1) * META_FIELDS * 8
+    meta = agreement_sent(n, (True,))
     if protocol == "allgather":
         avg = average_signs(packed, scales, np_)[:numel]
-        sent = meta_bytes + (n - 1) * (np_ // 8)
-        return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [sent] * n
+        return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [
+            m + (n - 1) * (np_ // 8) for m in meta]
     server_bits, server_scales, new_se = [], [], []
     for r in range(n):
         c = average_signs([b[r * cb:(r + 1) * cb] for b in packed], scales, chunk)
@@ -229,8 +245,7 @@ def compressed_allreduce(
         new_se.append(err)
     out = np.concatenate([s * unpack(b, chunk) for b, s in zip(server_bits, server_scales)])
     out = out.astype(np.float32)[:numel]
-    sent = meta_bytes + (n - 1) * cb + (n - 1) * (cb + 4)
-    return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
+    return [out.copy() for _ in range(n)], new_we, new_se, [m + (n - 1) * cb + (n - 1) * (cb + 4) for m in meta]
 
 
 def _blockwise_allreduce(
@@ -252,11 +267,11 @@ def _blockwise_allreduce(
         packed.append(bits)
         scales.append(s)
         new_we.append(err)
-    meta_bytes = (n - 1) * META_FIELDS * 8
+    meta = agreement_sent(n, (False,))
     if protocol == "allgather":
         avg = average_block_signs(packed, scales, np_, b)[:numel]
-        sent = meta_bytes + (n - 1) * (4 + np_ // 8 + -(-np_ // b))
-        return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [sent] * n
+        return [avg.copy() for _ in range(n)], new_we, [e.copy() for e in server_errors], [
+            m + (n - 1) * (4 + np_ // 8 + -(-np_ // b)) for m in meta]
     server_bits, server_scales, new_se = [], [], []
     for r in range(n):
         c = average_block_signs([p[r * cb:(r + 1) * cb] for p in packed], [s[r * blocks:(r + 1) * blocks]
@@ -268,8 +283,7 @@ def _blockwise_allreduce(
     lengths = block_lengths(chunk, b)
     out = np.concatenate([np.repeat(s, lengths) * unpack(p, chunk) for p, s in zip(server_bits, server_scales)])
     out = out.astype(np.float32)[:numel]
-    sent = meta_bytes + 2 * (n - 1) * (4 + blocks + cb)
-    return [out.copy() for _ in range(n)], new_we, new_se, [sent] * n
+    return [out.copy() for _ in range(n)], new_we, new_se, [m + 2 * (n - 1) * (4 + blocks + cb) for m in meta]
 
 
 def thresholds(key: int, start: int, count: int) -> np.ndarray:
@@ -354,10 +368,9 @@ def hierarchical_allreduce(
     out = np.concatenate(
         [third[(j, m)][0][0] * unpack(third[(j, m)][1][0], sub) for j in range(k) for m in range(nodes)]
     ).astype(np.float32)[:numel]
-    meta = HIERARCHICAL_META_FIELDS * 8
-    intra = (k - 1) * (meta + 4 + shard // 8) + (k - 1) * nodes * (4 + sub // 8)
-    inter = (n - k) * meta + 2 * (nodes - 1) * (4 + sub // 8)
-    return [out.copy() for _ in range(n)], [(intra, inter)] * n
+    intra = (k - 1) * (4 + shard // 8) + (k - 1) * nodes * (4 + sub // 8)
+    inter = 2 * (nodes - 1) * (4 + sub // 8)
+    return [out.copy() for _ in range(n)], [(intra + a, inter + e) for a, e in agreement_sent(n, (False,), k)]
 
 
 def hierarchical_compressed_allreduce(
@@ -406,13 +419,13 @@ def hierarchical_compressed_allreduce(
         for r, we, se in zip(group, wes, ses):
             new_we[r], new_se[r] = we, se
     out = np.concatenate(pieces).astype(np.float32)[:numel]
-    meta = COMPENSATED_META_FIELDS * 8
     cb = sub // 8
     if block_size is None:
-        intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * (4 + cb)
-        inter = (n - k) * meta + (nodes - 1) * (2 * cb + 4)
+        intra = (k - 1) * 4 * shard + (k - 1) * nodes * (4 + cb)
+        inter = (nodes - 1) * (2 * cb + 4)
     else:
         row = 4 + -(-sub // block_size) + cb
-        intra = (k - 1) * (meta + 4 * shard) + (k - 1) * nodes * row
-        inter = (n - k) * meta + 2 * (nodes - 1) * row
-    return [out.copy() for _ in range(n)], new_we, new_se, [(intra, inter)] * n
+        intra = (k - 1) * 4 * shard + (k - 1) * nodes * row
+        inter = 2 * (nodes - 1) * row
+    meta = agreement_sent(n, (False, block_size is None), k)
+    return [out.copy() for _ in range(n)], new_we, new_se, [(intra + a, inter + e) for a, e in meta]

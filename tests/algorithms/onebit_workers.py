@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 import compcoll
-from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD
+from compcoll import spec
+from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, summed
 from compcoll.algorithms.pipeline import PIECES_FIELDS
 from compcoll.kernels import reference
 from compcoll.spec import PROTOCOLS, SCALES
@@ -146,8 +147,9 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "protocol", car, x, we, se, comm, protocol="ring")
     _expect(ValueError, "scale 'linf' is not one of ('l2', 'l1')", car, x, we, se, comm, scale="linf")
     _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
-    refusal = (n - 1) * (8 * RECORD + MESSAGE_BYTES)
-    assert comm.bytes_sent - sent == 12 * refusal, "a refused call sent more than its two fixed-size rounds"
+    summed_round = sum(spec.allreduce_shares(n, rank, 8 * spec.SUMMED_AGREEMENT_FIELDS)) if summed(comm) else 0
+    refusal = summed_round + (n - 1) * (8 * RECORD + MESSAGE_BYTES)
+    assert comm.bytes_sent - sent == 12 * refusal, "a refused call sent more than its fixed-size rounds"
 
     saved = we.clone(), se.clone()
 
@@ -307,3 +309,4 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
             block_size=100)
     _expect(ValueError, "runs in one piece", compcoll.compressed_allreduce, poisoned, we, se, comm, block_size=64,
             pieces=2)
+

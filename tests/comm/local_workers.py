@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 import compcoll
-from compcoll.spec import AGREEMENT_FIELDS, SCALE_BYTES
+from compcoll.kernels import reference
+from compcoll.spec import SCALE_BYTES
 from tests.algorithms.onebit_workers import make_input
 
 
@@ -64,9 +65,10 @@ def a_rank_that_never_arrives(comm: compcoll.Communicator) -> None:
 
 
 def counts_bytes(comm: compcoll.Communicator, numel: int) -> None:
-    """A flat gather-scatter call (after the first of its size) sends, per rank, to each of the n-1 others: its
-    agreement record (float64 fields), a chunk of padded_numel/(8n) sign bytes in the all-to-all and its framed
-    server chunk in the all-gather."""
+    """A flat gather-scatter call (after the first of its size) sends, per rank: its agreement round with the scale
+    (``reference.agreement_sent``: an all-gather of float64 fields up to 64 ranks, an allreduce of fixed size and the
+    scale above), and to each of the n-1 others a chunk of padded_numel/(8n) sign bytes in the all-to-all and its
+    framed server chunk in the all-gather."""
     n = comm.size
     full = compcoll.padded_numel(numel, n)
     x = torch.randn(numel, generator=torch.Generator().manual_seed(comm.rank))
@@ -75,5 +77,5 @@ def counts_bytes(comm: compcoll.Communicator, numel: int) -> None:
     before = comm.bytes_sent
     compcoll.compressed_allreduce(x, we, se, comm)
     chunk_bytes = full // n // 8
-    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes + 8 * AGREEMENT_FIELDS)
+    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes) + reference.agreement_sent(n, (True,))[comm.rank]
     assert comm.bytes_sent - before == expected, f"rank {comm.rank} of {n}: {comm.bytes_sent - before} != {expected}"

@@ -1,0 +1,37 @@
+"""The per-call agreement round: an all-gather up to 64 ranks, an allreduce of fixed size above."""
+
+from __future__ import annotations
+
+import pytest
+
+from compcoll import spec
+from compcoll.launcher import run
+from tests.worlds import worlds
+
+WORKERS = "tests.algorithms.agreement_workers"
+
+
+@pytest.mark.parametrize("backend, world_size", worlds((1, 3, 4), mpi=2, gloo=4))
+def test_summed_rounds_match_reference_and_fail_alike(backend: str, world_size: int, monkeypatch) -> None:
+    """Forced at small n, on threads and on real MPI and Gloo: the reference's bits and bytes, and every error."""
+    monkeypatch.setattr(spec, "GATHERED_AGREEMENT_RANKS", 0)
+    run(f"{WORKERS}:summed_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2, True))
+
+
+def test_summed_rounds_at_72_ranks() -> None:
+    """72 in-process ranks take the allreduce rounds unforced: every bad input, refusal, mismatch and NaN fails on
+    every rank alike (the bits and bytes at 256 ranks: tests/comm/test_local.py)."""
+    run(f"{WORKERS}:summed_rounds", 72, "threads", args=([], 0, False), timeout=600)
+
+
+@pytest.mark.parametrize("n", [2, 65, 1024])
+def test_round_bytes(n: int) -> None:
+    """Up to 64 ranks a round sends 24 bytes to each peer; above, an allreduce of 80 bytes (2(n-1)/n of it), and
+    8 more bytes to each peer where the call agrees on a scale."""
+    for rank in (0, n - 1):
+        plain, scaled = spec.agreement_shares(n, rank, False), spec.agreement_shares(n, rank, True)
+        assert plain[rank] == scaled[rank] == 0
+        if n <= spec.GATHERED_AGREEMENT_RANKS:
+            assert sum(plain) == sum(scaled) == 24 * (n - 1)
+        else:
+            assert sum(plain) == 2 * (n - 1) * 80 // n and sum(scaled) == sum(plain) + 8 * (n - 1)

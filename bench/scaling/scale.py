@@ -8,7 +8,7 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 
 Every rank is a thread of this process (compcoll's numerics are deterministic, so the bits
 are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json and OUT.txt.
-1. ``bytes``: one call of each form on ``local_world(n)`` (``--numel`` float32, 262,151
+1. ``bytes``: a plan's second call of each form on ``local_world(n)`` (``--numel`` float32, 262,151
    by default, a length that is a multiple of nothing; the allgather form on at most
    2^32 / n^2, since every rank receives n copies; lengths are padded to 8n): the flat
    ``compressed_allreduce`` with each protocol, gather-scatter with
@@ -39,6 +39,7 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -86,9 +87,10 @@ def hook_rows(n: int) -> list[dict]:
 
 
 def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]:
-    """Bytes per element of one call of each form on ``local_world(n)``: the most any rank sent, and inter-node.
+    """Bytes per element of a call of each form on ``local_world(n)``: the most any rank sent, and inter-node.
 
-    The allgather form receives n compressed copies on every rank (n^2 numel / 8 bytes in
+    The call counted is a plan's second: the first also takes the plan's one-off rounds (the
+    node layout, the pieces), which a training run pays once. The allgather form receives n compressed copies on every rank (n^2 numel / 8 bytes in
     all), so it runs on at most 2^32 / n^2 elements.
     """
     forms = [("flat allgather", dict(protocol="allgather"), False),
@@ -105,14 +107,22 @@ def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]
         def rank(comm: compcoll.Communicator) -> None:
             x = torch.randn(length, generator=torch.Generator().manual_seed(comm.rank))
             node = comm.rank // RANKS_PER_NODE
+
+            def counts() -> tuple[int, int]:
+                inter = sum(b for peer, b in enumerate(comm.bytes_sent_to) if peer // RANKS_PER_NODE != node)
+                return comm.bytes_sent, inter
+
             if hierarchical:
                 lengths = hierarchical_error_numels(length, n, RANKS_PER_NODE)
                 we, se = (torch.zeros(k) for k in lengths)
-                hierarchical_compressed_allreduce(x, we, se, comm, ranks_per_node=RANKS_PER_NODE, **options)
+                call = functools.partial(hierarchical_compressed_allreduce, x, we, se, comm,
+                                         ranks_per_node=RANKS_PER_NODE, **options)
             else:
-                compcoll.CompressedAllreduce(comm, **options)(x)
-            inter = sum(b for peer, b in enumerate(comm.bytes_sent_to) if peer // RANKS_PER_NODE != node)
-            sent[comm.rank] = [comm.bytes_sent, inter]
+                call = functools.partial(compcoll.CompressedAllreduce(comm, **options), x)
+            call()
+            before = counts()
+            call()
+            sent[comm.rank] = [after - first for after, first in zip(counts(), before)]
 
         run_threads(rank, n, timeout=1800)
         most, inter = max(s[0] for s in sent), max(s[1] for s in sent)
@@ -128,7 +138,7 @@ def bytes_part(args) -> dict:
         start = time.perf_counter()
         rows += count_bytes(n, args.numel, args.only)
         print(f"# bytes at {n} ranks: {time.perf_counter() - start:.1f} s", flush=True)
-    lines = [f"# one call of numel float32 on local_world(n); bytes per element per rank (the most any rank sent, "
+    lines = [f"# a plan's second call of numel float32 on local_world(n); bytes per element per rank (the most any rank sent, "
              f"counted by the communicators, agreement included); ring = a float32 ring allreduce's 8(n-1)/n",
              f"{'n':>6} {'form':<22}{'numel':>9}{'bytes/elem':>11}{'ring/this':>10}{'inter/elem':>11}{'ring/inter':>11}"]
     for r in rows:

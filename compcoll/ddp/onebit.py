@@ -36,10 +36,10 @@ class OneBitState:
     1. ``block_size`` (64, default) with ``protocol="gather_scatter"`` (default): both
        compressions take one scale per 64 elements, sent as an 8-bit code, so each of the
        two exchanges sends 1/8 + 1/64 bytes per element: 2(n-1)/n * 0.14, 1/28 of the ring
-       (counted on compressed steps: 28x, 28x and 26x at 2, 16 and 64 ranks, the agreement
-       included); +0.56, +0.56 and +0.28 points at 2, 16 and 64 ranks (-0.28 at 256, where
-       that 85k-parameter model's chunks are so small that the per-call agreement brings
-       the cut down to 21x; a bucket of millions of elements keeps 1/25). 32 sends 1/25
+       (counted on compressed steps: 28x, 28x, 26x and 25x at 2, 16, 64 and 256 ranks, the
+       agreement included); +0.56, +0.56 and +0.28 points at 2, 16 and 64 ranks (-0.28 at
+       256). At 1024 ranks a 262k-element bucket's chunks are 264 elements, whose scales
+       and padding bring the cut to 24x; from about 1M elements it keeps 1/25. 32 sends 1/25
        (+0.00 points at each); 128 sends 1/29 (+0.00 / -2.50 / -2.78 points).
        ``block_size=None`` (one scale per bucket and per server chunk, DeepSpeed's
        numerics) sends 1/32 but lost -0.56, -8.06 and -9.44 points.

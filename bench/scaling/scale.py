@@ -129,6 +129,8 @@ def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]
         rows.append({"n": n, "form": name, "numel": length, "bytes_per_element": most / length,
                      "inter_bytes_per_element": inter / length if hierarchical else None,
                      "ring_float32": 8 * (n - 1) / n})
+        print(f"# {n} ranks, {name}: {most / length:.4f} bytes per element (inter-node {inter / length:.4f})",
+              flush=True)
     return rows
 
 

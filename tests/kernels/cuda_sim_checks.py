@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 
@@ -170,29 +171,52 @@ def check_scale_of() -> None:
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
 
-def main(lengths: list[int]) -> int:
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+PARTS = ("tree", "scale", *DTYPES, "blocks", "grid")
+"""The checks ``main`` runs, each independent of the others, so a caller can spread them over processes."""
+
+
+def run_part(part: str, lengths: list[int]) -> None:
+    """One part of ``PARTS``: the device tree and scale, one dtype's kernels at every length and world 1 and 3,
+    the block-scale kernels, or the grid-stride loops (several tiles and lanes per block)."""
+    if part == "tree":
+        check_tree_sum()
+    elif part == "scale":
+        check_scale_of()
+    elif part in DTYPES:
+        for numel in lengths:
+            for world in (1, 3):
+                check(numel, world, DTYPES[part])
+    elif part == "blocks":
+        for numel, block in ((37, 8), (1000, 64)):  # the simulator runs a thread per element: small lengths
+            for dtype, world in ((torch.float32, 1), (torch.bfloat16, 3)):
+                check_blocks(numel, world, dtype, block)
+    elif part == "grid":
+        cuda.MAX_BLOCKS, blocks = 2, cuda.MAX_BLOCKS
+        try:
+            check(max(lengths), 3, torch.float16)
+            check_blocks(1000, 3, torch.float16, 128)
+        finally:
+            cuda.MAX_BLOCKS = blocks
+    else:
+        raise ValueError(f"unknown part {part!r}; the parts are {PARTS}")
+
+
+def main(argv: list[str]) -> int:
+    """Run the ``--part`` parts (all by default) on the lengths given (1, 37, 1000 and 8200 by default)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("lengths", type=int, nargs="*", default=[1, 37, 1000, 8200])
+    parser.add_argument("--part", action="append", choices=PARTS, help="one part (repeatable); default: all")
+    args = parser.parse_args(argv)
     assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
     # the simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as intended)
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
-    check_tree_sum()
-    check_scale_of()
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for numel in lengths:
-            for world in (1, 3):
-                check(numel, world, dtype)
-    for numel, block in ((37, 8), (1000, 64)):  # the simulator runs a thread per element: small lengths
-        for dtype, world in ((torch.float32, 1), (torch.bfloat16, 3)):
-            check_blocks(numel, world, dtype, block)
-    cuda.MAX_BLOCKS, blocks = 2, cuda.MAX_BLOCKS  # grid-stride loops: several tiles and lanes per block
-    try:
-        check(max(lengths), 3, torch.float16)
-        check_blocks(1000, 3, torch.float16, 128)
-    finally:
-        cuda.MAX_BLOCKS = blocks
-    print(f"cuda kernels == cpu kernels on lengths {lengths}, world 1 and 3, float32/float16/bfloat16; "
-          f"block scales of 8, 64 and 128")
+    parts = args.part or list(PARTS)
+    for part in parts:
+        run_part(part, args.lengths)
+    print(f"cuda kernels == cpu kernels: {', '.join(parts)} on lengths {args.lengths}, world 1 and 3")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main([int(a) for a in sys.argv[1:]] or [1, 37, 1000, 8200]))
+    sys.exit(main(sys.argv[1:]))

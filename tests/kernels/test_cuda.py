@@ -1,4 +1,4 @@
-"""The numba.cuda kernels give the CPU kernels' bits under the CUDA simulator (a subprocess: the switch must precede numba)."""
+"""The numba.cuda kernels give the CPU kernels' bits under the CUDA simulator (subprocesses: the switch must precede numba)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.kernels.cuda_sim_checks import PARTS
+
 ROOT = Path(__file__).resolve().parents[2]
+GROUPS = (("float16", "bfloat16"), ("tree", "scale", "float32", "blocks", "grid"))
+"""``cuda_sim_checks``' parts in two processes of about equal time, run side by side on two cores."""
+
+
+def test_the_groups_cover_every_part() -> None:
+    assert sorted(part for group in GROUPS for part in group) == sorted(PARTS)
 
 
 def test_cuda_kernels_match_cpu_kernels_under_the_simulator() -> None:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "cuda kernels == cpu kernels" in done.stdout
+    command = [sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"]
+    processes = [subprocess.Popen(command + [f"--part={part}" for part in group], cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for group in GROUPS]
+    try:
+        for group, process in zip(GROUPS, processes):
+            output, _ = process.communicate(timeout=600)
+            assert process.returncode == 0, f"parts {group}:\n{output}"
+            assert "cuda kernels == cpu kernels" in output, output
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()

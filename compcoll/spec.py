@@ -24,7 +24,7 @@ MIX2 = 0x94D049BB133111EB
 UNIFORM_BITS = 24
 """Bits of a threshold: the midpoints of 2^24 equal cells of (-1, 1), exact in float64."""
 AGREEMENT_FIELDS = 3
-"""Float64 fields of each rank's status in an agreement round, for every collective: (plan signature, finite?, scale)."""
+"""Float64 fields of each rank's status in an agreement round, for every collective: (signature, finite?, scale)."""
 GATHERED_AGREEMENT_RANKS = 64
 """Up to this many ranks, an agreement round all-gathers the statuses (point to point, so a timeout names the ranks
 that sent nothing); above it, the ranks allreduce ``SUMMED_AGREEMENT_FIELDS`` instead, whose bytes do not grow with

@@ -4,7 +4,7 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
     .venv/bin/python bench/convergence/run.py --out bench/results/convergence_digits
     .venv/bin/python bench/convergence/run.py --task lm --hidden 64 --steps 400 --out bench/results/convergence_lm
 
-1. For every run, start ``--ranks`` MPI ranks that train the same model on the same
+1. For every run, start ``--ranks`` MPI ranks (``--backend threads``: threads) that train the same model on the same
    batches, each rank its share of every global batch (``job.py``; the tasks are in
    ``tasks.py``, on data that ships with installed packages, no download): ``digits``, an
    MLP on scikit-learn's 8x8 digits (1437 train / 360 test images); ``lm``, a causal
@@ -103,6 +103,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="the order of the batches (the model's initial weights stay)")
     p.add_argument("--deepspeed", action="store_true", help="also run DeepSpeed 0.19.6's OnebitAdam (the peer)")
     p.add_argument("--ranks-per-node", type=int, help="emulate nodes of k consecutive ranks (COMPCOLL_RANKS_PER_NODE)")
+    p.add_argument("--backend", choices=("mpi", "threads"), default="mpi",
+                   help="the ranks: MPI processes, or threads of this process (the bits of MPI: tests/comm)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json, OUT.txt and OUT.png")
     args = p.parse_args()
     results = []
@@ -113,7 +115,8 @@ def main() -> int:
                           batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                           out=str(out))
             env = {"COMPCOLL_RANKS_PER_NODE": str(args.ranks_per_node)} if args.ranks_per_node else None
-            run("job:train", args.ranks, spec.get("backend", "mpi"), args=(json.dumps(config),), timeout=1800, env=env)
+            run("job:train", args.ranks, spec.get("backend", args.backend), args=(json.dumps(config),), timeout=1800,
+                env=env)
             result = json.loads(out.read_text())
             result["baseline"] = spec["baseline"]
             results.append(result)

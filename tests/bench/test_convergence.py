@@ -1,4 +1,5 @@
-"""bench/convergence runs end to end on a short schedule and writes its table, JSON and plot."""
+"""bench/convergence runs end to end on a short schedule and writes its table, JSON and plot (its ranks in-process:
+the optimizers on real MPI and Gloo ranks are tests/optim's)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def test_short_convergence_run_writes_results(tmp_path: Path) -> None:
     out = tmp_path / "conv"
     done = subprocess.run(
         [sys.executable, "bench/convergence/run.py", "--ranks", "2", "--steps", "40", "--eval-every", "20",
-         "--hidden", "32", "--eps", "1e-4", "--out", str(out)],
+         "--hidden", "32", "--eps", "1e-4", "--backend", "threads", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -37,6 +37,11 @@ MAX_AGREEMENT_RANKS = 1 << 18
 """The most ranks a summed agreement round's float64 sums stay exact for."""
 
 
+def summed_agreement(n: int) -> bool:
+    """Whether n ranks agree by an allreduce (more than ``GATHERED_AGREEMENT_RANKS``) rather than an all-gather."""
+    return n > GATHERED_AGREEMENT_RANKS
+
+
 def agreement_shares(n: int, rank: int, value: bool) -> list[int]:
     """Bytes one agreement round (``check``) sends from ``rank`` to each rank (0 to itself) on n ranks.
 
@@ -44,7 +49,7 @@ def agreement_shares(n: int, rank: int, value: bool) -> list[int]:
     2. Above: an allreduce of ``SUMMED_AGREEMENT_FIELDS`` float64s (``allreduce_shares``), and, for a call that
        agrees on a value (a scale), an all-gather of that one float64.
     """
-    if n <= GATHERED_AGREEMENT_RANKS:
+    if not summed_agreement(n):
         return [0 if r == rank else 8 * AGREEMENT_FIELDS for r in range(n)]
     shares = allreduce_shares(n, rank, 8 * SUMMED_AGREEMENT_FIELDS)
     return [b + (8 if value and r != rank else 0) for r, b in enumerate(shares)]

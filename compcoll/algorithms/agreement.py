@@ -41,7 +41,7 @@ def _crc(text: str) -> int:
 
 def summed(comm: Communicator) -> bool:
     """Whether ``comm``'s agreement rounds are allreduces (more than ``spec.GATHERED_AGREEMENT_RANKS`` ranks)."""
-    return comm.size > spec.GATHERED_AGREEMENT_RANKS
+    return spec.summed_agreement(comm.size)
 
 
 def _sums_agree(comm: Communicator, signature: float, finite: bool) -> bool:

@@ -147,7 +147,7 @@ def _wire(comm, topo, x, args) -> tuple[Step, Verify]:
     """
     n, rank = comm.size, comm.rank
     full = compcoll.padded_numel(x.numel(), n)
-    summed = n > spec.GATHERED_AGREEMENT_RANKS
+    summed = spec.summed_agreement(n)
     record = torch.zeros(spec.SUMMED_AGREEMENT_FIELDS if summed else spec.AGREEMENT_FIELDS, dtype=torch.float64)
     value, table = torch.zeros(1, dtype=torch.float64), torch.empty(n * record.numel(), dtype=torch.float64)
     packed, framed = full // 8, SCALE_BYTES + full // n // 8

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_run}
 mkdir -p "$out"
 deadline=$((SECONDS + ${SECONDS_LEFT:-450}))
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD COMPCOLL_GPU_DIFFS=$out/optim_diffs.txt
 py=python3
 left() { echo $((deadline - SECONDS > 10 ? deadline - SECONDS : 10)); }
 {

@@ -27,13 +27,13 @@ def make_input(rank: int, step: int, shape: tuple[int, ...], dtype: torch.dtype)
     return x.to(dtype)
 
 
-def assert_same_on_all_ranks(comm: compcoll.Communicator, tensor: torch.Tensor) -> None:
+def assert_same_on_all_ranks(comm: compcoll.Communicator, tensor: torch.Tensor, where: str = "") -> None:
     raw = tensor.detach().reshape(-1).view(torch.uint8).clone()
     table = torch.empty(comm.size * raw.numel(), dtype=torch.uint8)
     comm.allgather(raw, table)
     rows = table.view(comm.size, -1)
     for r in range(comm.size):
-        assert torch.equal(rows[r], rows[0]), f"rank {r}'s output differs from rank 0's"
+        assert torch.equal(rows[r], rows[0]), f"{where}rank {r}'s output differs from rank 0's"
 
 
 def assert_matches_reference(out: torch.Tensor, expected: np.ndarray, where: str) -> None:

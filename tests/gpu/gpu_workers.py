@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 import compcoll
 from compcoll.kernels import reference
-from tests.algorithms.onebit_workers import assert_errors_match, assert_matches_reference, make_input
+from tests.algorithms.onebit_workers import (assert_errors_match, assert_matches_reference, assert_same_on_all_ranks,
+                                             make_input)
+from tests.optim.follow_workers import close
+
+def report(line: str) -> None:
+    """Append a line to the file ``$COMPCOLL_GPU_DIFFS`` names, where it is set (the GPU run keeps it)."""
+    path = os.environ.get("COMPCOLL_GPU_DIFFS")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
 
 
 def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
@@ -53,13 +64,20 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
 
 
 def optimizers_on_cuda_equal_cpu(comm: compcoll.Communicator, steps: int, device: str = "cuda") -> None:
-    """Every optimizer trains CUDA parameters to the bits of the same run on CPU parameters.
+    """Every optimizer trains CUDA parameters as the same run on CPU parameters does, to rounding.
 
     Both copies get the same gradients (seeded per rank and step, a zero row and a zero
     column that the silent-coordinate masks must keep at zero), through warmup and the
-    compressed phases; after every step the parameters, and at the end every state
-    buffer and error buffer, must be equal. (``device="cpu"`` runs the same check on two
-    CPU copies, which is how the test body is tried without a GPU.)
+    compressed phases. The optimizers' element-wise steps are torch's own operations,
+    whose CUDA kernels round differently from the CPU's (fused multiply-adds), so:
+
+    1. after every step the parameters are within ``follow_workers.TOLERANCE`` of the CPU run's;
+    2. the CUDA parameters are the same bits on every rank (0/1 Adam: where it is synchronised);
+    3. at the end every state buffer and error buffer is within ``follow_workers.TOLERANCE``, and the
+       scalars (step counts, phases) are equal.
+
+    ``device="cpu"`` runs the same check on two CPU copies, where everything is equal.
+    The largest difference seen is appended to ``$COMPCOLL_GPU_DIFFS`` where that is set.
     """
     from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
 
@@ -84,7 +102,8 @@ def optimizers_on_cuda_equal_cpu(comm: compcoll.Communicator, steps: int, device
         copies = [[torch.nn.Parameter(v.clone().to(d)) for v in values] for d in devices]
         opts = [cls([{"params": ps[:3]}, {"params": ps[3:], "lr": kwargs["lr"] / 2}], comm=comm, **kwargs)
                 for ps in copies]
-        where = f"{cls.__name__} {kwargs} {dtype}"
+        where = f"{cls.__name__} {kwargs} {dtype} on rank {comm.rank} of {comm.size}"
+        worst = 0.0
         for step in range(steps):
             gen = torch.Generator().manual_seed(1000 * comm.rank + step)
             grads = [torch.randn(shape, generator=gen).to(dtype) for shape in shapes]
@@ -95,15 +114,17 @@ def optimizers_on_cuda_equal_cpu(comm: compcoll.Communicator, steps: int, device
                     p.grad = g.to(d)
                 opt.step()
             for a, b in zip(*copies):
-                assert torch.equal(a.detach(), b.detach().cpu()), f"{where}: parameters differ at step {step}"
+                worst = max(worst, close(a.detach(), b.detach().cpu(), f"{where}: parameters at step {step}"))
+                if getattr(opts[1], "synchronized", True):
+                    assert_same_on_all_ranks(comm, b.detach().cpu().float(), f"{where} at step {step}: ")
         cpu_state, cuda_state = (opt.state_dict()["state"] for opt in opts)
         for name, buf in cpu_state["buffers"].items():
-            assert torch.equal(buf, cuda_state["buffers"][name].cpu()), f"{where}: state buffer {name}"
+            close(buf, cuda_state["buffers"][name].cpu(), f"{where}: state buffer {name}")
         for name in ("worker_error", "server_error"):
             if cpu_state["error_feedback"] is not None:
-                assert torch.equal(cpu_state["error_feedback"][name], cuda_state["error_feedback"][name].cpu()), \
-                    f"{where}: {name}"
+                close(cpu_state["error_feedback"][name], cuda_state["error_feedback"][name].cpu(), f"{where}: {name}")
         assert cpu_state["scalars"] == cuda_state["scalars"], where
+        report(f"{where}: largest |cuda - cpu| of a parameter over {steps} steps {worst:.3g}")
 
 
 def cupy_arrays(comm: compcoll.Communicator, steps: int) -> None:

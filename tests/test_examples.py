@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from compcoll.launcher import mpiexec
+from compcoll.launcher import _free_port, mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def _torchrun(*args: str) -> list[str]:
+    """The README's torchrun command, on a free rendezvous port (torchrun's 29500 may be taken by a parallel run)."""
+    return [str(TORCHRUN), "--master-port", str(_free_port()), *args]
 
 
 def _run(command: list[str]) -> str:
@@ -27,8 +32,8 @@ def test_train_example_under_mpiexec(optimizer: str) -> None:
 
 
 def test_train_example_under_torchrun() -> None:
-    out = _run([str(TORCHRUN), "--nproc-per-node", "2", "examples/train.py", "--optimizer", "zero_one_adam",
-                "--steps", "60"])
+    out = _run(_torchrun("--nproc-per-node", "2", "examples/train.py", "--optimizer", "zero_one_adam",
+                         "--steps", "60"))
     assert "ZeroOneAdam on 2 ranks: replicas bit-identical: True" in out
 
 
@@ -50,5 +55,5 @@ def test_overlap_example_keeps_replicas_identical() -> None:
 
 @pytest.mark.parametrize("hook", ["onebit", "local"])
 def test_ddp_example_under_torchrun(hook: str) -> None:
-    out = _run([str(TORCHRUN), "--nproc-per-node", "2", "examples/ddp.py", "--hook", hook, "--steps", "60"])
+    out = _run(_torchrun("--nproc-per-node", "2", "examples/ddp.py", "--hook", hook, "--steps", "60"))
     assert f"{hook} on rank 0 of 2: replicas bit-identical: True" in out, out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 
 from .base import Communicator, default_timeout
@@ -48,9 +49,9 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
     2. an initialised torch.distributed -> TorchComm on its WORLD group;
     3. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
     4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
-       ``COMPCOLL_TORCH_BACKEND`` backend if set, else NCCL if CUDA is available (on the
-       GPU ``LOCAL_RANK``), else Gloo; an NCCL group's timeout is ``timeout``, which
-       bounds its collectives) and TorchComm;
+       backend of ``torch_backend``: ``COMPCOLL_TORCH_BACKEND`` if set, else NCCL where
+       each local rank has a GPU (its ``LOCAL_RANK``), else Gloo; an NCCL group's timeout
+       is ``timeout``, which bounds its collectives) and TorchComm;
     5. srun (SLURM_NTASKS > 1) -> MPIComm;
     6. otherwise a SingleComm of size 1.
     Under MPI it also makes an uncaught exception on any rank end the job at once
@@ -79,6 +80,33 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
     return _default
 
 
+def torch_backend(env: Mapping[str, str], cuda_available: bool, gpus: int) -> str:
+    """The torch.distributed backend ``init`` opens under torchrun.
+
+    1. ``COMPCOLL_TORCH_BACKEND`` if set. NCCL then needs a GPU for each of the node's ranks
+       (``LOCAL_WORLD_SIZE``), else a RuntimeError names what is missing (NCCL's own error
+       would be "Duplicate GPU detected", or no GPU at all).
+    2. Otherwise NCCL where CUDA is available and every local rank has a GPU of its own, else
+       Gloo (more ranks on a node than GPUs, as ``torchrun --nproc-per-node 4`` on one GPU).
+    """
+    local_ranks = int(env.get("LOCAL_WORLD_SIZE", "1"))
+    chosen = env.get(TORCH_BACKEND_ENV)
+    if chosen == "nccl" and not cuda_available:
+        raise RuntimeError(
+            f"compcoll.init: the NCCL backend ({TORCH_BACKEND_ENV}=nccl) needs a CUDA GPU, and torch sees "
+            f"none (torch.cuda.is_available() is False); use {TORCH_BACKEND_ENV}=gloo on CPUs"
+        )
+    if chosen == "nccl" and local_ranks > gpus:
+        raise RuntimeError(
+            f"compcoll.init: the NCCL backend ({TORCH_BACKEND_ENV}=nccl) needs a GPU for each of this node's "
+            f"{local_ranks} ranks (LOCAL_WORLD_SIZE), and torch sees {gpus}; use {TORCH_BACKEND_ENV}=gloo, or "
+            f"fewer ranks per node"
+        )
+    if chosen:
+        return chosen
+    return "nccl" if cuda_available and local_ranks <= gpus else "gloo"
+
+
 def _init_torch(timeout: float | None) -> Communicator:
     import torch
     import torch.distributed as dist
@@ -86,14 +114,9 @@ def _init_torch(timeout: float | None) -> Communicator:
     from .torchdist import TorchComm
 
     if not dist.is_initialized():
-        backend = os.environ.get(TORCH_BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
+        backend = torch_backend(os.environ, torch.cuda.is_available(), torch.cuda.device_count())
         if backend == "nccl":
-            if not torch.cuda.is_available():
-                raise RuntimeError(
-                    f"compcoll.init: the NCCL backend ({TORCH_BACKEND_ENV}=nccl) needs a CUDA GPU, and torch sees "
-                    f"none (torch.cuda.is_available() is False); use {TORCH_BACKEND_ENV}=gloo on CPUs"
-                )
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             seconds = default_timeout() if timeout is None else timeout  # NCCL's watchdog bounds its collectives
             dist.init_process_group(backend, timeout=timedelta(seconds=seconds))
         else:

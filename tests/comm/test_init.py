@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import compcoll
+from compcoll.comm import torch_backend
 from compcoll.launcher import mpiexec
 
 _PROBE = "import compcoll; c = compcoll.init(); print(type(c).__name__, c.rank, c.size)"
@@ -42,6 +43,26 @@ def test_torchrun_variables_give_torchcomm() -> None:
     out = subprocess.run([sys.executable, "-c", _PROBE + "; import torch.distributed as d; d.destroy_process_group()"],
                          env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.split("\n")[0] == "TorchComm 0 1"
+
+
+@pytest.mark.parametrize("env, cuda, gpus, backend", [
+    ({}, False, 0, "gloo"),
+    ({"LOCAL_WORLD_SIZE": "2"}, True, 2, "nccl"),
+    ({"LOCAL_WORLD_SIZE": "2"}, True, 1, "gloo"),  # torchrun --nproc-per-node 2 on one GPU: NCCL cannot pair them
+    ({}, True, 1, "nccl"),
+    ({"COMPCOLL_TORCH_BACKEND": "gloo", "LOCAL_WORLD_SIZE": "1"}, True, 8, "gloo"),
+])
+def test_torch_backend_choice(env: dict, cuda: bool, gpus: int, backend: str) -> None:
+    assert torch_backend(env, cuda, gpus) == backend
+
+
+@pytest.mark.parametrize("env, cuda, gpus, words", [
+    ({"COMPCOLL_TORCH_BACKEND": "nccl"}, False, 0, "needs a CUDA GPU"),
+    ({"COMPCOLL_TORCH_BACKEND": "nccl", "LOCAL_WORLD_SIZE": "4"}, True, 1, "a GPU for each of this node's 4 ranks"),
+])
+def test_nccl_without_a_gpu_per_rank_is_refused(env: dict, cuda: bool, gpus: int, words: str) -> None:
+    with pytest.raises(RuntimeError, match=words):
+        torch_backend(env, cuda, gpus)
 
 
 def test_unknown_backend() -> None:

@@ -98,9 +98,10 @@ def test_the_server_step_keeps_its_scale_on_the_device(scale: str) -> None:
         results[device] = (rows.cpu(), server_error.cpu())
     assert torch.equal(results["cpu"][0], results["cuda"][0]) and torch.equal(results["cpu"][1], results["cuda"][1])
 
+    on_device = bits.cuda(), weights.cuda(), error.cuda()  # a pageable copy waits for the stream: copy first
     torch.cuda.synchronize()
     torch.cuda._sleep(1 << 30)  # about half a second of the GPU's time on the current stream
-    serve(bits.cuda(), weights.cuda(), error.cuda(), SingleComm(), Workspace(), scale)
+    serve(*on_device, SingleComm(), Workspace(), scale)
     busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert busy, "serve waited for the device: a host round trip is left in the server step"

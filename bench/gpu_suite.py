@@ -13,8 +13,13 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors;
 5. the server step (``serve``: accumulate, scale, encode, frame) on the device and on the host:
-   the host's time to queue it is far below the device's when nothing in it waits for the device.
-Writes OUT.txt and OUT.json with the GPU's name and the command.
+   the host's time to queue it is far below the device's when nothing in it waits for the device;
+6. the host time of one compressed_allreduce call (from an idle device to its return), and the
+   kernel launches, tensor wraps and host waits (``kernels.launch.COUNTS``) of one call of each
+   protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's.
+Each launcher (``--launchers``, default ``bound,numba``: ``kernels.launch``) measures 1-6 in the
+same run, so their ratios are side by side. Writes OUT.txt and OUT.json with the GPU's name and
+the command.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -33,6 +39,7 @@ import torch
 import compcoll
 from compcoll import codecs
 from compcoll.algorithms.onebit import serve
+from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
 from compcoll.workspace import Workspace
 
 
@@ -108,6 +115,9 @@ def measure(numel: int, runs: int) -> dict:
     we, se = torch.zeros(full, device=dev), torch.zeros(full, device=dev)
     comm = compcoll.SingleComm()
     result["compressed_allreduce_1rank_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs)
+    result["compressed_allreduce_host_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs,
+                                                  clock=_host_seconds)
+    result["counts"] = counts(x, we, se, comm)
     workspace = Workspace()
 
     def server() -> torch.Tensor:
@@ -117,29 +127,62 @@ def measure(numel: int, runs: int) -> dict:
     return result
 
 
+def counts(x: torch.Tensor, we: torch.Tensor, se: torch.Tensor, comm) -> dict:
+    """Launches, wraps and host waits of one call of each protocol (after one call that compiles and allocates)."""
+    hwn, hsn = compcoll.hierarchical_error_numels(x.numel(), 1, 1)
+    hwe, hse = torch.zeros(hwn, device=x.device), torch.zeros(hsn, device=x.device)
+    calls = {
+        "gather_scatter": lambda: compcoll.compressed_allreduce(x, we, se, comm),
+        "allgather": lambda: compcoll.compressed_allreduce(x, we, se, comm, protocol="allgather"),
+        "hierarchical": lambda: compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm, ranks_per_node=1),
+        "birder": lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=1, seed=1, step=0),
+    }
+    found = {}
+    for name, call in calls.items():
+        call()
+        torch.cuda.synchronize()
+        COUNTS.reset()
+        call()
+        torch.cuda.synchronize()
+        found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits}
+    return found
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="4096,1048576,16777216,67108864,268435456", help="float32 elements, comma-separated")
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--launchers", default="bound,numba", help="kernels.launch launchers to measure, comma-separated")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA GPU here: run this on a machine with one", file=sys.stderr)
         return 2
     gpu = torch.cuda.get_device_name()
-    results = [measure(int(s), args.runs) for s in args.sizes.split(",")]
-    lines = [f"# {gpu}; medians of {args.runs} runs (CUDA events); GB/s of the bytes each kernel must move",
-             f"{'elements':>11} {'kernel':<26} {'time us':>10} {'GB/s':>8} {'of copy':>8}"]
-    for r in results:
-        lines.append(f"{r['numel']:>11} {'device copy':<26} {1e6 * r['copy_s']:>10.1f} {r['copy_GBps']:>8.1f} {1:>8.2f}")
-        for name, k in r["kernels"].items():
-            lines.append(f"{r['numel']:>11} {name:<26} {1e6 * k['s']:>10.1f} {k['GBps']:>8.1f} {k['of_copy']:>8.2f}")
-        w = r["worker_step"]
-        lines.append(f"{r['numel']:>11} worker step: fused {1e6 * w['fused_s']:.1f} us, DeepSpeed-style "
-                     f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x; compressed_allreduce (1 rank) "
-                     f"{1e6 * r['compressed_allreduce_1rank_s']:.1f} us")
-        lines.append(f"{r['numel']:>11} server step: device {1e6 * r['serve']['device_s']:.1f} us, host "
-                     f"{1e6 * r['serve']['host_s']:.1f} us to queue it")
+    results = {}
+    for name in args.launchers.split(","):
+        os.environ[LAUNCHER_ENV] = name
+        results[name] = [measure(int(s), args.runs) for s in args.sizes.split(",")]
+    lines = [f"# {gpu}; medians of {args.runs} runs (CUDA events; host: perf_counter from an idle device); GB/s of "
+             f"the bytes each kernel must move; launchers {args.launchers} (kernels.launch) side by side"]
+    for name, rows in results.items():
+        lines += [f"## launcher: {name}",
+                  f"{'elements':>11} {'kernel':<26} {'time us':>10} {'GB/s':>8} {'of copy':>8}"]
+        for r in rows:
+            lines.append(f"{r['numel']:>11} {'device copy':<26} {1e6 * r['copy_s']:>10.1f} {r['copy_GBps']:>8.1f} "
+                         f"{1:>8.2f}")
+            for kernel, k in r["kernels"].items():
+                lines.append(f"{r['numel']:>11} {kernel:<26} {1e6 * k['s']:>10.1f} {k['GBps']:>8.1f} "
+                             f"{k['of_copy']:>8.2f}")
+            w = r["worker_step"]
+            lines.append(f"{r['numel']:>11} worker step: fused {1e6 * w['fused_s']:.1f} us, DeepSpeed-style "
+                         f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x; compressed_allreduce (1 rank) "
+                         f"{1e6 * r['compressed_allreduce_1rank_s']:.1f} us, host "
+                         f"{1e6 * r['compressed_allreduce_host_s']:.1f} us")
+            lines.append(f"{r['numel']:>11} server step: device {1e6 * r['serve']['device_s']:.1f} us, host "
+                         f"{1e6 * r['serve']['host_s']:.1f} us to queue it")
+            lines.append(f"{r['numel']:>11} per call (launches/wraps/waits): " + ", ".join(
+                f"{p} {c['launches']}/{c['wraps']}/{c['waits']}" for p, c in r["counts"].items()))
     table = "\n".join(lines)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 The algorithms call only this module; it picks the kernels for the tensor's device (CPU:
 ``kernels.cpu`` on numpy views; CUDA: ``kernels.cuda`` on ``__cuda_array_interface__``
-views, queued on torch's current stream) and hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
+views, queued on torch's current stream through ``kernels.launch``) and hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
 element in the most significant bit), preceded, where a scale travels with it, by that
 scale as 4 native-endian float32 bytes.
 """
@@ -47,13 +47,13 @@ def check_device(tensor: torch.Tensor) -> None:
 
 
 def _array(tensor: torch.Tensor):
-    """A zero-copy kernel view: numpy for CPU tensors, a numba device array for CUDA tensors."""
+    """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.launch.DeviceArray`` for CUDA tensors."""
     if tensor.is_cpu:
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
-    from numba import cuda
+    from .kernels.launch import DeviceArray
 
-    # no stream sync on import: the kernels run on torch's current stream, behind the producer
-    return cuda.as_cuda_array(tensor.detach(), sync=False)
+    # pointer, shape and strides only: the kernels run on torch's current stream, behind the producer
+    return DeviceArray.of(tensor.detach())
 
 
 def _no_source(like: torch.Tensor):
@@ -105,10 +105,20 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
 
     from .kernels import cuda as cuda_kernels
 
-    stream = cuda.external_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
+    stream = _numba_stream(tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream)
     extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
     with cuda.gpus[tensor.device.index]:
         return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
+
+
+@lru_cache(maxsize=None)
+def _numba_stream(device: int, handle: int):
+    """numba's view of the CUDA stream ``handle`` on GPU ``device``, made once (a new one per call would cost each
+    launch a new launch configuration)."""
+    from numba import cuda
+
+    with cuda.gpus[device]:
+        return cuda.external_stream(handle)
 
 
 def _torch_empty(device: torch.device):

@@ -17,12 +17,19 @@ or with the compiler's packages in a folder of their own (what CI does:
    float32 or 16-bit output) compiles with ``numba.cuda.compile_ptx``.
 3. The scale kernel's PTX must use the IEEE instructions the host's float64 maths uses
    (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits.
+4. The entry's ``.param`` list must be what ``kernels.launch`` flattens for those argument
+   types (``parameter_sizes``): the bound launcher passes exactly that many values of
+   those widths. Arguments made as the codecs make them (``DeviceArray`` views of tensors,
+   Python and numpy scalars) must type as the variant's types and flatten to that many values.
+5. The numba-cuda in use is the one the bound launcher was written against
+   (``PINNED_NUMBA_CUDA``), with the private attributes it reads.
 Prints one line per kernel; exits 1 if any fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import site
 import sys
 from types import SimpleNamespace
@@ -75,6 +82,58 @@ def variants() -> dict[str, tuple]:
     return found
 
 
+def ptx_parameter_sizes(ptx: str) -> list[int]:
+    """The byte size of each parameter of the PTX's kernel entry (``.param .u64 name``, ``.b8``, ``.f32``, ...)."""
+    entry = ptx[ptx.index(".entry"):]
+    declared = entry[entry.index("(") + 1:entry.index(")")]
+    return [int(bits) // 8 for bits in re.findall(r"\.param\s+\.[a-z]+?(\d+)\s", declared)]
+
+
+def example_arguments(types: tuple) -> list:
+    """Arguments as the codecs pass them for ``types``: DeviceArray views of (CPU) tensors, scalars."""
+    import numpy as np
+    import torch
+    from numba import types as t
+
+    from compcoll.kernels.launch import DeviceArray
+
+    made = []
+    for ty in types:
+        if isinstance(ty, t.Array):
+            dtype = torch.from_numpy(np.zeros(1, str(ty.dtype))).dtype if str(ty.dtype) != "uint16" else torch.int16
+            tensor = torch.zeros((3, 16) if ty.ndim == 2 else (5,), dtype=dtype)
+            array = DeviceArray.of(tensor[:, 2:] if ty.ndim == 2 and ty.layout == "A" else tensor)
+            made.append(array.view(np.uint16) if str(ty.dtype) == "uint16" else array)
+        else:
+            made.append({t.int64: 7, t.float64: 0.5, t.boolean: True, t.float32: np.float32(0.5),
+                         t.uint64: np.uint64(3)}[ty])
+    return made
+
+
+def pin_problems() -> list[str]:
+    """What differs from the numba-cuda the bound launcher reads (version, private attributes)."""
+    import inspect
+    from importlib.metadata import version
+
+    from numba.cuda import codegen, dispatcher
+    from numba.cuda.cudadrv import driver
+
+    from compcoll.kernels.launch import PINNED_NUMBA_CUDA
+
+    problems = []
+    if version("numba-cuda") != PINNED_NUMBA_CUDA:
+        problems.append(f"numba-cuda {version('numba-cuda')}, not {PINNED_NUMBA_CUDA}")
+    if "self._codelibrary" not in inspect.getsource(dispatcher._Kernel):
+        problems.append("numba.cuda.dispatcher._Kernel has no _codelibrary")
+    if not hasattr(codegen.CUDACodeLibrary, "get_cufunc"):
+        problems.append("CUDACodeLibrary has no get_cufunc")
+    if not hasattr(driver, "_to_core_stream"):
+        problems.append("numba.cuda.cudadrv.driver has no _to_core_stream")
+    if "cufunc.kernel" not in inspect.getsource(dispatcher._Kernel.launch):
+        problems.append("_Kernel.launch no longer launches cufunc.kernel through cuda.core")
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cc", default="9.0", help="compute capability, major.minor (default 9.0: H100 / H200)")
@@ -84,6 +143,8 @@ def main() -> int:
         site.addsitedir(args.site)  # before numba.cuda is imported: numba-cuda's .pth redirects it
     import numba.cuda.dispatcher as dispatcher
     from numba import cuda
+
+    from compcoll.kernels.launch import _key, flattener, numba_type, parameter_sizes
 
     cc = tuple(int(part) for part in args.cc.split("."))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
@@ -96,12 +157,30 @@ def main() -> int:
             failed += 1
             print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
             continue
-        print(f"ok      {name} ({len(ptx)} chars of PTX)")
+        expected, declared = parameter_sizes(types), ptx_parameter_sizes(ptx)
+        made = example_arguments(types)
+        typed = tuple(numba_type(_key(a)) for a in made)
+        flat: list = []
+        for arg, ty in zip(made, typed):
+            flattener(ty)(arg, flat)
+        if typed != tuple(types):
+            failed += 1
+            print(f"FAILED  {name}: the launcher types the codecs' arguments as {typed}, not {tuple(types)}")
+            continue
+        if declared != expected or len(flat) != len(declared):
+            failed += 1
+            print(f"FAILED  {name}: the PTX entry takes parameters of {declared} bytes, the launcher flattens "
+                  f"{expected} ({len(flat)} values)")
+            continue
+        print(f"ok      {name} ({len(ptx)} chars of PTX, {len(declared)} parameters as the launcher flattens them)")
         if name == "scale of a device sum":
             missing = [op for op in ("sqrt.rn.f64", "div.rn.f64", "cvt.rn.f32.f64") if op not in ptx]
             if missing:
                 failed += 1
                 print(f"FAILED  {name}: no {', '.join(missing)} in its PTX (the host's IEEE float64 maths)")
+    for problem in pin_problems():
+        failed += 1
+        print(f"FAILED  the bound launcher's pin: {problem}")
     print(f"{len(found) - failed} of {len(found)} kernel variants compile for sm_{cc[0]}{cc[1]}")
     return 1 if failed else 0
 

@@ -3,6 +3,8 @@
 # against the CPU kernels on the hardware, tests/gpu, bench/gpu_suite.py, then the rest of the suite until the deadline.
 # Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5). Logs and figures go to $OUT.
 # Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
+# (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_S: gpu_suite's runs per median, sizes and
+# time limit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_run}
@@ -27,6 +29,8 @@ timeout "${GPU_TESTS_S:-200}" $py -m pytest -q -ra -p xdist -n 8 tests/gpu "$@" 
 wait
 tail -3 "$out/kernels.log"
 echo "== bench/gpu_suite.py"
-timeout 150 $py bench/gpu_suite.py --out "$out/gpu_kernels" 2>&1 | tail -5
+timeout "${SUITE_S:-150}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
+    --out "$out/gpu_kernels" 2>&1 | tail -12
+[ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"
 timeout "$(left)" $py -m pytest -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"

@@ -1,9 +1,11 @@
 """Fused numba.cuda kernels for the 1-bit codec, with the CPU kernels' names and results (``kernels.reference`` bits).
 
-Every function takes device arrays (anything with ``__cuda_array_interface__``: torch
-CUDA tensors, cupy arrays, numba device arrays; host numpy arrays under the simulator,
+Every function takes device arrays (``kernels.launch.DeviceArray`` views of torch CUDA
+tensors, numba device arrays; host numpy arrays under the simulator,
 ``NUMBA_ENABLE_CUDASIM=1``) and an optional ``stream`` (``numba.cuda.external_stream``
 of torch's current stream, so kernels queue behind the work that produced their input).
+Every launch and every read back to the host goes through ``kernels.launch``, which counts
+them and launches pre-bound variants through cuda.core.
 Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of absolute
 values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
 elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
@@ -27,6 +29,7 @@ from numba import cuda
 
 from . import scalar
 from ..spec import BLOCK, LANES
+from .launch import copy_first, launch, read_first
 
 THREADS = 128
 MAX_BLOCKS = 4096
@@ -115,19 +118,16 @@ def tree_sum(partial, stream=0, empty=_device_empty, into=None) -> float | None:
     else:
         size //= 2
         values = empty(size, np.float64, stream)
-        _halve_from[_grid(size), THREADS, stream](partial, values, size)
+        launch(_halve_from, _grid(size), THREADS, stream, partial, values, size)
         while size > TAIL:
             size //= 2
-            _halve[_grid(size), THREADS, stream](values, size)
+            launch(_halve, _grid(size), THREADS, stream, values, size)
         if size > 1:
-            _halve_in_block[1, TAIL_THREADS, stream](values, size)
+            launch(_halve_in_block, 1, TAIL_THREADS, stream, values, size)
     if into is not None:
-        into.copy_to_device(values[:1], stream=stream)
+        copy_first(into, values, stream)
         return None
-    host = values[:1].copy_to_host(stream=stream)
-    if stream:
-        stream.synchronize()
-    return float(host[0])
+    return read_first(values, stream)
 
 
 @lru_cache(maxsize=None)
@@ -156,8 +156,8 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
     else, except ``into`` (``tree_sum``)."""
     nblocks = max(1, -(-err.size // BLOCK))
     partial = empty(nblocks * LANES, np.float64, stream)
-    _power_lanes(lut is not None, int(power))[_grid(partial.size), THREADS, stream](src, _table(lut), err, n_src,
-                                                                                   partial)
+    launch(_power_lanes(lut is not None, int(power)), _grid(partial.size), THREADS, stream,
+           src, _table(lut), err, n_src, partial)
     return tree_sum(partial, stream, empty, into)
 
 
@@ -204,9 +204,8 @@ def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
     memory, then packs byte l of the tile from elements 8l..8l+7.
     """
     in_memory = not isinstance(scale, (int, float, np.number))
-    _compensate_encode(lut is not None, in_memory)[_grid(bits.size), THREADS, stream](
-        src, _table(lut), err, n_src, scale if in_memory else np.float32(scale), bits
-    )
+    launch(_compensate_encode(lut is not None, in_memory), _grid(bits.size), THREADS, stream,
+           src, _table(lut), err, n_src, scale if in_memory else np.float32(scale), bits)
 
 
 @cuda.jit
@@ -225,7 +224,7 @@ def scale_of(total, d, power, out, stream=0) -> None:
     """out[0] <- the float32 scale of ``d`` elements from their float64 sum of |x|^power in total[0],
     as ``spec.scale_from`` on the host: float64 sqrt and division (IEEE, correctly rounded), then
     rounded to float32. One thread; both arrays on the device, so the scale never crosses to the host."""
-    _scale_of[1, 1, stream](total, d, math.sqrt(d), power == 2, out)
+    launch(_scale_of, 1, 1, stream, total, d, math.sqrt(d), power == 2, out)
 
 
 @lru_cache(maxsize=None)
@@ -257,9 +256,8 @@ def _accumulate_lanes(with_base: bool, p: int):
 def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) -> None:
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
     (block, lane) sums of its |out|^power, as the CPU kernel of the same name."""
-    _accumulate_lanes(base is not None, int(power))[_grid(lanes.size), THREADS, stream](
-        bits, weights, out if base is None else base, out, n_out, lanes
-    )
+    launch(_accumulate_lanes(base is not None, int(power)), _grid(lanes.size), THREADS, stream,
+           bits, weights, out if base is None else base, out, n_out, lanes)
 
 
 def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty, into=None
@@ -288,7 +286,7 @@ def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     Row by row, one thread per element of the row, so that neighbouring threads write
     neighbouring elements and no thread divides to find its row.
     """
-    _select_decode[_grid(min(n_out, bits.shape[1] * 8)), THREADS, stream](bits, positive, negative, out, n_out)
+    launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8)), THREADS, stream, bits, positive, negative, out, n_out)
 
 
 @lru_cache(maxsize=None)
@@ -352,10 +350,9 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=_device_empty) -> 
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)
-    _absmax_lanes(lut is not None)[_grid(partial.size), THREADS, stream](
-        src, _table(lut), n_src, row_len, per_row, partial
-    )
-    _absmax_rows[out.size, THREADS, stream](partial, per_row, out)
+    launch(_absmax_lanes(lut is not None), _grid(partial.size), THREADS, stream,
+           src, _table(lut), n_src, row_len, per_row, partial)
+    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out)
 
 
 @lru_cache(maxsize=None)
@@ -391,9 +388,8 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> No
 
     Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory.
     """
-    _randomized_encode(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
-        src, _table(lut), n_src, scales, np.uint64(key), start, bits
-    )
+    launch(_randomized_encode(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
+           src, _table(lut), n_src, scales, np.uint64(key), start, bits)
 
 
 @lru_cache(maxsize=None)
@@ -419,9 +415,8 @@ def _block_power_sums(with_lut: bool, p: int):
 def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
     """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
     CPU kernel: one thread per block."""
-    _block_power_sums(lut is not None, int(power))[_grid(sums.size), THREADS, stream](
-        src, _table(lut), err, n_src, block, row_len, sums
-    )
+    launch(_block_power_sums(lut is not None, int(power)), _grid(sums.size), THREADS, stream,
+           src, _table(lut), err, n_src, block, row_len, sums)
 
 
 @lru_cache(maxsize=None)
@@ -463,9 +458,8 @@ def _encode_blocks(with_lut: bool):
 def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
     """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
     row_bytes) ``bits`` (possibly strided), as the CPU kernel; tiled as ``compensate_encode``."""
-    _encode_blocks(lut is not None)[_grid(bits.shape[0] * bits.shape[1]), THREADS, stream](
-        src, _table(lut), err, n_src, scales, block, bits
-    )
+    launch(_encode_blocks(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
+           src, _table(lut), err, n_src, scales, block, bits)
 
 
 @lru_cache(maxsize=None)
@@ -491,9 +485,8 @@ def _accumulate_blocks(with_base: bool):
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
     one thread per element."""
-    _accumulate_blocks(base is not None)[_grid(n_out), THREADS, stream](
-        bits, weights, block, out if base is None else base, out, n_out
-    )
+    launch(_accumulate_blocks(base is not None), _grid(n_out), THREADS, stream,
+           bits, weights, block, out if base is None else base, out, n_out)
 
 
 @cuda.jit
@@ -508,4 +501,4 @@ def _decode_blocks(bits, scales, block, out, n_out):
 
 def decode_blocks(bits, scales, block, out, n_out, stream=0) -> None:
     """out[i] = +-scales[r, k // block] for element k of row r (set bit: +), cut to n_out, as the CPU kernel."""
-    _decode_blocks[_grid(n_out), THREADS, stream](bits, scales, block, out, n_out)
+    launch(_decode_blocks, _grid(n_out), THREADS, stream, bits, scales, block, out, n_out)

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+import compcoll
 from compcoll import SingleComm, codecs, compressed_allreduce
 from compcoll.algorithms.onebit import serve
+from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
 from compcoll.launcher import run
 from compcoll.workspace import Workspace
 from tests.optim.follow_workers import CHANGES
@@ -17,9 +19,12 @@ WORKERS = "tests.gpu.gpu_workers"
 SHAPES = [[1], [37], [3, 7, 11], [100003]]
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("numel", [1, 37, 8193, 1 << 20])
-def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
+def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LAUNCHER_ENV, launcher)
     gen = torch.Generator().manual_seed(numel)
     x = (torch.randn(numel, generator=gen) * 3).to(dtype)
     full = -(-numel // 24) * 24
@@ -45,6 +50,22 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int) -> None:
                           results["cpu"], results["cuda"]):
         same = a == b if isinstance(a, float) else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy())
         assert same, name
+
+
+@pytest.mark.parametrize("launcher, wraps", [("bound", False), ("numba", True)])
+def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One gather-scatter call at 1 rank through kernels.launch: the bound launcher wraps no tensor, numba's
+    dispatcher wraps each; the worker's sum is the kernels' one host wait."""
+    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    x = torch.randn(100003, device="cuda")
+    we, se = torch.zeros(compcoll.padded_numel(x.numel(), 1), device="cuda"), torch.zeros(100008, device="cuda")
+    compressed_allreduce(x, we, se, SingleComm())
+    torch.cuda.synchronize()
+    COUNTS.reset()
+    compressed_allreduce(x, we, se, SingleComm())
+    torch.cuda.synchronize()
+    assert COUNTS.launches > 0 and (COUNTS.wraps > 0) == wraps and COUNTS.waits <= 1, COUNTS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

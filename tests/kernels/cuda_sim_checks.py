@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 
@@ -11,6 +12,7 @@ import torch
 
 from compcoll import codecs, spec
 from compcoll.kernels import cpu, cuda, reference
+from compcoll.kernels.launch import COUNTS
 from compcoll.spec import SCALES
 
 
@@ -151,10 +153,25 @@ def check_tree_sum() -> None:
     for size in (1, 2, 3, 5, cuda.TAIL + 1, 2 * cuda.TAIL + 3, 5 * cuda.TAIL):
         values = rng.standard_normal(size) * 10.0 ** rng.integers(-8, 8, size)
         values[::7] = -0.0
+        COUNTS.reset()
         assert cuda.tree_sum(cuda.cuda.to_device(values)) == reference.tree_sum(values), f"tree_sum of {size}"
+        assert (COUNTS.launches, COUNTS.waits) == (tree_launches(size), 1), (size, COUNTS)
         slots = cuda.cuda.to_device(np.full(3, np.nan))
+        COUNTS.reset()
         assert cuda.tree_sum(cuda.cuda.to_device(values), into=slots[1:2]) is None
+        assert (COUNTS.launches, COUNTS.waits) == (tree_launches(size) + 1, 0), (size, COUNTS)  # + the copy
         assert slots.copy_to_host()[1] == reference.tree_sum(values), f"tree_sum of {size} into a device slot"
+
+
+def tree_launches(size: int) -> int:
+    """Launches of ``tree_sum`` over ``size`` values: none for one; the first level, one per level wider than
+    TAIL, and the one-block tail where more than one value is left."""
+    if size == 1:
+        return 0
+    half, launches = (1 << math.ceil(math.log2(size))) // 2, 1
+    while half > cuda.TAIL:
+        half, launches = half // 2, launches + 1
+    return launches + (half > 1)
 
 
 def check_scale_of() -> None:

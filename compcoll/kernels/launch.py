@@ -1,0 +1,273 @@
+"""The one path of every CUDA kernel launch and host read of compcoll's kernels: counted, and pre-bound.
+
+``launch`` runs a ``numba.cuda.jit`` kernel in one of two ways:
+
+* **bound** (the default): the kernel is compiled once per argument-type variant and GPU,
+  then launched through ``cuda.core.launch`` with its arguments flattened from raw
+  pointers, so no call types its arguments or wraps a tensor;
+* **numba**: numba's own dispatcher (``kernel[grid, block, stream](*args)``), each tensor
+  wrapped with ``cuda.as_cuda_array``. ``COMPCOLL_CUDA_LAUNCHER=numba`` selects it, and the
+  CUDA simulator always uses it.
+
+The bound path depends on numba-cuda's own layout of a kernel's parameters and on three
+private names (``_Kernel._codelibrary``, its ``get_cufunc().kernel``, and
+``driver._to_core_stream``), pinned in ``PINNED_NUMBA_CUDA`` and checked by
+``scripts/cuda_ptx.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+LAUNCHER_ENV = "COMPCOLL_CUDA_LAUNCHER"
+LAUNCHERS = ("bound", "numba")
+PINNED_NUMBA_CUDA = "0.30.4"
+"""The numba-cuda whose parameter layout and private attributes the bound launcher uses."""
+
+
+@dataclass
+class Counts:
+    """What the kernels asked of the GPU and the host since the last ``reset``."""
+
+    launches: int = 0
+    """Kernel launches (through either launcher) and device-to-device copies."""
+    wraps: int = 0
+    """Tensors wrapped for numba's dispatcher (``cuda.as_cuda_array``, about 27 us each on an H100)."""
+    waits: int = 0
+    """Host waits for the device (a value read back to the host)."""
+
+    def reset(self) -> None:
+        self.launches = self.wraps = self.waits = 0
+
+
+COUNTS = Counts()
+"""The process's counts (every thread's launches together)."""
+_LOCK = threading.Lock()
+
+
+def launcher() -> str:
+    """The launcher in use: ``COMPCOLL_CUDA_LAUNCHER`` (``bound`` unless set), ``numba`` under the simulator."""
+    from numba import config
+
+    chosen = os.environ.get(LAUNCHER_ENV, "bound")
+    if chosen not in LAUNCHERS:
+        raise ValueError(f"compcoll: {LAUNCHER_ENV}={chosen!r}; use one of {LAUNCHERS}")
+    return "numba" if config.ENABLE_CUDASIM else chosen
+
+
+class DeviceArray:
+    """A view of device memory as a kernel argument: pointer, shape, byte strides and numpy dtype.
+
+    It holds ``owner`` (the tensor whose memory it is) alive, and offers what numba's
+    dispatcher needs to wrap it (``__cuda_array_interface__``); the bound launcher reads
+    its fields directly.
+    """
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "owner")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype, owner) -> None:
+        self.ptr, self.shape, self.strides, self.dtype, self.owner = ptr, shape, strides, dtype, owner
+
+    @classmethod
+    def of(cls, tensor) -> DeviceArray:
+        """A view of a CUDA torch tensor, in place."""
+        itemsize = tensor.element_size()
+        return cls(tensor.data_ptr(), tuple(tensor.shape), tuple(s * itemsize for s in tensor.stride()),
+                   _numpy_dtype(tensor.dtype), tensor)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the strides are C order's (numba's layout "C"; otherwise "A")."""
+        step = self.dtype.itemsize
+        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
+            if extent != 1 and stride != step:
+                return False
+            step *= extent
+        return True
+
+    def view(self, dtype) -> DeviceArray:
+        """The same memory as another dtype of the same size."""
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != self.dtype.itemsize:
+            raise ValueError(f"DeviceArray.view: {self.dtype} and {dtype} differ in size")
+        return DeviceArray(self.ptr, self.shape, self.strides, dtype, self.owner)
+
+    def __getitem__(self, key: slice) -> DeviceArray:
+        """A 1-D slice with step 1 (``values[:1]``)."""
+        start, stop, step = key.indices(self.shape[0])
+        if self.ndim != 1 or step != 1:
+            raise ValueError("DeviceArray: only 1-D slices with step 1")
+        return DeviceArray(self.ptr + start * self.strides[0], (max(0, stop - start),), self.strides, self.dtype,
+                           self.owner[start:stop])
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "strides": None if self.contiguous else self.strides,
+                "data": (self.ptr, False), "typestr": self.dtype.str, "version": 2}
+
+
+def _numpy_dtype(torch_dtype) -> np.dtype:
+    import torch
+
+    return np.dtype({torch.float32: np.float32, torch.float64: np.float64, torch.uint8: np.uint8,
+                     torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64}[torch_dtype])
+
+
+def launch(kernel, grid: int, block: int, stream, *args) -> None:
+    """Launch ``kernel`` (a ``numba.cuda.jit`` dispatcher) on ``grid`` x ``block`` threads in ``stream``.
+
+    1. Count the launch.
+    2. Bound: find the variant compiled for the arguments' types on the current GPU
+       (compiled on first use), flatten the arguments as numba lays out its parameters,
+       and launch through ``cuda.core``.
+    3. numba: wrap each ``DeviceArray`` (counted) and call numba's dispatcher.
+    """
+    with _LOCK:
+        COUNTS.launches += 1
+    if launcher() == "bound":
+        core_kernel, flatteners = _bound(kernel, _device_id(), tuple(map(_key, args)))
+        flat = []
+        for flatten, arg in zip(flatteners, args):
+            flatten(arg, flat)
+        _core_launch(_core_stream(stream), _config(grid, block), core_kernel, *flat)
+        return
+    kernel[grid, block, stream](*(_wrap(a) for a in args))
+
+
+def _wrap(arg):
+    if not isinstance(arg, DeviceArray):
+        return arg
+    from numba import cuda
+
+    with _LOCK:
+        COUNTS.wraps += 1
+    return cuda.as_cuda_array(arg, sync=False)
+
+
+def copy_first(into, values, stream) -> None:
+    """into[0] <- values[0] on the device, behind the stream's work (no host wait; counted as a launch)."""
+    with _LOCK:
+        COUNTS.launches += 1
+    if isinstance(values, DeviceArray):
+        into.owner.view(-1)[:1].copy_(values.owner.view(-1)[:1])
+        return
+    into.copy_to_device(values[:1], stream=stream)
+
+
+def read_first(values, stream) -> float:
+    """values[0] on the host: waits for the stream (counted)."""
+    with _LOCK:
+        COUNTS.waits += 1
+    if isinstance(values, DeviceArray):
+        return float(values.owner.view(-1)[0])
+    host = values[:1].copy_to_host(stream=stream)
+    if stream:
+        stream.synchronize()
+    return float(host[0])
+
+
+def _device_id() -> int:
+    from numba import cuda
+
+    return cuda.get_current_device().id
+
+
+def _key(arg) -> tuple:
+    """What selects a compiled variant: an array's dtype, rank and layout, or a scalar's type."""
+    if isinstance(arg, DeviceArray):
+        return ("array", arg.dtype, arg.ndim, arg.contiguous)
+    if hasattr(arg, "__cuda_memory__"):
+        return ("array", arg.dtype, arg.ndim, arg.is_c_contiguous())
+    return ("scalar", type(arg))
+
+
+def numba_type(key: tuple):
+    """The numba type of an argument ``_key`` describes (what numba's dispatcher would type it as)."""
+    from numba.cuda import types
+    from numba.cuda.np.numpy_support import from_dtype
+
+    if key[0] == "array":
+        return types.Array(from_dtype(key[1]), key[2], "C" if key[3] else "A")
+    return {bool: types.boolean, int: types.int64, float: types.float64, np.float32: types.float32,
+            np.float64: types.float64, np.int64: types.int64, np.uint64: types.uint64}[key[1]]
+
+
+def flattener(numba_arg_type):
+    """A function appending an argument's kernel parameters to a list, as numba-cuda lays them out.
+
+    Arrays: meminfo and parent (0), the element count, the item size, the data pointer,
+    then the shape and the byte strides. Scalars: one value of the parameter's own width.
+    """
+    from numba.cuda import types
+
+    if isinstance(numba_arg_type, types.Array):
+        def array(arg, flat: list) -> None:
+            ptr = arg.ptr if isinstance(arg, DeviceArray) else arg.device_ctypes_pointer.value or 0
+            flat.extend((0, 0, math.prod(arg.shape), arg.dtype.itemsize, ptr))
+            flat.extend(arg.shape)
+            flat.extend(arg.strides)
+
+        return array
+    width = {types.boolean: np.bool_, types.int64: np.int64, types.uint64: np.uint64, types.float32: np.float32,
+             types.float64: np.float64}[numba_arg_type]
+
+    def scalar(arg, flat: list) -> None:
+        flat.append(width(arg))
+
+    return scalar
+
+
+def parameter_sizes(argtypes: tuple) -> list[int]:
+    """The byte size of each kernel parameter the flatteners produce for ``argtypes`` (checked against PTX)."""
+    from numba.cuda import types
+
+    sizes = []
+    for t in argtypes:
+        if isinstance(t, types.Array):
+            sizes += [8] * (5 + 2 * t.ndim)
+        else:
+            sizes.append(1 if t == types.boolean else np.dtype(str(t)).itemsize)
+    return sizes
+
+
+@lru_cache(maxsize=None)
+def _bound(kernel, device: int, keys: tuple):
+    """The cuda.core kernel of ``kernel``'s variant for ``keys`` on GPU ``device``, and its flatteners."""
+    argtypes = tuple(numba_type(k) for k in keys)
+    compiled = kernel.compile(argtypes)
+    return compiled._codelibrary.get_cufunc().kernel, tuple(flattener(t) for t in argtypes)
+
+
+@lru_cache(maxsize=None)
+def _config(grid: int, block: int):
+    from cuda.core import LaunchConfig
+
+    return LaunchConfig(grid=grid, block=block)
+
+
+@lru_cache(maxsize=None)
+def _core_stream(stream):
+    """cuda.core's view of a numba stream (or 0: the default stream), made once per stream."""
+    from numba.cuda.cudadrv import driver
+
+    return driver._to_core_stream(stream)
+
+
+def _core_launch(stream, config, kernel, *args) -> None:
+    from cuda.core import launch as core_launch
+
+    core_launch(stream, config, kernel, *args)

@@ -1,0 +1,50 @@
+"""kernels.launch on the CPU: DeviceArray's fields (what the bound launcher flattens) and the launcher's choice.
+
+The parameter layout against each variant's PTX, and the numba-cuda pin, are checked by
+``scripts/cuda_ptx.py`` (tests/kernels/test_cuda_ptx.py); the counts under the simulator by
+``cuda_sim_checks`` (tests/kernels/test_cuda.py); the launches themselves on a GPU (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from compcoll.kernels.launch import LAUNCHER_ENV, DeviceArray, launcher
+
+
+def test_a_contiguous_view_has_c_strides() -> None:
+    t = torch.zeros(5, 3, dtype=torch.float64)
+    a = DeviceArray.of(t)
+    assert (a.ptr, a.shape, a.strides, a.dtype, a.size, a.ndim) == (t.data_ptr(), (5, 3), (24, 8), np.float64, 15, 2)
+    assert a.contiguous and a.__cuda_array_interface__["strides"] is None
+
+
+def test_a_strided_view_keeps_its_byte_strides() -> None:
+    t = torch.zeros(4, 10, dtype=torch.uint8)
+    a = DeviceArray.of(t[:, 3:])
+    assert (a.ptr, a.shape, a.strides) == (t.data_ptr() + 3, (4, 7), (10, 1))
+    assert not a.contiguous and a.__cuda_array_interface__["strides"] == (10, 1)
+    assert a.__cuda_array_interface__["typestr"] == "|u1"
+
+
+def test_slice_and_view() -> None:
+    t = torch.arange(6, dtype=torch.int16)
+    a = DeviceArray.of(t)
+    part = a[2:5]
+    assert (part.ptr, part.shape, part.size) == (t.data_ptr() + 4, (3,), 3)
+    assert torch.equal(part.owner, t[2:5])
+    assert a.view(np.uint16).dtype == np.uint16 and a.view(np.uint16).ptr == a.ptr
+    with pytest.raises(ValueError, match="differ in size"):
+        a.view(np.float32)
+
+
+def test_the_launcher_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+    assert launcher() == "bound"
+    monkeypatch.setenv(LAUNCHER_ENV, "numba")
+    assert launcher() == "numba"
+    monkeypatch.setenv(LAUNCHER_ENV, "fast")
+    with pytest.raises(ValueError, match="COMPCOLL_CUDA_LAUNCHER='fast'"):
+        launcher()

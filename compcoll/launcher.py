@@ -115,6 +115,42 @@ def run(
         raise ValueError(f"backend must be one of {ALL_BACKENDS}, got {backend!r}")
     if backend == "threads":
         return run_threads(target, world_size, args=args, timeout=timeout, env=env)
+    launches = rank_commands(target, world_size, backend, args=args, env=env, rank_prefix=rank_prefix,
+                             rank_env=rank_env, master_addr=master_addr)
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
+    try:
+        procs = [
+            subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            for (cmd, e), log in zip(launches, logs)
+        ]
+        try:
+            failed = _wait_all(procs, timeout)
+        except BaseException:
+            for p in procs:
+                _kill(p)
+            raise
+        text = "\n".join(_read(log) for log in logs)
+    finally:
+        for log in logs:
+            log.close()
+    if failed:
+        raise WorkerFailure(f"{target} on {world_size} {backend} rank(s): {failed}\n{text[-20000:]}")
+    return text
+
+
+def rank_commands(
+    target: str,
+    world_size: int,
+    backend: str,
+    *,
+    args: tuple = (),
+    env: dict[str, str] | None = None,
+    rank_prefix: Sequence[Sequence[str]] | None = None,
+    rank_env: Sequence[dict[str, str]] | None = None,
+    master_addr: str = "127.0.0.1",
+) -> list[tuple[list[str], dict[str, str]]]:
+    """The processes ``run`` starts for real ranks ("mpi", "gloo", "nccl"): (command, environment) pairs, one mpiexec
+    for MPI, one process per rank otherwise."""
     command = [sys.executable, "-m", "compcoll.launcher", backend, target, json.dumps(list(args))]
     base = _base_env(world_size, env)
     if backend == "mpi" and (rank_prefix or rank_env):
@@ -137,25 +173,7 @@ def run(
               **(rank_env[r] if rank_env else {})})
             for r in range(world_size)
         ]
-    logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
-    try:
-        procs = [
-            subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            for (cmd, e), log in zip(launches, logs)
-        ]
-        try:
-            failed = _wait_all(procs, timeout)
-        except BaseException:
-            for p in procs:
-                _kill(p)
-            raise
-        text = "\n".join(_read(log) for log in logs)
-    finally:
-        for log in logs:
-            log.close()
-    if failed:
-        raise WorkerFailure(f"{target} on {world_size} {backend} rank(s): {failed}\n{text[-20000:]}")
-    return text
+    return launches
 
 
 def run_threads(target: str | Callable[..., None], world_size: int, *, args: tuple = (), timeout: float = 180.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import run
+from tests.pool import run
 
 WORKERS = "tests.checkpoint_workers"
 COMPRESSED_AT = {"OneBitAdam": 9, "OneBitLamb": 9, "ZeroOneAdam": 11, "Birder": 9}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compcoll import spec
-from compcoll.launcher import run
+from tests.pool import run
 from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.agreement_workers"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compcoll.algorithms.arrays import to_library
-from compcoll.launcher import run
+from tests.pool import run
 from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.arrays_workers"

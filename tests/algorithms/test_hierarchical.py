@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import run
+from tests.pool import run
 
 WORKERS = "tests.algorithms.hierarchical_workers"
 SHAPES = [[1], [37], [3, 7, 11], [12289]]

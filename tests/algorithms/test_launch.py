@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import BACKENDS, run
+from compcoll.launcher import BACKENDS
+from tests.pool import run
 from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.launch_workers"

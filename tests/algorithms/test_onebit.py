@@ -8,7 +8,8 @@ import torch
 
 import compcoll
 from compcoll.kernels import reference
-from compcoll.launcher import BACKENDS, run
+from compcoll.launcher import BACKENDS
+from tests.pool import run
 from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.onebit_workers"

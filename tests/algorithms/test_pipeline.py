@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from compcoll.algorithms.pipeline import PIECE_BYTES, default_pieces, piece_bounds
-from compcoll.launcher import BACKENDS, run
+from compcoll.launcher import BACKENDS
+from tests.pool import run
 from tests.worlds import worlds
 from compcoll.spec import BLOCK
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import compcoll
-from compcoll.launcher import BACKENDS, WorkerFailure, run
+from compcoll.launcher import BACKENDS, WorkerFailure
+from tests.pool import run
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compcoll.comm import local_world
-from compcoll.launcher import run
+from tests.pool import run
 
 SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compcoll.comm.cuda_aware import detect_cuda_aware, loaded_mpi_libraries
-from compcoll.launcher import run
+from tests.pool import run
 
 
 @pytest.mark.parametrize("cuda_aware", [True, False])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compcoll.comm.topology import RANKS_PER_NODE_ENV, LayoutError, _layout, requested_ranks_per_node
-from compcoll.launcher import run
+from tests.pool import run
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compcoll.launcher import run
+from tests.pool import run
 
 
 def test_gradients_stay_local() -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import run
 from tests.ddp import ddp_workers
 from tests.ddp.threaded_group import run_threaded_group
+from tests.pool import run
 
 WORKERS = "tests.ddp.ddp_workers"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import run
+from tests.pool import run
 
 from .follow_workers import CHANGES
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from compcoll.launcher import run
+from tests.pool import run
 
 from .optim_workers import STEPS
 

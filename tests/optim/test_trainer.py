@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from compcoll.launcher import run
+from tests.pool import run
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")

@@ -1,0 +1,138 @@
+"""Real MPI and Gloo ranks started once per world and reused by many test bodies (mpi4py's way: one launch per world).
+
+``run`` has ``compcoll.launcher.run``'s signature. A body on "mpi" or "gloo" ranks with no
+per-rank placement or environment goes to a pool of real ranks of that backend and size,
+started at its first case and kept for the next ones (``tests/pool_workers.serve``): each
+case gets a communicator of its own over those ranks. Every other call (threads, NCCL,
+namespaces, environment variables) starts its own ranks, as before. A case that fails
+raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
+its traceback. A case that times out, or that ends a rank, ends its pool too; the next case
+starts a new one. ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from compcoll import launcher
+from compcoll.launcher import WorkerFailure
+
+POOLED_BACKENDS = ("mpi", "gloo")
+POOLS_KEPT = 4
+"""Pools kept at once (the least recently used one is closed): each of their ranks holds a process."""
+POOL_ENV = "COMPCOLL_TEST_POOL"
+
+
+class Pool:
+    """``size`` real ranks of ``backend`` running ``tests.pool_workers.serve`` over a folder of cases."""
+
+    def __init__(self, backend: str, size: int) -> None:
+        self.backend, self.size, self.cases = backend, size, 0
+        self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
+        launches = launcher.rank_commands("tests.pool_workers:serve", size, backend, args=(str(self.folder),))
+        self.logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
+        self.procs = [subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                       start_new_session=True) for (command, env), log in zip(launches, self.logs)]
+
+    def run(self, target: str, args: tuple, timeout: float) -> str:
+        """Run one case on every rank; returns their captured output, rank by rank.
+
+        1. Write case k (written whole, then renamed, so no rank reads half of it).
+        2. Wait for every rank's result, up to ``timeout``; a rank process that ends first,
+           or the timeout, closes the pool and raises ``WorkerFailure`` with the ranks' log.
+        3. Raise ``WorkerFailure`` with each failed rank's traceback, or return the output.
+        """
+        case, self.cases = self.cases, self.cases + 1
+        staged = self.folder / f"{case}.tmp"
+        staged.write_text(json.dumps({"target": target, "args": json.loads(json.dumps(list(args)))}))
+        staged.rename(self.folder / f"{case}.case")
+        where = f"{target} on {self.size} {self.backend} rank(s) (pooled, case {case})"
+        deadline, pause = time.monotonic() + timeout, 0.001
+        results: dict[int, dict] = {}
+        while len(results) < self.size:
+            for r in range(self.size):
+                path = self.folder / f"{case}.{r}.result"
+                if r not in results and path.exists():
+                    results[r] = json.loads(path.read_text())
+            if len(results) == self.size:
+                break
+            ended = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+            if ended or time.monotonic() > deadline:
+                note = f"process(es) {ended} ended" if ended else f"timed out after {timeout:g} s"
+                text = self.close()
+                raise WorkerFailure(f"{where}: {note}; ranks {sorted(results)} had answered\n{text[-20000:]}")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
+        failed = {r: res["error"] for r, res in sorted(results.items()) if res["error"]}
+        if failed:
+            details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
+            raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed\n{details[-20000:]}")
+        return "\n".join(results[r]["output"] for r in range(self.size))
+
+    @property
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def close(self) -> str:
+        """Stop the ranks (killed if they do not stop within 10 s); returns their log."""
+        (self.folder / "stop").touch()
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            launcher._kill(p)
+        text = []
+        for log in self.logs:
+            log.seek(0)
+            text.append(log.read())
+            log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return "\n".join(text)
+
+
+_POOLS: OrderedDict[tuple[str, int], Pool] = OrderedDict()
+
+
+def _pool(backend: str, size: int) -> Pool:
+    """The live pool of ``backend`` and ``size``, started if there is none; the least recently used beyond
+    ``POOLS_KEPT`` is closed."""
+    key = (backend, size)
+    pool = _POOLS.pop(key, None)
+    if pool is None or not pool.alive:
+        pool = Pool(backend, size)
+    _POOLS[key] = pool
+    while len(_POOLS) > POOLS_KEPT:
+        _POOLS.popitem(last=False)[1].close()
+    return pool
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every pool (at the end of the test session)."""
+    while _POOLS:
+        _POOLS.popitem()[1].close()
+
+
+def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (), timeout: float = 180.0,
+        env: dict[str, str] | None = None, **placement) -> str:
+    """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring)."""
+    pooled = (backend in POOLED_BACKENDS and not env and not any(placement.values())
+              and os.environ.get(POOL_ENV, "1") != "0")
+    if not pooled:
+        return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
+    pool = _pool(backend, world_size)
+    try:
+        return pool.run(target, args, timeout)
+    finally:
+        if not pool.alive:
+            _POOLS.pop((backend, world_size), None)

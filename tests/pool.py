@@ -1,7 +1,7 @@
 """Real MPI and Gloo ranks started once per world and reused by many test bodies (mpi4py's way: one launch per world).
 
 ``run`` has ``compcoll.launcher.run``'s signature. A body on "mpi" or "gloo" ranks with no
-per-rank placement or environment goes to a pool of real ranks of that backend and size,
+per-rank placement, and no environment beyond ``CASE_ENV``, goes to a pool of real ranks of that backend and size,
 started at its first case and kept for the next ones (``tests/pool_workers.serve``): each
 case gets a communicator of its own over those ranks. Every other call (threads, NCCL,
 namespaces, environment variables) starts its own ranks, as before. A case that fails
@@ -29,6 +29,9 @@ POOLED_BACKENDS = ("mpi", "gloo")
 POOLS_KEPT = 4
 """Pools kept at once (the least recently used one is closed): each of their ranks holds a process."""
 POOL_ENV = "COMPCOLL_TEST_POOL"
+CASE_ENV = ("COMPCOLL_TIMEOUT", "COMPCOLL_RANKS_PER_NODE")
+"""Environment variables a pooled case may set: compcoll reads them when a communicator is made or a call starts,
+not when a process starts, so the ranks set them for that case alone."""
 
 
 class Pool:
@@ -42,7 +45,7 @@ class Pool:
         self.procs = [subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True) for (command, env), log in zip(launches, self.logs)]
 
-    def run(self, target: str, args: tuple, timeout: float) -> str:
+    def run(self, target: str, args: tuple, timeout: float, env: dict[str, str] | None = None) -> str:
         """Run one case on every rank; returns their captured output, rank by rank.
 
         1. Write case k (written whole, then renamed, so no rank reads half of it).
@@ -52,7 +55,7 @@ class Pool:
         """
         case, self.cases = self.cases, self.cases + 1
         staged = self.folder / f"{case}.tmp"
-        staged.write_text(json.dumps({"target": target, "args": json.loads(json.dumps(list(args)))}))
+        staged.write_text(json.dumps({"target": target, "args": json.loads(json.dumps(list(args))), "env": env or {}}))
         staged.rename(self.folder / f"{case}.case")
         where = f"{target} on {self.size} {self.backend} rank(s) (pooled, case {case})"
         deadline, pause = time.monotonic() + timeout, 0.001
@@ -126,13 +129,13 @@ def close_all() -> None:
 def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (), timeout: float = 180.0,
         env: dict[str, str] | None = None, **placement) -> str:
     """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring)."""
-    pooled = (backend in POOLED_BACKENDS and not env and not any(placement.values())
+    pooled = (backend in POOLED_BACKENDS and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
               and os.environ.get(POOL_ENV, "1") != "0")
     if not pooled:
         return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
     pool = _pool(backend, world_size)
     try:
-        return pool.run(target, args, timeout)
+        return pool.run(target, args, timeout, env)
     finally:
         if not pool.alive:
             _POOLS.pop((backend, world_size), None)

@@ -20,8 +20,9 @@ POLL_S = (0.001, 0.05)
 def serve(comm: compcoll.Communicator, directory: str) -> None:
     """Run the cases the test process writes into ``directory`` until it writes ``stop``.
 
-    1. Wait for ``<k>.case`` (JSON: target, args), case k = 0, 1, ...
-    2. Run ``target(fresh, *args)`` on a communicator of its own over the same ranks
+    1. Wait for ``<k>.case`` (JSON: target, args, environment), case k = 0, 1, ...
+    2. Set the case's environment variables (restored after it), and run
+       ``target(fresh, *args)`` on a communicator of its own over the same ranks
        (an MPI communicator duplicated from this one, or a new torch.distributed group),
        made the default, with this rank's standard output captured.
     3. Release the case's communicator if the case passed (one that failed may have
@@ -33,6 +34,8 @@ def serve(comm: compcoll.Communicator, directory: str) -> None:
     while _wait_for(base / f"{case}.case", base / "stop"):
         request = json.loads((base / f"{case}.case").read_text())
         module_name, func_name = request["target"].split(":")
+        saved = {key: os.environ.get(key) for key in request["env"]}
+        os.environ.update(request["env"])
         fresh = _fresh(comm)
         compcoll.set_default(fresh)
         output = io.StringIO()
@@ -42,6 +45,11 @@ def serve(comm: compcoll.Communicator, directory: str) -> None:
             error = None
         except BaseException:  # noqa: BLE001 - every failure goes back to the test, which raises it
             error = traceback.format_exc()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if error is None:
             _release(fresh)
         written = base / f"{case}.{comm.rank}.tmp"
@@ -96,3 +104,8 @@ def ends_a_rank(comm: compcoll.Communicator) -> None:
     """The last rank's process ends (``tests/test_pool.py``)."""
     if comm.rank == comm.size - 1:
         os._exit(3)
+
+
+def says_its_timeout(comm: compcoll.Communicator) -> None:
+    """Prints the communicator's timeout and ``COMPCOLL_RANKS_PER_NODE`` (``tests/test_pool.py``)."""
+    print(f"timeout {comm.timeout:g} ranks per node {os.environ.get('COMPCOLL_RANKS_PER_NODE')}")

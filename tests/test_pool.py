@@ -32,3 +32,11 @@ def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(
         pool.run(f"{WORKERS}:ends_a_rank", 2, backend, timeout=60)
     out = pool.run(f"{WORKERS}:says_its_rank", 2, backend)
     assert "rank 1 of 2" in out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_case_environment_applies_to_that_case_alone(backend: str) -> None:
+    env = {"COMPCOLL_TIMEOUT": "7", "COMPCOLL_RANKS_PER_NODE": "1"}
+    assert pool.run(f"{WORKERS}:says_its_timeout", 2, backend, env=env).count("timeout 7 ranks per node 1") == 2
+    assert "ranks per node None" in pool.run(f"{WORKERS}:says_its_timeout", 2, backend)
+    assert "timeout 7" not in pool.run(f"{WORKERS}:says_its_timeout", 2, backend)

@@ -17,10 +17,10 @@ or with the compiler's packages in a folder of their own (what CI does:
    float32 or 16-bit output) compiles with ``numba.cuda.compile_ptx``.
 3. The scale kernel's PTX must use the IEEE instructions the host's float64 maths uses
    (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits.
-4. The entry's ``.param`` list must be what ``kernels.launch`` flattens for those argument
-   types (``parameter_sizes``): the bound launcher passes exactly that many values of
-   those widths. Arguments made as the codecs make them (``DeviceArray`` views of tensors,
-   Python and numpy scalars) must type as the variant's types and flatten to that many values.
+4. Arguments made as the codecs make them (``DeviceArray`` views of tensors, Python and
+   numpy scalars) must type as the variant's types, and what ``kernels.launch`` flattens
+   them to must be the entry's ``.param`` list: as many values, of the same widths
+   (``parameter_widths``).
 5. The numba-cuda in use is the one the bound launcher was written against
    (``PINNED_NUMBA_CUDA``), with the private attributes it reads.
 Prints one line per kernel; exits 1 if any fails.
@@ -144,7 +144,7 @@ def main() -> int:
     import numba.cuda.dispatcher as dispatcher
     from numba import cuda
 
-    from compcoll.kernels.launch import _key, flattener, numba_type, parameter_sizes
+    from compcoll.kernels.launch import _key, flattener, numba_type, parameter_widths
 
     cc = tuple(int(part) for part in args.cc.split("."))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
@@ -157,7 +157,6 @@ def main() -> int:
             failed += 1
             print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
             continue
-        expected, declared = parameter_sizes(types), ptx_parameter_sizes(ptx)
         made = example_arguments(types)
         typed = tuple(numba_type(_key(a)) for a in made)
         flat: list = []
@@ -167,10 +166,10 @@ def main() -> int:
             failed += 1
             print(f"FAILED  {name}: the launcher types the codecs' arguments as {typed}, not {tuple(types)}")
             continue
-        if declared != expected or len(flat) != len(declared):
+        declared, passed = ptx_parameter_sizes(ptx), parameter_widths(flat)
+        if declared != passed:
             failed += 1
-            print(f"FAILED  {name}: the PTX entry takes parameters of {declared} bytes, the launcher flattens "
-                  f"{expected} ({len(flat)} values)")
+            print(f"FAILED  {name}: the PTX entry takes parameters of {declared} bytes, the launcher passes {passed}")
             continue
         print(f"ok      {name} ({len(ptx)} chars of PTX, {len(declared)} parameters as the launcher flattens them)")
         if name == "scale of a device sum":

@@ -231,17 +231,10 @@ def flattener(numba_arg_type):
     return scalar
 
 
-def parameter_sizes(argtypes: tuple) -> list[int]:
-    """The byte size of each kernel parameter the flatteners produce for ``argtypes`` (checked against PTX)."""
-    from numba.cuda import types
-
-    sizes = []
-    for t in argtypes:
-        if isinstance(t, types.Array):
-            sizes += [8] * (5 + 2 * t.ndim)
-        else:
-            sizes.append(1 if t == types.boolean else np.dtype(str(t)).itemsize)
-    return sizes
+def parameter_widths(flat: list) -> list[int]:
+    """The bytes ``cuda.core.launch`` passes for each flattened value (checked against PTX): a Python int as a
+    pointer-sized integer, a numpy scalar at its own width."""
+    return [8 if isinstance(value, int) else value.itemsize for value in flat]
 
 
 @lru_cache(maxsize=None)

@@ -1,12 +1,13 @@
-"""Real MPI and Gloo ranks started once per world and reused by many test bodies (mpi4py's way: one launch per world).
+"""Real MPI and Gloo ranks started once per backend and reused by every test body (mpi4py's way: one launch).
 
 ``run`` has ``compcoll.launcher.run``'s signature. A body on "mpi" or "gloo" ranks with no
-per-rank placement, and no environment beyond ``CASE_ENV``, goes to a pool of real ranks of that backend and size,
-started at its first case and kept for the next ones (``tests/pool_workers.serve``): each
-case gets a communicator of its own over those ranks. Every other call (threads, NCCL,
+per-rank placement, and no environment beyond ``CASE_ENV``, goes to the pool of real ranks of that backend,
+started at its first case (``POOL_RANKS`` ranks, or more if the case needs them) and kept for the next ones
+(``tests/pool_workers.serve``): each case of n ranks gets a communicator of its own over the pool's first n
+ranks, and the others wait for the next case. Every other call (threads, NCCL,
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
-its traceback. A case that times out, or that ends a rank, ends its pool too; the next case
+its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
 starts a new one. ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case.
 """
 
@@ -19,15 +20,14 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 from compcoll import launcher
 from compcoll.launcher import WorkerFailure
 
 POOLED_BACKENDS = ("mpi", "gloo")
-POOLS_KEPT = 4
-"""Pools kept at once (the least recently used one is closed): each of their ranks holds a process."""
+POOL_RANKS = 6
+"""Ranks a pool starts with: the most any pooled case takes; a case that wants more replaces its backend's pool."""
 POOL_ENV = "COMPCOLL_TEST_POOL"
 CASE_ENV = ("COMPCOLL_TIMEOUT", "COMPCOLL_RANKS_PER_NODE")
 """Environment variables a pooled case may set: compcoll reads them when a communicator is made or a call starts,
@@ -45,27 +45,30 @@ class Pool:
         self.procs = [subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True) for (command, env), log in zip(launches, self.logs)]
 
-    def run(self, target: str, args: tuple, timeout: float, env: dict[str, str] | None = None) -> str:
-        """Run one case on every rank; returns their captured output, rank by rank.
+    def run(self, target: str, size: int, args: tuple, timeout: float, env: dict[str, str] | None = None) -> str:
+        """Run one case on the first ``size`` ranks; returns their captured output, rank by rank.
 
         1. Write case k (written whole, then renamed, so no rank reads half of it).
-        2. Wait for every rank's result, up to ``timeout``; a rank process that ends first,
-           or the timeout, closes the pool and raises ``WorkerFailure`` with the ranks' log.
-        3. Raise ``WorkerFailure`` with each failed rank's traceback, or return the output.
+        2. Wait for each of the ``size`` ranks' results, up to ``timeout``; a rank process
+           that ends first, or the timeout, closes the pool and raises ``WorkerFailure``
+           with the ranks' log.
+        3. Raise ``WorkerFailure`` with each failed rank's traceback (closing the pool: a
+           failed case may leave operations pending), or return the output.
         """
         case, self.cases = self.cases, self.cases + 1
         staged = self.folder / f"{case}.tmp"
-        staged.write_text(json.dumps({"target": target, "args": json.loads(json.dumps(list(args))), "env": env or {}}))
+        staged.write_text(json.dumps({"target": target, "size": size, "args": json.loads(json.dumps(list(args))),
+                                      "env": env or {}}))
         staged.rename(self.folder / f"{case}.case")
-        where = f"{target} on {self.size} {self.backend} rank(s) (pooled, case {case})"
+        where = f"{target} on {size} {self.backend} rank(s) (pooled, case {case})"
         deadline, pause = time.monotonic() + timeout, 0.001
         results: dict[int, dict] = {}
-        while len(results) < self.size:
-            for r in range(self.size):
+        while len(results) < size:
+            for r in range(size):
                 path = self.folder / f"{case}.{r}.result"
                 if r not in results and path.exists():
                     results[r] = json.loads(path.read_text())
-            if len(results) == self.size:
+            if len(results) == size:
                 break
             ended = [i for i, p in enumerate(self.procs) if p.poll() is not None]
             if ended or time.monotonic() > deadline:
@@ -76,9 +79,10 @@ class Pool:
             pause = min(2 * pause, 0.02)
         failed = {r: res["error"] for r, res in sorted(results.items()) if res["error"]}
         if failed:
+            self.close()
             details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
             raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed\n{details[-20000:]}")
-        return "\n".join(results[r]["output"] for r in range(self.size))
+        return "\n".join(results[r]["output"] for r in range(size))
 
     @property
     def alive(self) -> bool:
@@ -103,19 +107,18 @@ class Pool:
         return "\n".join(text)
 
 
-_POOLS: OrderedDict[tuple[str, int], Pool] = OrderedDict()
+_POOLS: dict[str, Pool] = {}
 
 
 def _pool(backend: str, size: int) -> Pool:
-    """The live pool of ``backend`` and ``size``, started if there is none; the least recently used beyond
-    ``POOLS_KEPT`` is closed."""
-    key = (backend, size)
-    pool = _POOLS.pop(key, None)
-    if pool is None or not pool.alive:
-        pool = Pool(backend, size)
-    _POOLS[key] = pool
-    while len(_POOLS) > POOLS_KEPT:
-        _POOLS.popitem(last=False)[1].close()
+    """The live pool of ``backend`` with at least ``size`` ranks: started if there is none, replaced if it has
+    fewer ranks or one of its processes has ended."""
+    pool = _POOLS.get(backend)
+    if pool is not None and (not pool.alive or pool.size < size):
+        _POOLS.pop(backend).close()
+        pool = None
+    if pool is None:
+        pool = _POOLS[backend] = Pool(backend, max(size, POOL_RANKS))
     return pool
 
 
@@ -135,7 +138,7 @@ def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (),
         return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
     pool = _pool(backend, world_size)
     try:
-        return pool.run(target, args, timeout, env)
+        return pool.run(target, world_size, args, timeout, env)
     finally:
         if not pool.alive:
-            _POOLS.pop((backend, world_size), None)
+            _POOLS.pop(backend, None)

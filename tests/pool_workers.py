@@ -13,48 +13,51 @@ from pathlib import Path
 
 import compcoll
 
-POLL_S = (0.001, 0.05)
+POLL_S = (0.001, 0.01)
 """How often an idle rank looks for the next case: from the first value, doubling up to the second."""
 
 
 def serve(comm: compcoll.Communicator, directory: str) -> None:
     """Run the cases the test process writes into ``directory`` until it writes ``stop``.
 
-    1. Wait for ``<k>.case`` (JSON: target, args, environment), case k = 0, 1, ...
-    2. Set the case's environment variables (restored after it), and run
-       ``target(fresh, *args)`` on a communicator of its own over the same ranks
-       (an MPI communicator duplicated from this one, or a new torch.distributed group),
-       made the default, with this rank's standard output captured.
-    3. Release the case's communicator if the case passed (one that failed may have
-       operations pending; it is left alone), write ``<k>.<rank>.result`` (JSON: the
-       traceback or None, the output), and go on to case k + 1.
+    1. Wait for ``<k>.case`` (JSON: target, size n, args, environment), case k = 0, 1, ...
+    2. Set the case's environment variables (restored after it), and make the case's
+       communicator of the first n ranks (``_fresh``); a rank beyond them goes on to case
+       k + 1.
+    3. Run ``target(fresh, *args)`` on that communicator, made the default, with this
+       rank's standard output captured.
+    4. Release the case's communicator if the case passed (after a failure the test
+       process ends the pool), write ``<k>.<rank>.result`` (JSON: the traceback or None,
+       the output), and go on to case k + 1.
     """
     base = Path(directory)
+    store = _leave_launch_group(comm)
     case = 0
     while _wait_for(base / f"{case}.case", base / "stop"):
         request = json.loads((base / f"{case}.case").read_text())
         module_name, func_name = request["target"].split(":")
         saved = {key: os.environ.get(key) for key in request["env"]}
         os.environ.update(request["env"])
-        fresh = _fresh(comm)
-        compcoll.set_default(fresh)
-        output = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(output):
-                getattr(importlib.import_module(module_name), func_name)(fresh, *request["args"])
-            error = None
-        except BaseException:  # noqa: BLE001 - every failure goes back to the test, which raises it
-            error = traceback.format_exc()
+        fresh = _fresh(comm, request["size"], store, case)
+        error, output = None, io.StringIO()
+        if fresh is not None:
+            compcoll.set_default(fresh)
+            try:
+                with contextlib.redirect_stdout(output):
+                    getattr(importlib.import_module(module_name), func_name)(fresh, *request["args"])
+            except BaseException:  # noqa: BLE001 - every failure goes back to the test, which raises it
+                error = traceback.format_exc()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        if error is None:
-            _release(fresh)
-        written = base / f"{case}.{comm.rank}.tmp"
-        written.write_text(json.dumps({"error": error, "output": output.getvalue()}))
-        written.rename(base / f"{case}.{comm.rank}.result")
+        if fresh is not None:
+            if error is None:
+                _release(fresh)
+            written = base / f"{case}.{comm.rank}.tmp"
+            written.write_text(json.dumps({"error": error, "output": output.getvalue()}))
+            written.rename(base / f"{case}.{comm.rank}.result")
         case += 1
 
 
@@ -69,13 +72,38 @@ def _wait_for(request: Path, stop: Path) -> bool:
     return True
 
 
-def _fresh(comm: compcoll.Communicator) -> compcoll.Communicator:
-    """A communicator of the same ranks that no earlier case used."""
+def _leave_launch_group(comm: compcoll.Communicator):
+    """On Gloo ranks: destroy the process group the ranks were launched with, keeping its store for the cases'
+    groups (returned); None on MPI ranks."""
     if hasattr(comm, "mpi_comm"):  # MPIComm (an isinstance check would import mpi4py on Gloo ranks)
-        return compcoll.MPIComm(comm.mpi_comm.Dup())
+        return None
     import torch.distributed as dist
 
-    return compcoll.TorchComm(dist.new_group(list(range(comm.size))))
+    store = dist.distributed_c10d._get_default_store()
+    comm.barrier()
+    dist.destroy_process_group()
+    return store
+
+
+def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll.Communicator | None:
+    """The communicator of case ``case`` over ``comm``'s first ``size`` ranks, as a fresh launch of ``size``
+    ranks would make it; None on the ranks beyond them.
+
+    MPI: every rank splits ``comm``. Gloo: those ranks start the default process group of ``size`` ranks (what
+    DDP and compcoll's states use when given no group) on the launch's store, under the case's prefix.
+    """
+    member = comm.rank < size
+    if store is None:
+        from mpi4py import MPI
+
+        split = comm.mpi_comm.Split(0 if member else MPI.UNDEFINED, comm.rank)
+        return compcoll.MPIComm(split) if member else None
+    if not member:
+        return None
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"case-{case}", store), rank=comm.rank, world_size=size)
+    return compcoll.TorchComm()
 
 
 def _release(comm: compcoll.Communicator) -> None:
@@ -85,12 +113,17 @@ def _release(comm: compcoll.Communicator) -> None:
         return
     import torch.distributed as dist
 
-    dist.destroy_process_group(comm.group)
+    dist.destroy_process_group()
 
 
 def says_its_rank(comm: compcoll.Communicator) -> None:
-    """Prints this rank and the size of its communicator (``tests/test_pool.py``)."""
+    """Prints this rank and the size of its communicator, which on Gloo is the default process group
+    (``tests/test_pool.py``)."""
     comm.barrier()
+    if not hasattr(comm, "mpi_comm"):
+        import torch.distributed as dist
+
+        assert comm.group is dist.group.WORLD and dist.get_world_size() == comm.size, dist.get_world_size()
     print(f"rank {comm.rank} of {comm.size}")
 
 

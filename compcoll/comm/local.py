@@ -17,43 +17,43 @@ class Fabric:
     As on MPI's point-to-point channels, a pair's messages match its receives in the order
     both were issued: every rank issues its collectives in the same order, so the i-th
     message from rank a to rank b lands in the i-th receive b posted for a, whichever
-    call waits first.
+    call waits first. One lock guards the world's queues; each rank has its own condition
+    on it (``arrived[rank]``), so a message wakes only the threads of the rank it is for.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.changed = threading.Condition()
+        self.lock = threading.Lock()
+        self.arrived = [threading.Condition(self.lock) for _ in range(size)]
         self.messages = [[deque() for _ in range(size)] for _ in range(size)]
         self.receives = [[deque() for _ in range(size)] for _ in range(size)]
         self.children: dict[tuple, Fabric] = {}
 
     def post(self, source: int, dest: int, payload: torch.Tensor) -> None:
-        """Send a copy of ``payload`` from ``source`` to ``dest``: into its oldest posted receive, else queued."""
-        copy = payload.clone()
-        if copy.is_cuda:
-            torch.cuda.current_stream(copy.device).synchronize()
-        with self.changed:
+        """Send ``payload`` from ``source`` to ``dest``: copied into its oldest posted receive, else a copy queued."""
+        if payload.is_cuda:
+            payload = payload.clone()
+            torch.cuda.current_stream(payload.device).synchronize()
+        with self.lock:
             waiting = self.receives[source][dest]
             if waiting:
-                waiting.popleft().fill(copy)
-                self.changed.notify_all()
+                waiting.popleft().fill(payload)
+                self.arrived[dest].notify_all()
             else:
-                self.messages[source][dest].append(copy)
+                self.messages[source][dest].append(payload if payload.is_cuda else payload.clone())
 
-    def expect(self, source: int, dest: int, into: torch.Tensor) -> "Slot":
-        """Post a receive into ``into`` of ``dest``'s next message from ``source``; filled now if it has arrived."""
-        slot = Slot(into)
-        with self.changed:
+    def expect(self, source: int, dest: int, slot: "Slot") -> None:
+        """Post ``slot`` as ``dest``'s receive of its next message from ``source``; filled now if it has arrived."""
+        with self.lock:
             queued = self.messages[source][dest]
             if queued:
                 slot.fill(queued.popleft())
             else:
                 self.receives[source][dest].append(slot)
-        return slot
 
     def child(self, key: tuple, size: int) -> "Fabric":
         """The fabric of a sub-world, the same object for every member that asks with ``key``."""
-        with self.changed:
+        with self.lock:
             found = self.children.get(key)
             if found is None:
                 found = self.children[key] = Fabric(size)
@@ -61,15 +61,17 @@ class Fabric:
 
 
 class Slot:
-    """One posted receive: the tensor a message is copied into, and whether it has been."""
+    """One posted receive: the tensor a message is copied into, whether it has been, and the work it counts down."""
 
-    def __init__(self, into: torch.Tensor) -> None:
+    def __init__(self, into: torch.Tensor, work: "MailWork") -> None:
         self.into = into
+        self.work = work
         self.filled = False
 
     def fill(self, payload: torch.Tensor) -> None:
         self.into.copy_(payload)
         self.filled = True
+        self.work.missing -= 1
 
 
 class LocalComm(Communicator):
@@ -149,21 +151,25 @@ class MailWork(PendingWork):
     def __init__(self, comm: LocalComm, what: str, result, into: dict[int, torch.Tensor], finish=None) -> None:
         super().__init__(comm, what, result, finish)
         self._fabric = comm.fabric
-        self._slots = {source: comm.fabric.expect(source, comm.rank, block) for source, block in into.items()}
+        self._arrival = comm.fabric.arrived[comm.rank]
+        self.missing = len(into)
+        self._slots = {source: Slot(block, self) for source, block in into.items()}
+        for source, slot in self._slots.items():
+            comm.fabric.expect(source, comm.rank, slot)
 
     def _arrived(self) -> bool:
-        return all(slot.filled for slot in self._slots.values())
+        return self.missing == 0
 
     def _test(self) -> bool:
-        with self._fabric.changed:
+        with self._fabric.lock:
             return self._arrived()
 
     def _block(self, seconds: float) -> bool:
-        with self._fabric.changed:
-            return self._fabric.changed.wait_for(self._arrived, timeout=seconds)
+        with self._arrival:
+            return self._arrival.wait_for(self._arrived, timeout=seconds)
 
     def _absent(self) -> list[int] | None:
-        with self._fabric.changed:
+        with self._fabric.lock:
             return sorted(source for source, slot in self._slots.items() if not slot.filled)
 
 

@@ -13,12 +13,16 @@ def summed_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     above 64 ranks): outputs, error buffers and bytes still equal the reference's, with one scale and with block
     scales, and the hierarchical forms' (nodes of 2, where the ranks form them); every bad input, refusal,
     mismatch and NaN still fails on every rank alike. No ``shapes``: the errors only."""
+    gathered = spec.GATHERED_AGREEMENT_RANKS
     if forced:
         spec.GATHERED_AGREEMENT_RANKS = 0
-    assert summed(comm), "the agreement rounds are not allreduces"
-    if shapes:
-        run_numerics(comm, shapes, steps)
-    onebit_workers.bad_inputs(comm)
+    try:
+        assert summed(comm), "the agreement rounds are not allreduces"
+        if shapes:
+            run_numerics(comm, shapes, steps)
+        onebit_workers.bad_inputs(comm)
+    finally:
+        spec.GATHERED_AGREEMENT_RANKS = gathered
 
 
 def run_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from abc import abstractmethod
 from collections import deque
 
 import torch
@@ -27,29 +28,61 @@ class Fabric:
         self.arrived = [threading.Condition(self.lock) for _ in range(size)]
         self.messages = [[deque() for _ in range(size)] for _ in range(size)]
         self.receives = [[deque() for _ in range(size)] for _ in range(size)]
+        self.reductions: dict[int, Reduction] = {}
         self.children: dict[tuple, Fabric] = {}
 
-    def post(self, source: int, dest: int, payload: torch.Tensor) -> None:
-        """Send ``payload`` from ``source`` to ``dest``: copied into its oldest posted receive, else a copy queued."""
-        if payload.is_cuda:
-            payload = payload.clone()
-            torch.cuda.current_stream(payload.device).synchronize()
+    def post(self, source: int, payloads: dict[int, torch.Tensor]) -> None:
+        """Send ``payloads[dest]`` from ``source`` to each ``dest``: copied into its oldest posted receive, else a
+        copy queued; under one hold of the lock, waking each receiving rank once."""
+        if any(payload.is_cuda for payload in payloads.values()):
+            payloads = {dest: payload.clone() for dest, payload in payloads.items()}
+            for payload in payloads.values():
+                torch.cuda.current_stream(payload.device).synchronize()
         with self.lock:
-            waiting = self.receives[source][dest]
-            if waiting:
-                waiting.popleft().fill(payload)
-                self.arrived[dest].notify_all()
-            else:
-                self.messages[source][dest].append(payload if payload.is_cuda else payload.clone())
+            for dest, payload in payloads.items():
+                waiting = self.receives[source][dest]
+                if waiting:
+                    waiting.popleft().fill(payload)
+                    self.arrived[dest].notify_all()
+                else:
+                    self.messages[source][dest].append(payload if payload.is_cuda else payload.clone())
 
-    def expect(self, source: int, dest: int, slot: "Slot") -> None:
-        """Post ``slot`` as ``dest``'s receive of its next message from ``source``; filled now if it has arrived."""
+    def expect(self, dest: int, slots: dict[int, "Slot"]) -> None:
+        """Post ``slots[source]`` as ``dest``'s receive of its next message from each ``source`` (filled now where
+        it has arrived), under one hold of the lock."""
         with self.lock:
-            queued = self.messages[source][dest]
-            if queued:
-                slot.fill(queued.popleft())
-            else:
-                self.receives[source][dest].append(slot)
+            for source, slot in slots.items():
+                queued = self.messages[source][dest]
+                if queued:
+                    slot.fill(queued.popleft())
+                else:
+                    self.receives[source][dest].append(slot)
+
+    def reduce(self, call: int, rank: int, tensor: torch.Tensor) -> "Reduction":
+        """Add ``rank``'s copy of ``tensor`` to the world's allreduce number ``call``; the rank that completes it
+        sums the copies in rank order, once for every rank, and wakes them all."""
+        copy = tensor.clone()
+        if copy.is_cuda:
+            torch.cuda.current_stream(copy.device).synchronize()
+        with self.lock:
+            reduction = self.reductions.setdefault(call, Reduction(self.size))
+            reduction.parts[rank] = copy
+            if all(part is not None for part in reduction.parts):
+                total = reduction.parts[0].clone()
+                for part in reduction.parts[1:]:
+                    total += part
+                reduction.total = total
+                for arrived in self.arrived:
+                    arrived.notify_all()
+        return reduction
+
+    def collect(self, call: int, reduction: "Reduction") -> torch.Tensor:
+        """The sum of allreduce ``call``; the last rank to collect it frees it."""
+        with self.lock:
+            reduction.readers -= 1
+            if reduction.readers == 0:
+                del self.reductions[call]
+        return reduction.total
 
     def child(self, key: tuple, size: int) -> "Fabric":
         """The fabric of a sub-world, the same object for every member that asks with ``key``."""
@@ -74,13 +107,23 @@ class Slot:
         self.work.missing -= 1
 
 
+class Reduction:
+    """One allreduce of an in-process world: each rank's copy, their sum once every rank's has come, and how many
+    ranks have yet to read it."""
+
+    def __init__(self, size: int) -> None:
+        self.parts: list[torch.Tensor | None] = [None] * size
+        self.total: torch.Tensor | None = None
+        self.readers = size
+
+
 class LocalComm(Communicator):
     """One rank of an in-process world (``local_world``); use it from one thread per rank.
 
     Each collective sends a copy of this rank's blocks to its peers' mailboxes at once and
     completes when the blocks meant for it have arrived: alltoall, allgather and bcast move
     exactly the bytes MPI and Gloo move, so every compcoll call gives their bits; allreduce
-    sums the ranks' tensors in rank order. Byte counts, ``wait_seconds``, ``split`` and
+    sums the ranks' tensors in rank order (once, by the last rank to arrive, for all). Byte counts, ``wait_seconds``, ``split`` and
     timeouts (a rank that never arrives raises ``CollectiveTimeout`` on the others, naming
     it) work as on the real transports.
     """
@@ -89,6 +132,7 @@ class LocalComm(Communicator):
         super().__init__(rank, fabric.size, timeout)
         self.fabric = fabric
         self._splits = 0
+        self._reductions = 0
 
     def describe(self) -> str:
         return "in-process world"
@@ -96,45 +140,31 @@ class LocalComm(Communicator):
     def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         blocks, rows = send.view(self.size, -1), recv.view(self.size, -1)
         work = MailWork(self, "alltoall", recv, {peer: rows[peer] for peer in self._peers})
-        for peer in self._peers:
-            self.fabric.post(self.rank, peer, blocks[peer])
+        self.fabric.post(self.rank, {peer: blocks[peer] for peer in self._peers})
         rows[self.rank].copy_(blocks[self.rank])
         return work
 
     def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         rows = recv.view(self.size, -1)
         work = MailWork(self, "allgather", recv, {peer: rows[peer] for peer in self._peers})
-        for peer in self._peers:
-            self.fabric.post(self.rank, peer, send)
+        self.fabric.post(self.rank, dict.fromkeys(self._peers, send))
         rows[self.rank].copy_(send)
         return work
 
     def _start_allreduce(self, tensor: torch.Tensor) -> Work:
-        parts = {peer: torch.empty_like(tensor) for peer in self._peers}
-        for peer in self._peers:
-            self.fabric.post(self.rank, peer, tensor)
-        own = tensor.clone()
-
-        def total() -> None:
-            summed = own if self.rank == 0 else parts[0].clone()
-            for r in range(1, self.size):
-                summed += own if r == self.rank else parts[r]
-            tensor.copy_(summed)
-
-        return MailWork(self, "allreduce", tensor, parts, total)
+        call, self._reductions = self._reductions, self._reductions + 1
+        return ReduceWork(self, call, tensor)
 
     def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
         if self.rank == root:
-            for peer in self._peers:
-                self.fabric.post(self.rank, peer, tensor)
+            self.fabric.post(self.rank, dict.fromkeys(self._peers, tensor))
             return MailWork(self, "bcast", tensor, {})
         return MailWork(self, "bcast", tensor, {root: tensor})
 
     def _start_barrier(self) -> Work:
         tokens = {peer: torch.zeros(0) for peer in self._peers}
         work = MailWork(self, "barrier", None, tokens)
-        for peer in self._peers:
-            self.fabric.post(self.rank, peer, torch.zeros(0))
+        self.fabric.post(self.rank, dict.fromkeys(self._peers, torch.zeros(0)))
         return work
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "LocalComm":
@@ -145,20 +175,17 @@ class LocalComm(Communicator):
         return LocalComm(fabric, members.index(self.rank), self.timeout)
 
 
-class MailWork(PendingWork):
-    """A collective's receives, posted when it starts: done when a block from every source has been copied in."""
+class FabricWork(PendingWork):
+    """A collective of an in-process world: it waits on its rank's condition until ``_arrived``."""
 
-    def __init__(self, comm: LocalComm, what: str, result, into: dict[int, torch.Tensor], finish=None) -> None:
+    def __init__(self, comm: LocalComm, what: str, result, finish=None) -> None:
         super().__init__(comm, what, result, finish)
         self._fabric = comm.fabric
         self._arrival = comm.fabric.arrived[comm.rank]
-        self.missing = len(into)
-        self._slots = {source: Slot(block, self) for source, block in into.items()}
-        for source, slot in self._slots.items():
-            comm.fabric.expect(source, comm.rank, slot)
 
+    @abstractmethod
     def _arrived(self) -> bool:
-        return self.missing == 0
+        """Whether the collective's data is all here (called holding the fabric's lock)."""
 
     def _test(self) -> bool:
         with self._fabric.lock:
@@ -168,9 +195,39 @@ class MailWork(PendingWork):
         with self._arrival:
             return self._arrival.wait_for(self._arrived, timeout=seconds)
 
+
+class MailWork(FabricWork):
+    """A collective's receives, posted when it starts: done when a block from every source has been copied in."""
+
+    def __init__(self, comm: LocalComm, what: str, result, into: dict[int, torch.Tensor]) -> None:
+        super().__init__(comm, what, result)
+        self.missing = len(into)
+        self._slots = {source: Slot(block, self) for source, block in into.items()}
+        comm.fabric.expect(comm.rank, self._slots)
+
+    def _arrived(self) -> bool:
+        return self.missing == 0
+
     def _absent(self) -> list[int] | None:
         with self._fabric.lock:
             return sorted(source for source, slot in self._slots.items() if not slot.filled)
+
+
+class ReduceWork(FabricWork):
+    """An allreduce: this rank's copy added when it starts; done when the world's sum is there, copied in by
+    ``wait``."""
+
+    def __init__(self, comm: LocalComm, call: int, tensor: torch.Tensor) -> None:
+        fabric = comm.fabric
+        super().__init__(comm, "allreduce", tensor, lambda: tensor.copy_(fabric.collect(call, self._reduction)))
+        self._reduction = fabric.reduce(call, comm.rank, tensor)
+
+    def _arrived(self) -> bool:
+        return self._reduction.total is not None
+
+    def _absent(self) -> list[int] | None:
+        with self._fabric.lock:
+            return [rank for rank, part in enumerate(self._reduction.parts) if part is None]
 
 
 def local_world(size: int, timeout: float | None = None) -> list[LocalComm]:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
-from pathlib import Path
+import tempfile
+
+from tests import background
 
 _FIRST_CALL = """
 import torch, compcoll
@@ -16,11 +20,17 @@ print(sum(sum(d.stats.cache_hits.values()) for d in kernels), sum(sum(d.stats.ca
 """
 
 
-def test_warmup_fills_the_cache_for_a_fresh_process(tmp_path: Path) -> None:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "compcoll.warmup"], env=env, capture_output=True, text=True,
-                          timeout=600, check=True)
-    assert "compiled and cached" in done.stdout
+def warmup_into_an_empty_cache() -> tuple[list[list[str]], dict[str, str]]:
+    """``python -m compcoll.warmup`` with ``NUMBA_CACHE_DIR`` an empty folder (removed at exit)."""
+    cache = tempfile.mkdtemp(prefix="compcoll-warmup-")
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
+    return [[sys.executable, "-m", "compcoll.warmup"]], {**os.environ, "NUMBA_CACHE_DIR": cache}
+
+
+@background.job(warmup_into_an_empty_cache)
+def test_warmup_fills_the_cache_for_a_fresh_process() -> None:
+    [(returncode, output)], env = background.results(warmup_into_an_empty_cache, timeout=600)
+    assert returncode == 0 and "compiled and cached" in output, output
     hits, misses = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True,
                                   timeout=300, check=True).stdout.split()
     assert int(hits) == 2 and int(misses) == 0, (hits, misses)

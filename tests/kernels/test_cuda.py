@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-from pathlib import Path
 
+from tests import background
 from tests.kernels.cuda_sim_checks import PARTS
 
-ROOT = Path(__file__).resolve().parents[2]
 GROUPS = (("float16", "bfloat16"), ("tree", "scale", "float32", "blocks", "grid"))
 """``cuda_sim_checks``' parts in two processes of about equal time, run side by side on two cores."""
+
+
+def simulator_runs() -> tuple[list[list[str]], dict[str, str]]:
+    """The two simulator processes (``GROUPS``), on lengths 1, 37, 1000 and 8200."""
+    command = [sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"]
+    return ([command + [f"--part={part}" for part in group] for group in GROUPS],
+            {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
 
 
 def test_the_groups_cover_every_part() -> None:
     assert sorted(part for group in GROUPS for part in group) == sorted(PARTS)
 
 
+@background.job(simulator_runs)
 def test_cuda_kernels_match_cpu_kernels_under_the_simulator() -> None:
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-    command = [sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"]
-    processes = [subprocess.Popen(command + [f"--part={part}" for part in group], cwd=ROOT, env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for group in GROUPS]
-    try:
-        for group, process in zip(GROUPS, processes):
-            output, _ = process.communicate(timeout=600)
-            assert process.returncode == 0, f"parts {group}:\n{output}"
-            assert "cuda kernels == cpu kernels" in output, output
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
+    outcomes, _ = background.results(simulator_runs, timeout=900)
+    for group, (returncode, output) in zip(GROUPS, outcomes):
+        assert returncode == 0, f"parts {group}:\n{output}"
+        assert "cuda kernels == cpu kernels" in output, output

@@ -40,7 +40,7 @@ class Pool:
     def __init__(self, backend: str, size: int) -> None:
         self.backend, self.size, self.cases = backend, size, 0
         self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
-        launches = launcher.rank_commands("tests.pool_workers:serve", size, backend, args=(str(self.folder),))
+        launches = launcher.rank_commands("tests.pool_workers:serve", size, backend, args=(str(self.folder), os.getpid()))
         self.logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
         self.procs = [subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True) for (command, env), log in zip(launches, self.logs)]

@@ -17,8 +17,8 @@ POLL_S = (0.001, 0.01)
 """How often an idle rank looks for the next case: from the first value, doubling up to the second."""
 
 
-def serve(comm: compcoll.Communicator, directory: str) -> None:
-    """Run the cases the test process writes into ``directory`` until it writes ``stop``.
+def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
+    """Run the cases the test process (pid ``owner``) writes into ``directory`` until it writes ``stop`` or ends.
 
     1. Wait for ``<k>.case`` (JSON: target, size n, args, environment), case k = 0, 1, ...
     2. Set the case's environment variables (restored after it), and make the case's
@@ -33,7 +33,7 @@ def serve(comm: compcoll.Communicator, directory: str) -> None:
     base = Path(directory)
     store = _leave_launch_group(comm)
     case = 0
-    while _wait_for(base / f"{case}.case", base / "stop"):
+    while _wait_for(base / f"{case}.case", base / "stop", owner):
         request = json.loads((base / f"{case}.case").read_text())
         module_name, func_name = request["target"].split(":")
         saved = {key: os.environ.get(key) for key in request["env"]}
@@ -61,11 +61,12 @@ def serve(comm: compcoll.Communicator, directory: str) -> None:
         case += 1
 
 
-def _wait_for(request: Path, stop: Path) -> bool:
-    """Whether ``request`` appeared (True) or ``stop`` did (False)."""
+def _wait_for(request: Path, stop: Path, owner: int) -> bool:
+    """Whether ``request`` appeared (True), or ``stop`` did or process ``owner`` ended (False: a test process
+    killed before it could stop its pool leaves no ranks behind)."""
     pause = POLL_S[0]
     while not request.exists():
-        if stop.exists():
+        if stop.exists() or not Path(f"/proc/{owner}").exists():
             return False
         time.sleep(pause)
         pause = min(2 * pause, POLL_S[1])

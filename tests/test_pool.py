@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from compcoll.launcher import BACKENDS, WorkerFailure
 from tests import pool
 
 WORKERS = "tests.pool_workers"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -44,3 +50,25 @@ def test_a_case_environment_applies_to_that_case_alone(backend: str) -> None:
     assert pool.run(f"{WORKERS}:says_its_timeout", 2, backend, env=env).count("timeout 7 ranks per node 1") == 2
     assert "ranks per node None" in pool.run(f"{WORKERS}:says_its_timeout", 2, backend)
     assert "timeout 7" not in pool.run(f"{WORKERS}:says_its_timeout", 2, backend)
+
+
+_KILLED_OWNER = """
+import os
+from tests import pool
+pool.run("tests.pool_workers:says_its_rank", 2, {backend!r})
+print(*(p.pid for p in pool._POOLS[{backend!r}].procs), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_ranks_end_when_the_test_process_ends_without_closing_its_pool(backend: str) -> None:
+    """A test process that dies (killed, or exiting without its atexit) leaves no pool ranks running."""
+    done = subprocess.run([sys.executable, "-c", _KILLED_OWNER.format(backend=backend)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+    pids = [int(pid) for pid in done.stdout.split()]  # mpiexec (which ends with its ranks), or the Gloo ranks
+    assert pids, done.stdout
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "pool ranks outlived their test process"

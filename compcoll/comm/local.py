@@ -67,7 +67,8 @@ class Fabric:
         with self.lock:
             reduction = self.reductions.setdefault(call, Reduction(self.size))
             reduction.parts[rank] = copy
-            if all(part is not None for part in reduction.parts):
+            reduction.missing -= 1
+            if reduction.missing == 0:
                 total = reduction.parts[0].clone()
                 for part in reduction.parts[1:]:
                     total += part
@@ -108,11 +109,12 @@ class Slot:
 
 
 class Reduction:
-    """One allreduce of an in-process world: each rank's copy, their sum once every rank's has come, and how many
-    ranks have yet to read it."""
+    """One allreduce of an in-process world: each rank's copy, how many have yet to come, their sum once all have,
+    and how many ranks have yet to read it."""
 
     def __init__(self, size: int) -> None:
         self.parts: list[torch.Tensor | None] = [None] * size
+        self.missing = size
         self.total: torch.Tensor | None = None
         self.readers = size
 
@@ -123,9 +125,9 @@ class LocalComm(Communicator):
     Each collective sends a copy of this rank's blocks to its peers' mailboxes at once and
     completes when the blocks meant for it have arrived: alltoall, allgather and bcast move
     exactly the bytes MPI and Gloo move, so every compcoll call gives their bits; allreduce
-    sums the ranks' tensors in rank order (once, by the last rank to arrive, for all). Byte counts, ``wait_seconds``, ``split`` and
-    timeouts (a rank that never arrives raises ``CollectiveTimeout`` on the others, naming
-    it) work as on the real transports.
+    sums the ranks' tensors in rank order (once, by the last rank to arrive, for all). Byte
+    counts, ``wait_seconds``, ``split`` and timeouts (a rank that never arrives raises
+    ``CollectiveTimeout`` on the others, naming it) work as on the real transports.
     """
 
     def __init__(self, fabric: Fabric, rank: int, timeout: float | None = None) -> None:

@@ -16,7 +16,20 @@ WORKERS = "tests.pool_workers"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture
+def own_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pools of 3 ranks for this test alone: the suite's shared pools, which these tests would end on purpose,
+    stay as they are for the other tests."""
+    mine: dict[str, pool.Pool] = {}
+    monkeypatch.setattr(pool, "_POOLS", mine)
+    monkeypatch.setattr(pool, "POOL_RANKS", 3)
+    yield
+    while mine:
+        mine.popitem()[1].close()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("own_pools")
 def test_cases_of_every_size_reuse_the_ranks_and_a_failure_names_its_rank(backend: str) -> None:
     """Cases of 3, 1 and 2 ranks run on the same processes, each on a world of its own size; a case that fails on
     one rank names the case and that rank, and the next case runs on new processes."""
@@ -37,6 +50,7 @@ def test_cases_of_every_size_reuse_the_ranks_and_a_failure_names_its_rank(backen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("own_pools")
 def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(backend: str) -> None:
     with pytest.raises(WorkerFailure, match=r"process\(es\) \[\d\] ended"):
         pool.run(f"{WORKERS}:ends_a_rank", 2, backend, timeout=60)
@@ -55,6 +69,7 @@ def test_a_case_environment_applies_to_that_case_alone(backend: str) -> None:
 _KILLED_OWNER = """
 import os
 from tests import pool
+pool.POOL_RANKS = 2
 pool.run("tests.pool_workers:says_its_rank", 2, {backend!r})
 print(*(p.pid for p in pool._POOLS[{backend!r}].procs), flush=True)
 os._exit(0)

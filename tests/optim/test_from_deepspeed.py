@@ -1,0 +1,163 @@
+"""DeepSpeed 0.19.6's tutorial configs build compcoll's optimizers; its OneBitAdam checkpoints load into them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import compcoll
+from compcoll.launcher import run
+from compcoll.optim import OneBitAdam, OneBitLamb, ZeroOneAdam, from_deepspeed_config, load_deepspeed_checkpoint
+from tests.optim.optim_workers import Net
+
+TUTORIALS = {
+    "OneBitAdam": {
+        "train_batch_size": 4096, "train_micro_batch_size_per_gpu": 16,
+        "optimizer": {"type": "OneBitAdam", "params": {"lr": 4e-4, "freeze_step": 23000, "cuda_aware": False,
+                                                       "comm_backend_name": "nccl"}},
+        "gradient_clipping": 1.0,
+        "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}},
+    "OneBitLamb": {
+        "train_batch_size": 65536, "train_micro_batch_size_per_gpu": 64,
+        "optimizer": {"type": "OneBitLamb", "params": {"lr": 11e-3, "max_coeff": 0.3, "min_coeff": 0.01,
+                                                       "freeze_step": 1000, "cuda_aware": False,
+                                                       "comm_backend_name": "nccl", "coeff_beta": 0.9,
+                                                       "factor_max": 4.0, "factor_min": 0.5,
+                                                       "factor_threshold": 0.1}},
+        "gradient_clipping": 1.0,
+        "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}},
+    "ZeroOneAdam": {
+        "train_batch_size": 4096, "train_micro_batch_size_per_gpu": 16,
+        "optimizer": {"type": "ZeroOneAdam", "params": {"lr": 1e-3, "weight_decay": 0.01, "bias_correction": False,
+                                                        "var_freeze_step": 1000, "var_update_scaler": 16,
+                                                        "local_step_scaler": 1000, "local_step_clipper": 16,
+                                                        "cuda_aware": False, "comm_backend_name": "nccl"}},
+        "gradient_clipping": 1.0,
+        "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}},
+}
+"""The configs of DeepSpeed's 1-bit Adam, 0/1 Adam and 1-bit LAMB tutorials (deepspeed.ai/tutorials), unchanged."""
+CLASSES = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam}
+
+
+@pytest.mark.parametrize("name", list(TUTORIALS))
+def test_tutorial_configs_build_their_optimizers_with_every_setting(name: str, tmp_path: Path, caplog) -> None:
+    """Each tutorial's config, as a dict and as its JSON file: its class, each params value in place, a note for
+    each key compcoll does not need and for each engine key that falls to the training loop."""
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(TUTORIALS[name]))
+    params = TUTORIALS[name]["optimizer"]["params"]
+    for config in (TUTORIALS[name], str(path)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="compcoll.optim.from_deepspeed"):
+            opt = from_deepspeed_config(config, Net().parameters(), compcoll.SingleComm())
+        assert type(opt) is CLASSES[name]
+        group = opt.param_groups[0]
+        for key, value in params.items():
+            if key in ("lr", "weight_decay", "max_coeff", "min_coeff"):
+                assert group[key] == value, key
+            elif key not in ("cuda_aware", "comm_backend_name", "bias_correction"):
+                assert getattr(opt, key) == value, key
+        text = caplog.text
+        for key in ("cuda_aware", "comm_backend_name", "gradient_clipping", "fp16"):
+            assert f"{key}" in text, (key, text)
+        assert f"built {name}(" in text and "compcoll's numerics" in text
+
+
+def test_type_names_match_as_deepspeed_matches_them_and_numerics_can_be_deepspeeds() -> None:
+    config = {"optimizer": {"type": "onebitLAMB", "params": {"freeze_step": 2}}}
+    ours = from_deepspeed_config(config, Net().parameters(), compcoll.SingleComm())
+    theirs = from_deepspeed_config(config, Net().parameters(), compcoll.SingleComm(), numerics="deepspeed",
+                                   nonfinite="raise")
+    assert type(ours) is type(theirs) is OneBitLamb
+    assert (ours.compress, ours.trust_ratio) == ("update", "fresh")
+    assert (theirs.compress, theirs.trust_ratio, theirs.nonfinite) == ("momentum", "frozen", "raise")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"type": "Adam"}, "optimizer type 'Adam' is not one of DeepSpeed's 1-bit optimizers"),
+    ({"params": {"freeze_step": 5, "max_grad_norm": 1.0}}, "'max_grad_norm' is not supported"),
+    ({"params": {"freeze_step": 5, "amsgrad": True}}, "no AMSGrad variant"),
+    ({"params": {"freeze_step": 5, "momentum": 0.9}}, "optimizer param 'momentum' is not one of OneBitAdam's"),
+    ({"params": {"var_freeze_step": 5}}, "optimizer param 'var_freeze_step' is not one of OneBitAdam's"),
+    ({"zero_optimization": {"stage": 1}}, "zero_optimization stage 1"),
+    ({"options": {"lr": 0.1}}, "lr set both in the config and as keyword arguments"),
+])
+def test_keys_that_would_change_the_numerics_are_refused_by_name(change: dict, message: str) -> None:
+    config = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 0.01, "freeze_step": 5}}}
+    options = change.pop("options", {})
+    config["optimizer"].update({k: v for k, v in change.items() if k in ("type", "params")})
+    config.update({k: v for k, v in change.items() if k not in ("type", "params")})
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        from_deepspeed_config(config, Net().parameters(), compcoll.SingleComm(), **options)
+
+
+def _deepspeed_state(model: torch.nn.Module, step: int) -> dict:
+    """An optimizer state laid out as DeepSpeed 0.19.6's OnebitAdam saves it (torch's: per parameter index)."""
+    gen = torch.Generator().manual_seed(step)
+    state = {i: {"step": step, "exp_avg": torch.randn(p.shape, generator=gen),
+                 "exp_avg_sq": torch.rand(p.shape, generator=gen)} for i, p in enumerate(model.parameters())}
+    return {"state": state, "param_groups": [{"params": list(state), "lr": 1e-3}]}
+
+
+def test_checkpoint_moments_land_on_their_parameters_and_the_phase_follows_the_step(tmp_path: Path) -> None:
+    """A OneBitAdam state in DeepSpeed's layout, from its model-states file: each parameter's moments land in its
+    slice of the flat buffers, the step count sets the phase, the error buffers restart at zero."""
+    model = Net()
+    opt = OneBitAdam(model.parameters(), freeze_step=3, comm=compcoll.SingleComm())
+    saved = _deepspeed_state(model, 4)
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"module": model.state_dict(), "optimizer": saved, "ds_version": "0.19.6"}, path)
+    loaded = load_deepspeed_checkpoint(opt, tmp_path)
+    assert set(loaded["module"]) == set(model.state_dict())
+    for (segment, _), i in zip(opt.flat.views(opt.exp_avg), range(len(saved["state"]))):
+        for key in ("exp_avg", "exp_avg_sq"):
+            got = getattr(opt, key)[segment.start:segment.stop]
+            assert torch.equal(got, saved["state"][i][key].reshape(-1)), (i, key)
+    assert opt.steps == 4 and opt.compressing
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    model = Net()
+    opt = OneBitAdam(model.parameters(), freeze_step=3, comm=compcoll.SingleComm())
+    saved = _deepspeed_state(model, 4)
+    saved["state"][1]["exp_avg"] = torch.zeros(7)
+    with pytest.raises(ValueError, match=r"parameter 1's exp_avg is \(7,\)"):
+        load_deepspeed_checkpoint(opt, {"optimizer": saved})
+    assert opt.steps == 0 and not opt.exp_avg.any()
+    saved = _deepspeed_state(model, 4)
+    saved["param_groups"] = [{"params": [0]}, {"params": list(saved["state"])[1:]}]
+    with pytest.raises(ValueError, match="parameter groups"):
+        load_deepspeed_checkpoint(opt, {"optimizer": saved})
+    with pytest.raises(ValueError, match="carries OneBitAdam's state; got ZeroOneAdam"):
+        load_deepspeed_checkpoint(ZeroOneAdam(Net().parameters(), comm=compcoll.SingleComm()), {"optimizer": saved})
+
+
+def test_a_file_that_needs_more_than_weights_is_refused_unless_named(tmp_path: Path) -> None:
+    model = Net()
+    opt = OneBitAdam(model.parameters(), freeze_step=3, comm=compcoll.SingleComm())
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"optimizer": _deepspeed_state(model, 2), "args": argparse.Namespace(seed=1)}, path)
+    with pytest.raises(ValueError, match="refused, since it needs more than tensors.*argparse.Namespace"):
+        load_deepspeed_checkpoint(opt, path)
+    assert opt.steps == 0
+    assert load_deepspeed_checkpoint(opt, path, allow=("argparse.Namespace",))["args"].seed == 1
+    assert opt.steps == 2 and not opt.compressing
+
+
+def test_a_checkpoint_deepspeed_wrote_resumes_in_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """DeepSpeed 0.19.6's engine trains OnebitAdam past its warmup on 2 Gloo ranks and saves; compcoll's OneBitAdam,
+    built from the same config, loads it: moments and step bit for bit, and the next steps equal those of a
+    OneBitAdam given the same state through its own ``load_state_dict``."""
+    pytest.importorskip("deepspeed")
+    run("tests.optim.from_deepspeed_workers:resume_deepspeed_checkpoint", 2, "gloo", args=(str(tmp_path),),
+        timeout=300)
+
+
+def test_the_readme_engine_recipe_trains_as_the_optimizer_alone_on_two_gloo_ranks() -> None:
+    pytest.importorskip("deepspeed")
+    run("tests.optim.from_deepspeed_workers:engine_recipe", 2, "gloo", timeout=300)

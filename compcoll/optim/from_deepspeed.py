@@ -58,15 +58,16 @@ ENGINE: dict[str, str] = {
 """Top-level keys the DeepSpeed engine acted on, which now fall to the training loop: noted."""
 
 NUMERICS: dict[str, dict[str, dict[str, Any]]] = {
-    "compcoll": {"onebitadam": {}, "onebitlamb": {}, "zerooneadam": {}},
+    "compcoll": {},
     "deepspeed": {"onebitadam": dict(compress="momentum", scale="l2"),
                   "onebitlamb": dict(compress="momentum", scale="l2", trust_ratio="frozen"),
                   "zerooneadam": dict(compress="momentum", scale="l2")},
 }
-"""Compression settings: compcoll's defaults (chosen on its benchmarks, README "Optimizers"), or DeepSpeed's."""
+"""Compression settings over the optimizer's defaults: none for compcoll's (chosen on its benchmarks, README
+"Optimizers"), or DeepSpeed's."""
 
 
-def read_config(config: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
+def _read_config(config: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
     """A DeepSpeed config as a dict: ``config`` itself, or the JSON file at that path."""
     if isinstance(config, dict):
         return config
@@ -105,7 +106,7 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
         The optimizer, with a log line (logger ``compcoll.optim.from_deepspeed``, INFO)
         saying what was built.
     """
-    config = read_config(config)
+    config = _read_config(config)
     section = config.get("optimizer")
     if not isinstance(section, dict) or "type" not in section:
         raise ValueError('DeepSpeed config: no "optimizer" section with a "type"')
@@ -121,7 +122,7 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
     clash = sorted(set(kwargs) & set(options))
     if clash:
         raise ValueError(f"DeepSpeed config: {', '.join(clash)} set both in the config and as keyword arguments")
-    kwargs.update(NUMERICS[numerics][kind])
+    kwargs.update(NUMERICS[numerics].get(kind, {}))
     kwargs.update(options)
     optimizer = cls(params, comm=comm, **kwargs)
     log.info("DeepSpeed config: built %s(%s) with %s's numerics", cls.__name__,
@@ -200,16 +201,15 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
         raise ValueError(f"DeepSpeed checkpoint: parameter groups of {[len(g['params']) for g in groups]} "
                          f"parameters, the optimizer's have {sizes}")
     order = [index for group in groups for index in group["params"]]
-    moments = {"exp_avg": optimizer.exp_avg, "exp_avg_sq": optimizer.exp_avg_sq}
     copies = []
-    for index, shape, (segment, _) in zip(order, flat.shapes, flat.views(optimizer.exp_avg)):
+    for index, shape, segment in zip(order, flat.shapes, flat.segments):
         entry = state.get(index, {})
-        for key, buffer in moments.items():
+        for key in ("exp_avg", "exp_avg_sq"):
             saved = entry.get(key)
             if saved is None or tuple(saved.shape) != shape:
                 found = "none" if saved is None else tuple(saved.shape)
                 raise ValueError(f"DeepSpeed checkpoint: parameter {index}'s {key} is {found}, expected shape {shape}")
-            copies.append((buffer[segment.start:segment.stop], saved))
+            copies.append((getattr(optimizer, key)[segment.start:segment.stop], saved))
     steps = {int(state[index]["step"]) for index in order}
     if len(steps) != 1:
         raise ValueError(f"DeepSpeed checkpoint: parameters at different steps {sorted(steps)}")

@@ -27,6 +27,14 @@ def _loss(model: torch.nn.Module, rank: int, step: int) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(model(tokens, x), y)
 
 
+def _deepspeed():
+    """deepspeed 0.19.6 with bench/peers' CPU shims installed, on this rank's torch.distributed group."""
+    sys.path.insert(0, str(ROOT / "bench" / "peers"))
+    import deepspeed_shim
+
+    return deepspeed_shim.load()
+
+
 def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> None:
     """1. DeepSpeed's engine (its own OnebitAdam, bench/peers' CPU shims) trains ``SAVED_AT``
           steps and saves a checkpoint.
@@ -37,10 +45,7 @@ def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> Non
           same weights, moments and step through compcoll's own ``load_state_dict``; every
           rank ends with the same bits.
     """
-    sys.path.insert(0, str(ROOT / "bench" / "peers"))
-    import deepspeed_shim
-
-    deepspeed = deepspeed_shim.load()
+    deepspeed = _deepspeed()
     with seeded(0):
         model = Net()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CONFIG)
@@ -65,7 +70,7 @@ def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> Non
 
     ref_model.load_state_dict(loaded["module"])
     start = ours.flat.data.clone()
-    ref = OneBitAdam(ref_model.parameters(), lr=1e-2, freeze_step=3, comm=comm)
+    ref = from_deepspeed_config(CONFIG, ref_model.parameters(), comm)
     state = ref.state_dict()
     state["state"]["buffers"] = {"exp_avg": ours.exp_avg.clone(), "exp_avg_sq": ours.exp_avg_sq.clone()}
     state["state"]["steps"] = SAVED_AT
@@ -83,10 +88,7 @@ def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> Non
 def engine_recipe(comm: compcoll.Communicator) -> None:
     """The README's recipe: compcoll's OneBitAdam as DeepSpeed's client optimizer with the engine's gradient
     allreduce off trains, step for step, bit for bit as the optimizer does with no engine around it."""
-    sys.path.insert(0, str(ROOT / "bench" / "peers"))
-    import deepspeed_shim
-
-    deepspeed = deepspeed_shim.load()
+    deepspeed = _deepspeed()
     runs = []
     for engine_on in (True, False):
         with seeded(0):

@@ -5,15 +5,49 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import threading
 import warnings
 
 import numpy as np
 import torch
+from numba import config
 
 from compcoll import codecs, spec
 from compcoll.kernels import cpu, cuda, reference
 from compcoll.kernels.launch import COUNTS
 from compcoll.spec import SCALES
+
+
+def _thread_safe_shared_arrays() -> None:
+    """Make the simulator hand every thread of a block the same ``cuda.shared.array``.
+
+    numba's simulator (``FakeCUDAShared.array``) looks a shared array up by the calling
+    line and creates it on a miss, without a lock. Two of a block's threads (Python
+    threads) can both miss, and one then writes a private array that no other thread
+    reads: wrong bits that a GPU never gives (CI saw it once in "encoded bits"). This
+    replacement does the same lookup under a lock:
+    1. Dynamic shared memory (shape 0) has no lookup: numba's own method serves it.
+    2. Otherwise the key is the caller's file and line, as numba's.
+    3. Under one lock, return the array stored for the key, or create and store it.
+    """
+    from numba.core.types import Type
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np.numpy_support import as_dtype
+
+    own, lock = FakeCUDAShared.array, threading.Lock()
+
+    def array(self, shape, dtype):
+        if shape == 0:
+            return own(self, shape, dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            found = self._allocations.get(key)
+            if found is None:
+                found = self._allocations[key] = np.empty(shape, as_dtype(dtype) if isinstance(dtype, Type) else dtype)
+            return found
+
+    FakeCUDAShared.array = array
 
 
 def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -226,6 +260,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--part", action="append", choices=PARTS, help="one part (repeatable); default: all")
     args = parser.parse_args(argv)
     assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
+    if config.ENABLE_CUDASIM:
+        _thread_safe_shared_arrays()
     # the simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as intended)
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
     parts = args.part or list(PARTS)

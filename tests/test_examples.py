@@ -57,3 +57,9 @@ def test_overlap_example_keeps_replicas_identical() -> None:
 def test_ddp_example_under_torchrun(hook: str) -> None:
     out = _run(_torchrun("--nproc-per-node", "2", "examples/ddp.py", "--hook", hook, "--steps", "60"))
     assert f"{hook} on rank 0 of 2: replicas bit-identical: True" in out, out
+
+
+def test_huggingface_trainer_example_under_torchrun(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    out = _run(_torchrun("--nproc-per-node", "2", "examples/huggingface_trainer.py", "--output-dir", str(tmp_path)))
+    assert "compcoll Trainer: eval loss" in out and "replicas identical" in out, out

@@ -1,0 +1,153 @@
+"""Rank-side bodies of the Hugging Face tests: compcoll's Trainer and Accelerate hook on Gloo ranks, tiny GPT-2."""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import this
+from pathlib import Path
+
+import torch
+import transformers
+
+import compcoll
+from compcoll.integrations import huggingface
+from compcoll.optim import OneBitAdam
+
+STEPS = 60
+CONTEXT = 32
+
+
+class Bytes(torch.utils.data.Dataset):
+    """Windows of CONTEXT bytes of the Zen of Python at seeded offsets (inputs and labels: the same bytes)."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        text = torch.tensor(list(codecs.decode(this.s, "rot13").encode()))
+        starts = torch.randint(0, len(text) - CONTEXT, (count,), generator=torch.Generator().manual_seed(seed))
+        self.windows = [text[s:s + CONTEXT] for s in starts.tolist()]
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.windows[i], "labels": self.windows[i]}
+
+
+def gpt2() -> transformers.GPT2LMHeadModel:
+    """A 2-layer byte-level GPT-2 built from its config (no download), the same initial weights on every rank."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=256, n_positions=CONTEXT, n_embd=64, n_layer=2, n_head=4)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def digest(model: torch.nn.Module) -> str:
+    """A hash of the parameters' bits."""
+    hashed = hashlib.sha256()
+    for p in model.parameters():
+        hashed.update(p.detach().float().numpy().tobytes())
+    return hashed.hexdigest()
+
+
+def _trainer(cls: type, output_dir: str, optimizers=(None, None), **overrides) -> transformers.Trainer:
+    """A Trainer of class ``cls`` over ``gpt2()`` for STEPS optimizer steps, checkpointing at half-way."""
+    model = gpt2()
+    if callable(optimizers[0]):
+        optimizers = (optimizers[0](model), None)
+    args = transformers.TrainingArguments(**{
+        "output_dir": output_dir, "max_steps": STEPS, "per_device_train_batch_size": 8, "learning_rate": 1e-3,
+        "seed": 0, "save_strategy": "steps", "save_steps": STEPS // 2, "logging_steps": 10, "report_to": [],
+        "use_cpu": True, "dataloader_num_workers": 0, **overrides})
+    return cls(model=model, args=args, train_dataset=Bytes(STEPS * 16, 1), eval_dataset=Bytes(64, 2),
+               optimizers=optimizers)
+
+
+def _record(output_dir: str, rank: int, name: str, trainer: transformers.Trainer) -> None:
+    """Append this rank's eval loss and parameter digest of run ``name`` to output_dir/rank<r>.json."""
+    path = Path(output_dir) / f"rank{rank}.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results[name] = {"loss": trainer.evaluate()["eval_loss"], "digest": digest(trainer.model)}
+    path.write_text(json.dumps(results))
+
+
+def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
+    """The Trainer's default AdamW; compcoll's Trainer with its defaults (AdamW becomes 1-bit Adam) and resumed from its
+    half-way checkpoint; a 1-bit Adam passed in with gradient accumulation and bf16; SGD through onebit_hook. Each
+    rank records each run's eval loss and digest."""
+    plain = _trainer(transformers.Trainer, f"{output_dir}/adamw")
+    plain.train()
+    _record(output_dir, comm.rank, "AdamW", plain)
+
+    onebit = _trainer(huggingface.Trainer, f"{output_dir}/default")
+    onebit.train()
+    opt = onebit.optimizer.optimizer
+    assert isinstance(opt, OneBitAdam) and opt.compressing and opt.channel.worker_error.abs().sum() > 0
+    assert onebit._hooked is onebit.model_wrapped, "local_hook not registered on the Trainer's DDP"
+    _record(output_dir, comm.rank, "default", onebit)
+
+    resumed = _trainer(huggingface.Trainer, f"{output_dir}/default")
+    resumed.train(resume_from_checkpoint=f"{output_dir}/default/checkpoint-{STEPS // 2}")
+    _record(output_dir, comm.rank, "default, resumed at 30", resumed)
+
+    given = _trainer(huggingface.Trainer, f"{output_dir}/given",
+                     optimizers=(lambda m: OneBitAdam(m.parameters(), lr=1e-3, freeze_step=0.15, total_steps=STEPS),
+                                 None),
+                     gradient_accumulation_steps=2, bf16=True)
+    given.train()
+    _record(output_dir, comm.rank, "OneBitAdam given, accumulation 2, bf16", given)
+
+    sgd = _trainer(huggingface.Trainer, f"{output_dir}/sgd", optim="sgd", learning_rate=0.5)
+    sgd.train()
+    assert sgd.hook_state is not None and sgd.hook_state.schedule.iteration == STEPS, sgd.hook_state.schedule
+    _record(output_dir, comm.rank, "SGD, onebit_hook", sgd)
+
+
+def _accelerated(optimizer: str):
+    """A fresh Accelerator (accumulation 2, bf16), ``gpt2()`` and its optimizer through ``prepare``, and the hook."""
+    import accelerate
+
+    accelerate.state.AcceleratorState._reset_state(True)
+    accelerator = accelerate.Accelerator(gradient_accumulation_steps=2, mixed_precision="bf16", cpu=True)
+    model = gpt2()
+    opt = (OneBitAdam(model.parameters(), lr=1e-3, freeze_step=4) if optimizer == "onebit_adam"
+           else torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
+    model, opt = accelerator.prepare(model, opt)
+    return accelerator, model, opt, huggingface.register_hook(model, opt)
+
+
+def _micro_steps(accelerator, model, opt, comm: compcoll.Communicator, steps: range) -> None:
+    """Micro-batches ``steps`` (8 windows each, this rank's own) under ``accelerator.accumulate``."""
+    data = Bytes(8 * 2 * 24, 3)
+    for step in steps:
+        batch = torch.stack([data[(step * 2 + comm.rank) * 8 + i]["input_ids"] for i in range(8)])
+        with accelerator.accumulate(model):
+            accelerator.backward(model(input_ids=batch, labels=batch).loss)
+            opt.step()
+            opt.zero_grad()
+
+
+def accelerate_runs(comm: compcoll.Communicator, output_dir: str) -> None:
+    """Accelerate with ``register_hook``: 1-bit Adam (local_hook) for 24 micro-batches, saved at 12 through
+    ``accelerator.save_state`` and ``compcoll.checkpoint.save``, and a fresh run loaded from there; then SGD through
+    onebit_hook. Each rank records the digests."""
+    results = {}
+    accelerator, model, opt, state = _accelerated("onebit_adam")
+    assert state is None
+    _micro_steps(accelerator, model, opt, comm, range(12))
+    accelerator.save_state(f"{output_dir}/half", safe_serialization=False)  # GPT-2 ties wte and lm_head
+    compcoll.checkpoint.save(f"{output_dir}/half", opt.optimizer)
+    _micro_steps(accelerator, model, opt, comm, range(12, 24))
+    assert opt.optimizer.steps == 12 and opt.optimizer.compressing, opt.optimizer.steps
+    results["1-bit Adam"] = digest(model)
+
+    accelerator, model, opt, _ = _accelerated("onebit_adam")
+    accelerator.load_state(f"{output_dir}/half")
+    compcoll.checkpoint.load(f"{output_dir}/half", opt.optimizer)
+    _micro_steps(accelerator, model, opt, comm, range(12, 24))
+    results["1-bit Adam, resumed at 12"] = digest(model)
+
+    accelerator, model, opt, state = _accelerated("sgd")
+    _micro_steps(accelerator, model, opt, comm, range(24))
+    assert state.schedule.iteration == 12 and state.allreduce.state_dict(), state.schedule
+    results["SGD, onebit_hook"] = digest(model)
+    (Path(output_dir) / f"rank{comm.rank}.json").write_text(json.dumps(results))

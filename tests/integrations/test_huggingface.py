@@ -1,0 +1,40 @@
+"""compcoll under Hugging Face (needs transformers and accelerate; skipped elsewhere): 2 Gloo ranks, a tiny GPT-2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.pool import run
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+
+def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
+    """compcoll's Trainer: with the defaults within 5% of AdamW's eval loss; resumed from the Trainer's own checkpoint,
+    the same bits as the run it interrupted; a 1-bit Adam passed in, with gradient accumulation and bf16, and SGD
+    through onebit_hook train; every run ends with identical replicas."""
+    run("tests.integrations.huggingface_workers:trainer_runs", 2, "gloo", args=(str(tmp_path),), timeout=900)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    print(json.dumps(ranks[0], indent=1))
+    for name in ranks[0]:
+        assert ranks[0][name] == ranks[1][name], f"{name}: replicas differ"
+    runs = ranks[0]
+    adamw = runs["AdamW"]["loss"]
+    assert adamw < 4.0, f"AdamW did not train: {runs}"
+    assert runs["default"]["loss"] < 1.05 * adamw, runs
+    assert runs["default, resumed at 30"] == runs["default"], runs
+    assert runs["OneBitAdam given, accumulation 2, bf16"]["loss"] < 1.10 * adamw, runs
+    assert runs["SGD, onebit_hook"]["loss"] < 4.0, runs
+
+
+def test_accelerate_hook_accumulates_and_resumes_exactly(tmp_path) -> None:
+    """Accelerate (gradient accumulation 2, bf16) with ``register_hook``: 1-bit Adam resumed through
+    ``accelerator.load_state`` and ``compcoll.checkpoint.load`` ends with the uninterrupted run's bits; SGD through
+    onebit_hook; identical replicas."""
+    run("tests.integrations.huggingface_workers:accelerate_runs", 2, "gloo", args=(str(tmp_path),), timeout=900)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1], ranks
+    assert ranks[0]["1-bit Adam, resumed at 12"] == ranks[0]["1-bit Adam"], ranks[0]

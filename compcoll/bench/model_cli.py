@@ -169,12 +169,41 @@ def predictions(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+VERDICT_BUCKET = 25 * 10**6
+"""The verdict's bucket: 25 MB of float32, DDP's default bucket size."""
+
+
+def verdict(kernels: dict[str, float], latency_us: float, intra_gbyte: float) -> str:
+    """Whether 1-bit pays, from measured kernel rates: one line per cluster of 2 and 16 nodes (one rank each) on 1, 10
+    and 100 Gbit/s links, for one ``VERDICT_BUCKET`` bucket.
+
+    1. Predict plain and flat 1-bit allreduce of the bucket (``predict``) on each cluster.
+    2. Say the speed-up (plain's time / 1-bit's), and the link rate above which plain wins
+       (``break_even_gbit``): where compression stops paying.
+    """
+    lines = [f"# verdict for a {VERDICT_BUCKET / 1e6:g} MB bucket, one rank per node, from this machine's kernel "
+             f"rates (GB/s of input: {', '.join(f'{m} {r:.3g}' for m, r in kernels.items())}), alpha "
+             f"{latency_us:g} us"]
+    for nodes in (2, 16):
+        for gbit in (1.0, 10.0, 100.0):
+            cluster = Cluster(nodes, 1, gbit, latency_us, intra_gbyte, kernels)
+            plain, onebit = (predict(cluster, VERDICT_BUCKET, m).total for m in ("plain", "1bit"))
+            even = break_even_gbit(cluster, VERDICT_BUCKET, "1bit")
+            pays = "at any rate" if math.isinf(even) else f"below {even:.3g} Gbit/s"
+            lines.append(f"{nodes:>2} nodes, {gbit:>3g} Gbit/s: plain {plain * 1e3:7.1f} ms, 1-bit {onebit * 1e3:7.1f} "
+                         f"ms: {plain / onebit:5.2f}x {'faster' if onebit < plain else 'slower'} (1-bit pays {pays})")
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compcoll-bench model", description=__doc__.splitlines()[0])
     p.add_argument("--calibrate", type=Path, metavar="JSON",
                    help="measure the kernel rates here (at --threads) and add them to JSON")
     p.add_argument("--threads", type=int, default=1, help="threads for --calibrate, and the entry --kernels reads (1)")
     p.add_argument("--size", type=parse_size, default=parse_size("64M"), help="tensor for --calibrate (64M)")
+    p.add_argument("--verdict", action="store_true",
+                   help="measure the kernel rates (at --threads, on a 25 MB bucket) and say whether 1-bit pays on "
+                        "2 and 16 nodes at 1, 10 and 100 Gbit/s")
     p.add_argument("--validate", type=Path, metavar="DIR",
                    help="compare with the suite's reports in DIR (needs DIR/kernels.json); writes "
                         "DIR/model_validation.{txt,json}")
@@ -206,6 +235,9 @@ def main(argv: list[str]) -> None:
         known[str(args.threads)] = calibrate(args.threads, args.size)
         args.calibrate.write_text(json.dumps(known, indent=1) + "\n")
         print(f"# kernel rates (GB/s of float32 input, {args.threads} thread(s)): {known[str(args.threads)]}")
+        return
+    if args.verdict:
+        print(verdict(calibrate(args.threads, VERDICT_BUCKET), args.latency_us, args.intra_gbyte))
         return
     if args.validate:
         text, summary = validate(args.validate, args.min_size)

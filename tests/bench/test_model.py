@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from compcoll.bench.model import Cluster, break_even_gbit, break_even_size, link_bytes, predict
-from compcoll.bench.model_cli import calibrate, parse_count, predictions, parser, validate
+from compcoll.bench.model_cli import VERDICT_BUCKET, calibrate, parse_count, predictions, parser, validate, verdict
 
 RATES = {"plain": 5.0, "1bit": 2.0, "hier": 1.5}
 
@@ -144,3 +144,17 @@ def test_predictions_read_calibrated_rates_and_say_when_no_link_matters(tmp_path
     assert one_node and all(row[3].split() == ["-", "-"] for row in one_node)
     with pytest.raises(SystemExit, match="not --threads 1"):
         predictions(parser().parse_args(["--kernels", str(rates)]))
+
+
+def test_verdict_says_where_one_bit_stops_paying() -> None:
+    """The demo's verdict: six clusters, each line's speed-up is plain's predicted time over 1-bit's, and the rate it
+    names is where the two cross."""
+    rates = {"plain": 13.0, "1bit": 1.2, "hier": 0.3}
+    lines = verdict(rates, 50.0, 100.0).splitlines()
+    assert len(lines) == 7 and lines[0].startswith("# verdict for a 25 MB bucket"), lines
+    for line, (nodes, gbit) in zip(lines[1:], [(n, g) for n in (2, 16) for g in (1.0, 10.0, 100.0)]):
+        cluster = Cluster(nodes, 1, gbit, 50.0, 100.0, rates)
+        plain, onebit = (predict(cluster, VERDICT_BUCKET, m).total for m in ("plain", "1bit"))
+        even = break_even_gbit(cluster, VERDICT_BUCKET, "1bit")
+        assert f"{plain / onebit:5.2f}x {'faster' if onebit < plain else 'slower'}" in line, line
+        assert f"pays below {even:.3g} Gbit/s" in line and (onebit < plain) == (gbit < even), line

@@ -15,9 +15,11 @@ from .comm import Communicator, get_default
 class Stateful(Protocol):
     """What ``save`` and ``load`` take: compcoll's optimizers, ``OneBitState``, ``BirderState``, ``CompressedAllreduce``."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state, as tensors and plain values (``torch.load(weights_only=True)`` reads it back)."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` returned."""
 
 
 def path_of(directory: str | os.PathLike, rank: int, world_size: int) -> Path:
@@ -69,7 +71,9 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
        training on).
 
     Args:
-        directory, states, comm: as for ``save``.
+        directory: as for ``save``.
+        states: as for ``save``.
+        comm: as for ``save``.
     """
     comm = _communicator(states, comm)
     path = path_of(directory, comm.rank, comm.size)

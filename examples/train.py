@@ -36,7 +36,7 @@ elif args.optimizer == "onebit_lamb":
     opt = OneBitLamb(model.parameters(), lr=5e-3, freeze_step=warmup, comm=comm)
 elif args.optimizer == "zero_one_adam":
     opt = ZeroOneAdam(model.parameters(), lr=2e-3, var_freeze_step=warmup, local_step_scaler=args.steps // 10,
-                      eps=1e-4, comm=comm)  # 0/1 Adam diverges at eps=1e-8 on uneven gradients (README)
+                      eps=1e-4, comm=comm)  # 0/1 Adam diverges at eps=1e-8 on uneven gradients (docs: Optimizers)
 else:
     opt = Birder(model.parameters(), lr=1e-3, comm=comm)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv beside this repo, install compcoll with the pinned stack and the MPI wheel, and compile its kernels.
 # A torch already in .venv (a CPU or CUDA build you installed there first) is kept; otherwise torch==2.13.0 is
-# installed from whatever index pip uses (see README, "Two commands").
+# installed from whatever index pip uses (see docs/guides/install.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}

@@ -1,7 +1,8 @@
-"""The examples run as the README says, under mpiexec and torchrun, and end with identical replicas."""
+"""The examples run as their docstrings say, under mpiexec and torchrun, and end with identical replicas."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def _torchrun(*args: str) -> list[str]:
-    """The README's torchrun command, on a free rendezvous port (torchrun's 29500 may be taken by a parallel run)."""
+    """The guides' torchrun command, on a free rendezvous port (torchrun's 29500 may be taken by a parallel run)."""
     return [str(TORCHRUN), "--master-port", str(_free_port()), *args]
 
 
@@ -63,3 +64,13 @@ def test_huggingface_trainer_example_under_torchrun(tmp_path) -> None:
     pytest.importorskip("transformers")
     out = _run(_torchrun("--nproc-per-node", "2", "examples/huggingface_trainer.py", "--output-dir", str(tmp_path)))
     assert "compcoll Trainer: eval loss" in out and "replicas identical" in out, out
+
+
+def test_readme_example_runs_on_two_ranks(tmp_path) -> None:
+    """The README's ten-line example, as written, under mpiexec: every rank prints the same first values."""
+    text = (ROOT / "README.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.py").write_text(code)
+    out = _run([mpiexec(), "-n", "2", sys.executable, str(tmp_path / "example.py")])
+    printed = re.findall(r"tensor\(\[[^\]]*\]\)", out)  # the ranks' lines may interleave
+    assert len(printed) == 2 and printed[0] == printed[1], out

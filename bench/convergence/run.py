@@ -24,7 +24,7 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    and is compared with the float32 "1-bit Adam" run. 0/1 Adam's phases scale with the
    run: variance refreshes until ``steps // 5``, local intervals doubling every
    ``steps // 10`` steps and capped at 2 (DeepSpeed's cap of 16 and scaler of 32768 suit
-   runs of 10^5 steps; README, "Optimizers"). With ``--deepspeed`` (needs
+   runs of 10^5 steps; docs/guides/optimizers.md). With ``--deepspeed`` (needs
    ``pip install -e '.[deepspeed]'``), DeepSpeed 0.19.6's own OnebitAdam runs too, in its
    engine on Gloo ranks (``job.DeepSpeedOneBitAdam``), with 1-bit Adam's settings and,
    like every other run, no gradient clipping; then the runs "... clip" clip gradients to

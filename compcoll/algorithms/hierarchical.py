@@ -252,8 +252,9 @@ def hierarchical_compressed_allreduce(
         every rank.
 
     Raises:
-        as ``hierarchical_allreduce``; a wrong buffer length raises ValueError on every
-        rank (RankMismatchError if the ranks' lengths differ).
+        ValueError: a wrong buffer length, on every rank (and what ``hierarchical_allreduce``
+            raises).
+        RankMismatchError: the ranks' lengths differ.
     """
     what = "hierarchical_compressed_allreduce"
     comm = get_default() if comm is None else comm

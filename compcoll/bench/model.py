@@ -32,6 +32,7 @@ class Cluster:
 
     @property
     def ranks(self) -> int:
+        """All ranks: nodes x ranks per node."""
         return self.nodes * self.ranks_per_node
 
 
@@ -47,6 +48,7 @@ class Prediction:
 
     @property
     def wire(self) -> float:
+        """Time on the wire: inside the node and between nodes."""
         return self.intra + self.inter
 
     @property

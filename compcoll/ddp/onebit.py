@@ -57,7 +57,7 @@ class OneBitState:
     5. ``scale``: free in bytes ("l2" chosen on digits at 2 and 4 ranks).
     PyTorch's PowerSGD hook (rank 2) also kept DDP's accuracy on that task, at 1/31 of the
     ring from 2 to 64 ranks; for Adam and LAMB, compcoll's optimizers compress their
-    momentum instead of raw gradients (README, "At scale").
+    momentum instead of raw gradients (docs/guides/scale.md).
 
     Args:
         process_group: the ranks DDP averages over; None means the default group. The hook

@@ -110,7 +110,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
     5. 1-bit LAMB only: ``layer_scales=True`` (one scale per layer, 4 bytes each) and
        ``variance_refresh=R`` (an exact float32 step every R steps: 8(n-1)/(nR) more per
        step).
-    How each default holds from 2 to 64 ranks: README, "At scale".
+    How each default holds from 2 to 64 ranks: docs/guides/scale.md.
     """
 
     _scalar_names: tuple[str, ...] = ()

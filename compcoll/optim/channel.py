@@ -148,7 +148,7 @@ class LayeredChannel(Channel):
     signs of the whole vector's scale; with its own, its 1-bit estimate keeps its size (on
     the LM of ``bench/convergence``, 1-bit LAMB with the allgather protocol and variance
     refreshes went from +1.7 / +1.2 / +3.4% of LAMB's validation loss at three batch orders
-    to +1.9 / +0.0 / +1.0%; README, "Optimizers"). Per call:
+    to +1.9 / +0.0 / +1.0%; docs/guides/optimizers.md). Per call:
     1. One agreement on the whole vector (signature and finiteness): a NaN or Inf on some
        rank raises ``NonFiniteError`` on every rank before any layer's buffers change.
     2. Each layer's slice through its own channel, in layer order, so every rank pairs the

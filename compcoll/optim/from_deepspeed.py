@@ -63,8 +63,8 @@ NUMERICS: dict[str, dict[str, dict[str, Any]]] = {
                   "onebitlamb": dict(compress="momentum", scale="l2", trust_ratio="frozen"),
                   "zerooneadam": dict(compress="momentum", scale="l2")},
 }
-"""Compression settings over the optimizer's defaults: none for compcoll's (chosen on its benchmarks, README
-"Optimizers"), or DeepSpeed's."""
+"""Compression settings over the optimizer's defaults: none for compcoll's (chosen on its benchmarks,
+docs/guides/optimizers.md), or DeepSpeed's."""
 
 
 def _read_config(config: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
         params: the model's parameters or parameter groups, as for any torch optimizer.
         comm: compcoll's communicator (default: the optimizer's, torch.distributed's group).
         numerics: "compcoll" (default: compcoll's compression settings, which converged
-            where DeepSpeed's diverged, README "Optimizers") or "deepspeed" (the momentum
+            where DeepSpeed's diverged, docs/guides/optimizers.md) or "deepspeed" (the momentum
             compressed with the l2 scale, and 1-bit LAMB's frozen trust ratios: DeepSpeed's).
         **options: further keyword arguments of the optimizer; one that a config key
             already sets raises ValueError.

@@ -22,7 +22,7 @@ class OneBitAdam(CompressedOptimizer):
        (docs/architecture.md, "Algorithms"; the hierarchical form when the ranks form
        several nodes), so every rank holds the same m. Sending the update direction keeps
        the compression error of coordinates with a tiny variance from growing by 1/eps:
-       with the momentum, eps = 1e-8 diverges on digits (README, "Optimizers").
+       with the momentum, eps = 1e-8 diverges on digits (docs/guides/optimizers.md).
     3. p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), per parameter group.
     Like DeepSpeed's, the update has no bias correction. Unlike DeepSpeed's, the first step
     updates the parameters, and coordinates whose frozen variance is 0 (they never had a
@@ -49,16 +49,16 @@ class OneBitAdam(CompressedOptimizer):
         eps: added to sqrt(v).
         weight_decay: decoupled weight decay, as DeepSpeed applies it.
         comm: the communicator; None means ``compcoll.get_default()``.
-        ranks_per_node / hierarchical: the node layout ("auto", the default: from the
-            hostnames, or ``COMPCOLL_RANKS_PER_NODE``; k: k consecutive ranks per node) and
-            whether to use the hierarchical 1-bit allreduce (None: when the ranks form
-            several equal nodes of more than one rank).
+        ranks_per_node: the node layout ("auto", the default: from the hostnames, or
+            ``COMPCOLL_RANKS_PER_NODE``; k: k consecutive ranks per node).
+        hierarchical: whether to use the hierarchical 1-bit allreduce (None: when the ranks
+            form several equal nodes of more than one rank).
         nonfinite: "skip" or "raise".
         compress: "update" or "momentum" (step 2).
         scale: the 1-bit scale, "l1" (default: mean |x|, the least-squares one) or "l2"
             (||x|| / sqrt(d), DeepSpeed's). On the causal LM of bench/convergence (eps 1e-8)
-            "l1" ends 0.8% below Adam's validation loss and "l2" 15.3% above (README,
-            "Optimizers"); on digits both end level.
+            "l1" ends 0.8% below Adam's validation loss and "l2" 15.3% above
+            (docs/guides/optimizers.md); on digits both end level.
         protocol: the flat 1-bit allreduce's protocol: "gather_scatter" (default; each
             coordinate compressed twice, by its sender and by the rank that sums its chunk)
             or "allgather" (compressed once, the exact average of every rank's 1-bit

@@ -51,7 +51,7 @@ class OneBitLamb(CompressedOptimizer):
     mostly compression noise, v_fresh outgrows v and f sinks to factor_min, halving the
     step; and the frozen ratio cannot follow ||p||. On the LM of ``bench/convergence``
     (eps 1e-8) 1-bit LAMB went from +17.1% to +7.2% of LAMB's validation loss, on digits
-    at eps 1e-8 from 98.06% to 98.89% (README, "Optimizers").
+    at eps 1e-8 from 98.06% to 98.89% (docs/guides/optimizers.md).
     As DeepSpeed's, no bias correction; unlike DeepSpeed's, no step is spent on setup,
     a layer with zero momentum gets s_l = 1 rather than a division by zero, and the state
     (frozen ratios, factors, scalings, error buffers) is all in ``state_dict``.
@@ -61,28 +61,39 @@ class OneBitLamb(CompressedOptimizer):
     costs in bytes.
 
     Args:
-        params, lr, freeze_step (>= 1; a float in (0, 1): a share of ``total_steps``), betas, eps,
-            weight_decay, comm, ranks_per_node, hierarchical, nonfinite, compress, total_steps: as
-            for ``OneBitAdam``.
+        params: as for ``OneBitAdam``.
+        lr: as for ``OneBitAdam``.
+        freeze_step: as for ``OneBitAdam`` (>= 1; a float in (0, 1): a share of ``total_steps``).
+        betas: as for ``OneBitAdam``.
+        eps: as for ``OneBitAdam``.
+        weight_decay: as for ``OneBitAdam``.
+        comm: as for ``OneBitAdam``.
+        ranks_per_node: as for ``OneBitAdam``.
+        hierarchical: as for ``OneBitAdam``.
+        nonfinite: as for ``OneBitAdam``.
+        compress: as for ``OneBitAdam``.
+        total_steps: as for ``OneBitAdam``.
         scale: as for ``OneBitAdam`` ("l1" by default): with "l2" and frozen ratios, eps = 1e-8
             diverged on digits after the warmup; with "l1" and fresh ratios it ends level with
-            LAMB (README, "Optimizers").
-        max_coeff / min_coeff: clip of the trust ratio.
+            LAMB (docs/guides/optimizers.md).
+        max_coeff: the trust ratio's upper clip.
+        min_coeff: the trust ratio's lower clip.
         trust_ratio: "fresh" (LAMB's ratio every step) or "frozen" (the warmup's ratio
             times the variance factor, as the paper and DeepSpeed) in the compression phase.
         coeff_beta: ("frozen") decay of the frozen trust ratio's moving average
             (1/(1-coeff_beta) should not exceed freeze_step).
-        factor_max / factor_min: ("frozen") clip of the compression-phase factor.
+        factor_max: ("frozen") the compression-phase factor's upper clip.
+        factor_min: ("frozen") the compression-phase factor's lower clip.
         factor_threshold: ("frozen") how much the factor may change from one step to the next.
         protocol: as for ``OneBitAdam``.
         variance_refresh: every this many compression-phase steps, one exact step that
             refreshes v (step 4; 0, the default: v stays frozen, as in the paper). On the LM
             of ``bench/convergence``, whose gradients grow after the freeze, refreshing every
             16 steps with ``protocol="allgather"`` took 1-bit LAMB from +6.4-8.1% to
-            +1.2-3.4% of LAMB's validation loss at 3.96x fewer bytes (README, "Optimizers").
+            +1.2-3.4% of LAMB's validation loss at 3.96x fewer bytes (docs/guides/optimizers.md).
         layer_scales: one 1-bit scale per layer (step 5; False, the default: one per vector, as
             the paper). With ``protocol="allgather"`` and ``variance_refresh=20`` it ended
-            +0.5-1.4% above LAMB on that LM at 4.1x fewer bytes (README, "Optimizers").
+            +0.5-1.4% above LAMB on that LM at 4.1x fewer bytes (docs/guides/optimizers.md).
     """
 
     _scalar_names = ("scaled",)

@@ -46,8 +46,18 @@ class ZeroOneAdam(CompressedOptimizer):
     costs in bytes.
 
     Args:
-        params, lr, betas, eps, weight_decay, comm, ranks_per_node, hierarchical,
-            nonfinite, compress, scale, protocol: as for ``OneBitAdam``.
+        params: as for ``OneBitAdam``.
+        lr: as for ``OneBitAdam``.
+        betas: as for ``OneBitAdam``.
+        eps: as for ``OneBitAdam``.
+        weight_decay: as for ``OneBitAdam``.
+        comm: as for ``OneBitAdam``.
+        ranks_per_node: as for ``OneBitAdam``.
+        hierarchical: as for ``OneBitAdam``.
+        nonfinite: as for ``OneBitAdam``.
+        compress: as for ``OneBitAdam``.
+        scale: as for ``OneBitAdam``.
+        protocol: as for ``OneBitAdam``.
         var_freeze_step: the last step of the variance phase; a float in (0, 1) is that
             share of ``total_steps``.
         var_update_scaler: refreshes of v per interval before the interval doubles.

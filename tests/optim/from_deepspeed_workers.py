@@ -86,7 +86,7 @@ def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> Non
 
 
 def engine_recipe(comm: compcoll.Communicator) -> None:
-    """The README's recipe: compcoll's OneBitAdam as DeepSpeed's client optimizer with the engine's gradient
+    """The DeepSpeed guide's recipe: compcoll's OneBitAdam as DeepSpeed's client optimizer with the engine's gradient
     allreduce off trains, step for step, bit for bit as the optimizer does with no engine around it."""
     deepspeed = _deepspeed()
     runs = []

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import checkpoint
 from ..ddp import OneBitState, local_hook, onebit_hook
-from ..optim import CompressedOptimizer, OneBitAdam
+from ..optim import CompressedOptimizer, GradScaler, OneBitAdam
 
 log = transformers.utils.logging.get_logger(__name__)
 
@@ -35,6 +35,29 @@ def _onebit_adam_options(kwargs: dict[str, Any], total_steps: int, options: dict
     chosen.update({key: kwargs[key] for key in ("betas", "eps") if key in kwargs})
     chosen.update(options)
     return chosen
+
+
+def agree_on_overflows(accelerator: Any, optimizer: Any) -> None:
+    """Give Accelerate's fp16 loss scaling compcoll's ``GradScaler``, so every rank skips and backs off alike.
+
+    Under ``local_hook`` each rank unscales its own gradient, so torch's ``GradScaler``
+    (Accelerate makes one for fp16 on GPUs) can find an overflow on one rank only: the
+    compcoll optimizer still skips that step on every rank, but the loss scales drift apart.
+    1. Nothing to do without a scaler, with compcoll's already, or when the optimizer is not
+       compcoll's (its gradients were averaged, so every rank sees the same overflows).
+    2. Otherwise build ``compcoll.optim.GradScaler`` with the scaler's settings and state,
+       and put it where Accelerate looks: ``accelerator.scaler`` and the prepared optimizer's.
+    """
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is None or isinstance(scaler, GradScaler) or not isinstance(_inner(optimizer), CompressedOptimizer):
+        return
+    agreed = GradScaler(scaler._device, init_scale=scaler.get_scale(), growth_factor=scaler.get_growth_factor(),
+                        backoff_factor=scaler.get_backoff_factor(), growth_interval=scaler.get_growth_interval(),
+                        enabled=scaler.is_enabled())
+    agreed.load_state_dict(scaler.state_dict())
+    accelerator.scaler = agreed
+    if hasattr(optimizer, "scaler"):
+        optimizer.scaler = agreed
 
 
 class OneBitMixin:
@@ -58,6 +81,8 @@ class OneBitMixin:
        the hook's error buffers: ``compcoll.checkpoint``) into the checkpoint folder, and
        ``train(resume_from_checkpoint=...)`` loads it back, so a resumed run continues bit
        for bit. Resume with the world size that saved.
+    4. fp16 loss scaling under a compcoll optimizer agrees on overflows across ranks
+       (``agree_on_overflows``).
 
     Args (keyword, to the Trainer's constructor):
         compression: options for what step 1-2 chose: ``OneBitAdam``'s (``freeze_step``,
@@ -113,8 +138,10 @@ class OneBitMixin:
             [self.hook_state] if self.hook_state is not None else [])
 
     def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: str | None):
-        """The Trainer's preparation, then the chosen hook on the DDP it wrapped (once per DDP)."""
+        """The Trainer's preparation, then the chosen hook on the DDP it wrapped (once per DDP) and the agreed loss
+        scaler."""
         model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        agree_on_overflows(self.accelerator, self.optimizer)
         if isinstance(model, DistributedDataParallel) and self._hook and model is not self._hooked:
             model.register_comm_hook(self.hook_state, self._hook)
             self._hooked = model
@@ -149,12 +176,14 @@ class Trainer(OneBitMixin, transformers.Trainer):
     """``transformers.Trainer`` that trains with 1-bit communication (``OneBitMixin``): change the import, nothing else."""
 
 
-def register_hook(model: torch.nn.Module, optimizer: Any = None, **options: Any) -> OneBitState | None:
+def register_hook(model: torch.nn.Module, optimizer: Any = None, accelerator: Any = None,
+                  **options: Any) -> OneBitState | None:
     """Register compcoll's DDP hook on the model ``accelerator.prepare`` returned (Accelerate takes no custom hook).
 
     1. A model that is not DDP (one process) is left alone: None.
     2. A compcoll optimizer (``optimizer``, or the optimizer inside Accelerate's wrapper)
-       averages its gradients itself: DDP gets ``local_hook``; None.
+       averages its gradients itself: DDP gets ``local_hook``, and ``accelerator``'s fp16
+       loss scaler, if any, agrees on overflows (``agree_on_overflows``); None.
     3. Otherwise DDP gets ``onebit_hook`` with ``OneBitState(**options)``, which is returned
        (save it per rank with ``compcoll.checkpoint.save``). With torch's Adam or AdamW it
        warns: raw 1-bit gradients break their variance; use ``compcoll.optim.OneBitAdam``.
@@ -162,6 +191,7 @@ def register_hook(model: torch.nn.Module, optimizer: Any = None, **options: Any)
     Args:
         model: what ``accelerator.prepare`` returned.
         optimizer: the optimizer it returned, or None.
+        accelerator: the Accelerator (for its loss scaler), or None.
         options: ``OneBitState``'s options.
 
     Returns:
@@ -172,6 +202,7 @@ def register_hook(model: torch.nn.Module, optimizer: Any = None, **options: Any)
     inner = _inner(optimizer)
     if isinstance(inner, CompressedOptimizer):
         model.register_comm_hook(None, local_hook)
+        agree_on_overflows(accelerator, optimizer)
         return None
     if isinstance(inner, _ADAM):
         warnings.warn(f"compcoll: 1-bit gradients under {type(inner).__name__} break its variance estimate (the "

@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import compcoll
+import compcoll.optim
 from compcoll.integrations import huggingface
 from compcoll.optim import OneBitAdam
 
@@ -62,18 +63,19 @@ def _trainer(cls: type, output_dir: str, optimizers=(None, None), **overrides) -
                optimizers=optimizers)
 
 
-def _record(output_dir: str, rank: int, name: str, trainer: transformers.Trainer) -> None:
-    """Append this rank's eval loss and parameter digest of run ``name`` to output_dir/rank<r>.json."""
+def _record(output_dir: str, rank: int, name: str, trainer: transformers.Trainer, **extra) -> None:
+    """Append this rank's eval loss and parameter digest of run ``name`` (and ``extra``) to output_dir/rank<r>.json."""
     path = Path(output_dir) / f"rank{rank}.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    results[name] = {"loss": trainer.evaluate()["eval_loss"], "digest": digest(trainer.model)}
+    results[name] = {"loss": trainer.evaluate()["eval_loss"], "digest": digest(trainer.model), **extra}
     path.write_text(json.dumps(results))
 
 
 def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     """The Trainer's default AdamW; compcoll's Trainer with its defaults (AdamW becomes 1-bit Adam) and resumed from its
-    half-way checkpoint; a 1-bit Adam passed in with gradient accumulation and bf16; SGD through onebit_hook. Each
-    rank records each run's eval loss and digest."""
+    half-way checkpoint; a 1-bit Adam passed in with gradient accumulation and bf16, and with the loss scaler fp16 gets
+    on GPUs (backing off from 2^66); SGD through onebit_hook, and resumed. Each rank records each run's eval loss and
+    digest."""
     plain = _trainer(transformers.Trainer, f"{output_dir}/adamw")
     plain.train()
     _record(output_dir, comm.rank, "AdamW", plain)
@@ -96,10 +98,23 @@ def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     given.train()
     _record(output_dir, comm.rank, "OneBitAdam given, accumulation 2, bf16", given)
 
+    scaled = _trainer(huggingface.Trainer, f"{output_dir}/scaled",  # no clipping: on CPUs Accelerate clips unscaled
+                      optimizers=(lambda m: OneBitAdam(m.parameters(), lr=1e-3, freeze_step=0.15, total_steps=STEPS),
+                                  None), max_grad_norm=0)
+    scaled.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 66)  # fp16 makes one on GPUs only
+    scaled.train()
+    assert isinstance(scaled.accelerator.scaler, compcoll.optim.GradScaler), type(scaled.accelerator.scaler)
+    assert scaled.optimizer.scaler is scaled.accelerator.scaler
+    _record(output_dir, comm.rank, "OneBitAdam given, a loss scaler from 2^66", scaled,
+            scale=scaled.accelerator.scaler.get_scale(), skipped=scaled.optimizer.optimizer.skipped_steps)
+
     sgd = _trainer(huggingface.Trainer, f"{output_dir}/sgd", optim="sgd", learning_rate=0.5)
     sgd.train()
     assert sgd.hook_state is not None and sgd.hook_state.schedule.iteration == STEPS, sgd.hook_state.schedule
     _record(output_dir, comm.rank, "SGD, onebit_hook", sgd)
+    resumed = _trainer(huggingface.Trainer, f"{output_dir}/sgd", optim="sgd", learning_rate=0.5)
+    resumed.train(resume_from_checkpoint=f"{output_dir}/sgd/checkpoint-{STEPS // 2}")
+    _record(output_dir, comm.rank, "SGD, onebit_hook, resumed at 30", resumed)
 
 
 def _accelerated(optimizer: str):
@@ -112,7 +127,7 @@ def _accelerated(optimizer: str):
     opt = (OneBitAdam(model.parameters(), lr=1e-3, freeze_step=4) if optimizer == "onebit_adam"
            else torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
     model, opt = accelerator.prepare(model, opt)
-    return accelerator, model, opt, huggingface.register_hook(model, opt)
+    return accelerator, model, opt, huggingface.register_hook(model, opt, accelerator)
 
 
 def _micro_steps(accelerator, model, opt, comm: compcoll.Communicator, steps: range) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -64,7 +65,28 @@ def mpiexec() -> str:
     return found
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def _free_port() -> int:
+    """A TCP port that is free now and below the kernel's ephemeral range, for a rendezvous store to bind later.
+
+    A port the kernel hands out for binding port 0 comes from the ephemeral range, which every
+    outgoing connection draws from too (Gloo's, the pool's): by the time the store binds it,
+    one may hold it (EADDRINUSE). Below that range only explicit binds take ports.
+    1. Read the range's start (Linux; 32768 elsewhere).
+    2. Try up to 64 random ports in the 12,000 below it; return the first that binds.
+    3. If none does, fall back to a port the kernel picks.
+    """
+    start = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    candidates = range(max(1024, start - 12000), max(1025, start))
+    for port in random.SystemRandom().sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

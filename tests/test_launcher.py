@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from compcoll.launcher import BACKENDS, WorkerFailure, run, run_threads, seeded
+from compcoll.launcher import BACKENDS, EPHEMERAL_PORTS, WorkerFailure, _free_port, run, run_threads, seeded
 
 
 def fails_on_last_rank(comm) -> None:
@@ -79,3 +79,16 @@ def test_threads_take_a_function_and_name_it_when_a_rank_fails() -> None:
     assert sorted(seen) == [0, 1, 2]
     with pytest.raises(WorkerFailure, match=r"fails_on_last_rank on 2 threads: 1 failed(.|\n)*deliberate failure"):
         run_threads(fails_on_last_rank, 2)
+
+
+def test_rendezvous_ports_come_from_below_the_ephemeral_range() -> None:
+    """Ports for a store to bind later are free and outside the range outgoing connections draw from (a port from
+    there may be taken by a connection before the store binds it: EADDRINUSE)."""
+    import socket
+
+    start = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    for _ in range(20):
+        port = _free_port()
+        assert port < start, (port, start)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

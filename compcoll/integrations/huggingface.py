@@ -1,7 +1,4 @@
-"""compcoll under Hugging Face: a Trainer that trains with 1-bit communication, and a hook helper for Accelerate.
-
-Needs transformers (the Trainer) or accelerate (``register_hook``): ``pip install 'compcoll[hf]'``.
-"""
+"""compcoll under Hugging Face (``pip install 'compcoll[hf]'``): a 1-bit Trainer, and a hook helper for Accelerate."""
 
 from __future__ import annotations
 

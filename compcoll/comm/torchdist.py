@@ -215,3 +215,31 @@ def _all_gather_single(recv, send, **kwargs):
     """torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(recv, send, **kwargs)
+
+
+def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:
+    """A TorchComm on a new group of the same ranks and backend as ``process_group`` (None: the default group).
+
+    compcoll's collectives run on its communicator's ordering thread; on a group of their
+    own they cannot interleave with the collectives DDP or FSDP issue (buffer broadcasts,
+    the unused-parameter map, parameter all-gathers) in an order that differs between ranks.
+    ``new_group`` is a collective of the default group: build the state on every rank at the
+    same point.
+    1. A group of every rank: one ``new_group`` of them.
+    2. A subgroup (HSDP's replicas: each rank passes its own): every rank's members are
+       all-gathered over the default group, and every distinct set becomes a group, in the
+       same order on every rank; this rank keeps its own.
+    """
+    group = dist.group.WORLD if process_group is None else process_group
+    ranks = dist.get_process_group_ranks(group)
+    backend = dist.get_backend(group)
+    if len(ranks) == dist.get_world_size():
+        return TorchComm(dist.new_group(ranks=ranks, backend=backend), timeout)
+    members: list = [None] * dist.get_world_size()
+    dist.all_gather_object(members, ranks)
+    mine = None
+    for each in sorted({tuple(m) for m in members}):
+        made = dist.new_group(ranks=list(each), backend=backend)
+        if dist.get_rank() in each:
+            mine = made
+    return TorchComm(mine, timeout)

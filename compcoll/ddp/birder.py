@@ -7,7 +7,8 @@ import torch.distributed as dist
 
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm.topology import topology
-from .buckets import Schedule, own_comm, plain_allreduce, settle
+from ..comm.torchdist import own_comm
+from .buckets import Schedule, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
 
 

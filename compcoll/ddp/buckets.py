@@ -1,26 +1,12 @@
-"""What the DDP hooks share: their own process group, the warm-up schedule, plain allreduce and non-finite buckets."""
+"""What the DDP hooks share: the warm-up schedule, plain allreduce and non-finite buckets."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from ..comm.torchdist import TorchComm
 from ..comm.work import Work
 from ..errors import NonFiniteError
-
-
-def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:
-    """A TorchComm on a new group of the same ranks and backend as ``process_group`` (None: the default group).
-
-    compcoll's collectives run on its communicator's ordering thread; on a group of their
-    own they cannot interleave with the collectives DDP itself issues (buffer broadcasts,
-    the unused-parameter map) in an order that differs between ranks. ``new_group`` is a
-    collective of the default group: build the state on every rank at the same point.
-    """
-    group = dist.group.WORLD if process_group is None else process_group
-    ranks = dist.get_process_group_ranks(group)
-    return TorchComm(dist.new_group(ranks=ranks, backend=dist.get_backend(group)), timeout)
 
 
 def plain_allreduce(buffer: torch.Tensor, group: dist.ProcessGroup | None) -> torch.futures.Future:

@@ -10,7 +10,8 @@ from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.onebit import CompressedAllreduce
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
-from .buckets import Schedule, own_comm, plain_allreduce, settle
+from ..comm.torchdist import own_comm
+from .buckets import Schedule, plain_allreduce, settle
 
 BLOCK_SIZE = 64
 """The hook's default elements per 1-bit scale block (bench/results/scaling_hooks.txt)."""

@@ -286,6 +286,48 @@ def _blockwise_allreduce(
     return [out.copy() for _ in range(n)], new_we, new_se, [m + 2 * (n - 1) * (4 + blocks + cb) for m in meta]
 
 
+def compressed_reduce_scatter(
+    xs: list[np.ndarray], worker_errors: list[np.ndarray], block_size: int, scale: str = "l2", op: str = "avg",
+    factor: float = 1.0,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """``algorithms.reduce_scatter.compressed_reduce_scatter`` over the whole world: each rank's x is n rows of S.
+
+    1. Rank i's rows, zero-padded to Sp = S rounded up to a multiple of 8, plus its worker
+       error: ``compress_blocks`` with n rows (block scales coded per row).
+    2. Rank r's output: sum_i w_ik * sign_i(row r)_k in rank order (float32) for k < S, w_ik
+       the decoded scale of element k's block in rank i's row r: float32(s / n) ("avg"),
+       s ("sum") or float32(s * float32(factor)) ("premul_sum").
+
+    Returns (outputs (float32, S each), new worker errors, bytes sent per rank).
+    """
+    n, b = len(xs), block_size
+    row = xs[0].size // n
+    padded = -(-row // 8) * 8
+    blocks = -(-padded // b)
+    packed, scales, errors = [], [], []
+    for x, error in zip(xs, worker_errors):
+        rows = np.zeros((n, padded), dtype=np.float32)
+        rows[:, :row] = np.asarray(x, dtype=np.float32).reshape(n, row)
+        bits, s, new = compress_blocks(rows.reshape(-1), error, b, scale, n)
+        packed.append(bits)
+        scales.append(s.reshape(n, blocks))
+        errors.append(new)
+    outputs = []
+    for r in range(n):
+        acc = np.zeros(row, dtype=np.float32)
+        for bits, s in zip(packed, scales):
+            w = s[r]
+            if op == "avg":
+                w = (w / np.float32(n)).astype(np.float32)
+            elif op == "premul_sum":
+                w = (w * np.float32(factor)).astype(np.float32)
+            signs = unpack(bits[r * padded // 8:(r + 1) * padded // 8], padded)[:row]
+            acc = (acc + np.repeat(w, b)[:row] * signs).astype(np.float32)
+        outputs.append(acc)
+    sent = [m + (n - 1) * (4 + blocks + padded // 8) for m in agreement_sent(n, (False,))]
+    return outputs, errors, sent
+
+
 def thresholds(key: int, start: int, count: int) -> np.ndarray:
     """The uniform thresholds of elements start .. start+count-1 of a stream, in (-1, 1).
 

@@ -1,0 +1,111 @@
+"""HSDP's cross-replica allreduce in 1 bit with error feedback, as FSDP2's all-reduce hook: ``ReplicaState``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from ..algorithms.onebit import CompressedAllreduce
+from ..comm.torchdist import own_comm
+from ..errors import NonFiniteError
+from .units import divides_itself
+
+BLOCK_SIZE = 64
+"""Default elements per 1-bit scale block (as ``compcoll.ddp.OneBitState``'s)."""
+
+
+class ReplicaState:
+    """The state of the cross-replica hook: its communicator, options and one error-buffer pair per FSDP unit.
+
+    HSDP by hand: ``fully_shard`` over the ranks of one node (a 1-D mesh), and this state's
+    group the ranks that hold the same shard on the other nodes. FSDP reduce-scatters
+    inside the node as it always does; the hook then averages each reduced shard across
+    the replicas with ``CompressedAllreduce`` (gather-scatter, one scale per
+    ``block_size`` elements), whose error buffers are the size of a shard: a padded shard
+    and 1/r of it, in float32, for r replicas.
+
+    Follows ``compcoll.ddp.OneBitState``: every argument has a default, it pickles, and
+    ``state_dict()`` / ``load_state_dict()`` resume exactly.
+
+    Args:
+        process_group: the replicas of this rank's shard; None means the default group.
+            The calls run on a new group of the same ranks and backend.
+        block_size: elements per 1-bit scale (default 64; None: one scale per shard and per
+            server chunk), as in ``compressed_allreduce``.
+        scale: "l2" (default) or "l1".
+        protocol: "gather_scatter" (default) or "allgather".
+        start_step: allreduces each unit sends uncompressed first (default 0).
+        timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *, block_size: int | None = BLOCK_SIZE,
+                 scale: str = "l2", protocol: str = "gather_scatter", start_step: int = 0,
+                 timeout: float | None = None) -> None:
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"ReplicaState: start_step must be a non-negative integer, got {start_step!r}")
+        self.process_group = process_group
+        self.start_step, self.timeout = start_step, timeout
+        self.comm = own_comm(process_group, timeout)
+        self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size)
+        self.steps: dict[int, int] = {}
+
+    def hook(self, key: int, unit: FSDPModule) -> Callable[[torch.Tensor], None]:
+        """The all-reduce hook of unit ``key`` (``set_all_reduce_hook``)."""
+        def all_reduce(shard: torch.Tensor) -> None:
+            self.all_reduce(key, shard, summed=divides_itself(unit))
+
+        return all_reduce
+
+    def all_reduce(self, key: int, shard: torch.Tensor, summed: bool = False) -> None:
+        """Reduce unit ``key``'s reduced shard across the replicas, in place.
+
+        1. Before ``start_step`` calls of this unit: the float sum over the replicas (divided
+           by their number unless ``summed``).
+        2. Otherwise ``CompressedAllreduce`` under the unit's key: the average over the
+           replicas; times their number when ``summed`` (FSDP sums across replicas once a
+           unit has its own divide factor).
+        3. NaN / Inf on any replica: every rank's shard is NaN, and no error buffer changes.
+        """
+        step = self.steps.get(key, 0)
+        self.steps[key] = step + 1
+        replicas = self.comm.size
+        if step < self.start_step:
+            dist.all_reduce(shard, group=self.process_group)
+        else:
+            try:
+                self.allreduce(shard, key=key, out=shard)
+            except NonFiniteError:
+                shard.fill_(float("nan"))
+                return
+        if (step < self.start_step) != summed:
+            shard.mul_(replicas) if summed else shard.div_(replicas)
+
+    def memory(self) -> int:
+        """Bytes of this rank's error buffers."""
+        return sum(sum(b.numel() * 4 for b in plan.error_feedback.buffers()) for plan in self.allreduce.plans.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The options, each unit's step count and this rank's error buffers (save one per rank)."""
+        return {"start_step": self.start_step, "steps": dict(self.steps),
+                "error_feedback": self.allreduce.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
+        self.allreduce.load_state_dict(state["error_feedback"])
+        self.start_step = state["start_step"]
+        self.steps = dict(state["steps"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the ``state_dict()`` and the timeout; the process group is not picklable."""
+        return {"state": self.state_dict(), "timeout": self.timeout}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
+        state = saved["state"]
+        saved_ef = state["error_feedback"]
+        self.__init__(None, block_size=saved_ef["block_size"], scale=saved_ef["scale"],
+                      protocol=saved_ef["protocol"], start_step=state["start_step"], timeout=saved["timeout"])
+        self.load_state_dict(state)

@@ -1,0 +1,195 @@
+"""FSDP2's gradient reduce-scatter in 1 bit with error feedback: ``ReduceScatterState`` and ``compress``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+from ..algorithms.inputs import check_scale
+from ..algorithms.plan import check_owner
+from ..algorithms.reduce_scatter import BLOCK_SIZE, compressed_reduce_scatter, row_elements
+from ..comm.torchdist import own_comm
+from ..errors import NonFiniteError
+from ..spec import check_block_size
+from .units import fsdp_units, reduce_op, shard_group
+
+ERROR_DTYPES = (torch.float32, torch.bfloat16)
+
+
+class ReduceScatterState:
+    """The state of the compressed reduce-scatter: its communicator, options and one error buffer per FSDP unit.
+
+    Follows ``compcoll.ddp.OneBitState``: every argument has a default, it pickles, and
+    ``state_dict()`` / ``load_state_dict()`` resume exactly. Build it on every rank at the
+    same point (it makes a process group): ``compcoll.fsdp.compress(model)`` does.
+
+    Memory: each unit's worker error covers the whole unsharded unit (n rows of its shard,
+    each rounded up to 8 elements), in ``error_dtype``: with bfloat16 (default) 2 bytes per
+    parameter per rank, half of float32's; FSDP's own sharded gradients take 4/n. The
+    call's float32 view of it is one scratch buffer, shared by all units, the size of the
+    largest.
+
+    Args:
+        process_group: the ranks FSDP shards over; None means the default group. The
+            calls run on a new group of the same ranks and backend.
+        block_size: elements per 1-bit scale (a power of two from 8 to 8192; default 64):
+            1/8 + 1/64 bytes per element, 1/28 of a float32 reduce-scatter.
+        scale: "l2" (default) or "l1".
+        error_dtype: torch.bfloat16 (default) or torch.float32: how the error buffers are kept.
+        start_step: reduce-scatters each unit sends uncompressed (FSDP's own) first (default 0).
+        timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *, block_size: int = BLOCK_SIZE,
+                 scale: str = "l2", error_dtype: torch.dtype = torch.bfloat16, start_step: int = 0,
+                 timeout: float | None = None) -> None:
+        if block_size is None:
+            raise ValueError("ReduceScatterState: block_size must be a power of two from 8 to 8192, got None")
+        check_block_size("ReduceScatterState", block_size)
+        check_scale("ReduceScatterState", scale)
+        if error_dtype not in ERROR_DTYPES:
+            raise ValueError(f"ReduceScatterState: error_dtype must be one of {ERROR_DTYPES}, got {error_dtype!r}")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"ReduceScatterState: start_step must be a non-negative integer, got {start_step!r}")
+        self.process_group = process_group
+        self.block_size, self.scale, self.error_dtype = block_size, scale, error_dtype
+        self.start_step, self.timeout = start_step, timeout
+        self.comm = own_comm(process_group, timeout)
+        self.errors: dict[int, torch.Tensor] = {}
+        self.steps: dict[int, int] = {}
+        self._scratch: torch.Tensor | None = None
+
+    def reduce_scatter(self, key: int, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
+                       op: Any) -> None:
+        """Reduce-scatter unit ``key``'s gradients as FSDP2 hands them over, into ``output``.
+
+        1. Before ``start_step`` calls of this unit: FSDP's own reduce-scatter on ``group``.
+        2. Otherwise ``compressed_reduce_scatter`` with the unit's error buffer (created as
+           zeros on first use; a float32 scratch copy of it when kept in bfloat16), ``op``
+           as FSDP gives it (AVG, SUM or PREMUL_SUM).
+        3. NaN / Inf in any rank's gradients: every rank's ``output`` is NaN, as FSDP's
+           own reduce-scatter would give, and no error buffer changes.
+        """
+        if dist.get_world_size(group) != self.comm.size:
+            raise ValueError(f"compcoll.fsdp: FSDP reduce-scatters over {dist.get_world_size(group)} ranks, the "
+                             f"state was built for {self.comm.size}; build it for the unit's shard group")
+        step = self.steps.get(key, 0)
+        self.steps[key] = step + 1
+        if step < self.start_step:
+            dist.reduce_scatter_single(output=output, input=input, group=group, op=op)
+            return
+        kind, factor = reduce_op(op)
+        stored = self._error(key, input)
+        error = stored if stored.dtype == torch.float32 else self._float32(stored)
+        try:
+            compressed_reduce_scatter(input, output, error, self.comm, op=kind, factor=factor,
+                                      block_size=self.block_size, scale=self.scale)
+        except NonFiniteError:
+            output.fill_(float("nan"))
+            return
+        if error is not stored:
+            stored.copy_(error)
+
+    def _error(self, key: int, input: torch.Tensor) -> torch.Tensor:
+        """Unit ``key``'s stored error buffer (zeros in ``error_dtype`` on first use)."""
+        length = self.comm.size * row_elements(input.numel(), self.comm.size)
+        error = self.errors.get(key)
+        if error is None or error.numel() != length or error.device != input.device:
+            error = torch.zeros(length, dtype=self.error_dtype, device=input.device)
+            self.errors[key] = error
+        return error
+
+    def _float32(self, stored: torch.Tensor) -> torch.Tensor:
+        """A float32 copy of ``stored`` in the shared scratch (grown to the largest unit)."""
+        if self._scratch is None or self._scratch.numel() < stored.numel() or self._scratch.device != stored.device:
+            self._scratch = torch.empty(stored.numel(), dtype=torch.float32, device=stored.device)
+        return self._scratch[:stored.numel()].copy_(stored)
+
+    def memory(self) -> int:
+        """Bytes of this rank's error buffers and scratch."""
+        buffers = sum(e.numel() * e.element_size() for e in self.errors.values())
+        return buffers + (0 if self._scratch is None else self._scratch.numel() * 4)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The options, each unit's step count and this rank's error buffers (save one per rank)."""
+        return {"world_size": self.comm.size, "rank": self.comm.rank, "block_size": self.block_size,
+                "scale": self.scale, "error_dtype": str(self.error_dtype).replace("torch.", ""),
+                "start_step": self.start_step, "steps": dict(self.steps),
+                "errors": {k: e.clone() for k, e in self.errors.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
+        check_owner(state, self.comm.rank, self.comm.size)
+        self.block_size, self.scale, self.start_step = state["block_size"], state["scale"], state["start_step"]
+        self.error_dtype = getattr(torch, state["error_dtype"])
+        self.steps = dict(state["steps"])
+        self.errors = {k: e.clone() for k, e in state["errors"].items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the ``state_dict()`` and the timeout; the process group is not picklable."""
+        return {"state": self.state_dict(), "timeout": self.timeout}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
+        state = saved["state"]
+        self.__init__(None, block_size=state["block_size"], scale=state["scale"],
+                      error_dtype=getattr(torch, state["error_dtype"]), start_step=state["start_step"],
+                      timeout=saved["timeout"])
+        self.load_state_dict(state)
+
+
+class CompressedReduceScatter(ReduceScatter):
+    """FSDP2's ``ReduceScatter`` for one unit: ``ReduceScatterState.reduce_scatter`` under the unit's key."""
+
+    def __init__(self, state: ReduceScatterState, key: int) -> None:
+        self.state = state
+        self.key = key
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A new tensor from torch's allocator, as FSDP's default."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> None:
+        """Run the unit's compressed reduce-scatter (blocking: FSDP2 waits on its stream, not on a Work)."""
+        self.state.reduce_scatter(self.key, output_tensor, input_tensor, group, op)
+
+
+def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = None, **options: Any):
+    """Compress FSDP2's gradient communication for every ``fully_shard`` unit of ``model``; returns the state.
+
+    1. Without ``replicas``: a ``ReduceScatterState`` on the units' shard group, set as each
+       unit's custom reduce-scatter (``set_custom_reduce_scatter``), keyed by the unit's
+       place in ``model.modules()``.
+    2. With ``replicas`` (HSDP by hand: ``fully_shard`` over the ranks of a node, and
+       ``replicas`` the group of the ranks holding the same shard on the other nodes): a
+       ``ReplicaState`` on ``replicas``, whose hook (``set_all_reduce_hook``) averages each
+       reduced shard across the replicas in 1 bit; the reduce-scatter inside the node stays
+       FSDP's.
+    Call it on every rank at the same point, after ``fully_shard`` and before the first
+    backward. Save ``state.state_dict()`` beside the model for an exact resume.
+
+    Args:
+        model: the root module, with ``fully_shard`` applied to it (and to its blocks).
+        replicas: the cross-replica group for the HSDP form; None for the reduce-scatter form.
+        **options: passed to ``ReduceScatterState`` or ``ReplicaState``.
+
+    Returns:
+        The state.
+    """
+    from .replicas import ReplicaState
+
+    units = fsdp_units(model)
+    if replicas is None:
+        state = ReduceScatterState(shard_group(units), **options)
+        for key, unit in enumerate(units):
+            unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key))
+        return state
+    state = ReplicaState(replicas, **options)
+    for key, unit in enumerate(units):
+        unit.set_all_reduce_hook(state.hook(key, unit))
+    return state
+

@@ -1,0 +1,63 @@
+"""What compcoll reads of FSDP2: a model's ``fully_shard`` units, the group they shard over, its reduce ops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import ReduceOp
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+
+def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
+    """The modules of ``model`` that ``fully_shard`` made FSDP units, in ``model.modules()`` order (alike on every rank).
+
+    Raises:
+        ValueError: no module of ``model`` is a unit.
+    """
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        raise ValueError("compcoll.fsdp: no module of the model is an FSDP unit; call "
+                         "torch.distributed.fsdp.fully_shard on it (and its blocks) first")
+    return units
+
+
+def shard_group(units: list[FSDPModule]) -> dist.ProcessGroup:
+    """The process group the units' parameters are sharded over: the last dimension of their DTensors' mesh.
+
+    Raises:
+        ValueError: the units shard over different groups.
+    """
+    groups = {}
+    for unit in units:
+        for param in unit.parameters():
+            if isinstance(param, DTensor):
+                mesh = param.device_mesh
+                group = mesh.get_group(mesh.ndim - 1)
+                groups[tuple(dist.get_process_group_ranks(group))] = group
+    if len(groups) != 1:
+        raise ValueError(f"compcoll.fsdp: the units shard over {len(groups)} different groups of ranks "
+                         f"({sorted(groups)}); compress needs one")
+    return next(iter(groups.values()))
+
+
+def reduce_op(op: Any) -> tuple[str, float]:
+    """FSDP2's reduce-scatter op as compcoll's (op, factor): AVG, SUM or PREMUL_SUM(factor)."""
+    kind = getattr(op, "op", op)
+    if kind == ReduceOp.AVG:
+        return "avg", 1.0
+    if kind == ReduceOp.SUM:
+        return "sum", 1.0
+    if kind == ReduceOp.PREMUL_SUM:
+        return "premul_sum", float(op.factor)
+    raise ValueError(f"compcoll.fsdp: FSDP asked for a reduce-scatter with {kind}; AVG, SUM and PREMUL_SUM are "
+                     f"supported")
+
+
+def divides_itself(unit: FSDPModule) -> bool:
+    """Whether the unit has its own gradient divide factor (``set_gradient_divide_factor``), after which FSDP2 sums
+    across replicas instead of averaging; read from the unit's parameter groups (torch 2.13's private state)."""
+    groups = unit._get_fsdp_state()._fsdp_param_groups
+    return any(group.gradient_divide_factor is not None for group in groups)

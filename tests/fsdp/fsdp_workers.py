@@ -1,0 +1,237 @@
+"""Rank-side bodies of the FSDP2 tests: compcoll's compressed reduce-scatter and cross-replica hook on Gloo ranks."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+import compcoll
+import compcoll.fsdp
+from compcoll.fsdp.replicas import ReplicaState
+from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
+from compcoll.fsdp.units import fsdp_units, reduce_op
+from compcoll.kernels import reference
+from compcoll.launcher import seeded
+
+
+def model(mesh=None, mp: MixedPrecisionPolicy | None = None) -> torch.nn.Module:
+    """Three linear layers of awkward sizes, the first two their own FSDP units, the root the third."""
+    with seeded(0):
+        net = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.ReLU(), torch.nn.Linear(29, 7), torch.nn.ReLU(),
+                                  torch.nn.Linear(7, 3))
+    options = {"mesh": mesh, "mp_policy": mp or MixedPrecisionPolicy()}
+    fully_shard(net[0], **options)
+    fully_shard(net[2], **options)
+    return fully_shard(net, **options)
+
+
+def batch(step: int, rank: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s fresh random batch of step ``step``."""
+    gen = torch.Generator().manual_seed(7919 * step + 104729 * rank + 31 * micro)
+    return torch.randn(5 + rank, 13, generator=gen) * (1 + rank), torch.randn(5 + rank, 3, generator=gen)
+
+
+def loss_of(net: torch.nn.Module, step: int, rank: int, micro: int = 0) -> torch.Tensor:
+    x, y = batch(step, rank, micro)
+    return torch.nn.functional.mse_loss(net(x).float(), y)
+
+
+def digest(net: torch.nn.Module) -> str:
+    """A hash of this rank's parameter shards' bits."""
+    hashed = hashlib.sha256()
+    for p in net.parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        hashed.update(local.detach().float().numpy().tobytes())
+    return hashed.hexdigest()
+
+
+class Recording(CompressedReduceScatter):
+    """A unit's compressed reduce-scatter that keeps what it was given and what it gave."""
+
+    def __init__(self, state: ReduceScatterState, key: int, log: list) -> None:
+        super().__init__(state, key)
+        self.log = log
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False) -> None:
+        given = input_tensor.clone()
+        super().__call__(output_tensor, input_tensor, group, op, async_op)
+        self.log.append((self.key, given.float().numpy(), str(input_tensor.dtype), reduce_op(op),
+                         output_tensor.clone().float().numpy()))
+
+
+def _replay(log: list, logs: list[list], state: ReduceScatterState, rank: int, where: str) -> None:
+    """Every recorded call equals the reference from all ranks' inputs, with error buffers carried across calls
+    (rounded to the state's error dtype between calls), and the final error buffers equal the reference's."""
+    n = len(logs)
+    errors: dict[int, list[np.ndarray]] = {}
+    for i, (key, _, dtype, (op, factor), out) in enumerate(log):
+        inputs = [logs[r][i][1] for r in range(n)]
+        assert all(logs[r][i][0] == key for r in range(n)), f"ranks called units out of order ({where})"
+        ref = errors.setdefault(key, [np.zeros(state.errors[key].numel(), np.float32) for _ in range(n)])
+        outs, ref, _ = reference.compressed_reduce_scatter(inputs, ref, state.block_size, state.scale, op, factor)
+        errors[key] = [torch.from_numpy(e).to(state.error_dtype).float().numpy() for e in ref]
+        want = torch.from_numpy(outs[rank]).to(getattr(torch, dtype.replace("torch.", ""))).float().numpy()
+        assert np.array_equal(out, want), f"call {i} (unit {key}, {op}, {dtype}) differs from the reference ({where})"
+    for key, ref in errors.items():
+        assert np.array_equal(state.errors[key].float().numpy(), ref[rank]), f"unit {key}'s error buffer ({where})"
+
+
+CASES = {
+    "float32, AVG": {"op": "avg"},
+    "divide factor 5 (PREMUL_SUM)": {"op": "premul_sum", "factor": 5.0},
+    "bfloat16 parameters and reduce, accumulation of 2": {"op": "avg", "mp": (torch.bfloat16, torch.bfloat16),
+                                                           "micro": 2},
+    "float16 reduce (SUM, pre- and post-divided), float32 errors": {"op": "sum", "mp": (None, torch.float16),
+                                                                     "error_dtype": torch.float32},
+}
+
+
+def reduce_scatter(comm: compcoll.Communicator, steps: int) -> None:
+    """For every case of CASES: each compressed reduce-scatter FSDP2 makes equals the numpy reference from all
+    ranks' inputs, bit for bit, with the error buffers across steps; FSDP's ops come through as asked."""
+    rank, n = comm.rank, comm.size
+    for where, case in CASES.items():
+        mp = MixedPrecisionPolicy(*case["mp"]) if "mp" in case else None
+        net = model(mp=mp)
+        for unit in fsdp_units(net) if "factor" in case else ():
+            unit.set_gradient_divide_factor(case["factor"])
+        state = ReduceScatterState(error_dtype=case.get("error_dtype", torch.bfloat16))
+        log: list = []
+        for key, unit in enumerate(fsdp_units(net)):
+            unit.set_custom_reduce_scatter(Recording(state, key, log))
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        micro = case.get("micro", 1)
+        for step in range(steps):
+            for m in range(micro):
+                net.set_requires_gradient_sync(m == micro - 1)
+                loss_of(net, step, rank, m).backward()
+            opt.step()
+            opt.zero_grad()
+        assert len(log) == 3 * steps, f"{len(log)} reduce-scatters for {steps} steps of 3 units ({where})"
+        ops = {entry[3][0] for entry in log}
+        assert ops == {case["op"]}, f"FSDP's reduce-scatters came as {ops} ({where})"
+        logs = [None] * n
+        dist.all_gather_object(logs, log)
+        _replay(log, logs, state, rank, where)
+
+
+def _train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int, nan_at: int | None = None,
+           nan_rank: int = 0) -> list[bool]:
+    """Train ``steps``; at ``nan_at`` rank ``nan_rank``'s loss is NaN. Returns, per step, whether the grads were
+    finite (the step is skipped where not, as a loss scaler would)."""
+    finite = []
+    for step in steps:
+        loss = loss_of(net, step, rank)
+        if step == nan_at and rank == nan_rank:
+            loss = loss * float("nan")
+        loss.backward()
+        ok = all(torch.isfinite(p.grad.to_local()).all() for p in net.parameters())
+        finite.append(bool(ok))
+        if ok:
+            opt.step()
+        opt.zero_grad()
+    return finite
+
+
+def _saved(net: torch.nn.Module, opt: torch.optim.Optimizer, state: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "optim": opt.state_dict(), "compcoll": state.state_dict()}, buffer)
+    return buffer.getvalue()
+
+
+def _resumed(saved: bytes, build) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    net, opt, state = build()
+    loaded = torch.load(io.BytesIO(saved), weights_only=False)
+    net.load_state_dict(loaded["model"])
+    opt.load_state_dict(loaded["optim"])
+    state.load_state_dict(loaded["compcoll"])
+    return net, opt, state
+
+
+def training(comm: compcoll.Communicator, steps: int) -> None:
+    """``compress(model)`` with its defaults: a NaN on one rank makes every rank's gradients NaN with no error
+    buffer changed; a resume from ``state_dict`` ends with the uninterrupted run's bits; a pickled state keeps its
+    buffers and counts."""
+    rank, n = comm.rank, comm.size
+
+    def build():
+        net = model()
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-2), compcoll.fsdp.compress(net)
+
+    net, opt, state = build()
+    assert isinstance(state, ReduceScatterState) and state.error_dtype == torch.bfloat16
+    half = steps // 2
+    _train(net, opt, range(half), rank)
+    saved, pickled, counted = _saved(net, opt, state), pickle.dumps(state), dict(state.steps)
+    before = {k: e.clone() for k, e in state.errors.items()}
+    finite = _train(net, opt, range(half, half + 1), rank, nan_at=half, nan_rank=n - 1)
+    assert finite == [False], f"rank {rank}: a NaN on rank {n - 1} did not reach every rank's gradients"
+    assert all(torch.equal(before[k], state.errors[k]) for k in before), "a NaN step changed an error buffer"
+    _train(net, opt, range(half + 1, steps), rank)
+    whole = digest(net)
+
+    net, opt, state = _resumed(saved, build)
+    _train(net, opt, range(half + 1, steps), rank)
+    assert digest(net) == whole, f"rank {rank}: the resumed run's parameters differ from the uninterrupted run's"
+    restored = pickle.loads(pickled)
+    assert restored.steps == counted, "the pickled state lost its step counts"
+    assert all(torch.equal(restored.errors[k], before[k]) for k in before), "the pickled state lost its buffers"
+
+
+def replicas(comm: compcoll.Communicator, steps: int) -> None:
+    """HSDP by hand on 2 x 2 ranks: FSDP inside each pair, ``compress(model, replicas=...)`` across them. Each
+    hook's output equals the reference compressed allreduce of both replicas' shards, with error buffers across
+    steps; replicas of a shard hold the same bits; resume is exact; a NaN on one rank reaches every rank."""
+    rank = comm.rank
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    group = mesh.get_group("replicate")
+
+    def build():
+        net = model(mesh=mesh["shard"])
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-2), compcoll.fsdp.compress(net, replicas=group)
+
+    net, opt, state = build()
+    assert isinstance(state, ReplicaState)
+    log: list = []
+    for key, unit in enumerate(fsdp_units(net)):
+        def recorded(shard: torch.Tensor, key: int = key) -> None:
+            given = shard.clone().numpy()
+            state.all_reduce(key, shard)
+            log.append((key, given, shard.clone().numpy()))
+        unit.set_all_reduce_hook(recorded)
+    _train(net, opt, range(steps), rank)
+    logs = [None, None]
+    dist.all_gather_object(logs, log, group=group)
+    mine = dist.get_rank(group)
+    errors: dict[int, tuple[list, list]] = {}
+    for i, (key, _, out) in enumerate(log):
+        inputs = [logs[r][i][1] for r in range(2)]
+        numel = inputs[0].size
+        full = compcoll.padded_numel(numel, 2)
+        we, se = errors.get(key, ([np.zeros(full, np.float32)] * 2, [np.zeros(full // 2, np.float32)] * 2))
+        outs, we, se, _ = reference.compressed_allreduce(inputs, we, se, "gather_scatter", "l2", block_size=64)
+        errors[key] = (we, se)
+        assert np.array_equal(out, outs[mine]), f"hook call {i} (unit {key}) differs from the reference"
+    shards = [None, None]
+    dist.all_gather_object(shards, digest(net), group=group)
+    assert shards[0] == shards[1], "the replicas of a shard differ"
+
+    net, opt, state = build()
+    _train(net, opt, range(2), rank)
+    saved = _saved(net, opt, state)
+    finite = _train(net, opt, range(2, 3), rank, nan_at=2, nan_rank=3)
+    assert finite == [False], f"rank {rank}: a NaN on rank 3 did not reach every rank"
+    _train(net, opt, range(3, steps), rank)
+    whole = digest(net)
+    net, opt, state = _resumed(saved, build)
+    _train(net, opt, range(3, steps), rank)
+    assert digest(net) == whole, "the resumed HSDP run differs from the uninterrupted one"

@@ -1,0 +1,23 @@
+"""compcoll.fsdp on real FSDP2 (fully_shard) over real Gloo ranks: the reduce-scatter form at 2-4 ranks, HSDP 2 x 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.pool import run
+
+WORKERS = "tests.fsdp.fsdp_workers"
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_reduce_scatter_matches_reference_for_every_op_and_precision(world_size: int) -> None:
+    run(f"{WORKERS}:reduce_scatter", world_size, "gloo", args=(3,))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_compress_resumes_exactly_and_a_nan_reaches_every_rank(world_size: int) -> None:
+    run(f"{WORKERS}:training", world_size, "gloo", args=(6,))
+
+
+def test_replicas_form_on_two_by_two_ranks() -> None:
+    run(f"{WORKERS}:replicas", 4, "gloo", args=(5,))

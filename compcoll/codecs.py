@@ -1,4 +1,4 @@
-"""1-bit codecs on torch tensors (scaled sign, binary randomization): dtypes, wire layout, kernels.
+"""Low-bit codecs on torch tensors (scaled sign, binary randomization, uniform levels): dtypes, wire layout, kernels.
 
 The algorithms call only this module; it picks the kernels for the tensor's device (CPU:
 ``kernels.cpu`` on numpy views; CUDA: ``kernels.cuda`` on ``__cuda_array_interface__``
@@ -444,3 +444,36 @@ def unframe_blocks(rows: torch.Tensor, per_row: int) -> tuple[torch.Tensor, torc
     the sign bytes (a view)."""
     refs = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
     return _decoded(refs, rows[:, SCALE_BYTES:SCALE_BYTES + per_row]), rows[:, SCALE_BYTES + per_row:]
+
+
+def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, rows: int) -> torch.Tensor:
+    """Float32 max |x| over the blocks of x = ``error + pad(tensor)`` cut into ``rows`` equal rows (``block_sums``'
+    blocks), on ``error``'s device; NaN where a block holds NaN. Writes nothing else."""
+    src, lut = _source(tensor)
+    row_len = error.numel() // rows
+    out = torch.empty(rows * -(-row_len // block_size), dtype=torch.float32, device=error.device)
+    _run("block_absmax", error, src, lut, _array(error), tensor.numel(), block_size, row_len, _array(out))
+    return out
+
+
+def level_steps(absmax: torch.Tensor, bits: int) -> torch.Tensor:
+    """``spec.level_step`` in torch on ``absmax``'s device (one float32 multiply, correctly rounded everywhere)."""
+    factor = spec.level_step(np.float32(1.0), bits)
+    return absmax * torch.tensor(float(factor), dtype=torch.float32, device=absmax.device)
+
+
+def encode_levels(tensor: torch.Tensor, error: torch.Tensor, steps: torch.Tensor, block_size: int, bits: int,
+                  planes: torch.Tensor) -> None:
+    """planes <- the ``bits``-bit levels of x = error + pad(tensor) with step ``steps[i // block_size]`` for element i
+    (``reference.compress_levels``); error <- x - their values. ``planes`` is (rows, bits * row_bytes), possibly the
+    level bytes of framed wire rows (``frame_blocks``)."""
+    src, lut = _source(tensor)
+    _run("encode_levels", error, src, lut, _array(error), tensor.numel(), _array(steps), block_size, bits,
+         _array(planes))
+
+
+def accumulate_levels(planes: torch.Tensor, weights: torch.Tensor, block_size: int, bits: int, out: torch.Tensor,
+                      count: int) -> None:
+    """out[:count] <- sum_r float32(level_r * weights[r, i // block_size]) rank by rank in float32, level_r the
+    centred level of rank r's row (``reference.compressed_reduce_scatter``)."""
+    _run("accumulate_levels", out, _array(planes), _array(weights), block_size, bits, _array(out), count)

@@ -149,6 +149,25 @@ def check_block_size(what: str, block_size: int | None) -> None:
                          f"{BLOCK}, got {block_size!r}")
 
 
+LEVEL_BITS = (1, 2, 3, 4, 8)
+"""Bits per element of the reduce-scatter's codecs: 1, signs with block scales; 2-8, uniform levels (``level_step``)."""
+
+
+def check_bits(what: str, bits: int) -> None:
+    """``bits`` is one of ``LEVEL_BITS``."""
+    if isinstance(bits, bool) or bits not in LEVEL_BITS:
+        raise ValueError(f"{what}: bits must be one of {LEVEL_BITS}, got {bits!r}")
+
+
+def level_step(absmax: np.ndarray, bits: int) -> np.ndarray:
+    """The step of ``bits``-bit uniform levels over blocks whose largest |x| is ``absmax``: float32(absmax *
+    float32(2^(1/16) * 2 / (2^bits - 1))), one rounding. The 2^bits levels (c - (2^bits - 1) / 2) * step,
+    c = 0 .. 2^bits - 1, span [-absmax, absmax] with half a scale code (``code_scales``: 2^(1/8) apart) to
+    spare, so that the coded step, within half a code of this one, still reaches the block's largest."""
+    factor = np.float32(2.0 ** (1 / 16) * 2.0 / ((1 << bits) - 1))
+    return (np.asarray(absmax, dtype=np.float32) * factor).astype(np.float32)
+
+
 def block_lengths(row_len: int, block_size: int) -> np.ndarray:
     """The lengths of the blocks of one wire row of ``row_len`` elements: blocks of ``block_size`` from the row's
     start, the last one shorter where block_size does not divide row_len."""

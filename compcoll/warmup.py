@@ -14,6 +14,7 @@ import torch
 
 from .algorithms.hierarchical import hierarchical_allreduce
 from .algorithms.onebit import compressed_allreduce
+from .algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 from .comm.single import SingleComm
 from .ddp.onebit import BLOCK_SIZE
 from .kernels import cpu
@@ -27,7 +28,8 @@ def warm() -> float:
     2. Each input dtype (float32 reads directly, 16-bit types through the lookup table).
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather
        protocol, each protocol with block scales (the DDP hook's default), and
-       ``hierarchical_allreduce``, on a 1-rank communicator.
+       ``hierarchical_allreduce``, and ``compressed_reduce_scatter`` with signs and with levels, on a 1-rank
+       communicator.
     """
     start = time.perf_counter()
     comm = SingleComm()
@@ -41,6 +43,9 @@ def warm() -> float:
                 compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(full), comm,
                                      protocol=protocol, block_size=BLOCK_SIZE)
             hierarchical_allreduce(torch.ones(numel, dtype=dtype), comm, ranks_per_node=1)
+            for bits in (1, 3):
+                compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel, dtype=dtype),
+                                          torch.zeros(row_elements(numel, 1)), comm, bits=bits)
     return time.perf_counter() - start
 
 

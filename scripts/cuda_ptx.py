@@ -16,7 +16,9 @@ or with the compiler's packages in a folder of their own (what CI does:
 2. Every kernel variant (table or not, scale in memory or not, base or not, power 1 or 2,
    float32 or 16-bit output) compiles with ``numba.cuda.compile_ptx``.
 3. The scale kernel's PTX must use the IEEE instructions the host's float64 maths uses
-   (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits.
+   (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits; the
+   level kernels' must divide with ``div.rn.f32``, round products with ``cvt.rn.f32.f64`` and fuse no
+   multiply-add.
 4. Arguments made as the codecs make them (``DeviceArray`` views of tensors, Python and
    numpy scalars) must type as the variant's types, and what ``kernels.launch`` flattens
    them to must be the entry's ``.param`` list: as many values, of the same widths
@@ -72,7 +74,13 @@ def variants() -> dict[str, tuple]:
                                                             (src, F32, F32, I64, I64, I64, F64))
         found[f"encode with block scales, table={lut}"] = (kernels._encode_blocks(lut).py_func,
                                                            (src, F32, F32, I64, F32, I64, rows(t.uint8)))
+        found[f"block max |x|, table={lut}"] = (kernels._block_absmax(lut).py_func,
+                                                (src, F32, F32, I64, I64, I64, F32))
+        found[f"encode levels, table={lut}"] = (kernels._encode_levels(lut).py_func,
+                                                (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
     found["decode with block scales"] = (kernels._decode_blocks.py_func, (rows(t.uint8), rows(t.float32), I64, F32, I64))
+    found["accumulate levels"] = (kernels._accumulate_levels.py_func,
+                                  (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (
@@ -177,6 +185,12 @@ def main() -> int:
             if missing:
                 failed += 1
                 print(f"FAILED  {name}: no {', '.join(missing)} in its PTX (the host's IEEE float64 maths)")
+        if "levels" in name:
+            wanted = ("div.rn.f32", "cvt.rn.f32.f64") if name.startswith("encode") else ("cvt.rn.f32.f64",)
+            missing = [op for op in wanted if op not in ptx]
+            if missing or "fma." in ptx:
+                failed += 1
+                print(f"FAILED  {name}: its PTX lacks {missing} or fuses a multiply-add (the CPU rounds each step)")
     for problem in pin_problems():
         failed += 1
         print(f"FAILED  the bound launcher's pin: {problem}")

@@ -1,4 +1,4 @@
-"""Error-compensated 1-bit reduce-scatter: the gather-scatter protocol's first phase alone (docs/architecture.md, "Algorithms")."""
+"""Error-compensated low-bit reduce-scatter: the gather-scatter protocol's first phase alone (docs/architecture.md, "Algorithms")."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
-from ..spec import SCALE_BYTES, SCALES, check_block_size
+from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
 from .agreement import Option, checked
 from .inputs import check_error_buffer, check_length, check_scale
 from .onebit import float32_target
@@ -34,28 +34,33 @@ def compressed_reduce_scatter(
     factor: float = 1.0,
     block_size: int = BLOCK_SIZE,
     scale: str = "l2",
+    bits: int = 1,
     async_op: bool = False,
 ) -> torch.Tensor | Work:
-    """Reduce-scatter ``tensor`` (n rows, row r for rank r) into ``out`` with 1-bit compression and error feedback.
+    """Reduce-scatter ``tensor`` (n rows, row r for rank r) into ``out`` with low-bit compression and error feedback.
 
     n ranks, S = tensor.numel() / n, Sp = S rounded up to a multiple of 8 (``row_elements``),
     x = the (n, Sp) rows of ``tensor`` (zero-padded) + worker_error:
-    1. The float64 sum of |x|^p over every block of ``block_size`` elements of each row
-       (blocks restart at each row; the last one shorter).
+    1. Per block of ``block_size`` elements of each row (blocks restart at each row; the last
+       one shorter): 1 bit, the float64 sum of |x|^p; 2-8 bits, the largest |x|.
     2. One small agreement: every rank checks that all ranks agree on size, dtype and
        options, and that every x is finite, and all raise the same error if not, before
        any buffer is written.
-    3. Each row's block scales (``scale``: l2 or l1 of the block) are coded against the row's
-       largest as 8-bit codes; with s the decoded scale of an element's block,
-       q = sign(x) packed, worker_error = x - s * q (one fused pass).
-    4. All-to-all of the framed rows (largest scale, codes, signs): rank r receives row r
+    3. Each block's scale (1 bit: ``scale``, the block's l2 or l1; 2-8 bits: the step of
+       2^bits uniform levels spanning its largest, ``spec.level_step``) is coded against its
+       row's largest as an 8-bit code (``spec.code_scales``); with s the decoded scale of an
+       element's block: 1 bit, q = sign(x), value s * q; 2-8 bits, the nearest level c
+       (``reference.level_codes``), value (c - (2^bits - 1)/2) * s; q packed (bit planes),
+       worker_error = x - value (one fused pass).
+    4. All-to-all of the framed rows (largest scale, codes, packed q): rank r receives row r
        of every rank.
-    5. out = sum_i w_i * signs_i in rank order (float32), w_i = the decoded scale of rank i's
-       block: divided by n ("avg"), as it is ("sum"), times ``factor`` ("premul_sum", each
-       product rounded to float32); then rounded to ``out``'s dtype.
+    5. out = sum_i w_i * d_i in rank order (float32; d the sign or the centred level), w_i =
+       the decoded scale of rank i's block: divided by n ("avg"), as it is ("sum"), times
+       ``factor`` ("premul_sum", each product rounded to float32); then rounded to ``out``'s
+       dtype.
     There is no second compression: ``out`` is the reduced shard itself. Bytes sent per
-    rank: (n-1) rows of Sp/8 + ceil(Sp/block_size) + 4, against 4(n-1)S for a float32
-    reduce-scatter (1/28 at ``block_size`` 64), plus the agreement.
+    rank: (n-1) rows of bits * Sp/8 + ceil(Sp/block_size) + 4, against 4(n-1)S for a float32
+    reduce-scatter (1/28 at 1 bit and ``block_size`` 64; 1/10 at 3 bits), plus the agreement.
 
     Args:
         tensor: 1-D, n * S elements, float32 / float16 / bfloat16, CPU or CUDA; not modified.
@@ -65,7 +70,9 @@ def compressed_reduce_scatter(
         op: "avg" (default), "sum" or "premul_sum". Every rank must pass the same.
         factor: the "premul_sum" multiplier. Every rank must pass the same.
         block_size: a power of two from 8 to 8192 (default 64). Every rank must pass the same.
-        scale: "l2" (default) or "l1", as in ``compressed_allreduce``.
+        scale: 1 bit: "l2" (default) or "l1", as in ``compressed_allreduce``; levels ignore it.
+        bits: bits per element, one of ``spec.LEVEL_BITS`` (1, 2, 3, 4, 8; default 1). Every rank
+            must pass the same.
         async_op: return a ``Work`` at once (see ``compressed_allreduce``).
 
     Returns:
@@ -80,10 +87,10 @@ def compressed_reduce_scatter(
     """
     comm = get_default() if comm is None else comm
     checked(comm, ScatterPlan.what,
-            lambda: _validate(tensor, out, worker_error, comm.size, op, factor, block_size, scale))
-    key = (ScatterPlan, tensor.numel(), tensor.device, op, factor, block_size, scale)
+            lambda: _validate(tensor, out, worker_error, comm.size, op, factor, block_size, scale, bits))
+    key = (ScatterPlan, tensor.numel(), tensor.device, op, factor, block_size, scale, bits)
     plan = cached_plan(comm, key, lambda: ScatterPlan(comm, tensor.numel(), tensor.device, op, factor, block_size,
-                                                      scale))
+                                                      scale, bits))
     return plan.start(tensor, out, async_op, (worker_error,))
 
 
@@ -98,18 +105,20 @@ class ScatterPlan(Plan):
         factor: the "premul_sum" multiplier.
         block_size: elements per scale block.
         scale: "l2" or "l1".
+        bits: bits per element.
     """
 
     what = "compressed_reduce_scatter"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, op: str = "avg", factor: float = 1.0,
-                 block_size: int = BLOCK_SIZE, scale: str = "l2") -> None:
+                 block_size: int = BLOCK_SIZE, scale: str = "l2", bits: int = 1) -> None:
         super().__init__(comm, numel, device,
                          (Option("ops", OPS.index(op), OPS),
                           Option("factors", int(torch.tensor(factor, dtype=torch.float32).view(torch.int32))),
                           Option("block sizes", block_size),
-                          Option("scales", list(SCALES).index(scale), tuple(SCALES))))
-        self.op, self.factor, self.block_size, self.scale = op, factor, block_size, scale
+                          Option("scales", list(SCALES).index(scale), tuple(SCALES)),
+                          Option("bits", LEVEL_BITS.index(bits), tuple(map(str, LEVEL_BITS)))))
+        self.op, self.factor, self.block_size, self.scale, self.bits = op, factor, block_size, scale, bits
         self.row = numel // comm.size
         self.padded_row = row_elements(numel, comm.size)
 
@@ -131,13 +140,26 @@ class ScatterPlan(Plan):
         (worker_error,) = errors or (self.error_feedback.worker_error,)
         n, b, ws, width = self.comm.size, self.block_size, self.workspace, self.width()
         rows = self._rows(tensor)
-        sums = codecs.block_sums(rows, worker_error, b, self.scale, n)
-        self.agreement(tensor).check(bool(torch.isfinite(sums).all()))
+        if self.bits == 1:
+            sums = codecs.block_sums(rows, worker_error, b, self.scale, n)
+            finite = torch.isfinite(sums).all()
+        else:
+            absmax = codecs.block_absmax(rows, worker_error, b, n)
+            finite = torch.isfinite(absmax).all()
+        self.agreement(tensor).check(bool(finite))
         if self.numel == 0:
             return result
         send = ws.get("send", n * width, torch.uint8, self.device).view(n, width)
-        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, b, self.scale, self.padded_row).view(n, -1))
-        codecs.encode_blocks(rows, worker_error, scales.view(-1), b, codecs.frame_blocks(send, refs, codes))
+        if self.bits == 1:
+            exact = codecs.block_scales(sums, b, self.scale, self.padded_row)
+        else:
+            exact = codecs.level_steps(absmax, self.bits)
+        refs, codes, scales = codecs.code_scales(exact.view(n, -1))
+        packed = codecs.frame_blocks(send, refs, codes)
+        if self.bits == 1:
+            codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
+        else:
+            codecs.encode_levels(rows, worker_error, scales.view(-1), b, self.bits, packed)
         received = ws.get("received", n * width, torch.uint8, self.device)
         self.comm.alltoall(send.view(-1), received)
         weights, bits = codecs.unframe_blocks(received.view(n, width), -(-self.padded_row // b))
@@ -146,18 +168,21 @@ class ScatterPlan(Plan):
         elif self.op == "premul_sum":
             weights.mul_(torch.tensor(self.factor, dtype=torch.float32, device=weights.device))
         target = float32_target(result, self.row, ws)
-        codecs.accumulate_blocks(bits, weights.contiguous(), b, None, target, self.row)
+        if self.bits == 1:
+            codecs.accumulate_blocks(bits, weights.contiguous(), b, None, target, self.row)
+        else:
+            codecs.accumulate_levels(bits, weights.contiguous(), b, self.bits, target, self.row)
         if target.data_ptr() != result.data_ptr():
             result.copy_(target)
         return result
 
     def width(self) -> int:
-        """Bytes of one wire row: the largest scale, one code per block, the packed signs."""
-        return SCALE_BYTES + -(-self.padded_row // self.block_size) + self.padded_row // 8
+        """Bytes of one wire row: the largest scale, one code per block, the packed signs or level planes."""
+        return SCALE_BYTES + -(-self.padded_row // self.block_size) + self.bits * self.padded_row // 8
 
 
 def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tensor, n: int, op: str, factor: float,
-              block_size: int, scale: str) -> None:
+              block_size: int, scale: str, bits: int) -> None:
     """Local checks, made before any communication."""
     what = ScatterPlan.what
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in codecs.SUPPORTED_DTYPES:
@@ -178,6 +203,7 @@ def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tenso
         raise ValueError(f"{what}: block_size must be a power of two from 8 to 8192, got None")
     check_block_size(what, block_size)
     check_scale(what, scale)
+    check_bits(what, bits)
     check_error_buffer(what, "worker_error", worker_error, tensor)
     length = n * row_elements(tensor.numel(), n)
     check_length(what, "worker_error", worker_error, length, f"{n} rows of row_elements({tensor.numel()}, {n})")

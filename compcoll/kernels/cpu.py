@@ -1,4 +1,4 @@
-"""Fused Numba CPU kernels for the 1-bit codec; bit-identical to ``kernels.reference``.
+"""Fused Numba CPU kernels for the low-bit codecs; bit-identical to ``kernels.reference``.
 
 Every kernel works on numpy arrays (zero-copy views of torch CPU tensors). A 16-bit input
 (float16 / bfloat16) arrives as its raw uint16 bits together with a 65536-entry float32
@@ -443,3 +443,98 @@ def decode_blocks(bits, scales, block, out, n_out):
             for e in range(count):
                 s = scales[r, (lo * 8 + e) // block]
                 dest[e] = s if flags[e] else -s
+
+
+@_threaded
+def block_absmax(src, lut, err, n_src, block, row_len, out):
+    """out[r * m + b] = max |x| over block b of row r of x = err + src (``block_power_sums``' blocks), float32; NaN
+    where the block holds NaN, as ``reference.block_absmax``; blocks in parallel."""
+    per_row = (row_len + block - 1) // block
+    per_task = max(1, BLOCK // block)
+    for t in prange((out.size + per_task - 1) // per_task):
+        for b in range(t * per_task, min(out.size, (t + 1) * per_task)):
+            r = b // per_row
+            first = r * row_len + (b - r * per_row) * block
+            last = min(first + block, (r + 1) * row_len)
+            top = np.float32(0)
+            for i in range(first, last):
+                x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+                a = abs(np.float32(x))
+                if a > top or a != a:
+                    top = a
+                if top != top:
+                    break
+            out[b] = top
+
+
+@njit(cache=True, inline="always")
+def _level(x, step, half_range, top):
+    """The level of float32 x given its block's step (``reference.level_codes``), and the level's float32 value."""
+    t = np.float32(x / step) if step > 0 else np.float32(0)
+    c = np.floor(np.float32(t + half_range))
+    c = min(max(c, 0.0), top)
+    return np.uint8(c), np.float32(np.float64(c - top / 2.0) * np.float64(step))
+
+
+@_threaded
+def encode_levels(src, lut, err, n_src, steps, block, nbits, planes):
+    """Levels of x = err + src (``_level``) with the step of element k of row r at steps[r * m + k // block]; err[i]
+    = x - value. ``planes`` is (rows, nbits * row_bytes), possibly strided: row r holds 8 * row_bytes elements,
+    plane j (bit j of each level) in its bytes [j * row_bytes, (j + 1) * row_bytes), packed as signs are. Each
+    task takes up to BLOCK elements of one row."""
+    rows = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    row_len = 8 * row_bytes
+    per_row = (row_len + block - 1) // block
+    per_task = BLOCK // 8
+    tasks_per_row = (row_bytes + per_task - 1) // per_task
+    top = np.float64((1 << nbits) - 1)
+    half_range = np.float32(1 << (nbits - 1))
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * per_task
+        hi = min(row_bytes, lo + per_task)
+        first = (r * row_bytes + lo) * 8
+        count = (hi - lo) * 8
+        codes = np.empty(count, np.uint8)
+        flags = np.empty(count, np.uint8)
+        for e in range(count):
+            i = first + e
+            step = steps[r * per_row + (lo * 8 + e) // block]
+            x = err[i] + _load(src, lut, i) if i < n_src else err[i]
+            c, value = _level(np.float32(x), step, half_range, top)
+            codes[e] = c
+            err[i] = x - value
+        for j in range(nbits):
+            for e in range(count):
+                flags[e] = (codes[e] >> j) & 1
+            _pack(flags, planes[r, j * row_bytes + lo:j * row_bytes + hi])
+
+
+@_threaded
+def accumulate_levels(planes, weights, block, nbits, out, n_out):
+    """out = sum_r float32(float64(level_r - (2^nbits - 1) / 2) * float64(weights[r, i // block])), rank by rank in
+    float32, as ``reference.compressed_reduce_scatter``; ``planes`` is (n, nbits * row_bytes) (``encode_levels``)."""
+    nranks = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    half = ((1 << nbits) - 1) / 2.0
+    ntasks = (n_out + BLOCK - 1) // BLOCK
+    for t in prange(ntasks):
+        lo = t * BLOCK
+        count = min(BLOCK, n_out - lo)
+        flags = np.empty(BLOCK, np.uint8)
+        codes = np.empty(BLOCK, np.int64)
+        acc = np.zeros(count, np.float32)
+        for r in range(nranks):
+            codes[:] = 0
+            for j in range(nbits):
+                _unpack(planes[r, j * row_bytes + lo // 8:j * row_bytes + (lo + count + 7) // 8], flags)
+                for e in range(count):
+                    if flags[e]:
+                        codes[e] |= 1 << j
+            for e in range(count):
+                w = np.float64(weights[r, (lo + e) // block])
+                acc[e] = acc[e] + np.float32((codes[e] - half) * w)
+        block_out = out[lo:lo + count]
+        for e in range(count):
+            block_out[e] = acc[e]

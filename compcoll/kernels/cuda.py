@@ -1,4 +1,4 @@
-"""Fused numba.cuda kernels for the 1-bit codec, with the CPU kernels' names and results (``kernels.reference`` bits).
+"""Fused numba.cuda kernels for the low-bit codecs, with the CPU kernels' names and results (``kernels.reference`` bits).
 
 Every function takes device arrays (``kernels.launch.DeviceArray`` views of torch CUDA
 tensors, numba device arrays; host numpy arrays under the simulator,
@@ -502,3 +502,95 @@ def _decode_blocks(bits, scales, block, out, n_out):
 def decode_blocks(bits, scales, block, out, n_out, stream=0) -> None:
     """out[i] = +-scales[r, k // block] for element k of row r (set bit: +), cut to n_out, as the CPU kernel."""
     launch(_decode_blocks, _grid(n_out), THREADS, stream, bits, scales, block, out, n_out)
+
+
+@lru_cache(maxsize=None)
+def _block_absmax(with_lut: bool):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, block, row_len, out):
+        per_row = (row_len + block - 1) // block
+        for b in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+            r = b // per_row
+            first = r * row_len + (b - r * per_row) * block
+            last = min(first + block, (r + 1) * row_len)
+            top = np.float32(0)
+            for i in range(first, last):
+                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                a = abs(np.float32(x))
+                if a > top or a != a:
+                    top = a
+            out[b] = top
+
+    return kernel
+
+
+def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
+    """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
+    one thread per block."""
+    launch(_block_absmax(lut is not None), _grid(out.size), THREADS, stream,
+           src, _table(lut), err, n_src, block, row_len, out)
+
+
+@lru_cache(maxsize=None)
+def _encode_levels(with_lut: bool):
+    load = _LOADS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, steps, block, nbits, planes):
+        rows = planes.shape[0]
+        row_bytes = planes.shape[1] // nbits
+        row_len = 8 * row_bytes
+        per_row = (row_len + block - 1) // block
+        top = np.float64((1 << nbits) - 1)
+        half_range = np.float32(1 << (nbits - 1))
+        for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
+            r = t // row_bytes
+            byte = t - r * row_bytes
+            packed = cuda.local.array(8, np.int32)
+            for j in range(8):
+                packed[j] = 0
+            for e in range(8):
+                k = 8 * byte + e
+                i = r * row_len + k
+                step = steps[r * per_row + k // block]
+                x = np.float32(err[i] + load(src, lut, i) if i < n_src else err[i])
+                q = np.float32(x / step) if step > 0 else np.float32(0)
+                c = min(max(math.floor(np.float32(q + half_range)), 0.0), top)
+                err[i] = x - np.float32(np.float64(c - top / 2.0) * np.float64(step))
+                code = int(c)
+                for j in range(nbits):
+                    packed[j] |= ((code >> j) & 1) << (7 - e)
+            for j in range(nbits):
+                planes[r, j * row_bytes + byte] = packed[j]
+
+    return kernel
+
+
+def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:
+    """The CPU kernel's levels, errors and bit planes: one thread per byte of a row's planes (8 elements)."""
+    launch(_encode_levels(lut is not None), _grid(planes.shape[0] * (planes.shape[1] // nbits)), THREADS, stream,
+           src, _table(lut), err, n_src, steps, block, nbits, planes)
+
+
+@cuda.jit
+def _accumulate_levels(planes, weights, block, nbits, out, n_out):
+    nranks = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    half = ((1 << nbits) - 1) / 2.0
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        acc = np.float32(0)
+        k = i // block
+        for r in range(nranks):
+            code = 0
+            for j in range(nbits):
+                code |= ((planes[r, j * row_bytes + (i >> 3)] >> (7 - (i & 7))) & 1) << j
+            acc = acc + np.float32((code - half) * np.float64(weights[r, k]))
+        out[i] = acc
+
+
+def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> None:
+    """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel: one thread
+    per element."""
+    launch(_accumulate_levels, _grid(n_out), THREADS, stream, planes, weights, block, nbits, out, n_out)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..spec import (
     AGREEMENT_FIELDS, BLOCK, GOLDEN, LANES, SCALES, STAGES, UNIFORM_BITS, agreement_shares, block_lengths,
-    block_scales_from, code_scales,
+    block_scales_from, code_scales, level_step,
     mix64, padded_numel, scale_from, stream_key,
 )
 
@@ -286,17 +286,85 @@ def _blockwise_allreduce(
     return [out.copy() for _ in range(n)], new_we, new_se, [m + 2 * (n - 1) * (4 + blocks + cb) for m in meta]
 
 
+def block_absmax(x: np.ndarray, block_size: int, rows: int = 1) -> np.ndarray:
+    """Float32 max |x| over the blocks of each of ``rows`` equal rows (``block_sums``' blocks); NaN where a block holds
+    NaN."""
+    values = np.abs(np.asarray(x, dtype=np.float32))
+    row_len = values.size // rows
+    out = []
+    for row in values.reshape(rows, row_len):
+        for start in range(0, row_len, block_size):
+            block = row[start:start + block_size]
+            out.append(np.nan if np.isnan(block).any() else block.max())
+    return np.array(out, dtype=np.float32)
+
+
+def level_codes(x: np.ndarray, steps: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``bits``-bit level of each element of float32 ``x`` given its block's step, and its float32 value.
+
+    1. t = float32(x / step) (0 where step is 0); c = clip(floor(float32(t + 2^(bits-1))), 0, 2^bits - 1).
+    2. d = c - (2^bits - 1) / 2 (exact); value = float32(float64(d) * float64(step)) (the product exact, one
+       rounding).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    steps = np.asarray(steps, dtype=np.float32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = np.where(steps > 0, (x / np.where(steps > 0, steps, np.float32(1))).astype(np.float32), np.float32(0))
+    top = (1 << bits) - 1
+    c = np.clip(np.floor((t + np.float32(1 << (bits - 1))).astype(np.float32)), 0, top).astype(np.int64)
+    d = c.astype(np.float64) - top / 2.0
+    return c.astype(np.uint8), (d * steps.astype(np.float64)).astype(np.float32)
+
+
+def pack_planes(codes: np.ndarray, bits: int, rows: int) -> np.ndarray:
+    """(rows, bits * row_len / 8) bytes: for each row, plane j (bit j of every code, j = 0 first) packed as signs are."""
+    table = codes.reshape(rows, -1)
+    return np.concatenate([np.stack([pack(((row >> j) & 1).astype(np.float32) * 2 - 1) for j in range(bits)])
+                           .reshape(-1)[None] for row in table])
+
+
+def unpack_planes(planes: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The first ``count`` codes of one row's planes (inverse of ``pack_planes``)."""
+    per_plane = planes.size // bits
+    codes = np.zeros(count, dtype=np.int64)
+    for j in range(bits):
+        codes |= (np.unpackbits(planes[j * per_plane:(j + 1) * per_plane])[:count].astype(np.int64) << j)
+    return codes
+
+
+def compress_levels(x: np.ndarray, error: np.ndarray, block_size: int, bits: int, rows: int = 1
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One error-compensated compression to ``bits``-bit uniform levels, one step per block.
+
+    1. x = x + error (float32).
+    2. step_b = ``level_step`` of block b's max |x|; the steps of each row coded against the row's
+       largest (``code_scales``); step_b becomes its decoded value.
+    3. Each element's level and value (``level_codes``); new error = x - value.
+
+    Returns ((rows, bits * row_len / 8) planes, the decoded float32 steps, new error).
+    """
+    x = (np.asarray(x, dtype=np.float32) + error).astype(np.float32)
+    row_len = x.size // rows
+    steps = code_scales(level_step(block_absmax(x, block_size, rows), bits).reshape(rows, -1))[2].reshape(-1)
+    per_element = np.repeat(steps.reshape(rows, -1), block_size, axis=1)[:, :row_len].reshape(-1)
+    codes, values = level_codes(x, per_element, bits)
+    return pack_planes(codes, bits, rows), steps, (x - values).astype(np.float32)
+
+
 def compressed_reduce_scatter(
     xs: list[np.ndarray], worker_errors: list[np.ndarray], block_size: int, scale: str = "l2", op: str = "avg",
-    factor: float = 1.0,
+    factor: float = 1.0, bits: int = 1,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
     """``algorithms.reduce_scatter.compressed_reduce_scatter`` over the whole world: each rank's x is n rows of S.
 
     1. Rank i's rows, zero-padded to Sp = S rounded up to a multiple of 8, plus its worker
-       error: ``compress_blocks`` with n rows (block scales coded per row).
-    2. Rank r's output: sum_i w_ik * sign_i(row r)_k in rank order (float32) for k < S, w_ik
-       the decoded scale of element k's block in rank i's row r: float32(s / n) ("avg"),
-       s ("sum") or float32(s * float32(factor)) ("premul_sum").
+       error: ``compress_blocks`` (1 bit) or ``compress_levels`` (2-8 bits) with n rows (block
+       scales or steps coded per row).
+    2. Rank r's output: sum_i w_ik * d_i(row r)_k in rank order (float32) for k < S, d the sign
+       (1 bit; the product is exact) or the level c - (2^bits - 1) / 2 (the product taken in
+       float64, exact, then rounded to float32), w_ik the decoded scale or step of element k's
+       block in rank i's row r: float32(s / n) ("avg"), s ("sum") or float32(s * float32(factor))
+       ("premul_sum").
 
     Returns (outputs (float32, S each), new worker errors, bytes sent per rank).
     """
@@ -308,23 +376,31 @@ def compressed_reduce_scatter(
     for x, error in zip(xs, worker_errors):
         rows = np.zeros((n, padded), dtype=np.float32)
         rows[:, :row] = np.asarray(x, dtype=np.float32).reshape(n, row)
-        bits, s, new = compress_blocks(rows.reshape(-1), error, b, scale, n)
-        packed.append(bits)
+        if bits == 1:
+            signs, s, new = compress_blocks(rows.reshape(-1), error, b, scale, n)
+            packed.append(signs.reshape(n, -1))
+        else:
+            planes, s, new = compress_levels(rows.reshape(-1), error, b, bits, n)
+            packed.append(planes)
         scales.append(s.reshape(n, blocks))
         errors.append(new)
     outputs = []
     for r in range(n):
         acc = np.zeros(row, dtype=np.float32)
-        for bits, s in zip(packed, scales):
+        for rows_i, s in zip(packed, scales):
             w = s[r]
             if op == "avg":
                 w = (w / np.float32(n)).astype(np.float32)
             elif op == "premul_sum":
                 w = (w * np.float32(factor)).astype(np.float32)
-            signs = unpack(bits[r * padded // 8:(r + 1) * padded // 8], padded)[:row]
-            acc = (acc + np.repeat(w, b)[:row] * signs).astype(np.float32)
+            if bits == 1:
+                d = unpack(rows_i[r], padded)[:row].astype(np.float64)
+            else:
+                d = unpack_planes(rows_i[r], bits, row).astype(np.float64) - ((1 << bits) - 1) / 2.0
+            term = (d * np.repeat(w, b)[:row].astype(np.float64)).astype(np.float32)
+            acc = (acc + term).astype(np.float32)
         outputs.append(acc)
-    sent = [m + (n - 1) * (4 + blocks + padded // 8) for m in agreement_sent(n, (False,))]
+    sent = [m + (n - 1) * (4 + blocks + bits * padded // 8) for m in agreement_sent(n, (False,))]
     return outputs, errors, sent
 
 

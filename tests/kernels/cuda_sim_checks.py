@@ -181,6 +181,42 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
     assert np.array_equal(d_out.copy_to_host(), out), "decode_blocks"
 
 
+def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: int) -> None:
+    """The level kernels (``bits`` per element, one step per ``block``): CUDA = CPU = reference, strided wire rows."""
+    src, lut, values = _source(numel, dtype, numel + bits)
+    row = -(-numel // world // 8) * 8
+    full = world * row
+    blocks = -(-row // block)
+    rng = np.random.default_rng(numel + world + bits)
+    err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+    d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = values
+    top = np.empty(world * blocks, np.float32)
+    cpu.block_absmax(src, lut, err, numel, block, row, top)
+    assert np.array_equal(top, reference.block_absmax(padded + err, block, world)), "cpu block max"
+    d_top = cuda.cuda.device_array(world * blocks, np.float32)
+    cuda.block_absmax(d_src, d_lut, cuda.cuda.to_device(err), numel, block, row, d_top)
+    assert np.array_equal(d_top.copy_to_host(), top), "block_absmax"
+    want_planes, steps, want_err = reference.compress_levels(padded, err, block, bits, world)
+    heads = codecs.SCALE_BYTES + blocks
+    framed = np.zeros((world, heads + bits * row // 8), np.uint8)
+    cpu_err = err.copy()
+    cpu.encode_levels(src, lut, cpu_err, numel, steps, block, bits, framed[:, heads:])
+    assert np.array_equal(framed[:, heads:], want_planes) and np.array_equal(cpu_err, want_err), "cpu levels"
+    d_framed, d_err = cuda.cuda.to_device(np.zeros_like(framed)), cuda.cuda.to_device(err)
+    cuda.encode_levels(d_src, d_lut, d_err, numel, cuda.cuda.to_device(steps), block, bits, d_framed[:, heads:])
+    assert np.array_equal(d_framed.copy_to_host(), framed), "encode_levels planes"
+    assert np.array_equal(d_err.copy_to_host(), cpu_err), "encode_levels error"
+    weights = (rng.random((world, blocks)) + 0.5).astype(np.float32)
+    out = np.empty(row - 3, np.float32)
+    cpu.accumulate_levels(framed[:, heads:], weights, block, bits, out, out.size)
+    d_out = cuda.cuda.device_array(out.size, np.float32)
+    cuda.accumulate_levels(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, bits, d_out,
+                           out.size)
+    assert np.array_equal(d_out.copy_to_host(), out), "accumulate_levels"
+
+
 def check_tree_sum() -> None:
     """The device pairwise tree adds like the reference's, across the one-block tail and wider levels."""
     rng = np.random.default_rng(3)
@@ -223,13 +259,13 @@ def check_scale_of() -> None:
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-PARTS = ("tree", "scale", *DTYPES, "blocks", "grid")
+PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid")
 """The checks ``main`` runs, each independent of the others, so a caller can spread them over processes."""
 
 
 def run_part(part: str, lengths: list[int]) -> None:
     """One part of ``PARTS``: the device tree and scale, one dtype's kernels at every length and world 1 and 3,
-    the block-scale kernels, or the grid-stride loops (several tiles and lanes per block)."""
+    the block-scale kernels, the level kernels, or the grid-stride loops (several tiles and lanes per block)."""
     if part == "tree":
         check_tree_sum()
     elif part == "scale":
@@ -242,6 +278,10 @@ def run_part(part: str, lengths: list[int]) -> None:
         for numel, block in ((37, 8), (1000, 64)):  # the simulator runs a thread per element: small lengths
             for dtype, world in ((torch.float32, 1), (torch.bfloat16, 3)):
                 check_blocks(numel, world, dtype, block)
+    elif part == "levels":
+        for numel, world, dtype, block, bits in ((37, 1, torch.float32, 8, 3), (1000, 3, torch.bfloat16, 64, 2),
+                                                 (203, 2, torch.float16, 16, 8), (99, 3, torch.float32, 256, 4)):
+            check_levels(numel, world, dtype, block, bits)
     elif part == "grid":
         cuda.MAX_BLOCKS, blocks = 2, cuda.MAX_BLOCKS
         try:

@@ -8,7 +8,7 @@ import sys
 from tests import background
 from tests.kernels.cuda_sim_checks import PARTS
 
-GROUPS = (("float16", "bfloat16"), ("tree", "scale", "float32", "blocks", "grid"))
+GROUPS = (("float16", "bfloat16", "levels"), ("tree", "scale", "float32", "blocks", "grid"))
 """``cuda_sim_checks``' parts in two processes of about equal time, run side by side on two cores."""
 
 

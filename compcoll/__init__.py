@@ -1,4 +1,4 @@
-"""compcoll: compressed collectives (error-compensated and hierarchical 1-bit allreduce) for data-parallel training."""
+"""compcoll: compressed collectives (error-compensated and hierarchical 1-bit allreduce, low-bit reduce-scatter) for data-parallel training."""
 
 from .algorithms.hierarchical import (
     hierarchical_allreduce,
@@ -7,6 +7,7 @@ from .algorithms.hierarchical import (
 )
 from .algorithms.onebit import CompressedAllreduce, compressed_allreduce
 from .algorithms.plan import ErrorFeedback
+from .algorithms.reduce_scatter import compressed_reduce_scatter
 from .comm import Communicator, SingleComm, get_default, init, set_default, shutdown
 from .comm.topology import Topology, topology
 from .errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "TorchComm",
     "Topology",
     "compressed_allreduce",
+    "compressed_reduce_scatter",
     "get_default",
     "hierarchical_allreduce",
     "hierarchical_compressed_allreduce",

@@ -11,7 +11,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-REFERENCED = ("compcoll", "compcoll.comm", "compcoll.ddp", "compcoll.optim", "compcoll.checkpoint",
+REFERENCED = ("compcoll", "compcoll.comm", "compcoll.ddp", "compcoll.fsdp", "compcoll.optim", "compcoll.checkpoint",
               "compcoll.integrations.huggingface", "compcoll.launcher", "compcoll.bench.model")
 """The modules docs/reference.md renders; every public name in them needs a docstring."""
 

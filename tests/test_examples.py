@@ -74,3 +74,9 @@ def test_readme_example_runs_on_two_ranks(tmp_path) -> None:
     out = _run([mpiexec(), "-n", "2", sys.executable, str(tmp_path / "example.py")])
     printed = re.findall(r"tensor\(\[[^\]]*\]\)", out)  # the ranks' lines may interleave
     assert len(printed) == 2 and printed[0] == printed[1], out
+
+
+def test_fsdp_example_under_torchrun() -> None:
+    """The example's HSDP form: both forms' numerics and resume are tests/fsdp's, on pooled ranks."""
+    out = _run(_torchrun("--nproc-per-node", "4", "examples/fsdp.py", "--form", "replicas", "--steps", "40"))
+    assert "replicas on rank 0 of 4: replicas bit-identical: True" in out and "compcoll's state sent" in out, out

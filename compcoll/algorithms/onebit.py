@@ -10,7 +10,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
-from ..spec import PROTOCOLS, SCALE_BYTES, SCALES, check_block_size, padded_numel
+from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_bits, check_block_size, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
@@ -31,6 +31,7 @@ def compressed_allreduce(
     pieces: int | None = None,
     scale: str = "l2",
     block_size: int | None = None,
+    bits: int = 1,
 ) -> torch.Tensor | Work:
     """Average ``tensor`` over all ranks with 1-bit compression and error feedback.
 
@@ -66,6 +67,13 @@ def compressed_allreduce(
     over one bit each). The server weighs rank i's block b by s_w[i, b] / n. The call runs
     in one piece.
 
+    With ``bits`` of 2 to 8 (gather-scatter with ``block_size`` only) both compressions send
+    uniform levels instead of signs (``reference.compress_levels``: a step per block over its
+    largest value, the nearest level, bit planes): step 1 takes each block's largest |x|, the
+    server adds the received levels (float32(level * step_i / n), rank by rank) and compresses
+    its chunk plus its server error the same way, and every rank decodes each served chunk's
+    levels. Bytes: ``bits`` times the signs' (plus the same scale codes).
+
     The allgather protocol instead all-gathers every rank's whole packed vector
     ((n-1) * Np/8 bytes per rank, one round fewer) and returns the exact average of the
     n worker estimates; ``server_error`` is not used. It sends no more than
@@ -96,6 +104,8 @@ def compressed_allreduce(
         block_size: None (default: one scale per vector, and per server chunk) or a power
             of two from 8 to 8192: one scale per block of that many elements, for both
             protocols (see above). Every rank must use the same. Not with ``pieces`` > 1.
+        bits: 1 (default: signs) or 2, 3, 4, 8 (uniform levels; gather-scatter with ``block_size``
+            only). Every rank must use the same.
 
     Returns:
         The estimate of the average over ranks, shaped and typed like ``tensor``,
@@ -114,9 +124,10 @@ def compressed_allreduce(
     """
     comm = get_default() if comm is None else comm
     checked(comm, FlatPlan.what,
-            lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces, scale, block_size))
-    plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces, scale, block_size),
-                       lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces, scale, block_size))
+            lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces, scale, block_size,
+                              bits))
+    plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces, scale, block_size, bits),
+                       lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces, scale, block_size, bits))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
@@ -134,17 +145,20 @@ class FlatPlan(Plan):
         pieces: gather-scatter pieces (1: unpipelined; None: ``agree_pieces`` at the first call).
         scale: "l2" or "l1" (``spec.SCALES``).
         block_size: None (one scale per vector or chunk) or elements per scale block.
+        bits: 1 (signs) or 2-8 (levels, with block_size).
     """
 
     what = "compressed_allreduce"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, protocol: str = "gather_scatter",
-                 pieces: int | None = None, scale: str = "l2", block_size: int | None = None) -> None:
+                 pieces: int | None = None, scale: str = "l2", block_size: int | None = None, bits: int = 1) -> None:
         super().__init__(comm, numel, device,
                          (Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS),
                           Option("pieces", pieces or 0, ("chosen by compcoll",)),
                           Option("scales", list(SCALES).index(scale), tuple(SCALES)),
-                          Option("block sizes", block_size or 0, ("one scale per chunk",))))
+                          Option("block sizes", block_size or 0, ("one scale per chunk",)),
+                          Option("bits", LEVEL_BITS.index(bits), tuple(map(str, LEVEL_BITS)))))
+        self.bits = bits
         self.protocol = protocol
         self.pieces = pieces
         self.scale = scale
@@ -185,19 +199,32 @@ class FlatPlan(Plan):
                     result: torch.Tensor) -> torch.Tensor:
         """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece.
 
-        1. Block sums of |x|^p of x = tensor + worker_error; the agreement (finite? on every rank).
-        2. Gather-scatter: ``serve_blocks``. Allgather: the block scales coded over the whole
-           vector, encoded behind them; all-gather; every rank averages all ranks' rows
-           (weights s_w[i, b] / n of the decoded scales).
+        1. Block sums of |x|^p of x = tensor + worker_error (levels: block maxima of |x|); the
+           agreement (finite? on every rank).
+        2. Gather-scatter: ``serve_blocks`` (levels: ``serve_levels``). Allgather: the block
+           scales coded over the whole vector, encoded behind them; all-gather; every rank
+           averages all ranks' rows (weights s_w[i, b] / n of the decoded scales).
         3. Decode (into float32 scratch first for a 16-bit result).
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
-        sums = codecs.block_sums(tensor, worker_error, b, self.scale, rows)
+        if self.bits > 1:
+            sums = codecs.block_absmax(tensor, worker_error, b, rows)
+        else:
+            sums = codecs.block_sums(tensor, worker_error, b, self.scale, rows)
         self.agreement(tensor).check(bool(torch.isfinite(sums).all()))
         if self.numel == 0:
             return result
-        if self.protocol == "gather_scatter":
+        if self.bits > 1:
+            served = serve_levels(tensor, worker_error, server_error, sums, comm, ws, b, self.bits)
+            decoded = float32_target(result, self.numel, ws)
+            steps, planes = codecs.unframe_blocks(served, -(-self.chunk // b))
+            for r in range(n):
+                count = min(self.chunk, self.numel - r * self.chunk)
+                if count > 0:
+                    codecs.accumulate_levels(planes[r:r + 1], steps[r:r + 1].contiguous(), b, self.bits,
+                                             decoded[r * self.chunk:r * self.chunk + count], count)
+        elif self.protocol == "gather_scatter":
             served = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
             decoded = float32_target(result, self.numel, ws)
             row_scales, bits = codecs.unframe_blocks(served, -(-self.chunk // b))
@@ -304,6 +331,41 @@ def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     return gathered.view(n, width)
 
 
+def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, absmax: torch.Tensor,
+                 comm: Communicator, workspace: Workspace, block_size: int, bits: int) -> torch.Tensor:
+    """``serve_blocks`` with ``bits``-bit levels instead of signs, up to the decode.
+
+    1. The block steps (from ``absmax``, the block maxima of source + worker_error by chunk)
+       coded per rank's chunk; encode into n wire rows of level planes behind them.
+    2. All-to-all of the rows; c = sum_i float32(level_i * step_i / n) rank by rank.
+    3. c + server_error encoded the same way into one row (the server error keeps the rest).
+    4. All-gather of the served rows.
+
+    Returns:
+        The (n, SCALE_BYTES + ceil(chunk / block_size) + bits * chunk / 8) wire rows, rank r's
+        chunk in row r, the same on every rank.
+    """
+    n, device, b = comm.size, worker_error.device, block_size
+    chunk = server_error.numel()
+    blocks = -(-chunk // b)
+    width = SCALE_BYTES + blocks + bits * chunk // 8
+    send = workspace.get("levels.send", n * width, torch.uint8, device).view(n, width)
+    refs, codes, steps = codecs.code_scales(codecs.level_steps(absmax, bits).view(n, -1))
+    codecs.encode_levels(source, worker_error, steps.view(-1), b, bits, codecs.frame_blocks(send, refs, codes))
+    received = workspace.get("levels.received", n * width, torch.uint8, device)
+    comm.alltoall(send.view(-1), received)
+    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks)
+    summed = workspace.get("levels.sum", chunk, torch.float32, device)
+    codecs.accumulate_levels(planes, codecs.divide_(weights, n).contiguous(), b, bits, summed, chunk)
+    served = workspace.get("levels.served", width, torch.uint8, device).view(1, width)
+    top = codecs.block_absmax(summed, server_error, b, 1)
+    refs, codes, mine = codecs.code_scales(codecs.level_steps(top, bits).view(1, -1))
+    codecs.encode_levels(summed, server_error, mine.view(-1), b, bits, codecs.frame_blocks(served, refs, codes))
+    gathered = workspace.get("levels.gathered", n * width, torch.uint8, device)
+    comm.allgather(served.view(-1), gathered)
+    return gathered.view(n, width)
+
+
 def _validate(
     tensor: torch.Tensor,
     worker_error: torch.Tensor,
@@ -314,6 +376,7 @@ def _validate(
     pieces: int | None,
     scale: str,
     block_size: int | None = None,
+    bits: int = 1,
 ) -> None:
     """Local checks, made before any communication."""
     what = "compressed_allreduce"
@@ -325,6 +388,9 @@ def _validate(
         raise ValueError(f"{what}: pieces must be a positive integer or None, got {pieces!r}")
     if block_size is not None and pieces not in (None, 1):
         raise ValueError(f"{what}: a call with block_size runs in one piece; got pieces={pieces!r}")
+    check_bits(what, bits)
+    if bits > 1 and (protocol != "gather_scatter" or block_size is None):
+        raise ValueError(f"{what}: bits={bits} (levels) needs protocol='gather_scatter' and a block_size")
     numel = tensor.numel()
     full = padded_numel(numel, n)
     for name, buf, length, formula in (
@@ -354,13 +420,19 @@ class CompressedAllreduce:
         protocol: "gather_scatter" (default) or "allgather".
         scale: "l2" (default) or "l1", as in ``compressed_allreduce``.
         block_size: None (default) or elements per scale block, as in ``compressed_allreduce``.
+        bits: 1 (default) or 2-8 levels, as in ``compressed_allreduce``.
     """
 
     def __init__(self, comm: Communicator | None = None, *, protocol: str = "gather_scatter",
-                 scale: str = "l2", block_size: int | None = None) -> None:
+                 scale: str = "l2", block_size: int | None = None, bits: int = 1) -> None:
         check_protocol("CompressedAllreduce", protocol)
         check_scale("CompressedAllreduce", scale)
         check_block_size("CompressedAllreduce", block_size)
+        check_bits("CompressedAllreduce", bits)
+        if bits > 1 and (protocol != "gather_scatter" or block_size is None):
+            raise ValueError(f"CompressedAllreduce: bits={bits} (levels) needs protocol='gather_scatter' and a "
+                             f"block_size")
+        self.bits = bits
         self.comm = get_default() if comm is None else comm
         self.protocol = protocol
         self.scale = scale
@@ -376,7 +448,7 @@ class CompressedAllreduce:
         plan = self.plans.get(key)
         if plan is None:
             plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, None, self.scale,
-                            self.block_size)
+                            self.block_size, self.bits)
             self.plans[key] = plan
         elif (plan.numel, plan.device) != (tensor.numel(), tensor.device):
             raise ValueError(
@@ -401,6 +473,7 @@ class CompressedAllreduce:
             "protocol": self.protocol,
             "scale": self.scale,
             "block_size": self.block_size,
+            "bits": self.bits,
             "world_size": self.comm.size,
             "rank": self.comm.rank,
             "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
@@ -415,11 +488,13 @@ class CompressedAllreduce:
         check_scale("CompressedAllreduce checkpoint", self.scale)
         self.block_size = state.get("block_size")
         check_block_size("CompressedAllreduce checkpoint", self.block_size)
+        self.bits = state.get("bits", 1)
+        check_bits("CompressedAllreduce checkpoint", self.bits)
         plans = {}
         for key, saved in state["buffers"].items():
             worker = saved["worker_error"]
             plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol, None, self.scale,
-                            self.block_size)
+                            self.block_size, self.bits)
             plan.error_feedback.load_state_dict(saved)
             plans[key] = plan
         self.plans = plans

@@ -1,4 +1,4 @@
-"""Error-compensated low-bit reduce-scatter: the gather-scatter protocol's first phase alone (docs/architecture.md, "Algorithms")."""
+"""Error-compensated low-bit reduce-scatter: the first phase of gather-scatter (docs/architecture.md, "Algorithms")."""
 
 from __future__ import annotations
 

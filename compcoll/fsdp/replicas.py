@@ -1,4 +1,4 @@
-"""HSDP's cross-replica allreduce in 1 bit with error feedback, as FSDP2's all-reduce hook: ``ReplicaState``."""
+"""HSDP's cross-replica allreduce in a few bits with error feedback, as FSDP2's all-reduce hook: ``ReplicaState``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from ..errors import NonFiniteError
 from .units import divides_itself
 
 BLOCK_SIZE = 64
-"""Default elements per 1-bit scale block (as ``compcoll.ddp.OneBitState``'s)."""
+"""Default elements per scale block (as ``compcoll.ddp.OneBitState``'s)."""
+BITS = 4
+"""The default bits per element (bench/results/convergence_fsdp_lm.txt)."""
 
 
 class ReplicaState:
@@ -23,9 +25,9 @@ class ReplicaState:
     HSDP by hand: ``fully_shard`` over the ranks of one node (a 1-D mesh), and this state's
     group the ranks that hold the same shard on the other nodes. FSDP reduce-scatters
     inside the node as it always does; the hook then averages each reduced shard across
-    the replicas with ``CompressedAllreduce`` (gather-scatter, one scale per
-    ``block_size`` elements), whose error buffers are the size of a shard: a padded shard
-    and 1/r of it, in float32, for r replicas.
+    the replicas with ``CompressedAllreduce`` (gather-scatter, ``bits`` per element, one
+    scale per ``block_size`` elements), whose error buffers are the size of a shard: a
+    padded shard and 1/r of it, in float32, for r replicas.
 
     Follows ``compcoll.ddp.OneBitState``: every argument has a default, it pickles, and
     ``state_dict()`` / ``load_state_dict()`` resume exactly.
@@ -33,23 +35,27 @@ class ReplicaState:
     Args:
         process_group: the replicas of this rank's shard; None means the default group.
             The calls run on a new group of the same ranks and backend.
-        block_size: elements per 1-bit scale (default 64; None: one scale per shard and per
-            server chunk), as in ``compressed_allreduce``.
-        scale: "l2" (default) or "l1".
-        protocol: "gather_scatter" (default) or "allgather".
+        bits: bits per element: 4 (default: uniform levels, both compressions), or 1 (signs), 2,
+            3, 8, as in ``compressed_allreduce``: bits/8 + 1/block_size bytes per element in each
+            of its two exchanges.
+        block_size: elements per scale (default 64; with 1 bit, None: one scale per shard and
+            per server chunk).
+        scale: 1 bit only: "l2" (default) or "l1".
+        protocol: 1 bit only: "gather_scatter" (default) or "allgather".
         start_step: allreduces each unit sends uncompressed first (default 0).
         timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, *, block_size: int | None = BLOCK_SIZE,
-                 scale: str = "l2", protocol: str = "gather_scatter", start_step: int = 0,
-                 timeout: float | None = None) -> None:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *, bits: int = BITS,
+                 block_size: int | None = BLOCK_SIZE, scale: str = "l2", protocol: str = "gather_scatter",
+                 start_step: int = 0, timeout: float | None = None) -> None:
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"ReplicaState: start_step must be a non-negative integer, got {start_step!r}")
         self.process_group = process_group
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)
-        self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size)
+        self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size,
+                                             bits=bits)
         self.steps: dict[int, int] = {}
 
     def hook(self, key: int, unit: FSDPModule) -> Callable[[torch.Tensor], None]:
@@ -64,8 +70,8 @@ class ReplicaState:
 
         1. Before ``start_step`` calls of this unit: the float sum over the replicas (divided
            by their number unless ``summed``).
-        2. Otherwise ``CompressedAllreduce`` under the unit's key: the average over the
-           replicas; times their number when ``summed`` (FSDP sums across replicas once a
+        2. Otherwise ``CompressedAllreduce`` under the unit's key (``bits`` per element): the
+           average over the replicas; times their number when ``summed`` (FSDP sums across replicas once a
            unit has its own divide factor).
         3. NaN / Inf on any replica: every rank's shard is NaN, and no error buffer changes.
         """
@@ -106,6 +112,6 @@ class ReplicaState:
         """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
         state = saved["state"]
         saved_ef = state["error_feedback"]
-        self.__init__(None, block_size=saved_ef["block_size"], scale=saved_ef["scale"],
+        self.__init__(None, bits=saved_ef["bits"], block_size=saved_ef["block_size"], scale=saved_ef["scale"],
                       protocol=saved_ef["protocol"], start_step=state["start_step"], timeout=saved["timeout"])
         self.load_state_dict(state)

@@ -1,4 +1,4 @@
-"""FSDP2's gradient reduce-scatter in 1 bit with error feedback: ``ReduceScatterState`` and ``compress``."""
+"""FSDP2's gradient reduce-scatter in a few bits with error feedback: ``ReduceScatterState`` and ``compress``."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ..algorithms.inputs import check_scale
 from ..algorithms.plan import check_owner
-from ..algorithms.reduce_scatter import BLOCK_SIZE, compressed_reduce_scatter, row_elements
+from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 from ..comm.torchdist import own_comm
 from ..errors import NonFiniteError
-from ..spec import check_block_size
+from ..spec import check_bits, check_block_size
 from .units import fsdp_units, reduce_op, shard_group
 
 ERROR_DTYPES = (torch.float32, torch.bfloat16)
+BITS = 3
+"""The default bits per element (bench/results/convergence_fsdp_lm.txt)."""
+BLOCK_SIZE = 32
+"""The default elements per scale (bench/results/convergence_fsdp_lm.txt)."""
 
 
 class ReduceScatterState:
@@ -35,27 +39,30 @@ class ReduceScatterState:
     Args:
         process_group: the ranks FSDP shards over; None means the default group. The
             calls run on a new group of the same ranks and backend.
-        block_size: elements per 1-bit scale (a power of two from 8 to 8192; default 64):
-            1/8 + 1/64 bytes per element, 1/28 of a float32 reduce-scatter.
-        scale: "l2" (default) or "l1".
+        bits: bits per element: 3 (default), or 1, 2, 4, 8 (``compressed_reduce_scatter``):
+            bits/8 + 1/block_size bytes per element; at the defaults 13/32, 1/9.8 of a float32
+            reduce-scatter.
+        block_size: elements per scale (a power of two from 8 to 8192; default 32).
+        scale: 1 bit only: "l2" (default) or "l1".
         error_dtype: torch.bfloat16 (default) or torch.float32: how the error buffers are kept.
         start_step: reduce-scatters each unit sends uncompressed (FSDP's own) first (default 0).
         timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, *, block_size: int = BLOCK_SIZE,
-                 scale: str = "l2", error_dtype: torch.dtype = torch.bfloat16, start_step: int = 0,
-                 timeout: float | None = None) -> None:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *, bits: int = BITS,
+                 block_size: int = BLOCK_SIZE, scale: str = "l2", error_dtype: torch.dtype = torch.bfloat16,
+                 start_step: int = 0, timeout: float | None = None) -> None:
         if block_size is None:
             raise ValueError("ReduceScatterState: block_size must be a power of two from 8 to 8192, got None")
         check_block_size("ReduceScatterState", block_size)
         check_scale("ReduceScatterState", scale)
+        check_bits("ReduceScatterState", bits)
         if error_dtype not in ERROR_DTYPES:
             raise ValueError(f"ReduceScatterState: error_dtype must be one of {ERROR_DTYPES}, got {error_dtype!r}")
         if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"ReduceScatterState: start_step must be a non-negative integer, got {start_step!r}")
         self.process_group = process_group
-        self.block_size, self.scale, self.error_dtype = block_size, scale, error_dtype
+        self.bits, self.block_size, self.scale, self.error_dtype = bits, block_size, scale, error_dtype
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)
         self.errors: dict[int, torch.Tensor] = {}
@@ -86,7 +93,7 @@ class ReduceScatterState:
         error = stored if stored.dtype == torch.float32 else self._float32(stored)
         try:
             compressed_reduce_scatter(input, output, error, self.comm, op=kind, factor=factor,
-                                      block_size=self.block_size, scale=self.scale)
+                                      block_size=self.block_size, scale=self.scale, bits=self.bits)
         except NonFiniteError:
             output.fill_(float("nan"))
             return
@@ -115,7 +122,7 @@ class ReduceScatterState:
 
     def state_dict(self) -> dict[str, Any]:
         """The options, each unit's step count and this rank's error buffers (save one per rank)."""
-        return {"world_size": self.comm.size, "rank": self.comm.rank, "block_size": self.block_size,
+        return {"world_size": self.comm.size, "rank": self.comm.rank, "bits": self.bits, "block_size": self.block_size,
                 "scale": self.scale, "error_dtype": str(self.error_dtype).replace("torch.", ""),
                 "start_step": self.start_step, "steps": dict(self.steps),
                 "errors": {k: e.clone() for k, e in self.errors.items()}}
@@ -123,7 +130,8 @@ class ReduceScatterState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
         check_owner(state, self.comm.rank, self.comm.size)
-        self.block_size, self.scale, self.start_step = state["block_size"], state["scale"], state["start_step"]
+        self.bits, self.block_size, self.scale = state["bits"], state["block_size"], state["scale"]
+        self.start_step = state["start_step"]
         self.error_dtype = getattr(torch, state["error_dtype"])
         self.steps = dict(state["steps"])
         self.errors = {k: e.clone() for k, e in state["errors"].items()}
@@ -135,7 +143,7 @@ class ReduceScatterState:
     def __setstate__(self, saved: dict[str, Any]) -> None:
         """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
         state = saved["state"]
-        self.__init__(None, block_size=state["block_size"], scale=state["scale"],
+        self.__init__(None, bits=state["bits"], block_size=state["block_size"], scale=state["scale"],
                       error_dtype=getattr(torch, state["error_dtype"]), start_step=state["start_step"],
                       timeout=saved["timeout"])
         self.load_state_dict(state)

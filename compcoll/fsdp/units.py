@@ -12,7 +12,8 @@ from torch.distributed.tensor import DTensor
 
 
 def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
-    """The modules of ``model`` that ``fully_shard`` made FSDP units, in ``model.modules()`` order (alike on every rank).
+    """The modules of ``model`` that ``fully_shard`` made FSDP units, in ``model.modules()`` order (alike on every
+    rank).
 
     Raises:
         ValueError: no module of ``model`` is a unit.

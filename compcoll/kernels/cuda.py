@@ -1,4 +1,4 @@
-"""Fused numba.cuda kernels for the low-bit codecs, with the CPU kernels' names and results (``kernels.reference`` bits).
+"""Fused numba.cuda kernels for the low-bit codecs, with the CPU kernels' names and results (the reference's bits).
 
 Every function takes device arrays (``kernels.launch.DeviceArray`` views of torch CUDA
 tensors, numba device arrays; host numpy arrays under the simulator,

@@ -190,6 +190,7 @@ def compressed_allreduce(
     protocol: str = "gather_scatter",
     scale: str = "l2",
     block_size: int | None = None,
+    bits: int = 1,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
     """Error-compensated 1-bit allreduce (docs/architecture.md, "Algorithms"), simulated for the whole world.
 
@@ -213,6 +214,8 @@ def compressed_allreduce(
             chunk, the last one of a chunk shorter where needed), for the worker and the server
             compression; each packed chunk travels behind its largest scale (4 bytes) and its
             blocks' 8-bit codes.
+        bits: 1 (signs) or 2-8: uniform levels, gather-scatter with a block_size
+            (``_levels_allreduce``).
 
     Returns:
         (outputs (float32, unpadded), new worker errors, new server errors,
@@ -220,7 +223,7 @@ def compressed_allreduce(
     """
     n = len(xs)
     if block_size is not None:
-        return _blockwise_allreduce(xs, worker_errors, server_errors, protocol, scale, block_size)
+        return _blockwise_allreduce(xs, worker_errors, server_errors, protocol, scale, block_size, bits)
     numel = xs[0].size
     np_ = padded_numel(numel, n)
     chunk = np_ // n
@@ -255,8 +258,12 @@ def _blockwise_allreduce(
     protocol: str,
     scale: str,
     block_size: int,
+    bits: int = 1,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
-    """``compressed_allreduce`` with one scale per block (``compress_blocks``); same steps, same returns."""
+    """``compressed_allreduce`` with one scale per block (``compress_blocks``); same steps, same returns. With
+    ``bits`` > 1 (gather-scatter): ``_levels_allreduce``."""
+    if bits > 1:
+        return _levels_allreduce(xs, worker_errors, server_errors, block_size, bits)
     n, numel, b = len(xs), xs[0].size, block_size
     np_ = padded_numel(numel, n)
     chunk, cb = np_ // n, np_ // (8 * n)
@@ -317,7 +324,8 @@ def level_codes(x: np.ndarray, steps: np.ndarray, bits: int) -> tuple[np.ndarray
 
 
 def pack_planes(codes: np.ndarray, bits: int, rows: int) -> np.ndarray:
-    """(rows, bits * row_len / 8) bytes: for each row, plane j (bit j of every code, j = 0 first) packed as signs are."""
+    """(rows, bits * row_len / 8) bytes: for each row, plane j (bit j of every code, j = 0 first) packed as signs
+    are."""
     table = codes.reshape(rows, -1)
     return np.concatenate([np.stack([pack(((row >> j) & 1).astype(np.float32) * 2 - 1) for j in range(bits)])
                            .reshape(-1)[None] for row in table])
@@ -402,6 +410,34 @@ def compressed_reduce_scatter(
         outputs.append(acc)
     sent = [m + (n - 1) * (4 + blocks + bits * padded // 8) for m in agreement_sent(n, (False,))]
     return outputs, errors, sent
+
+
+def _levels_allreduce(
+    xs: list[np.ndarray], worker_errors: list[np.ndarray], server_errors: list[np.ndarray], block_size: int,
+    bits: int,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[int]]:
+    """Gather-scatter with ``bits``-bit levels.
+
+    1. Each rank's padded vector is n chunks: ``compressed_reduce_scatter`` ("avg") gives rank r
+       the sum c_r of the chunks r.
+    2. Rank r compresses c_r + its server error (``compress_levels``, one row).
+    3. Every rank decodes every served chunk: float32(level * step) (the value the server used).
+    """
+    n, numel, b = len(xs), xs[0].size, block_size
+    np_ = padded_numel(numel, n)
+    chunk = np_ // n
+    blocks = -(-chunk // b)
+    sums, new_we, _ = compressed_reduce_scatter([pad(x, np_) for x in xs], worker_errors, b, "l2", "avg", 1.0, bits)
+    out, new_se = [], []
+    for c, error in zip(sums, server_errors):
+        planes, steps, new = compress_levels(c, error, b, bits)
+        new_se.append(new)
+        levels = unpack_planes(planes[0], bits, chunk).astype(np.float64) - ((1 << bits) - 1) / 2.0
+        out.append((np.float32(0) + (levels * np.repeat(steps, b)[:chunk].astype(np.float64)).astype(np.float32))
+                   .astype(np.float32))
+    result = np.concatenate(out)[:numel]
+    sent = [m + 2 * (n - 1) * (4 + blocks + bits * chunk // 8) for m in agreement_sent(n, (False,))]
+    return [result.copy() for _ in range(n)], new_we, new_se, sent
 
 
 def thresholds(key: int, start: int, count: int) -> np.ndarray:

@@ -310,3 +310,52 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
     _expect(ValueError, "runs in one piece", compcoll.compressed_allreduce, poisoned, we, se, comm, block_size=64,
             pieces=2)
 
+
+
+def levels(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
+    """Gather-scatter with 2-8 bit levels: outputs, both error buffers and bytes equal the reference's, step after
+    step, for every dtype and bits; the stateful form resumes exactly; a NaN on one rank fails on every rank."""
+    n, rank = comm.size, comm.rank
+    case = 0
+    for dtype in DTYPES:
+        for shape in map(tuple, shapes):
+            case += 1
+            bits, block = (2, 3, 4, 8)[case % 4], (8, 64, 256)[case % 3]
+            numel = int(np.prod(shape))
+            full = compcoll.padded_numel(numel, n)
+            we, se = torch.zeros(full), torch.zeros(full // n)
+            ref_we = [np.zeros(full, np.float32) for _ in range(n)]
+            ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
+            for step in range(steps):
+                xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                sent_before = comm.bytes_sent
+                out = compcoll.compressed_allreduce(xs[rank], we, se, comm, block_size=block, bits=bits)
+                outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, "gather_scatter", "l2", block, bits)
+                where = f"{dtype} {bits} bits block {block} shape {shape} step {step}"
+                assert_matches_reference(out, outs[rank], where)
+                assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+                assert comm.bytes_sent - sent_before == ref_sent[rank], f"bytes sent ({where})"
+
+    straight = compcoll.CompressedAllreduce(comm, block_size=64, bits=3)
+    resumed = compcoll.CompressedAllreduce(comm, block_size=64, bits=3)
+    for step in range(4):
+        if step == 2:
+            buffer = io.BytesIO()
+            torch.save(resumed.state_dict(), buffer)
+            buffer.seek(0)
+            resumed = compcoll.CompressedAllreduce(comm)
+            resumed.load_state_dict(torch.load(buffer))
+        grad = make_input(rank, step, (1001,), torch.float32)
+        assert torch.equal(straight(grad, "g"), resumed(grad, "g")), f"resumed levels call, step {step}"
+    _expect(ValueError, "needs protocol='gather_scatter' and a block_size", compcoll.compressed_allreduce,
+            grad, torch.zeros(full), torch.zeros(full // n), comm, bits=3)
+    if n > 1:
+        full = compcoll.padded_numel(1001, n)
+        we, se = torch.ones(full), torch.ones(full // n)
+        poisoned = make_input(rank, 0, (1001,), torch.float32)
+        if rank == n - 1:
+            poisoned[5] = float("inf")
+        _expect(compcoll.NonFiniteError, f"rank(s) [{n - 1}]", compcoll.compressed_allreduce, poisoned, we, se, comm,
+                block_size=64, bits=4)
+        assert bool((we == 1).all() and (se == 1).all()), "an error buffer changed"

@@ -21,6 +21,11 @@ def test_matches_reference_over_steps(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:numerics", world_size, backend, args=(SHAPES, 3))
 
 
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4), mpi=3, gloo=2))
+def test_levels_match_reference(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:levels", world_size, backend, args=([[1], [37], [3, 7, 11], [4099]], 3))
+
+
 @pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3, 4), mpi=2, gloo=4))
 def test_bad_inputs_raise_on_every_rank(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend)

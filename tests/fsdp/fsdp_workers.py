@@ -77,7 +77,8 @@ def _replay(log: list, logs: list[list], state: ReduceScatterState, rank: int, w
         inputs = [logs[r][i][1] for r in range(n)]
         assert all(logs[r][i][0] == key for r in range(n)), f"ranks called units out of order ({where})"
         ref = errors.setdefault(key, [np.zeros(state.errors[key].numel(), np.float32) for _ in range(n)])
-        outs, ref, _ = reference.compressed_reduce_scatter(inputs, ref, state.block_size, state.scale, op, factor)
+        outs, ref, _ = reference.compressed_reduce_scatter(inputs, ref, state.block_size, state.scale, op, factor,
+                                                           state.bits)
         errors[key] = [torch.from_numpy(e).to(state.error_dtype).float().numpy() for e in ref]
         want = torch.from_numpy(outs[rank]).to(getattr(torch, dtype.replace("torch.", ""))).float().numpy()
         assert np.array_equal(out, want), f"call {i} (unit {key}, {op}, {dtype}) differs from the reference ({where})"
@@ -86,12 +87,12 @@ def _replay(log: list, logs: list[list], state: ReduceScatterState, rank: int, w
 
 
 CASES = {
-    "float32, AVG": {"op": "avg"},
+    "float32, AVG": {"op": "avg", "bits": 1},
     "divide factor 5 (PREMUL_SUM)": {"op": "premul_sum", "factor": 5.0},
     "bfloat16 parameters and reduce, accumulation of 2": {"op": "avg", "mp": (torch.bfloat16, torch.bfloat16),
-                                                           "micro": 2},
+                                                           "micro": 2, "bits": 2},
     "float16 reduce (SUM, pre- and post-divided), float32 errors": {"op": "sum", "mp": (None, torch.float16),
-                                                                     "error_dtype": torch.float32},
+                                                                     "error_dtype": torch.float32, "bits": 8},
 }
 
 
@@ -100,11 +101,12 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int) -> None:
     ranks' inputs, bit for bit, with the error buffers across steps; FSDP's ops come through as asked."""
     rank, n = comm.rank, comm.size
     for where, case in CASES.items():
+        where = f"{where}, {case.get('bits', 3)} bits"
         mp = MixedPrecisionPolicy(*case["mp"]) if "mp" in case else None
         net = model(mp=mp)
         for unit in fsdp_units(net) if "factor" in case else ():
             unit.set_gradient_divide_factor(case["factor"])
-        state = ReduceScatterState(error_dtype=case.get("error_dtype", torch.bfloat16))
+        state = ReduceScatterState(error_dtype=case.get("error_dtype", torch.bfloat16), bits=case.get("bits", 3))
         log: list = []
         for key, unit in enumerate(fsdp_units(net)):
             unit.set_custom_reduce_scatter(Recording(state, key, log))
@@ -218,7 +220,8 @@ def replicas(comm: compcoll.Communicator, steps: int) -> None:
         numel = inputs[0].size
         full = compcoll.padded_numel(numel, 2)
         we, se = errors.get(key, ([np.zeros(full, np.float32)] * 2, [np.zeros(full // 2, np.float32)] * 2))
-        outs, we, se, _ = reference.compressed_allreduce(inputs, we, se, "gather_scatter", "l2", block_size=64)
+        outs, we, se, _ = reference.compressed_allreduce(inputs, we, se, "gather_scatter", "l2", block_size=64,
+                                                         bits=state.allreduce.bits)
         errors[key] = (we, se)
         assert np.array_equal(out, outs[mine]), f"hook call {i} (unit {key}) differs from the reference"
     shards = [None, None]

@@ -163,3 +163,27 @@ def test_optimizers_moved_mid_run_equal_never_moved(start: str, device: str) -> 
     """Within rounding of never moved: the optimizers' CUDA steps round as torch's CUDA kernels do (on the H100 on
     2026-11-25 they differed from the CPU's bits from the first warmup step)."""
     run("tests.optim.follow_workers:moved_mid_run", 1, "mpi", args=(start, device))
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("bits", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduce_scatter_on_cuda_equals_cpu(dtype: torch.dtype, bits: int, launcher: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """compressed_reduce_scatter on one rank, three steps: CUDA's outputs and error buffer are the CPU's bits."""
+    from compcoll.algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
+
+    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    numel = 100003
+    results = {}
+    for device in ("cpu", "cuda"):
+        error = torch.zeros(row_elements(numel, 1), device=device)
+        outs = []
+        for step in range(3):
+            x = (torch.randn(numel, generator=torch.Generator().manual_seed(step)) * 3).to(dtype).to(device)
+            out = torch.empty(numel, dtype=dtype, device=device)
+            compressed_reduce_scatter(x, out, error, SingleComm(), bits=bits, op="premul_sum", factor=0.3)
+            outs.append(out.cpu())
+        results[device] = (torch.stack(outs), error.cpu())
+    assert torch.equal(results["cpu"][0].view(torch.uint8), results["cuda"][0].view(torch.uint8)), "outputs"
+    assert torch.equal(results["cpu"][1], results["cuda"][1]), "error buffer"

@@ -21,15 +21,12 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compcoll.launcher import run  # noqa: E402
-from run import plot  # noqa: E402
+from run import run_jobs, write_results  # noqa: E402
 
 RUNS = [
     dict(name="DDP allreduce", hook="allreduce", options={}, baseline=None),
@@ -67,24 +64,10 @@ def main() -> int:
     p.add_argument("--freeze", type=float, default=0.15, help="1-bit Adam's warmup, a share of --steps (framework)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json, OUT.txt and OUT.png")
     args = p.parse_args()
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, spec in enumerate(RUNS if args.runs == "hooks" else FRAMEWORK_RUNS):
-            out = Path(tmp) / f"{i}.json"
-            config = dict(spec, hidden=args.hidden, batch=args.batch, steps=args.steps, lr=args.lr,
-                          eval_every=args.eval_every, seed=0, freeze=args.freeze, out=str(out))
-            run("ddp_job:train", args.ranks, "gloo", args=(json.dumps(config),), timeout=1800)
-            result = json.loads(out.read_text())
-            result["baseline"] = spec["baseline"]
-            results.append(result)
-            print(f"# {spec['name']}: done in {result['seconds']:.1f} s", flush=True)
-    table = report(results, args)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".txt").write_text(table + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)},
-                                                         "command": " ".join(sys.argv), "runs": results}, indent=1))
-    plot(results, args.out.with_suffix(".png"))
+    results = run_jobs("ddp_job:train", RUNS if args.runs == "hooks" else FRAMEWORK_RUNS, args.ranks, "gloo",
+                       lambda spec: dict(spec, hidden=args.hidden, batch=args.batch, steps=args.steps, lr=args.lr,
+                                         eval_every=args.eval_every, seed=0, freeze=args.freeze))
+    write_results(results, report(results, args), args)
     return 0
 
 

@@ -19,15 +19,12 @@ Usage (from the repository root; needs matplotlib: pip install -e '.[bench]'):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compcoll.launcher import run  # noqa: E402
-from run import plot  # noqa: E402
+from run import run_jobs, write_results  # noqa: E402
 
 RUNS = [
     dict(name="FSDP float32", form="float32", options={}, baseline=None),
@@ -54,25 +51,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True, help="write OUT.json, OUT.txt and OUT.png")
     args = p.parse_args()
     chosen = RUNS if not args.only else [r for r in RUNS if r["name"] in args.only.split(";")]
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, spec in enumerate(chosen):
-            out = Path(tmp) / f"{i}.json"
-            config = dict(spec, hidden=args.hidden, layers=2, context=64, batch=args.batch, steps=args.steps,
-                          lr=args.lr, eval_every=args.eval_every, seed=args.seed, ranks_per_node=args.ranks // 2,
-                          out=str(out))
-            run("fsdp_job:train", args.ranks, "gloo", args=(json.dumps(config),), timeout=3600)
-            result = json.loads(out.read_text())
-            result["baseline"] = spec["baseline"]
-            results.append(result)
-            print(f"# {spec['name']}: done in {result['seconds']:.1f} s", flush=True)
-    table = report(results, args)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".txt").write_text(table + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)},
-                                                         "command": " ".join(sys.argv), "runs": results}, indent=1))
-    plot(results, args.out.with_suffix(".png"))
+    results = run_jobs("fsdp_job:train", chosen, args.ranks, "gloo",
+                       lambda spec: dict(spec, hidden=args.hidden, layers=2, context=64, batch=args.batch,
+                                         steps=args.steps, lr=args.lr, eval_every=args.eval_every, seed=args.seed,
+                                         ranks_per_node=args.ranks // 2))
+    write_results(results, report(results, args), args)
     return 0
 
 

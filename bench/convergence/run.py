@@ -42,6 +42,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "peers"))
@@ -107,28 +108,43 @@ def main() -> int:
                    help="the ranks: MPI processes, or threads of this process (the bits of MPI: tests/comm)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json, OUT.txt and OUT.png")
     args = p.parse_args()
+    env = {"COMPCOLL_RANKS_PER_NODE": str(args.ranks_per_node)} if args.ranks_per_node else None
+    results = run_jobs("job:train", runs(args.steps, args.eps, args.lr, args.lamb_lr, args.deepspeed), args.ranks,
+                       args.backend, lambda spec: dict(spec, task=args.task, hidden=args.hidden, layers=args.layers,
+                                                       context=args.context, batch=args.batch, steps=args.steps,
+                                                       eval_every=args.eval_every, seed=args.seed), env)
+    write_results(results, report(results, args), args)
+    return 0
+
+
+def run_jobs(target: str, specs: list[dict], ranks: int, backend: str, config: Callable[[dict], dict],
+             env: dict[str, str] | None = None) -> list[dict]:
+    """Run ``target`` for each spec on ``ranks`` ranks (the spec's "backend", else ``backend``), one after another.
+
+    1. The job gets ``config(spec)`` as JSON, with "out": a file its rank 0 writes its result to.
+    2. Each result gets the spec's "baseline"; a line says when each run is done.
+    """
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, spec in enumerate(runs(args.steps, args.eps, args.lr, args.lamb_lr, args.deepspeed)):
+        for i, spec in enumerate(specs):
             out = Path(tmp) / f"{i}.json"
-            config = dict(spec, task=args.task, hidden=args.hidden, layers=args.layers, context=args.context,
-                          batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
-                          out=str(out))
-            env = {"COMPCOLL_RANKS_PER_NODE": str(args.ranks_per_node)} if args.ranks_per_node else None
-            run("job:train", args.ranks, spec.get("backend", args.backend), args=(json.dumps(config),), timeout=1800,
-                env=env)
+            run(target, ranks, spec.get("backend", backend), args=(json.dumps(dict(config(spec), out=str(out))),),
+                timeout=3600, env=env)
             result = json.loads(out.read_text())
             result["baseline"] = spec["baseline"]
             results.append(result)
             print(f"# {spec['name']}: done in {result['seconds']:.1f} s", flush=True)
-    table = report(results, args)
+    return results
+
+
+def write_results(results: list[dict], table: str, args: argparse.Namespace) -> None:
+    """Print ``table``; write it to OUT.txt, the settings, command and curves to OUT.json, the curves to OUT.png."""
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".txt").write_text(table + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)},
                                                          "command": " ".join(sys.argv), "runs": results}, indent=1))
     plot(results, args.out.with_suffix(".png"))
-    return 0
 
 
 def report(results: list[dict], args) -> str:

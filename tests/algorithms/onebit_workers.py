@@ -282,17 +282,7 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                     assert comm.bytes_sent - sent_before == ref_sent[rank], f"bytes sent ({where})"
                     assert_same_on_all_ranks(comm, out)
 
-    straight = compcoll.CompressedAllreduce(comm, block_size=64)
-    resumed = compcoll.CompressedAllreduce(comm, block_size=64)
-    for step in range(4):
-        if step == 2:
-            buffer = io.BytesIO()
-            torch.save(resumed.state_dict(), buffer)
-            buffer.seek(0)
-            resumed = compcoll.CompressedAllreduce(comm)
-            resumed.load_state_dict(torch.load(buffer))
-        grad = make_input(rank, step, (1001,), torch.float32)
-        assert torch.equal(straight(grad, "g"), resumed(grad, "g")), f"resumed blockwise call, step {step}"
+    _resumes_exactly(comm, block_size=64)
 
     full = compcoll.padded_numel(1001, n)
     we, se = torch.ones(full), torch.ones(full // n)
@@ -310,6 +300,23 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
     _expect(ValueError, "runs in one piece", compcoll.compressed_allreduce, poisoned, we, se, comm, block_size=64,
             pieces=2)
 
+
+
+def _resumes_exactly(comm: compcoll.Communicator, **options) -> torch.Tensor:
+    """A ``CompressedAllreduce(**options)`` saved and loaded into a plain one at step 2 of 4 gives the uninterrupted
+    one's bits at every step; returns the last input."""
+    straight = compcoll.CompressedAllreduce(comm, **options)
+    resumed = compcoll.CompressedAllreduce(comm, **options)
+    for step in range(4):
+        if step == 2:
+            buffer = io.BytesIO()
+            torch.save(resumed.state_dict(), buffer)
+            buffer.seek(0)
+            resumed = compcoll.CompressedAllreduce(comm)
+            resumed.load_state_dict(torch.load(buffer))
+        grad = make_input(comm.rank, step, (1001,), torch.float32)
+        assert torch.equal(straight(grad, "g"), resumed(grad, "g")), f"resumed call {options}, step {step}"
+    return grad
 
 
 def levels(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
@@ -337,17 +344,7 @@ def levels(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> 
                 assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
                 assert comm.bytes_sent - sent_before == ref_sent[rank], f"bytes sent ({where})"
 
-    straight = compcoll.CompressedAllreduce(comm, block_size=64, bits=3)
-    resumed = compcoll.CompressedAllreduce(comm, block_size=64, bits=3)
-    for step in range(4):
-        if step == 2:
-            buffer = io.BytesIO()
-            torch.save(resumed.state_dict(), buffer)
-            buffer.seek(0)
-            resumed = compcoll.CompressedAllreduce(comm)
-            resumed.load_state_dict(torch.load(buffer))
-        grad = make_input(rank, step, (1001,), torch.float32)
-        assert torch.equal(straight(grad, "g"), resumed(grad, "g")), f"resumed levels call, step {step}"
+    grad = _resumes_exactly(comm, block_size=64, bits=3)
     _expect(ValueError, "needs protocol='gather_scatter' and a block_size", compcoll.compressed_allreduce,
             grad, torch.zeros(full), torch.zeros(full // n), comm, bits=3)
     if n > 1:

@@ -162,7 +162,7 @@ def _resumed(saved: bytes, build) -> tuple[torch.nn.Module, torch.optim.Optimize
 def training(comm: compcoll.Communicator, steps: int) -> None:
     """``compress(model)`` with its defaults: a NaN on one rank makes every rank's gradients NaN with no error
     buffer changed; a resume from ``state_dict`` ends with the uninterrupted run's bits; a pickled state keeps its
-    buffers and counts."""
+    buffers and counts; ``start_step`` sends FSDP's own reduce-scatters first."""
     rank, n = comm.rank, comm.size
 
     def build():
@@ -188,11 +188,21 @@ def training(comm: compcoll.Communicator, steps: int) -> None:
     assert restored.steps == counted, "the pickled state lost its step counts"
     assert all(torch.equal(restored.errors[k], before[k]) for k in before), "the pickled state lost its buffers"
 
+    plain = model()
+    _train(plain, torch.optim.AdamW(plain.parameters(), lr=1e-2), range(2), rank)
+    net, opt, _ = build()
+    late = compcoll.fsdp.compress(net, start_step=2)
+    _train(net, opt, range(2), rank)
+    assert digest(net) == digest(plain) and not late.errors, "start_step=2: the first steps were not FSDP's own"
+    _train(net, opt, range(2, 3), rank)
+    assert len(late.errors) == 3, "start_step=2: the third step did not compress"
+
 
 def replicas(comm: compcoll.Communicator, steps: int) -> None:
     """HSDP by hand on 2 x 2 ranks: FSDP inside each pair, ``compress(model, replicas=...)`` across them. Each
     hook's output equals the reference compressed allreduce of both replicas' shards, with error buffers across
-    steps; replicas of a shard hold the same bits; resume is exact; a NaN on one rank reaches every rank."""
+    steps; replicas of a shard hold the same bits; resume is exact; a NaN on one rank reaches every rank;
+    ``start_step`` sends plain allreduces first."""
     rank = comm.rank
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     group = mesh.get_group("replicate")
@@ -238,3 +248,13 @@ def replicas(comm: compcoll.Communicator, steps: int) -> None:
     net, opt, state = _resumed(saved, build)
     _train(net, opt, range(3, steps), rank)
     assert digest(net) == whole, "the resumed HSDP run differs from the uninterrupted one"
+
+    net = model(mesh=mesh["shard"])
+    late = compcoll.fsdp.compress(net, replicas=group, start_step=2)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    _train(net, opt, range(2), rank)
+    assert not late.allreduce.plans, "start_step=2: a first step was compressed"
+    _train(net, opt, range(2, 3), rank)
+    assert len(late.allreduce.plans) == 3, "start_step=2: the third step did not compress"
+    dist.all_gather_object(shards, digest(net), group=group)
+    assert shards[0] == shards[1], "the replicas of a shard differ after plain steps"

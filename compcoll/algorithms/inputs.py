@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import codecs
-from ..spec import PROTOCOLS, SCALES
+from ..spec import PROTOCOLS, SCALES, check_bits
 
 
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None) -> None:
@@ -64,3 +64,10 @@ def check_scale(what: str, scale: str) -> None:
     if not isinstance(scale, str) or scale not in SCALES:
         raise ValueError(f"{what}: scale {scale!r} is not one of {tuple(SCALES)} (l2: DeepSpeed's ||x||/sqrt(d); "
                          f"l1: mean |x|)")
+
+
+def check_levels(what: str, bits: int, protocol: str, block_size: int | None) -> None:
+    """``bits`` is one of ``spec.LEVEL_BITS``; levels (more than 1 bit) need gather-scatter with block scales."""
+    check_bits(what, bits)
+    if bits > 1 and (protocol != "gather_scatter" or block_size is None):
+        raise ValueError(f"{what}: bits={bits} (levels) needs protocol='gather_scatter' and a block_size")

@@ -14,7 +14,7 @@ from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_bits, check
 from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
-from .inputs import check_error_buffer, check_length, check_protocol, check_scale, check_tensor
+from .inputs import check_error_buffer, check_length, check_levels, check_protocol, check_scale, check_tensor
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
 
@@ -388,9 +388,7 @@ def _validate(
         raise ValueError(f"{what}: pieces must be a positive integer or None, got {pieces!r}")
     if block_size is not None and pieces not in (None, 1):
         raise ValueError(f"{what}: a call with block_size runs in one piece; got pieces={pieces!r}")
-    check_bits(what, bits)
-    if bits > 1 and (protocol != "gather_scatter" or block_size is None):
-        raise ValueError(f"{what}: bits={bits} (levels) needs protocol='gather_scatter' and a block_size")
+    check_levels(what, bits, protocol, block_size)
     numel = tensor.numel()
     full = padded_numel(numel, n)
     for name, buf, length, formula in (
@@ -428,10 +426,7 @@ class CompressedAllreduce:
         check_protocol("CompressedAllreduce", protocol)
         check_scale("CompressedAllreduce", scale)
         check_block_size("CompressedAllreduce", block_size)
-        check_bits("CompressedAllreduce", bits)
-        if bits > 1 and (protocol != "gather_scatter" or block_size is None):
-            raise ValueError(f"CompressedAllreduce: bits={bits} (levels) needs protocol='gather_scatter' and a "
-                             f"block_size")
+        check_levels("CompressedAllreduce", bits, protocol, block_size)
         self.bits = bits
         self.comm = get_default() if comm is None else comm
         self.protocol = protocol

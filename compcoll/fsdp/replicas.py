@@ -11,7 +11,7 @@ from torch.distributed.fsdp import FSDPModule
 from ..algorithms.onebit import CompressedAllreduce
 from ..comm.torchdist import own_comm
 from ..errors import NonFiniteError
-from .units import divides_itself
+from .units import check_start_step, divides_itself
 
 BLOCK_SIZE = 64
 """Default elements per scale block (as ``compcoll.ddp.OneBitState``'s)."""
@@ -49,8 +49,7 @@ class ReplicaState:
     def __init__(self, process_group: dist.ProcessGroup | None = None, *, bits: int = BITS,
                  block_size: int | None = BLOCK_SIZE, scale: str = "l2", protocol: str = "gather_scatter",
                  start_step: int = 0, timeout: float | None = None) -> None:
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"ReplicaState: start_step must be a non-negative integer, got {start_step!r}")
+        check_start_step("ReplicaState", start_step)
         self.process_group = process_group
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)

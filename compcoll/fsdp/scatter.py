@@ -14,7 +14,8 @@ from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 from ..comm.torchdist import own_comm
 from ..errors import NonFiniteError
 from ..spec import check_bits, check_block_size
-from .units import fsdp_units, reduce_op, shard_group
+from .replicas import ReplicaState
+from .units import check_start_step, fsdp_units, reduce_op, shard_group
 
 ERROR_DTYPES = (torch.float32, torch.bfloat16)
 BITS = 3
@@ -59,8 +60,7 @@ class ReduceScatterState:
         check_bits("ReduceScatterState", bits)
         if error_dtype not in ERROR_DTYPES:
             raise ValueError(f"ReduceScatterState: error_dtype must be one of {ERROR_DTYPES}, got {error_dtype!r}")
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"ReduceScatterState: start_step must be a non-negative integer, got {start_step!r}")
+        check_start_step("ReduceScatterState", start_step)
         self.process_group = process_group
         self.bits, self.block_size, self.scale, self.error_dtype = bits, block_size, scale, error_dtype
         self.start_step, self.timeout = start_step, timeout
@@ -188,8 +188,6 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
     Returns:
         The state.
     """
-    from .replicas import ReplicaState
-
     units = fsdp_units(model)
     if replicas is None:
         state = ReduceScatterState(shard_group(units), **options)

@@ -62,3 +62,9 @@ def divides_itself(unit: FSDPModule) -> bool:
     across replicas instead of averaging; read from the unit's parameter groups (torch 2.13's private state)."""
     groups = unit._get_fsdp_state()._fsdp_param_groups
     return any(group.gradient_divide_factor is not None for group in groups)
+
+
+def check_start_step(what: str, start_step: int) -> None:
+    """``start_step`` (calls of a unit sent uncompressed first) is a non-negative integer."""
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(f"{what}: start_step must be a non-negative integer, got {start_step!r}")

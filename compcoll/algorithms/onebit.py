@@ -17,6 +17,7 @@ from .arrays import accepts_arrays
 from .inputs import check_error_buffer, check_length, check_levels, check_protocol, check_scale, check_tensor
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
+from .reduce_scatter import block_statistics, float32_target, scatter_rows
 
 @accepts_arrays
 def compressed_allreduce(
@@ -208,10 +209,7 @@ class FlatPlan(Plan):
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
-        if self.bits > 1:
-            sums = codecs.block_absmax(tensor, worker_error, b, rows)
-        else:
-            sums = codecs.block_sums(tensor, worker_error, b, self.scale, rows)
+        sums = block_statistics(tensor, worker_error, b, self.scale, self.bits, rows)
         self.agreement(tensor).check(bool(torch.isfinite(sums).all()))
         if self.numel == 0:
             return result
@@ -286,14 +284,6 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     return gathered.view(n, -1)
 
 
-def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> torch.Tensor:
-    """Where a blockwise call writes its float32 average: ``result`` itself (flat) when it is float32, else
-    ``length`` elements of scratch, which the caller copies into ``result``."""
-    if result.dtype == torch.float32:
-        return result.view(-1)
-    return workspace.get("blocks.decoded", length, torch.float32, result.device)
-
-
 def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, sums: torch.Tensor,
                  comm: Communicator, workspace: Workspace, block_size: int, scale: str = "l2") -> torch.Tensor:
     """Steps 3-6 of the gather-scatter protocol with one scale per block, up to the decode.
@@ -335,9 +325,9 @@ def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error:
                  comm: Communicator, workspace: Workspace, block_size: int, bits: int) -> torch.Tensor:
     """``serve_blocks`` with ``bits``-bit levels instead of signs, up to the decode.
 
-    1. The block steps (from ``absmax``, the block maxima of source + worker_error by chunk)
-       coded per rank's chunk; encode into n wire rows of level planes behind them.
-    2. All-to-all of the rows; c = sum_i float32(level_i * step_i / n) rank by rank.
+    1-2. ``reduce_scatter.scatter_rows``: the block steps (from ``absmax``, the block maxima of
+       source + worker_error by chunk) coded per chunk, levels encoded behind them, all-to-all;
+       c = sum_i float32(level_i * step_i / n) rank by rank.
     3. c + server_error encoded the same way into one row (the server error keeps the rest).
     4. All-gather of the served rows.
 
@@ -347,16 +337,10 @@ def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     """
     n, device, b = comm.size, worker_error.device, block_size
     chunk = server_error.numel()
-    blocks = -(-chunk // b)
-    width = SCALE_BYTES + blocks + bits * chunk // 8
-    send = workspace.get("levels.send", n * width, torch.uint8, device).view(n, width)
-    refs, codes, steps = codecs.code_scales(codecs.level_steps(absmax, bits).view(n, -1))
-    codecs.encode_levels(source, worker_error, steps.view(-1), b, bits, codecs.frame_blocks(send, refs, codes))
-    received = workspace.get("levels.received", n * width, torch.uint8, device)
-    comm.alltoall(send.view(-1), received)
-    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks)
+    width = SCALE_BYTES + -(-chunk // b) + bits * chunk // 8
     summed = workspace.get("levels.sum", chunk, torch.float32, device)
-    codecs.accumulate_levels(planes, codecs.divide_(weights, n).contiguous(), b, bits, summed, chunk)
+    scatter_rows(source, worker_error, absmax, comm, workspace, b, "l2", bits, lambda w: codecs.divide_(w, n),
+                 summed, chunk)
     served = workspace.get("levels.served", width, torch.uint8, device).view(1, width)
     top = codecs.block_absmax(summed, server_error, b, 1)
     refs, codes, mine = codecs.code_scales(codecs.level_steps(top, bits).view(1, -1))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
+from ..workspace import Workspace
 from .agreement import Option, checked
 from .inputs import check_error_buffer, check_length, check_scale
-from .onebit import float32_target
 from .plan import Plan, cached_plan
 
 OPS = ("avg", "sum", "premul_sum")
@@ -138,47 +140,77 @@ class ScatterPlan(Plan):
     def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor) -> torch.Tensor:
         """Steps 1-5 of ``compressed_reduce_scatter`` on checked arguments, in this rank's turn."""
         (worker_error,) = errors or (self.error_feedback.worker_error,)
-        n, b, ws, width = self.comm.size, self.block_size, self.workspace, self.width()
         rows = self._rows(tensor)
-        if self.bits == 1:
-            sums = codecs.block_sums(rows, worker_error, b, self.scale, n)
-            finite = torch.isfinite(sums).all()
-        else:
-            absmax = codecs.block_absmax(rows, worker_error, b, n)
-            finite = torch.isfinite(absmax).all()
-        self.agreement(tensor).check(bool(finite))
+        stats = block_statistics(rows, worker_error, self.block_size, self.scale, self.bits, self.comm.size)
+        self.agreement(tensor).check(bool(torch.isfinite(stats).all()))
         if self.numel == 0:
             return result
-        send = ws.get("send", n * width, torch.uint8, self.device).view(n, width)
-        if self.bits == 1:
-            exact = codecs.block_scales(sums, b, self.scale, self.padded_row)
-        else:
-            exact = codecs.level_steps(absmax, self.bits)
-        refs, codes, scales = codecs.code_scales(exact.view(n, -1))
-        packed = codecs.frame_blocks(send, refs, codes)
-        if self.bits == 1:
-            codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
-        else:
-            codecs.encode_levels(rows, worker_error, scales.view(-1), b, self.bits, packed)
-        received = ws.get("received", n * width, torch.uint8, self.device)
-        self.comm.alltoall(send.view(-1), received)
-        weights, bits = codecs.unframe_blocks(received.view(n, width), -(-self.padded_row // b))
-        if self.op == "avg":
-            codecs.divide_(weights, n)
-        elif self.op == "premul_sum":
-            weights.mul_(torch.tensor(self.factor, dtype=torch.float32, device=weights.device))
-        target = float32_target(result, self.row, ws)
-        if self.bits == 1:
-            codecs.accumulate_blocks(bits, weights.contiguous(), b, None, target, self.row)
-        else:
-            codecs.accumulate_levels(bits, weights.contiguous(), b, self.bits, target, self.row)
+        target = float32_target(result, self.row, self.workspace)
+        scatter_rows(rows, worker_error, stats, self.comm, self.workspace, self.block_size, self.scale, self.bits,
+                     self._weigh, target, self.row)
         if target.data_ptr() != result.data_ptr():
             result.copy_(target)
         return result
 
-    def width(self) -> int:
-        """Bytes of one wire row: the largest scale, one code per block, the packed signs or level planes."""
-        return SCALE_BYTES + -(-self.padded_row // self.block_size) + self.bits * self.padded_row // 8
+    def _weigh(self, scales: torch.Tensor) -> torch.Tensor:
+        """The received rows' weights from their decoded scales, in place: / n ("avg"), * factor ("premul_sum")."""
+        if self.op == "avg":
+            codecs.divide_(scales, self.comm.size)
+        elif self.op == "premul_sum":
+            scales.mul_(torch.tensor(self.factor, dtype=torch.float32, device=scales.device))
+        return scales
+
+
+
+def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> torch.Tensor:
+    """Where a blockwise call writes its float32 result: ``result`` itself (flat) when it is float32, else
+    ``length`` elements of scratch, which the caller copies into ``result``."""
+    if result.dtype == torch.float32:
+        return result.view(-1)
+    return workspace.get("blocks.decoded", length, torch.float32, result.device)
+
+
+def block_statistics(rows: torch.Tensor, worker_error: torch.Tensor, block_size: int, scale: str, bits: int,
+                     n: int) -> torch.Tensor:
+    """What each block's scale comes from, for x = rows + worker_error cut into n rows: 1 bit, the float64 sums of
+    |x|^p (``scale``'s power); levels, the float32 maxima of |x|. Non-finite where x is; writes nothing."""
+    if bits == 1:
+        return codecs.block_sums(rows, worker_error, block_size, scale, n)
+    return codecs.block_absmax(rows, worker_error, block_size, n)
+
+
+def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, comm: Communicator,
+                 workspace: Workspace, block_size: int, scale: str, bits: int,
+                 weigh: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor, count: int) -> None:
+    """Steps 3-5 of ``compressed_reduce_scatter``: out[:count] <- the weighted sum of every rank's row for this rank.
+
+    1. The block scales (1 bit: ``scale`` of each block; levels: the step over its largest)
+       from ``stats`` (``block_statistics``), coded per row; encode x = rows + worker_error
+       with the decoded scales into n framed wire rows (worker_error <- x - value).
+    2. All-to-all of the rows.
+    3. ``weigh`` turns the received rows' decoded scales into their weights; out[:count] <- sum
+       of weight * sign or level, rank by rank in float32.
+    """
+    n, device, b = comm.size, worker_error.device, block_size
+    row_len = worker_error.numel() // n
+    blocks = -(-row_len // b)
+    width = SCALE_BYTES + blocks + bits * row_len // 8
+    send = workspace.get("scatter.send", n * width, torch.uint8, device).view(n, width)
+    exact = codecs.block_scales(stats, b, scale, row_len) if bits == 1 else codecs.level_steps(stats, bits)
+    refs, codes, scales = codecs.code_scales(exact.view(n, -1))
+    packed = codecs.frame_blocks(send, refs, codes)
+    if bits == 1:
+        codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
+    else:
+        codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
+    received = workspace.get("scatter.received", n * width, torch.uint8, device)
+    comm.alltoall(send.view(-1), received)
+    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks)
+    weights = weigh(weights).contiguous()
+    if bits == 1:
+        codecs.accumulate_blocks(planes, weights, b, None, out, count)
+    else:
+        codecs.accumulate_levels(planes, weights, b, bits, out, count)
 
 
 def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tensor, n: int, op: str, factor: float,

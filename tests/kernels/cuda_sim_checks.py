@@ -13,7 +13,7 @@ import torch
 from numba import config
 
 from compcoll import codecs, spec
-from compcoll.kernels import cpu, cuda, reference
+from compcoll.kernels import cpu, cuda, reference, scalar
 from compcoll.kernels.launch import COUNTS
 from compcoll.spec import SCALES
 
@@ -48,6 +48,23 @@ def _thread_safe_shared_arrays() -> None:
             return found
 
     FakeCUDAShared.array = array
+
+
+def _thread_safe_warnings() -> None:
+    """Give the modules whose code the simulator's threads run their warning registries before any thread warns.
+
+    The simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as
+    intended). Python's ``warnings.warn`` adds ``__warningregistry__`` to the warning
+    frame's module globals on the first warning, whatever the filters, while another
+    simulator thread may be iterating those globals (numba's ``swapped_cuda_module``
+    does on every device call): "dictionary changed size during iteration" (CI saw it
+    once). So:
+    1. Every module with kernel or device-function code gets its registry now.
+    2. The wrap-around warnings are ignored.
+    """
+    for module in (scalar, cuda):
+        module.__dict__.setdefault("__warningregistry__", {})
+    warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
 
 
 def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -302,8 +319,7 @@ def main(argv: list[str]) -> int:
     assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
     if config.ENABLE_CUDASIM:
         _thread_safe_shared_arrays()
-    # the simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as intended)
-    warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
+    _thread_safe_warnings()
     parts = args.part or list(PARTS)
     for part in parts:
         run_part(part, args.lengths)

@@ -7,6 +7,7 @@ import torch
 
 import compcoll
 from compcoll.kernels import reference
+from tests.shared import world_once
 from tests.algorithms.onebit_workers import make_input
 
 SHAPES = ((37,), (3, 7, 11))
@@ -36,17 +37,18 @@ def numpy_arrays(comm: compcoll.Communicator, steps: int) -> None:
                 out = np.empty_like(mine) if asynchronous else None
                 got = compcoll.compressed_allreduce(mine, we, se, comm, out=out, async_op=asynchronous)
                 got = got.wait() if asynchronous else got
-                outs, ref_we, ref_se, _ = reference.compressed_allreduce(flat, ref_we, ref_se)
+                outs, ref_we, ref_se, _ = world_once(comm, reference.compressed_allreduce, flat, ref_we, ref_se)
                 _check(got, mine, outs[rank], out, where)
                 assert np.array_equal(we, ref_we[rank]) and np.array_equal(se, ref_se[rank]), where
                 got = compcoll.hierarchical_compressed_allreduce(mine, hwe, hse, comm, ranks_per_node=n)
-                outs, ref_hwe, ref_hse, _ = reference.hierarchical_compressed_allreduce(flat, ref_hwe, ref_hse, n)
+                outs, ref_hwe, ref_hse, _ = world_once(comm, reference.hierarchical_compressed_allreduce, flat, ref_hwe,
+                                                        ref_hse, n)
                 _check(got, mine, outs[rank], None, "hierarchical compensated " + where)
                 assert np.array_equal(hwe, ref_hwe[rank]) and np.array_equal(hse, ref_hse[rank]), where
                 work = compcoll.hierarchical_allreduce(mine, comm, ranks_per_node=1, seed=3, step=step, async_op=True)
                 got = work.get_future().wait()
                 assert work.wait() is not got and np.shares_memory(work.wait(), got)
-                _check(got, mine, reference.hierarchical_allreduce(flat, 1, 3, step)[0][rank], None,
+                _check(got, mine, world_once(comm, reference.hierarchical_allreduce, flat, 1, 3, step)[0][rank], None,
                        "hierarchical " + where)
 
 

@@ -7,6 +7,7 @@ import torch
 
 import compcoll
 from compcoll.kernels import reference
+from tests.shared import world_once
 from tests.algorithms.onebit_workers import (
     DTYPES,
     SCALE_NAMES,
@@ -49,7 +50,7 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
 
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_allreduce, xs[rank], comm,
                                      ranks_per_node=k, seed=SEED)
-                outs, ref_sent = reference.hierarchical_allreduce(flat, k, SEED, step)
+                outs, ref_sent = world_once(comm, reference.hierarchical_allreduce, flat, k, SEED, step)
                 step += 1
                 assert out.shape == shape and out.dtype == dtype, where
                 assert_matches_reference(out, outs[rank], f"1-bit, {where}")
@@ -58,8 +59,8 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
 
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
                                      comm, ranks_per_node=k, scale=scale)
-                outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(flat, ref_we, ref_se, k,
-                                                                                             scale)
+                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce, flat,
+                                                            ref_we, ref_se, k, scale)
                 assert_matches_reference(out, outs[rank], f"compensated {scale}, {where}")
                 assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
                 assert sent == ref_sent[rank], f"compensated bytes {sent} != {ref_sent[rank]} ({where})"
@@ -174,7 +175,7 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
                 where = f"{dtype} shape {shape} block {block} call {call}"
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
                                      comm, ranks_per_node=k, scale=scale, block_size=block)
-                outs, ref_we, ref_se, ref_sent = reference.hierarchical_compressed_allreduce(
+                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce,
                     [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, k, scale, block)
                 assert out.shape == shape and out.dtype == dtype, where
                 assert_matches_reference(out, outs[rank], f"compensated blocks {scale}, {where}")

@@ -14,6 +14,7 @@ import compcoll
 from compcoll.algorithms.plan import MAX_CACHED_PLANS, cached_plans
 from compcoll.comm.work import Work
 from compcoll.kernels import reference
+from tests.shared import world_once
 from tests.algorithms.onebit_workers import DTYPES, assert_errors_match, assert_matches_reference, make_input
 
 
@@ -47,7 +48,7 @@ def in_flight(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                     [np.zeros(full, np.float32) for _ in range(n)], [np.zeros(full // n, np.float32) for _ in range(n)]])
                 xs = [make_input(q, step, shape, dtype) for q in range(n)]
                 work = compcoll.compressed_allreduce(xs[rank], we, se, comm, async_op=True)
-                outs, ref_we, ref_se, _ = reference.compressed_allreduce(
+                outs, ref_we, ref_se, _ = world_once(comm, reference.compressed_allreduce,
                     [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se)
                 state[shape][2:] = ref_we, ref_se
                 pending.append((work, outs[rank], we, se, ref_we[rank], ref_se[rank], f"{dtype} {shape} step {step}"))
@@ -62,21 +63,22 @@ def in_flight(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
             hwe, hse, ref_hwe, ref_hse = hier_state
             compensated = compcoll.hierarchical_compressed_allreduce(xs[rank], hwe, hse, comm, ranks_per_node=1,
                                                                      async_op=True)
-            outs, ref_hwe, ref_hse, _ = reference.hierarchical_compressed_allreduce(flat, ref_hwe, ref_hse, 1)
+            outs, ref_hwe, ref_hse, _ = world_once(comm, reference.hierarchical_compressed_allreduce, flat, ref_hwe,
+                                                    ref_hse, 1)
             hier_state[2:] = ref_hwe, ref_hse
             pending.append((compensated, outs[rank], hwe, hse, ref_hwe[rank], ref_hse[rank], f"hierarchical {dtype}"))
             birder = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=1, seed=3, step=step,
                                                      async_op=True).get_future()
             blocking = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=1, seed=4, step=step)
-            assert_matches_reference(blocking, reference.hierarchical_allreduce(flat, 1, 4, step)[0][rank],
-                                     f"blocking behind asynchronous calls, {dtype}")
+            birder_outs = world_once(comm, reference.hierarchical_allreduce, flat, 1, 4, step)[0]
+            assert_matches_reference(blocking, birder_outs[rank], f"blocking behind asynchronous calls, {dtype}")
 
             for work, want, we, se, ref_we, ref_se, where in reversed(pending):
                 assert_matches_reference(work.wait(), want, where)
                 assert work.is_completed(), where
                 assert_errors_match(we, se, ref_we, ref_se, where)
-            assert_matches_reference(birder.wait(), reference.hierarchical_allreduce(flat, 1, 3, step)[0][rank],
-                                     f"Birder through its future, {dtype}")
+            birder_outs = world_once(comm, reference.hierarchical_allreduce, flat, 1, 3, step)[0]
+            assert_matches_reference(birder.wait(), birder_outs[rank], f"Birder through its future, {dtype}")
 
 
 def errors_through_wait(comm: compcoll.Communicator) -> None:
@@ -108,7 +110,7 @@ def errors_through_wait(comm: compcoll.Communicator) -> None:
             raise AssertionError("the future of a failed call completed with a result")
 
     xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
-    outs, _, _, _ = reference.compressed_allreduce(
+    outs, _, _, _ = world_once(comm, reference.compressed_allreduce,
         [v.numpy() for v in xs], [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n)
     out = compcoll.compressed_allreduce(x, we, se, comm, async_op=True).wait()
     assert torch.equal(out, torch.from_numpy(outs[rank])), "the communicator is not usable after the errors"

@@ -14,6 +14,7 @@ from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, summed
 from compcoll.algorithms.pipeline import PIECES_FIELDS
 from compcoll.kernels import reference
 from compcoll.spec import PROTOCOLS, SCALES
+from tests.shared import world_once
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCALE_NAMES = tuple(SCALES)
@@ -67,7 +68,7 @@ def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -
                     before, sent_before = xs[rank].clone(), comm.bytes_sent
                     out = compcoll.compressed_allreduce(xs[rank], we, se, comm, protocol=protocol, scale=scale)
                     sent = comm.bytes_sent - sent_before
-                    outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
                         [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol, scale
                     )
                     where = f"{dtype} {protocol} {scale} shape {shape} step {step}"
@@ -195,7 +196,7 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
     ref_we = [torch.randn(full, generator=torch.Generator().manual_seed(q)).mul(0.01).numpy() for q in range(n)]
     ref_se = [torch.randn(full // n, generator=torch.Generator().manual_seed(99 + q)).mul(0.01).numpy() for q in range(n)]
-    outs, ref_we, ref_se, _ = reference.compressed_allreduce([v.numpy() for v in xs], ref_we, ref_se)
+    outs, ref_we, ref_se, _ = world_once(comm, reference.compressed_allreduce, [v.numpy() for v in xs], ref_we, ref_se)
     out = car(x, we, se, comm)
     assert torch.equal(out, torch.from_numpy(outs[rank])), "the communicator is not usable after the errors"
     assert np.array_equal(we.numpy(), ref_we[rank]) and np.array_equal(se.numpy(), ref_se[rank])
@@ -273,7 +274,7 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                     call = dict(protocol=protocol, scale=scale, block_size=block, async_op=step == 1)
                     out = compcoll.compressed_allreduce(xs[rank], we, se, comm, **call)
                     out = out.wait() if step == 1 else out
-                    outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
                         [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol, scale, block)
                     where = f"{dtype} {protocol} {scale} block {block} shape {shape} step {step}"
                     assert out.shape == shape and out.dtype == dtype, where
@@ -337,7 +338,7 @@ def levels(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> 
                 xs = [make_input(q, step, shape, dtype) for q in range(n)]
                 sent_before = comm.bytes_sent
                 out = compcoll.compressed_allreduce(xs[rank], we, se, comm, block_size=block, bits=bits)
-                outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
                     [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, "gather_scatter", "l2", block, bits)
                 where = f"{dtype} {bits} bits block {block} shape {shape} step {step}"
                 assert_matches_reference(out, outs[rank], where)

@@ -11,6 +11,7 @@ import compcoll
 from compcoll.algorithms.pipeline import PIECE_BYTES, agree_pieces, default_pieces
 from compcoll.comm.topology import RANKS_PER_NODE_ENV
 from compcoll.kernels import reference
+from tests.shared import world_once
 from tests.algorithms.onebit_workers import (
     DTYPES, SCALE_NAMES, _expect, assert_errors_match, assert_matches_reference, assert_same_on_all_ranks, make_input,
 )
@@ -35,7 +36,7 @@ def pieces_match_reference(comm: compcoll.Communicator, shapes: list[list[int]],
                                                         scale=scale)
                     out = out.wait() if step % 2 else out
                     sent = comm.bytes_sent - sent_before
-                    outs, ref_we, ref_se, ref_sent = reference.compressed_allreduce(
+                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
                         [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, scale=scale)
                     where = f"{dtype} {pieces} pieces {scale} shape {shape} step {step}"
                     assert_matches_reference(out, outs[rank], where)

@@ -9,6 +9,7 @@ import compcoll
 from compcoll.algorithms.reduce_scatter import OPS, compressed_reduce_scatter, row_elements
 from compcoll.spec import LEVEL_BITS
 from compcoll.kernels import reference
+from tests.shared import world_once
 from tests.algorithms.onebit_workers import DTYPES, SCALE_NAMES, _expect, assert_matches_reference, make_input
 
 
@@ -33,7 +34,7 @@ def numerics(comm: compcoll.Communicator, rows: list[int], steps: int) -> None:
                 compressed_reduce_scatter(xs[rank], out, error, comm, op=op, factor=factor, block_size=block,
                                           scale=scale, bits=bits)
                 sent = comm.bytes_sent - sent_before
-                outs, ref_errors, ref_sent = reference.compressed_reduce_scatter(
+                outs, ref_errors, ref_sent = world_once(comm, reference.compressed_reduce_scatter,
                     [x.float().numpy() for x in xs], ref_errors, block, scale, op, factor, bits)
                 where = f"{dtype} {op} {scale} {bits} bit(s) block {block} row {row} step {step}"
                 assert torch.equal(xs[rank], before), f"input was modified ({where})"

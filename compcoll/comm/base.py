@@ -141,8 +141,10 @@ class Communicator(ABC):
 
         Blocking: in its turn, on this thread when nothing is queued; returns its result.
         ``async_op=True``: queued for this communicator's ordering thread; returns its
-        ``TaskWork`` (``wait`` gives the result or raises the call's error).
+        ``TaskWork`` (``wait`` gives the result or raises the call's error). Either way a
+        communicator already broken raises ``CommunicatorBroken`` at once.
         """
+        self._check()
         if async_op:
             return self._ordering.submit(call, what)
         return self._ordering.run(call, what)
@@ -159,7 +161,13 @@ class Communicator(ABC):
         """Raise if this transport may not be entered from the ordering thread (every one may here)."""
 
     def _issue(self, what: str, count: Callable[[], None], start: Callable[[], Work], async_op: bool) -> Work | None:
-        """Start a transport operation in its turn: check, count its bytes, start; wait unless ``async_op``."""
+        """Start a transport operation in its turn: check, count its bytes, start; wait unless ``async_op``.
+
+        A communicator already broken raises at once, before queueing behind calls still in flight (one that
+        timed out in ``wait(timeout)`` may run on for its whole timeout).
+        """
+        self._check()
+
         def begin() -> Work:
             self._check()
             count()

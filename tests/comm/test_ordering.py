@@ -45,6 +45,7 @@ def test_errors_come_back_through_wait_and_the_future() -> None:
 
 
 def test_wait_timeout_raises_and_breaks_the_communicator() -> None:
+    """wait(timeout) raises; later calls raise CommunicatorBroken at once, not after the stuck call ends."""
     comm = compcoll.SingleComm()
     gate = threading.Event()
     work = comm.run(lambda: gate.wait(5), "stuck", async_op=True)
@@ -52,7 +53,10 @@ def test_wait_timeout_raises_and_breaks_the_communicator() -> None:
         work.wait(timeout=0.1)
     with pytest.raises(compcoll.CommunicatorBroken):
         comm.barrier()
+    with pytest.raises(compcoll.CommunicatorBroken):
+        comm.run(lambda: 7, "after")
     gate.set()
+    assert work.wait() is True, "a call on a broken communicator waited behind the timed-out call instead of raising"
 
 
 def test_single_comm_operations_are_complete_when_started() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -81,6 +82,38 @@ def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -
                     setup = 8 * PIECES_FIELDS * (n - 1) if first else 0
                     assert sent == ref_sent[rank] + setup, f"bytes sent {sent} != {ref_sent[rank]} + {setup} ({where})"
                     assert_same_on_all_ranks(comm, out)
+
+
+def steps_match_reference(comm: compcoll.Communicator, shape: tuple[int, ...], dtype: torch.dtype, steps: int,
+                          asynchronous: Callable[[int], bool], options: dict, reference_options: dict) -> None:
+    """``steps`` calls of ``compressed_allreduce(**options)`` on fresh inputs, from zero error buffers.
+
+    At each step, blocking or (where ``asynchronous(step)``) through ``wait()``:
+    1. The output has the input's shape and dtype and the reference's bits
+       (``reference.compressed_allreduce(**reference_options)``, once per world: ``world_once``).
+    2. Both error buffers equal the reference's, and the bytes sent its count.
+    3. Every rank holds the same output.
+    """
+    n, rank = comm.size, comm.rank
+    full = compcoll.padded_numel(int(np.prod(shape)), n)
+    we, se = torch.zeros(full), torch.zeros(full // n)
+    ref_we = [np.zeros(full, np.float32) for _ in range(n)]
+    ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
+    for step in range(steps):
+        xs = [make_input(q, step, shape, dtype) for q in range(n)]
+        sent_before = comm.bytes_sent
+        out = compcoll.compressed_allreduce(xs[rank], we, se, comm, async_op=asynchronous(step), **options)
+        out = out.wait() if asynchronous(step) else out
+        sent = comm.bytes_sent - sent_before
+        outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
+                                                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se,
+                                                    **reference_options)
+        where = f"{dtype} {options} shape {shape} step {step}"
+        assert out.shape == shape and out.dtype == dtype, where
+        assert_matches_reference(out, outs[rank], where)
+        assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+        assert sent == ref_sent[rank], f"bytes sent {sent} != {ref_sent[rank]} ({where})"
+        assert_same_on_all_ranks(comm, out)
 
 
 def in_place_and_stateful(comm: compcoll.Communicator) -> None:
@@ -262,26 +295,8 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
         for protocol in PROTOCOLS:
             for shape in map(tuple, shapes):
                 case += 1
-                block, scale = sizes[case % len(sizes)], SCALE_NAMES[case % 2]
-                numel = int(np.prod(shape))
-                full = compcoll.padded_numel(numel, n)
-                we, se = torch.zeros(full), torch.zeros(full // n)
-                ref_we = [np.zeros(full, np.float32) for _ in range(n)]
-                ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
-                for step in range(steps):
-                    xs = [make_input(q, step, shape, dtype) for q in range(n)]
-                    sent_before = comm.bytes_sent
-                    call = dict(protocol=protocol, scale=scale, block_size=block, async_op=step == 1)
-                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, **call)
-                    out = out.wait() if step == 1 else out
-                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
-                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol, scale, block)
-                    where = f"{dtype} {protocol} {scale} block {block} shape {shape} step {step}"
-                    assert out.shape == shape and out.dtype == dtype, where
-                    assert_matches_reference(out, outs[rank], where)
-                    assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
-                    assert comm.bytes_sent - sent_before == ref_sent[rank], f"bytes sent ({where})"
-                    assert_same_on_all_ranks(comm, out)
+                options = dict(protocol=protocol, scale=SCALE_NAMES[case % 2], block_size=sizes[case % len(sizes)])
+                steps_match_reference(comm, shape, dtype, steps, lambda step: step == 1, options, options)
 
     _resumes_exactly(comm, block_size=64)
 
@@ -328,24 +343,12 @@ def levels(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> 
     for dtype in DTYPES:
         for shape in map(tuple, shapes):
             case += 1
-            bits, block = (2, 3, 4, 8)[case % 4], (8, 64, 256)[case % 3]
-            numel = int(np.prod(shape))
-            full = compcoll.padded_numel(numel, n)
-            we, se = torch.zeros(full), torch.zeros(full // n)
-            ref_we = [np.zeros(full, np.float32) for _ in range(n)]
-            ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
-            for step in range(steps):
-                xs = [make_input(q, step, shape, dtype) for q in range(n)]
-                sent_before = comm.bytes_sent
-                out = compcoll.compressed_allreduce(xs[rank], we, se, comm, block_size=block, bits=bits)
-                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
-                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, "gather_scatter", "l2", block, bits)
-                where = f"{dtype} {bits} bits block {block} shape {shape} step {step}"
-                assert_matches_reference(out, outs[rank], where)
-                assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
-                assert comm.bytes_sent - sent_before == ref_sent[rank], f"bytes sent ({where})"
+            options = dict(block_size=(8, 64, 256)[case % 3], bits=(2, 3, 4, 8)[case % 4])
+            steps_match_reference(comm, shape, dtype, steps, lambda step: False, options,
+                                  dict(protocol="gather_scatter", scale="l2", **options))
 
     grad = _resumes_exactly(comm, block_size=64, bits=3)
+    full = compcoll.padded_numel(grad.numel(), n)
     _expect(ValueError, "needs protocol='gather_scatter' and a block_size", compcoll.compressed_allreduce,
             grad, torch.zeros(full), torch.zeros(full // n), comm, bits=3)
     if n > 1:

@@ -4,45 +4,23 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 
 import compcoll
 from compcoll.algorithms.pipeline import PIECE_BYTES, agree_pieces, default_pieces
 from compcoll.comm.topology import RANKS_PER_NODE_ENV
-from compcoll.kernels import reference
-from tests.shared import world_once
-from tests.algorithms.onebit_workers import (
-    DTYPES, SCALE_NAMES, _expect, assert_errors_match, assert_matches_reference, assert_same_on_all_ranks, make_input,
-)
+from tests.algorithms.onebit_workers import DTYPES, SCALE_NAMES, _expect, make_input, steps_match_reference
 
 
 def pieces_match_reference(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
     """Outputs, both error buffers and bytes sent equal the reference in 2, 3 and 5 pieces (odd steps asynchronous),
     the shapes taking the scales in turn."""
-    n, rank = comm.size, comm.rank
     for dtype in DTYPES:
         for pieces in (2, 3, 5):
             for i, shape in enumerate(map(tuple, shapes)):
                 scale = SCALE_NAMES[(i + pieces) % 2]
-                full = compcoll.padded_numel(int(np.prod(shape)), n)
-                we, se = torch.zeros(full), torch.zeros(full // n)
-                ref_we = [np.zeros(full, np.float32) for _ in range(n)]
-                ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
-                for step in range(steps):
-                    xs = [make_input(q, step, shape, dtype) for q in range(n)]
-                    sent_before = comm.bytes_sent
-                    out = compcoll.compressed_allreduce(xs[rank], we, se, comm, pieces=pieces, async_op=step % 2 == 1,
-                                                        scale=scale)
-                    out = out.wait() if step % 2 else out
-                    sent = comm.bytes_sent - sent_before
-                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
-                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, scale=scale)
-                    where = f"{dtype} {pieces} pieces {scale} shape {shape} step {step}"
-                    assert_matches_reference(out, outs[rank], where)
-                    assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
-                    assert sent == ref_sent[rank], f"bytes sent {sent} != {ref_sent[rank]} ({where})"
-                    assert_same_on_all_ranks(comm, out)
+                steps_match_reference(comm, shape, dtype, steps, lambda step: step % 2 == 1,
+                                      dict(pieces=pieces, scale=scale), dict(scale=scale))
 
 
 def pieces_must_agree(comm: compcoll.Communicator) -> None:

@@ -3,8 +3,8 @@
 # against the CPU kernels on the hardware, tests/gpu, bench/gpu_suite.py, then the rest of the suite until the deadline.
 # Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5). Logs and figures go to $OUT.
 # Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
-# (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_S: gpu_suite's runs per median, sizes and
-# time limit)
+# (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_LAUNCHERS, SUITE_S: gpu_suite's runs per median,
+# sizes, launchers and time limit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_run}
@@ -30,6 +30,7 @@ wait
 tail -3 "$out/kernels.log"
 echo "== bench/gpu_suite.py"
 timeout "${SUITE_S:-150}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
+    ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \
     --out "$out/gpu_kernels" 2>&1 | tail -12
 [ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"

@@ -1,0 +1,154 @@
+"""Where a CUDA call's host time goes: each step of one kernel launch timed alone, and a profile of whole calls.
+
+Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
+    python bench/gpu_host_profile.py --out bench/results/gpu_host_profile
+
+1. Each step that ``codecs`` and ``kernels.launch`` take to launch one kernel, timed alone
+   on the host (median over ``--rounds`` rounds of ``--loops`` calls, microseconds per call):
+   torch's current stream, numba's stream and context, the launcher's variant lookup and
+   argument flattening, a tensor view, a torch allocation, ``cuda.core.launch`` itself, the
+   whole ``launch`` and a whole one-kernel codec call; beside them one torch kernel
+   (``add_``) for scale.
+2. The host time of one ``compressed_allreduce`` call on one rank at ``--numel`` elements,
+   and its profile (``cProfile`` over ``--calls`` calls): the functions with the most time of
+   their own and the most time in all.
+Writes OUT.txt with the GPU's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import compcoll
+from compcoll import codecs
+from compcoll.kernels import cuda as cuda_kernels
+from compcoll.kernels import launch as launching
+
+
+def per_call_us(fn, loops: int, rounds: int) -> float:
+    """Median over ``rounds`` of the host microseconds per call of ``fn`` in a loop of ``loops`` calls."""
+    for _ in range(min(loops, 50)):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        times.append((time.perf_counter() - start) / loops * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
+    """Host microseconds of each step of a one-kernel codec call (``scale_from`` on a device sum)."""
+    from numba import cuda
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    total = torch.ones(1, dtype=torch.float64, device=dev)
+    out = torch.empty(1, dtype=torch.float32, device=dev)
+    handle = torch.cuda.current_stream(dev).cuda_stream
+    stream = codecs._numba_stream(dev.index, handle)
+    args = (launching.DeviceArray.of(total), 4096, 64.0, True, launching.DeviceArray.of(out))
+    kernel = cuda_kernels._scale_of
+    core_kernel, flatteners = launching._bound(kernel, launching._device_id(), tuple(map(launching._key, args)))
+    flat: list = []
+    for flatten, arg in zip(flatteners, args):
+        flatten(arg, flat)
+    core_stream = launching._core_stream(stream)
+    config = launching._config(1, 1)
+    keys = tuple(map(launching._key, args))
+    small = torch.zeros(16, device=dev)
+
+    def flatten_all() -> None:
+        into: list = []
+        for flatten, arg in zip(flatteners, args):
+            flatten(arg, into)
+
+    def context() -> None:
+        with cuda.gpus[dev.index]:
+            pass
+
+    cases = {
+        "torch.cuda.current_stream(dev).cuda_stream": lambda: torch.cuda.current_stream(dev).cuda_stream,
+        "codecs._numba_stream (cached)": lambda: codecs._numba_stream(dev.index, handle),
+        "with cuda.gpus[i] (numba context)": context,
+        "launch._device_id()": launching._device_id,
+        "launch.launcher()": launching.launcher,
+        "DeviceArray.of(tensor)": lambda: launching.DeviceArray.of(total),
+        "codecs._array(tensor) (detach + view)": lambda: codecs._array(total),
+        "torch.empty(1, device)": lambda: torch.empty(1, dtype=torch.float32, device=dev),
+        "argument keys (5 args)": lambda: tuple(map(launching._key, args)),
+        "launch._bound lookup (cached)": lambda: launching._bound(kernel, 0, keys),
+        "flatten 5 args": flatten_all,
+        "cuda.core launch, flat args ready": lambda: launching._core_launch(core_stream, config, core_kernel, *flat),
+        "kernels.launch.launch (whole)": lambda: launching.launch(kernel, 1, 1, stream, *args),
+        "codecs.scale_from (whole codec call)": lambda: codecs.scale_from(total, 4096, "l2"),
+        "torch add_ on 16 elements (for scale)": lambda: small.add_(1.0),
+    }
+    return [(name, per_call_us(fn, loops, rounds)) for name, fn in cases.items()]
+
+
+def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
+    """One rank's compressed_allreduce at ``numel``: host microseconds per call, its profile, its counts."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(numel)
+    x = torch.randn(numel, device=dev, generator=gen)
+    full = compcoll.padded_numel(numel, 1)
+    we, se = torch.zeros(full, device=dev), torch.zeros(full, device=dev)
+    out = torch.empty(numel, device=dev)
+    comm = compcoll.SingleComm()
+
+    def call() -> None:
+        compcoll.compressed_allreduce(x, we, se, comm, out=out)
+
+    host = per_call_us(call, 20, 7)
+    launching.COUNTS.reset()
+    call()
+    torch.cuda.synchronize()
+    counts = {"launches": launching.COUNTS.launches, "wraps": launching.COUNTS.wraps, "waits": launching.COUNTS.waits}
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumulative").print_stats(60)
+    return host, text.getvalue(), counts
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--loops", type=int, default=500)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--numel", type=int, default=4096)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    lines = [f"# {torch.cuda.get_device_name()}; host microseconds per call, median of {args.rounds} rounds of "
+             f"{args.loops}; launcher {launching.launcher()}"]
+    for name, us in steps(args.loops, args.rounds):
+        lines.append(f"{name:45s} {us:9.2f}")
+    host, text, counts = profile_call(args.numel, args.calls)
+    lines.append(f"compressed_allreduce, 1 rank, {args.numel} elements: {host:.1f} us of host time per call; {counts}")
+    lines.append(f"# cProfile over {args.calls} calls")
+    lines.append(text)
+    report = "\n".join(lines)
+    print(report)
+    args.out.with_suffix(".txt").write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

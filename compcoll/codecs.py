@@ -19,6 +19,7 @@ import torch
 from . import spec
 from .kernels import cpu as cpu_kernels
 from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
+from .workspace import current_stream
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Scalar = Union[float, torch.Tensor]
@@ -101,13 +102,13 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
         with _CPU_KERNELS:
             return run(*args)
     check_device(tensor)
-    from numba import cuda
-
     from .kernels import cuda as cuda_kernels
+    from .kernels.launch import context_for
 
-    stream = _numba_stream(tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream)
+    device = tensor.device.index
+    stream = _numba_stream(device, current_stream(device))
     extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
-    with cuda.gpus[tensor.device.index]:
+    with context_for(device):
         return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
 
 
@@ -115,10 +116,9 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
 def _numba_stream(device: int, handle: int):
     """numba's view of the CUDA stream ``handle`` on GPU ``device``, made once (a new one per call would cost each
     launch a new launch configuration)."""
-    from numba import cuda
+    from .kernels.launch import stream_on
 
-    with cuda.gpus[device]:
-        return cuda.external_stream(handle)
+    return stream_on(device, handle)
 
 
 def _torch_empty(device: torch.device):
@@ -225,6 +225,31 @@ def accumulate_signs(
                 _base(base, out, out_view), out_view, count, spec.SCALES[scale])
 
 
+def accumulate_scale(
+    bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int, numel: int,
+    scale: str = "l2",
+) -> Scalar:
+    """``accumulate_signs``, returning the float32 ``scale`` of ``numel`` elements from its sum (``scale_from``).
+
+    On CUDA the same launch computes the scale and keeps it on the device (a one-element
+    float32 tensor); on the CPU it is a float.
+    """
+    out_view = _array(out)
+    args = (_array(bits), _weights(weights, out), _base(base, out, out_view), out_view, count, spec.SCALES[scale])
+    if out.is_cpu:
+        return scale_from(float(_run("accumulate_signs", out, *args)), numel, scale)
+    return _device_scale("accumulate_signs", out, numel, scale, *args)
+
+
+def _device_scale(kernel: str, tensor: torch.Tensor, numel: int, scale: str, *args) -> torch.Tensor:
+    """Run a CUDA kernel that ends in a float64 sum, with the float32 scale of ``numel`` elements from it written by
+    the same launch; returns that scale (one element, on the device)."""
+    total = torch.empty(1, dtype=torch.float64, device=tensor.device)
+    out = torch.empty(1, dtype=torch.float32, device=tensor.device)
+    _run(kernel, tensor, *args, into=_array(total), scale=(numel, spec.SCALES[scale], _array(out)))
+    return out
+
+
 def _weights(weights: torch.Tensor, out: torch.Tensor):
     """The kernel view of ``weights`` as float32 on ``out``'s device (copied only if they are not)."""
     if weights.dtype != torch.float32 or weights.device != out.device:
@@ -259,6 +284,14 @@ def tree_sum(lanes: torch.Tensor, resident: bool = False) -> Scalar:
     """The pairwise tree sum of float64 lane sums (the last step of every scale's sum); ``resident``
     as for ``accumulate_signs``."""
     return _sum("tree_sum", lanes, resident, _array(lanes))
+
+
+def tree_scale(lanes: torch.Tensor, numel: int, scale: str = "l2") -> Scalar:
+    """The float32 ``scale`` of ``numel`` elements from the tree sum of their lane sums, as ``accumulate_scale``
+    (on CUDA: in the tree's own launch, kept on the device)."""
+    if lanes.is_cpu:
+        return scale_from(tree_sum(lanes), numel, scale)
+    return _device_scale("tree_sum", lanes, numel, scale, _array(lanes))
 
 
 def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:

@@ -48,10 +48,11 @@ def variants() -> dict[str, tuple]:
 
     F32, F64, U8, U16, I16 = (t.Array(d, 1, "C") for d in (t.float32, t.float64, t.uint8, t.uint16, t.int16))
     I64 = t.int64
+    FINISH = (t.Array(t.int32, 1, "C"), F64, I64, t.float64, I64, F32)
+    """What ends a sum on the device: the block counter, the total, d, sqrt(d), the scale's mode and slot."""
     found: dict[str, tuple] = {
-        "tree: first level": (kernels._halve_from.py_func, (F64, F64, I64)),
-        "tree: level": (kernels._halve.py_func, (F64, I64)),
-        "tree: tail in one block": (kernels._halve_in_block.py_func, (F64, I64)),
+        "tree: collapse to one block's width, then the last block": (kernels._collapse.py_func,
+                                                                    (F64, I64, F64, *FINISH)),
         "scale of a device sum": (kernels._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32)),
         "max |x| of rows (reduce)": (kernels._absmax_rows.py_func, (F32, I64, F32)),
     }
@@ -60,7 +61,8 @@ def variants() -> dict[str, tuple]:
     for lut in (False, True):
         src = U16 if lut else F32
         for p in (1, 2):
-            found[f"sum of |x|^{p}, table={lut}"] = (kernels._power_lanes(lut, p).py_func, (src, F32, F32, I64, F64))
+            found[f"sum of |x|^{p}, table={lut}"] = (kernels._power_lanes(lut, p).py_func,
+                                                     (src, F32, F32, I64, F64, t.boolean, *FINISH))
         for in_memory in (False, True):
             found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
                 kernels._compensate_encode(lut, in_memory).py_func,
@@ -84,7 +86,8 @@ def variants() -> dict[str, tuple]:
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (
-                kernels._accumulate_lanes(base, p).py_func, (rows(t.uint8), F32, F32, F32, I64, F64))
+                kernels._accumulate_lanes(base, p).py_func,
+                (rows(t.uint8), F32, F32, F32, I64, F64, t.boolean, *FINISH))
         found[f"accumulate with block weights, base={base}"] = (
             kernels._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64))
     return found
@@ -180,7 +183,7 @@ def main() -> int:
             print(f"FAILED  {name}: the PTX entry takes parameters of {declared} bytes, the launcher passes {passed}")
             continue
         print(f"ok      {name} ({len(ptx)} chars of PTX, {len(declared)} parameters as the launcher flattens them)")
-        if name == "scale of a device sum":
+        if name == "scale of a device sum" or name.startswith(("tree:", "sum of", "accumulate signs")):
             missing = [op for op in ("sqrt.rn.f64", "div.rn.f64", "cvt.rn.f32.f64") if op not in ptx]
             if missing:
                 failed += 1

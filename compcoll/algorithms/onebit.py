@@ -274,9 +274,8 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     cb = chunk // 8
     received = workspace.get("serve.chunks", n * cb, torch.uint8, bits.device)
     comm.alltoall(bits, received)
-    total = codecs.accumulate_signs(received.view(n, cb), weights, server_error, server_error, chunk, scale,
-                                    resident=True)
-    server_scale = codecs.scale_from(total, chunk, scale)
+    server_scale = codecs.accumulate_scale(received.view(n, cb), weights, server_error, server_error, chunk, chunk,
+                                           scale)
     send = workspace.get("serve.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
     codecs.compensate_encode(None, server_error, server_scale, codecs.frame(send, server_scale))
     gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)

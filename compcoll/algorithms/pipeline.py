@@ -121,7 +121,7 @@ def serve_in_pieces(
     while in_flight:
         _accumulate(in_flight.pop(0), recv, weights, server_error, lanes, n, scale_kind)
 
-    server_scale = codecs.scale_from(codecs.tree_sum(lanes, resident=True), chunk, scale_kind)
+    server_scale = codecs.tree_scale(lanes, chunk, scale_kind)
     own = workspace.get("pipe.own", SCALE_BYTES + chunk // 8, torch.uint8, device)
     own_bits = codecs.frame(own, server_scale)
     gathered = workspace.get("pipe.gathered", n * own.numel(), torch.uint8, device)

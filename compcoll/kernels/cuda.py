@@ -9,9 +9,12 @@ them and launches pre-bound variants through cuda.core.
 Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of absolute
 values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
 elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
-coalesce), then the block-major lane sums are combined by the same pairwise tree, in
-log2 launches on the device; only the final float64 crosses to the host, or none where the
-caller keeps it on the device (``into``, ``scale_of``, a scale read from memory). The encoders
+coalesce), then the block-major lane sums are combined by the same pairwise tree in the
+same launch: the grid's last block to finish (an atomic count) adds them, and writes the
+sum and, where asked, its float32 scale. Past ``TAIL`` lane sums one more launch
+(``_collapse``) takes the tree's wide levels first. Only the final float64 crosses to the
+host, or none where the caller keeps it on the device (``into``, ``scale``, a scale read
+from memory). The encoders
 read and write elements coalesced and stage a tile's signs in shared memory before each
 thread packs one byte; decoding goes row by row, one thread per element. 16-bit inputs
 arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No kernel takes a
@@ -29,27 +32,25 @@ from numba import cuda
 
 from . import scalar
 from ..spec import BLOCK, LANES
-from .launch import copy_first, launch, read_first
+from .launch import device_of, launch, read_first
 
 THREADS = 128
 MAX_BLOCKS = 4096
 TAIL = 4096
-TAIL_THREADS = 512
+"""Lane sums up to which the last block of the kernel that wrote them adds them all itself (``_finish_sum``)."""
+COLLAPSED = 32768
+"""The width ``_collapse`` takes the tree down to before its last block adds the rest."""
+COLLAPSE_THREADS = 1024
+"""Threads per block of ``_collapse``: its last block adds up to ``COLLAPSED`` values alone."""
 _ROWS_PER_BLOCK = BLOCK // LANES
 TILE = 8 * THREADS
 """Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 
 
-@lru_cache(maxsize=None)
-def _no_table(device: int):
-    """A one-element stand-in table on GPU ``device``."""
-    return cuda.to_device(np.zeros(1, np.float32))
-
-
-def _table(lut):
-    """The lookup table, or a one-element stand-in on the current GPU when there is none (kernels take no None
+def _table(lut, stream):
+    """The lookup table, or a one-element stand-in on the stream's GPU when there is none (kernels take no None
     arguments)."""
-    return _no_table(cuda.gpus.current.id) if lut is None else lut
+    return _stand_in(device_of(stream), np.float32) if lut is None else lut
 
 
 def _grid(work: int) -> int:
@@ -77,57 +78,154 @@ def _pack(signs, first):
     return byte
 
 
-@cuda.jit
-def _halve_from(source, values, half):
-    """values[i] = source[i] + source[i + half] (0 past the end of source), i < half: the tree's first level."""
-    n = source.size
-    for i in range(cuda.grid(1), half, cuda.gridsize(1)):
-        values[i] = source[i] + (source[i + half] if i + half < n else 0.0)
+@cuda.jit(device=True)
+def _scale_value(total, d, root_d, l2):
+    """The float32 scale of ``d`` elements from their float64 sum of |x|^power, as ``spec.scale_from``."""
+    if d == 0:
+        return np.float32(0.0)
+    if l2:
+        return np.float32(math.sqrt(total) / root_d) if total >= 0 else np.float32(math.nan)
+    return np.float32(total / d)
 
 
-@cuda.jit
-def _halve(values, half):
-    """values[i] += values[i + half] for i < half: one level of the pairwise tree."""
-    for i in range(cuda.grid(1), half, cuda.gridsize(1)):
-        values[i] += values[i + half]
+@cuda.jit(device=True)
+def _last_block(counter):
+    """Whether this block is the grid's last to finish, every block's global writes made visible first.
+
+    1. Every thread fences its writes; the block waits for all of them.
+    2. Thread 0 counts the block in ``counter[0]``; the block that counts last is the last.
+    """
+    done = cuda.shared.array(1, np.int32)
+    cuda.threadfence()
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        done[0] = 1 if cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1 else 0
+    cuda.syncthreads()
+    return done[0] == 1
 
 
-@cuda.jit
-def _halve_in_block(values, size):
-    """The tree's remaining levels in one block: halve ``size`` down to 1, a barrier between levels."""
-    while size > 1:
-        size //= 2
-        for i in range(cuda.threadIdx.x, size, cuda.blockDim.x):
-            values[i] += values[i + size]
+@cuda.jit(device=True)
+def _tree_in_block(values, size):
+    """values[0] <- the pairwise tree of values[:size] zero-padded to a power of two, by one block, in place."""
+    half = 1
+    while 2 * half < size:
+        half *= 2
+    if size > 1:
+        for i in range(cuda.threadIdx.x, half, cuda.blockDim.x):
+            values[i] = values[i] + (values[i + half] if i + half < size else 0.0)
         cuda.syncthreads()
+        while half > 1:
+            half //= 2
+            for i in range(cuda.threadIdx.x, half, cuda.blockDim.x):
+                values[i] += values[i + half]
+            cuda.syncthreads()
 
 
-def tree_sum(partial, stream=0, empty=_device_empty, into=None) -> float | None:
+@cuda.jit(device=True)
+def _finish_sum(values, size, counter, total, d, root_d, mode, scale_out):
+    """The last block of the grid: the tree of values[:size] into total[0], and (mode 1: l2, 2: l1) the float32
+    scale of ``d`` elements from it into scale_out[0]; then ``counter`` is zero again for the stream's next launch."""
+    if _last_block(counter):
+        _tree_in_block(values, size)
+        if cuda.threadIdx.x == 0:
+            t = values[0]
+            total[0] = t
+            if mode != 0:
+                scale_out[0] = _scale_value(t, d, root_d, mode == 1)
+            counter[0] = 0
+
+
+@cuda.jit
+def _collapse(partial, width, values, counter, total, d, root_d, mode, scale_out):
+    """values[i] <- the tree's value at index i once it is ``width`` wide (i < width), then ``_finish_sum``.
+
+    Element i at that level is the pairwise tree of partial[i + m * width], m < M (zero past the end),
+    whose first level pairs m with m + M/2: the same tree taken over m in bit-reversed order,
+    adjacent pairs first. Each thread walks it with a stack of partial trees (a binary counter),
+    reading partial coalesced (neighbouring threads, neighbouring i).
+    """
+    n = partial.size
+    stride = 1
+    while stride * width < n:
+        stride *= 2
+    levels = 0
+    while (1 << levels) < stride:
+        levels += 1
+    stack = cuda.local.array(64, np.float64)
+    for i in range(cuda.grid(1), width, cuda.gridsize(1)):
+        for j in range(stride):
+            m = 0
+            for b in range(levels):
+                m |= ((j >> b) & 1) << (levels - 1 - b)
+            k = i + m * width
+            x = partial[k] if k < n else 0.0
+            level = 0
+            carry = j
+            while carry & 1:
+                x = stack[level] + x
+                level += 1
+                carry >>= 1
+            stack[level] = x
+        values[i] = stack[levels]
+    _finish_sum(values, width, counter, total, d, root_d, mode, scale_out)
+
+
+@lru_cache(maxsize=None)
+def _counter(device: int, stream) -> object:
+    """The zeroed block counter of ``_last_block`` for kernels in ``stream`` on GPU ``device`` (each last block
+    zeroes it again; kernels of one stream run one after another)."""
+    with cuda.gpus[device]:
+        return cuda.to_device(np.zeros(1, np.int32))
+
+
+@lru_cache(maxsize=None)
+def _stand_in(device: int, dtype) -> object:
+    """A one-element array on GPU ``device`` for a slot a kernel variant does not write (kernels take no None)."""
+    with cuda.gpus[device]:
+        return cuda.to_device(np.zeros(1, dtype))
+
+
+def _sum_slots(stream, empty, into, scale) -> tuple:
+    """The arguments that finish a sum on the device: (counter, total, d, sqrt(d), mode, scale out).
+
+    ``total`` is ``into`` or a new float64 slot; ``scale`` is (d, power, out) for the float32
+    scale of d elements written into ``out`` beside it (mode 1 for power 2, 2 for power 1), or None.
+    """
+    device = device_of(stream)
+    total = into if into is not None else empty(1, np.float64, stream)
+    if scale is None:
+        return _counter(device, stream), total, 0, 0.0, 0, _stand_in(device, np.float32)
+    d, power, out = scale
+    return _counter(device, stream), total, d, math.sqrt(d), 1 if power == 2 else 2, out
+
+
+def _summed(slots, into, stream) -> float | None:
+    """The finished sum: read to the host (a wait) unless it went ``into`` a device slot."""
+    return None if into is not None else read_first(slots[1], stream)
+
+
+def tree_sum(partial, stream=0, empty=_device_empty, into=None, scale=None) -> float | None:
     """Pairwise tree sum of a device float64 vector, as ``reference.tree_sum``; returns the float64.
 
-    1. The first level reads ``partial`` as if zero-padded to a power of two (size p),
-       adding its upper half onto its lower half in a buffer of p / 2.
-    2. Levels wider than ``TAIL`` run one launch each, over the whole grid.
-    3. One block runs the rest, with a barrier between levels; the value is copied to the
-       host, or, when ``into`` (a one-element float64 device array) is given, into it on
-       the device (no host round trip; returns None).
+    One launch of ``_collapse``: the levels down to ``COLLAPSED`` wide (or to half the padded
+    length) in registers, then the grid's last block adds the rest. The value is read back
+    to the host, or, when ``into`` (a one-element float64 device array) is given, left there
+    (no host wait; returns None). ``scale`` = (d, power, out) also writes the float32 scale
+    of d elements into ``out`` (``scale_of``'s bits) in the same launch.
     """
-    size = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
-    if size == 1:
-        values = partial
-    else:
-        size //= 2
-        values = empty(size, np.float64, stream)
-        launch(_halve_from, _grid(size), THREADS, stream, partial, values, size)
-        while size > TAIL:
-            size //= 2
-            launch(_halve, _grid(size), THREADS, stream, values, size)
-        if size > 1:
-            launch(_halve_in_block, 1, TAIL_THREADS, stream, values, size)
-    if into is not None:
-        copy_first(into, values, stream)
-        return None
-    return read_first(values, stream)
+    slots = _sum_slots(stream, empty, into, scale)
+    _finish_lanes(partial, stream, empty, slots)
+    return _summed(slots, into, stream)
+
+
+def _finish_lanes(partial, stream, empty, slots) -> None:
+    """The tree of ``partial`` into ``slots`` by ``_collapse``: down to half its padded length or ``COLLAPSED``
+    values, whichever is fewer, then its last block."""
+    padded = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
+    width = min(COLLAPSED, max(1, padded // 2))
+    values = empty(width, np.float64, stream)
+    launch(_collapse, max(1, -(-width // COLLAPSE_THREADS)), COLLAPSE_THREADS, stream, partial, width, values,
+           *slots)
 
 
 @lru_cache(maxsize=None)
@@ -136,7 +234,7 @@ def _power_lanes(with_lut: bool, p: int):
     load = _LOADS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, partial):
+    def kernel(src, lut, err, n_src, partial, finish, counter, total, d, root_d, mode, scale_out):
         n = err.size
         for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
             base = (t // LANES) * BLOCK + t % LANES
@@ -147,18 +245,30 @@ def _power_lanes(with_lut: bool, p: int):
                     x = err[i] + load(src, lut, i) if i < n_src else err[i]
                     acc += _power(np.float64(x), p)
             partial[t] = acc
+        if finish:
+            _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
 
     return kernel
 
 
-def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty, into=None) -> float | None:
+def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty, into=None, scale=None
+                          ) -> float | None:
     """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing
-    else, except ``into`` (``tree_sum``)."""
+    else, except ``into`` and ``scale`` (``tree_sum``).
+
+    1. Thread t sums lane t % LANES of block t // LANES in float64.
+    2. Up to ``TAIL`` lane sums, the grid's last block adds them by the pairwise tree in the same
+       launch; more go to one ``_collapse`` launch.
+    """
     nblocks = max(1, -(-err.size // BLOCK))
     partial = empty(nblocks * LANES, np.float64, stream)
+    slots = _sum_slots(stream, empty, into, scale)
+    finish = partial.size <= TAIL
     launch(_power_lanes(lut is not None, int(power)), _grid(partial.size), THREADS, stream,
-           src, _table(lut), err, n_src, partial)
-    return tree_sum(partial, stream, empty, into)
+           src, _table(lut, stream), err, n_src, partial, finish, *slots)
+    if not finish:
+        _finish_lanes(partial, stream, empty, slots)
+    return _summed(slots, into, stream)
 
 
 @lru_cache(maxsize=None)
@@ -205,19 +315,13 @@ def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
     """
     in_memory = not isinstance(scale, (int, float, np.number))
     launch(_compensate_encode(lut is not None, in_memory), _grid(bits.size), THREADS, stream,
-           src, _table(lut), err, n_src, scale if in_memory else np.float32(scale), bits)
+           src, _table(lut, stream), err, n_src, scale if in_memory else np.float32(scale), bits)
 
 
 @cuda.jit
 def _scale_of(total, d, root_d, l2, out):
     if cuda.grid(1) == 0:
-        t = total[0]
-        if d == 0:
-            out[0] = np.float32(0.0)
-        elif l2:
-            out[0] = np.float32(math.sqrt(t) / root_d) if t >= 0 else np.float32(math.nan)
-        else:
-            out[0] = np.float32(t / d)
+        out[0] = _scale_value(total[0], d, root_d, l2)
 
 
 def scale_of(total, d, power, out, stream=0) -> None:
@@ -230,7 +334,7 @@ def scale_of(total, d, power, out, stream=0) -> None:
 @lru_cache(maxsize=None)
 def _accumulate_lanes(with_base: bool, p: int):
     @cuda.jit
-    def kernel(bits, weights, base, out, n_out, partial):
+    def kernel(bits, weights, base, out, n_out, partial, finish, counter, total, d, root_d, mode, scale_out):
         nranks = bits.shape[0]
         for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
             first = (t // LANES) * BLOCK + t % LANES
@@ -249,23 +353,36 @@ def _accumulate_lanes(with_base: bool, p: int):
                     out[i] = acc
                     sums += _power(np.float64(acc), p)
             partial[t] = sums
+        if finish:
+            _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
 
     return kernel
+
+
+def _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots) -> None:
+    launch(_accumulate_lanes(base is not None, int(power)), _grid(lanes.size), THREADS, stream,
+           bits, weights, out if base is None else base, out, n_out, lanes, finish, *slots)
 
 
 def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) -> None:
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
     (block, lane) sums of its |out|^power, as the CPU kernel of the same name."""
-    launch(_accumulate_lanes(base is not None, int(power)), _grid(lanes.size), THREADS, stream,
-           bits, weights, out if base is None else base, out, n_out, lanes)
+    device = device_of(stream)
+    slots = (_counter(device, stream), _stand_in(device, np.float64), 0, 0.0, 0, _stand_in(device, np.float32))
+    _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, False, slots)
 
 
-def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty, into=None
+def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty, into=None, scale=None
                      ) -> float | None:
-    """``accumulate_lanes``, then the sum of |out|^power (``tree_sum`` of the lanes: to the host, or ``into``)."""
+    """``accumulate_lanes``, then the sum of |out|^power: to the host, or ``into`` (and ``scale``, as ``tree_sum``);
+    up to ``TAIL`` lane sums in the same launch (its last block), more by one ``_collapse``."""
     lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
-    accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream)
-    return tree_sum(lanes, stream, empty, into)
+    slots = _sum_slots(stream, empty, into, scale)
+    finish = lanes.size <= TAIL
+    _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots)
+    if not finish:
+        _finish_lanes(lanes, stream, empty, slots)
+    return _summed(slots, into, stream)
 
 
 @cuda.jit
@@ -351,7 +468,7 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=_device_empty) -> 
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)
     launch(_absmax_lanes(lut is not None), _grid(partial.size), THREADS, stream,
-           src, _table(lut), n_src, row_len, per_row, partial)
+           src, _table(lut, stream), n_src, row_len, per_row, partial)
     launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out)
 
 
@@ -389,7 +506,7 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> No
     Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory.
     """
     launch(_randomized_encode(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
-           src, _table(lut), n_src, scales, np.uint64(key), start, bits)
+           src, _table(lut, stream), n_src, scales, np.uint64(key), start, bits)
 
 
 @lru_cache(maxsize=None)
@@ -416,7 +533,7 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0
     """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
     CPU kernel: one thread per block."""
     launch(_block_power_sums(lut is not None, int(power)), _grid(sums.size), THREADS, stream,
-           src, _table(lut), err, n_src, block, row_len, sums)
+           src, _table(lut, stream), err, n_src, block, row_len, sums)
 
 
 @lru_cache(maxsize=None)
@@ -459,7 +576,7 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
     """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
     row_bytes) ``bits`` (possibly strided), as the CPU kernel; tiled as ``compensate_encode``."""
     launch(_encode_blocks(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
-           src, _table(lut), err, n_src, scales, block, bits)
+           src, _table(lut, stream), err, n_src, scales, block, bits)
 
 
 @lru_cache(maxsize=None)
@@ -530,7 +647,7 @@ def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
     """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
     one thread per block."""
     launch(_block_absmax(lut is not None), _grid(out.size), THREADS, stream,
-           src, _table(lut), err, n_src, block, row_len, out)
+           src, _table(lut, stream), err, n_src, block, row_len, out)
 
 
 @lru_cache(maxsize=None)
@@ -571,7 +688,7 @@ def _encode_levels(with_lut: bool):
 def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:
     """The CPU kernel's levels, errors and bit planes: one thread per byte of a row's planes (8 elements)."""
     launch(_encode_levels(lut is not None), _grid(planes.shape[0] * (planes.shape[1] // nbits)), THREADS, stream,
-           src, _table(lut), err, n_src, steps, block, nbits, planes)
+           src, _table(lut, stream), err, n_src, steps, block, nbits, planes)
 
 
 @cuda.jit

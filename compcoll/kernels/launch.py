@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 import os
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from numba import config
 
 LAUNCHER_ENV = "COMPCOLL_CUDA_LAUNCHER"
 LAUNCHERS = ("bound", "numba")
@@ -53,8 +55,6 @@ _LOCK = threading.Lock()
 
 def launcher() -> str:
     """The launcher in use: ``COMPCOLL_CUDA_LAUNCHER`` (``bound`` unless set), ``numba`` under the simulator."""
-    from numba import config
-
     chosen = os.environ.get(LAUNCHER_ENV, "bound")
     if chosen not in LAUNCHERS:
         raise ValueError(f"compcoll: {LAUNCHER_ENV}={chosen!r}; use one of {LAUNCHERS}")
@@ -121,10 +121,15 @@ class DeviceArray:
 
 
 def _numpy_dtype(torch_dtype) -> np.dtype:
+    return _numpy_dtypes()[torch_dtype]
+
+
+@lru_cache(maxsize=None)
+def _numpy_dtypes() -> dict:
     import torch
 
-    return np.dtype({torch.float32: np.float32, torch.float64: np.float64, torch.uint8: np.uint8,
-                     torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64}[torch_dtype])
+    return {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.uint8: np.dtype(np.uint8),
+            torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64)}
 
 
 def launch(kernel, grid: int, block: int, stream, *args) -> None:
@@ -139,7 +144,7 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
     with _LOCK:
         COUNTS.launches += 1
     if launcher() == "bound":
-        core_kernel, flatteners = _bound(kernel, _device_id(), tuple(map(_key, args)))
+        core_kernel, flatteners = _bound(kernel, device_of(stream), tuple(map(_key, args)))
         flat = []
         for flatten, arg in zip(flatteners, args):
             flatten(arg, flat)
@@ -158,16 +163,6 @@ def _wrap(arg):
     return cuda.as_cuda_array(arg, sync=False)
 
 
-def copy_first(into, values, stream) -> None:
-    """into[0] <- values[0] on the device, behind the stream's work (no host wait; counted as a launch)."""
-    with _LOCK:
-        COUNTS.launches += 1
-    if isinstance(values, DeviceArray):
-        into.owner.view(-1)[:1].copy_(values.owner.view(-1)[:1])
-        return
-    into.copy_to_device(values[:1], stream=stream)
-
-
 def read_first(values, stream) -> float:
     """values[0] on the host: waits for the stream (counted)."""
     with _LOCK:
@@ -180,10 +175,47 @@ def read_first(values, stream) -> float:
     return float(host[0])
 
 
+_STREAM_DEVICES: dict = {}
+"""The GPU of each stream made by ``stream_on`` (numba's streams do not record it)."""
+
+
+def stream_on(device: int, handle: int):
+    """numba's view of the CUDA stream ``handle`` of GPU ``device``, its GPU recorded for ``device_of``."""
+    from numba import cuda
+
+    with cuda.gpus[device]:
+        stream = cuda.external_stream(handle)
+    _STREAM_DEVICES[stream] = device
+    return stream
+
+
+def device_of(stream) -> int:
+    """The GPU of a stream made by ``stream_on``; otherwise (the default stream, the simulator's) the current one."""
+    found = _STREAM_DEVICES.get(stream) if stream else None
+    return _device_id() if found is None else found
+
+
+def context_for(device: int):
+    """A context manager that makes GPU ``device`` current for the kernels: none where a context of that GPU
+    already is (the driver's current context, asked directly: numba's lookup costs about 10 us), else numba's."""
+    from numba import cuda
+
+    if launcher() == "bound":
+        from cuda.bindings import driver
+
+        error, current = driver.cuCtxGetDevice()
+        if error == driver.CUresult.CUDA_SUCCESS and int(current) == device:
+            return _NOTHING
+    return cuda.gpus[device]
+
+
+_NOTHING = nullcontext()
+
+
 def _device_id() -> int:
     from numba import cuda
 
-    return cuda.get_current_device().id
+    return cuda.gpus.current.id
 
 
 def _key(arg) -> tuple:
@@ -240,9 +272,12 @@ def parameter_widths(flat: list) -> list[int]:
 @lru_cache(maxsize=None)
 def _bound(kernel, device: int, keys: tuple):
     """The cuda.core kernel of ``kernel``'s variant for ``keys`` on GPU ``device``, and its flatteners."""
+    from numba import cuda
+
     argtypes = tuple(numba_type(k) for k in keys)
-    compiled = kernel.compile(argtypes)
-    return compiled._codelibrary.get_cufunc().kernel, tuple(flattener(t) for t in argtypes)
+    with cuda.gpus[device]:
+        compiled = kernel.compile(argtypes)
+        return compiled._codelibrary.get_cufunc().kernel, tuple(flattener(t) for t in argtypes)
 
 
 @lru_cache(maxsize=None)
@@ -261,6 +296,12 @@ def _core_stream(stream):
 
 
 def _core_launch(stream, config, kernel, *args) -> None:
+    _core_launcher()(stream, config, kernel, *args)
+
+
+@lru_cache(maxsize=None)
+def _core_launcher():
+    """``cuda.core.launch``, imported once (an import statement per launch costs a microsecond)."""
     from cuda.core import launch as core_launch
 
-    core_launch(stream, config, kernel, *args)
+    return core_launch

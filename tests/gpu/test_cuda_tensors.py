@@ -56,7 +56,8 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
 def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """One gather-scatter call at 1 rank through kernels.launch: the bound launcher wraps no tensor, numba's
-    dispatcher wraps each; the worker's sum is the kernels' one host wait."""
+    dispatcher wraps each; the worker's sum is the kernels' one host wait. Issue 39's aim: at most 5 launches (each
+    sum finished by its own kernel's last block, the server scale beside it)."""
     monkeypatch.setenv(LAUNCHER_ENV, launcher)
     x = torch.randn(100003, device="cuda")
     we, se = torch.zeros(compcoll.padded_numel(x.numel(), 1), device="cuda"), torch.zeros(100008, device="cuda")
@@ -65,7 +66,7 @@ def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool
     COUNTS.reset()
     compressed_allreduce(x, we, se, SingleComm())
     torch.cuda.synchronize()
-    assert COUNTS.launches > 0 and (COUNTS.wraps > 0) == wraps and COUNTS.waits <= 1, COUNTS
+    assert 0 < COUNTS.launches <= 5 and (COUNTS.wraps > 0) == wraps and COUNTS.waits == 1, COUNTS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

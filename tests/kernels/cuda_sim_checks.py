@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import threading
 import warnings
@@ -15,7 +14,7 @@ from numba import config
 from compcoll import codecs, spec
 from compcoll.kernels import cpu, cuda, reference, scalar
 from compcoll.kernels.launch import COUNTS
-from compcoll.spec import SCALES
+from compcoll.spec import BLOCK, LANES, SCALES
 
 
 def _thread_safe_shared_arrays() -> None:
@@ -97,10 +96,15 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
 
     for power in (1, 2):
         total = cpu.compensated_power_sum(src, lut, err, numel, power)
+        COUNTS.reset()
         assert cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, power) == total, power
-    slot = cuda.cuda.device_array(1, np.float64)
-    cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, 2, into=slot)
+        assert (COUNTS.launches, COUNTS.waits) == (sum_launches(full), 1), (full, COUNTS)
+    slot, held = cuda.cuda.device_array(1, np.float64), cuda.cuda.device_array(1, np.float32)
+    COUNTS.reset()
+    cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, 2, into=slot, scale=(full, 2, held))
+    assert (COUNTS.launches, COUNTS.waits) == (sum_launches(full), 0), (full, COUNTS)
     assert slot.copy_to_host()[0] == total, "sum of squares into a device slot"
+    assert held.copy_to_host()[0].tobytes() == spec.scale_from(total, full, "l2").tobytes(), "the scale beside it"
     scale = np.float32(np.sqrt(total) / np.sqrt(full))
     cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
     cpu.compensate_encode(src, lut, cpu_err, numel, scale, cpu_bits)
@@ -118,11 +122,14 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         want = cpu.accumulate_signs(rows[:, :chunk // 8].copy(), weights, base, out, chunk, power)
         d_out = cuda.cuda.device_array(chunk, np.float32)
         slot = None if base is None else cuda.cuda.device_array(1, np.float64)  # the sum kept on the device
+        held = None if base is None else cuda.cuda.device_array(1, np.float32)  # with its scale beside it
         got = cuda.accumulate_signs(cuda.cuda.to_device(rows[:, :chunk // 8].copy()), cuda.cuda.to_device(weights),
                                     None if base is None else cuda.cuda.to_device(base), d_out, chunk, power,
-                                    into=slot)
+                                    into=slot, scale=None if base is None else (chunk, power, held))
         got = got if slot is None else slot.copy_to_host()[0]
         assert got == want and np.array_equal(d_out.copy_to_host(), out), "accumulate_signs"
+        if held is not None:
+            assert held.copy_to_host()[0].tobytes() == spec.scale_from(want, chunk, "l2").tobytes(), "its scale"
 
     positive, negative = weights, -weights
     out = np.empty(numel, np.float32)
@@ -246,30 +253,37 @@ def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: i
 
 
 def check_tree_sum() -> None:
-    """The device pairwise tree adds like the reference's, across the one-block tail and wider levels."""
+    """The device pairwise tree adds like the reference's, within one block and across the collapse to it, in one
+    launch; the scale it can write beside the sum has ``spec.scale_from``'s bits."""
     rng = np.random.default_rng(3)
-    for size in (1, 2, 3, 5, cuda.TAIL + 1, 2 * cuda.TAIL + 3, 5 * cuda.TAIL):
+    kept = cuda.COLLAPSED
+    try:
+        for cuda.COLLAPSED in (kept, 256):  # 256: many levels in each thread's stack (5 * TAIL: 128 values each)
+            _check_tree_sums(rng)
+    finally:
+        cuda.COLLAPSED = kept
+
+
+def _check_tree_sums(rng: np.random.Generator) -> None:
+    for size in (1, 2, 3, 5, cuda.TAIL - 1, cuda.TAIL + 1, 2 * cuda.TAIL + 3, 5 * cuda.TAIL):
         values = rng.standard_normal(size) * 10.0 ** rng.integers(-8, 8, size)
         values[::7] = -0.0
         COUNTS.reset()
         assert cuda.tree_sum(cuda.cuda.to_device(values)) == reference.tree_sum(values), f"tree_sum of {size}"
-        assert (COUNTS.launches, COUNTS.waits) == (tree_launches(size), 1), (size, COUNTS)
+        assert (COUNTS.launches, COUNTS.waits) == (1, 1), (size, COUNTS)
         slots = cuda.cuda.to_device(np.full(3, np.nan))
+        scale = cuda.cuda.to_device(np.full(2, np.nan, np.float32))
         COUNTS.reset()
-        assert cuda.tree_sum(cuda.cuda.to_device(values), into=slots[1:2]) is None
-        assert (COUNTS.launches, COUNTS.waits) == (tree_launches(size) + 1, 0), (size, COUNTS)  # + the copy
+        assert cuda.tree_sum(cuda.cuda.to_device(values), into=slots[1:2], scale=(size, 1, scale[1:])) is None
+        assert (COUNTS.launches, COUNTS.waits) == (1, 0), (size, COUNTS)
         assert slots.copy_to_host()[1] == reference.tree_sum(values), f"tree_sum of {size} into a device slot"
+        want = spec.scale_from(reference.tree_sum(values), size, "l1")
+        assert scale.copy_to_host()[1].tobytes() == want.tobytes(), f"the l1 scale beside the tree of {size}"
 
 
-def tree_launches(size: int) -> int:
-    """Launches of ``tree_sum`` over ``size`` values: none for one; the first level, one per level wider than
-    TAIL, and the one-block tail where more than one value is left."""
-    if size == 1:
-        return 0
-    half, launches = (1 << math.ceil(math.log2(size))) // 2, 1
-    while half > cuda.TAIL:
-        half, launches = half // 2, launches + 1
-    return launches + (half > 1)
+def sum_launches(numel: int) -> int:
+    """Launches of a fused sum over ``numel`` elements: the lanes kernel, and ``_collapse`` past TAIL lanes."""
+    return 1 + (max(1, -(-numel // BLOCK)) * LANES > cuda.TAIL)
 
 
 def check_scale_of() -> None:
@@ -293,7 +307,18 @@ PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid")
 
 def run_part(part: str, lengths: list[int]) -> None:
     """One part of ``PARTS``: the device tree and scale, one dtype's kernels at every length and world 1 and 3,
-    the block-scale kernels, the level kernels, or the grid-stride loops (several tiles and lanes per block)."""
+    the block-scale kernels, the level kernels, or the grid-stride loops (several tiles and lanes per block, and
+    sums of more lane sums than one block adds)."""
+    threads = cuda.COLLAPSE_THREADS
+    if config.ENABLE_CUDASIM:  # a Python thread per CUDA thread; the tree's order does not depend on the block
+        cuda.COLLAPSE_THREADS = 128
+    try:
+        _run_part(part, lengths)
+    finally:
+        cuda.COLLAPSE_THREADS = threads
+
+
+def _run_part(part: str, lengths: list[int]) -> None:
     if part == "tree":
         check_tree_sum()
     elif part == "scale":
@@ -311,12 +336,13 @@ def run_part(part: str, lengths: list[int]) -> None:
                                                  (203, 2, torch.float16, 16, 8), (99, 3, torch.float32, 256, 4)):
             check_levels(numel, world, dtype, block, bits)
     elif part == "grid":
-        cuda.MAX_BLOCKS, blocks = 2, cuda.MAX_BLOCKS
+        kept = (cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED)
+        cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = 2, 32, 16  # past TAIL: _collapse, several values a thread
         try:
             check(max(lengths), 3, torch.float16)
             check_blocks(1000, 3, torch.float16, 128)
         finally:
-            cuda.MAX_BLOCKS = blocks
+            cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = kept
     else:
         raise ValueError(f"unknown part {part!r}; the parts are {PARTS}")
 

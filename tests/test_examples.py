@@ -6,11 +6,13 @@ import functools
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from compcoll.launcher import _free_port, mpiexec
+from tests.example_batch import MARK
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -50,19 +52,36 @@ def test_train_example_under_torchrun() -> None:
     assert "ZeroOneAdam on 2 ranks: replicas bit-identical: True" in out
 
 
+BATCHED = ("examples/custom_optimizer.py", "examples/direct_allreduce.py", "examples/overlap.py", "README.md")
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_outputs() -> dict[str, str]:
+    """The 2-rank examples and the README's example, run one after another in one launch of 2 MPI ranks
+    (``tests/example_batch.py``): each one's output by its name."""
+    with tempfile.TemporaryDirectory() as folder:
+        readme = Path(folder) / "example.py"
+        readme.write_text((ROOT / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0])
+        scripts = [str(readme) if name == "README.md" else name for name in BATCHED]
+        out = _run([mpiexec(), "-n", "2", sys.executable, "-m", "tests.example_batch", *scripts])
+    sections = re.split(rf"^{re.escape(MARK)}.*\n", out, flags=re.MULTILINE)[1:]
+    assert len(sections) == len(BATCHED), out
+    return dict(zip(BATCHED, sections))
+
+
 def test_custom_optimizer_example_learns() -> None:
-    out = _run([mpiexec(), "-n", "2", sys.executable, "examples/custom_optimizer.py"])
+    out = _batch_outputs()["examples/custom_optimizer.py"]
     error = float(out.strip().splitlines()[-1].split(":")[-1])
     assert error < 0.1, out
 
 
 def test_direct_allreduce_example() -> None:
-    out = _run([mpiexec(), "-n", "2", sys.executable, "examples/direct_allreduce.py"])
+    out = _batch_outputs()["examples/direct_allreduce.py"]
     assert out.strip().splitlines()[-1].split()[0] == "10", out
 
 
 def test_overlap_example_keeps_replicas_identical() -> None:
-    out = _run([mpiexec(), "-n", "2", sys.executable, "examples/overlap.py"])
+    out = _batch_outputs()["examples/overlap.py"]
     assert "replicas bit-identical: True" in out and "started during backward" in out, out
 
 
@@ -84,13 +103,10 @@ def test_huggingface_trainer_example_under_torchrun(tmp_path) -> None:
     assert "compcoll Trainer: eval loss" in out and "replicas identical" in out, out
 
 
-def test_readme_example_runs_on_two_ranks(tmp_path) -> None:
+def test_readme_example_runs_on_two_ranks() -> None:
     """The README's ten-line example, as written, under mpiexec: every rank prints the same first values."""
-    text = (ROOT / "README.md").read_text()
-    code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "example.py").write_text(code)
-    out = _run([mpiexec(), "-n", "2", sys.executable, str(tmp_path / "example.py")])
-    printed = re.findall(r"tensor\(\[[^\]]*\]\)", out)  # the ranks' lines may interleave
+    out = _batch_outputs()["README.md"]
+    printed = re.findall(r"tensor\(\[[^\]]*\]\)", out)
     assert len(printed) == 2 and printed[0] == printed[1], out
 
 

@@ -220,9 +220,14 @@ def accumulate_signs(
     ``resident=True``: on CUDA the sum stays on the device (a one-element float64 tensor;
     no host round trip); on the CPU it is a float either way.
     """
+    return _sum("accumulate_signs", out, resident, *_accumulate_args(bits, weights, base, out, count, scale))
+
+
+def _accumulate_args(bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor,
+                     count: int, scale: str) -> tuple:
+    """The kernel arguments of ``accumulate_signs`` and ``accumulate_scale``."""
     out_view = _array(out)
-    return _sum("accumulate_signs", out, resident, _array(bits), _weights(weights, out),
-                _base(base, out, out_view), out_view, count, spec.SCALES[scale])
+    return _array(bits), _weights(weights, out), _base(base, out, out_view), out_view, count, spec.SCALES[scale]
 
 
 def accumulate_scale(
@@ -234,8 +239,7 @@ def accumulate_scale(
     On CUDA the same launch computes the scale and keeps it on the device (a one-element
     float32 tensor); on the CPU it is a float.
     """
-    out_view = _array(out)
-    args = (_array(bits), _weights(weights, out), _base(base, out, out_view), out_view, count, spec.SCALES[scale])
+    args = _accumulate_args(bits, weights, base, out, count, scale)
     if out.is_cpu:
         return scale_from(float(_run("accumulate_signs", out, *args)), numel, scale)
     return _device_scale("accumulate_signs", out, numel, scale, *args)
@@ -280,10 +284,9 @@ def accumulate_lanes(
          _array(lanes), spec.SCALES[scale])
 
 
-def tree_sum(lanes: torch.Tensor, resident: bool = False) -> Scalar:
-    """The pairwise tree sum of float64 lane sums (the last step of every scale's sum); ``resident``
-    as for ``accumulate_signs``."""
-    return _sum("tree_sum", lanes, resident, _array(lanes))
+def tree_sum(lanes: torch.Tensor) -> float:
+    """The pairwise tree sum of float64 lane sums (the last step of every scale's sum)."""
+    return float(_run("tree_sum", lanes, _array(lanes)))
 
 
 def tree_scale(lanes: torch.Tensor, numel: int, scale: str = "l2") -> Scalar:

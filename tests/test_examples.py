@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -47,26 +49,48 @@ def test_train_example_under_mpiexec(optimizer: str) -> None:
 
 
 def test_train_example_under_torchrun() -> None:
-    out = _run(_torchrun("--nproc-per-node", "2", "examples/train.py", "--optimizer", "zero_one_adam",
-                         "--steps", "60"))
-    assert "ZeroOneAdam on 2 ranks: replicas bit-identical: True" in out
+    out = _torchrun_outputs()["train"]
+    assert "ZeroOneAdam on 2 ranks: replicas bit-identical: True" in out, out
 
 
 BATCHED = ("examples/custom_optimizer.py", "examples/direct_allreduce.py", "examples/overlap.py", "README.md")
 
 
+def _sections(launch: list[str], entries: list[str]) -> list[str]:
+    """Run ``entries`` (a script and its arguments each) one after another in one launch (``launch`` followed by
+    ``tests/example_batch.py``); each entry's output, in order."""
+    out = _run([*launch, "-m", "tests.example_batch", *entries])
+    sections = re.split(rf"^{re.escape(MARK)}.*\n", out, flags=re.MULTILINE)[1:]
+    assert len(sections) == len(entries), out
+    return sections
+
+
 @functools.lru_cache(maxsize=None)
 def _batch_outputs() -> dict[str, str]:
-    """The 2-rank examples and the README's example, run one after another in one launch of 2 MPI ranks
-    (``tests/example_batch.py``): each one's output by its name."""
+    """The 2-rank examples and the README's example, run one after another in one launch of 2 MPI ranks: each
+    one's output by its name."""
     with tempfile.TemporaryDirectory() as folder:
         readme = Path(folder) / "example.py"
         readme.write_text((ROOT / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0])
         scripts = [str(readme) if name == "README.md" else name for name in BATCHED]
-        out = _run([mpiexec(), "-n", "2", sys.executable, "-m", "tests.example_batch", *scripts])
-    sections = re.split(rf"^{re.escape(MARK)}.*\n", out, flags=re.MULTILINE)[1:]
-    assert len(sections) == len(BATCHED), out
-    return dict(zip(BATCHED, sections))
+        return dict(zip(BATCHED, _sections([mpiexec(), "-n", "2", sys.executable], scripts)))
+
+
+TORCHRUN_BATCHED = {"train": "examples/train.py --optimizer zero_one_adam --steps 60",
+                    "ddp": "examples/ddp.py --hook onebit,local --steps 60",
+                    "fsdp": "examples/fsdp.py --steps 20",
+                    "huggingface": "examples/huggingface_trainer.py --output-dir {folder}"}
+"""The torchrun examples and their guides' arguments: one launch of 2 ranks runs them all, the Hugging Face one
+last (where transformers is installed)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _torchrun_outputs() -> dict[str, str]:
+    """The torchrun examples, one after another in one torchrun launch of 2 ranks: each one's output by its key."""
+    names = [name for name in TORCHRUN_BATCHED if name != "huggingface" or importlib.util.find_spec("transformers")]
+    with tempfile.TemporaryDirectory() as folder:
+        entries = [TORCHRUN_BATCHED[name].format(folder=shlex.quote(folder)) for name in names]
+        return dict(zip(names, _sections([*_torchrun("--nproc-per-node", "2")], entries)))
 
 
 def test_custom_optimizer_example_learns() -> None:
@@ -85,21 +109,16 @@ def test_overlap_example_keeps_replicas_identical() -> None:
     assert "replicas bit-identical: True" in out and "started during backward" in out, out
 
 
-@functools.lru_cache(maxsize=None)
-def _ddp_run() -> str:
-    return _run(_torchrun("--nproc-per-node", "2", "examples/ddp.py", "--hook", "onebit,local", "--steps", "60"))
-
-
 @pytest.mark.parametrize("hook", ["onebit", "local"])
 def test_ddp_example_under_torchrun(hook: str) -> None:
-    """Both hooks train in one torchrun launch (``--hook onebit,local``); each case reads its own line."""
-    out = _ddp_run()
+    """Both hooks train one after the other (``--hook onebit,local``); each case reads its own line."""
+    out = _torchrun_outputs()["ddp"]
     assert f"{hook} on rank 0 of 2: replicas bit-identical: True" in out, out
 
 
-def test_huggingface_trainer_example_under_torchrun(tmp_path) -> None:
+def test_huggingface_trainer_example_under_torchrun() -> None:
     pytest.importorskip("transformers")
-    out = _run(_torchrun("--nproc-per-node", "2", "examples/huggingface_trainer.py", "--output-dir", str(tmp_path)))
+    out = _torchrun_outputs()["huggingface"]
     assert "compcoll Trainer: eval loss" in out and "replicas identical" in out, out
 
 
@@ -113,5 +132,5 @@ def test_readme_example_runs_on_two_ranks() -> None:
 def test_fsdp_example_under_torchrun() -> None:
     """The example's default form on 2 ranks, resumed at half-way (the HSDP form and both forms' numerics are
     tests/fsdp's, on pooled ranks)."""
-    out = _run(_torchrun("--nproc-per-node", "2", "examples/fsdp.py", "--steps", "20"))
+    out = _torchrun_outputs()["fsdp"]
     assert "reduce_scatter on rank 0 of 2: replicas bit-identical: True" in out and "compcoll's state sent" in out, out

@@ -11,6 +11,7 @@ import compcoll
 from compcoll.kernels import reference
 from compcoll.spec import SCALE_BYTES
 from tests.algorithms.onebit_workers import make_input
+from tests.shared import world_once
 
 
 def digest(comm: compcoll.Communicator, directory: str, transport: str) -> None:
@@ -77,5 +78,5 @@ def counts_bytes(comm: compcoll.Communicator, numel: int) -> None:
     before = comm.bytes_sent
     compcoll.compressed_allreduce(x, we, se, comm)
     chunk_bytes = full // n // 8
-    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes) + reference.agreement_sent(n, (True,))[comm.rank]
+    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes) + world_once(comm, reference.agreement_sent, n, (True,))[comm.rank]
     assert comm.bytes_sent - before == expected, f"rank {comm.rank} of {n}: {comm.bytes_sent - before} != {expected}"

@@ -51,7 +51,10 @@ def test_cases_of_every_size_reuse_the_ranks_and_a_failure_names_its_rank(backen
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.usefixtures("own_pools")
-def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(backend: str) -> None:
+def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(backend: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pools of 2 ranks, the cases' size."""
+    monkeypatch.setattr(pool, "POOL_RANKS", 2)
     with pytest.raises(WorkerFailure, match=r"process\(es\) \[\d\] ended"):
         pool.run(f"{WORKERS}:ends_a_rank", 2, backend, timeout=60)
     out = pool.run(f"{WORKERS}:says_its_rank", 2, backend)

@@ -40,6 +40,8 @@ class Pool:
     def __init__(self, backend: str, size: int) -> None:
         self.backend, self.size, self.cases = backend, size, 0
         self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
+        for rank in range(size):
+            os.mkfifo(self.folder / f"wake.{rank}")
         launches = launcher.rank_commands("tests.pool_workers:serve", size, backend, args=(str(self.folder), os.getpid()))
         self.logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
         self.procs = [subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -48,7 +50,7 @@ class Pool:
     def run(self, target: str, size: int, args: tuple, timeout: float, env: dict[str, str] | None = None) -> str:
         """Run one case on the first ``size`` ranks; returns their captured output, rank by rank.
 
-        1. Write case k (written whole, then renamed, so no rank reads half of it).
+        1. Write case k (written whole, then renamed, so no rank reads half of it), and wake the ranks.
         2. Wait for each of the ``size`` ranks' results, up to ``timeout``; a rank process
            that ends first, or the timeout, closes the pool and raises ``WorkerFailure``
            with the ranks' log.
@@ -60,6 +62,7 @@ class Pool:
         staged.write_text(json.dumps({"target": target, "size": size, "args": json.loads(json.dumps(list(args))),
                                       "env": env or {}}))
         staged.rename(self.folder / f"{case}.case")
+        self._wake()
         where = f"{target} on {size} {self.backend} rank(s) (pooled, case {case})"
         deadline, pause = time.monotonic() + timeout, 0.001
         results: dict[int, dict] = {}
@@ -84,6 +87,21 @@ class Pool:
             raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed\n{details[-20000:]}")
         return "\n".join(results[r]["output"] for r in range(size))
 
+    def _wake(self) -> None:
+        """A byte into each rank's pipe ``wake.<rank>`` (``pool_workers._wait_for``); a rank that has not opened
+        its pipe yet (still starting) reads the folder once it has, and a full pipe is awake already."""
+        for rank in range(self.size):
+            try:
+                pipe = os.open(self.folder / f"wake.{rank}", os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet, or the rank has ended
+                continue
+            try:
+                os.write(pipe, b"w")
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(pipe)
+
     @property
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -91,6 +109,7 @@ class Pool:
     def close(self) -> str:
         """Stop the ranks (killed if they do not stop within 10 s); returns their log."""
         (self.folder / "stop").touch()
+        self._wake()
         deadline = time.monotonic() + 10
         for p in self.procs:
             try:

@@ -7,20 +7,22 @@ import importlib
 import io
 import json
 import os
-import time
+import select
 import traceback
 from pathlib import Path
 
 import compcoll
 
-POLL_S = (0.001, 0.01)
-"""How often an idle rank looks for the next case: from the first value, doubling up to the second."""
+WAKE_S = 1.0
+"""How often an idle rank, asleep on its wake-up pipe, looks whether the test process has ended."""
 
 
 def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
     """Run the cases the test process (pid ``owner``) writes into ``directory`` until it writes ``stop`` or ends.
 
-    1. Wait for ``<k>.case`` (JSON: target, size n, args, environment), case k = 0, 1, ...
+    1. Wait for ``<k>.case`` (JSON: target, size n, args, environment), case k = 0, 1, ..., asleep on this
+       rank's pipe ``wake.<rank>``, into which the test process writes a byte after each case it writes
+       (``_wait_for``).
     2. Set the case's environment variables (restored after it), and make the case's
        communicator of the first n ranks (``_fresh``); a rank beyond them goes on to case
        k + 1.
@@ -32,8 +34,9 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
     """
     base = Path(directory)
     store = _leave_launch_group(comm)
+    wake = _open_wake_pipe(base / f"wake.{comm.rank}")
     case = 0
-    while _wait_for(base / f"{case}.case", base / "stop", owner):
+    while _wait_for(base / f"{case}.case", base / "stop", owner, wake):
         request = json.loads((base / f"{case}.case").read_text())
         module_name, func_name = request["target"].split(":")
         saved = {key: os.environ.get(key) for key in request["env"]}
@@ -61,15 +64,32 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
         case += 1
 
 
-def _wait_for(request: Path, stop: Path, owner: int) -> bool:
+def _open_wake_pipe(path: Path) -> int:
+    """This rank's end of its wake-up pipe (a FIFO the test process made), non-blocking; the rank also holds a
+    write end, so that the pipe never reads as closed while no test process has it open."""
+    read_end = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    return read_end
+
+
+def _wait_for(request: Path, stop: Path, owner: int, wake: int) -> bool:
     """Whether ``request`` appeared (True), or ``stop`` did or process ``owner`` ended (False: a test process
-    killed before it could stop its pool leaves no ranks behind)."""
-    pause = POLL_S[0]
+    killed before it could stop its pool leaves no ranks behind).
+
+    Between looks the rank sleeps on its pipe ``wake`` until a byte comes (the test process writes one after
+    each case and at the stop) or ``WAKE_S`` passes: an idle rank takes no CPU, so the pools do not wake up
+    hundreds of times a second to preempt the tests run meanwhile in the test process (a 2-thread in-process
+    case took 18.0 s instead of 12.7 s beside polling pools).
+    """
     while not request.exists():
         if stop.exists() or not Path(f"/proc/{owner}").exists():
             return False
-        time.sleep(pause)
-        pause = min(2 * pause, POLL_S[1])
+        select.select([wake], [], [], WAKE_S)
+        try:
+            while os.read(wake, 4096):
+                pass
+        except BlockingIOError:
+            pass
     return True
 
 

@@ -90,7 +90,7 @@ def _torchrun_outputs() -> dict[str, str]:
     names = [name for name in TORCHRUN_BATCHED if name != "huggingface" or importlib.util.find_spec("transformers")]
     with tempfile.TemporaryDirectory() as folder:
         entries = [TORCHRUN_BATCHED[name].format(folder=shlex.quote(folder)) for name in names]
-        return dict(zip(names, _sections([*_torchrun("--nproc-per-node", "2")], entries)))
+        return dict(zip(names, _sections(_torchrun("--nproc-per-node", "2"), entries)))
 
 
 def test_custom_optimizer_example_learns() -> None:

@@ -78,5 +78,6 @@ def counts_bytes(comm: compcoll.Communicator, numel: int) -> None:
     before = comm.bytes_sent
     compcoll.compressed_allreduce(x, we, se, comm)
     chunk_bytes = full // n // 8
-    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes) + world_once(comm, reference.agreement_sent, n, (True,))[comm.rank]
+    agreement = world_once(comm, reference.agreement_sent, n, (True,))[comm.rank]
+    expected = (n - 1) * (chunk_bytes + SCALE_BYTES + chunk_bytes) + agreement
     assert comm.bytes_sent - before == expected, f"rank {comm.rank} of {n}: {comm.bytes_sent - before} != {expected}"

@@ -16,7 +16,8 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    the host's time to queue it is far below the device's when nothing in it waits for the device;
 6. the host time of one compressed_allreduce call (from an idle device to its return), and the
    kernel launches, tensor wraps and host waits (``kernels.launch.COUNTS``) of one call of each
-   protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's.
+   protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's
+   (``compcoll.bench.launches``, which ``scripts/cuda_launches.py`` runs on meta tensors).
 Each launcher (``--launchers``, default ``bound,numba``: ``kernels.launch``) measures 1-6 in the
 same run, so their ratios are side by side. Writes OUT.txt and OUT.json with the GPU's name and
 the command.
@@ -39,7 +40,8 @@ import torch
 import compcoll
 from compcoll import codecs
 from compcoll.algorithms.onebit import serve
-from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
+from compcoll.bench.launches import call_counts
+from compcoll.kernels.launch import LAUNCHER_ENV
 from compcoll.workspace import Workspace
 
 
@@ -117,7 +119,7 @@ def measure(numel: int, runs: int) -> dict:
     result["compressed_allreduce_1rank_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs)
     result["compressed_allreduce_host_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs,
                                                   clock=_host_seconds)
-    result["counts"] = counts(x, we, se, comm)
+    result["counts"] = call_counts(x, comm, torch.cuda.synchronize)
     workspace = Workspace()
 
     def server() -> torch.Tensor:
@@ -125,27 +127,6 @@ def measure(numel: int, runs: int) -> dict:
 
     result["serve"] = {"device_s": timed(server, runs), "host_s": timed(server, runs, clock=_host_seconds)}
     return result
-
-
-def counts(x: torch.Tensor, we: torch.Tensor, se: torch.Tensor, comm) -> dict:
-    """Launches, wraps and host waits of one call of each protocol (after one call that compiles and allocates)."""
-    hwn, hsn = compcoll.hierarchical_error_numels(x.numel(), 1, 1)
-    hwe, hse = torch.zeros(hwn, device=x.device), torch.zeros(hsn, device=x.device)
-    calls = {
-        "gather_scatter": lambda: compcoll.compressed_allreduce(x, we, se, comm),
-        "allgather": lambda: compcoll.compressed_allreduce(x, we, se, comm, protocol="allgather"),
-        "hierarchical": lambda: compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm, ranks_per_node=1),
-        "birder": lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=1, seed=1, step=0),
-    }
-    found = {}
-    for name, call in calls.items():
-        call()
-        torch.cuda.synchronize()
-        COUNTS.reset()
-        call()
-        torch.cuda.synchronize()
-        found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits}
-    return found
 
 
 def main() -> int:

@@ -2,7 +2,8 @@
 
 The algorithms call only this module; it picks the kernels for the tensor's device (CPU:
 ``kernels.cpu`` on numpy views; CUDA: ``kernels.cuda`` on ``__cuda_array_interface__``
-views, queued on torch's current stream through ``kernels.launch``) and hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
+views, queued on torch's current stream through ``kernels.launch``; meta: the CUDA kernels on
+``kernels.launch.TRACED``, counted and not run) and hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
 element in the most significant bit), preceded, where a scale travels with it, by that
 scale as 4 native-endian float32 bytes.
 """
@@ -41,10 +42,13 @@ def _device_lookup_table(dtype: torch.dtype, device: torch.device) -> torch.Tens
     return torch.from_numpy(_lookup_table(dtype)).to(device)
 
 
-def check_device(tensor: torch.Tensor) -> None:
-    """Raise ValueError for a device that has no kernels (CPU and CUDA have)."""
-    if tensor.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"compcoll: tensors on {tensor.device} are not supported; use CPU or CUDA tensors")
+def check_device(tensor: torch.Tensor, ranks: int = 1) -> None:
+    """Raise ValueError for a device that has no kernels at ``ranks`` ranks: CPU and CUDA have; meta, at one
+    rank, traces CUDA's (every launch counted, none run)."""
+    if tensor.device.type in ("cpu", "cuda") or (tensor.is_meta and ranks == 1):
+        return
+    raise ValueError(f"compcoll: tensors on {tensor.device} are not supported on {ranks} rank(s); use CPU or CUDA "
+                     "tensors (meta tensors, at one rank, count the CUDA path's launches)")
 
 
 def _array(tensor: torch.Tensor):
@@ -95,6 +99,9 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     CUDA kernels run in the context of ``tensor``'s GPU, whichever GPU is Numba's current
     one, and those that need temporaries take them from torch's caching allocator on the
     same stream (numba's own allocator would cudaMalloc and free them on every call).
+
+    Meta tensors take the CUDA kernels' path on the ``TRACED`` stream: every launch and
+    host wait is counted, none is run.
     """
     if tensor.is_cpu:
         small = tensor.numel() < cpu_kernels.SERIAL_BELOW
@@ -103,11 +110,13 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
             return run(*args)
     check_device(tensor)
     from .kernels import cuda as cuda_kernels
-    from .kernels.launch import context_for
+    from .kernels.launch import TRACED, context_for
 
+    extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
+    if tensor.is_meta:
+        return getattr(cuda_kernels, kernel)(*args, stream=TRACED, **extra, **options)
     device = tensor.device.index
     stream = _numba_stream(device, current_stream(device))
-    extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
     with context_for(device):
         return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
 
@@ -127,6 +136,18 @@ def _torch_empty(device: torch.device):
         return _array(torch.empty(size, dtype=_TORCH_DTYPES[np.dtype(dtype)], device=device))
 
     return empty
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of ``tensor`` is finite. On a device, the host waits for the answer: a wait counted
+    by ``kernels.launch.read_first`` (meta tensors: counted, and True)."""
+    finite = torch.isfinite(tensor).all()
+    if tensor.is_cpu:
+        return bool(finite)
+    from .kernels.launch import TRACED, read_first
+
+    stream = TRACED if tensor.is_meta else _numba_stream(tensor.device.index, current_stream(tensor.device.index))
+    return bool(read_first(_array(finite.view(1)), stream))
 
 
 def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:

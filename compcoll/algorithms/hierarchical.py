@@ -97,7 +97,7 @@ def hierarchical_allreduce(
     comm = get_default() if comm is None else comm
 
     def checks() -> int:
-        check_tensor(what, tensor, out)
+        check_tensor(what, tensor, out, comm.size)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
         return requested_ranks_per_node(ranks_per_node)
@@ -135,7 +135,7 @@ class BirderPlan(_NodePlan):
         """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn."""
         comm, n, full, ws = self.comm, self.comm.size, self.full, self.workspace
         maxima = codecs.row_absmax(tensor, n, full)
-        self.agreement(tensor).check(bool(torch.isfinite(maxima).all()))
+        self.agreement(tensor).check(codecs.all_finite(maxima))
         layout = self.layout
         if step is None:
             step = _steps.get(comm, 0)
@@ -260,7 +260,7 @@ def hierarchical_compressed_allreduce(
     comm = get_default() if comm is None else comm
 
     def checks() -> int:
-        check_tensor(what, tensor, out)
+        check_tensor(what, tensor, out, comm.size)
         for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
             check_error_buffer(what, name, buf, tensor)
         check_scale(what, scale)
@@ -325,7 +325,7 @@ class CompensatedPlan(_NodePlan):
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
             sums = codecs.block_sums(average, worker_error, b, self.scale, layout.nodes)
-            agreement.check(bool(torch.isfinite(sums).all()))
+            agreement.check(codecs.all_finite(sums))
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
             layout.intra.allgather(rows.view(-1), gathered)

@@ -210,7 +210,7 @@ class FlatPlan(Plan):
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
         sums = block_statistics(tensor, worker_error, b, self.scale, self.bits, rows)
-        self.agreement(tensor).check(bool(torch.isfinite(sums).all()))
+        self.agreement(tensor).check(codecs.all_finite(sums))
         if self.numel == 0:
             return result
         if self.bits > 1:
@@ -363,7 +363,7 @@ def _validate(
 ) -> None:
     """Local checks, made before any communication."""
     what = "compressed_allreduce"
-    check_tensor(what, tensor, out)
+    check_tensor(what, tensor, out, n)
     check_protocol(what, protocol)
     check_scale(what, scale)
     check_block_size(what, block_size)
@@ -439,7 +439,7 @@ class CompressedAllreduce:
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
     ) -> torch.Tensor | Work:
         def checks() -> FlatPlan:
-            check_tensor("CompressedAllreduce", tensor, out)
+            check_tensor("CompressedAllreduce", tensor, out, self.comm.size)
             return self.plan(key, tensor)
 
         plan = checked(self.comm, FlatPlan.what, checks)

@@ -142,7 +142,7 @@ class ScatterPlan(Plan):
         (worker_error,) = errors or (self.error_feedback.worker_error,)
         rows = self._rows(tensor)
         stats = block_statistics(rows, worker_error, self.block_size, self.scale, self.bits, self.comm.size)
-        self.agreement(tensor).check(bool(torch.isfinite(stats).all()))
+        self.agreement(tensor).check(codecs.all_finite(stats))
         if self.numel == 0:
             return result
         target = float32_target(result, self.row, self.workspace)
@@ -219,7 +219,7 @@ def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tenso
     what = ScatterPlan.what
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in codecs.SUPPORTED_DTYPES:
         raise TypeError(f"{what}: tensor must be a float32, float16 or bfloat16 torch.Tensor")
-    codecs.check_device(tensor)
+    codecs.check_device(tensor, n)
     if tensor.dim() != 1 or not tensor.is_contiguous() or tensor.numel() % n:
         raise ValueError(f"{what}: tensor must be contiguous and 1-D with a multiple of the {n} ranks' elements "
                          f"(row r for rank r), got shape {tuple(tensor.shape)}")

@@ -32,7 +32,7 @@ from numba import cuda
 
 from . import scalar
 from ..spec import BLOCK, LANES
-from .launch import device_of, launch, read_first
+from .launch import device_of, device_zeros, launch, read_first
 
 THREADS = 128
 MAX_BLOCKS = 4096
@@ -174,15 +174,13 @@ def _collapse(partial, width, values, counter, total, d, root_d, mode, scale_out
 def _counter(device: int, stream) -> object:
     """The zeroed block counter of ``_last_block`` for kernels in ``stream`` on GPU ``device`` (each last block
     zeroes it again; kernels of one stream run one after another)."""
-    with cuda.gpus[device]:
-        return cuda.to_device(np.zeros(1, np.int32))
+    return device_zeros(device, 1, np.int32)
 
 
 @lru_cache(maxsize=None)
 def _stand_in(device: int, dtype) -> object:
     """A one-element array on GPU ``device`` for a slot a kernel variant does not write (kernels take no None)."""
-    with cuda.gpus[device]:
-        return cuda.to_device(np.zeros(1, dtype))
+    return device_zeros(device, 1, dtype)
 
 
 def _sum_slots(stream, empty, into, scale) -> tuple:

@@ -9,6 +9,12 @@
   wrapped with ``cuda.as_cuda_array``. ``COMPCOLL_CUDA_LAUNCHER=numba`` selects it, and the
   CUDA simulator always uses it.
 
+Meta tensors trace the CUDA path on a machine without a GPU: their kernels get the
+``TRACED`` stream, on which ``launch`` counts (and, as numba's dispatcher would, wraps)
+without launching, and ``read_first`` counts a wait and answers a stand-in ``1.0``. So the
+counts of a call on meta tensors are those of the same call on CUDA tensors
+(``scripts/cuda_launches.py``).
+
 The bound path depends on numba-cuda's own layout of a kernel's parameters and on three
 private names (``_Kernel._codelibrary``, its ``get_cufunc().kernel``, and
 ``driver._to_core_stream``), pinned in ``PINNED_NUMBA_CUDA`` and checked by
@@ -51,6 +57,19 @@ class Counts:
 COUNTS = Counts()
 """The process's counts (every thread's launches together)."""
 _LOCK = threading.Lock()
+
+
+class _Traced:
+    """The stream of meta tensors' kernels: counted, never launched."""
+
+    def __repr__(self) -> str:
+        return "TRACED"
+
+
+TRACED = _Traced()
+"""The stream ``codecs`` gives the kernels of meta tensors."""
+TRACED_DEVICE = -1
+"""The GPU ``device_of(TRACED)`` names: none."""
 
 
 def launcher() -> str:
@@ -129,7 +148,7 @@ def _numpy_dtypes() -> dict:
     import torch
 
     return {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.uint8: np.dtype(np.uint8),
-            torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64)}
+            torch.bool: np.dtype(np.bool_), torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64)}
 
 
 def launch(kernel, grid: int, block: int, stream, *args) -> None:
@@ -140,9 +159,15 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
        (compiled on first use), flatten the arguments as numba lays out its parameters,
        and launch through ``cuda.core``.
     3. numba: wrap each ``DeviceArray`` (counted) and call numba's dispatcher.
+    4. ``TRACED``: count the wraps numba's dispatcher would make, and launch nothing.
     """
     with _LOCK:
         COUNTS.launches += 1
+    if stream is TRACED:
+        if launcher() == "numba":
+            with _LOCK:
+                COUNTS.wraps += sum(map(_wrapped, args))
+        return
     if launcher() == "bound":
         core_kernel, flatteners = _bound(kernel, device_of(stream), tuple(map(_key, args)))
         flat = []
@@ -153,8 +178,13 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
     kernel[grid, block, stream](*(_wrap(a) for a in args))
 
 
+def _wrapped(arg) -> bool:
+    """Whether numba's dispatcher gets ``arg`` wrapped: a view of a tensor (``device_zeros``' are numba's own)."""
+    return isinstance(arg, DeviceArray) and arg.owner is not None
+
+
 def _wrap(arg):
-    if not isinstance(arg, DeviceArray):
+    if not _wrapped(arg):
         return arg
     from numba import cuda
 
@@ -164,9 +194,11 @@ def _wrap(arg):
 
 
 def read_first(values, stream) -> float:
-    """values[0] on the host: waits for the stream (counted)."""
+    """values[0] on the host: waits for the stream (counted); on the ``TRACED`` stream, the stand-in 1.0."""
     with _LOCK:
         COUNTS.waits += 1
+    if stream is TRACED:
+        return 1.0
     if isinstance(values, DeviceArray):
         return float(values.owner.view(-1)[0])
     host = values[:1].copy_to_host(stream=stream)
@@ -175,8 +207,8 @@ def read_first(values, stream) -> float:
     return float(host[0])
 
 
-_STREAM_DEVICES: dict = {}
-"""The GPU of each stream made by ``stream_on`` (numba's streams do not record it)."""
+_STREAM_DEVICES: dict = {TRACED: TRACED_DEVICE}
+"""The GPU of each stream made by ``stream_on`` (numba's streams do not record it), and of ``TRACED``."""
 
 
 def stream_on(device: int, handle: int):
@@ -193,6 +225,18 @@ def device_of(stream) -> int:
     """The GPU of a stream made by ``stream_on``; otherwise (the default stream, the simulator's) the current one."""
     found = _STREAM_DEVICES.get(stream) if stream else None
     return _device_id() if found is None else found
+
+
+def device_zeros(device: int, size: int, dtype) -> object:
+    """``size`` zeros of ``dtype`` on GPU ``device`` (numba's allocation); on ``TRACED_DEVICE``, a view of no
+    memory."""
+    if device == TRACED_DEVICE:
+        dtype = np.dtype(dtype)
+        return DeviceArray(0, (size,), (dtype.itemsize,), dtype, None)
+    from numba import cuda
+
+    with cuda.gpus[device]:
+        return cuda.to_device(np.zeros(size, dtype))
 
 
 def context_for(device: int):

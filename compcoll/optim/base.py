@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .. import codecs
 from ..algorithms.agreement import Option, agree, checked
 from ..algorithms.exact import exact_average
 from ..algorithms.inputs import check_protocol, check_scale
@@ -274,7 +275,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """
         self._check_finite(grad)
         exact_average(grad, self.comm, out, self.workspace)
-        if not bool(torch.isfinite(out).all()):
+        if not codecs.all_finite(out):
             raise NonFiniteError(
                 f"{type(self).__name__}: the averaged gradient holds NaN or Inf (a rank's gradient was not "
                 f"finite); every rank skips this step alike"
@@ -286,7 +287,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
 
         Returns the (size, len(values)) table of every rank's values.
         """
-        finite = bool(torch.isfinite(grad).all())
+        finite = codecs.all_finite(grad)
         return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values)
 
     def state_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import codecs
 from ..algorithms.agreement import Agreement
 from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol
@@ -182,7 +183,7 @@ class LayeredChannel(Channel):
 
     def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Steps 1-2: the 1-bit estimate of the average of ``tensor`` over ranks, layer by layer, into ``out``."""
-        self.agreement.check(bool(torch.isfinite(tensor).all()))
+        self.agreement.check(codecs.all_finite(tensor))
         for (start, stop), channel in zip(self.layers, self.channels):
             channel(tensor[start:stop], out[start:stop])
         return out

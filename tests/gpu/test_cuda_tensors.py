@@ -9,6 +9,7 @@ import torch
 import compcoll
 from compcoll import SingleComm, codecs, compressed_allreduce
 from compcoll.algorithms.onebit import serve
+from compcoll.bench.launches import call_counts
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
 from compcoll.launcher import run
 from compcoll.workspace import Workspace
@@ -67,6 +68,15 @@ def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool
     compressed_allreduce(x, we, se, SingleComm())
     torch.cuda.synchronize()
     assert 0 < COUNTS.launches <= 5 and (COUNTS.wraps > 0) == wraps and COUNTS.waits == 1, COUNTS
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("numel", [4096, 100003, 1 << 24])
+def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scripts/cuda_launches.py``'s counts (meta tensors, nothing run) are the GPU's, for every protocol."""
+    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    on_gpu = call_counts(torch.randn(numel, device="cuda"), SingleComm(), torch.cuda.synchronize)
+    assert call_counts(torch.empty(numel, device="meta"), SingleComm()) == on_gpu
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,61 @@
+"""Launch, wrap and wait counts of each protocol's CUDA path, traced on meta tensors (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from compcoll import SingleComm, codecs
+from compcoll.bench.launches import PROTOCOLS, call_counts
+from compcoll.kernels.cuda import TAIL
+from compcoll.kernels.launch import LAUNCHER_ENV
+from compcoll.spec import BLOCK, LANES
+
+COLLAPSING = TAIL // LANES * BLOCK
+"""Elements (1M) past which a sum's lane sums exceed ``TAIL``, so each sum takes one more launch (``_collapse``)."""
+EXPECTED = {
+    False: {"gather_scatter": (5, 1), "allgather": (3, 1), "hierarchical": (5, 1), "birder": (12, 1)},
+    True: {"gather_scatter": (7, 1), "allgather": (5, 1), "hierarchical": (7, 1), "birder": (14, 1)},
+}
+"""(launches, waits) per protocol below and past ``COLLAPSING``: the counts the H200 read for launches (and for
+waits, except Birder's finite check, which it did not count then: bench/results/gpu_kernels_h200_fused.txt)."""
+
+
+@pytest.mark.parametrize("numel", [1, 4096, 100003, COLLAPSING, COLLAPSING + 1, 3 * (1 << 26) + 5])
+def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> None:
+    """Issue 39's aim for flat gather-scatter, at most 5 launches and 1 host wait a call, holds up to
+    ``COLLAPSING`` elements; past it two collapses make 7."""
+    counts = call_counts(torch.empty(numel, device="meta"), SingleComm())
+    expected = EXPECTED[numel > COLLAPSING]
+    assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == expected
+    assert all(c["wraps"] == 0 for c in counts.values()), counts
+
+
+def test_numbas_dispatcher_wraps_each_tensor_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``COMPCOLL_CUDA_LAUNCHER=numba`` each launch's tensors are wrapped: more wraps than launches."""
+    monkeypatch.setenv(LAUNCHER_ENV, "numba")
+    counts = call_counts(torch.empty(100003, device="meta"), SingleComm())
+    assert all(c["wraps"] > c["launches"] > 0 for c in counts.values()), counts
+
+
+def test_a_finite_check_on_a_device_is_a_counted_wait() -> None:
+    """``codecs.all_finite`` reads its answer back through ``kernels.launch`` (meta: counted, and True)."""
+    from compcoll.kernels.launch import COUNTS
+
+    COUNTS.reset()
+    assert codecs.all_finite(torch.empty(5, device="meta"))
+    assert (COUNTS.launches, COUNTS.waits) == (0, 1)
+    assert not codecs.all_finite(torch.tensor([1.0, float("nan")]))
+
+
+def test_the_script_prints_one_object_keyed_by_protocol() -> None:
+    """``python scripts/cuda_launches.py --json``: the README's table, as JSON."""
+    out = subprocess.run([sys.executable, "scripts/cuda_launches.py", "--numel", "4096", "--json"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    counts = json.loads(out)
+    assert tuple(counts) == PROTOCOLS
+    assert counts["gather_scatter"] == {"launches": 5, "wraps": 0, "waits": 1}

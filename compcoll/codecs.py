@@ -19,6 +19,7 @@ import torch
 
 from . import spec
 from .kernels import cpu as cpu_kernels
+from .kernels.launch import TRACED, DeviceArray, context_for, read_first, stream_on
 from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
 from .workspace import current_stream
 
@@ -55,8 +56,6 @@ def _array(tensor: torch.Tensor):
     """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.launch.DeviceArray`` for CUDA tensors."""
     if tensor.is_cpu:
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
-    from .kernels.launch import DeviceArray
-
     # pointer, shape and strides only: the kernels run on torch's current stream, behind the producer
     return DeviceArray.of(tensor.detach())
 
@@ -109,24 +108,28 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
         with _CPU_KERNELS:
             return run(*args)
     check_device(tensor)
-    from .kernels import cuda as cuda_kernels
-    from .kernels.launch import TRACED, context_for
-
+    run = getattr(_cuda_kernels(), kernel)
     extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
     if tensor.is_meta:
-        return getattr(cuda_kernels, kernel)(*args, stream=TRACED, **extra, **options)
+        return run(*args, stream=TRACED, **extra, **options)
     device = tensor.device.index
     stream = _numba_stream(device, current_stream(device))
     with context_for(device):
-        return getattr(cuda_kernels, kernel)(*args, stream=stream, **extra, **options)
+        return run(*args, stream=stream, **extra, **options)
+
+
+@lru_cache(maxsize=None)
+def _cuda_kernels():
+    """``kernels.cuda``, imported at the first device call (it imports numba.cuda)."""
+    from .kernels import cuda
+
+    return cuda
 
 
 @lru_cache(maxsize=None)
 def _numba_stream(device: int, handle: int):
     """numba's view of the CUDA stream ``handle`` on GPU ``device``, made once (a new one per call would cost each
     launch a new launch configuration)."""
-    from .kernels.launch import stream_on
-
     return stream_on(device, handle)
 
 
@@ -144,8 +147,6 @@ def all_finite(tensor: torch.Tensor) -> bool:
     finite = torch.isfinite(tensor).all()
     if tensor.is_cpu:
         return bool(finite)
-    from .kernels.launch import TRACED, read_first
-
     stream = TRACED if tensor.is_meta else _numba_stream(tensor.device.index, current_stream(tensor.device.index))
     return bool(read_first(_array(finite.view(1)), stream))
 

@@ -96,9 +96,9 @@ class DeviceArray:
     @classmethod
     def of(cls, tensor) -> DeviceArray:
         """A view of a CUDA torch tensor, in place."""
-        itemsize = tensor.element_size()
-        return cls(tensor.data_ptr(), tuple(tensor.shape), tuple(s * itemsize for s in tensor.stride()),
-                   _numpy_dtype(tensor.dtype), tensor)
+        itemsize, strides = tensor.element_size(), tensor.stride()
+        strides = (strides[0] * itemsize,) if len(strides) == 1 else tuple(s * itemsize for s in strides)
+        return cls(tensor.data_ptr(), tuple(tensor.shape), strides, _numpy_dtype(tensor.dtype), tensor)
 
     @property
     def size(self) -> int:

@@ -15,7 +15,7 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
 5. the server step (``serve``: accumulate, scale, encode, frame) on the device and on the host:
    the host's time to queue it is far below the device's when nothing in it waits for the device;
 6. the host time of one compressed_allreduce call (from an idle device to its return), and the
-   kernel launches, tensor wraps and host waits (``kernels.launch.COUNTS``) of one call of each
+   kernel launches, tensor wraps and host waits (``kernels.launch.COUNTS``) and torch operators of one call of each
    protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's
    (``compcoll.bench.launches``, which ``scripts/cuda_launches.py`` runs on meta tensors).
 Each launcher (``--launchers``, default ``bound,numba``: ``kernels.launch``) measures 1-6 in the
@@ -162,8 +162,8 @@ def main() -> int:
                          f"{1e6 * r['compressed_allreduce_host_s']:.1f} us")
             lines.append(f"{r['numel']:>11} server step: device {1e6 * r['serve']['device_s']:.1f} us, host "
                          f"{1e6 * r['serve']['host_s']:.1f} us to queue it")
-            lines.append(f"{r['numel']:>11} per call (launches/wraps/waits): " + ", ".join(
-                f"{p} {c['launches']}/{c['wraps']}/{c['waits']}" for p, c in r["counts"].items()))
+            lines.append(f"{r['numel']:>11} per call (launches/wraps/waits/torch ops): " + ", ".join(
+                f"{p} {c['launches']}/{c['wraps']}/{c['waits']}/{c['torch']}" for p, c in r["counts"].items()))
     table = "\n".join(lines)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

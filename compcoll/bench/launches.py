@@ -1,10 +1,12 @@
-"""Kernel launches, tensor wraps and host waits of one call of each protocol: on CUDA tensors, or traced on meta."""
+"""Kernel launches, tensor wraps, host waits and torch operators of one call of each protocol: on CUDA, or on meta."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import compcoll
 from ..comm import Communicator
@@ -12,6 +14,27 @@ from ..kernels.launch import COUNTS
 
 PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder")
 """The calls counted: flat 1-bit gather-scatter and allgather, the compensated hierarchical form, Birder's."""
+
+
+_NO_DEVICE_WORK = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+                   torch.ops.aten.empty_like.default, torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
+"""Operators that launch nothing on the device (allocations from the caching allocator, detaches); views neither."""
+
+
+class DeviceOps(TorchDispatchMode):
+    """Counts the torch operators that touch a device tensor and launch device work (copies, arithmetic, fills):
+    not views, allocations or detaches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view and func not in _NO_DEVICE_WORK and any(
+                isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_flatten((args, kwargs, out))[0]):
+            self.count += 1
+        return out
 
 
 def protocol_calls(x: torch.Tensor, comm: Communicator) -> dict[str, Callable[[], object]]:
@@ -31,20 +54,22 @@ def protocol_calls(x: torch.Tensor, comm: Communicator) -> dict[str, Callable[[]
 
 def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], None] = lambda: None
                 ) -> dict[str, dict[str, int]]:
-    """``{protocol: {"launches": N, "wraps": N, "waits": N}}`` of one call of each protocol on ``x``.
+    """``{protocol: {"launches": N, "wraps": N, "waits": N, "torch": N}}`` of one call of each protocol on ``x``.
 
     1. Call the protocol once: it agrees its plan, compiles and allocates.
     2. Wait for the device (``synchronize``), reset ``kernels.launch.COUNTS``, call it again
-       and wait again.
-    3. Read the counts: those of a steady call. On meta tensors nothing runs, and the
-       counts are those the same call makes on CUDA tensors.
+       under ``DeviceOps`` and wait again.
+    3. Read the counts: those of a steady call (``torch``: its torch operators with device
+       work, among them the transport's copies on ``SingleComm``). On meta tensors nothing
+       runs, and the counts are those the same call makes on CUDA tensors.
     """
     found = {}
     for name, call in protocol_calls(x, comm).items():
         call()
         synchronize()
         COUNTS.reset()
-        call()
+        with DeviceOps() as ops:
+            call()
         synchronize()
-        found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits}
+        found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits, "torch": ops.count}
     return found

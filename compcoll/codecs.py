@@ -3,9 +3,9 @@
 The algorithms call only this module; it picks the kernels for the tensor's device (CPU:
 ``kernels.cpu`` on numpy views; CUDA: ``kernels.cuda`` on ``__cuda_array_interface__``
 views, queued on torch's current stream through ``kernels.launch``; meta: the CUDA kernels on
-``kernels.launch.TRACED``, counted and not run) and hands them zero-copy views. The wire layout of a 1-bit chunk is its packed signs (first
-element in the most significant bit), preceded, where a scale travels with it, by that
-scale as 4 native-endian float32 bytes.
+``kernels.launch.TRACED``, counted and not run) and hands them zero-copy views. The wire
+layout of a 1-bit chunk is its packed signs (first element in the most significant bit),
+preceded, where a scale travels with it, by that scale as 4 native-endian float32 bytes.
 """
 
 from __future__ import annotations

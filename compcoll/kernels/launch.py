@@ -148,7 +148,8 @@ def _numpy_dtypes() -> dict:
     import torch
 
     return {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.uint8: np.dtype(np.uint8),
-            torch.bool: np.dtype(np.bool_), torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64)}
+            torch.bool: np.dtype(np.bool_), torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
+            torch.int64: np.dtype(np.int64)}
 
 
 def launch(kernel, grid: int, block: int, stream, *args) -> None:

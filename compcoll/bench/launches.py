@@ -17,8 +17,10 @@ PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder")
 
 
 _NO_DEVICE_WORK = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
-                   torch.ops.aten.empty_like.default, torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default}
-"""Operators that launch nothing on the device (allocations from the caching allocator, detaches); views neither."""
+                   torch.ops.aten.empty_like.default, torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default,
+                   torch.ops.aten._local_scalar_dense.default}
+"""Operators not counted: those that launch nothing on the device (allocations from the caching allocator,
+detaches; views neither), and a value's read to the host (``kernels.launch.read_first``: a wait)."""
 
 
 class DeviceOps(TorchDispatchMode):

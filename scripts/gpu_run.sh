@@ -32,6 +32,8 @@ echo "== bench/gpu_suite.py"
 timeout "${SUITE_S:-150}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
     ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \
     --out "$out/gpu_kernels" 2>&1 | tail -12
+echo "== scripts/cuda_launches.py: the same counts on meta tensors (tests/gpu checks that they are equal)"
+$py scripts/cuda_launches.py 2>&1 | tee "$out/cuda_launches.txt"
 [ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"
 timeout "$(left)" $py -m pytest -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"

@@ -110,12 +110,20 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     check_device(tensor)
     run = getattr(_cuda_kernels(), kernel)
     extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
-    if tensor.is_meta:
-        return run(*args, stream=TRACED, **extra, **options)
-    device = tensor.device.index
-    stream = _numba_stream(device, current_stream(device))
-    with context_for(device):
+    stream = _stream(tensor)
+    if stream is TRACED:
         return run(*args, stream=stream, **extra, **options)
+    with context_for(tensor.device.index):
+        return run(*args, stream=stream, **extra, **options)
+
+
+def _stream(tensor: torch.Tensor):
+    """The kernels' stream for a device tensor: numba's view of torch's current stream on its GPU; ``TRACED`` for
+    a meta tensor."""
+    if tensor.is_meta:
+        return TRACED
+    device = tensor.device.index
+    return _numba_stream(device, current_stream(device))
 
 
 @lru_cache(maxsize=None)
@@ -147,8 +155,7 @@ def all_finite(tensor: torch.Tensor) -> bool:
     finite = torch.isfinite(tensor).all()
     if tensor.is_cpu:
         return bool(finite)
-    stream = TRACED if tensor.is_meta else _numba_stream(tensor.device.index, current_stream(tensor.device.index))
-    return bool(read_first(_array(finite.view(1)), stream))
+    return bool(read_first(_array(finite.view(1)), _stream(tensor)))
 
 
 def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:

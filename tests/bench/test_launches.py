@@ -12,7 +12,7 @@ import torch
 from compcoll import SingleComm, codecs
 from compcoll.bench.launches import PROTOCOLS, call_counts
 from compcoll.kernels.cuda import TAIL
-from compcoll.kernels.launch import LAUNCHER_ENV
+from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
 from compcoll.spec import BLOCK, LANES
 
 COLLAPSING = TAIL // LANES * BLOCK
@@ -45,8 +45,6 @@ def test_numbas_dispatcher_wraps_each_tensor_argument(monkeypatch: pytest.Monkey
 
 def test_a_finite_check_on_a_device_is_a_counted_wait() -> None:
     """``codecs.all_finite`` reads its answer back through ``kernels.launch`` (meta: counted, and True)."""
-    from compcoll.kernels.launch import COUNTS
-
     COUNTS.reset()
     assert codecs.all_finite(torch.empty(5, device="meta"))
     assert (COUNTS.launches, COUNTS.waits) == (0, 1)

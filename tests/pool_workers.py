@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import io
 import json
@@ -128,13 +129,15 @@ def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll
 
 
 def _release(comm: compcoll.Communicator) -> None:
-    """Free a case's communicator (MPI context ids and Gloo sockets are finite)."""
+    """Free a case's communicator (MPI context ids and Gloo sockets are finite), then collect the garbage: a Gloo
+    group's threads (two workers and an event loop, which wakes on its own) end only with the last reference to it."""
     if hasattr(comm, "mpi_comm"):
         comm.mpi_comm.Free()
-        return
-    import torch.distributed as dist
+    else:
+        import torch.distributed as dist
 
-    dist.destroy_process_group()
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def says_its_rank(comm: compcoll.Communicator) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
@@ -177,18 +176,20 @@ class Plan(ABC):
         """The algorithm's steps, in this rank's turn; returns ``result``."""
 
 
-_cache: "weakref.WeakKeyDictionary[Communicator, OrderedDict[Hashable, Plan]]" = weakref.WeakKeyDictionary()
+PLANS = "plans"
+"""The name of a communicator's plans in its ``attached``: an OrderedDict of key to Plan, least recently used
+first."""
 _cache_lock = threading.Lock()
 
 
 def cached_plan(comm: Communicator, key: Hashable, build: Callable[[], Plan]) -> Plan:
     """The plan kept for ``key`` on ``comm``, built by ``build()`` the first time.
 
-    At most ``MAX_CACHED_PLANS`` are kept per communicator; the least recently used goes
-    first (a call in flight keeps its own reference).
+    At most ``MAX_CACHED_PLANS`` are kept per communicator, in its ``attached``; the least
+    recently used goes first (a call in flight keeps its own reference).
     """
     with _cache_lock:
-        plans = _cache.setdefault(comm, OrderedDict())
+        plans = comm.attached.setdefault(PLANS, OrderedDict())
         plan = plans.get(key)
         if plan is None:
             plan = build()
@@ -203,4 +204,4 @@ def cached_plan(comm: Communicator, key: Hashable, build: Callable[[], Plan]) ->
 def cached_plans(comm: Communicator) -> int:
     """How many plans are kept for ``comm`` (for tests and memory reports)."""
     with _cache_lock:
-        return len(_cache.get(comm, ()))
+        return len(comm.attached.get(PLANS, ()))

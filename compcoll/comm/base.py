@@ -51,6 +51,11 @@ class Communicator(ABC):
     ``CollectiveTimeout`` and leaves the communicator unusable (``CommunicatorBroken``
     afterwards), since a half-done collective cannot be taken back.
 
+    ``attached`` holds, by name, what the layers above keep for this communicator (its
+    plans, its topologies): the communicator owns it, so it ends with the communicator
+    instead of keeping it alive from a module's table (a Gloo group's threads and sockets
+    with it).
+
     Subclasses implement the underscored methods (non-blocking starts returning a Work);
     this class validates, counts and orders.
     """
@@ -66,6 +71,7 @@ class Communicator(ABC):
         self._parent: Communicator | None = None
         self._parent_ranks: list[int] = []
         self._ordering = Ordering(self)
+        self.attached: dict[str, Any] = {}
         self._peers = [peer for peer in range(size) if peer != rank]
 
     def alltoall(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .work import TaskWork
+
+IDLE_SECONDS = 1.0
+"""How long an ordering thread waits for a next call before it ends."""
 
 if TYPE_CHECKING:
     from .base import Communicator
@@ -21,14 +25,20 @@ class Ordering:
        thread hop for blocking calls: their latency stays the transport's).
     2. ``submit`` queues a call for the ordering thread (one per communicator, a daemon
        started on first use), which runs the queue first in, first out; a call made while
-       the queue is not empty waits its turn there.
+       the queue is not empty waits its turn there. The thread ends once the queue has been
+       empty for ``IDLE_SECONDS`` (the next ``submit`` starts another), so that a
+       communicator no longer used is not kept alive by its thread, nor its transport's
+       resources (a Gloo process group's threads and sockets) with it. The ordering holds
+       its communicator weakly for the same reason: whoever calls it holds it (a
+       sub-communicator, which shares its parent's ordering, holds its parent).
     3. A call made from inside a running call (an algorithm's own transport operations)
        runs directly: it is already in its turn.
     So the transport is entered by one thread at a time (MPI_THREAD_SERIALIZED is enough).
     """
 
     def __init__(self, comm: "Communicator") -> None:
-        self._comm = comm
+        self._comm = weakref.ref(comm)
+        self._name = f"compcoll-{comm!r}"
         self._lock = threading.RLock()
         self._queued = 0
         self._calls: "queue.SimpleQueue[tuple[Callable[[], Any], TaskWork]]" = queue.SimpleQueue()
@@ -66,21 +76,35 @@ class Ordering:
     def submit(self, call: Callable[[], Any], what: str, on_wait: Callable[[Any], None] | None = None) -> TaskWork:
         """Queue ``call`` for the ordering thread; return its Work (the transport must allow
         calls from another thread: ``Communicator._check_threads``)."""
-        self._comm._check_threads()
-        work = TaskWork(self._comm, what, on_wait)
+        comm = self._comm()
+        comm._check_threads()
+        work = TaskWork(comm, what, on_wait)
         with self._lock:
             self._queued += 1
             self._calls.put((call, work))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=f"compcoll-{self._comm!r}", daemon=True)
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
                 self._thread.start()
         return work
 
     def _serve(self) -> None:
-        """The ordering thread: run queued calls in order, settling each one's Work."""
+        """The ordering thread: run queued calls in order, settling each one's Work.
+
+        1. Take the next call, waiting up to ``IDLE_SECONDS``.
+        2. None came: end, unless one was queued meanwhile (``_queued`` counts the calls
+           queued and not yet settled, under the lock ``submit`` holds to start a thread).
+        3. Run it and settle its Work with its result or error; let go of both.
+        """
         self._local.inside = True
         while True:
-            call, work = self._calls.get()
+            try:
+                call, work = self._calls.get(timeout=IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._queued == 0:
+                        self._thread = None
+                        return
+                continue
             result: Any = None
             error: BaseException | None = None
             try:
@@ -90,3 +114,4 @@ class Ordering:
             with self._lock:
                 self._queued -= 1
             work._settle(result, error)
+            del call, work, result, error  # a settled call must not keep its communicator alive while this waits

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +23,8 @@ BAD_REQUEST = -1
 class LayoutError(ValueError):
     """The ranks cannot form nodes of equal size (raised alike on every rank)."""
 
-_cache: "weakref.WeakKeyDictionary[Communicator, dict[int, Topology]]" = weakref.WeakKeyDictionary()
+TOPOLOGIES = "topologies"
+"""The name of a communicator's topologies in its ``attached``: a dict of requested layout to Topology."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def topology(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> Top
         RankMismatchError: ranks asked for different ranks_per_node.
     """
     requested = request_code(ranks_per_node)
-    built = _cache.setdefault(comm, {})
+    built = comm.attached.setdefault(TOPOLOGIES, {})
     if requested in built:
         return built[requested]
     mine = torch.tensor([host_id(), requested], dtype=torch.int64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 import shutil
@@ -9,10 +10,34 @@ import signal
 import tempfile
 import threading
 import time
+import weakref
 
 import torch
 
 import compcoll
+
+
+def _use_and_drop(comm: compcoll.Communicator) -> weakref.ref:
+    """A sub-communicator of all ranks, used blocking and asynchronously and by the hierarchical form (which keeps
+    plans and a topology for it), then dropped; a weak reference to it."""
+    child = comm.split(0)
+    x = torch.arange(1001, dtype=torch.float32) * (comm.rank + 1)
+    full = compcoll.padded_numel(x.numel(), child.size)
+    we, se = torch.zeros(full), torch.zeros(full // child.size)
+    compcoll.compressed_allreduce(x, we, se, child)
+    compcoll.compressed_allreduce(x, we, se, child, async_op=True).wait()
+    compcoll.hierarchical_allreduce(x, child, ranks_per_node=1)
+    return weakref.ref(child)
+
+
+def dropped_communicators_are_freed(comm: compcoll.Communicator) -> None:
+    """A communicator that is no longer referenced is freed, with what was kept for it (plans, topologies,
+    sub-communicators): no module-level table, and no ordering thread, keeps it alive. (Thread ranks' communicators
+    reach one another, so every rank drops its own before any collects.)"""
+    dropped = _use_and_drop(comm)
+    comm.barrier()
+    gc.collect()
+    assert dropped() is None, f"a dropped communicator is still referenced by {gc.get_referrers(dropped())}"
 
 
 def collectives(comm: compcoll.Communicator) -> None:

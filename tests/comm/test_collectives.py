@@ -25,6 +25,11 @@ def test_started_collectives(backend: str, world_size: int) -> None:
     run("tests.comm.comm_workers:started_collectives", world_size, backend)
 
 
+@pytest.mark.parametrize("backend", ["threads", *BACKENDS])
+def test_dropped_communicators_are_freed(backend: str) -> None:
+    run("tests.comm.comm_workers:dropped_communicators_are_freed", 2, backend)
+
+
 def test_single_comm() -> None:
     comm = compcoll.SingleComm()
     x = torch.arange(4.0)

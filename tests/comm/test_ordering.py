@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import compcoll
+from compcoll.comm import ordering
 from compcoll.comm.work import DoneWork
 
 
@@ -65,3 +66,17 @@ def test_single_comm_operations_are_complete_when_started() -> None:
     work = comm.alltoall(torch.arange(4.0), recv, async_op=True)
     assert isinstance(work, DoneWork) and work.is_completed() and work.wait() is recv
     assert torch.equal(work.get_future().wait(), torch.arange(4.0))
+
+
+def test_the_ordering_thread_ends_when_idle_and_a_later_call_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle ordering thread ends (it would keep its communicator alive); calls queued after still run, in order."""
+    monkeypatch.setattr(ordering, "IDLE_SECONDS", 0.05)
+    comm = compcoll.SingleComm()
+    first = comm.run(threading.current_thread, "first", async_op=True).wait()
+    first.join(timeout=10)
+    assert not first.is_alive(), "the ordering thread outlived its idle time"
+    order: list[int] = []
+    works = [comm.run(lambda i=i: order.append(i), f"call {i}", async_op=True) for i in range(3)]
+    for work in works:
+        work.wait()
+    assert order == [0, 1, 2]

@@ -14,6 +14,10 @@ from .ordering import Ordering
 from .work import Work
 
 DEFAULT_TIMEOUT_S = 300.0
+BROKEN: list = []
+"""Broken communicators and their unfinished operations, kept for the life of the process: the transport may still
+write into the buffers an operation left in flight (an MPI receive that never completed), which the operation or the
+communicator's plans own. Every other communicator is freed once nobody references it."""
 PAIRWISE_BYTES = 4096
 """Host all-gathers of at most this many bytes per rank go as point-to-point pairs where the transport allows
 (every call's agreement round among them), so that a timeout can name the ranks whose part never came."""
@@ -236,9 +240,14 @@ class Communicator(ABC):
             self._mark_broken(exc)
             raise
 
-    def _mark_broken(self, exc: BaseException) -> None:
+    def _mark_broken(self, exc: BaseException, unfinished: Work | None = None) -> None:
+        """Refuse every later call with ``exc``; keep this communicator, and the operation that did not finish,
+        for the life of the process (``BROKEN``)."""
         if self._broken is None:
             self._broken = f"{type(exc).__name__}: {exc}"
+            BROKEN.append(self)
+        if unfinished is not None:
+            BROKEN.append(unfinished)
 
     def _color_groups(self, color: int, key: int) -> dict[int, list[int]]:
         """Every color's ranks, each ordered by (key, rank): an allgather of (color, key)."""

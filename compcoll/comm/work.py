@@ -116,7 +116,7 @@ class PendingWork(Work):
                 f"complete within {time.monotonic() - self._started:.3g} s (timeout {self._comm.timeout:g} s, "
                 f"COMPCOLL_TIMEOUT): {cause}", absent
             )
-            self._comm._mark_broken(error)
+            self._comm._mark_broken(error, self)
             raise error
         self._complete()
         return self._result
@@ -170,7 +170,7 @@ class TaskWork(Work):
                 f"{self._what} on rank {self._comm.rank} of {self._comm.size} did not complete within "
                 f"wait(timeout={timeout:g}); the communicator is no longer usable"
             )
-            self._comm._mark_broken(error)
+            self._comm._mark_broken(error, self)
             raise error
         if self._error is not None:
             raise self._error

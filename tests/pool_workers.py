@@ -9,6 +9,7 @@ import io
 import json
 import os
 import select
+import shutil
 import traceback
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
     4. Release the case's communicator if the case passed (after a failure the test
        process ends the pool), write ``<k>.<rank>.result`` (JSON: the traceback or None,
        the output), and go on to case k + 1.
+    5. If the test process ended without stopping the pool, rank 0 removes the folder, which that process
+       would have removed.
     """
     base = Path(directory)
     store = _leave_launch_group(comm)
@@ -63,6 +66,8 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
             written.write_text(json.dumps({"error": error, "output": output.getvalue()}))
             written.rename(base / f"{case}.{comm.rank}.result")
         case += 1
+    if comm.rank == 0 and not (base / "stop").exists():
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _open_wake_pipe(path: Path) -> int:

@@ -74,19 +74,22 @@ import os
 from tests import pool
 pool.POOL_RANKS = 2
 pool.run("tests.pool_workers:says_its_rank", 2, {backend!r})
-print(*(p.pid for p in pool._POOLS[{backend!r}].procs), flush=True)
+print(pool._POOLS[{backend!r}].folder, *(p.pid for p in pool._POOLS[{backend!r}].procs), flush=True)
 os._exit(0)
 """
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_ranks_end_when_the_test_process_ends_without_closing_its_pool(backend: str) -> None:
-    """A test process that dies (killed, or exiting without its atexit) leaves no pool ranks running."""
+    """A test process that dies (killed, or exiting without its atexit) leaves no pool ranks running, and no
+    pool folder."""
     done = subprocess.run([sys.executable, "-c", _KILLED_OWNER.format(backend=backend)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=True)
-    pids = [int(pid) for pid in done.stdout.split()]  # mpiexec (which ends with its ranks), or the Gloo ranks
+    folder, *pids = done.stdout.split()
+    pids = [int(pid) for pid in pids]  # mpiexec (which ends with its ranks), or the Gloo ranks
     assert pids, done.stdout
     deadline = time.monotonic() + 60
     while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "pool ranks outlived their test process"
+    assert not Path(folder).exists(), folder

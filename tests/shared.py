@@ -10,10 +10,25 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from compcoll.comm.local import Fabric, LocalComm
+from compcoll.comm.local import LocalComm
 
 _LOCK = threading.Lock()
-_ENTRIES: weakref.WeakKeyDictionary[Fabric, dict[bytes, "_Entry"]] = weakref.WeakKeyDictionary()
+_ENTRIES: weakref.WeakKeyDictionary[object, dict[bytes, "_Entry"]] = weakref.WeakKeyDictionary()
+_JOINED = threading.local()
+
+
+class ThreadWorld:
+    """A world of ``size`` thread ranks that is not a ``LocalComm``'s (torch's threaded process group,
+    ``tests/ddp/threaded_group.py``): each rank's thread calls ``join`` with it, and ``world_once`` shares among
+    them."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def join(world: ThreadWorld) -> None:
+    """Make this thread one of ``world``'s ranks, for ``world_once``."""
+    _JOINED.world = world
 
 
 class _Entry:
@@ -26,12 +41,23 @@ class _Entry:
         self.readers = readers
 
 
+def _world(comm: Any) -> tuple[object, int] | None:
+    """The in-process world of 2+ thread ranks that ``comm`` belongs to, and its size; None if none."""
+    if isinstance(comm, LocalComm):
+        return (comm.fabric, comm.size) if comm.size > 1 else None
+    joined = getattr(_JOINED, "world", None)
+    if joined is not None and joined.size > 1 and getattr(comm, "size", None) == joined.size:
+        return joined, joined.size
+    return None
+
+
 def world_once(comm: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, computed once for all the thread ranks of ``comm``'s in-process world.
 
     Every rank of a test body simulates the whole world's reference; on real MPI or Gloo ranks
     each process does, but n thread ranks would do the same work n times under one GIL. So:
-    1. On a communicator that is not an in-process world of 2+ ranks, call ``fn`` and return.
+    1. On a communicator that is not in an in-process world of 2+ ranks (a ``LocalComm``'s, or a
+       ``ThreadWorld`` this thread joined), call ``fn`` and return.
     2. Key the call by ``fn`` and a digest of its arguments (arrays and tensors by dtype, shape
        and bytes), so a rank only ever reads a value computed from exactly its own arguments.
     3. Under one lock, the world's first rank to ask with that key creates its entry; later
@@ -40,17 +66,18 @@ def world_once(comm: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
        raised; the others wait for it. The ranks share the value: callers must not modify it
        (the reference's functions return new arrays and leave their arguments alone).
     5. Each rank that reads the entry counts itself off; the last of the world's ranks
-       removes it. Entries go with the world's fabric.
+       removes it. Entries go with the world (its fabric).
     """
-    if not isinstance(comm, LocalComm) or comm.size == 1:
+    world = _world(comm)
+    if world is None:
         return fn(*args, **kwargs)
     key = _digest(fn, args, kwargs)
     with _LOCK:
-        table = _ENTRIES.setdefault(comm.fabric, {})
+        table = _ENTRIES.setdefault(world[0], {})
         entry = table.get(key)
         creator = entry is None
         if creator:
-            entry = table[key] = _Entry(comm.size)
+            entry = table[key] = _Entry(world[1])
     if creator:
         try:
             entry.value = fn(*args, **kwargs)

@@ -42,6 +42,15 @@ def test_one_computation_per_world_and_none_across_arguments() -> None:
     assert _CALLS == [4, 4, 4], _CALLS  # the shared call once; the second call's two argument sets
 
 
+def test_threads_of_torchs_threaded_group_share_once_they_join_a_world() -> None:
+    """DDP's thread ranks (``tests/ddp/threaded_group.py``) are a ``ThreadWorld``: one computation for the world."""
+    from tests.ddp.threaded_group import run_threaded_group
+
+    _CALLS.clear()
+    run_threaded_group(shares, 3)
+    assert _CALLS == [3, 3, 3], _CALLS
+
+
 def test_other_communicators_compute_for_themselves() -> None:
     _CALLS.clear()
     world_once(compcoll.SingleComm(), _simulate, [np.ones(3)], 1.0)

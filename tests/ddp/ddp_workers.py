@@ -16,6 +16,7 @@ import compcoll.checkpoint
 import compcoll.ddp
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
+from tests.shared import world_once
 
 BUCKET_MB = 0.5
 """Small buckets, so that the 1.6 MiB model spans several (DDP's first bucket holds up to 1 MiB)."""
@@ -102,9 +103,11 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
             wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k)
             we, se = ref.setdefault(index, ([np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n))
             if k == 1:
-                outs, we, se, _ = reference.compressed_allreduce(xs, we, se, protocol, scale, block_size)
+                outs, we, se, _ = world_once(comm, reference.compressed_allreduce, xs, we, se, protocol, scale,
+                                             block_size)
             else:
-                outs, we, se, _ = reference.hierarchical_compressed_allreduce(xs, we, se, k, scale, block_size)
+                outs, we, se, _ = world_once(comm, reference.hierarchical_compressed_allreduce, xs, we, se, k, scale,
+                                             block_size)
             ref[index] = (we, se)
             assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i} differs from the reference"
         assert_replicas_equal(model)

@@ -10,13 +10,16 @@ import torch
 import torch.distributed as dist
 
 import compcoll
+from tests import shared
 
 
 def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeout: float = 300.0) -> None:
     """``body(comm, *args)`` on ``world_size`` threads, each in its rank of a "threaded" process group.
 
     1. Install torch's thread-local world (``multi_threaded_pg``) with thread isolation on,
-       and start one thread per rank that joins the group and builds a ``TorchComm``.
+       and start one thread per rank that joins the group and builds a ``TorchComm``; the
+       threads also join one ``tests.shared.ThreadWorld``, so ``world_once`` computes the
+       reference once for all of them.
     2. Join them all within ``timeout``; then restore torch's world.
     3. AssertionError naming each failed rank with its traceback, or the ranks still running.
     """
@@ -27,9 +30,11 @@ def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeou
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     _install_threaded_pg()
     store = dist.HashStore()
+    world = shared.ThreadWorld(world_size)
     failures: dict[int, str] = {}
 
     def rank(r: int) -> None:
+        shared.join(world)
         dist.init_process_group("threaded", rank=r, world_size=world_size, store=store)
         try:
             body(compcoll.TorchComm(), *args)

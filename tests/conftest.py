@@ -1,4 +1,4 @@
-"""Shared fixtures: compile the Numba kernels once before any rank process starts; start the background jobs."""
+"""Shared fixtures: compile the Numba kernels once before any rank process starts; queue the background jobs."""
 
 from __future__ import annotations
 
@@ -10,13 +10,24 @@ from tests import background
 
 @pytest.fixture(scope="session", autouse=True)
 def compiled_kernels() -> None:
-    """Every kernel specialisation compiled once (``compcoll.warmup``), so rank processes load them from Numba's cache."""
+    """Every kernel specialisation compiled once (``compcoll.warmup``), so rank processes load them from Numba's cache;
+    then the background jobs that load them may start."""
     warm()
+    background.WARMED.set()
+
+
+def _jobs_of(item: pytest.Item) -> tuple[background.Maker, ...]:
+    return getattr(getattr(item, "function", None), "background_jobs", ())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that own a background job (``tests/background.py``) run last, in their order, so that their jobs
+    have had the whole session's idle cores."""
+    items.sort(key=lambda item: bool(_jobs_of(item)))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the background jobs (``tests/background.py``) of the tests collected."""
-    for item in session.items:
-        make = getattr(getattr(item, "function", None), "background_job", None)
-        if make is not None:
-            background.start(make)
+    """Queue the background jobs of the tests collected, in the order their tests run."""
+    makes = [make for item in session.items for make in _jobs_of(item)]
+    if makes:
+        background.queue(makes)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 from tests import background
 
@@ -20,17 +17,17 @@ print(sum(sum(d.stats.cache_hits.values()) for d in kernels), sum(sum(d.stats.ca
 """
 
 
+@background.cold
 def warmup_into_an_empty_cache() -> tuple[list[list[str]], dict[str, str]]:
     """``python -m compcoll.warmup`` with ``NUMBA_CACHE_DIR`` an empty folder (removed at exit)."""
-    cache = tempfile.mkdtemp(prefix="compcoll-warmup-")
-    atexit.register(shutil.rmtree, cache, ignore_errors=True)
-    return [[sys.executable, "-m", "compcoll.warmup"]], {**os.environ, "NUMBA_CACHE_DIR": cache}
+    cache = background.folder("compcoll-warmup-")
+    return [[sys.executable, "-m", "compcoll.warmup"]], {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
 
 
 @background.job(warmup_into_an_empty_cache)
 def test_warmup_fills_the_cache_for_a_fresh_process() -> None:
-    [(returncode, output)], env = background.results(warmup_into_an_empty_cache, timeout=600)
-    assert returncode == 0 and "compiled and cached" in output, output
+    [done], env = background.results(warmup_into_an_empty_cache, timeout=600)
+    assert done.returncode == 0 and "compiled and cached" in done.output, done.output + done.errors
     hits, misses = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True,
                                   timeout=300, check=True).stdout.split()
     assert int(hits) == 2 and int(misses) == 0, (hits, misses)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from compcoll.bench.cli import parser, parse_size, sizes
+from tests import background
 
 
 def test_parse_size_and_sweep() -> None:
@@ -25,15 +27,29 @@ def test_methods_option() -> None:
             parser().parse_args(["--methods", bad])
 
 
-@pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
-           "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend, "--json", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "speedup" in done.stdout and "compute us" in done.stdout
-    report = json.loads(out.read_text())
+BACKENDS = ("mpi", "gloo")
+TIMEOUT = 900
+"""Seconds a test waits for its runs, which are background jobs (``tests/background.py``)."""
+
+
+def sweep_on_two_local_ranks(backend: str) -> tuple[list[list[str]], dict[str, str]]:
+    """A sweep on 2 local ranks of ``backend``, writing ``bench.json`` in a folder given by ``COMPCOLL_TEST_OUT``."""
+    folder = background.folder("compcoll-cli-")
+    return [[sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
+             "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend,
+             "--json", str(folder / "bench.json")]], {**os.environ, "COMPCOLL_TEST_OUT": str(folder)}
+
+
+SWEEPS = {backend: functools.partial(sweep_on_two_local_ranks, backend) for backend in BACKENDS}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@background.job(*SWEEPS.values())
+def test_cli_on_two_local_ranks(backend: str) -> None:
+    [done], env = background.results(SWEEPS[backend], timeout=TIMEOUT)
+    assert done.returncode == 0, done.output + done.errors
+    assert "speedup" in done.output and "compute us" in done.output
+    report = json.loads((Path(env["COMPCOLL_TEST_OUT"]) / "bench.json").read_text())
     assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 262144, 16 << 20]
     for row in report["rows"]:
         assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0 and row["1bit-serial"]["wrong"] == 0
@@ -45,14 +61,21 @@ def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
         assert row["plain"]["bytes_sent"] == row["size"], "only the allreduce's own bytes are counted"
 
 
-def test_cli_hierarchical_as_two_nodes(tmp_path: Path) -> None:
+def hierarchical_run() -> tuple[list[list[str]], dict[str, str]]:
+    """4 local ranks as 2 nodes x 2, writing ``bench.json`` in a folder given by ``COMPCOLL_TEST_OUT``."""
+    folder = background.folder("compcoll-cli-")
+    return [[sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
+             "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4",
+             "--json", str(folder / "bench.json")]], {**os.environ, "COMPCOLL_TEST_OUT": str(folder)}
+
+
+@background.job(hierarchical_run)
+def test_cli_hierarchical_as_two_nodes() -> None:
     """4 local ranks as 2 nodes x 2: every method verified, intra and inter bytes split."""
-    out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
-           "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4", "--json", str(out)]
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
-    assert "inter(B)" in text and "hier-ef" in text
-    (row,) = json.loads(out.read_text())["rows"]
+    [done], env = background.results(hierarchical_run, timeout=TIMEOUT)
+    assert done.returncode == 0, done.output + done.errors
+    assert "inter(B)" in done.output and "hier-ef" in done.output
+    (row,) = json.loads((Path(env["COMPCOLL_TEST_OUT"]) / "bench.json").read_text())["rows"]
     assert row["ranks_per_node"] == 2
     for name in ("plain", "1bit", "hier", "hier-ef"):
         m = row[name]

@@ -4,21 +4,27 @@ the optimizers on real MPI and Gloo ranks are tests/optim's)."""
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import background
 
 
-def test_short_convergence_run_writes_results(tmp_path: Path) -> None:
-    out = tmp_path / "conv"
-    done = subprocess.run(
-        [sys.executable, "bench/convergence/run.py", "--ranks", "2", "--steps", "40", "--eval-every", "20",
-         "--hidden", "32", "--eps", "1e-4", "--backend", "threads", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+def short_run() -> tuple[list[list[str]], dict[str, str]]:
+    """The run, as a background job (``tests/background.py``), writing into a folder given by
+    ``COMPCOLL_TEST_OUT``."""
+    folder = background.folder("compcoll-convergence-")
+    return [[sys.executable, "bench/convergence/run.py", "--ranks", "2", "--steps", "40", "--eval-every", "20",
+             "--hidden", "32", "--eps", "1e-4", "--backend", "threads", "--out", str(folder / "conv")]], \
+        {**os.environ, "COMPCOLL_TEST_OUT": str(folder)}
+
+
+@background.job(short_run)
+def test_short_convergence_run_writes_results() -> None:
+    [done], env = background.results(short_run, timeout=900)
+    assert done.returncode == 0, done.output + done.errors
+    out = Path(env["COMPCOLL_TEST_OUT"]) / "conv"
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
                                         "Birder exact", "Birder", "LAMB", "LAMB frozen v", "1-bit LAMB",

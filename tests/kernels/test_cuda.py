@@ -12,6 +12,7 @@ GROUPS = (("float16", "bfloat16", "levels"), ("tree", "scale", "float32", "block
 """``cuda_sim_checks``' parts in two processes of about equal time, run side by side on two cores."""
 
 
+@background.cold
 def simulator_runs() -> tuple[list[list[str]], dict[str, str]]:
     """The two simulator processes (``GROUPS``), on lengths 1, 37, 1000 and 8200."""
     command = [sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"]
@@ -26,6 +27,6 @@ def test_the_groups_cover_every_part() -> None:
 @background.job(simulator_runs)
 def test_cuda_kernels_match_cpu_kernels_under_the_simulator() -> None:
     outcomes, _ = background.results(simulator_runs, timeout=900)
-    for group, (returncode, output) in zip(GROUPS, outcomes):
-        assert returncode == 0, f"parts {group}:\n{output}"
-        assert "cuda kernels == cpu kernels" in output, output
+    for group, done in zip(GROUPS, outcomes):
+        assert done.returncode == 0, f"parts {group}:\n{done.output}{done.errors}"
+        assert "cuda kernels == cpu kernels" in done.output, done.output

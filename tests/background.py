@@ -2,10 +2,11 @@
 the session's tests are collected, one job after another, so that they use the cores the other tests leave idle;
 the tests that own a job run last and collect its outcome.
 
-A test marks itself with ``@job(make, ...)``, where ``make()`` returns the job's commands (run side by side) and their
-environment; ``tests/conftest.py`` queues the jobs of the collected tests and moves their tests to the end of the
-session, and a test calls ``results(make)``, which starts its job at once if it has not started (a test run on its
-own, or a queue that has not reached it) and waits for it. Several tests may read one job's outcome.
+A test marks itself with ``@job(make, ...)``, where ``make(folder)`` returns the job's commands (run side by side)
+and their environment, given a new folder of the job's own for its files; ``tests/conftest.py`` queues the jobs of
+the collected tests and moves their tests to the end of the session, and a test calls ``results(make)``, which
+starts its job at once if it has not started (a test run on its own, or a queue that has not reached it) and waits
+for it. Several tests may read one job's outcome.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-Maker = Callable[[], tuple[list[list[str]], dict[str, str]]]
+Maker = Callable[[Path], tuple[list[list[str]], dict[str, str]]]
 
 
 class Outcome(NamedTuple):
@@ -33,13 +34,23 @@ class Outcome(NamedTuple):
     errors: str
 
 
+class Finished(NamedTuple):
+    """A job's outcomes, one per command, the environment they ran in, and the job's folder."""
+
+    outcomes: list[Outcome]
+    env: dict[str, str]
+    folder: Path
+
+
 class _Job:
     """One job's commands, started side by side under ``nice -n 19``, each a session of its own whose scheduling
     group is niced too (``_lowest_group_priority``), their output in files (a pipe would fill and stop a command
     whose test has not come yet)."""
 
     def __init__(self, make: Maker) -> None:
-        commands, self.env = make()
+        self.folder = Path(tempfile.mkdtemp(prefix="compcoll-job-"))
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
+        commands, self.env = make(self.folder)
         self.files = [(tempfile.TemporaryFile(mode="w+"), tempfile.TemporaryFile(mode="w+")) for _ in commands]
         self.processes = [subprocess.Popen(["nice", "-n", "19", *command], cwd=ROOT, env=self.env, text=True,
                                            stdout=out, stderr=err, start_new_session=True)
@@ -53,7 +64,7 @@ class _Job:
         for process in self.processes:
             process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
 
-    def outcomes(self) -> list[Outcome]:
+    def finished(self) -> Finished:
         """Every command's outcome, once all have ended."""
         outcomes = []
         for process, files in zip(self.processes, self.files):
@@ -62,7 +73,7 @@ class _Job:
                 file.seek(0)
                 texts.append(file.read())
             outcomes.append(Outcome(process.returncode, *texts))
-        return outcomes
+        return Finished(outcomes, self.env, self.folder)
 
     def stop(self) -> None:
         """Kill each command with every process of its session (a launcher's ranks too)."""
@@ -80,7 +91,7 @@ WARMED = threading.Event()
 _LOCK = threading.Lock()
 _QUEUE: list[Maker] = []
 _JOBS: dict[Maker, _Job] = {}
-_DONE: dict[Maker, tuple[list[Outcome], dict[str, str]]] = {}
+_DONE: dict[Maker, Finished] = {}
 
 
 def _lowest_group_priority(pid: int) -> None:
@@ -144,12 +155,12 @@ def _started(make: Maker) -> _Job:
         return _JOBS[make]
 
 
-def results(make: Maker, timeout: float) -> tuple[list[Outcome], dict[str, str]]:
-    """Each of ``make``'s commands' outcome, waited for up to ``timeout`` seconds, and their environment.
+def results(make: Maker, timeout: float) -> Finished:
+    """``make``'s job, finished: its commands waited for up to ``timeout`` seconds.
 
     1. Start the job if it has not started (taking it off the queue).
     2. Wait for its commands; on timeout, stop them and raise ``subprocess.TimeoutExpired``.
-    3. Keep the outcome for the other tests that read it.
+    3. Keep the outcome for the other tests that read it, and forget the job (nothing is left to stop).
     """
     if make not in _DONE:
         started = _started(make)
@@ -158,20 +169,15 @@ def results(make: Maker, timeout: float) -> tuple[list[Outcome], dict[str, str]]
         except subprocess.TimeoutExpired:
             started.stop()
             raise
-        _DONE[make] = started.outcomes(), started.env
+        _DONE[make] = started.finished()
+        with _LOCK:
+            _JOBS.pop(make, None)
     return _DONE[make]
-
-
-def folder(prefix: str) -> Path:
-    """A new temporary folder for a job's files, removed when the test session ends."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
 
 
 @atexit.register
 def _stop_all() -> None:
-    """Stop the jobs still running (a session stopped early) and run no more."""
+    """Stop the jobs whose tests have not read them (a session stopped early) and run no more."""
     with _LOCK:
         _QUEUE.clear()
         for started in _JOBS.values():

@@ -29,7 +29,7 @@ def _torchrun(*args: str) -> list[str]:
 
 def _output(make: background.Maker) -> str:
     """The standard output of ``make``'s one launch, which must have succeeded."""
-    [done], _ = background.results(make, timeout=TIMEOUT)
+    [done] = background.results(make, timeout=TIMEOUT).outcomes
     assert done.returncode == 0, done.output + done.errors
     return done.output
 
@@ -38,7 +38,7 @@ TRAINED = {"onebit_adam": "OneBitAdam", "onebit_lamb": "OneBitLamb", "zero_one_a
            "birder": "Birder"}
 
 
-def train_under_mpiexec() -> tuple[list[list[str]], dict[str, str]]:
+def train_under_mpiexec(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
     """Every optimizer in one launch of 3 MPI ranks (``--optimizer a,b,...``)."""
     return [[mpiexec(), "-n", "3", sys.executable, "examples/train.py", "--optimizer", ",".join(TRAINED),
              "--steps", "60"]], dict(os.environ)
@@ -64,9 +64,10 @@ def _sections(make: background.Maker, count: int) -> list[str]:
     return sections
 
 
-def batch_under_mpiexec() -> tuple[list[list[str]], dict[str, str]]:
-    """The 2-rank examples and the README's example, one after another in one launch of 2 MPI ranks."""
-    readme = background.folder("compcoll-readme-") / "example.py"
+def batch_under_mpiexec(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """The 2-rank examples and the README's example (written into the job's folder), one after another in one
+    launch of 2 MPI ranks."""
+    readme = folder / "example.py"
     readme.write_text((ROOT / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0])
     scripts = [str(readme) if name == "README.md" else name for name in BATCHED]
     return [[mpiexec(), "-n", "2", sys.executable, "-m", "tests.example_batch", *scripts]], dict(os.environ)
@@ -89,10 +90,10 @@ def _torchrun_names() -> list[str]:
     return [name for name in TORCHRUN_BATCHED if name != "huggingface" or importlib.util.find_spec("transformers")]
 
 
-def batch_under_torchrun() -> tuple[list[list[str]], dict[str, str]]:
-    """The torchrun examples, one after another in one torchrun launch of 2 ranks."""
-    folder = shlex.quote(str(background.folder("compcoll-examples-")))
-    entries = [TORCHRUN_BATCHED[name].format(folder=folder) for name in _torchrun_names()]
+def batch_under_torchrun(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """The torchrun examples, one after another in one torchrun launch of 2 ranks (the Trainer's output in the job's
+    folder)."""
+    entries = [TORCHRUN_BATCHED[name].format(folder=shlex.quote(str(folder))) for name in _torchrun_names()]
     return [[*_torchrun("--nproc-per-node", "2"), "-m", "tests.example_batch", *entries]], dict(os.environ)
 
 

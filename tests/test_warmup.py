@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests import background
 
@@ -18,15 +19,15 @@ print(sum(sum(d.stats.cache_hits.values()) for d in kernels), sum(sum(d.stats.ca
 
 
 @background.cold
-def warmup_into_an_empty_cache() -> tuple[list[list[str]], dict[str, str]]:
-    """``python -m compcoll.warmup`` with ``NUMBA_CACHE_DIR`` an empty folder (removed at exit)."""
-    cache = background.folder("compcoll-warmup-")
-    return [[sys.executable, "-m", "compcoll.warmup"]], {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+def warmup_into_an_empty_cache(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """``python -m compcoll.warmup`` with ``NUMBA_CACHE_DIR`` the job's empty folder."""
+    return [[sys.executable, "-m", "compcoll.warmup"]], {**os.environ, "NUMBA_CACHE_DIR": str(folder)}
 
 
 @background.job(warmup_into_an_empty_cache)
 def test_warmup_fills_the_cache_for_a_fresh_process() -> None:
-    [done], env = background.results(warmup_into_an_empty_cache, timeout=600)
+    finished = background.results(warmup_into_an_empty_cache, timeout=600)
+    [done], env = finished.outcomes, finished.env
     assert done.returncode == 0 and "compiled and cached" in done.output, done.output + done.errors
     hits, misses = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True,
                                   timeout=300, check=True).stdout.split()

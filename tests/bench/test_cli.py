@@ -32,12 +32,11 @@ TIMEOUT = 900
 """Seconds a test waits for its runs, which are background jobs (``tests/background.py``)."""
 
 
-def sweep_on_two_local_ranks(backend: str) -> tuple[list[list[str]], dict[str, str]]:
-    """A sweep on 2 local ranks of ``backend``, writing ``bench.json`` in a folder given by ``COMPCOLL_TEST_OUT``."""
-    folder = background.folder("compcoll-cli-")
+def sweep_on_two_local_ranks(backend: str, folder: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """A sweep on 2 local ranks of ``backend``, writing ``bench.json`` in the job's folder."""
     return [[sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
              "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend,
-             "--json", str(folder / "bench.json")]], {**os.environ, "COMPCOLL_TEST_OUT": str(folder)}
+             "--json", str(folder / "bench.json")]], dict(os.environ)
 
 
 SWEEPS = {backend: functools.partial(sweep_on_two_local_ranks, backend) for backend in BACKENDS}
@@ -46,10 +45,11 @@ SWEEPS = {backend: functools.partial(sweep_on_two_local_ranks, backend) for back
 @pytest.mark.parametrize("backend", BACKENDS)
 @background.job(*SWEEPS.values())
 def test_cli_on_two_local_ranks(backend: str) -> None:
-    [done], env = background.results(SWEEPS[backend], timeout=TIMEOUT)
+    finished = background.results(SWEEPS[backend], timeout=TIMEOUT)
+    [done] = finished.outcomes
     assert done.returncode == 0, done.output + done.errors
     assert "speedup" in done.output and "compute us" in done.output
-    report = json.loads((Path(env["COMPCOLL_TEST_OUT"]) / "bench.json").read_text())
+    report = json.loads((finished.folder / "bench.json").read_text())
     assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 262144, 16 << 20]
     for row in report["rows"]:
         assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0 and row["1bit-serial"]["wrong"] == 0
@@ -61,21 +61,21 @@ def test_cli_on_two_local_ranks(backend: str) -> None:
         assert row["plain"]["bytes_sent"] == row["size"], "only the allreduce's own bytes are counted"
 
 
-def hierarchical_run() -> tuple[list[list[str]], dict[str, str]]:
-    """4 local ranks as 2 nodes x 2, writing ``bench.json`` in a folder given by ``COMPCOLL_TEST_OUT``."""
-    folder = background.folder("compcoll-cli-")
+def hierarchical_run(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """4 local ranks as 2 nodes x 2, writing ``bench.json`` in the job's folder."""
     return [[sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
              "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4",
-             "--json", str(folder / "bench.json")]], {**os.environ, "COMPCOLL_TEST_OUT": str(folder)}
+             "--json", str(folder / "bench.json")]], dict(os.environ)
 
 
 @background.job(hierarchical_run)
 def test_cli_hierarchical_as_two_nodes() -> None:
     """4 local ranks as 2 nodes x 2: every method verified, intra and inter bytes split."""
-    [done], env = background.results(hierarchical_run, timeout=TIMEOUT)
+    finished = background.results(hierarchical_run, timeout=TIMEOUT)
+    [done] = finished.outcomes
     assert done.returncode == 0, done.output + done.errors
     assert "inter(B)" in done.output and "hier-ef" in done.output
-    (row,) = json.loads((Path(env["COMPCOLL_TEST_OUT"]) / "bench.json").read_text())["rows"]
+    (row,) = json.loads((finished.folder / "bench.json").read_text())["rows"]
     assert row["ranks_per_node"] == 2
     for name in ("plain", "1bit", "hier", "hier-ef"):
         m = row[name]

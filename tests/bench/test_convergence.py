@@ -11,20 +11,19 @@ from pathlib import Path
 from tests import background
 
 
-def short_run() -> tuple[list[list[str]], dict[str, str]]:
-    """The run, as a background job (``tests/background.py``), writing into a folder given by
-    ``COMPCOLL_TEST_OUT``."""
-    folder = background.folder("compcoll-convergence-")
+def short_run(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """The run, as a background job (``tests/background.py``), writing into the job's folder."""
     return [[sys.executable, "bench/convergence/run.py", "--ranks", "2", "--steps", "40", "--eval-every", "20",
              "--hidden", "32", "--eps", "1e-4", "--backend", "threads", "--out", str(folder / "conv")]], \
-        {**os.environ, "COMPCOLL_TEST_OUT": str(folder)}
+        dict(os.environ)
 
 
 @background.job(short_run)
 def test_short_convergence_run_writes_results() -> None:
-    [done], env = background.results(short_run, timeout=900)
+    finished = background.results(short_run, timeout=900)
+    [done] = finished.outcomes
     assert done.returncode == 0, done.output + done.errors
-    out = Path(env["COMPCOLL_TEST_OUT"]) / "conv"
+    out = finished.folder / "conv"
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
                                         "Birder exact", "Birder", "LAMB", "LAMB frozen v", "1-bit LAMB",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from tests import background
 from tests.kernels.cuda_sim_checks import PARTS
@@ -13,7 +14,7 @@ GROUPS = (("float16", "bfloat16", "levels"), ("tree", "scale", "float32", "block
 
 
 @background.cold
-def simulator_runs() -> tuple[list[list[str]], dict[str, str]]:
+def simulator_runs(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
     """The two simulator processes (``GROUPS``), on lengths 1, 37, 1000 and 8200."""
     command = [sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"]
     return ([command + [f"--part={part}" for part in group] for group in GROUPS],
@@ -26,7 +27,6 @@ def test_the_groups_cover_every_part() -> None:
 
 @background.job(simulator_runs)
 def test_cuda_kernels_match_cpu_kernels_under_the_simulator() -> None:
-    outcomes, _ = background.results(simulator_runs, timeout=900)
-    for group, done in zip(GROUPS, outcomes):
+    for group, done in zip(GROUPS, background.results(simulator_runs, timeout=900).outcomes):
         assert done.returncode == 0, f"parts {group}:\n{done.output}{done.errors}"
         assert "cuda kernels == cpu kernels" in done.output, done.output

@@ -35,7 +35,7 @@ def _command() -> tuple[list[str], dict[str, str]] | None:
 
 
 @background.cold
-def compile_every_variant() -> tuple[list[list[str]], dict[str, str]]:
+def compile_every_variant(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
     """The script, as a background job (``tests/background.py``); no command where it cannot run."""
     found = _command()
     return ([found[0]], found[1]) if found else ([], {})
@@ -44,7 +44,7 @@ def compile_every_variant() -> tuple[list[list[str]], dict[str, str]]:
 @pytest.mark.skipif(_command() is None, reason="needs numba-cuda with NVVM (pip install -e '.[gpu]'; CI installs it)")
 @background.job(compile_every_variant)
 def test_every_cuda_kernel_variant_compiles_for_hopper() -> None:
-    [done], _ = background.results(compile_every_variant, timeout=900)
+    [done] = background.results(compile_every_variant, timeout=900).outcomes
     assert done.returncode == 0, done.output + done.errors
     compiled = re.search(r"^(\d+) of (\d+) kernel variants compile for sm_90$", done.output, re.MULTILINE)
     assert compiled and compiled[1] == compiled[2] and int(compiled[2]) > 0, done.output

@@ -7,6 +7,9 @@ and their environment, given a new folder of the job's own for its files; ``test
 the collected tests and moves their tests to the end of the session, and a test calls ``results(make)``, which
 starts its job at once if it has not started (a test run on its own, or a queue that has not reached it) and waits
 for it. Several tests may read one job's outcome.
+
+A job must not move bytes between processes: tests that count what a network interface carries
+(``tests/bench/test_peers.py``, on the loopback) would count its traffic too.
 """
 
 from __future__ import annotations

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from compcoll.bench.cli import parser, parse_size, sizes
-from tests import background
 
 
 def test_parse_size_and_sweep() -> None:
@@ -27,29 +25,15 @@ def test_methods_option() -> None:
             parser().parse_args(["--methods", bad])
 
 
-BACKENDS = ("mpi", "gloo")
-TIMEOUT = 900
-"""Seconds a test waits for its runs, which are background jobs (``tests/background.py``)."""
-
-
-def sweep_on_two_local_ranks(backend: str, folder: Path) -> tuple[list[list[str]], dict[str, str]]:
-    """A sweep on 2 local ranks of ``backend``, writing ``bench.json`` in the job's folder."""
-    return [[sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
-             "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend,
-             "--json", str(folder / "bench.json")]], dict(os.environ)
-
-
-SWEEPS = {backend: functools.partial(sweep_on_two_local_ranks, backend) for backend in BACKENDS}
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@background.job(*SWEEPS.values())
-def test_cli_on_two_local_ranks(backend: str) -> None:
-    finished = background.results(SWEEPS[backend], timeout=TIMEOUT)
-    [done] = finished.outcomes
-    assert done.returncode == 0, done.output + done.errors
-    assert "speedup" in done.output and "compute us" in done.output
-    report = json.loads((finished.folder / "bench.json").read_text())
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
+           "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend, "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "speedup" in done.stdout and "compute us" in done.stdout
+    report = json.loads(out.read_text())
     assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 262144, 16 << 20]
     for row in report["rows"]:
         assert row["plain"]["wrong"] == 0 and row["1bit"]["wrong"] == 0 and row["1bit-serial"]["wrong"] == 0
@@ -61,21 +45,14 @@ def test_cli_on_two_local_ranks(backend: str) -> None:
         assert row["plain"]["bytes_sent"] == row["size"], "only the allreduce's own bytes are counted"
 
 
-def hierarchical_run(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
-    """4 local ranks as 2 nodes x 2, writing ``bench.json`` in the job's folder."""
-    return [[sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
-             "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4",
-             "--json", str(folder / "bench.json")]], dict(os.environ)
-
-
-@background.job(hierarchical_run)
-def test_cli_hierarchical_as_two_nodes() -> None:
+def test_cli_hierarchical_as_two_nodes(tmp_path: Path) -> None:
     """4 local ranks as 2 nodes x 2: every method verified, intra and inter bytes split."""
-    finished = background.results(hierarchical_run, timeout=TIMEOUT)
-    [done] = finished.outcomes
-    assert done.returncode == 0, done.output + done.errors
-    assert "inter(B)" in done.output and "hier-ef" in done.output
-    (row,) = json.loads((finished.folder / "bench.json").read_text())["rows"]
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
+           "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4", "--json", str(out)]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "inter(B)" in text and "hier-ef" in text
+    (row,) = json.loads(out.read_text())["rows"]
     assert row["ranks_per_node"] == 2
     for name in ("plain", "1bit", "hier", "hier-ef"):
         m = row[name]

@@ -96,7 +96,7 @@ def world_once(comm: Any, fn: Callable, *args: Any, **kwargs: Any) -> Any:
 
 
 def _digest(fn: Callable, args: tuple, kwargs: dict) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
+    digest = hashlib.sha256()
     digest.update(f"{fn.__module__}.{fn.__qualname__}".encode())
     _feed(digest, (args, sorted(kwargs.items())))
     return digest.digest()

@@ -8,7 +8,7 @@ import torch
 import compcoll
 from compcoll.kernels import reference
 from tests.shared import world_once
-from tests.algorithms.onebit_workers import make_input
+from tests.algorithms.onebit_workers import world_inputs
 
 SHAPES = ((37,), (3, 7, 11))
 
@@ -29,7 +29,7 @@ def numpy_arrays(comm: compcoll.Communicator, steps: int) -> None:
             ref_we, ref_se = [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n
             ref_hwe, ref_hse = [np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n
             for step in range(steps):
-                xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                xs = world_inputs(comm, step, shape, dtype)
                 flat = [x.float().reshape(-1).numpy() for x in xs]
                 mine = xs[rank].numpy()
                 where = f"{dtype} {shape} step {step}"

@@ -16,6 +16,7 @@ from tests.algorithms.onebit_workers import (
     assert_matches_reference,
     assert_same_on_all_ranks,
     make_input,
+    world_inputs,
 )
 
 SEED = 20261121
@@ -43,7 +44,7 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
             ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
             ref_se = [np.zeros(sn, np.float32) for _ in range(n)]
             for call in range(steps):
-                xs = [make_input(q, call, shape, dtype) for q in range(n)]
+                xs = world_inputs(comm, call, shape, dtype)
                 flat = [x.float().reshape(-1).numpy() for x in xs]
                 before = xs[rank].clone()
                 where = f"{dtype} shape {shape} call {call}"
@@ -79,18 +80,22 @@ def statistics(comm: compcoll.Communicator, k: int, numel: int, calls: int) -> N
     """
     n, rank = comm.size, comm.rank
     topo = compcoll.topology(comm, k)
-    xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
+    xs = world_inputs(comm, 0, (numel,), torch.float32)
     truth = torch.stack([x.double() for x in xs]).mean(dim=0)
     full = compcoll.padded_numel(numel, n)
     sub = full // n
+    row_of = torch.arange(numel) // sub
     total = torch.zeros(numel, dtype=torch.float64)
     squares = torch.zeros(numel, dtype=torch.float64)
     stats = []
     for call in range(1, calls + 1):
         out = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=k, seed=SEED)
-        for row in range(n):
-            magnitudes = out[row * sub:(row + 1) * sub].abs().unique()
-            assert magnitudes.numel() <= 1, f"row {row} holds {magnitudes.numel()} magnitudes: not a 1-bit decode"
+        magnitude = out.abs()
+        high = torch.zeros(n).scatter_reduce(0, row_of, magnitude, "amax", include_self=False)
+        low = torch.zeros(n).scatter_reduce(0, row_of, magnitude, "amin", include_self=False)
+        mixed = (high != low).nonzero().flatten().tolist()
+        assert not mixed, (f"row {mixed[0]} holds magnitudes {low[mixed[0]]:g} to {high[mixed[0]]:g}: "
+                          "not a 1-bit decode")
         total += out.double()
         squares += out.double() ** 2
         if call in (calls // 4, calls):
@@ -171,7 +176,7 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
             ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
             ref_se = [np.zeros(sn, np.float32) for _ in range(n)]
             for call in range(steps):
-                xs = [make_input(q, call, shape, dtype) for q in range(n)]
+                xs = world_inputs(comm, call, shape, dtype)
                 where = f"{dtype} shape {shape} block {block} call {call}"
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
                                      comm, ranks_per_node=k, scale=scale, block_size=block)

@@ -15,7 +15,13 @@ from compcoll.algorithms.plan import MAX_CACHED_PLANS, cached_plans
 from compcoll.comm.work import Work
 from compcoll.kernels import reference
 from tests.shared import world_once
-from tests.algorithms.onebit_workers import DTYPES, assert_errors_match, assert_matches_reference, make_input
+from tests.algorithms.onebit_workers import (
+    DTYPES,
+    assert_errors_match,
+    assert_matches_reference,
+    make_input,
+    world_inputs,
+)
 
 
 def _expect_from_wait(exc_type: type, fragment: str, work: Work, timeout: float | None = None) -> None:
@@ -46,7 +52,7 @@ def in_flight(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                 we, se, ref_we, ref_se = state.setdefault(shape, [
                     torch.zeros(full), torch.zeros(full // n),
                     [np.zeros(full, np.float32) for _ in range(n)], [np.zeros(full // n, np.float32) for _ in range(n)]])
-                xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                xs = world_inputs(comm, step, shape, dtype)
                 work = compcoll.compressed_allreduce(xs[rank], we, se, comm, async_op=True)
                 outs, ref_we, ref_se, _ = world_once(comm, reference.compressed_allreduce,
                     [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se)
@@ -54,7 +60,7 @@ def in_flight(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                 pending.append((work, outs[rank], we, se, ref_we[rank], ref_se[rank], f"{dtype} {shape} step {step}"))
 
             shape = tuple(shapes[-1])
-            xs = [make_input(q, step + 50, shape, dtype) for q in range(n)]
+            xs = world_inputs(comm, step + 50, shape, dtype)
             flat = [x.float().reshape(-1).numpy() for x in xs]
             if not hier_state:
                 wn, sn = compcoll.hierarchical_error_numels(flat[0].size, n, 1)
@@ -109,7 +115,7 @@ def errors_through_wait(comm: compcoll.Communicator) -> None:
         else:
             raise AssertionError("the future of a failed call completed with a result")
 
-    xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
+    xs = world_inputs(comm, 0, (numel,), torch.float32)
     outs, _, _, _ = world_once(comm, reference.compressed_allreduce,
         [v.numpy() for v in xs], [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n)
     out = compcoll.compressed_allreduce(x, we, se, comm, async_op=True).wait()

@@ -29,13 +29,24 @@ def make_input(rank: int, step: int, shape: tuple[int, ...], dtype: torch.dtype)
     return x.to(dtype)
 
 
+def world_inputs(comm: compcoll.Communicator, step: int, shape: tuple[int, ...],
+                 dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every rank's ``make_input`` at ``step``, rank q's at index q: drawn once per in-process world
+    (``world_once``), so the thread ranks share them and must not modify them."""
+    return world_once(comm, _inputs, comm.size, step, tuple(shape), dtype)
+
+
+def _inputs(n: int, step: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    return [make_input(q, step, shape, dtype) for q in range(n)]
+
+
 def assert_same_on_all_ranks(comm: compcoll.Communicator, tensor: torch.Tensor, where: str = "") -> None:
     raw = tensor.detach().reshape(-1).view(torch.uint8).clone()
     table = torch.empty(comm.size * raw.numel(), dtype=torch.uint8)
     comm.allgather(raw, table)
     rows = table.view(comm.size, -1)
-    for r in range(comm.size):
-        assert torch.equal(rows[r], rows[0]), f"{where}rank {r}'s output differs from rank 0's"
+    differ = (rows != rows[0]).any(dim=1).nonzero().flatten().tolist()
+    assert not differ, f"{where}rank {differ[0]}'s output differs from rank 0's"
 
 
 def assert_matches_reference(out: torch.Tensor, expected: np.ndarray, where: str) -> None:
@@ -65,7 +76,7 @@ def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -
                 ref_we = [np.zeros(full, np.float32) for _ in range(n)]
                 ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
                 for step in range(steps):
-                    xs = [make_input(q, step, shape, dtype) for q in range(n)]
+                    xs = world_inputs(comm, step, shape, dtype)
                     before, sent_before = xs[rank].clone(), comm.bytes_sent
                     out = compcoll.compressed_allreduce(xs[rank], we, se, comm, protocol=protocol, scale=scale)
                     sent = comm.bytes_sent - sent_before
@@ -100,7 +111,7 @@ def steps_match_reference(comm: compcoll.Communicator, shape: tuple[int, ...], d
     ref_we = [np.zeros(full, np.float32) for _ in range(n)]
     ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
     for step in range(steps):
-        xs = [make_input(q, step, shape, dtype) for q in range(n)]
+        xs = world_inputs(comm, step, shape, dtype)
         sent_before = comm.bytes_sent
         out = compcoll.compressed_allreduce(xs[rank], we, se, comm, async_op=asynchronous(step), **options)
         out = out.wait() if asynchronous(step) else out
@@ -230,7 +241,7 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(compcoll.NonFiniteError, "rank(s) [0]", car, half, we, se, comm)
     unchanged()
 
-    xs = [make_input(q, 0, (numel,), torch.float32) for q in range(n)]
+    xs = world_inputs(comm, 0, (numel,), torch.float32)
     ref_we = [torch.randn(full, generator=torch.Generator().manual_seed(q)).mul(0.01).numpy() for q in range(n)]
     ref_se = [torch.randn(full // n, generator=torch.Generator().manual_seed(99 + q)).mul(0.01).numpy() for q in range(n)]
     outs, ref_we, ref_se, _ = world_once(comm, reference.compressed_allreduce, [v.numpy() for v in xs], ref_we, ref_se)

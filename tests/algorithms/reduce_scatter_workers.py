@@ -10,7 +10,14 @@ from compcoll.algorithms.reduce_scatter import OPS, compressed_reduce_scatter, r
 from compcoll.spec import LEVEL_BITS
 from compcoll.kernels import reference
 from tests.shared import world_once
-from tests.algorithms.onebit_workers import DTYPES, SCALE_NAMES, _expect, assert_matches_reference, make_input
+from tests.algorithms.onebit_workers import (
+    DTYPES,
+    SCALE_NAMES,
+    _expect,
+    assert_matches_reference,
+    make_input,
+    world_inputs,
+)
 
 
 def numerics(comm: compcoll.Communicator, rows: list[int], steps: int) -> None:
@@ -28,7 +35,7 @@ def numerics(comm: compcoll.Communicator, rows: list[int], steps: int) -> None:
             error = torch.zeros(n * row_elements(n * row, n))
             ref_errors = [np.zeros(error.numel(), np.float32) for _ in range(n)]
             for step in range(steps):
-                xs = [make_input(q, step, (n * row,), dtype) for q in range(n)]
+                xs = world_inputs(comm, step, (n * row,), dtype)
                 before, sent_before = xs[rank].clone(), comm.bytes_sent
                 out = torch.empty(row, dtype=dtype)
                 compressed_reduce_scatter(xs[rank], out, error, comm, op=op, factor=factor, block_size=block,

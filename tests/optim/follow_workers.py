@@ -83,6 +83,15 @@ def _run(comm: compcoll.Communicator, name: str, change: str, start: str, device
     return model, opt
 
 
+def _unchanged(comm: compcoll.Communicator, name: str, start: str, dtype: torch.dtype,
+               runs: dict[tuple[str, torch.dtype], tuple[torch.nn.Module, object]]) -> tuple[torch.nn.Module, object]:
+    """The run whose model is never changed (the same whatever the change), computed once per optimizer and dtype
+    into ``runs``; callers only read it."""
+    if (name, dtype) not in runs:
+        runs[name, dtype] = _run(comm, name, "to", start, start, None, dtype)
+    return runs[name, dtype]
+
+
 def _same(a: tuple[torch.nn.Module, object], b: tuple[torch.nn.Module, object], where: str,
           exact: bool = True) -> None:
     """Both runs' parameters (bits, dtypes), master weights and every state and error buffer are equal (not
@@ -116,6 +125,7 @@ def built_then_changed(comm: compcoll.Communicator, start: str, device: str, cha
     The model starts on ``start``; ``to`` moves it to ``device``. Where the move stays on
     one kind of device, also ``moved_mid_run``.
     """
+    unchanged: dict[tuple[str, torch.dtype], tuple[torch.nn.Module, object]] = {}
     for name in NAMES:
         for change in changes:
             for dtype in (torch.float32, torch.bfloat16) if change in SIXTEEN_BIT_TOO else (torch.float32,):
@@ -124,25 +134,28 @@ def built_then_changed(comm: compcoll.Communicator, start: str, device: str, cha
                 _same(after, _run(comm, name, change, start, device, -1, dtype), f"{where}: built then changed")
                 assert_same_on_all_ranks(comm, after[1].flat.data.cpu())
                 if change in ("load_state_dict", "half", "bfloat16"):
-                    never = _run(comm, name, change, start, device, None, dtype)
+                    never = _unchanged(comm, name, start, dtype, unchanged)
                     assert not torch.equal(after[1].flat.data.cpu(), never[1].flat.data.cpu()), \
                         f"{where}: the change made no difference, so the test shows nothing"
     if "to" in changes and torch.device(start).type == torch.device(device).type:
-        moved_mid_run(comm, start, device)
+        moved_mid_run(comm, start, device, unchanged)
 
 
-def moved_mid_run(comm: compcoll.Communicator, start: str, device: str) -> None:
+def moved_mid_run(comm: compcoll.Communicator, start: str, device: str,
+                  unchanged: dict[tuple[str, torch.dtype], tuple[torch.nn.Module, object]] | None = None) -> None:
     """Every optimizer, float32 and bfloat16: moved from ``start`` to ``device`` in the middle of training equals
-    never moved (the state follows; 16-bit parameters keep their float32 masters).
+    never moved (the state follows; 16-bit parameters keep their float32 masters). The never-moved runs are
+    ``unchanged``'s where ``built_then_changed`` already made them.
 
     On one kind of device, bit for bit. Across kinds (CPU <-> CUDA), within ``TOLERANCE``: the optimizers'
     element-wise steps are torch's, whose CUDA and CPU kernels round differently.
     """
     exact = torch.device(start).type == torch.device(device).type
+    unchanged = {} if unchanged is None else unchanged
     for name in NAMES:
         for dtype in (torch.float32, torch.bfloat16):
             moved = _run(comm, name, "to", start, device, STEPS // 2, dtype)
-            _same(moved, _run(comm, name, "to", start, device, None, dtype),
+            _same(moved, _unchanged(comm, name, start, dtype, unchanged),
                   f"{name} {dtype} moved {start} -> {device} mid-run", exact)
             assert moved[1].flat.device.type == torch.device(device).type
             assert all(p.device.type == torch.device(device).type for p in moved[0].parameters())

@@ -68,7 +68,9 @@ def gather(obj) -> list:
 
 def assert_replicas_equal(model: torch.nn.Module) -> None:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    assert all(torch.equal(flat, other) for other in gather(flat)), "replicas differ"
+    table = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(table, flat)
+    assert all(torch.equal(flat, other) for other in table), "replicas differ"
 
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,

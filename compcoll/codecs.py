@@ -117,6 +117,17 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
         return run(*args, stream=stream, **extra, **options)
 
 
+def start_cpu_threads() -> None:
+    """Start the CPU kernels' worker threads (Numba's) from the calling thread, unless they have started.
+
+    A thread keeps the CPU affinity of the thread that starts it: ``launcher.run_threads``,
+    which keeps its ranks on one CPU, calls this first, so that the kernels' threads keep
+    every CPU the process may use.
+    """
+    with _CPU_KERNELS:
+        cpu_kernels.compensated_power_sum(_EMPTY_HOST, None, np.zeros(1, np.float32), 0, 2)
+
+
 def _stream(tensor: torch.Tensor):
     """The kernels' stream for a device tensor: numba's view of torch's current stream on its GPU; ``TRACED`` for
     a meta tensor."""

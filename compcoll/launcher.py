@@ -207,7 +207,11 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
        restore it after.
     2. Build the world (its collectives time out after ``timeout`` seconds, so a rank that
        never arrives fails the others) and start one daemon thread per rank; ``args`` go
-       through JSON, as to real ranks.
+       through JSON, as to real ranks. The rank threads (and the threads they start) keep
+       to one CPU, the lowest this thread may use, the CPU kernels' worker threads being
+       started first on all of them (``codecs.start_cpu_threads``): the ranks' Python runs
+       one rank at a time anyway (one GIL), and a hand-over between threads of one CPU costs
+       a fraction of one between CPUs (docs/architecture.md, "Layers").
     3. Wait up to ``timeout`` seconds for them all.
     4. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
        still running past the timeout (their threads are left to end with the process).
@@ -225,8 +229,16 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
     arguments = json.loads(json.dumps(list(args)))
     failures: dict[int, str] = {}
 
+    cpus = _rank_cpus()
+    if cpus:
+        from .codecs import start_cpu_threads
+
+        start_cpu_threads()
+
     def rank(comm) -> None:
         try:
+            if cpus:
+                os.sched_setaffinity(0, cpus)
             function(comm, *arguments)
         except BaseException:
             failures[comm.rank] = traceback.format_exc()
@@ -255,6 +267,15 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
         raise WorkerFailure(f"{what} on {world_size} threads: {'; '.join(notes + [f'{len(failures)} failed'])}"
                             f"\n{text[-20000:]}")
     return ""
+
+
+def _rank_cpus() -> set[int] | None:
+    """The one CPU of an in-process world's rank threads: the lowest the calling thread may run on; None where
+    threads have no affinity to set (not Linux) or the caller may run on one CPU only."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    return {min(allowed)} if len(allowed) > 1 else None
 
 
 def _read(log) -> str:

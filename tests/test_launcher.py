@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from compcoll.launcher import BACKENDS, EPHEMERAL_PORTS, WorkerFailure, _free_port, run, run_threads, seeded
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def fails_on_last_rank(comm) -> None:
@@ -79,6 +86,41 @@ def test_threads_take_a_function_and_name_it_when_a_rank_fails() -> None:
     assert sorted(seen) == [0, 1, 2]
     with pytest.raises(WorkerFailure, match=r"fails_on_last_rank on 2 threads: 1 failed(.|\n)*deliberate failure"):
         run_threads(fails_on_last_rank, 2)
+
+
+_ONE_CPU = """
+import json, os, threading, torch, compcoll
+from compcoll.launcher import run_threads
+
+def rank(comm):
+    x = torch.randn(70001)  # above the kernels' serial size: their worker threads start if they have not
+    full = compcoll.padded_numel(x.numel(), comm.size)
+    compcoll.compressed_allreduce(x, torch.zeros(full), torch.zeros(full // comm.size), comm)
+    seen.append(sorted(os.sched_getaffinity(0)))
+
+torch.set_num_threads(1)
+seen = []
+before = sorted(os.sched_getaffinity(0))
+run_threads(rank, 3)
+python = {thread.native_id for thread in threading.enumerate()}
+native = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) not in python]
+print(json.dumps([before, seen, sorted(os.sched_getaffinity(0)), [sorted(os.sched_getaffinity(t)) for t in native]]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs thread affinity (Linux) and 2 CPUs")
+def test_thread_ranks_keep_to_one_cpu_and_the_kernels_threads_to_all() -> None:
+    """In a fresh process (the CPU kernels' worker threads not yet started): every rank thread runs on the lowest
+    CPU the caller may use; the caller, and the kernels' worker threads the ranks' first large call needed, keep
+    every CPU."""
+    done = subprocess.run([sys.executable, "-c", _ONE_CPU], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-5000:]
+    before, seen, after, native = json.loads(done.stdout.splitlines()[-1])
+    assert seen == [[before[0]]] * 3
+    assert after == before
+    assert native and all(cpus == before for cpus in native), native
 
 
 def test_rendezvous_ports_come_from_below_the_ephemeral_range() -> None:

@@ -199,7 +199,7 @@ def rank_commands(
 
 
 def run_threads(target: str | Callable[..., None], world_size: int, *, args: tuple = (), timeout: float = 180.0,
-                env: dict[str, str] | None = None) -> str:
+                env: dict[str, str] | None = None, one_cpu: bool = False) -> str:
     """Run ``target`` ("package.module:function", or the function itself) on ``world_size`` threads of this process,
     each with its rank of one ``local_world``.
 
@@ -207,11 +207,14 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
        restore it after.
     2. Build the world (its collectives time out after ``timeout`` seconds, so a rank that
        never arrives fails the others) and start one daemon thread per rank; ``args`` go
-       through JSON, as to real ranks. The rank threads (and the threads they start) keep
-       to one CPU, the lowest this thread may use, the CPU kernels' worker threads being
-       started first on all of them (``codecs.start_cpu_threads``): the ranks' Python runs
-       one rank at a time anyway (one GIL), and a hand-over between threads of one CPU costs
-       a fraction of one between CPUs (docs/architecture.md, "Layers").
+       through JSON, as to real ranks. ``one_cpu=True`` keeps the rank threads (and the
+       threads they start) on one CPU, the lowest this thread may use, the CPU kernels'
+       worker threads being started first on all of them (``codecs.start_cpu_threads``):
+       faster where the ranks mostly hand over to each other (small tensors, many
+       collectives: their Python runs one rank at a time anyway, under one GIL, and a
+       hand-over within one CPU costs a fraction of one between CPUs), slower where they
+       compute in torch between collectives, whose ops otherwise run on every CPU at once
+       (docs/architecture.md, "Layers").
     3. Wait up to ``timeout`` seconds for them all.
     4. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
        still running past the timeout (their threads are left to end with the process).
@@ -229,7 +232,7 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
     arguments = json.loads(json.dumps(list(args)))
     failures: dict[int, str] = {}
 
-    cpus = _rank_cpus()
+    cpus = _rank_cpus() if one_cpu else None
     if cpus:
         from .codecs import start_cpu_threads
 

@@ -4,7 +4,8 @@
 per-rank placement, and no environment beyond ``CASE_ENV``, goes to the pool of real ranks of that backend,
 started at its first case (``POOL_RANKS`` ranks, or more if the case needs them) and kept for the next ones
 (``tests/pool_workers.serve``): each case of n ranks gets a communicator of its own over the pool's first n
-ranks, and the others wait for the next case. Every other call (threads, NCCL,
+ranks, and the others wait for the next case. A thread world runs with ``one_cpu=True``
+(``launcher.run_threads``: the bodies hand over far more than they compute). Every other call (NCCL,
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
 its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
@@ -151,6 +152,8 @@ def close_all() -> None:
 def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (), timeout: float = 180.0,
         env: dict[str, str] | None = None, **placement) -> str:
     """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring)."""
+    if backend == "threads":
+        return launcher.run_threads(target, world_size, args=args, timeout=timeout, env=env, one_cpu=True)
     pooled = (backend in POOLED_BACKENDS and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
               and os.environ.get(POOL_ENV, "1") != "0")
     if not pooled:

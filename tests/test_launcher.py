@@ -101,25 +101,28 @@ def rank(comm):
 torch.set_num_threads(1)
 seen = []
 before = sorted(os.sched_getaffinity(0))
-run_threads(rank, 3)
+run_threads(rank, 3, one_cpu=True)
 python = {thread.native_id for thread in threading.enumerate()}
 native = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) not in python]
-print(json.dumps([before, seen, sorted(os.sched_getaffinity(0)), [sorted(os.sched_getaffinity(t)) for t in native]]))
+pinned, seen = seen, []
+run_threads(rank, 2)
+print(json.dumps([before, pinned, seen, sorted(os.sched_getaffinity(0)),
+                  [sorted(os.sched_getaffinity(t)) for t in native]]))
 """
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs thread affinity (Linux) and 2 CPUs")
-def test_thread_ranks_keep_to_one_cpu_and_the_kernels_threads_to_all() -> None:
-    """In a fresh process (the CPU kernels' worker threads not yet started): every rank thread runs on the lowest
-    CPU the caller may use; the caller, and the kernels' worker threads the ranks' first large call needed, keep
-    every CPU."""
+def test_one_cpu_keeps_the_ranks_to_one_cpu_and_the_kernels_threads_to_all() -> None:
+    """In a fresh process (the CPU kernels' worker threads not yet started), with ``one_cpu=True``: every rank
+    thread runs on the lowest CPU the caller may use; the caller, and the kernels' worker threads the ranks' first
+    large call needed, keep every CPU. Without it the ranks keep every CPU too."""
     done = subprocess.run([sys.executable, "-c", _ONE_CPU], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-5000:]
-    before, seen, after, native = json.loads(done.stdout.splitlines()[-1])
-    assert seen == [[before[0]]] * 3
-    assert after == before
+    before, pinned, seen, after, native = json.loads(done.stdout.splitlines()[-1])
+    assert pinned == [[before[0]]] * 3
+    assert seen == [before] * 2 and after == before
     assert native and all(cpus == before for cpus in native), native
 
 

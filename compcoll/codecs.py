@@ -121,8 +121,8 @@ def start_cpu_threads() -> None:
     """Start the CPU kernels' worker threads (Numba's) from the calling thread, unless they have started.
 
     A thread keeps the CPU affinity of the thread that starts it: ``launcher.run_threads``,
-    which keeps its ranks on one CPU, calls this first, so that the kernels' threads keep
-    every CPU the process may use.
+    before it keeps its ranks on one CPU (``one_cpu=True``), calls this, so that the
+    kernels' threads keep every CPU the process may use.
     """
     with _CPU_KERNELS:
         cpu_kernels.compensated_power_sum(_EMPTY_HOST, None, np.zeros(1, np.float32), 0, 2)

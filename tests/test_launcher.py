@@ -89,8 +89,27 @@ def test_threads_take_a_function_and_name_it_when_a_rank_fails() -> None:
 
 
 _ONE_CPU = """
-import json, os, threading, torch, compcoll
+import json, os, threading, time, torch, compcoll
 from compcoll.launcher import run_threads
+
+
+def affinities_of_native_threads():
+    # once the ranks' ordering threads have ended: the CPUs of every thread Python did not start (Numba's workers)
+    deadline = time.monotonic() + 30
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    python = {thread.native_id for thread in threading.enumerate()}
+    found = []
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid in python:
+            continue
+        try:
+            found.append(sorted(os.sched_getaffinity(tid)))
+        except ProcessLookupError:  # ended since the listing
+            continue
+    return found
+
 
 def rank(comm):
     x = torch.randn(70001)  # above the kernels' serial size: their worker threads start if they have not
@@ -102,12 +121,10 @@ torch.set_num_threads(1)
 seen = []
 before = sorted(os.sched_getaffinity(0))
 run_threads(rank, 3, one_cpu=True)
-python = {thread.native_id for thread in threading.enumerate()}
-native = [int(tid) for tid in os.listdir("/proc/self/task") if int(tid) not in python]
+native = affinities_of_native_threads()
 pinned, seen = seen, []
 run_threads(rank, 2)
-print(json.dumps([before, pinned, seen, sorted(os.sched_getaffinity(0)),
-                  [sorted(os.sched_getaffinity(t)) for t in native]]))
+print(json.dumps([before, pinned, seen, sorted(os.sched_getaffinity(0)), native]))
 """
 
 

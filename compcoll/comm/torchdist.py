@@ -164,7 +164,8 @@ class TorchWork(PendingWork):
            group's watchdog after the group's own timeout (``compcoll.init`` sets it to
            the communicator's), which aborts the job on every rank.
         2. Otherwise wait on each work in turn until the deadline; a timeout names the
-           ranks whose receives had not completed, a failure the peer behind it.
+           ranks whose receives had not completed, a failure the peer behind it (a Gloo
+           collective's closed or reset connection says only that some peer dropped it).
         """
         if self._comm.backend == "nccl":
             for work in self._works:
@@ -189,6 +190,9 @@ class TorchWork(PendingWork):
                 peer = ""
                 if self._sources is not None and index < len(self._sources):
                     peer = f" (receiving from rank {self._sources[index]}: did it die or leave?)"
+                elif "closed by peer" in str(exc) or "reset by peer" in str(exc):
+                    peer = (" (a peer dropped its connection; a Gloo collective does not say which:"
+                            " did one die or leave?)")
                 raise CompcollError(
                     f"{self._comm.describe()} {self._what} failed on rank {self._comm.rank}{peer}: {exc}"
                 ) from exc

@@ -172,7 +172,8 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
     """The last rank stops (SIGSTOP) between two calls or at some point inside a loop of calls.
 
     The others raise ``CollectiveTimeout`` (or, over Gloo, an error naming a peer that had
-    already timed out and dropped its connections) within twice the timeout of their last completed
+    already timed out and dropped its connections, or inside a Gloo collective, which cannot
+    name it, saying that a peer did) within twice the timeout of their last completed
     call (each operation of a call has the whole timeout from its start). When the stop fell
     between calls the message names the stopped rank, alone. Inside a call, a peer still
     waiting on the stopped rank in the call before is missing from the next agreement round
@@ -200,7 +201,7 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
     try:
         assert quiet < 2 * comm.timeout, f"raised {quiet:.2f} s after the last call (timeout {comm.timeout} s)"
         if not isinstance(exc, compcoll.CollectiveTimeout):
-            assert "did it die or leave?" in str(exc), f"expected a timeout or a peer that left, got {exc!r}"
+            assert "die or leave?" in str(exc), f"expected a timeout or a peer that left, got {exc!r}"
         elif where == "between":
             assert exc.absent == [last] and f"rank(s) {last}" in str(exc), exc
         else:
@@ -212,15 +213,30 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
             os.kill(pids[last], signal.SIGCONT)
             shutil.rmtree(raised)
 
-def dead_rank(comm: compcoll.Communicator) -> None:
-    """The last rank dies (SIGKILL) between two calls: over Gloo the others raise at once, naming it.
+def dead_rank(comm: compcoll.Communicator, before: str) -> None:
+    """The last rank dies (SIGKILL) before a call or before an all-gather of Gloo's ring: the others raise at once.
 
-    The others stay a moment after their error: a rank that got there after a peer had
-    left would name that peer instead (it did leave).
+    Before a call, its first exchange (point to point) names the dead rank. Gloo's
+    ring all-gather cannot say which peer dropped its connection; the error says a peer
+    did. The others stay a moment after their error: a rank that got there after a peer
+    had left would name that peer instead (it did leave).
     """
     if comm.rank == comm.size - 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    exc, quiet = _calls_until_error(comm, 1000, 4 * comm.timeout)
+    if before == "call":
+        exc, quiet = _calls_until_error(comm, 1000, 4 * comm.timeout)
+        expected = f"rank {comm.size - 1} die"
+    else:
+        numel = 2 * compcoll.comm.base.PAIRWISE_BYTES  # floats: past the point-to-point exchange
+        send, recv = torch.randn(numel), torch.empty(numel * comm.size)
+        start = time.monotonic()
+        try:
+            comm.allgather(send, recv)
+        except compcoll.CompcollError as raised:
+            exc, quiet = raised, time.monotonic() - start
+        else:
+            raise AssertionError("the all-gather completed without its dead peer")
+        expected = "a peer dropped its connection"
     assert quiet < 2.0, f"raised {quiet:.2f} s after the peer left"
-    assert f"rank {comm.size - 1} die" in str(exc), exc
+    assert expected in str(exc), exc
     time.sleep(2.0)

@@ -64,9 +64,11 @@ def test_a_stopped_rank_makes_the_others_time_out_naming_it(backend: str, where:
     run("tests.comm.comm_workers:stalled_rank", 3, backend, args=(where,), timeout=90, env={"COMPCOLL_TIMEOUT": "3"})
 
 
-def test_a_dead_rank_fails_the_others_at_once_over_gloo() -> None:
+@pytest.mark.parametrize("before", ["call", "ring allgather"])
+def test_a_dead_rank_fails_the_others_at_once_over_gloo(before: str) -> None:
     with pytest.raises(WorkerFailure) as failure:  # fresh ranks, not a pool's: the case kills one
-        launcher.run("tests.comm.comm_workers:dead_rank", 3, "gloo", timeout=60, env={"COMPCOLL_TIMEOUT": "30"})
+        launcher.run("tests.comm.comm_workers:dead_rank", 3, "gloo", args=(before,), timeout=60,
+                     env={"COMPCOLL_TIMEOUT": "30"})
     report = str(failure.value)
     assert "process 2 exited with -9" in report and "FAILED" not in report, report
 
@@ -75,7 +77,8 @@ def test_a_dead_rank_ends_the_mpi_job() -> None:
     """mpiexec (MPICH's Hydra) ends every rank when one dies; nobody waits for the timeout (30 s here)."""
     start = time.monotonic()
     try:
-        launcher.run("tests.comm.comm_workers:dead_rank", 3, "mpi", timeout=60, env={"COMPCOLL_TIMEOUT": "30"})
+        launcher.run("tests.comm.comm_workers:dead_rank", 3, "mpi", args=("call",), timeout=60,
+                     env={"COMPCOLL_TIMEOUT": "30"})
     except WorkerFailure:
         pass
     assert time.monotonic() - start < 20

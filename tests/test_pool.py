@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import time
@@ -73,21 +74,29 @@ _KILLED_OWNER = """
 import os
 from tests import pool
 pool.POOL_RANKS = 2
-pool.run("tests.pool_workers:says_its_rank", 2, {backend!r})
-print(pool._POOLS[{backend!r}].folder, *(p.pid for p in pool._POOLS[{backend!r}].procs), flush=True)
+for backend in {backends!r}:
+    pool.run("tests.pool_workers:says_its_rank", 2, backend)
+    print(backend, pool._POOLS[backend].folder, *(p.pid for p in pool._POOLS[backend].procs), flush=True)
 os._exit(0)
 """
+
+
+@functools.lru_cache(maxsize=None)
+def _killed_owner() -> dict[str, list[str]]:
+    """One test process that starts a pool of each backend and exits without its atexit: each pool's folder and
+    processes, by backend."""
+    done = subprocess.run([sys.executable, "-c", _KILLED_OWNER.format(backends=BACKENDS)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+    return {backend: rest for backend, *rest in (line.split() for line in done.stdout.splitlines())}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_ranks_end_when_the_test_process_ends_without_closing_its_pool(backend: str) -> None:
     """A test process that dies (killed, or exiting without its atexit) leaves no pool ranks running, and no
     pool folder."""
-    done = subprocess.run([sys.executable, "-c", _KILLED_OWNER.format(backend=backend)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=True)
-    folder, *pids = done.stdout.split()
+    folder, *pids = _killed_owner()[backend]
     pids = [int(pid) for pid in pids]  # mpiexec (which ends with its ranks), or the Gloo ranks
-    assert pids, done.stdout
+    assert pids, _killed_owner()
     deadline = time.monotonic() + 60
     while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from compcoll.bench.peers import hook_bytes, matrix_shape
+from compcoll.launcher import WorkerFailure
+from tests.pool import run
 
 
 @pytest.mark.parametrize("count", [1, 7, 16384, 12289, 1 << 20, 6 * 35])
@@ -43,11 +45,12 @@ def test_hooks_beside_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
 
 
 def test_hooks_refuse_a_communicator_without_a_gloo_group() -> None:
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "4K", "--methods", "plain,fp16",
-           "--launch", "2", "--backend", "mpi"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0
-    assert "need a torch.distributed Gloo group" in result.stdout + result.stderr
+    """The benchmark's rank body on thread ranks (compcoll's own world, no torch.distributed group): every rank
+    refuses PyTorch's hooks, naming what they need."""
+    with pytest.raises(WorkerFailure) as failure:
+        run("compcoll.bench.cli:launched", 2, "threads", args=(["-b", "4K", "-e", "4K", "--methods", "plain,fp16"],))
+    report = str(failure.value)
+    assert report.count("need a torch.distributed Gloo group") == 2 and "LocalComm" in report, report
 
 
 def test_hook_bytes_count_a_ring_allreduce_of_what_the_hooks_reduce() -> None:

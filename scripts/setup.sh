@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv beside this repo, install compcoll with the pinned stack and the MPI wheel, and compile its kernels.
+# Create .venv beside this repo, install compcoll with the pinned stack and the MPI wheel, and compile its kernels
+# (COMPCOLL_SETUP_WARMUP=0 leaves that to the caller: .ci/run compiles them while it installs its extras).
 # A torch already in .venv (a CPU or CUDA build you installed there first) is kept; otherwise torch==2.13.0 is
 # installed from whatever index pip uses (see docs/guides/install.md).
 set -euo pipefail
@@ -14,4 +15,4 @@ else
     .venv/bin/python -m pip install -q -r requirements-ci.txt
 fi
 .venv/bin/python -m pip install -q --no-deps -e .
-.venv/bin/python -m compcoll.warmup
+[ "${COMPCOLL_SETUP_WARMUP:-1}" = 0 ] || .venv/bin/python -m compcoll.warmup

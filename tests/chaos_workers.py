@@ -10,7 +10,7 @@ import torch
 import compcoll
 from compcoll.errors import NonFiniteError, RemoteError
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks, make_input
-from tests.optim.optim_workers import CONFIGS, batch, build
+from tests.optim.optim_workers import batch, build
 
 FAULTS = ("none", "nan", "bad", "late")
 WEIGHTS = (0.7, 0.1, 0.1, 0.1)

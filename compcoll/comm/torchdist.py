@@ -134,6 +134,11 @@ class TorchComm(Communicator):
         return TorchComm(mine, self.timeout)
 
 
+_DROPPED = ("closed by peer", "reset by peer", "Broken pipe")
+"""How Gloo's errors say a peer's connection went: it closed it (it left), or it died (a reset, or a broken pipe
+where this rank wrote first)."""
+
+
 class TorchWork(PendingWork):
     """torch.distributed works (one collective, or the point-to-point pairs of one) in flight, as one.
 
@@ -165,7 +170,7 @@ class TorchWork(PendingWork):
            the communicator's), which aborts the job on every rank.
         2. Otherwise wait on each work in turn until the deadline; a timeout names the
            ranks whose receives had not completed, a failure the peer behind it (a Gloo
-           collective's closed or reset connection says only that some peer dropped it).
+           collective's closed, reset or broken connection says only that some peer dropped it).
         """
         if self._comm.backend == "nccl":
             for work in self._works:
@@ -190,7 +195,7 @@ class TorchWork(PendingWork):
                 peer = ""
                 if self._sources is not None and index < len(self._sources):
                     peer = f" (receiving from rank {self._sources[index]}: did it die or leave?)"
-                elif "closed by peer" in str(exc) or "reset by peer" in str(exc):
+                elif any(sign in str(exc) for sign in _DROPPED):
                     peer = (" (a peer dropped its connection; a Gloo collective does not say which:"
                             " did one die or leave?)")
                 raise CompcollError(

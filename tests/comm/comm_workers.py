@@ -219,9 +219,19 @@ def dead_rank(comm: compcoll.Communicator, before: str) -> None:
     Before a call, its first exchange (point to point) names the dead rank. Gloo's
     ring all-gather cannot say which peer dropped its connection; the error says a peer
     did. The others stay a moment after their error: a rank that got there after a peer
-    had left would name that peer instead (it did leave).
+    had left would name that peer instead (it did leave). Over Gloo the last rank dies
+    only once each other rank has sent it a word after its own init: a rank still
+    connecting its group when a peer died would fail in its init instead.
     """
-    if comm.rank == comm.size - 1:
+    last = comm.size - 1
+    if torch.distributed.is_initialized():
+        word = torch.zeros(1)
+        if comm.rank == last:
+            for peer in range(last):
+                torch.distributed.recv(word, src=peer)
+        else:
+            torch.distributed.send(word, dst=last)
+    if comm.rank == last:
         os.kill(os.getpid(), signal.SIGKILL)
     if before == "call":
         exc, quiet = _calls_until_error(comm, 1000, 4 * comm.timeout)

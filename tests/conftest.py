@@ -1,5 +1,4 @@
-"""Shared fixtures: compile the Numba kernels and the bytecode once before any rank process starts; queue the background
-jobs."""
+"""Shared fixtures: the kernels and the bytecode compiled before any rank process starts; the background jobs queued."""
 
 from __future__ import annotations
 

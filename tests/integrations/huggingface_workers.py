@@ -94,7 +94,7 @@ def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     given = _trainer(huggingface.Trainer, f"{output_dir}/given",
                      optimizers=(lambda m: OneBitAdam(m.parameters(), lr=1e-3, freeze_step=0.15, total_steps=STEPS),
                                  None),
-                     gradient_accumulation_steps=2, bf16=True)
+                     per_device_train_batch_size=4, gradient_accumulation_steps=2, bf16=True)
     given.train()
     _record(output_dir, comm.rank, "OneBitAdam given, accumulation 2, bf16", given)
 

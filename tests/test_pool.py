@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def own_pools(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pools of 3 ranks for this test alone: the suite's shared pools, which these tests would end on purpose,
+    """Pools of 2 ranks for this test alone: the suite's shared pools, which these tests would end on purpose,
     stay as they are for the other tests."""
     mine: dict[str, pool.Pool] = {}
     monkeypatch.setattr(pool, "_POOLS", mine)
-    monkeypatch.setattr(pool, "POOL_RANKS", 3)
+    monkeypatch.setattr(pool, "POOL_RANKS", 2)
     yield
     while mine:
         mine.popitem()[1].close()
@@ -32,30 +32,28 @@ def own_pools(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.usefixtures("own_pools")
 def test_cases_of_every_size_reuse_the_ranks_and_a_failure_names_its_rank(backend: str) -> None:
-    """Cases of 3, 1 and 2 ranks run on the same processes, each on a world of its own size; a case that fails on
-    one rank names the case and that rank, and the next case runs on new processes."""
+    """Cases of 2, 1 and 2 ranks run on the same processes (a pool of 2), each on a world of its own size; a case
+    that fails on one rank names the case and that rank, and the next case runs on new processes."""
     pids = None
-    for size in (3, 1, 2):
+    for size in (2, 1, 2):
         out = pool.run(f"{WORKERS}:says_its_rank", size, backend)
         assert [line for line in out.splitlines() if line] == [f"rank {r} of {size}" for r in range(size)]
         started = [p.pid for p in pool._pool(backend, size).procs]
         assert pids is None or started == pids
         pids = started
     with pytest.raises(WorkerFailure) as failure:
-        pool.run(f"{WORKERS}:fails_on", 3, backend, args=(1,))
+        pool.run(f"{WORKERS}:fails_on", 2, backend, args=(1,))
     message = str(failure.value)
-    assert f"{WORKERS}:fails_on on 3 {backend} rank(s) (pooled" in message and "rank(s) [1] failed" in message
+    assert f"{WORKERS}:fails_on on 2 {backend} rank(s) (pooled" in message and "rank(s) [1] failed" in message
     assert "case failed on rank 1 on purpose" in message and "[rank 0] FAILED" not in message
-    pool.run(f"{WORKERS}:says_its_rank", 3, backend)
-    assert not set(p.pid for p in pool._pool(backend, 3).procs) & set(pids)
+    pool.run(f"{WORKERS}:says_its_rank", 2, backend)
+    assert not set(p.pid for p in pool._pool(backend, 2).procs) & set(pids)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.usefixtures("own_pools")
-def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(backend: str,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pools of 2 ranks, the cases' size."""
-    monkeypatch.setattr(pool, "POOL_RANKS", 2)
+def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(backend: str) -> None:
+    """On pools of 2 ranks, the cases' size."""
     with pytest.raises(WorkerFailure, match=r"process\(es\) \[\d\] ended"):
         pool.run(f"{WORKERS}:ends_a_rank", 2, backend, timeout=60)
     out = pool.run(f"{WORKERS}:says_its_rank", 2, backend)

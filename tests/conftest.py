@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import compileall
 import gc
-from pathlib import Path
 
 import pytest
 
 from compcoll.warmup import warm
 from tests import background
 
-ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("compcoll", "tests", "examples", "bench")
 """The project's Python folders whose bytecode ``compiled_kernels`` writes."""
 
@@ -24,7 +22,7 @@ def compiled_kernels() -> None:
     What this process holds by then (torch, Numba, the collected tests) is frozen (``gc.freeze``): the garbage
     collector's full passes over it took 8.5 s of this process's CPU in a whole run (26 passes)."""
     for folder in SOURCES:
-        compileall.compile_dir(ROOT / folder, quiet=1)
+        compileall.compile_dir(background.ROOT / folder, quiet=1)
     warm()
     gc.freeze()
     background.WARMED.set()

@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 from compcoll.bench.cli import parser, parse_size, sizes
+from tests.pool import run
+
+LAUNCH = [sys.executable, "-m", "compcoll.bench"]
+BODY = "compcoll.bench.cli:launched"
 
 
 def test_parse_size_and_sweep() -> None:
@@ -27,12 +31,19 @@ def test_methods_option() -> None:
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
+    """On MPI the command as a user types it (``--launch 2``: the CLI starts its ranks); on Gloo the benchmark's rank
+    body with the same arguments on 2 pooled ranks (the Gloo launch itself: tests/bench/test_peers.py)."""
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
-           "--methods", "plain,1bit,1bit-serial,1bit-wire", "--launch", "2", "--backend", backend, "--json", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "speedup" in done.stdout and "compute us" in done.stdout
+    options = ["-b", "4K", "-e", "16M", "-f", "64", "-n", "2", "-r", "2",
+               "--methods", "plain,1bit,1bit-serial,1bit-wire", "--json", str(out)]
+    if backend == "mpi":
+        done = subprocess.run([*LAUNCH, *options, "--launch", "2", "--backend", backend], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        text = done.stdout
+    else:
+        text = run(BODY, 2, backend, args=(options + ["--quiet"],), timeout=300)
+    assert "speedup" in text and "compute us" in text
     report = json.loads(out.read_text())
     assert report["ranks"] == 2 and [r["size"] for r in report["rows"]] == [4096, 262144, 16 << 20]
     for row in report["rows"]:
@@ -46,11 +57,12 @@ def test_cli_on_two_local_ranks(backend: str, tmp_path: Path) -> None:
 
 
 def test_cli_hierarchical_as_two_nodes(tmp_path: Path) -> None:
-    """4 local ranks as 2 nodes x 2: every method verified, intra and inter bytes split."""
+    """4 ranks as 2 nodes x 2 (``--ranks-per-node 2``; the benchmark's rank body on 4 pooled MPI ranks): every method
+    verified, intra and inter bytes split."""
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-m", "compcoll.bench", "-b", "256K", "-e", "256K", "-n", "2", "-r", "2",
-           "--methods", "plain,1bit,hier,hier-ef", "--ranks-per-node", "2", "--launch", "4", "--json", str(out)]
-    text = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    options = ["-b", "256K", "-e", "256K", "-n", "2", "-r", "2", "--methods", "plain,1bit,hier,hier-ef",
+               "--ranks-per-node", "2", "--json", str(out), "--quiet"]
+    text = run(BODY, 4, "mpi", args=(options,), timeout=300)
     assert "inter(B)" in text and "hier-ef" in text
     (row,) = json.loads(out.read_text())["rows"]
     assert row["ranks_per_node"] == 2

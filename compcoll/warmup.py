@@ -12,41 +12,59 @@ import time
 
 import torch
 
-from .algorithms.hierarchical import hierarchical_allreduce
+from .algorithms.hierarchical import (hierarchical_allreduce, hierarchical_compressed_allreduce,
+                                      hierarchical_error_numels)
 from .algorithms.onebit import compressed_allreduce
 from .algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
+from .comm.base import Communicator
 from .comm.single import SingleComm
 from .ddp.onebit import BLOCK_SIZE
 from .kernels import cpu
+from .launcher import run_threads
 from .spec import PROTOCOLS, padded_numel
 
 
 def warm() -> float:
     """Run every kernel specialisation once; return the seconds it took.
 
-    1. Two sizes: below ``SERIAL_BELOW`` (the serial twins) and above (the threaded kernels).
+    1. Two sizes, each a multiple of the ranks (as ``compressed_reduce_scatter`` takes): below ``SERIAL_BELOW``
+       (the serial twins) and above it in each rank's part (the threaded kernels).
     2. Each input dtype (float32 reads directly, 16-bit types through the lookup table).
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather
-       protocol, each protocol with block scales (the DDP hook's default), and
-       ``hierarchical_allreduce``, and ``compressed_reduce_scatter`` with signs and with levels, on a 1-rank
-       communicator.
+       protocol, each protocol with block scales (the DDP hook's default); ``hierarchical_allreduce`` and
+       ``hierarchical_compressed_allreduce`` (with one scale and with block scales) with 1 rank per node and with
+       every rank on one node; ``compressed_reduce_scatter`` with signs and with levels (``_calls``).
+    4. All of it on a 1-rank communicator, then on 2 thread ranks of one in-process world: with more than one rank
+       the wire rows are strided views (a frame head before each row's bits), which Numba compiles apart from the
+       contiguous rows of one rank.
     """
     start = time.perf_counter()
-    comm = SingleComm()
-    for numel in (9, cpu.SERIAL_BELOW + 9):
-        full = padded_numel(numel, 1)
+    _calls(SingleComm())
+    run_threads(_calls, 2)
+    return time.perf_counter() - start
+
+
+def _calls(comm: Communicator) -> None:
+    """The calls of ``warm`` on ``comm``."""
+    for numel in (10, comm.size * cpu.SERIAL_BELOW + 10):
+        full = padded_numel(numel, comm.size)
+        chunk = full // comm.size
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for protocol, pieces in (("gather_scatter", 1), ("gather_scatter", 2), ("allgather", 1)):
-                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(full), comm,
+                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(chunk), comm,
                                      protocol=protocol, pieces=pieces)
             for protocol in PROTOCOLS:
-                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(full), comm,
+                compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(chunk), comm,
                                      protocol=protocol, block_size=BLOCK_SIZE)
-            hierarchical_allreduce(torch.ones(numel, dtype=dtype), comm, ranks_per_node=1)
+            for k in sorted({1, comm.size}):
+                hierarchical_allreduce(torch.ones(numel, dtype=dtype), comm, ranks_per_node=k)
+                shard, sub = hierarchical_error_numels(numel, comm.size, k)
+                for block_size in (None, BLOCK_SIZE):
+                    hierarchical_compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(shard),
+                                                      torch.zeros(sub), comm, ranks_per_node=k, block_size=block_size)
             for bits in (1, 3):
-                compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel, dtype=dtype),
-                                          torch.zeros(row_elements(numel, 1)), comm, bits=bits)
-    return time.perf_counter() - start
+                compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel // comm.size, dtype=dtype),
+                                          torch.zeros(comm.size * row_elements(numel, comm.size)), comm, bits=bits)
 
 
 def cache_dir() -> str:

@@ -129,7 +129,7 @@ def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
     65536 elements) and serial alike."""
     rng = _rng(numel + block)
     full = reference.padded_numel(numel, world)
-    src = rng.standard_normal(numel).astype(np.float32) * np.float32(10.0) ** rng.integers(-3, 3, numel)
+    src = (rng.standard_normal(numel) * 10.0 ** rng.integers(-3, 3, numel)).astype(np.float32)
     src[::11] = 0.0
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
     padded = np.zeros(full, np.float32)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import torch
 
@@ -19,7 +20,9 @@ def exchange(comm: compcoll.Communicator, nbytes: int) -> None:
         assert bool((table[r * nbytes:(r + 1) * nbytes] == r + 1).all()), f"block of rank {r} ({socket.gethostname()})"
 
 
-def sleep(comm: compcoll.Communicator, seconds: float) -> None:
-    """Hold the rank for ``seconds`` (a job to interrupt)."""
+def sleep(comm: compcoll.Communicator, seconds: float, ready: str) -> None:
+    """Hold the rank for ``seconds`` (a job to interrupt), once every rank has come, and it has made the file
+    ``<ready>.<rank>`` to say so."""
     comm.barrier()
+    Path(f"{ready}.{comm.rank}").touch()
     time.sleep(seconds)

@@ -123,19 +123,24 @@ import netns
 from compcoll.launcher import run
 with netns.emulated_nodes(2, "1gbit") as nodes:
     print("up", flush=True)
-    run("tests.bench.network_workers:sleep", 2, "gloo", args=(120,), timeout=300,
+    run("tests.bench.network_workers:sleep", 2, "gloo", args=(120, {ready!r}), timeout=300,
         rank_prefix=[n.prefix() for n in nodes], rank_env=[n.gloo_env() for n in nodes], master_addr=nodes[0].address)
 """
 
 
-def test_sigterm_removes_the_namespaces_and_kills_the_ranks() -> None:
+def test_sigterm_removes_the_namespaces_and_kills_the_ranks(tmp_path: Path) -> None:
+    """SIGTERM once both ranks run their body (each has made its file ``ready.<rank>``)."""
     before = _namespaces()
-    code = _INTERRUPTED_JOB.format(network=str(Path(netns.__file__).parent))
+    ready = tmp_path / "ready"
+    code = _INTERRUPTED_JOB.format(network=str(Path(netns.__file__).parent), ready=str(ready))
     job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                            cwd=Path(__file__).resolve().parents[2])
     try:
         assert job.stdout.readline().strip() == "up"
-        time.sleep(8)
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{ready}.{rank}").exists() for rank in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(Path(f"{ready}.{rank}").exists() for rank in range(2)), "the ranks never reached their body"
         assert len(_namespaces() - before) == 3
         job.terminate()
         assert job.wait(timeout=60) == 143

@@ -36,11 +36,12 @@ def warm() -> float:
        every rank on one node; ``compressed_reduce_scatter`` with signs and with levels (``_calls``).
     4. All of it on a 1-rank communicator, then on 2 thread ranks of one in-process world: with more than one rank
        the wire rows are strided views (a frame head before each row's bits), which Numba compiles apart from the
-       contiguous rows of one rank.
+       contiguous rows of one rank. Its ranks wait for each other while one compiles: their timeout is an hour
+       (the run's 30 s here could take minutes on a slow or busy machine).
     """
     start = time.perf_counter()
     _calls(SingleComm())
-    run_threads(_calls, 2)
+    run_threads(_calls, 2, timeout=3600.0)
     return time.perf_counter() - start
 
 

@@ -15,9 +15,10 @@ from .work import Work
 
 DEFAULT_TIMEOUT_S = 300.0
 BROKEN: list = []
-"""Broken communicators and their unfinished operations, kept for the life of the process: the transport may still
-write into the buffers an operation left in flight (an MPI receive that never completed), which the operation or the
-communicator's plans own. Every other communicator is freed once nobody references it."""
+"""Broken communicators (with the operations they hold in flight) and their unfinished operations, kept for the life of
+the process: the transport may still write into the buffers an operation left in flight (an MPI receive that never
+completed), which the operation or the communicator's plans own. Every other communicator is freed once nobody
+references it."""
 PAIRWISE_BYTES = 4096
 """Host all-gathers of at most this many bytes per rank go as point-to-point pairs where the transport allows
 (every call's agreement round among them), so that a timeout can name the ranks whose part never came."""
@@ -72,6 +73,7 @@ class Communicator(ABC):
         self.bytes_sent_to = [0] * size
         self.wait_seconds = 0.0
         self._broken: str | None = None
+        self._in_flight: set[Work] = set()
         self._parent: Communicator | None = None
         self._parent_ranks: list[int] = []
         self._ordering = Ordering(self)
@@ -240,9 +242,21 @@ class Communicator(ABC):
             self._mark_broken(exc)
             raise
 
+    def _track(self, work: Work, started: bool) -> None:
+        """Hold ``work`` while it is in flight (``started``), let it go once it completed.
+
+        The communicator owns its operations until they complete, whoever dropped their handles: the transport
+        writes into their buffers until then (over Gloo, a receive freed before its data came would leave the data
+        in the socket, and Gloo's event loop would poll that socket at full speed for the life of the process).
+        """
+        if started:
+            self._in_flight.add(work)
+        else:
+            self._in_flight.discard(work)
+
     def _mark_broken(self, exc: BaseException, unfinished: Work | None = None) -> None:
-        """Refuse every later call with ``exc``; keep this communicator, and the operation that did not finish,
-        for the life of the process (``BROKEN``)."""
+        """Refuse every later call with ``exc``; keep this communicator, with the operations it holds in flight
+        (``_track``), and the operation that did not finish, for the life of the process (``BROKEN``)."""
         if self._broken is None:
             self._broken = f"{type(exc).__name__}: {exc}"
             BROKEN.append(self)

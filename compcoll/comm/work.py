@@ -62,7 +62,8 @@ class PendingWork(Work):
        bound every wait.
     2. On completion ``finish`` runs once (a staged copy back), then ``result`` is returned.
     3. A timeout or a transport error marks the communicator broken.
-    4. The time spent blocked in ``wait`` is added to the communicator's ``wait_seconds``.
+    4. The communicator holds it until it completes, even once its handle is dropped (``Communicator._track``).
+    5. The time spent blocked in ``wait`` is added to the communicator's ``wait_seconds``.
 
     Subclasses say how to test and how to block (``_test``, ``_block``), and, where the
     transport can tell (point-to-point exchanges), which ranks' parts have not arrived
@@ -76,6 +77,7 @@ class PendingWork(Work):
         self._finish = finish
         self._done = False
         self._started = time.monotonic()
+        comm._track(self, started=True)
 
     @abstractmethod
     def _test(self) -> bool:
@@ -126,6 +128,7 @@ class PendingWork(Work):
 
     def _complete(self) -> None:
         self._done = True
+        self._comm._track(self, started=False)
         if self._finish is not None:
             self._comm._guard(self._finish)
 

@@ -115,6 +115,47 @@ def late_alltoall(comm: compcoll.Communicator, delay: float) -> None:
     assert time.monotonic() - start < delay, "the timeout fired late"
 
 
+def dropped_work_completes(comm: compcoll.Communicator) -> None:
+    """Rank 0 starts an all-to-all and drops its handle at once; rank 2 joins only after that; after a barrier
+    rank 0's receive buffer still gets every part.
+
+    The communicator holds its operations until they complete, whoever dropped their handles, so the transport
+    still has somewhere to put what comes: over Gloo, a receive freed before its data came would leave the data
+    in the socket, and Gloo's event loop would then poll that socket at full speed for the life of the process
+    (and rank 0's sends would never go). The barrier lets MPI, which moves data only inside a rank's MPI calls,
+    deliver it.
+    """
+    n, rank = comm.size, comm.rank
+    comm.timeout = 20.0
+    folder = pathlib.Path(tempfile.gettempdir(), f"compcoll-dropped-work-{_pids(comm)[0]}")
+    send, recv = torch.full((4 * n,), float(rank)), torch.full((4 * n,), -1.0)
+    if rank == 0:
+        kept = weakref.ref(comm.alltoall(send, recv, async_op=True))
+        gc.collect()
+        folder.mkdir()
+    else:
+        if rank == 2:
+            _wait_for_path(folder, 30.0)
+        comm.alltoall(send, recv)
+    comm.barrier()
+    expected = torch.arange(n, dtype=torch.float32).repeat_interleave(4)
+    if rank == 0:
+        folder.rmdir()
+        assert kept() is not None, "the communicator let go of an operation in flight"
+        deadline = time.monotonic() + 30.0
+        while not torch.equal(recv, expected) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert torch.equal(recv, expected), f"rank {rank} received {recv.tolist()}"
+
+
+def _wait_for_path(path: pathlib.Path, limit: float) -> None:
+    """Wait until ``path`` exists; AssertionError past ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
 def started_collectives(comm: compcoll.Communicator) -> None:
     """async_op=True: several operations in flight at once, bytes counted at the start, results through wait and
     futures; time blocked on a late peer counted in wait_seconds."""

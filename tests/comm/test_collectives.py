@@ -58,6 +58,11 @@ def test_alltoall_times_out_instead_of_hanging(backend: str) -> None:
     run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(1.5,), timeout=60)
 
 
+@pytest.mark.parametrize("backend", ["threads", *BACKENDS])
+def test_an_operation_whose_handle_was_dropped_still_completes(backend: str) -> None:
+    run("tests.comm.comm_workers:dropped_work_completes", 3, backend, timeout=90)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["between", "inside"])
 def test_a_stopped_rank_makes_the_others_time_out_naming_it(backend: str, where: str) -> None:

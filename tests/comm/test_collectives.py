@@ -79,11 +79,13 @@ def test_a_dead_rank_fails_the_others_at_once_over_gloo(before: str) -> None:
 
 
 def test_a_dead_rank_ends_the_mpi_job() -> None:
-    """mpiexec (MPICH's Hydra) ends every rank when one dies; nobody waits for the timeout (30 s here)."""
+    """mpiexec (MPICH's Hydra) ends every rank when one dies; nobody waits for the timeout (120 s here; the job,
+    three fresh ranks, takes 6-14 s on 2 busy cores)."""
     start = time.monotonic()
+    report = ""
     try:
-        launcher.run("tests.comm.comm_workers:dead_rank", 3, "mpi", args=("call",), timeout=60,
-                     env={"COMPCOLL_TIMEOUT": "30"})
-    except WorkerFailure:
-        pass
-    assert time.monotonic() - start < 20
+        launcher.run("tests.comm.comm_workers:dead_rank", 3, "mpi", args=("call",), timeout=180,
+                     env={"COMPCOLL_TIMEOUT": "120"})
+    except WorkerFailure as failure:
+        report = str(failure)
+    assert time.monotonic() - start < 60, report[-5000:]

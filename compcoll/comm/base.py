@@ -19,6 +19,8 @@ BROKEN: list = []
 the process: the transport may still write into the buffers an operation left in flight (an MPI receive that never
 completed), which the operation or the communicator's plans own. Every other communicator is freed once nobody
 references it."""
+HELD_BEFORE_PRUNE = 64
+"""Operations a communicator holds in flight (``Communicator._track``) before it looks which of them completed."""
 PAIRWISE_BYTES = 4096
 """Host all-gathers of at most this many bytes per rank go as point-to-point pairs where the transport allows
 (every call's agreement round among them), so that a timeout can name the ranks whose part never came."""
@@ -74,6 +76,7 @@ class Communicator(ABC):
         self.wait_seconds = 0.0
         self._broken: str | None = None
         self._in_flight: set[Work] = set()
+        self._prune_at = HELD_BEFORE_PRUNE
         self._parent: Communicator | None = None
         self._parent_ranks: list[int] = []
         self._ordering = Ordering(self)
@@ -248,11 +251,20 @@ class Communicator(ABC):
         The communicator owns its operations until they complete, whoever dropped their handles: the transport
         writes into their buffers until then (over Gloo, a receive freed before its data came would leave the data
         in the socket, and Gloo's event loop would poll that socket at full speed for the life of the process).
+        1. Started: add it. Completed (``PendingWork._complete``): remove it.
+        2. When the held operations reach ``_prune_at`` (``HELD_BEFORE_PRUNE`` at first), test each one
+           (``is_completed``, which removes those done), then set ``_prune_at`` to twice what is left: handles
+           dropped without a wait (fire and forget) cost each call O(1) on average, not memory for ever.
         """
-        if started:
-            self._in_flight.add(work)
-        else:
+        if not started:
             self._in_flight.discard(work)
+            return
+        self._in_flight.add(work)
+        if len(self._in_flight) >= self._prune_at:
+            for held in list(self._in_flight):
+                if held is not work:
+                    held.is_completed()
+            self._prune_at = max(HELD_BEFORE_PRUNE, 2 * len(self._in_flight))
 
     def _mark_broken(self, exc: BaseException, unfinished: Work | None = None) -> None:
         """Refuse every later call with ``exc``; keep this communicator, with the operations it holds in flight

@@ -148,6 +148,18 @@ def dropped_work_completes(comm: compcoll.Communicator) -> None:
     assert torch.equal(recv, expected), f"rank {rank} received {recv.tolist()}"
 
 
+def fire_and_forget(comm: compcoll.Communicator) -> None:
+    """30 rounds of 10 asynchronous allreduces whose handles are dropped unwaited, each round closed by a barrier
+    (which the unwaited ones complete before): the communicator holds fewer than twice ``HELD_BEFORE_PRUNE`` of the
+    300, since it tests those it holds as they pile up."""
+    limit = 2 * compcoll.comm.base.HELD_BEFORE_PRUNE
+    for _ in range(30):
+        for _ in range(10):
+            comm.allreduce(torch.full((5,), float(comm.rank)), async_op=True)
+        comm.barrier()
+    assert len(comm._in_flight) < limit, f"{len(comm._in_flight)} operations held after 300 unwaited ones"
+
+
 def _wait_for_path(path: pathlib.Path, limit: float) -> None:
     """Wait until ``path`` exists; AssertionError past ``limit`` seconds."""
     deadline = time.monotonic() + limit

@@ -63,6 +63,11 @@ def test_an_operation_whose_handle_was_dropped_still_completes(backend: str) -> 
     run("tests.comm.comm_workers:dropped_work_completes", 3, backend, timeout=90)
 
 
+@pytest.mark.parametrize("backend", ["threads", *BACKENDS])
+def test_unwaited_operations_are_let_go_once_complete(backend: str) -> None:
+    run("tests.comm.comm_workers:fire_and_forget", 3, backend, timeout=120)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["between", "inside"])
 def test_a_stopped_rank_makes_the_others_time_out_naming_it(backend: str, where: str) -> None:

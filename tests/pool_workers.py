@@ -138,7 +138,14 @@ def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll
 
 
 def _release(comm: compcoll.Communicator) -> None:
-    """Free a case's communicator: MPI context ids and Gloo sockets are finite."""
+    """Free a case's communicator (MPI context ids and Gloo sockets are finite), once the operations it still holds
+    (handles the case dropped unwaited, ``Communicator._track``) have completed: MPI writes into an operation's
+    buffers until it completes, and freed with its communicator the buffers would be reused meanwhile (the heap
+    corruption an MPI pool rank died of, after ``comm_workers.fire_and_forget``). A broken communicator's are kept
+    for the life of the process instead (``comm.base.BROKEN``)."""
+    if comm._broken is None:
+        for work in list(comm._in_flight):
+            work.wait()
     if hasattr(comm, "mpi_comm"):
         comm.mpi_comm.Free()
     else:

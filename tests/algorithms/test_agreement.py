@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 
 from compcoll import spec
+from tests import background
 from tests.pool import run
+from tests.thread_jobs import Batch
 from tests.worlds import worlds
 
 WORKERS = "tests.algorithms.agreement_workers"
+AT_72_RANKS = Batch((f"{WORKERS}:summed_rounds", 72, ([], 0, False)), timeout=600)
 
 
 @pytest.mark.parametrize("backend, world_size", worlds((1, 3, 4), mpi=2, gloo=4))
@@ -18,10 +21,12 @@ def test_summed_rounds_match_reference_and_fail_alike(backend: str, world_size: 
     run(f"{WORKERS}:summed_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2, True))
 
 
+@background.job(AT_72_RANKS.make)
 def test_summed_rounds_at_72_ranks() -> None:
     """72 in-process ranks take the allreduce rounds unforced: every bad input, refusal, mismatch and NaN fails on
-    every rank alike (the bits and bytes at 256 ranks: tests/comm/test_local.py)."""
-    run(f"{WORKERS}:summed_rounds", 72, "threads", args=([], 0, False), timeout=600)
+    every rank alike (the bits and bytes at 256 ranks: tests/comm/test_local.py); in a background job
+    (``tests/thread_jobs.py``)."""
+    AT_72_RANKS.run(f"{WORKERS}:summed_rounds", 72, "threads", args=([], 0, False))
 
 
 @pytest.mark.parametrize("n", [2, 65, 1024])

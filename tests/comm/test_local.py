@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from compcoll.comm import local_world
+from tests import background
 from tests.pool import run
+from tests.thread_jobs import Batch
 
 SHAPES = [[1], [37], [3, 7, 11], [12289], [100003]]
 
@@ -24,7 +26,7 @@ def test_the_same_bits_as_mpi_and_gloo(world_size: int, tmp_path) -> None:
     assert threads == _digests(tmp_path, "mpi", world_size) == _digests(tmp_path, "gloo", world_size)
 
 
-@pytest.mark.parametrize("target, args, sizes", [
+SUITES_BODIES = [
     ("tests.algorithms.onebit_workers:numerics", (SHAPES, 3), [1, 2, 3, 4]),
     ("tests.algorithms.onebit_workers:in_place_and_stateful", (), [1, 3]),
     ("tests.algorithms.onebit_workers:bad_inputs", (), [1, 2, 4]),
@@ -35,20 +37,31 @@ def test_the_same_bits_as_mpi_and_gloo(world_size: int, tmp_path) -> None:
     ("tests.optim.optim_workers:replicas", ("OneBitAdam",), [1, 4]),
     ("tests.optim.optim_workers:replicas", ("ZeroOneAdam",), [3]),
     ("tests.optim.optim_workers:nonfinite", ("OneBitLamb", 9, "skip"), [2]),
-])
+]
+SUITES_JOB = Batch(*((target, n, args) for target, args, sizes in SUITES_BODIES for n in sizes))
+
+
+@pytest.mark.parametrize("target, args, sizes", SUITES_BODIES)
+@background.job(SUITES_JOB.make)
 def test_the_transport_suites_bodies_pass_on_threads(target: str, args: tuple, sizes: list[int]) -> None:
-    """The bodies that test compcoll over MPI and Gloo, against the numpy reference, pass on the in-process world."""
+    """The bodies that test compcoll over MPI and Gloo, against the numpy reference, pass on the in-process world
+    (in a background job: ``tests/thread_jobs.py``)."""
     for n in sizes:
-        run(target, n, "threads", args=args)
+        SUITES_JOB.run(target, n, "threads", args=args)
 
 
 def test_a_rank_that_never_arrives_times_out_the_others() -> None:
     run("tests.comm.local_workers:a_rank_that_never_arrives", 3, "threads", timeout=60)
 
 
+BYTES_JOB = Batch(*(("tests.comm.local_workers:counts_bytes", n, (10007,)) for n in (2, 16, 256)))
+
+
 @pytest.mark.parametrize("world_size", [2, 16, 256])
+@background.job(BYTES_JOB.make)
 def test_bytes_counted_as_the_formula(world_size: int) -> None:
-    run("tests.comm.local_workers:counts_bytes", world_size, "threads", args=(10007,))
+    """In a background job (``tests/thread_jobs.py``): 256 ranks take 10 s of one core."""
+    BYTES_JOB.run("tests.comm.local_workers:counts_bytes", world_size, "threads", args=(10007,))
 
 
 def test_a_world_needs_ranks() -> None:

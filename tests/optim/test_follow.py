@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import pytest
 
+from tests import background
 from tests.pool import run
+from tests.thread_jobs import Batch
 
 from .follow_workers import CHANGES
 
 WORKERS = "tests.optim.follow_workers"
+FOLLOW_ARGS = ("cpu", "cpu:0", list(CHANGES))
+FOLLOW_JOB = Batch(*((f"{WORKERS}:built_then_changed", n, FOLLOW_ARGS) for n in (1, 2, 3)))
 
 
 @pytest.mark.parametrize("world_size, backend, changes",
                          [pytest.param(n, backend, list(CHANGES), id=f"{n}-{backend}")
                           for n, backend in [(1, "threads"), (2, "threads"), (3, "threads"), (2, "mpi")]]
                          + [pytest.param(2, "gloo", ["to"], id="2-gloo-to")])
+@background.job(FOLLOW_JOB.make)
 def test_built_then_changed_equals_changed_then_built(world_size: int, backend: str, changes: list[str]) -> None:
-    """Every change on thread ranks and on MPI; on Gloo (a call there costs 8 of MPI's here) the move alone, before
-    and in the middle of training."""
-    run(f"{WORKERS}:built_then_changed", world_size, backend, args=("cpu", "cpu:0", changes))
+    """Every change on thread ranks (in a background job: ``tests/thread_jobs.py``) and on MPI; on Gloo (a call
+    there costs 8 of MPI's here) the move alone, before and in the middle of training."""
+    FOLLOW_JOB.run(f"{WORKERS}:built_then_changed", world_size, backend, args=("cpu", "cpu:0", changes))
 
 
 @pytest.mark.parametrize("change, world_size, backend", [("shape", 2, "threads"), ("groups", 2, "threads"),

@@ -34,6 +34,10 @@ from compcoll.spec import PROTOCOLS
 from .methods import METHODS, make_input
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+NIC_CALLS = 4
+"""Untimed calls a method's interface bytes are counted over (``--nic``), then divided: a call's own count also took
+in stray packets sent in its window (a 1-bit call of 256 KiB over Gloo: 9.6-10.0 KB in 11 runs, 10.8 KB in a run
+beside a loaded test session), which a count over several calls spreads."""
 
 
 def parse_size(text: str) -> int:
@@ -111,9 +115,9 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
             progress: Callable[[str], None] = lambda _: None) -> dict:
     """One size: every method of ``args.methods`` on ``size`` bytes of float32, side by side.
 
-    1. One untimed call per method counts its bytes (all, intra-node, inter-node; the
-       peers' DDP traffic bypasses the communicator, so theirs come from ``Method.sent``,
-       spread over the peers as an allreduce's are) and, with ``args.nic``, what that
+    1. Untimed calls of each method (one; ``NIC_CALLS`` with ``args.nic``) count its bytes per call (all,
+       intra-node, inter-node; the peers' DDP traffic bypasses the communicator, so theirs come from
+       ``Method.sent``, spread over the peers as an allreduce's are) and, with ``args.nic``, what that
        interface sent (max over ranks).
     2. The timed runs (median of per-iteration times of the slowest rank).
     3. One verified call per method, when ``args.check``.
@@ -125,10 +129,13 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
     for name in args.methods:
         method = METHODS[name]
         step, verify = method.build(comm, topo, x, args)
+        calls = NIC_CALLS if args.nic else 1
         sent, (intra, inter), nic = comm.bytes_sent, topo.traffic(comm), _nic_tx(args.nic)
-        step()
-        nic = _nic_tx(args.nic) - nic
-        sent, (intra, inter) = comm.bytes_sent - sent, (a - b for a, b in zip(topo.traffic(comm), (intra, inter)))
+        for _ in range(calls):
+            step()
+        nic = (_nic_tx(args.nic) - nic) / calls
+        sent, (intra, inter) = ((comm.bytes_sent - sent) // calls,
+                                ((a - b) // calls for a, b in zip(topo.traffic(comm), (intra, inter))))
         (nic,) = _max_over_ranks(comm, nic)
         seconds, compute = _timed(comm, step, args.iters, args.warmup, args.runs)
         algbw = size / seconds / 1e9

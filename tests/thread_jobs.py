@@ -5,7 +5,7 @@ A test whose thread-world cases take seconds of one core each declares them as a
 the batch holds reads its outcome from the job (``WorkerFailure`` naming the case and each failed rank, as the
 test process's own run would raise), any other goes to ``tests.pool.run`` as before.
 
-Usage (what a batch's job runs): ``python -m tests.thread_jobs '<JSON list of [target, world_size, args, timeout]>'``.
+Usage (what a batch's job runs): ``python -m tests.thread_jobs TIMEOUT '<JSON list of [target, world_size, args]>'``.
 1. Keep this process on the highest CPU it may use: the test process's own thread worlds run on the lowest
    (``launcher.run_threads(one_cpu=True)``), so a job's ranks and theirs do not take turns on one CPU while the
    other is idle.
@@ -39,13 +39,14 @@ class Batch:
     """Thread-world cases (target, world_size, args) of one test, run one after another in one background job."""
 
     def __init__(self, *cases: tuple[str, int, tuple], timeout: float = 180.0) -> None:
-        self.cases = [(target, world_size, json.loads(json.dumps(list(args))), timeout)
-                      for target, world_size, args in cases]
+        self.cases = [(target, world_size, json.loads(json.dumps(list(args)))) for target, world_size, args in cases]
+        self.keys = {_key(*case) for case in self.cases}
         self.timeout = timeout
 
         def make(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
-            """One process running every case of the batch (``main``)."""
-            return [[sys.executable, "-m", "tests.thread_jobs", json.dumps(self.cases)]], dict(os.environ)
+            """One process running every case of the batch (``main``), each within ``timeout`` seconds."""
+            return ([[sys.executable, "-m", "tests.thread_jobs", str(timeout), json.dumps(self.cases)]],
+                    dict(os.environ))
 
         self.make: background.Maker = make
 
@@ -53,7 +54,7 @@ class Batch:
         """``tests.pool.run``; a case this batch holds gives the job's outcome (its ranks' output, or
         ``WorkerFailure`` with the failure the job printed)."""
         key = _key(target, world_size, args)
-        if backend != "threads" or key not in {_key(*case[:3]) for case in self.cases}:
+        if backend != "threads" or key not in self.keys:
             return pool.run(target, world_size, backend, args=args, **rest)
         [done] = background.results(self.make, timeout=len(self.cases) * self.timeout).outcomes
         sections = dict(part.split("\n", 1) for part in done.output.split(MARK)[1:])
@@ -67,10 +68,10 @@ class Batch:
         return body
 
 
-def main(cases: list[list]) -> None:
-    """Run ``cases`` (module docstring, steps 1-3)."""
+def main(timeout: float, cases: list[list]) -> None:
+    """Run ``cases``, each within ``timeout`` seconds (module docstring, steps 1-3)."""
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
-    for target, world_size, args, timeout in cases:
+    for target, world_size, args in cases:
         print(f"{MARK}{_key(target, world_size, args)}", flush=True)
         try:
             print(launcher.run_threads(target, world_size, args=tuple(args), timeout=timeout, one_cpu=True))
@@ -81,4 +82,4 @@ def main(cases: list[list]) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    main(float(sys.argv[1]), json.loads(sys.argv[2]))

@@ -126,10 +126,10 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
     n, count = comm.size, size // 4
     x = make_input(comm.rank, count)
     row: dict = {"size": size, "count": count, "ranks": n, "ranks_per_node": topo.ranks_per_node}
+    calls = NIC_CALLS if args.nic else 1
     for name in args.methods:
         method = METHODS[name]
         step, verify = method.build(comm, topo, x, args)
-        calls = NIC_CALLS if args.nic else 1
         sent, (intra, inter), nic = comm.bytes_sent, topo.traffic(comm), _nic_tx(args.nic)
         for _ in range(calls):
             step()

@@ -40,6 +40,7 @@ class Pool:
 
     def __init__(self, backend: str, size: int) -> None:
         self.backend, self.size, self.cases = backend, size, 0
+        self.pids: dict[int, int] = {}
         self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
         for rank in range(size):
             os.mkfifo(self.folder / f"wake.{rank}")
@@ -74,9 +75,9 @@ class Pool:
                     results[r] = json.loads(path.read_text())
             if len(results) == size:
                 break
-            ended = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+            ended = self._ended()
             if ended or time.monotonic() > deadline:
-                note = f"process(es) {ended} ended" if ended else f"timed out after {timeout:g} s"
+                note = ended or f"timed out after {timeout:g} s"
                 text = self.close()
                 raise WorkerFailure(f"{where}: {note}; ranks {sorted(results)} had answered\n{text[-20000:]}")
             time.sleep(pause)
@@ -103,9 +104,21 @@ class Pool:
             finally:
                 os.close(pipe)
 
+    def _ended(self) -> str:
+        """What has ended, or "": a process the pool started (by index), or a rank's own process (by rank, from
+        the pid it wrote: under one mpiexec, whose launcher may see a rank's end late or, rarely, not at all)."""
+        procs = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+        if procs:
+            return f"process(es) {procs} ended"
+        for rank in range(self.size):
+            if rank not in self.pids and (self.folder / f"pid.{rank}").exists():
+                self.pids[rank] = int((self.folder / f"pid.{rank}").read_text())
+        ranks = [rank for rank, pid in sorted(self.pids.items()) if not _running(pid)]
+        return f"rank process(es) {ranks} ended" if ranks else ""
+
     @property
     def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
+        return not self._ended()
 
     def close(self) -> str:
         """Stop the ranks (killed if they do not stop within 10 s); returns their log."""
@@ -125,6 +138,15 @@ class Pool:
             log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         return "\n".join(text)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (ended, not yet reaped by its parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 _POOLS: dict[str, Pool] = {}

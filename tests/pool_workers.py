@@ -22,7 +22,8 @@ WAKE_S = 1.0
 def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
     """Run the cases the test process (pid ``owner``) writes into ``directory`` until it writes ``stop`` or ends.
 
-    1. Wait for ``<k>.case`` (JSON: target, size n, args, environment), case k = 0, 1, ..., asleep on this
+    1. Write this rank's process id into ``pid.<rank>`` (the test process watches it), and wait for
+       ``<k>.case`` (JSON: target, size n, args, environment), case k = 0, 1, ..., asleep on this
        rank's pipe ``wake.<rank>``, into which the test process writes a byte after each case it writes
        (``_wait_for``).
     2. Set the case's environment variables (restored after it), and make the case's
@@ -38,6 +39,9 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
        would have removed.
     """
     base = Path(directory)
+    staged = base / f"pid.{comm.rank}.tmp"
+    staged.write_text(str(os.getpid()))
+    staged.rename(base / f"pid.{comm.rank}")
     store = _leave_launch_group(comm)
     wake = _open_wake_pipe(base / f"wake.{comm.rank}")
     case = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import time
@@ -58,6 +59,18 @@ def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(
         pool.run(f"{WORKERS}:ends_a_rank", 2, backend, timeout=60)
     out = pool.run(f"{WORKERS}:says_its_rank", 2, backend)
     assert "rank 1 of 2" in out
+
+
+def test_a_rank_process_that_ended_is_seen_before_its_parent_reaps_it() -> None:
+    """The pool watches each rank's own process: one that has ended counts as ended while it is a zombie (its
+    parent, under MPI the launcher's proxy, has not reaped it yet), and once it is gone."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 60
+    while pool._running(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert Path(f"/proc/{child.pid}").exists() and not pool._running(child.pid)
+    child.wait()
+    assert not pool._running(child.pid) and pool._running(os.getpid())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

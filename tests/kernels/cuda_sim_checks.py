@@ -50,24 +50,31 @@ def _thread_safe_shared_arrays() -> None:
 
 
 def _blocks_on_a_barrier() -> None:
-    """Run each simulated block's threads to a condition-variable barrier, not numba's polling loop.
+    """Run each simulated block on kept threads that meet at a condition-variable barrier, not on new threads
+    and numba's polling loop.
 
-    numba's simulator (``BlockManager.run``) starts a Python thread per CUDA thread and then
-    polls them all, without sleeping, until each one is blocked in ``syncthreads`` or has
-    ended: that loop takes much of the CPU and keeps the GIL from the threads doing the work
-    (``test_cuda``'s two processes took 57 and 44 CPU-seconds with it, 42 and 36 with this
-    replacement at Python's own GIL switch interval). The meaning is numba's: ``syncthreads``
-    returns once every thread of the block that has not ended has reached it; a thread that
-    raises aborts the others, and the launch raises its error.
-    1. The block's threads count as live, none blocked; each is started.
+    numba's simulator (``BlockManager.run``) starts a new Python thread for each CUDA thread of
+    each block (65,000 in one of ``test_cuda``'s processes), then polls them all, without
+    sleeping, until each one is blocked in ``syncthreads`` or has ended: the loop takes much of
+    the CPU and keeps the GIL from the threads doing the work. Here (``test_cuda``'s two
+    processes took 57 and 44 CPU-seconds with numba's runner, 42 and 36 with the barrier on new
+    threads, 38 and 32 with kept ones) the meaning stays numba's: ``syncthreads`` returns once
+    every thread of the block that has not ended has reached it; a thread that raises aborts the
+    others, and the launch raises its error, named by thread and block as numba names it.
+    1. The launching thread takes a kept thread (a lane) per CUDA thread of the block, making
+       more where too few are idle, gives each its indices and the kernel's arguments, counts
+       them all as live and none as blocked, and lets them go.
     2. ``syncthreads`` counts the thread as blocked; the last live thread to block opens the
        barrier (a new generation) for all, and the others sleep until it does.
-    3. A thread that ends is no longer live, and opens the barrier if all that remain are
-       blocked; one that raises first is kept, and every thread is told to abort.
-    4. The launching thread sleeps until no thread is live, joins them all, and raises the
-       first error.
+    3. A lane whose kernel returns goes back to the idle lanes and is no longer live, opening the
+       barrier if all that remain are blocked; the first error is kept, and every lane of the
+       block is told to abort.
+    4. The launching thread sleeps until no lane is live, and raises the first error.
+    A launch in numba's debug mode keeps numba's runner.
     """
-    from numba.cuda.simulator.kernel import BlockManager, BlockThread
+    from numba.cuda.simulator.kernel import BlockManager, BlockThread, Dim3
+
+    numba_run, idle, idle_lock = BlockManager.run, [], threading.Lock()
 
     def open_barrier(manager: BlockManager) -> None:
         manager.blocked, manager.generation = 0, manager.generation + 1
@@ -86,40 +93,58 @@ def _blocks_on_a_barrier() -> None:
             if self.abort:
                 raise RuntimeError("abort flag set on syncthreads clear")
 
+    class Lane(BlockThread):
+        """A simulated CUDA thread kept for block after block: ``run`` waits for ``go``, then runs the kernel with
+        the indices and arguments the launching thread set."""
+
+        def __init__(self) -> None:
+            threading.Thread.__init__(self, daemon=True)
+            self.go = threading.Semaphore(0)
+            self.start()
+
+        def run(self) -> None:
+            while True:
+                self.go.acquire()
+                manager = self._manager
+                try:
+                    manager._f(*self.job)
+                except BaseException as exc:  # noqa: BLE001 - the launch raises it, as numba's runner does
+                    where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
+                    with manager.turn:
+                        if manager.failed is None:
+                            manager.failed = (type(exc)(f"{where}: {exc}" if str(exc) else where), exc.__traceback__)
+                            for lane in manager.lanes:
+                                lane.abort = True
+                with idle_lock:
+                    idle.append(self)
+                with manager.turn:
+                    manager.live -= 1
+                    if manager.live and manager.blocked == manager.live:
+                        open_barrier(manager)
+                    manager.turn.notify_all()
+
     def run(self: BlockManager, grid_point, *args) -> None:
-        self.turn, self.live, self.blocked, self.generation, self.failed = threading.Condition(), 0, 0, 0, None
-        threads = []
-
-        def target() -> None:
-            try:
-                self._f(*args)
-            except BaseException:
-                with self.turn:
-                    if self.failed is None:
-                        self.failed = threading.current_thread()
-                        for other in threads:
-                            other.abort = True
-                raise
-            finally:
-                with self.turn:
-                    self.live -= 1
-                    if self.live and self.blocked == self.live:
-                        open_barrier(self)
-                    self.turn.notify_all()
-
-        with self.turn:
-            for block_point in np.ndindex(*self._block_dim):
-                threads.append(BlockThread(target, self, grid_point, block_point, self._debug))
-            self.live = len(threads)
-        for thread in threads:
-            thread.start()
+        if self._debug:
+            return numba_run(self, grid_point, *args)
+        self.turn, self.blocked, self.generation, self.failed = threading.Condition(), 0, 0, None
+        points = list(np.ndindex(*self._block_dim))
+        with idle_lock:
+            self.lanes = [idle.pop() for _ in range(min(len(idle), len(points)))]
+        self.lanes += [Lane() for _ in range(len(points) - len(self.lanes))]
+        self.live = len(points)
+        x, y, _ = self._block_dim
+        for lane, point in zip(self.lanes, points):
+            lane._manager, lane.job, lane.abort = self, args, False
+            lane.blockIdx, lane.threadIdx, lane.thread_id = Dim3(*grid_point), Dim3(*point), point[0] + x * (
+                point[1] + y * point[2])
+        for lane in self.lanes:
+            lane.go.release()
         with self.turn:
             while self.live:
                 self.turn.wait()
-        for thread in threads:
-            thread.join()
         if self.failed is not None:
-            raise self.failed.exception[0].with_traceback(self.failed.exception[1])
+            raise self.failed[0].with_traceback(self.failed[1])
+        return None
 
     BlockThread.syncthreads, BlockManager.run = syncthreads, run
 

@@ -70,11 +70,11 @@ def _blocks_on_a_barrier() -> None:
        barrier if all that remain are blocked; the first error is kept, and every lane of the
        block is told to abort.
     4. The launching thread sleeps until no lane is live, and raises the first error.
-    A launch in numba's debug mode keeps numba's runner.
+    A launch in numba's debug mode raises on division by zero, as numba's runner makes it.
     """
     from numba.cuda.simulator.kernel import BlockManager, BlockThread, Dim3
 
-    numba_run, idle, idle_lock = BlockManager.run, [], threading.Lock()
+    idle, idle_lock = [], threading.Lock()
 
     def open_barrier(manager: BlockManager) -> None:
         manager.blocked, manager.generation = 0, manager.generation + 1
@@ -107,7 +107,8 @@ def _blocks_on_a_barrier() -> None:
                 self.go.acquire()
                 manager = self._manager
                 try:
-                    manager._f(*self.job)
+                    with np.errstate(divide="raise" if manager._debug else None):
+                        manager._f(*self.job)
                 except BaseException as exc:  # noqa: BLE001 - the launch raises it, as numba's runner does
                     where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
                     with manager.turn:
@@ -124,8 +125,6 @@ def _blocks_on_a_barrier() -> None:
                     manager.turn.notify_all()
 
     def run(self: BlockManager, grid_point, *args) -> None:
-        if self._debug:
-            return numba_run(self, grid_point, *args)
         self.turn, self.blocked, self.generation, self.failed = threading.Condition(), 0, 0, None
         points = list(np.ndindex(*self._block_dim))
         with idle_lock:
@@ -144,7 +143,6 @@ def _blocks_on_a_barrier() -> None:
                 self.turn.wait()
         if self.failed is not None:
             raise self.failed[0].with_traceback(self.failed[1])
-        return None
 
     BlockThread.syncthreads, BlockManager.run = syncthreads, run
 

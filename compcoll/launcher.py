@@ -215,8 +215,10 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
        hand-over within one CPU costs a fraction of one between CPUs), slower where they
        compute in torch between collectives, whose ops otherwise run on every CPU at once
        (docs/architecture.md, "Layers").
-    3. Wait up to ``timeout`` seconds for them all.
-    4. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
+    3. A rank whose target raises ends the world (``LocalComm.abort``), as a failed MPI rank
+       ends its job: the others' collectives raise at once instead of waiting out ``timeout``.
+    4. Wait up to ``timeout`` seconds for them all.
+    5. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
        still running past the timeout (their threads are left to end with the process).
     Threads share this process's global random state (``torch.manual_seed``): a target
     must draw from generators of its own, or build under ``seeded``, to give the bits of
@@ -243,8 +245,10 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
             if cpus:
                 os.sched_setaffinity(0, cpus)
             function(comm, *arguments)
-        except BaseException:
+        except BaseException as exc:
             failures[comm.rank] = traceback.format_exc()
+            first_line = "".join(str(exc).splitlines()[:1])
+            comm.abort(f"rank {comm.rank} failed: {type(exc).__name__}: {first_line}")
 
     saved = {key: os.environ.get(key) for key in env or {}}
     os.environ.update(env or {})

@@ -8,6 +8,7 @@ from collections import deque
 
 import torch
 
+from ..errors import CommunicatorBroken, RankMismatchError
 from .base import Communicator
 from .work import PendingWork, Work
 
@@ -21,21 +22,28 @@ class Fabric:
     call waits first. One lock guards the world's queues; each rank has its own condition
     on it (``arrived[rank]``), so the message that completes a collective wakes only the threads of the rank it is
     for, and the others wake none.
+
+    A message lands only in a receive of its dtype and length: calls out of step (one rank's all-to-all paired
+    with another's allgather, say) raise ``RankMismatchError`` naming both, where MPI or Gloo could move the bytes
+    or wait. ``end`` ends the world and every sub-world split from it, as MPI_Abort ends a job.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, root: "Fabric | None" = None) -> None:
         self.size = size
+        self.root = root or self
         self.lock = threading.Lock()
         self.arrived = [threading.Condition(self.lock) for _ in range(size)]
         self.messages = [[deque() for _ in range(size)] for _ in range(size)]
         self.receives = [[deque() for _ in range(size)] for _ in range(size)]
         self.reductions: dict[int, Reduction] = {}
         self.children: dict[tuple, Fabric] = {}
+        self.ended: str | None = None
 
-    def post(self, source: int, payloads: dict[int, torch.Tensor]) -> None:
-        """Send ``payloads[dest]`` from ``source`` to each ``dest``: copied into its oldest posted receive, else a
-        copy queued; under one hold of the lock, waking a receiving rank only where its collective is now complete
-        (woken by every block, the two calls of 256 ranks in ``tests/comm/test_local.py`` took 10.2 s, now 8.2 s)."""
+    def post(self, source: int, payloads: dict[int, torch.Tensor], what: str) -> None:
+        """Send ``payloads[dest]`` of ``source``'s collective ``what`` to each ``dest``: copied into its oldest
+        posted receive, else a copy queued; under one hold of the lock, waking a receiving rank only where its
+        collective is now complete (woken by every block, the two calls of 256 ranks in ``tests/comm/test_local.py``
+        took 10.2 s, now 8.2 s). A receive that does not fit its message raises before anything moves."""
         if any(payload.is_cuda for payload in payloads.values()):
             payloads = {dest: payload.clone() for dest, payload in payloads.items()}
             for payload in payloads.values():
@@ -44,23 +52,44 @@ class Fabric:
             for dest, payload in payloads.items():
                 waiting = self.receives[source][dest]
                 if waiting:
+                    _check_fit(source, dest, payload, what, waiting[0])
+            for dest, payload in payloads.items():
+                waiting = self.receives[source][dest]
+                if waiting:
                     slot = waiting.popleft()
                     slot.fill(payload)
                     if slot.work.missing == 0:
                         self.arrived[dest].notify_all()
                 else:
-                    self.messages[source][dest].append(payload if payload.is_cuda else payload.clone())
+                    self.messages[source][dest].append((payload if payload.is_cuda else payload.clone(), what))
 
     def expect(self, dest: int, slots: dict[int, "Slot"]) -> None:
         """Post ``slots[source]`` as ``dest``'s receive of its next message from each ``source`` (filled now where
-        it has arrived), under one hold of the lock."""
+        it has arrived), under one hold of the lock; a queued message that does not fit raises before anything
+        moves."""
         with self.lock:
             for source, slot in slots.items():
                 queued = self.messages[source][dest]
                 if queued:
-                    slot.fill(queued.popleft())
+                    _check_fit(source, dest, *queued[0], slot)
+            for source, slot in slots.items():
+                queued = self.messages[source][dest]
+                if queued:
+                    slot.fill(queued.popleft()[0])
                 else:
                     self.receives[source][dest].append(slot)
+
+    def end(self, reason: str) -> None:
+        """End this world and its sub-worlds: each collective waiting in one, or started later, raises
+        ``CommunicatorBroken`` naming ``reason`` (the first reason given stays)."""
+        with self.lock:
+            if self.ended is None:
+                self.ended = reason
+            for arrived in self.arrived:
+                arrived.notify_all()
+            children = list(self.children.values())
+        for child in children:
+            child.end(reason)
 
     def reduce(self, call: int, rank: int, tensor: torch.Tensor) -> "Reduction":
         """Add ``rank``'s copy of ``tensor`` to the world's allreduce number ``call``; the rank that completes it
@@ -94,8 +123,20 @@ class Fabric:
         with self.lock:
             found = self.children.get(key)
             if found is None:
-                found = self.children[key] = Fabric(size)
+                found = self.children[key] = Fabric(size, self.root)
+                found.ended = self.ended
             return found
+
+
+def _check_fit(source: int, dest: int, payload: torch.Tensor, what: str, slot: "Slot") -> None:
+    """Raise ``RankMismatchError`` unless rank ``source``'s message of ``what`` fits rank ``dest``'s receive
+    ``slot``: the same dtype and number of elements."""
+    into = slot.into
+    if payload.dtype != into.dtype or payload.numel() != into.numel():
+        raise RankMismatchError(
+            f"in-process world: rank {source}'s {what} sent {payload.numel()} x {payload.dtype} where rank {dest}'s "
+            f"{slot.work._what} receives {into.numel()} x {into.dtype}: the ranks' calls are out of step or their "
+            f"arguments differ")
 
 
 class Slot:
@@ -131,7 +172,8 @@ class LocalComm(Communicator):
     exactly the bytes MPI and Gloo move, so every compcoll call gives their bits; allreduce
     sums the ranks' tensors in rank order (once, by the last rank to arrive, for all). Byte
     counts, ``wait_seconds``, ``split`` and timeouts (a rank that never arrives raises
-    ``CollectiveTimeout`` on the others, naming it) work as on the real transports.
+    ``CollectiveTimeout`` on the others, naming it) work as on the real transports. Two things fail
+    sooner than there: calls out of step, and a rank that failed once its world is ended (``abort``).
     """
 
     def __init__(self, fabric: Fabric, rank: int, timeout: float | None = None) -> None:
@@ -146,14 +188,14 @@ class LocalComm(Communicator):
     def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         blocks, rows = send.view(self.size, -1), recv.view(self.size, -1)
         work = MailWork(self, "alltoall", recv, {peer: rows[peer] for peer in self._peers})
-        self.fabric.post(self.rank, {peer: blocks[peer] for peer in self._peers})
+        self.fabric.post(self.rank, {peer: blocks[peer] for peer in self._peers}, "alltoall")
         rows[self.rank].copy_(blocks[self.rank])
         return work
 
     def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
         rows = recv.view(self.size, -1)
         work = MailWork(self, "allgather", recv, {peer: rows[peer] for peer in self._peers})
-        self.fabric.post(self.rank, dict.fromkeys(self._peers, send))
+        self.fabric.post(self.rank, dict.fromkeys(self._peers, send), "allgather")
         rows[self.rank].copy_(send)
         return work
 
@@ -163,15 +205,21 @@ class LocalComm(Communicator):
 
     def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
         if self.rank == root:
-            self.fabric.post(self.rank, dict.fromkeys(self._peers, tensor))
+            self.fabric.post(self.rank, dict.fromkeys(self._peers, tensor), "bcast")
             return MailWork(self, "bcast", tensor, {})
         return MailWork(self, "bcast", tensor, {root: tensor})
 
     def _start_barrier(self) -> Work:
         tokens = {peer: torch.zeros(0) for peer in self._peers}
         work = MailWork(self, "barrier", None, tokens)
-        self.fabric.post(self.rank, dict.fromkeys(self._peers, torch.zeros(0)))
+        self.fabric.post(self.rank, dict.fromkeys(self._peers, torch.zeros(0)), "barrier")
         return work
+
+    def abort(self, reason: str) -> None:
+        """End this rank's whole in-process world, as MPI_Abort ends an MPI job: on every rank, each collective that
+        waits, now or later, on the world or a communicator split from it, raises ``CommunicatorBroken`` naming
+        ``reason`` instead of waiting out its timeout. ``launcher.run_threads`` calls it when a rank fails."""
+        self.fabric.root.end(reason)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "LocalComm":
         """Every member of a color gets the same child fabric, keyed by this world's split count and the color."""
@@ -193,13 +241,23 @@ class FabricWork(PendingWork):
     def _arrived(self) -> bool:
         """Whether the collective's data is all here (called holding the fabric's lock)."""
 
+    def _settled(self) -> bool:
+        """Whether the data is all here (called holding the fabric's lock); raises ``CommunicatorBroken`` once the
+        world has ended without it (``Fabric.end``)."""
+        if self._arrived():
+            return True
+        if self._fabric.ended is not None:
+            raise CommunicatorBroken(f"{self._comm.describe()} {self._what} on rank {self._comm.rank} of "
+                                     f"{self._comm.size}: the world ended while it waited ({self._fabric.ended})")
+        return False
+
     def _test(self) -> bool:
         with self._fabric.lock:
-            return self._arrived()
+            return self._settled()
 
     def _block(self, seconds: float) -> bool:
         with self._arrival:
-            return self._arrival.wait_for(self._arrived, timeout=seconds)
+            return self._arrival.wait_for(self._settled, timeout=seconds)
 
 
 class MailWork(FabricWork):

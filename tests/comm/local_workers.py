@@ -65,6 +65,23 @@ def a_rank_that_never_arrives(comm: compcoll.Communicator) -> None:
         raise AssertionError("the communicator still worked after a timeout")
 
 
+def one_rank_fails(comm: compcoll.Communicator) -> None:
+    """Every rank splits the world into one communicator, then rank 1 raises; the others wait in an allgather of the
+    split one."""
+    split = comm.split(0, comm.rank)
+    if comm.rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    split.allgather(torch.ones(2), torch.zeros(2 * split.size))
+
+
+def calls_out_of_step(comm: compcoll.Communicator) -> None:
+    """Rank 0 calls an allgather of 3 float64 where rank 1 calls an all-to-all of 5 bytes to each rank."""
+    if comm.rank == 0:
+        comm.allgather(torch.ones(3, dtype=torch.float64), torch.zeros(3 * comm.size, dtype=torch.float64))
+    else:
+        comm.alltoall(torch.ones(5 * comm.size, dtype=torch.uint8), torch.zeros(5 * comm.size, dtype=torch.uint8))
+
+
 def counts_bytes(comm: compcoll.Communicator, numel: int) -> None:
     """A flat gather-scatter call (after the first of its size) sends, per rank: its agreement round with the scale
     (``reference.agreement_sent``: an all-gather of float64 fields up to 64 ranks, an allreduce of fixed size and the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compcoll.comm import local_world
+from compcoll.launcher import WorkerFailure
 from tests import background
 from tests.pool import run
 from tests.thread_jobs import Batch
@@ -52,6 +53,30 @@ def test_the_transport_suites_bodies_pass_on_threads(target: str, args: tuple, s
 
 def test_a_rank_that_never_arrives_times_out_the_others() -> None:
     run("tests.comm.local_workers:a_rank_that_never_arrives", 3, "threads", timeout=60)
+
+
+def test_a_rank_that_fails_ends_the_world_and_the_others_raise_at_once() -> None:
+    """As a failed MPI rank ends its job: the other ranks, waiting in a communicator split from the world, raise
+    ``CommunicatorBroken`` naming the failed rank and its error, where they would wait out the timeout."""
+    with pytest.raises(WorkerFailure) as failure:
+        run("tests.comm.local_workers:one_rank_fails", 3, "threads", timeout=600)
+    message = str(failure.value)
+    assert "still running" not in message and "3 failed" in message, message
+    assert "ValueError: rank 1 fails on purpose" in message, message
+    ended = "the world ended while it waited (rank 1 failed: ValueError: rank 1 fails on purpose)"
+    assert message.count(ended) == 2, message
+
+
+def test_calls_out_of_step_raise_naming_both() -> None:
+    """A message lands only in a receive of its dtype and length: an allgather paired with an all-to-all raises
+    ``RankMismatchError`` naming both calls and ranks (on the rank whose call came second), and the world ends."""
+    with pytest.raises(WorkerFailure) as failure:
+        run("tests.comm.local_workers:calls_out_of_step", 2, "threads", timeout=600)
+    message = str(failure.value)
+    first = "rank 0's allgather sent 3 x torch.float64 where rank 1's alltoall receives 5 x torch.uint8"
+    second = "rank 1's alltoall sent 5 x torch.uint8 where rank 0's allgather receives 3 x torch.float64"
+    assert f"RankMismatchError: in-process world: {first}" in message or second in message, message
+    assert "still running" not in message and "2 failed" in message, message
 
 
 BYTES_JOB = Batch(*(("tests.comm.local_workers:counts_bytes", n, (10007,)) for n in (2, 16, 256)))

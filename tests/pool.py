@@ -29,6 +29,10 @@ from compcoll.launcher import WorkerFailure
 POOLED_BACKENDS = ("mpi", "gloo")
 POOL_RANKS = 6
 """Ranks a pool starts with: the most any pooled case takes; a case that wants more replaces its backend's pool."""
+FAILED_GRACE_S = 5.0
+"""Seconds the other ranks of a case have to answer once one rank has failed; then the pool is ended, as a failed
+rank ends an MPI job (a pool rank reports its failure and lives on, and its peers would wait out the case's timeout
+in their next collective)."""
 POOL_ENV = "COMPCOLL_TEST_POOL"
 CASE_ENV = ("COMPCOLL_TIMEOUT", "COMPCOLL_RANKS_PER_NODE")
 """Environment variables a pooled case may set: compcoll reads them when a communicator is made or a call starts,
@@ -53,11 +57,12 @@ class Pool:
         """Run one case on the first ``size`` ranks; returns their captured output, rank by rank.
 
         1. Write case k (written whole, then renamed, so no rank reads half of it), and wake the ranks.
-        2. Wait for each of the ``size`` ranks' results, up to ``timeout``; a rank process
-           that ends first, or the timeout, closes the pool and raises ``WorkerFailure``
-           with the ranks' log.
-        3. Raise ``WorkerFailure`` with each failed rank's traceback (closing the pool: a
-           failed case may leave operations pending), or return the output.
+        2. Wait for each of the ``size`` ranks' results, up to ``timeout``, or ``FAILED_GRACE_S``
+           once a rank has failed; a rank process that ends first, or the timeout, closes the
+           pool and raises ``WorkerFailure`` with the ranks' log.
+        3. Raise ``WorkerFailure`` with each failed rank's traceback, and the ranks still running
+           past the grace (closing the pool: a failed case may leave operations pending), or
+           return the output.
         """
         case, self.cases = self.cases, self.cases + 1
         staged = self.folder / f"{case}.tmp"
@@ -66,16 +71,20 @@ class Pool:
         staged.rename(self.folder / f"{case}.case")
         self._wake()
         where = f"{target} on {size} {self.backend} rank(s) (pooled, case {case})"
-        deadline, pause = time.monotonic() + timeout, 0.001
+        deadline, pause, first_failed = time.monotonic() + timeout, 0.001, None
         results: dict[int, dict] = {}
         while len(results) < size:
             for r in range(size):
                 path = self.folder / f"{case}.{r}.result"
                 if r not in results and path.exists():
                     results[r] = json.loads(path.read_text())
+                    if results[r]["error"] and first_failed is None:
+                        first_failed, deadline = r, min(deadline, time.monotonic() + FAILED_GRACE_S)
             if len(results) == size:
                 break
             ended = self._ended()
+            if not ended and first_failed is not None and time.monotonic() > deadline:
+                break
             if ended or time.monotonic() > deadline:
                 note = ended or f"timed out after {timeout:g} s"
                 text = self.close()
@@ -85,8 +94,11 @@ class Pool:
         failed = {r: res["error"] for r, res in sorted(results.items()) if res["error"]}
         if failed:
             self.close()
+            absent = sorted(set(range(size)) - set(results))
+            still = (f"; rank(s) {absent} still running {FAILED_GRACE_S:g} s after rank {first_failed} failed: the "
+                     f"pool was ended, as a failed rank ends an MPI job") if absent else ""
             details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
-            raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed\n{details[-20000:]}")
+            raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed{still}\n{details[-20000:]}")
         return "\n".join(results[r]["output"] for r in range(size))
 
     def _wake(self) -> None:

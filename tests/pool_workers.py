@@ -185,6 +185,13 @@ def fails_on(comm: compcoll.Communicator, rank: int) -> None:
         raise RuntimeError(f"case failed on rank {rank} on purpose")
 
 
+def fails_while_the_others_wait(comm: compcoll.Communicator, rank: int) -> None:
+    """Raises on ``rank``; the other ranks wait in a barrier that rank never joins (``tests/test_pool.py``)."""
+    if comm.rank == rank:
+        raise RuntimeError(f"rank {rank} fails on purpose before the barrier")
+    comm.barrier()
+
+
 def ends_a_rank(comm: compcoll.Communicator) -> None:
     """The last rank's process ends (``tests/test_pool.py``)."""
     if comm.rank == comm.size - 1:

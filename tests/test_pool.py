@@ -61,6 +61,19 @@ def test_a_case_that_ends_a_rank_ends_its_pool_and_the_next_case_gets_new_ranks(
     assert "rank 1 of 2" in out
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.usefixtures("own_pools")
+def test_a_rank_that_fails_while_the_others_wait_ends_the_case_after_the_grace(backend: str) -> None:
+    """As a failed rank ends an MPI job: once rank 1 has failed, the others, waiting in a barrier it never joins,
+    have ``FAILED_GRACE_S`` to answer, then the pool ends and the case names both, well within its timeout."""
+    with pytest.raises(WorkerFailure) as failure:
+        pool.run(f"{WORKERS}:fails_while_the_others_wait", 2, backend, args=(1,), timeout=120)
+    message = str(failure.value)
+    assert f"rank(s) [1] failed; rank(s) [0] still running {pool.FAILED_GRACE_S:g} s after rank 1 failed" in message
+    assert "rank 1 fails on purpose before the barrier" in message, message
+    assert "rank 1 of 2" in pool.run(f"{WORKERS}:says_its_rank", 2, backend)
+
+
 def test_a_rank_process_that_ended_is_seen_before_its_parent_reaps_it() -> None:
     """The pool watches each rank's own process: one that has ended counts as ended while it is a zombie (its
     parent, under MPI the launcher's proxy, has not reaped it yet), and once it is gone."""

@@ -87,14 +87,14 @@ class Pool:
                 break
             if ended or time.monotonic() > deadline:
                 note = ended or f"timed out after {timeout:g} s"
-                text = self.close()
+                text = self.close(wait=0.0)
                 raise WorkerFailure(f"{where}: {note}; ranks {sorted(results)} had answered\n{text[-20000:]}")
             time.sleep(pause)
             pause = min(2 * pause, 0.02)
         failed = {r: res["error"] for r, res in sorted(results.items()) if res["error"]}
         if failed:
-            self.close()
             absent = sorted(set(range(size)) - set(results))
+            self.close(wait=0.0 if absent else 10.0)
             still = (f"; rank(s) {absent} still running {FAILED_GRACE_S:g} s after rank {first_failed} failed: the "
                      f"pool was ended, as a failed rank ends an MPI job") if absent else ""
             details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
@@ -132,11 +132,12 @@ class Pool:
     def alive(self) -> bool:
         return not self._ended()
 
-    def close(self) -> str:
-        """Stop the ranks (killed if they do not stop within 10 s); returns their log."""
+    def close(self, wait: float = 10.0) -> str:
+        """Stop the ranks (killed if they do not stop within ``wait`` seconds: 0 where some are stuck in a
+        collective, which no stop reaches); returns their log."""
         (self.folder / "stop").touch()
         self._wake()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + wait
         for p in self.procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))

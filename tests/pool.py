@@ -45,6 +45,7 @@ class Pool:
     def __init__(self, backend: str, size: int) -> None:
         self.backend, self.size, self.cases = backend, size, 0
         self.pids: dict[int, int] = {}
+        self.closed = False
         self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
         for rank in range(size):
             os.mkfifo(self.folder / f"wake.{rank}")
@@ -130,11 +131,14 @@ class Pool:
 
     @property
     def alive(self) -> bool:
-        return not self._ended()
+        return not self.closed and not self._ended()
 
     def close(self, wait: float = 10.0) -> str:
         """Stop the ranks (killed if they do not stop within ``wait`` seconds: 0 where some are stuck in a
-        collective, which no stop reaches); returns their log."""
+        collective, which no stop reaches), and reap them; returns their log. The pool is closed from then on."""
+        if self.closed:
+            return ""
+        self.closed = True
         (self.folder / "stop").touch()
         self._wake()
         deadline = time.monotonic() + wait
@@ -144,6 +148,7 @@ class Pool:
             except subprocess.TimeoutExpired:
                 pass
             launcher._kill(p)
+            p.wait()
         text = []
         for log in self.logs:
             log.seek(0)

@@ -33,6 +33,8 @@ FAILED_GRACE_S = 5.0
 """Seconds the other ranks of a case have to answer once one rank has failed; then the pool is ended, as a failed
 rank ends an MPI job (a pool rank reports its failure and lives on, and its peers would wait out the case's timeout
 in their next collective)."""
+STOP_WAIT_S = 10.0
+"""Seconds idle ranks have to stop when their pool closes, before they are killed."""
 POOL_ENV = "COMPCOLL_TEST_POOL"
 CASE_ENV = ("COMPCOLL_TIMEOUT", "COMPCOLL_RANKS_PER_NODE")
 """Environment variables a pooled case may set: compcoll reads them when a communicator is made or a call starts,
@@ -83,10 +85,10 @@ class Pool:
                         first_failed, deadline = r, min(deadline, time.monotonic() + FAILED_GRACE_S)
             if len(results) == size:
                 break
-            ended = self._ended()
-            if not ended and first_failed is not None and time.monotonic() > deadline:
+            ended, late = self._ended(), time.monotonic() > deadline
+            if late and not ended and first_failed is not None:
                 break
-            if ended or time.monotonic() > deadline:
+            if ended or late:
                 note = ended or f"timed out after {timeout:g} s"
                 text = self.close(wait=0.0)
                 raise WorkerFailure(f"{where}: {note}; ranks {sorted(results)} had answered\n{text[-20000:]}")
@@ -95,7 +97,7 @@ class Pool:
         failed = {r: res["error"] for r, res in sorted(results.items()) if res["error"]}
         if failed:
             absent = sorted(set(range(size)) - set(results))
-            self.close(wait=0.0 if absent else 10.0)
+            self.close(wait=0.0 if absent else STOP_WAIT_S)
             still = (f"; rank(s) {absent} still running {FAILED_GRACE_S:g} s after rank {first_failed} failed: the "
                      f"pool was ended, as a failed rank ends an MPI job") if absent else ""
             details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
@@ -133,7 +135,7 @@ class Pool:
     def alive(self) -> bool:
         return not self.closed and not self._ended()
 
-    def close(self, wait: float = 10.0) -> str:
+    def close(self, wait: float = STOP_WAIT_S) -> str:
         """Stop the ranks (killed if they do not stop within ``wait`` seconds: 0 where some are stuck in a
         collective, which no stop reaches), and reap them; returns their log. The pool is closed from then on."""
         if self.closed:

@@ -3,7 +3,8 @@
 The algorithms call only this module; it picks the kernels for the tensor's device (CPU:
 ``kernels.cpu`` on numpy views; CUDA: ``kernels.cuda`` on ``__cuda_array_interface__``
 views, queued on torch's current stream through ``kernels.launch``; meta: the CUDA kernels on
-``kernels.launch.TRACED``, counted and not run) and hands them zero-copy views. The wire
+``kernels.launch.TRACED``, counted and not run; CPU tensors while ``kernels.launch.simulating()``:
+the CUDA kernels under numba's simulator) and hands them zero-copy views. The wire
 layout of a 1-bit chunk is its packed signs (first element in the most significant bit),
 preceded, where a scale travels with it, by that scale as 4 native-endian float32 bytes.
 """
@@ -19,7 +20,7 @@ import torch
 
 from . import spec
 from .kernels import cpu as cpu_kernels
-from .kernels.launch import TRACED, DeviceArray, context_for, read_first, stream_on
+from .kernels.launch import SIMULATED_DEVICE, TRACED, DeviceArray, context_for, read_first, simulating, stream_on
 from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
 from .workspace import current_stream
 
@@ -52,9 +53,14 @@ def check_device(tensor: torch.Tensor, ranks: int = 1) -> None:
                      "tensors (meta tensors, at one rank, count the CUDA path's launches)")
 
 
+def on_host(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s codecs take the CPU kernels: a CPU tensor, unless ``kernels.launch.simulating()``."""
+    return tensor.is_cpu and not simulating()
+
+
 def _array(tensor: torch.Tensor):
-    """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.launch.DeviceArray`` for CUDA tensors."""
-    if tensor.is_cpu:
+    """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.launch.DeviceArray`` for device tensors."""
+    if on_host(tensor):
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
     # pointer, shape and strides only: the kernels run on torch's current stream, behind the producer
     return DeviceArray.of(tensor.detach())
@@ -62,18 +68,18 @@ def _array(tensor: torch.Tensor):
 
 def _no_source(like: torch.Tensor):
     """An empty float32 kernel view on ``like``'s device: the source slot of a kernel that reads only its error."""
-    return _EMPTY_HOST if like.is_cpu else _array(like[:0])
+    return _EMPTY_HOST if on_host(like) else _array(like[:0])
 
 
 def _source(tensor: torch.Tensor):
     """A flat kernel view of ``tensor`` and the lookup table its dtype needs (or None)."""
-    if tensor.is_cpu and tensor.dtype == torch.float32:
+    if on_host(tensor) and tensor.dtype == torch.float32:
         return _array(tensor).reshape(-1), None
     flat = tensor.detach().reshape(-1)
     if tensor.dtype == torch.float32:
         return _array(flat), None
     raw = flat.view(torch.int16)
-    if tensor.is_cpu:
+    if on_host(tensor):
         return raw.numpy().view(np.uint16), _lookup_table(tensor.dtype)
     return _array(raw).view(np.uint16), _array(_device_lookup_table(tensor.dtype, tensor.device))
 
@@ -102,7 +108,7 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     Meta tensors take the CUDA kernels' path on the ``TRACED`` stream: every launch and
     host wait is counted, none is run.
     """
-    if tensor.is_cpu:
+    if on_host(tensor):
         small = tensor.numel() < cpu_kernels.SERIAL_BELOW
         run = cpu_kernels.SERIAL[kernel] if small else getattr(cpu_kernels, kernel)
         with _CPU_KERNELS:
@@ -113,7 +119,7 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     stream = _stream(tensor)
     if stream is TRACED:
         return run(*args, stream=stream, **extra, **options)
-    with context_for(tensor.device.index):
+    with context_for(SIMULATED_DEVICE if tensor.is_cpu else tensor.device.index):
         return run(*args, stream=stream, **extra, **options)
 
 
@@ -133,6 +139,8 @@ def _stream(tensor: torch.Tensor):
     a meta tensor."""
     if tensor.is_meta:
         return TRACED
+    if tensor.is_cpu:
+        return 0
     device = tensor.device.index
     return _numba_stream(device, current_stream(device))
 
@@ -164,7 +172,7 @@ def all_finite(tensor: torch.Tensor) -> bool:
     """Whether every element of ``tensor`` is finite. On a device, the host waits for the answer: a wait counted
     by ``kernels.launch.read_first`` (meta tensors: counted, and True)."""
     finite = torch.isfinite(tensor).all()
-    if tensor.is_cpu:
+    if on_host(tensor):
         return bool(finite)
     return bool(read_first(_array(finite.view(1)), _stream(tensor)))
 
@@ -175,7 +183,7 @@ def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
     A float gives a float. A device-resident sum (a one-element float64 CUDA tensor) gives
     a one-element float32 tensor on that device, computed there with the same bits.
     """
-    if isinstance(total, torch.Tensor) and not total.is_cpu:
+    if isinstance(total, torch.Tensor) and not on_host(total):
         out = torch.empty(1, dtype=torch.float32, device=total.device)
         _run("scale_of", total, _array(total), numel, spec.SCALES[scale], _array(out))
         return out
@@ -185,7 +193,7 @@ def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
 def _sum(kernel: str, tensor: torch.Tensor, resident: bool, *args) -> Scalar:
     """Run a kernel that ends in a float64 sum: to the host as a float, or, ``resident`` on CUDA, into a
     one-element device tensor that is returned (no host round trip)."""
-    if resident and not tensor.is_cpu:
+    if resident and not on_host(tensor):
         total = torch.empty(1, dtype=torch.float64, device=tensor.device)
         _run(kernel, tensor, *args, into=_array(total))
         return total
@@ -200,7 +208,7 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
     division the CPU and the numpy reference do; on the CPU numpy divides, correctly
     rounded too (as torch's CPU division by a Python number).
     """
-    if values.is_cpu:
+    if on_host(values):
         array = values.numpy()
         np.divide(array, array.dtype.type(divisor), out=array)
         return values
@@ -229,7 +237,7 @@ def sumsq_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
     On CUDA the sum stays on the device (no host round trip), so that many sums can be
     queued and read back together.
     """
-    if tensor.device.type == "cpu":
+    if on_host(tensor):
         out.fill_(sumsq(tensor))
         return
     _run("compensated_power_sum", tensor, _no_source(tensor), None, _array(tensor), 0, 2, into=_array(out))
@@ -246,7 +254,7 @@ def compensate_encode(
     """
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     n_src = 0 if tensor is None else tensor.numel()
-    on_device = isinstance(scale, torch.Tensor) and not error.is_cpu
+    on_device = isinstance(scale, torch.Tensor) and not on_host(error)
     _run("compensate_encode", error, src, lut, _array(error), n_src,
          _array(scale) if on_device else np.float32(float(scale)), _array(bits))
 
@@ -280,7 +288,7 @@ def accumulate_scale(
     float32 tensor); on the CPU it is a float.
     """
     args = _accumulate_args(bits, weights, base, out, count, scale)
-    if out.is_cpu:
+    if on_host(out):
         return scale_from(float(_run("accumulate_signs", out, *args)), numel, scale)
     return _device_scale("accumulate_signs", out, numel, scale, *args)
 
@@ -332,7 +340,7 @@ def tree_sum(lanes: torch.Tensor) -> float:
 def tree_scale(lanes: torch.Tensor, numel: int, scale: str = "l2") -> Scalar:
     """The float32 ``scale`` of ``numel`` elements from the tree sum of their lane sums, as ``accumulate_scale``
     (on CUDA: in the tree's own launch, kept on the device)."""
-    if lanes.is_cpu:
+    if on_host(lanes):
         return scale_from(tree_sum(lanes), numel, scale)
     return _device_scale("tree_sum", lanes, numel, scale, _array(lanes))
 
@@ -342,7 +350,7 @@ def decode(bits: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> None:
 
     The values +-scale are rounded to the output dtype once (by torch), then selected.
     """
-    if out.is_cpu and out.dtype == torch.float32 and scales.dtype == torch.float32:
+    if on_host(out) and out.dtype == torch.float32 and scales.dtype == torch.float32:
         _decode_host(_array(bits), scales.numpy(), out)
         return
     scales = scales.to(device=out.device)
@@ -358,7 +366,7 @@ def _decode_host(bits: np.ndarray, positive: np.ndarray, out: torch.Tensor) -> N
 
 def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
     """out (contiguous) <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode``."""
-    if rows.is_cpu and out.dtype == torch.float32:
+    if on_host(rows) and out.dtype == torch.float32:
         table = rows.numpy()
         _decode_host(table[:, SCALE_BYTES:], _heads(table), out)
         return
@@ -398,7 +406,7 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
 
     A 1-D ``rows`` is one row, and ``scales`` may then be a single float.
     """
-    if rows.is_cpu:
+    if on_host(rows):
         values = scales.numpy().reshape(-1) if isinstance(scales, torch.Tensor) else scales
         table = rows.numpy()
         if rows.dim() == 1:
@@ -414,7 +422,7 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
 
 def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Split (n, SCALE_BYTES + nbytes) wire rows into n float32 scales and the sign bytes."""
-    if rows.is_cpu:
+    if on_host(rows):
         return torch.from_numpy(_heads(rows.numpy())), rows[:, SCALE_BYTES:]
     scales = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
     return scales, rows[:, SCALE_BYTES:]
@@ -449,7 +457,7 @@ def block_scales(sums: torch.Tensor, block_size: int, scale: str, row_len: int) 
     """
     per_row = spec.block_lengths(row_len, block_size)
     lengths = np.tile(per_row, sums.numel() // per_row.size) if per_row.size else per_row
-    if sums.is_cpu:
+    if on_host(sums):
         return torch.from_numpy(spec.block_scales_from(sums.numpy(), lengths, scale))
     d = torch.from_numpy(lengths.astype(np.float64)).to(sums.device)
     return ((sums.sqrt() / d.sqrt()) if scale == "l2" else sums / d).float()

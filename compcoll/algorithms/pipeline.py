@@ -21,11 +21,11 @@ PIECES_FIELDS = 3
 def default_pieces(tensor: torch.Tensor) -> int:
     """Pieces for ``tensor`` by its size and device alone (``agree_pieces`` also asks where the ranks run).
 
-    CPU: one per ``PIECE_BYTES`` of float32 input, at most ``MAX_PIECES``. CUDA: 1, since a
+    CPU: one per ``PIECE_BYTES`` of float32 input, at most ``MAX_PIECES``. CUDA (``codecs.on_host`` false): 1, since a
     numba-cuda launch costs about 0.1 ms from Python (bench/results/gpu_kernels_h100.txt),
     and pieces multiply the launches by the number of ranks.
     """
-    if tensor.device.type != "cpu":
+    if not codecs.on_host(tensor):
         return 1
     return max(1, min(MAX_PIECES, 4 * tensor.numel() // PIECE_BYTES))
 

@@ -15,6 +15,12 @@ without launching, and ``read_first`` counts a wait and answers a stand-in ``1.0
 counts of a call on meta tensors are those of the same call on CUDA tensors
 (``scripts/cuda_launches.py``).
 
+Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), ``simulate(True)`` (or
+``COMPCOLL_CUDA_ON_CPU=1``) makes CPU tensors take the CUDA path too, down to these
+launches: their kernels run in the simulator on the tensors' own memory, read through
+the same ``DeviceArray`` pointers, shapes and strides a GPU gets. So the whole CUDA path
+of every call is checked, bit for bit, on a machine without a GPU (slowly).
+
 The bound path depends on numba-cuda's own layout of a kernel's parameters and on three
 private names (``_Kernel._codelibrary``, its ``get_cufunc().kernel``, and
 ``driver._to_core_stream``), pinned in ``PINNED_NUMBA_CUDA`` and checked by
@@ -23,6 +29,7 @@ private names (``_Kernel._codelibrary``, its ``get_cufunc().kernel``, and
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
@@ -34,6 +41,9 @@ import numpy as np
 from numba import config
 
 LAUNCHER_ENV = "COMPCOLL_CUDA_LAUNCHER"
+SIMULATE_ENV = "COMPCOLL_CUDA_ON_CPU"
+SIMULATED_DEVICE = 0
+"""The GPU a CPU tensor's kernels run on while simulating: the simulator's one."""
 LAUNCHERS = ("bound", "numba")
 PINNED_NUMBA_CUDA = "0.30.4"
 """The numba-cuda whose parameter layout and private attributes the bound launcher uses."""
@@ -57,6 +67,29 @@ class Counts:
 COUNTS = Counts()
 """The process's counts (every thread's launches together)."""
 _LOCK = threading.Lock()
+
+
+def simulating() -> bool:
+    """Whether CPU tensors take the CUDA path, their kernels under numba's simulator (``simulate``)."""
+    return _SIMULATING[0]
+
+
+def simulate(on: bool) -> None:
+    """Make CPU tensors take the CUDA path (``on``), or their own again; ValueError without numba's simulator."""
+    if on and not config.ENABLE_CUDASIM:
+        raise ValueError(f"compcoll: CPU tensors take the CUDA path ({SIMULATE_ENV}=1, simulate(True)) only under "
+                         "numba's CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 before numba is imported")
+    _SIMULATING[0] = bool(on)
+
+
+_SIMULATING = [False]
+"""The one flag ``simulating`` reads (``simulate`` sets it; ``COMPCOLL_CUDA_ON_CPU=1`` at import)."""
+_SIMULATOR = threading.RLock()
+"""One kernel call at a time under numba's simulator (``context_for``): a simulated launch swaps the ``cuda`` of its
+kernel's module for a fake, which a kernel built meanwhile in another thread would meet."""
+
+
+simulate(os.environ.get(SIMULATE_ENV) == "1")
 
 
 class _Traced:
@@ -191,7 +224,20 @@ def _wrap(arg):
 
     with _LOCK:
         COUNTS.wraps += 1
+    if config.ENABLE_CUDASIM:
+        return _simulated(arg)
     return cuda.as_cuda_array(arg, sync=False)
+
+
+def _simulated(arg: DeviceArray):
+    """The simulator's array over a ``DeviceArray``'s host memory: its pointer, shape and byte strides, no copy."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    if arg.size == 0:
+        return FakeCUDAArray(np.empty(arg.shape, arg.dtype))
+    extent = arg.dtype.itemsize + sum((n - 1) * s for n, s in zip(arg.shape, arg.strides))
+    memory = (ctypes.c_char * extent).from_address(arg.ptr)
+    return FakeCUDAArray(np.ndarray(arg.shape, arg.dtype, buffer=memory, strides=arg.strides))
 
 
 def read_first(values, stream) -> float:
@@ -242,9 +288,12 @@ def device_zeros(device: int, size: int, dtype) -> object:
 
 def context_for(device: int):
     """A context manager that makes GPU ``device`` current for the kernels: none where a context of that GPU
-    already is (the driver's current context, asked directly: numba's lookup costs about 10 us), else numba's."""
+    already is (the driver's current context, asked directly: numba's lookup costs about 10 us), else numba's;
+    under numba's simulator, a lock held for the kernel call (its one GPU needs no context)."""
     from numba import cuda
 
+    if config.ENABLE_CUDASIM:
+        return _SIMULATOR
     if launcher() == "bound":
         from cuda.bindings import driver
 

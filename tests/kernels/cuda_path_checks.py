@@ -1,0 +1,140 @@
+"""The CUDA path of the codecs, collectives and optimizers on CPU tensors, its kernels under numba's simulator.
+
+Run in a process with ``NUMBA_ENABLE_CUDASIM=1`` and ``COMPCOLL_CUDA_ON_CPU=1`` (``kernels.launch.simulate``):
+CPU tensors then take every CUDA branch of ``codecs`` and the algorithms, down to ``kernels.launch``,
+whose kernels run in the simulator on the tensors' own memory through the pointers, shapes and strides
+a GPU gets. Each part runs the suite's own rank bodies, which check every output, error buffer and
+optimizer step against the numpy reference, on thread worlds; or, for the codecs and the counts, the
+same calls with the CPU path in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+from numba import config
+
+from compcoll import SingleComm, codecs
+from compcoll.bench.launches import call_counts
+from compcoll.kernels import cuda
+from compcoll.kernels.launch import COUNTS, simulate, simulating
+from compcoll.launcher import run_threads
+from tests.kernels.cuda_sim_checks import _blocks_on_a_barrier, _thread_safe_shared_arrays, _thread_safe_warnings
+
+SMALL = [[1], [37], [3, 7, 11]]
+ALGORITHMS = "tests.algorithms."
+OPTIMIZERS = "tests.optim.optim_workers:"
+WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
+    "flat": [(ALGORITHMS + "onebit_workers:numerics", 1, (SMALL + [[1001]], 2)),
+             (ALGORITHMS + "onebit_workers:numerics", 3, (SMALL, 2)),
+             (ALGORITHMS + "launch_workers:in_flight", 3, (SMALL, 2))],
+    "blocks": [(ALGORITHMS + "onebit_workers:blockwise", 3, ([[1], [37], [1001]], 2)),
+               (ALGORITHMS + "onebit_workers:levels", 3, ([[1], [37], [1001]], 2)),
+               (ALGORITHMS + "reduce_scatter_workers:numerics", 3, ([1, 37, 1000], 2))],
+    "hierarchical": [(ALGORITHMS + "hierarchical_workers:numerics", 4, (2, SMALL, 2)),
+                     (ALGORITHMS + "hierarchical_workers:compensated_blocks", 4, (2, [[37], [1001]], 2))],
+    "optimizers": [(OPTIMIZERS + "onebit_adam_reference", 2, (3, 6)),
+                   (OPTIMIZERS + "onebit_lamb_reference", 2, (6,)),
+                   (OPTIMIZERS + "zero_one_adam_reference", 2, (8,)),
+                   (OPTIMIZERS + "birder_reference", 2, (4,))],
+}
+"""Thread-world parts: (rank body, ranks, its arguments); each body checks itself against the reference."""
+PARTS = (*WORLDS, "codecs", "counts")
+
+
+def check_codecs(numel: int, dtype: torch.dtype) -> None:
+    """Every 1-bit codec on the CUDA path gives the CPU path's bits (``tests/gpu``'s codec check, without a GPU)."""
+    gen = torch.Generator().manual_seed(numel)
+    x = (torch.randn(numel, generator=gen) * 3).to(dtype)
+    full = -(-numel // 24) * 24
+    err = torch.randn(full, generator=gen) * 0.1
+    results = []
+    for on in (False, True):
+        simulate(on)
+        e = err.clone()
+        total = codecs.compensated_sum(x, e)
+        absolute = codecs.compensated_sum(x, e, "l1")
+        bits = torch.empty(full // 8, dtype=torch.uint8)
+        codecs.compensate_encode(x, e, 0.5, bits)
+        rows = bits.view(3, -1)
+        acc = torch.empty(full // 3)
+        squares = codecs.accumulate_signs(rows, torch.tensor([0.3, 0.2, 0.1]), None, acc, full // 3)
+        scale = codecs.accumulate_scale(rows, torch.tensor([0.3, 0.2, 0.1]), acc, acc, full // 3, full // 3)
+        out = torch.empty(numel, dtype=dtype)
+        codecs.decode(rows, torch.tensor([1.5, 2.5, 3.5]), out)
+        maxima = codecs.row_absmax(x, 3, full)
+        wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8)
+        codecs.randomized_encode(x, maxima, 7, 2, "node", 1, 0, codecs.frame(wire, maxima))
+        decoded = torch.empty(full)
+        codecs.decode_framed(wire, decoded)
+        results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded))
+    simulate(True)
+    names = ("sumsq", "sum |x|", "accumulate sumsq", "accumulate scale", "bits", "error", "accumulate", "decode",
+             "absmax", "wire", "decoded wire")
+    for name, a, b in zip(names, *results):
+        same = a == b if isinstance(a, float) else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert same, f"{name} of {numel} {dtype}: the CUDA path differs from the CPU's"
+
+
+def check_counts(numel: int) -> None:
+    """One call of each protocol launches, wraps and waits on CPU tensors as on meta tensors
+    (``scripts/cuda_launches.py``'s counts are those of a path that runs)."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    ran = call_counts(x, SingleComm())
+    traced = call_counts(torch.empty(numel, device="meta"), SingleComm())
+    assert all(c["launches"] > 0 for c in ran.values()), ran
+    for counts in (ran, traced):  # numba's dispatcher (the simulator's) wraps; meta counts the same wraps
+        for c in counts.values():
+            c.pop("torch")
+    assert ran == traced, f"{numel} elements: ran {ran}, traced {traced}"
+
+
+def run_part(part: str) -> list[str]:
+    """One part of ``PARTS``; returns a line per check with its time and launches."""
+    lines = []
+    for target, ranks, args in WORLDS.get(part, []):
+        COUNTS.reset()
+        start = time.perf_counter()
+        run_threads(target, ranks, args=args, timeout=1200)
+        assert COUNTS.launches > 0, f"{target} launched no CUDA kernel: the CPU path ran"
+        lines.append(f"{target} x{ranks}: {time.perf_counter() - start:.1f} s, {COUNTS.launches} launches")
+    if part == "codecs":
+        for numel in (1, 37, 1000):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                check_codecs(numel, dtype)
+        lines.append("codecs: 1, 37, 1000 elements, three dtypes")
+    if part == "counts":
+        kept = cuda.TAIL
+        for numel in (37, 4096):
+            check_counts(numel)
+        cuda.TAIL = 16  # past TAIL lane sums, each sum takes one more launch (_collapse)
+        try:
+            check_counts(4096)
+        finally:
+            cuda.TAIL = kept
+        lines.append("counts: 37 and 4096 elements, and 4096 past the tail")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    """Run the ``--part`` parts (all by default)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", action="append", choices=PARTS, help="one part (repeatable); default: all")
+    args = parser.parse_args(argv)
+    assert config.ENABLE_CUDASIM and simulating(), "set NUMBA_ENABLE_CUDASIM=1 and COMPCOLL_CUDA_ON_CPU=1"
+    _thread_safe_shared_arrays()
+    _blocks_on_a_barrier()
+    _thread_safe_warnings()
+    parts = args.part or list(PARTS)
+    for part in parts:
+        for line in run_part(part):
+            print(line, flush=True)
+    print(f"the CUDA path == the reference and the CPU path: {', '.join(parts)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

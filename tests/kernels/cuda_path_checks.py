@@ -4,13 +4,14 @@ Run in a process with ``NUMBA_ENABLE_CUDASIM=1`` and ``COMPCOLL_CUDA_ON_CPU=1`` 
 CPU tensors then take every CUDA branch of ``codecs`` and the algorithms, down to ``kernels.launch``,
 whose kernels run in the simulator on the tensors' own memory through the pointers, shapes and strides
 a GPU gets. Each part runs the suite's own rank bodies, which check every output, error buffer and
-optimizer step against the numpy reference, on thread worlds; or, for the codecs and the counts, the
-same calls with the CPU path in this process.
+optimizer step against the numpy reference, on thread worlds (DDP's hook on torch's threaded process
+group); or, for the codecs and the counts, the same calls with the CPU path in this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
@@ -42,7 +43,11 @@ WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
                    (OPTIMIZERS + "birder_reference", 2, (4,))],
 }
 """Thread-world parts: (rank body, ranks, its arguments); each body checks itself against the reference."""
-PARTS = (*WORLDS, "codecs", "counts")
+TORCH_GROUPS: dict[str, list[tuple[str, int, tuple]]] = {
+    "ddp": [("tests.ddp.ddp_workers:onebit_matches_reference", 2, (3, "gather_scatter", "l2"))],
+}
+"""Parts on torch's multi-threaded process group (DDP's buckets through the hook), as ``WORLDS``."""
+PARTS = (*WORLDS, *TORCH_GROUPS, "codecs", "counts")
 
 
 def check_codecs(numel: int, dtype: torch.dtype) -> None:
@@ -92,13 +97,22 @@ def check_counts(numel: int) -> None:
     assert ran == traced, f"{numel} elements: ran {ran}, traced {traced}"
 
 
+def _on_torch_group(target: str, ranks: int, args: tuple, timeout: float) -> None:
+    """``target`` ("module:function") on ``ranks`` threads of torch's multi-threaded process group."""
+    from tests.ddp.threaded_group import run_threaded_group
+
+    module, name = target.split(":")
+    run_threaded_group(getattr(importlib.import_module(module), name), ranks, *args, timeout=timeout)
+
+
 def run_part(part: str) -> list[str]:
     """One part of ``PARTS``; returns a line per check with its time and launches."""
     lines = []
-    for target, ranks, args in WORLDS.get(part, []):
+    worlds = [(run_threads, case) for case in WORLDS.get(part, [])]
+    for runner, (target, ranks, args) in worlds + [(_on_torch_group, case) for case in TORCH_GROUPS.get(part, [])]:
         COUNTS.reset()
         start = time.perf_counter()
-        run_threads(target, ranks, args=args, timeout=1200)
+        runner(target, ranks, args=args, timeout=1200)
         assert COUNTS.launches > 0, f"{target} launched no CUDA kernel: the CPU path ran"
         lines.append(f"{target} x{ranks}: {time.perf_counter() - start:.1f} s, {COUNTS.launches} launches")
     if part == "codecs":

@@ -51,8 +51,9 @@ def recording(hook, records: dict[int, tuple]):
 
 
 def step(model: DDP, opt: torch.optim.Optimizer, rank: int, i: int, poison: bool = False) -> None:
-    """One training step on this rank's batch (``poison``: the loss times NaN)."""
-    x, y = batch(rank, i)
+    """One training step on this rank's batch, on the model's device (``poison``: the loss times NaN)."""
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in batch(rank, i))
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     (loss * float("nan") if poison else loss).backward()
@@ -74,14 +75,16 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
-                             ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None
-                             ) -> None:
+                             ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None,
+                             device: str = "cpu") -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
     ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
     steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
-    bits on every rank; the final error buffers equal the reference's."""
+    bits on every rank; the final error buffers equal the reference's. ``device="cuda"``: the model on this
+    rank's GPU (NCCL)."""
     n, rank = comm.size, comm.rank
-    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    model = DDP(make_model().to(on), bucket_cap_mb=BUCKET_MB, device_ids=[on.index] if on.type == "cuda" else None)
     state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale,
                                      ranks_per_node=ranks_per_node, block_size=block_size)
     k = state.ranks_per_node
@@ -94,9 +97,9 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
     for i in range(steps):
         records.clear()
         step(model, opt, rank, i)
-        everyone = gather({k: (c, b.numpy()) for k, (c, b, _, _) in records.items()})
+        everyone = gather({k: (c, b.cpu().numpy()) for k, (c, b, _, _) in records.items()})
         for index, (compressed, before, out, _) in sorted(records.items()):
-            xs = [r[index][1] for r in everyone]
+            xs, out = [r[index][1] for r in everyone], out.cpu()
             kinds.add((i >= 2, compressed))
             if not compressed:
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
@@ -116,9 +119,9 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
     assert kinds == {(False, False), (True, False), (True, True)}, f"not every path ran: {kinds}"
     for index, (we, se) in ref.items():
         worker, server = state.allreduce.plans[index].error_feedback.buffers() if k == 1 else state.node_buffers[index]
-        assert np.array_equal(worker.numpy(), we[rank]), f"worker error of bucket {index}"
+        assert np.array_equal(worker.cpu().numpy(), we[rank]), f"worker error of bucket {index}"
         if protocol == "gather_scatter" or k > 1:
-            assert np.array_equal(server.numpy(), se[rank]), f"server error of bucket {index}"
+            assert np.array_equal(server.cpu().numpy(), se[rank]), f"server error of bucket {index}"
 
 
 def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> torch.Tensor:

@@ -148,6 +148,14 @@ def test_nccl_at_world_size_one() -> None:
     run(f"{WORKERS}:cuda_numerics", 1, "nccl", args=(SHAPES, 2))
 
 
+@pytest.mark.parametrize("protocol, block_size", [("gather_scatter", None), ("allgather", 64)])
+def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_size: int | None) -> None:
+    """DDP on the GPU (NCCL, one rank): each bucket through ``onebit_hook`` equals the reference, error buffers
+    too, as on CPU ranks."""
+    run("tests.ddp.ddp_workers:onebit_matches_reference", 1, "nccl",
+        args=(3, protocol, "l2", "auto", 1, block_size, "cuda"))
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_optimizers_on_cuda_equal_cpu_over_mpi(world_size: int) -> None:
     run(f"{WORKERS}:optimizers_on_cuda_equal_cpu", world_size, "mpi", args=(9,))

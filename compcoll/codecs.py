@@ -63,7 +63,7 @@ def _array(tensor: torch.Tensor):
     if on_host(tensor):
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
     # pointer, shape and strides only: the kernels run on torch's current stream, behind the producer
-    return DeviceArray.of(tensor.detach())
+    return DeviceArray.of(tensor)
 
 
 def _no_source(like: torch.Tensor):
@@ -72,22 +72,27 @@ def _no_source(like: torch.Tensor):
 
 
 def _source(tensor: torch.Tensor):
-    """A flat kernel view of ``tensor`` and the lookup table its dtype needs (or None)."""
-    if on_host(tensor) and tensor.dtype == torch.float32:
+    """A flat kernel view of ``tensor`` (a contiguous copy where it is not contiguous) and the lookup table its dtype
+    needs (or None)."""
+    host = on_host(tensor)
+    if host and tensor.dtype == torch.float32:
         return _array(tensor).reshape(-1), None
-    flat = tensor.detach().reshape(-1)
-    if tensor.dtype == torch.float32:
-        return _array(flat), None
-    raw = flat.view(torch.int16)
-    if on_host(tensor):
-        return raw.numpy().view(np.uint16), _lookup_table(tensor.dtype)
-    return _array(raw).view(np.uint16), _array(_device_lookup_table(tensor.dtype, tensor.device))
+    if not host:
+        if not tensor.is_contiguous():
+            tensor = tensor.detach().contiguous()
+        if tensor.dtype == torch.float32:
+            return DeviceArray.flat(tensor), None
+        return DeviceArray.flat(tensor, np.uint16), _array(_device_lookup_table(tensor.dtype, tensor.device))
+    raw = tensor.detach().reshape(-1).view(torch.int16)
+    return raw.numpy().view(np.uint16), _lookup_table(tensor.dtype)
 
 
 def _storage(tensor: torch.Tensor):
-    """A writable flat kernel view of an output tensor (16-bit types as raw int16)."""
-    flat = tensor.view(-1)
-    return _array(flat if tensor.dtype == torch.float32 else flat.view(torch.int16))
+    """A writable flat kernel view of a contiguous output tensor (16-bit types as raw int16)."""
+    if on_host(tensor) or not tensor.is_contiguous():
+        flat = tensor.view(-1)
+        return _array(flat if tensor.dtype == torch.float32 else flat.view(torch.int16))
+    return DeviceArray.flat(tensor, None if tensor.dtype == torch.float32 else np.int16)
 
 
 _WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum")
@@ -160,8 +165,10 @@ def _numba_stream(device: int, handle: int):
     return stream_on(device, handle)
 
 
+@lru_cache(maxsize=None)
 def _torch_empty(device: torch.device):
-    """An allocator for the CUDA kernels: (size, numpy dtype, stream) -> a device view of a new torch tensor."""
+    """An allocator for the CUDA kernels: (size, numpy dtype, stream) -> a device view of a new torch tensor (one per
+    device)."""
     def empty(size: int, dtype, stream):
         return _array(torch.empty(size, dtype=_TORCH_DTYPES[np.dtype(dtype)], device=device))
 

@@ -133,6 +133,14 @@ class DeviceArray:
         strides = (strides[0] * itemsize,) if len(strides) == 1 else tuple(s * itemsize for s in strides)
         return cls(tensor.data_ptr(), tuple(tensor.shape), strides, _numpy_dtype(tensor.dtype), tensor)
 
+    @classmethod
+    def flat(cls, tensor, dtype=None) -> DeviceArray:
+        """A 1-D view of a contiguous CUDA torch tensor, in place, as ``dtype`` (a numpy dtype of the same item size;
+        default the tensor's): what ``tensor.view(-1)`` then ``of`` would give, with no torch view made."""
+        itemsize = tensor.element_size()
+        return cls(tensor.data_ptr(), (tensor.numel(),), (itemsize,),
+                   _numpy_dtype(tensor.dtype) if dtype is None else np.dtype(dtype), tensor)
+
     @property
     def size(self) -> int:
         return math.prod(self.shape)
@@ -164,7 +172,7 @@ class DeviceArray:
         if self.ndim != 1 or step != 1:
             raise ValueError("DeviceArray: only 1-D slices with step 1")
         return DeviceArray(self.ptr + start * self.strides[0], (max(0, stop - start),), self.strides, self.dtype,
-                           self.owner[start:stop])
+                           self.owner.reshape(-1)[start:stop])
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -173,7 +181,15 @@ class DeviceArray:
 
 
 def _numpy_dtype(torch_dtype) -> np.dtype:
-    return _numpy_dtypes()[torch_dtype]
+    found = _NUMPY_DTYPES.get(torch_dtype)
+    if found is None:
+        _NUMPY_DTYPES.update(_numpy_dtypes())
+        found = _NUMPY_DTYPES[torch_dtype]
+    return found
+
+
+_NUMPY_DTYPES: dict = {}
+"""``_numpy_dtypes()``, copied at the first lookup (a dict read, where the cached call costs a second call)."""
 
 
 @lru_cache(maxsize=None)

@@ -40,6 +40,15 @@ def test_slice_and_view() -> None:
         a.view(np.float32)
 
 
+def test_a_flat_view_is_what_viewing_then_wrapping_gives() -> None:
+    t = torch.arange(12, dtype=torch.bfloat16).view(3, 4)
+    flat, wrapped = DeviceArray.flat(t, np.uint16), DeviceArray.of(t.view(-1).view(torch.int16)).view(np.uint16)
+    fields = ("ptr", "shape", "strides", "dtype")
+    assert [getattr(flat, f) for f in fields] == [getattr(wrapped, f) for f in fields]
+    assert flat.shape == (12,) and flat.contiguous and torch.equal(flat[5:7].owner, t.view(-1)[5:7])
+    assert DeviceArray.flat(torch.zeros(2, 3)).dtype == np.float32
+
+
 def test_the_launcher_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(LAUNCHER_ENV, raising=False)
     assert launcher() == "bound"

@@ -24,14 +24,30 @@ def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
     2. Every rank learns of a non-finite input in the call's agreement and raises
        ``NonFiniteError`` alike, with no error buffer changed; answering NaN on every rank
        is what DDP's own allreduce gives, so a ``GradScaler`` skips the step on every rank.
+    3. On CUDA the future is CUDA-aware (``torch.futures.Future(devices=...)``), completed
+       after step 1 on that thread: DDP's ``wait`` makes the stream it copies the bucket out
+       on (the backward's, a non-default one too) wait for the call, as an NCCL future does.
     """
-    def result(_: torch.futures.Future) -> torch.Tensor:
+    def result() -> torch.Tensor:
         try:
             return work.wait()
         except NonFiniteError:
             return buffer.fill_(float("nan"))
 
-    return work.get_future().then(result)
+    if not buffer.is_cuda:
+        return work.get_future().then(lambda _: result())
+    future: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
+
+    def complete(_: torch.futures.Future) -> None:
+        try:
+            value = result()
+        except Exception as error:  # the call's own error: DDP's wait raises it
+            future.set_exception(error)
+            return
+        future.set_result(value)
+
+    work.get_future().add_done_callback(complete)
+    return future
 
 
 class Schedule:

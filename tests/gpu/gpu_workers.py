@@ -147,3 +147,51 @@ def cupy_arrays(comm: compcoll.Communicator, steps: int) -> None:
             where = f"cupy {shape} step {step}"
             assert np.array_equal(cupy.asnumpy(got).reshape(-1), outs[rank]), where
             assert np.array_equal(cupy.asnumpy(we), ref_we[rank]) and np.array_equal(cupy.asnumpy(se), ref_se[rank])
+
+
+def ddp_on_a_stream_of_its_own(comm: compcoll.Communicator, steps: int) -> None:
+    """DDP on the GPU with forward and backward on a non-default stream, and each call's last kernel held back
+    (the decode queued behind ``torch.cuda._sleep`` on the call's stream, after its host wait): every bucket's
+    gradients, as DDP writes them on that stream, are the hook's output, so DDP waited for the call there, not
+    only on the default stream."""
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from compcoll import codecs
+    from tests.ddp.ddp_workers import BUCKET_MB, batch, make_model
+
+    decode_framed = codecs.decode_framed
+
+    def slow_decode(rows: torch.Tensor, out: torch.Tensor) -> None:
+        torch.cuda._sleep(1 << 28)  # about a tenth of a second of the call's stream
+        decode_framed(rows, out)
+
+    codecs.decode_framed = slow_decode
+    device = torch.device("cuda", torch.cuda.current_device())
+    model = DDP(make_model().to(device), device_ids=[device.index], bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    outputs: dict[int, tuple[list[torch.nn.Parameter], torch.Tensor]] = {}
+
+    def hook(state, bucket):
+        params = bucket.parameters()
+        return compcoll.ddp.onebit_hook(state, bucket).then(
+            lambda fut: outputs.__setitem__(bucket.index(), (params, fut.value().clone())) or fut.value())
+
+    model.register_comm_hook(state, hook)
+    user = torch.cuda.Stream(device)
+    compressed = 0
+    try:
+        for i in range(steps):
+            outputs.clear()
+            with torch.cuda.stream(user):
+                x, y = (t.to(device) for t in batch(comm.rank, i))
+                model.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                grads = {index: torch.cat([p.grad.reshape(-1) for p in params]).cpu()
+                         for index, (params, _) in outputs.items()}
+            for index, (_, out) in outputs.items():
+                compressed += i >= state.schedule.start_iter and out.numel() >= 211500
+                assert torch.equal(grads[index], out.cpu()), f"step {i} bucket {index}: DDP wrote stale gradients"
+    finally:
+        codecs.decode_framed = decode_framed
+    assert compressed > 0, "no bucket went compressed"

@@ -156,6 +156,10 @@ def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_
         args=(3, protocol, "l2", "auto", 1, block_size, "cuda"))
 
 
+def test_ddp_waits_for_the_hook_on_a_stream_of_its_own() -> None:
+    run(f"{WORKERS}:ddp_on_a_stream_of_its_own", 1, "nccl", args=(4,))
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_optimizers_on_cuda_equal_cpu_over_mpi(world_size: int) -> None:
     run(f"{WORKERS}:optimizers_on_cuda_equal_cpu", world_size, "mpi", args=(9,))

@@ -40,11 +40,9 @@ def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
 
     def complete(_: torch.futures.Future) -> None:
         try:
-            value = result()
-        except Exception as error:  # the call's own error: DDP's wait raises it
+            future.set_result(result())
+        except Exception as error:  # the call's own error (or the future's refusal): DDP's wait raises it, never hangs
             future.set_exception(error)
-            return
-        future.set_result(value)
 
     work.get_future().add_done_callback(complete)
     return future

@@ -1,4 +1,4 @@
-"""Rank-side bodies of the FSDP2 tests: compcoll's compressed reduce-scatter and cross-replica hook on Gloo ranks."""
+"""Rank-side bodies of the FSDP2 tests: compcoll's compressed reduce-scatter and cross-replica hook (Gloo; NCCL on GPU)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def batch(step: int, rank: int, micro: int = 0) -> tuple[torch.Tensor, torch.Ten
 
 
 def loss_of(net: torch.nn.Module, step: int, rank: int, micro: int = 0) -> torch.Tensor:
-    x, y = batch(step, rank, micro)
+    device = next(net.parameters()).device
+    x, y = (t.to(device) for t in batch(step, rank, micro))
     return torch.nn.functional.mse_loss(net(x).float(), y)
 
 
@@ -50,7 +51,7 @@ def digest(net: torch.nn.Module) -> str:
     hashed = hashlib.sha256()
     for p in net.parameters():
         local = p.to_local() if isinstance(p, DTensor) else p
-        hashed.update(local.detach().float().numpy().tobytes())
+        hashed.update(local.detach().float().cpu().numpy().tobytes())
     return hashed.hexdigest()
 
 
@@ -64,8 +65,8 @@ class Recording(CompressedReduceScatter):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False) -> None:
         given = input_tensor.clone()
         super().__call__(output_tensor, input_tensor, group, op, async_op)
-        self.log.append((self.key, given.float().numpy(), str(input_tensor.dtype), reduce_op(op),
-                         output_tensor.clone().float().numpy()))
+        self.log.append((self.key, given.float().cpu().numpy(), str(input_tensor.dtype), reduce_op(op),
+                         output_tensor.clone().float().cpu().numpy()))
 
 
 def _replay(log: list, logs: list[list], state: ReduceScatterState, rank: int, where: str) -> None:
@@ -83,7 +84,8 @@ def _replay(log: list, logs: list[list], state: ReduceScatterState, rank: int, w
         want = torch.from_numpy(outs[rank]).to(getattr(torch, dtype.replace("torch.", ""))).float().numpy()
         assert np.array_equal(out, want), f"call {i} (unit {key}, {op}, {dtype}) differs from the reference ({where})"
     for key, ref in errors.items():
-        assert np.array_equal(state.errors[key].float().numpy(), ref[rank]), f"unit {key}'s error buffer ({where})"
+        mine = state.errors[key].float().cpu().numpy()
+        assert np.array_equal(mine, ref[rank]), f"unit {key}'s error buffer ({where})"
 
 
 CASES = {

@@ -156,6 +156,12 @@ def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_
         args=(3, protocol, "l2", "auto", 1, block_size, "cuda"))
 
 
+def test_fsdp_reduce_scatters_on_cuda_match_the_reference_over_nccl() -> None:
+    """FSDP2 on the GPU (NCCL, one rank, the model where FSDP2's default mesh puts it): every compressed
+    reduce-scatter equals the reference, for every op and precision of the CPU test."""
+    run("tests.fsdp.fsdp_workers:reduce_scatter", 1, "nccl", args=(3,))
+
+
 def test_ddp_waits_for_the_hook_on_a_stream_of_its_own() -> None:
     run(f"{WORKERS}:ddp_on_a_stream_of_its_own", 1, "nccl", args=(4,))
 

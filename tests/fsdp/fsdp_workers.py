@@ -1,4 +1,4 @@
-"""Rank-side bodies of the FSDP2 tests: compcoll's compressed reduce-scatter and cross-replica hook (Gloo; NCCL on GPU)."""
+"""Rank-side bodies of the FSDP2 tests: the compressed reduce-scatter and cross-replica hook (Gloo; NCCL on a GPU)."""
 
 from __future__ import annotations
 

@@ -142,6 +142,7 @@ def main(argv: list[str]) -> int:
     _thread_safe_shared_arrays()
     _blocks_on_a_barrier()
     _thread_safe_warnings()
+    cuda.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024 threads
     parts = args.part or list(PARTS)
     for part in parts:
         for line in run_part(part):

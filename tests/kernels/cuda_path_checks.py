@@ -75,10 +75,14 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.randomized_encode(x, maxima, 7, 2, "node", 1, 0, codecs.frame(wire, maxima))
         decoded = torch.empty(full)
         codecs.decode_framed(wire, decoded)
-        results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded))
+        strided = torch.stack([x, -x], dim=1)[:, 0]  # x again, every other element of its storage
+        strided_bits = torch.empty(full // 8, dtype=torch.uint8)
+        codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
+        results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,
+                        codecs.compensated_sum(strided, err), strided_bits))
     simulate(True)
     names = ("sumsq", "sum |x|", "accumulate sumsq", "accumulate scale", "bits", "error", "accumulate", "decode",
-             "absmax", "wire", "decoded wire")
+             "absmax", "wire", "decoded wire", "sumsq of a strided source", "bits of a strided source")
     for name, a, b in zip(names, *results):
         same = a == b if isinstance(a, float) else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         assert same, f"{name} of {numel} {dtype}: the CUDA path differs from the CPU's"

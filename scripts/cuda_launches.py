@@ -1,14 +1,16 @@
 """Print the CUDA kernel launches, tensor wraps, host waits and torch operators of one call of each protocol, no GPU.
 
 Usage:
-    python scripts/cuda_launches.py [--numel 1048576] [--json]
+    python scripts/cuda_launches.py [--numel 1048576] [--json] [--time [--runs 9] [--calls 200]]
 
 The calls run at one rank (``SingleComm``) on meta tensors, which take the CUDA path with
 every launch and host wait counted and none run (``kernels.launch.TRACED``); the counts
 are those ``bench/gpu_suite.py`` reads on a GPU. ``torch`` counts the torch operators with
 device work (copies, arithmetic, fills; at one rank the transport's copies among them).
 ``COMPCOLL_CUDA_LAUNCHER=numba`` counts numba's dispatcher's tensor wraps. ``--json`` prints
-one object keyed by protocol.
+one object keyed by protocol. ``--time`` adds each call's host microseconds on meta tensors
+(``host_us``: the CUDA path's Python with nothing launched, median of 9 means of 200 calls),
+a proxy for its host overhead on a GPU; compare versions side by side on one machine.
 """
 
 from __future__ import annotations
@@ -19,22 +21,31 @@ import json
 import torch
 
 from compcoll import SingleComm
-from compcoll.bench.launches import call_counts
+from compcoll.bench.launches import call_counts, host_microseconds
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--numel", type=int, default=1 << 20, help="float32 elements of the tensor (default 1048576)")
     p.add_argument("--json", action="store_true", help="print one JSON object keyed by protocol")
+    p.add_argument("--time", action="store_true", help="add each call's host microseconds on meta tensors")
+    p.add_argument("--runs", type=int, default=9, help="--time: runs whose median is given (default 9)")
+    p.add_argument("--calls", type=int, default=200, help="--time: calls in a row per run (default 200)")
     args = p.parse_args()
-    counts = call_counts(torch.empty(args.numel, device="meta"), SingleComm())
+    x = torch.empty(args.numel, device="meta")
+    counts = call_counts(x, SingleComm())
+    if args.time:
+        for name, us in host_microseconds(x, SingleComm(), args.runs, args.calls).items():
+            counts[name]["host_us"] = round(us, 1)
     if args.json:
         print(json.dumps(counts))
         return 0
     print(f"one call at 1 rank, {args.numel} float32 elements (meta tensors: counted, not run)")
-    print(f"{'protocol':<16}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}")
+    timed = f"{'host us':>10}" if args.time else ""
+    print(f"{'protocol':<16}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}{timed}")
     for name, c in counts.items():
-        print(f"{name:<16}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}")
+        print(f"{name:<16}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}"
+              + (f"{c['host_us']:>10.1f}" if args.time else ""))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Callable
 
 import torch
@@ -74,4 +76,24 @@ def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], N
             call()
         synchronize()
         found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits, "torch": ops.count}
+    return found
+
+
+def host_microseconds(x: torch.Tensor, comm: Communicator, runs: int = 9, calls: int = 200) -> dict[str, float]:
+    """``{protocol: microseconds}``: the median over ``runs`` of the mean host time of ``calls`` calls in a row.
+
+    On meta tensors nothing is launched, so this is the CUDA path's own Python (compcoll's
+    and torch's dispatch, meta's shape functions among it): a proxy for its host overhead on
+    a GPU, comparable between two versions of compcoll measured side by side on one machine.
+    """
+    found = {}
+    for name, call in protocol_calls(x, comm).items():
+        call()
+        means = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            means.append((time.perf_counter() - start) / calls * 1e6)
+        found[name] = statistics.median(means)
     return found

@@ -58,3 +58,12 @@ def test_the_script_prints_one_object_keyed_by_protocol() -> None:
     counts = json.loads(out)
     assert tuple(counts) == PROTOCOLS
     assert counts["gather_scatter"] == {"launches": 5, "wraps": 0, "waits": 1, "torch": 6}
+
+
+def test_the_script_adds_host_microseconds_with_time() -> None:
+    """``--time`` adds a positive ``host_us`` to each protocol's counts (a figure to compare, never asserted)."""
+    command = [sys.executable, "scripts/cuda_launches.py", "--numel", "37", "--json", "--time", "--runs", "1",
+               "--calls", "2"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
+    counts = json.loads(out)
+    assert tuple(counts) == PROTOCOLS and all(c["host_us"] > 0 for c in counts.values()), counts

@@ -21,31 +21,15 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 import compcoll
 from compcoll import codecs
+from compcoll.bench.launches import per_call_us
 from compcoll.kernels import cuda as cuda_kernels
 from compcoll.kernels import launch as launching
-
-
-def per_call_us(fn, loops: int, rounds: int) -> float:
-    """Median over ``rounds`` of the host microseconds per call of ``fn`` in a loop of ``loops`` calls."""
-    for _ in range(min(loops, 50)):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(loops):
-            fn()
-        times.append((time.perf_counter() - start) / loops * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
@@ -94,7 +78,7 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
         "codecs.scale_from (whole codec call)": lambda: codecs.scale_from(total, 4096, "l2"),
         "torch add_ on 16 elements (for scale)": lambda: small.add_(1.0),
     }
-    return [(name, per_call_us(fn, loops, rounds)) for name, fn in cases.items()]
+    return [(name, per_call_us(fn, loops, rounds, torch.cuda.synchronize)) for name, fn in cases.items()]
 
 
 def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
@@ -110,7 +94,7 @@ def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
     def call() -> None:
         compcoll.compressed_allreduce(x, we, se, comm, out=out)
 
-    host = per_call_us(call, 20, 7)
+    host = per_call_us(call, 20, 7, torch.cuda.synchronize)
     launching.COUNTS.reset()
     call()
     torch.cuda.synchronize()

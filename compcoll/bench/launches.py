@@ -79,21 +79,28 @@ def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], N
     return found
 
 
+def per_call_us(fn: Callable[[], object], calls: int, runs: int, synchronize: Callable[[], None] = lambda: None
+                ) -> float:
+    """Median over ``runs`` of the host microseconds per call of ``fn`` in a loop of ``calls`` calls, after up to 50
+    calls of warm-up; ``synchronize`` (a GPU's) runs after the warm-up and after each run."""
+    for _ in range(min(calls, 50)):
+        fn()
+    synchronize()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        synchronize()
+    return statistics.median(times)
+
+
 def host_microseconds(x: torch.Tensor, comm: Communicator, runs: int = 9, calls: int = 200) -> dict[str, float]:
-    """``{protocol: microseconds}``: the median over ``runs`` of the mean host time of ``calls`` calls in a row.
+    """``{protocol: microseconds}`` per call (``per_call_us``: the median over ``runs`` of ``calls`` calls in a row).
 
     On meta tensors nothing is launched, so this is the CUDA path's own Python (compcoll's
     and torch's dispatch, meta's shape functions among it): a proxy for its host overhead on
     a GPU, comparable between two versions of compcoll measured side by side on one machine.
     """
-    found = {}
-    for name, call in protocol_calls(x, comm).items():
-        call()
-        means = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-            means.append((time.perf_counter() - start) / calls * 1e6)
-        found[name] = statistics.median(means)
-    return found
+    return {name: per_call_us(call, calls, runs) for name, call in protocol_calls(x, comm).items()}

@@ -181,24 +181,22 @@ class DeviceArray:
 
 
 def _numpy_dtype(torch_dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype the kernels take (the table filled at the first lookup: torch is imported
+    late)."""
     found = _NUMPY_DTYPES.get(torch_dtype)
     if found is None:
-        _NUMPY_DTYPES.update(_numpy_dtypes())
+        import torch
+
+        _NUMPY_DTYPES.update({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+                              torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.bool_),
+                              torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
+                              torch.int64: np.dtype(np.int64)})
         found = _NUMPY_DTYPES[torch_dtype]
     return found
 
 
 _NUMPY_DTYPES: dict = {}
-"""``_numpy_dtypes()``, copied at the first lookup (a dict read, where the cached call costs a second call)."""
-
-
-@lru_cache(maxsize=None)
-def _numpy_dtypes() -> dict:
-    import torch
-
-    return {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64), torch.uint8: np.dtype(np.uint8),
-            torch.bool: np.dtype(np.bool_), torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
-            torch.int64: np.dtype(np.int64)}
+"""The numpy dtype of each torch dtype the kernels take (``_numpy_dtype``)."""
 
 
 def launch(kernel, grid: int, block: int, stream, *args) -> None:

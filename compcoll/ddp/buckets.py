@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -24,9 +26,7 @@ def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
     2. Every rank learns of a non-finite input in the call's agreement and raises
        ``NonFiniteError`` alike, with no error buffer changed; answering NaN on every rank
        is what DDP's own allreduce gives, so a ``GradScaler`` skips the step on every rank.
-    3. On CUDA the future is CUDA-aware (``torch.futures.Future(devices=...)``), completed
-       after step 1 on that thread: DDP's ``wait`` makes the stream it copies the bucket out
-       on (the backward's, a non-default one too) wait for the call, as an NCCL future does.
+    3. The future is ``_completed``'s: CUDA-aware for a CUDA bucket.
     """
     def result() -> torch.Tensor:
         try:
@@ -34,17 +34,46 @@ def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
         except NonFiniteError:
             return buffer.fill_(float("nan"))
 
-    if not buffer.is_cuda:
-        return work.get_future().then(lambda _: result())
-    future: torch.futures.Future = torch.futures.Future(devices=[buffer.device])
+    return _completed(work.get_future(), result, buffer)
+
+
+def gather(futures: list[torch.futures.Future], buffer: torch.Tensor) -> torch.futures.Future:
+    """A future of ``buffer`` once every one of ``futures`` (the calls that wrote its parts) has completed.
+
+    1. When all have completed, wait for each in turn: the first one's error, if any, is the
+       returned future's error (a part left unaveraged must not pass for a result), and on
+       CUDA each wait makes the completing thread's current stream wait for that part.
+    2. The future is ``_completed``'s: CUDA-aware for a CUDA bucket (``collect_all``'s own
+       future holds no device, so DDP's wait would not make its stream wait for the parts).
+    """
+    def result() -> torch.Tensor:
+        for future in futures:
+            future.wait()
+        return buffer
+
+    return _completed(torch.futures.collect_all(futures), result, buffer)
+
+
+def _completed(source: torch.futures.Future, result: Callable[[], torch.Tensor], buffer: torch.Tensor
+               ) -> torch.futures.Future:
+    """A future completed with ``result()`` once ``source`` completes, or with the error ``result`` raises.
+
+    1. Make a future, CUDA-aware for a CUDA ``buffer`` (``torch.futures.Future(devices=...)``).
+    2. Complete it on the thread that completes ``source``, with ``result()`` or its error (as
+       raised, its type kept; the future's refusal of its value too): DDP's wait raises it,
+       never hangs. On CUDA ``result()`` has made that thread's current stream wait for the
+       work, and DDP's ``wait`` makes the stream it copies the bucket out on (the backward's,
+       a non-default one too) wait in turn, as an NCCL future does.
+    """
+    future: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
 
     def complete(_: torch.futures.Future) -> None:
         try:
             future.set_result(result())
-        except Exception as error:  # the call's own error (or the future's refusal): DDP's wait raises it, never hangs
+        except Exception as error:
             future.set_exception(error)
 
-    work.get_future().add_done_callback(complete)
+    source.add_done_callback(complete)
     return future
 
 

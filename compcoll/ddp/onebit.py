@@ -11,7 +11,7 @@ from ..algorithms.onebit import CompressedAllreduce
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from ..comm.torchdist import own_comm
-from .buckets import Schedule, plain_allreduce, settle
+from .buckets import Schedule, gather, plain_allreduce, settle
 
 BLOCK_SIZE = 64
 """The hook's default elements per 1-bit scale block (bench/results/scaling_hooks.txt)."""
@@ -229,8 +229,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     elif len(segments) == 1 and len(segments[0][1]) == 1:
         future = _compress(state, segments[0][0], buffer)
     else:
-        future = torch.futures.collect_all([_compress_spans(state, key, spans, buffer) for key, spans in segments])
-        future = future.then(lambda _: buffer)
+        future = gather([_compress_spans(state, key, spans, buffer) for key, spans in segments], buffer)
     schedule.advance(bucket)
     return future
 

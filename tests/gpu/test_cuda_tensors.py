@@ -166,6 +166,23 @@ def test_ddp_waits_for_the_hook_on_a_stream_of_its_own() -> None:
     run(f"{WORKERS}:ddp_on_a_stream_of_its_own", 1, "nccl", args=(4,))
 
 
+def test_a_gathered_bucket_is_waited_for_on_the_reading_stream() -> None:
+    """``ddp.buckets.gather`` (a resumed bucket's parts): a reader on another stream sees the part written on a
+    stream held back by ``torch.cuda._sleep``, as DDP's copy out of the bucket must."""
+    from compcoll.ddp.buckets import gather
+
+    buffer = torch.zeros(1 << 20, device="cuda")
+    part = torch.futures.Future(devices=[buffer.device])
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda._sleep(1 << 28)
+        buffer.fill_(1.0)
+        part.set_result(buffer)
+    gathered = gather([part], buffer)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        total = gathered.wait().sum()
+    assert total.item() == buffer.numel(), "the reader did not wait for the part's stream"
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_optimizers_on_cuda_equal_cpu_over_mpi(world_size: int) -> None:
     run(f"{WORKERS}:optimizers_on_cuda_equal_cpu", world_size, "mpi", args=(9,))

@@ -287,24 +287,31 @@ def _accumulate_args(bits: torch.Tensor, weights: torch.Tensor, base: torch.Tens
 
 def accumulate_scale(
     bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int, numel: int,
-    scale: str = "l2",
+    scale: str = "l2", head: torch.Tensor | None = None,
 ) -> Scalar:
     """``accumulate_signs``, returning the float32 ``scale`` of ``numel`` elements from its sum (``scale_from``).
 
     On CUDA the same launch computes the scale and keeps it on the device (a one-element
-    float32 tensor); on the CPU it is a float.
+    float32 tensor); on the CPU it is a float. ``head``, a wire row (uint8, its storage
+    4-byte aligned: a buffer of its own), gets the scale in its frame head (``frame``): on
+    CUDA the launch writes it there, and the scale returned is that head's float32 view.
     """
     args = _accumulate_args(bits, weights, base, out, count, scale)
     if on_host(out):
-        return scale_from(float(_run("accumulate_signs", out, *args)), numel, scale)
-    return _device_scale("accumulate_signs", out, numel, scale, *args)
+        value = scale_from(float(_run("accumulate_signs", out, *args)), numel, scale)
+        if head is not None:
+            frame(head, value)
+        return value
+    slot = None if head is None else head[:SCALE_BYTES].view(torch.float32)
+    return _device_scale("accumulate_signs", out, numel, scale, *args, slot=slot)
 
 
-def _device_scale(kernel: str, tensor: torch.Tensor, numel: int, scale: str, *args) -> torch.Tensor:
+def _device_scale(kernel: str, tensor: torch.Tensor, numel: int, scale: str, *args,
+                  slot: torch.Tensor | None = None) -> torch.Tensor:
     """Run a CUDA kernel that ends in a float64 sum, with the float32 scale of ``numel`` elements from it written by
-    the same launch; returns that scale (one element, on the device)."""
+    the same launch into ``slot`` (one float32 element on the device; a new one when None); returns the slot."""
     total = torch.empty(1, dtype=torch.float64, device=tensor.device)
-    out = torch.empty(1, dtype=torch.float32, device=tensor.device)
+    out = torch.empty(1, dtype=torch.float32, device=tensor.device) if slot is None else slot
     _run(kernel, tensor, *args, into=_array(total), scale=(numel, spec.SCALES[scale], _array(out)))
     return out
 
@@ -372,10 +379,17 @@ def _decode_host(bits: np.ndarray, positive: np.ndarray, out: torch.Tensor) -> N
 
 
 def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
-    """out (contiguous) <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode``."""
-    if on_host(rows) and out.dtype == torch.float32:
-        table = rows.numpy()
-        _decode_host(table[:, SCALE_BYTES:], _heads(table), out)
+    """out (contiguous) <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode``.
+
+    A float32 ``out`` on CUDA takes one kernel that reads the scales from the rows' heads
+    (``kernels.cuda.decode_framed``); 16-bit outputs have their scales rounded by torch first.
+    """
+    if out.dtype == torch.float32:
+        if on_host(rows):
+            table = rows.numpy()
+            _decode_host(table[:, SCALE_BYTES:], _heads(table), out)
+        else:
+            _run("decode_framed", rows, _array(rows), DeviceArray.flat(out, np.uint32), out.numel())
         return
     scales, signs = unframe(rows)
     decode(signs, scales, out.view(-1))

@@ -58,6 +58,8 @@ def variants() -> dict[str, tuple]:
     }
     for out in (F32, I16):
         found[f"decode to {out.dtype}"] = (kernels._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
+    found["decode with the scales in the frames"] = (kernels._decode_framed.py_func,
+                                                     (rows(t.uint8), t.Array(t.uint32, 1, "C"), I64))
     for lut in (False, True):
         src = U16 if lut else F32
         for p in (1, 2):
@@ -108,13 +110,16 @@ def example_arguments(types: tuple) -> list:
 
     from compcoll.kernels.launch import DeviceArray
 
+    viewed = {"uint16": torch.int16, "uint32": torch.float32}
+    """Kernel dtypes the codecs view tensors of another dtype as (16-bit sources, a float32 output's bits)."""
     made = []
     for ty in types:
         if isinstance(ty, t.Array):
-            dtype = torch.from_numpy(np.zeros(1, str(ty.dtype))).dtype if str(ty.dtype) != "uint16" else torch.int16
+            name = str(ty.dtype)
+            dtype = viewed.get(name) or torch.from_numpy(np.zeros(1, name)).dtype
             tensor = torch.zeros((3, 16) if ty.ndim == 2 else (5,), dtype=dtype)
             array = DeviceArray.of(tensor[:, 2:] if ty.ndim == 2 and ty.layout == "A" else tensor)
-            made.append(array.view(np.uint16) if str(ty.dtype) == "uint16" else array)
+            made.append(array.view(np.dtype(name)) if name in viewed else array)
         else:
             made.append({t.int64: 7, t.float64: 0.5, t.boolean: True, t.float32: np.float32(0.5),
                          t.uint64: np.uint64(3)}[ty])

@@ -261,8 +261,9 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
 
     1. All-to-all of the packed chunks of ``bits``.
     2. c = sum_i weights[i] * signs_i + server_error; s_s = ``scale`` of c over the chunk;
-       server_error = c - s_s * sign(c); pack sign(c) behind s_s. On CUDA s_s is computed,
-       framed and read on the device (``resident``): the host does not wait for the all-to-all.
+       server_error = c - s_s * sign(c); pack sign(c) behind s_s. On CUDA s_s is computed
+       into the frame head by the accumulating launch and read from there by the encoder: the
+       host does not wait for the all-to-all.
     3. All-gather of the framed server chunks.
 
     Returns:
@@ -274,10 +275,10 @@ def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor,
     cb = chunk // 8
     received = workspace.get("serve.chunks", n * cb, torch.uint8, bits.device)
     comm.alltoall(bits, received)
-    server_scale = codecs.accumulate_scale(received.view(n, cb), weights, server_error, server_error, chunk, chunk,
-                                           scale)
     send = workspace.get("serve.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
-    codecs.compensate_encode(None, server_error, server_scale, codecs.frame(send, server_scale))
+    server_scale = codecs.accumulate_scale(received.view(n, cb), weights, server_error, server_error, chunk, chunk,
+                                           scale, head=send)
+    codecs.compensate_encode(None, server_error, server_scale, send[codecs.SCALE_BYTES:])
     gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)
     comm.allgather(send, gathered)
     return gathered.view(n, -1)

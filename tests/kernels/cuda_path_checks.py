@@ -75,14 +75,20 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.randomized_encode(x, maxima, 7, 2, "node", 1, 0, codecs.frame(wire, maxima))
         decoded = torch.empty(full)
         codecs.decode_framed(wire, decoded)
+        decoded_as = torch.empty(full, dtype=dtype)  # a 16-bit output's scales rounded first
+        codecs.decode_framed(wire, decoded_as)
+        head = torch.zeros(codecs.SCALE_BYTES + full // 24, dtype=torch.uint8)
+        headed = codecs.accumulate_scale(rows, torch.tensor([0.3, 0.2, 0.1]), None, torch.empty(full // 3),
+                                         full // 3, full // 3, head=head)
         strided = torch.stack([x, -x], dim=1)[:, 0]  # x again, every other element of its storage
         strided_bits = torch.empty(full // 8, dtype=torch.uint8)
         codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,
-                        codecs.compensated_sum(strided, err), strided_bits))
+                        decoded_as, float(headed), head, codecs.compensated_sum(strided, err), strided_bits))
     simulate(True)
     names = ("sumsq", "sum |x|", "accumulate sumsq", "accumulate scale", "bits", "error", "accumulate", "decode",
-             "absmax", "wire", "decoded wire", "sumsq of a strided source", "bits of a strided source")
+             "absmax", "wire", "decoded wire", f"decoded wire as {dtype}", "scale into a frame head", "frame head",
+             "sumsq of a strided source", "bits of a strided source")
     for name, a, b in zip(names, *results):
         same = a == b if isinstance(a, float) else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         assert same, f"{name} of {numel} {dtype}: the CUDA path differs from the CPU's"

@@ -225,6 +225,13 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cuda.select_decode(cuda.cuda.to_device(rows), cuda.cuda.to_device(positive), cuda.cuda.to_device(negative),
                        d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "select_decode"
+    heads = weights.copy()
+    heads[-1] = -0.0 if world > 1 else np.float32(1e-40)  # a negative zero, or a subnormal scale
+    framed = np.concatenate([heads.view(np.uint8).reshape(world, codecs.SCALE_BYTES), rows], axis=1)
+    cpu.select_decode(rows, heads, -heads, out, numel)
+    d_bits = cuda.cuda.device_array(numel, np.uint32)
+    cuda.decode_framed(cuda.cuda.to_device(framed), d_bits, numel)
+    assert np.array_equal(d_bits.copy_to_host(), out.view(np.uint32)), "decode_framed"
 
     poisoned = src.copy()
     if numel > 5 and lut is None:

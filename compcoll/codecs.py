@@ -381,18 +381,20 @@ def _decode_host(bits: np.ndarray, positive: np.ndarray, out: torch.Tensor) -> N
 def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
     """out (contiguous) <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode``.
 
-    A float32 ``out`` on CUDA takes one kernel that reads the scales from the rows' heads
-    (``kernels.cuda.decode_framed``); 16-bit outputs have their scales rounded by torch first.
+    On CUDA one kernel reads the scales from the rows' heads and rounds them to ``out``'s
+    dtype itself (``kernels.cuda.decode_framed``); on the CPU a 16-bit ``out`` has them rounded
+    by torch first.
     """
-    if out.dtype == torch.float32:
-        if on_host(rows):
-            table = rows.numpy()
-            _decode_host(table[:, SCALE_BYTES:], _heads(table), out)
-        else:
-            _run("decode_framed", rows, _array(rows), DeviceArray.flat(out, np.uint32), out.numel())
-        return
-    scales, signs = unframe(rows)
-    decode(signs, scales, out.view(-1))
+    if not on_host(rows):
+        raw = np.uint32 if out.dtype == torch.float32 else np.uint16
+        _run("decode_framed", rows, _array(rows), DeviceArray.flat(out, raw), out.numel(),
+             str(out.dtype).removeprefix("torch."))
+    elif out.dtype == torch.float32:
+        table = rows.numpy()
+        _decode_host(table[:, SCALE_BYTES:], _heads(table), out)
+    else:
+        scales, signs = unframe(rows)
+        decode(signs, scales, out.view(-1))
 
 
 def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:

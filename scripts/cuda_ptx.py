@@ -58,8 +58,9 @@ def variants() -> dict[str, tuple]:
     }
     for out in (F32, I16):
         found[f"decode to {out.dtype}"] = (kernels._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
-    found["decode with the scales in the frames"] = (kernels._decode_framed.py_func,
-                                                     (rows(t.uint8), t.Array(t.uint32, 1, "C"), I64))
+    for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
+        found[f"decode to {name} with the scales in the frames"] = (kernels._decode_framed(name).py_func,
+                                                                    (rows(t.uint8), t.Array(raw, 1, "C"), I64))
     for lut in (False, True):
         src = U16 if lut else F32
         for p in (1, 2):

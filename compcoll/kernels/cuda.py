@@ -43,8 +43,6 @@ COLLAPSED = 32768
 COLLAPSE_THREADS = 1024
 """Threads per block of ``_collapse``: its last block adds up to ``COLLAPSED`` values alone."""
 _ROWS_PER_BLOCK = BLOCK // LANES
-_SIGN_BIT = np.int64(1 << 31)
-"""A float32's sign bit, in the int64 that ``_decode_framed`` builds a scale's bits in."""
 TILE = 8 * THREADS
 """Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 
@@ -406,31 +404,46 @@ def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8)), THREADS, stream, bits, positive, negative, out, n_out)
 
 
-@cuda.jit
-def _decode_framed(rows, out, n_out):
-    n, width = rows.shape
-    row_len = (width - SCALE_BYTES) * 8
-    for r in range(n):
-        lo = r * row_len
-        hi = min(lo + row_len, n_out)
-        high = (np.int64(rows[r, 0]) | (np.int64(rows[r, 1]) << 8) | (np.int64(rows[r, 2]) << 16)
-                | (np.int64(rows[r, 3]) << 24))
-        low = high ^ _SIGN_BIT
-        for k in range(cuda.grid(1), hi - lo, cuda.gridsize(1)):
-            out[lo + k] = high if (rows[r, SCALE_BYTES + (k >> 3)] >> (7 - (k & 7))) & 1 else low
+_ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 << 31)),
+              "float16": (cuda.jit(device=True)(scalar.half_bits), np.int64(1 << 15)),
+              "bfloat16": (cuda.jit(device=True)(scalar.bfloat16_bits), np.int64(1 << 15))}
+"""Per output dtype of ``decode_framed``: a float32's bits to the output's (rounded to nearest even), and its sign
+bit."""
+_float32_bits = cuda.jit(device=True)(scalar.float32_bits)
 
 
-def decode_framed(rows, out, n_out, stream=0) -> None:
+@lru_cache(maxsize=None)
+def _decode_framed(dtype: str):
+    rounded, sign = _ROUNDINGS[dtype]
+
+    @cuda.jit
+    def kernel(rows, out, n_out):
+        n, width = rows.shape
+        row_len = (width - SCALE_BYTES) * 8
+        for r in range(n):
+            lo = r * row_len
+            hi = min(lo + row_len, n_out)
+            high = rounded(_float32_bits(rows[r, 0], rows[r, 1], rows[r, 2], rows[r, 3]))
+            low = high ^ sign
+            for k in range(cuda.grid(1), hi - lo, cuda.gridsize(1)):
+                out[lo + k] = high if (rows[r, SCALE_BYTES + (k >> 3)] >> (7 - (k & 7))) & 1 else low
+
+    return kernel
+
+
+def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
     """out[i] = +s_r if element i's bit is set, else -s_r, cut to n_out, where s_r is the float32 scale at the
-    head of wire row r (``SCALE_BYTES`` little-endian bytes, then the packed signs): ``select_decode`` reading
-    its scales from the frames, so nothing reads, negates or copies them first.
+    head of wire row r (``SCALE_BYTES`` little-endian bytes, then the packed signs), rounded to ``dtype``:
+    ``select_decode`` reading its scales from the frames, so nothing reads, rounds, negates or copies them first.
 
-    ``out`` is a float32 output's raw uint32 view: s_r is written as the bits of its head, and
-    -s_r as those bits with the sign bit flipped (what negating a float32 does).
-    1. Each row's head bytes make its bits, and their negation.
+    ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16).
+    1. Each row's head bytes make the scale's float32 bits; ``dtype``'s rounding (float16,
+       bfloat16: to nearest even, as torch's) makes +s_r, and its sign bit flipped -s_r (what
+       rounding the negated float32 gives).
     2. Row by row, one thread per element of the row, as ``select_decode``.
     """
-    launch(_decode_framed, _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8)), THREADS, stream, rows, out, n_out)
+    launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8)), THREADS, stream,
+           rows, out, n_out)
 
 
 @lru_cache(maxsize=None)

@@ -56,3 +56,59 @@ def threshold(key, index):
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     z = z ^ (z >> np.uint64(31))
     return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
+
+
+def float32_bits(b0, b1, b2, b3):
+    """The bits of a float32 from its four little-endian bytes (a wire frame's head), as an int64."""
+    return np.int64(b0) | (np.int64(b1) << 8) | (np.int64(b2) << 16) | (np.int64(b3) << 24)
+
+
+def same_bits(bits):
+    """A float32's bits, kept (the float32 output of ``decode_framed``)."""
+    return bits
+
+
+def bfloat16_bits(bits):
+    """The bfloat16 nearest a float32, ties to even, from its bits (int64 in, int64 out): torch's rounding.
+
+    1. NaN: the quiet NaN 0x7FC0.
+    2. Otherwise add 0x7FFF, plus 1 when bit 16 (the lowest kept) is set, and keep the top 16 bits:
+       a carry out of the mantissa raises the exponent (to infinity past the largest finite).
+    """
+    if (bits & 0x7FFFFFFF) > 0x7F800000:
+        return np.int64(0x7FC0)
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+
+
+def half_bits(bits):
+    """The float16 nearest a float32, ties to even, from its bits (int64 in, int64 out): IEEE's rounding, torch's.
+
+    1. Infinity stays infinite, NaN becomes the quiet NaN 0x7E00; from 65520 (halfway past 65504,
+       float16's largest) on, infinity.
+    2. Below 2^-14 (float16's smallest normal): the subnormal of m * 2^(e - 150) in units of 2^-24,
+       m >> (126 - e) rounded to nearest even on the bits shifted out; below 2^-25, zero.
+    3. Otherwise rebias the exponent (127 -> 15) and drop 13 mantissa bits, rounded to nearest
+       even (a carry raises the exponent).
+    The sign is kept throughout.
+    """
+    sign = (bits >> 16) & 0x8000
+    a = bits & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return sign | 0x7E00
+    if a >= 0x477FF000:
+        return sign | 0x7C00
+    if a < 0x33000000:
+        return sign
+    if a < 0x38800000:
+        shift = 126 - (a >> 23)
+        m = (a & 0x7FFFFF) | 0x800000
+        rest = m & ((np.int64(1) << shift) - 1)
+        halfway = np.int64(1) << (shift - 1)
+        h = m >> shift
+    else:
+        rest = a & 0x1FFF
+        halfway = np.int64(0x1000)
+        h = (a - 0x38000000) >> 13
+    if rest > halfway or (rest == halfway and (h & 1) == 1):
+        h += 1
+    return sign | h

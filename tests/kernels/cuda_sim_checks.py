@@ -174,6 +174,11 @@ def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.n
     return x.view(torch.int16).numpy().view(np.uint16), codecs._lookup_table(dtype), x.float().numpy()
 
 
+_SPECIAL_SCALES = np.array([65519.0, 65520.0, 1e-6, 2.0 ** -25, 1e-40, -0.0, 1 + 2.0 ** -8, 3.0e38], np.float32)
+"""Scales whose rounding to float16 / bfloat16 is an edge: float16's largest rounded down, and up to infinity, its
+subnormals and a tie to zero, a float32 subnormal, negative zero, a bfloat16 tie, float16's overflow."""
+
+
 def check(numel: int, world: int, dtype: torch.dtype) -> None:
     src, lut, values = _source(numel, dtype, numel + world)
     full = reference.padded_numel(numel, world)
@@ -225,13 +230,18 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cuda.select_decode(cuda.cuda.to_device(rows), cuda.cuda.to_device(positive), cuda.cuda.to_device(negative),
                        d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "select_decode"
-    heads = weights.copy()
-    heads[-1] = -0.0 if world > 1 else np.float32(1e-40)  # a negative zero, or a subnormal scale
-    framed = np.concatenate([heads.view(np.uint8).reshape(world, codecs.SCALE_BYTES), rows], axis=1)
-    cpu.select_decode(rows, heads, -heads, out, numel)
-    d_bits = cuda.cuda.device_array(numel, np.uint32)
-    cuda.decode_framed(cuda.cuda.to_device(framed), d_bits, numel)
-    assert np.array_equal(d_bits.copy_to_host(), out.view(np.uint32)), "decode_framed"
+    for k, (kind, raw) in enumerate((("float32", np.uint32), ("float16", np.uint16), ("bfloat16", np.uint16))):
+        heads = weights.copy()
+        heads[-1] = _SPECIAL_SCALES[(numel + world + k) % len(_SPECIAL_SCALES)]
+        framed = np.concatenate([heads.view(np.uint8).reshape(world, codecs.SCALE_BYTES), rows], axis=1)
+        rounded = torch.from_numpy(heads).to(getattr(torch, kind))  # torch rounds, as the CPU path's decode
+        positive, negative = (v.view(torch.int32 if kind == "float32" else torch.int16).numpy().view(raw)
+                              for v in (rounded, (-torch.from_numpy(heads)).to(rounded.dtype)))
+        out = np.empty(numel, raw)
+        cpu.select_decode(rows, positive, negative, out, numel)
+        d_bits = cuda.cuda.device_array(numel, raw)
+        cuda.decode_framed(cuda.cuda.to_device(framed), d_bits, numel, kind)
+        assert np.array_equal(d_bits.copy_to_host(), out), f"decode_framed to {kind}, scale {heads[-1]!r}"
 
     poisoned = src.copy()
     if numel > 5 and lut is None:

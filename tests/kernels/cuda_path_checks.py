@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 import time
 
@@ -50,6 +51,19 @@ TORCH_GROUPS: dict[str, list[tuple[str, int, tuple]]] = {
 PARTS = (*WORLDS, *TORCH_GROUPS, "codecs", "counts")
 
 
+def _finite_probes(x: torch.Tensor) -> list[torch.Tensor]:
+    """Tensors for ``codecs.all_finite``: ``x``; with a NaN, an Inf, both infinities; float32's largest many
+    times (finite; its float64 sum too, not float32's); float64's largest twice (finite; its sum is not)."""
+    probes = [x]
+    for values in ([math.nan], [math.inf], [math.inf, -math.inf]):
+        probe = x.clone()
+        probe[:len(values)] = torch.tensor(values[:x.numel()]).to(x.dtype)
+        probes.append(probe)
+    largest = torch.finfo(torch.float32).max
+    return probes + [torch.full((x.numel(),), largest).to(x.dtype),
+                     torch.full((2,), torch.finfo(torch.float64).max, dtype=torch.float64)]
+
+
 def check_codecs(numel: int, dtype: torch.dtype) -> None:
     """Every 1-bit codec on the CUDA path gives the CPU path's bits (``tests/gpu``'s codec check, without a GPU)."""
     gen = torch.Generator().manual_seed(numel)
@@ -83,11 +97,12 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         strided = torch.stack([x, -x], dim=1)[:, 0]  # x again, every other element of its storage
         strided_bits = torch.empty(full // 8, dtype=torch.uint8)
         codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
+        finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)])
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,
-                        decoded_as, float(headed), head, codecs.compensated_sum(strided, err), strided_bits))
+                        decoded_as, float(headed), head, finite, codecs.compensated_sum(strided, err), strided_bits))
     simulate(True)
     names = ("sumsq", "sum |x|", "accumulate sumsq", "accumulate scale", "bits", "error", "accumulate", "decode",
-             "absmax", "wire", "decoded wire", f"decoded wire as {dtype}", "scale into a frame head", "frame head",
+             "absmax", "wire", "decoded wire", f"decoded wire as {dtype}", "scale into a frame head", "frame head", "finite checks",
              "sumsq of a strided source", "bits of a strided source")
     for name, a, b in zip(names, *results):
         same = a == b if isinstance(a, float) else torch.equal(a.view(torch.uint8), b.view(torch.uint8))

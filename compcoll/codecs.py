@@ -232,6 +232,13 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
     return values.div_(torch.full((), divisor, dtype=values.dtype, device=values.device))
 
 
+def average_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out <- the float32 average of the rows of ``rows`` ((n, m) float32): summed in row order, then divided by n,
+    in one kernel (``reference.average_rows``'s bits on every device); returns ``out``."""
+    _run("average_rows", out, _array(rows), _array(out))
+    return out
+
+
 def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2") -> float:
     """Sum of |x|^p of x = ``error + pad(tensor)``, p the power of ``scale`` (``spec.SCALES``); reads both, writes nothing."""
     src, lut = _source(tensor)

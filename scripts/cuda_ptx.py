@@ -18,7 +18,7 @@ or with the compiler's packages in a folder of their own (what CI does:
 3. The scale kernel's PTX must use the IEEE instructions the host's float64 maths uses
    (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits; the
    level kernels' must divide with ``div.rn.f32``, round products with ``cvt.rn.f32.f64`` and fuse no
-   multiply-add.
+   multiply-add; the average of rows must divide with ``div.rn.f32`` and fuse none.
 4. Arguments made as the codecs make them (``DeviceArray`` views of tensors, Python and
    numpy scalars) must type as the variant's types, and what ``kernels.launch`` flattens
    them to must be the entry's ``.param`` list: as many values, of the same widths
@@ -58,6 +58,7 @@ def variants() -> dict[str, tuple]:
     }
     for out in (F32, I16):
         found[f"decode to {out.dtype}"] = (kernels._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
+    found["average of rows"] = (kernels._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the scales in the frames"] = (kernels._decode_framed(name).py_func,
                                                                     (rows(t.uint8), t.Array(raw, 1, "C"), I64))
@@ -194,8 +195,9 @@ def main() -> int:
             if missing:
                 failed += 1
                 print(f"FAILED  {name}: no {', '.join(missing)} in its PTX (the host's IEEE float64 maths)")
-        if "levels" in name:
-            wanted = ("div.rn.f32", "cvt.rn.f32.f64") if name.startswith("encode") else ("cvt.rn.f32.f64",)
+        if "levels" in name or name == "average of rows":
+            wanted = {"encode": ("div.rn.f32", "cvt.rn.f32.f64"), "average": ("div.rn.f32",)}.get(
+                name.split()[0], ("cvt.rn.f32.f64",))
             missing = [op for op in wanted if op not in ptx]
             if missing or "fma." in ptx:
                 failed += 1

@@ -14,7 +14,7 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspac
 
     1. Copy the tensor, as float32, into a zero-padded buffer of ``comm.size`` shards.
     2. All-to-all: rank r receives shard r of every rank.
-    3. Sum the rows in rank order, then divide by the number of ranks.
+    3. Sum the rows in rank order, then divide by the number of ranks (``codecs.average_rows``: one kernel).
 
     Returns a buffer of ``workspace`` (named ``name``) of ``shard`` elements.
     """
@@ -25,12 +25,8 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspac
     padded[numel:].zero_()
     received = workspace.get(name + ".shards", n * shard, torch.float32, tensor.device)
     comm.alltoall(padded, received)
-    rows = received.view(n, shard)
     average = workspace.get(name + ".average", shard, torch.float32, tensor.device)
-    average.copy_(rows[0])
-    for i in range(1, n):
-        average.add_(rows[i])
-    return codecs.divide_(average, n)
+    return codecs.average_rows(received.view(n, shard), average)
 
 
 def exact_average(

@@ -422,6 +422,25 @@ def accumulate_blocks(bits, weights, block, base, out, n_out):
 
 
 @_threaded
+def average_rows(rows, out):
+    """out[i] = (((rows[0, i] + rows[1, i]) + ...) + rows[n - 1, i]) / n in float32, as ``reference.average_rows``.
+
+    For every block of BLOCK elements, in parallel:
+    1. add the rows in order into float32 accumulators (one rounding per addition);
+    2. divide each by n (IEEE float32 division, correctly rounded).
+    """
+    n, m = rows.shape
+    divisor = np.float32(n)
+    for t in prange((m + BLOCK - 1) // BLOCK):
+        lo = t * BLOCK
+        hi = min(m, lo + BLOCK)
+        acc = rows[0, lo:hi].copy()
+        for r in range(1, n):
+            acc += rows[r, lo:hi]
+        out[lo:hi] = acc / divisor
+
+
+@_threaded
 def decode_blocks(bits, scales, block, out, n_out):
     """out[i] = +-scales[r, k // block] for element k of row r of ``bits`` (set bit: +), cut to n_out (float32).
 

@@ -404,6 +404,27 @@ def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8)), THREADS, stream, bits, positive, negative, out, n_out)
 
 
+@cuda.jit
+def _average_rows(rows, out):
+    n, m = rows.shape
+    divisor = np.float32(n)
+    for i in range(cuda.grid(1), m, cuda.gridsize(1)):
+        acc = rows[0, i]
+        for r in range(1, n):
+            acc += rows[r, i]
+        out[i] = acc / divisor
+
+
+def average_rows(rows, out, stream=0) -> None:
+    """out[i] = (((rows[0, i] + rows[1, i]) + ...) + rows[n - 1, i]) / n in float32, as the CPU kernel.
+
+    One thread per element (neighbouring threads read neighbouring elements of each row):
+    1. add the rows in order in float32;
+    2. divide by n (``div.rn.f32``: IEEE, as the CPU's division).
+    """
+    launch(_average_rows, _grid(rows.shape[1]), THREADS, stream, rows, out)
+
+
 _ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 << 31)),
               "float16": (cuda.jit(device=True)(scalar.half_bits), np.int64(1 << 15)),
               "bfloat16": (cuda.jit(device=True)(scalar.bfloat16_bits), np.int64(1 << 15))}

@@ -59,6 +59,15 @@ def tree_sum(values: np.ndarray) -> float:
     return float(v[0])
 
 
+def average_rows(rows: np.ndarray) -> np.ndarray:
+    """The float32 average of the rows of an (n, m) array: summed in row order, each sum rounded to float32, then
+    divided by n (IEEE float32 division): what every rank computes alike for an exact average."""
+    acc = rows[0].astype(np.float32)
+    for row in rows[1:]:
+        acc = (acc + row).astype(np.float32)
+    return (acc / np.float32(len(rows))).astype(np.float32)
+
+
 def power_sum(x: np.ndarray, power: int = 2) -> float:
     """Sum of |x|^power (power 1 or 2) of a float32 vector in the library's fixed order.
 
@@ -558,12 +567,7 @@ def hierarchical_compressed_allreduce(
     new_we, new_se = list(worker_errors), list(server_errors)
     pieces = []
     for j in range(k):
-        averages = []
-        for m in range(nodes):
-            acc = padded[m * k][j].copy()
-            for i in range(1, k):
-                acc = (acc + padded[m * k + i][j]).astype(np.float32)
-            averages.append((acc / np.float32(k)).astype(np.float32))
+        averages = [average_rows(np.stack([padded[m * k + i][j] for i in range(k)])) for m in range(nodes)]
         group = [m * k + j for m in range(nodes)]
         outs, wes, ses, _ = compressed_allreduce(
             averages, [worker_errors[r] for r in group], [server_errors[r] for r in group], scale=scale,

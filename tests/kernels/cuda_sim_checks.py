@@ -230,6 +230,13 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cuda.select_decode(cuda.cuda.to_device(rows), cuda.cuda.to_device(positive), cuda.cuda.to_device(negative),
                        d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "select_decode"
+    sums = (rng.standard_normal((world + 1, numel)) * 10.0 ** rng.integers(-3, 4, (world + 1, numel))).astype(
+        np.float32)
+    averaged = np.empty(numel, np.float32)
+    cpu.average_rows(sums, averaged)
+    d_averaged = cuda.cuda.device_array(numel, np.float32)
+    cuda.average_rows(cuda.cuda.to_device(sums), d_averaged)
+    assert np.array_equal(d_averaged.copy_to_host(), averaged), "average_rows"
     for k, (kind, raw) in enumerate((("float32", np.uint32), ("float16", np.uint16), ("bfloat16", np.uint16))):
         heads = weights.copy()
         heads[-1] = _SPECIAL_SCALES[(numel + world + k) % len(_SPECIAL_SCALES)]

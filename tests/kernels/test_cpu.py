@@ -101,6 +101,21 @@ def test_select_decode(numel: int) -> None:
     assert np.array_equal(raw, np.where(flags, raw_positive[owners], raw_negative[owners])), "16-bit storage"
 
 
+@pytest.mark.parametrize("numel", LENGTHS)
+@pytest.mark.parametrize("ranks", [1, 2, 7])
+def test_average_rows(numel: int, ranks: int) -> None:
+    """Rows of mixed magnitudes (so that the order of the additions shows), with an Inf and a NaN past the first
+    element, averaged as the reference (its serial twin too)."""
+    rng = _rng(numel + ranks)
+    rows = (rng.standard_normal((ranks, numel)) * 10.0 ** rng.integers(-3, 4, (ranks, numel))).astype(np.float32)
+    rows[-1, numel // 2:][:2] = [np.inf, np.nan][:numel - numel // 2]
+    expected = reference.average_rows(rows)
+    for kernel in (cpu.average_rows, cpu.SERIAL["average_rows"]):
+        out = np.empty(numel, np.float32)
+        kernel(rows, out)
+        assert np.array_equal(out, expected, equal_nan=True)
+
+
 def test_results_do_not_depend_on_thread_count() -> None:
     rng = _rng(3)
     x = rng.standard_normal(300007).astype(np.float32)

@@ -24,9 +24,9 @@ EXPECTED = {
 """(launches, waits, torch operators) per protocol below and past ``COLLAPSING``. The launches are those the H200
 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel since
 (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the waits, but for
-Birder's finite check, which was not counted then. At one rank the torch operators include the transport's copies: gather-scatter's 3 are its 2 and the
-weights' copy to the device (the server's scale goes into its frame head in the launch that sums it, and the decode
-reads the heads)."""
+Birder's finite check, which was not counted then. At one rank the torch operators include the transport's copies:
+gather-scatter's 3 are its 2 and the weights' copy to the device (the server's scale goes into its frame head in the
+launch that sums it, and the decode reads the heads)."""
 
 
 @pytest.mark.parametrize("numel", [1, 4096, 100003, COLLAPSING, COLLAPSING + 1, 3 * (1 << 26) + 5])

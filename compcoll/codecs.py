@@ -184,14 +184,13 @@ def all_finite(tensor: torch.Tensor) -> bool:
     2. CUDA, 32- and 16-bit floats: one reduction, the sum in float64, is finite exactly when every
        element is (an Inf or NaN makes it Inf or NaN; finite ones are below 2^128 each, and
        overflowing float64 would take 2^896 of them). ``torch.isfinite`` alone takes four
-       kernels on CUDA. Float64: ``torch.isfinite(tensor).all()``, whose finite values could
-       overflow a sum.
+       kernels on CUDA. Float64, whose finite values could overflow a sum: the sum of
+       ``tensor * 0`` (0 for a finite element, NaN for an Inf or NaN), two kernels.
     """
     if on_host(tensor):
         return bool(torch.isfinite(tensor).all())
-    if tensor.dtype == torch.float64:
-        return bool(read_first(_array(torch.isfinite(tensor).all().view(1)), _stream(tensor)))
-    return math.isfinite(read_first(_array(tensor.sum(dtype=torch.float64).view(1)), _stream(tensor)))
+    total = tensor.mul(0).sum() if tensor.dtype == torch.float64 else tensor.sum(dtype=torch.float64)
+    return math.isfinite(read_first(_array(total.view(1)), _stream(tensor)))
 
 
 def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
@@ -487,26 +486,10 @@ def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int
     return sums
 
 
-def block_scales(sums: torch.Tensor, block_size: int, scale: str, row_len: int) -> torch.Tensor:
-    """The float32 scale of each block from its float64 sum (``spec.block_scales_from``), on ``sums``' device;
-    the blocks are those of rows of ``row_len`` elements (``block_sums``).
-
-    On CUDA torch takes the float64 roots and divides by the lengths as float64 tensors (IEEE
-    operations, correctly rounded as numpy's), then rounds to float32: the host's bits, with
-    no host round trip.
-    """
-    per_row = spec.block_lengths(row_len, block_size)
-    lengths = np.tile(per_row, sums.numel() // per_row.size) if per_row.size else per_row
-    if on_host(sums):
-        return torch.from_numpy(spec.block_scales_from(sums.numpy(), lengths, scale))
-    d = torch.from_numpy(lengths.astype(np.float64)).to(sums.device)
-    return ((sums.sqrt() / d.sqrt()) if scale == "l2" else sums / d).float()
-
-
 def encode_blocks(tensor: torch.Tensor | None, error: torch.Tensor, scales: torch.Tensor, block_size: int,
                   bits: torch.Tensor) -> None:
     """``compensate_encode`` with scale ``scales[i // block_size]`` for element i; ``bits`` is (rows, row_bytes),
-    possibly the sign bytes of framed wire rows (``frame_blocks``)."""
+    possibly the sign bytes of framed wire rows (``frame_scales``)."""
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     _run("encode_blocks", error, src, lut, _array(error), 0 if tensor is None else tensor.numel(), _array(scales),
          block_size, _array(bits))
@@ -532,42 +515,41 @@ def _scale_steps(device: torch.device) -> torch.Tensor:
     return torch.from_numpy(spec.SCALE_STEPS).to(device)
 
 
-def _decoded(refs: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """float32(float64(ref_r) * SCALE_STEPS[code]) for every code of every row."""
-    return (refs.double()[:, None] * _scale_steps(refs.device)[codes.long()]).float()
+def _steps(like: torch.Tensor):
+    """The kernel view of ``spec.SCALE_STEPS`` for ``like``'s kernels: the host's array, or its copy on the device."""
+    return spec.SCALE_STEPS if on_host(like) else _array(_scale_steps(like.device))
 
 
-def code_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``spec.code_scales`` in torch, on ``scales``' device (the same bits: float64 products, exact comparisons).
+def frame_scales(rows: torch.Tensor, values: torch.Tensor, scale: str | None = None, block_size: int = 1,
+                 row_len: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Code the block scales of (n, SCALE_BYTES + m + nbytes) wire rows against each row's largest, in front of
+    the rows' bytes: ``spec.code_scales``' bits, in one kernel on every device (``kernels.cpu.code_blocks``).
 
-    Returns (refs float32 (rows,), codes uint8 (rows, m), decoded float32 (rows, m)).
+    ``values`` holds the n * m scales (float32; ``scale`` None), or the float64 sums of |x|^p of
+    blocks of ``block_size`` elements of rows of ``row_len`` (``block_sums``), whose ``scale``
+    ("l2", "l1": ``spec.block_scales_from``) is coded.
+    1. Row r's largest scale, ref_r, as 4 bytes at its head; then the m codes of its scales.
+    2. The decoded scales v[code] (what every rank uses, the encoder included).
+
+    Returns:
+        (the decoded scales, (n, m) float32; the rows' bytes behind the codes, a view).
     """
-    rows, m = scales.shape
-    refs = scales.amax(dim=1) if m else torch.zeros(rows, dtype=torch.float32, device=scales.device)
-    values = _decoded(refs, torch.arange(256, device=scales.device).expand(rows, 256))
-    first = torch.searchsorted(values.flip(1).contiguous(), scales.contiguous(), side="left")
-    hi = (255 - first).clamp_min(0)
-    lo = (hi + 1).clamp_max(255)
-    wide = scales.double()
-    nearer_hi = values.gather(1, hi).double() - wide <= wide - values.gather(1, lo).double()
-    codes = torch.where(first == 0, torch.full_like(hi, 255), torch.where(nearer_hi, hi, lo))
-    return refs, codes.to(torch.uint8), values.gather(1, codes)
+    n = rows.shape[0]
+    m = values.numel() // n
+    decoded = torch.empty(n, m, dtype=torch.float32, device=rows.device)
+    power = 0 if scale is None else spec.SCALES[scale]
+    _run("code_blocks", decoded, _array(values.reshape(-1)), block_size, row_len, power, _steps(rows), _array(rows),
+         _array(decoded))
+    return decoded, rows[:, SCALE_BYTES + m:]
 
 
-def frame_blocks(rows: torch.Tensor, refs: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Write each row's largest scale (float32) and its (rows, m) block codes at the heads of (rows,
-    SCALE_BYTES + m + nbytes) wire rows; return their sign bytes (a (rows, nbytes) view)."""
-    heads = SCALE_BYTES + codes.shape[1]
-    rows[:, :SCALE_BYTES].copy_(refs.contiguous().view(torch.uint8).view(rows.shape[0], SCALE_BYTES))
-    rows[:, SCALE_BYTES:heads].copy_(codes)
-    return rows[:, heads:]
-
-
-def unframe_blocks(rows: torch.Tensor, per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Split (n, SCALE_BYTES + per_row + nbytes) wire rows into the (n, per_row) decoded float32 block scales and
-    the sign bytes (a view)."""
-    refs = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
-    return _decoded(refs, rows[:, SCALE_BYTES:SCALE_BYTES + per_row]), rows[:, SCALE_BYTES + per_row:]
+    the sign bytes (a view): float32(float64(ref_r) * SCALE_STEPS[code]) / ``divisor`` (IEEE float32 division, as
+    ``divide_``: the weights s / n), in one kernel (``decode_codes``)."""
+    decoded = torch.empty(rows.shape[0], per_row, dtype=torch.float32, device=rows.device)
+    _run("decode_codes", decoded, _array(rows), _steps(rows), divisor, _array(decoded))
+    return decoded, rows[:, SCALE_BYTES + per_row:]
 
 
 def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, rows: int) -> torch.Tensor:
@@ -590,7 +572,7 @@ def encode_levels(tensor: torch.Tensor, error: torch.Tensor, steps: torch.Tensor
                   planes: torch.Tensor) -> None:
     """planes <- the ``bits``-bit levels of x = error + pad(tensor) with step ``steps[i // block_size]`` for element i
     (``reference.compress_levels``); error <- x - their values. ``planes`` is (rows, bits * row_bytes), possibly the
-    level bytes of framed wire rows (``frame_blocks``)."""
+    level bytes of framed wire rows (``frame_scales``)."""
     src, lut = _source(tensor)
     _run("encode_levels", error, src, lut, _array(error), tensor.numel(), _array(steps), block_size, bits,
          _array(planes))

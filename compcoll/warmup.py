@@ -28,7 +28,9 @@ def warm() -> float:
     """Run every kernel specialisation once; return the seconds it took.
 
     1. Two sizes, each a multiple of the ranks (as ``compressed_reduce_scatter`` takes): below ``SERIAL_BELOW``
-       (the serial twins) and above it in each rank's part (the threaded kernels).
+       (the serial twins) and above it in each rank's part (the threaded kernels); and, float32 only, one with
+       more than ``SERIAL_BELOW`` block scales (``code_blocks`` and ``decode_codes`` run one thread a scale,
+       their threaded kernels from there).
     2. Each input dtype (float32 reads directly, 16-bit types through the lookup table).
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather
        protocol, each protocol with block scales (the DDP hook's default); ``hierarchical_allreduce`` and
@@ -66,6 +68,13 @@ def _calls(comm: Communicator) -> None:
             for bits in (1, 3):
                 compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel // comm.size, dtype=dtype),
                                           torch.zeros(comm.size * row_elements(numel, comm.size)), comm, bits=bits)
+    big = BLOCK_SIZE * cpu.SERIAL_BELOW * comm.size + 10  # a block scale per BLOCK_SIZE elements: past SERIAL_BELOW
+    full = padded_numel(big, comm.size)
+    for protocol in PROTOCOLS:
+        compressed_allreduce(torch.ones(big), torch.zeros(full), torch.zeros(full // comm.size), comm,
+                             protocol=protocol, block_size=BLOCK_SIZE)
+    compressed_reduce_scatter(torch.ones(big), torch.empty(big // comm.size), torch.zeros(
+        comm.size * row_elements(big, comm.size)), comm, bits=3)
 
 
 def cache_dir() -> str:

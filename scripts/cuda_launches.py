@@ -42,9 +42,9 @@ def main() -> int:
         return 0
     print(f"one call at 1 rank, {args.numel} float32 elements (meta tensors: counted, not run)")
     timed = f"{'host us':>10}" if args.time else ""
-    print(f"{'protocol':<16}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}{timed}")
+    print(f"{'protocol':<24}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}{timed}")
     for name, c in counts.items():
-        print(f"{name:<16}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}"
+        print(f"{name:<24}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}"
               + (f"{c['host_us']:>10.1f}" if args.time else ""))
     return 0
 

@@ -18,7 +18,10 @@ or with the compiler's packages in a folder of their own (what CI does:
 3. The scale kernel's PTX must use the IEEE instructions the host's float64 maths uses
    (``sqrt.rn.f64``, ``div.rn.f64``, ``cvt.rn.f32.f64``), so the device's scales are the host's bits; the
    level kernels' must divide with ``div.rn.f32``, round products with ``cvt.rn.f32.f64`` and fuse no
-   multiply-add; the average of rows must divide with ``div.rn.f32`` and fuse none.
+   multiply-add; the average of rows must divide with ``div.rn.f32`` and fuse none; the block scales' coding
+   and decoding must take the host's float64 roots, quotients and products (``sqrt.rn.f64``, ``div.rn.f64``,
+   ``mul.f64``: round to nearest), round with ``cvt.rn.f32.f64``, divide the weights with ``div.rn.f32`` and fuse
+   no multiply-add.
 4. Arguments made as the codecs make them (``DeviceArray`` views of tensors, Python and
    numpy scalars) must type as the variant's types, and what ``kernels.launch`` flattens
    them to must be the entry's ``.param`` list: as many values, of the same widths
@@ -59,6 +62,11 @@ def variants() -> dict[str, tuple]:
     for out in (F32, I16):
         found[f"decode to {out.dtype}"] = (kernels._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
     found["average of rows"] = (kernels._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32))
+    wire, coded = t.Array(t.uint8, 2, "C"), t.Array(t.float32, 2, "C")
+    for power, src in ((0, F32), (2, F64), (1, F64)):
+        found[f"code block scales, power {power}"] = (kernels._code_blocks(power).py_func,
+                                                     (src, I64, I64, F64, wire, coded))
+    found["decode block codes"] = (kernels._decode_codes.py_func, (wire, F64, I64, coded))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the scales in the frames"] = (kernels._decode_framed(name).py_func,
                                                                     (rows(t.uint8), t.Array(raw, 1, "C"), I64))
@@ -195,6 +203,14 @@ def main() -> int:
             if missing:
                 failed += 1
                 print(f"FAILED  {name}: no {', '.join(missing)} in its PTX (the host's IEEE float64 maths)")
+        if name.startswith(("code block", "decode block codes")):
+            wanted = {"power 2": ("sqrt.rn.f64", "div.rn.f64"), "power 1": ("div.rn.f64",),
+                      "e codes": ("div.rn.f32",)}.get(name[-7:], ())
+            missing = [op for op in (*wanted, "cvt.rn.f32.f64") if op not in ptx] + (
+                [] if re.search(r"mul(\.rn)?\.f64", ptx) else ["mul.f64"])
+            if missing or "fma." in ptx:
+                failed += 1
+                print(f"FAILED  {name}: its PTX lacks {missing} or fuses a multiply-add (the host's IEEE steps)")
         if "levels" in name or name == "average of rows":
             wanted = {"encode": ("div.rn.f32", "cvt.rn.f32.f64"), "average": ("div.rn.f32",)}.get(
                 name.split()[0], ("cvt.rn.f32.f64",))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from compcoll import codecs, spec
 from compcoll.kernels import cpu, reference
 from compcoll.spec import SCALES, STAGES, padded_numel, stream_key
+from tests.kernels.cuda_sim_checks import tie_scales
 
 
 def test_frame_and_unframe() -> None:
@@ -164,22 +165,22 @@ def test_randomized_encode_matches_the_reference(dtype: torch.dtype, data, rows:
 
 
 def test_scale_codes_match_the_reference() -> None:
-    """``codecs.code_scales`` (torch, any device) = ``spec.code_scales`` (numpy), on scales of every magnitude,
-    zeros, subnormals, ties between rows' values and rows of one value; decoding the frame gives the same scales."""
+    """``codecs.frame_scales`` (one kernel) = ``spec.code_scales`` (numpy), on scales of every magnitude, zeros,
+    subnormals, ties between rows' values and rows of one value; decoding the frame gives the same scales."""
     rng = np.random.default_rng(17)
     rows = [(rng.random(40) * 10.0 ** rng.integers(-20, 20, 40)).astype(np.float32),
             np.zeros(7, np.float32), np.full(5, 3.0, np.float32),
             np.array([1e-45, 1e-40, 1e-38, 0.0, 2e-45], np.float32),
-            np.array([1.0, 0.5, 2 ** -0.0625, 2 ** -31.8, 2 ** -40, 3.4e38], np.float32)]
+            np.array([1.0, 0.5, 2 ** -0.0625, 2 ** -31.8, 2 ** -40, 3.4e38], np.float32), tie_scales()]
     for row in rows:
         for table in (row.reshape(1, -1), np.stack([row, row[::-1].copy()])):
             refs, codes, decoded = spec.code_scales(table)
-            got = codecs.code_scales(torch.from_numpy(table))
-            assert np.array_equal(got[0].numpy(), refs) and np.array_equal(got[1].numpy(), codes)
-            assert np.array_equal(got[2].numpy(), decoded)
+            frame = torch.zeros(table.shape[0], 4 + table.shape[1] + 3, dtype=torch.uint8)
+            got, rest = codecs.frame_scales(frame, torch.from_numpy(table))
+            heads = frame[:, :4].flatten().view(torch.float32)
+            assert np.array_equal(heads.numpy(), refs) and np.array_equal(frame[:, 4:4 + table.shape[1]], codes)
+            assert np.array_equal(got.numpy(), decoded) and rest.shape == (table.shape[0], 3)
             near = (table >= refs[:, None] * 2.0 ** -31) & (table > 1e-30)  # within the codes' 31 octaves
             assert np.all(np.abs(decoded[near] / table[near] - 1) <= 0.044), "a code off its nearest value"
             assert np.all(decoded <= refs[:, None])
-            frame = torch.zeros(table.shape[0], 4 + table.shape[1] + 3, dtype=torch.uint8)
-            codecs.frame_blocks(frame, got[0], got[1])
-            assert torch.equal(codecs.unframe_blocks(frame, table.shape[1])[0], got[2])
+            assert torch.equal(codecs.unframe_blocks(frame, table.shape[1])[0], got)

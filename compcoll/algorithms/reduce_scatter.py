@@ -196,9 +196,10 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
     blocks = -(-row_len // b)
     width = SCALE_BYTES + blocks + bits * row_len // 8
     send = workspace.get("scatter.send", n * width, torch.uint8, device).view(n, width)
-    exact = codecs.block_scales(stats, b, scale, row_len) if bits == 1 else codecs.level_steps(stats, bits)
-    refs, codes, scales = codecs.code_scales(exact.view(n, -1))
-    packed = codecs.frame_blocks(send, refs, codes)
+    if bits == 1:
+        scales, packed = codecs.frame_scales(send, stats, scale, b, row_len)
+    else:
+        scales, packed = codecs.frame_scales(send, codecs.level_steps(stats, bits))
     if bits == 1:
         codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
     else:

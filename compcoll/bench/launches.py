@@ -12,10 +12,12 @@ from torch.utils._pytree import tree_flatten
 
 import compcoll
 from ..comm import Communicator
+from ..ddp.onebit import BLOCK_SIZE
 from ..kernels.launch import COUNTS
 
-PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder")
-"""The calls counted: flat 1-bit gather-scatter and allgather, the compensated hierarchical form, Birder's."""
+PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder", "gather_scatter_blocks", "allgather_blocks")
+"""The calls counted: flat 1-bit gather-scatter and allgather, the compensated hierarchical form, Birder's, and both
+flat protocols with a scale per ``ddp.onebit.BLOCK_SIZE`` elements (the DDP hook's default)."""
 
 
 _NO_DEVICE_WORK = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
@@ -53,6 +55,9 @@ def protocol_calls(x: torch.Tensor, comm: Communicator) -> dict[str, Callable[[]
         "hierarchical": lambda: compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm,
                                                                            ranks_per_node=comm.size),
         "birder": lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=comm.size, seed=1, step=0),
+        "gather_scatter_blocks": lambda: compcoll.compressed_allreduce(x, we, se, comm, block_size=BLOCK_SIZE),
+        "allgather_blocks": lambda: compcoll.compressed_allreduce(x, we, se, comm, protocol="allgather",
+                                                                  block_size=BLOCK_SIZE),
     }
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import scalar
-from ..spec import BLOCK, LANES
+from ..spec import BLOCK, LANES, SCALE_BYTES
 
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
@@ -57,6 +57,8 @@ def _threaded(fn):
 _load = njit(cache=True, inline="always")(scalar.load)
 _power = njit(cache=True, inline="always")(scalar.power)
 _threshold = njit(cache=True, inline="always")(scalar.threshold)
+_block_scale = njit(cache=True, inline="always")(scalar.block_scale)
+_nearest_code = njit(cache=True, inline="always")(scalar.nearest_code)
 
 
 @njit(cache=True, nogil=True)
@@ -438,6 +440,49 @@ def average_rows(rows, out):
         for r in range(1, n):
             acc += rows[r, lo:hi]
         out[lo:hi] = acc / divisor
+
+
+@_threaded
+def code_blocks(src, block, row_len, power, steps, rows, decoded):
+    """Block scales coded against each row's largest and framed: ``spec.block_scales_from`` of float64 sums of
+    |x|^power (or the float32 scales in ``src``, ``power`` 0), then ``spec.code_scales``, in one kernel.
+
+    ``decoded`` is (n, m): row r's m block scales, of blocks of ``block`` elements of a row of ``row_len``
+    (the last one shorter where needed); ``rows`` the (n, SCALE_BYTES + m + nbytes) wire rows.
+    1. Every block's scale into ``decoded`` (``scalar.block_scale``), in parallel.
+    2. Row by row: ref = the row's largest (0 for no blocks), its 4 bytes at the row's head; the
+       values float32(float64(ref) * steps[k]); every block's code (``scalar.nearest_code``)
+       behind the head, and its decoded value into ``decoded``, in parallel.
+    """
+    n, m = decoded.shape
+    for t in prange(n * m):
+        b = t % m
+        decoded[t // m, b] = _block_scale(src, t, block if b < m - 1 else row_len - (m - 1) * block, power)
+    head = np.empty(1, np.float32)
+    for r in range(n):
+        head[0] = 0.0
+        for b in range(m):
+            head[0] = max(head[0], decoded[r, b])
+        rows[r, :SCALE_BYTES] = head.view(np.uint8)
+        values = (np.float64(head[0]) * steps).astype(np.float32)
+        for b in prange(m):
+            code = _nearest_code(values, decoded[r, b])
+            rows[r, SCALE_BYTES + b] = code
+            decoded[r, b] = values[code]
+
+
+@_threaded
+def decode_codes(rows, steps, divisor, decoded):
+    """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the m codes behind each wire
+    row's head (its largest scale's 4 bytes); in parallel over the rows' blocks."""
+    n, m = decoded.shape
+    by = np.float32(divisor)
+    for t in prange(n * m):
+        r = t // m
+        head = np.empty(SCALE_BYTES, np.uint8)
+        head[:] = rows[r, :SCALE_BYTES]
+        value = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + t % m]])
+        decoded[r, t % m] = value / by
 
 
 @_threaded

@@ -425,6 +425,91 @@ def average_rows(rows, out, stream=0) -> None:
     launch(_average_rows, _grid(rows.shape[1]), THREADS, stream, rows, out)
 
 
+CODE_THREADS = 256
+"""Threads of a block of ``_code_blocks``: one block codes one row (a power of two, for its max's tree)."""
+_block_scale = cuda.jit(device=True)(scalar.block_scale)
+_nearest_code = cuda.jit(device=True)(scalar.nearest_code)
+
+
+@lru_cache(maxsize=None)
+def _code_blocks(power: int):
+    @cuda.jit
+    def kernel(src, block, row_len, steps, rows, decoded):
+        n, m = decoded.shape
+        tid = cuda.threadIdx.x
+        top = cuda.shared.array(CODE_THREADS, np.float32)
+        values = cuda.shared.array(256, np.float32)
+        head = cuda.local.array(1, np.float32)
+        for r in range(cuda.blockIdx.x, n, cuda.gridDim.x):
+            largest = np.float32(0.0)
+            for b in range(tid, m, CODE_THREADS):
+                s = _block_scale(src, r * m + b, block if b < m - 1 else row_len - (m - 1) * block, power)
+                decoded[r, b] = s
+                largest = max(largest, s)
+            top[tid] = largest
+            cuda.syncthreads()
+            half = CODE_THREADS // 2
+            while half > 0:
+                if tid < half:
+                    top[tid] = max(top[tid], top[tid + half])
+                cuda.syncthreads()
+                half //= 2
+            ref = top[0]
+            for k in range(tid, 256, CODE_THREADS):
+                values[k] = np.float32(np.float64(ref) * steps[k])
+            if tid == 0:
+                head[0] = ref
+                raw = head.view(np.uint8)
+                for j in range(SCALE_BYTES):
+                    rows[r, j] = raw[j]
+            cuda.syncthreads()
+            for b in range(tid, m, CODE_THREADS):
+                code = _nearest_code(values, decoded[r, b])
+                rows[r, SCALE_BYTES + b] = code
+                decoded[r, b] = values[code]
+            cuda.syncthreads()
+
+    return kernel
+
+
+def code_blocks(src, block, row_len, power, steps, rows, decoded, stream=0) -> None:
+    """Block scales coded against each row's largest and framed, as the CPU kernel: ``spec.block_scales_from``
+    of float64 sums of |x|^power (2 "l2", 1 "l1"; 0: the float32 scales in ``src``), then ``spec.code_scales``,
+    in one launch.
+
+    One block of ``CODE_THREADS`` threads per row (its blocks' scales are few: one per
+    ``block`` elements):
+    1. each thread writes its blocks' scales into ``decoded`` and keeps their largest; a tree
+       in shared memory makes the row's largest, ref;
+    2. the 256 values float32(float64(ref) * steps[k]) in shared memory; thread 0 writes ref's
+       4 bytes at the row's head;
+    3. each thread codes its blocks (``scalar.nearest_code``) behind the head and writes their
+       decoded values over their scales.
+    """
+    launch(_code_blocks(power), max(1, min(MAX_BLOCKS, decoded.shape[0])), CODE_THREADS, stream,
+           src, block, row_len, steps, rows, decoded)
+
+
+@cuda.jit
+def _decode_codes(rows, steps, divisor, decoded):
+    n, m = decoded.shape
+    by = np.float32(divisor)
+    head = cuda.local.array(SCALE_BYTES, np.uint8)
+    for t in range(cuda.grid(1), n * m, cuda.gridsize(1)):
+        r = t // m
+        for j in range(SCALE_BYTES):
+            head[j] = rows[r, j]
+        value = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + t % m]])
+        decoded[r, t % m] = value / by
+
+
+def decode_codes(rows, steps, divisor, decoded, stream=0) -> None:
+    """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the codes behind each wire
+    row's head (its largest scale's 4 bytes), as the CPU kernel: one thread per block scale."""
+    launch(_decode_codes, _grid(decoded.shape[0] * decoded.shape[1]), THREADS, stream, rows, steps, divisor,
+           decoded)
+
+
 _ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 << 31)),
               "float16": (cuda.jit(device=True)(scalar.half_bits), np.int64(1 << 15)),
               "bfloat16": (cuda.jit(device=True)(scalar.bfloat16_bits), np.int64(1 << 15))}

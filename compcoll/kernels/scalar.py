@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..spec import GOLDEN, MIX1, MIX2, UNIFORM_BITS
@@ -112,3 +114,38 @@ def half_bits(bits):
     if rest > halfway or (rest == halfway and (h & 1) == 1):
         h += 1
     return sign | h
+
+
+def block_scale(src, i, d, power):
+    """Scale i of a coding kernel's input: ``src[i]`` as it is (power 0: float32 scales), or the float32 scale of a
+    block of ``d`` elements from its float64 sum of |x|^power (2: sqrt(sum) / sqrt(d), "l2"; 1: sum / d, "l1"),
+    IEEE float64 operations rounded once to float32, as ``spec.block_scales_from``."""
+    if power == 0:
+        return np.float32(src[i])
+    if power == 2:
+        return np.float32(math.sqrt(src[i]) / math.sqrt(np.float64(d)))
+    return np.float32(src[i] / np.float64(d))
+
+
+def nearest_code(values, s):
+    """The code of scale ``s`` among a row's 256 non-increasing values (``spec.code_scales``, step 3).
+
+    1. K = the first k with values[k] < s (binary search; 256 if none): i = 256 - K values of the
+       ascending table lie below s (``searchsorted``'s index, side "left").
+    2. i = 0 (s at or below the last value, 0): code 255.
+    3. Otherwise hi = K - 1 (values[hi] >= s), lo = K: hi when values[hi] - s <= s - values[lo], in float64.
+    """
+    lo = 0
+    hi = 256
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if values[mid] < s:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo == 256:
+        return 255
+    upper = lo - 1
+    if np.float64(values[upper]) - np.float64(s) <= np.float64(s) - np.float64(values[lo]):
+        return upper
+    return lo

@@ -93,9 +93,9 @@ def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: i
     for device in ("cpu", "cuda"):
         xd, ed = x.to(device), err.clone().to(device)
         sums = codecs.block_sums(xd, ed, block, "l2", 3)
-        refs, codes, scales = codecs.code_scales(codecs.block_scales(sums, block, "l2", full // 3).view(3, -1))
         wire = torch.zeros(3, codecs.SCALE_BYTES + blocks + full // 24, dtype=torch.uint8, device=device)
-        codecs.encode_blocks(xd, ed, scales.view(-1), block, codecs.frame_blocks(wire, refs, codes))
+        scales, signs = codecs.frame_scales(wire, sums, "l2", block, full // 3)
+        codecs.encode_blocks(xd, ed, scales.view(-1), block, signs)
         decoded, bits = codecs.unframe_blocks(wire, blocks)
         acc = torch.empty(full // 3, device=device)
         codecs.accumulate_blocks(bits, codecs.divide_(decoded.clone(), 3), block, None, acc, full // 3)

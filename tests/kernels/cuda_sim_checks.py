@@ -292,6 +292,8 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
         d_sums = cuda.cuda.device_array(world * blocks, np.float64)
         cuda.block_power_sums(d_src, d_lut, cuda.cuda.to_device(err), numel, block, chunk, power, d_sums)
         assert np.array_equal(d_sums.copy_to_host(), sums), ("block sums", power)
+        _check_codes(sums, block, chunk, power, world, rng)
+    _check_codes(rng.random(world * blocks).astype(np.float32), block, chunk, 0, world, rng)
     want_bits, scales, want_err = reference.compress_blocks(padded, err, block, "l2", world)
     heads = codecs.SCALE_BYTES * blocks
     framed = np.zeros((world, heads + chunk // 8), np.uint8)
@@ -325,6 +327,54 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
     d_out = cuda.cuda.device_array(numel, np.float32)
     cuda.decode_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "decode_blocks"
+
+
+def tie_scales() -> np.ndarray:
+    """1.0 and the float32 scales exactly halfway between two of its row's neighbouring values (a tie in float64:
+    the larger value's code wins)."""
+    values = (np.float64(1.0) * spec.SCALE_STEPS).astype(np.float32).astype(np.float64)
+    mids = ((values[:-2] + values[1:-1]) / 2).astype(np.float32)
+    ties = mids[values[:-2] - mids == mids - values[1:-1]]
+    assert ties.size > 50, ties.size
+    return np.concatenate([[1.0], ties]).astype(np.float32)
+
+
+def _check_codes(src: np.ndarray, block: int, row_len: int, power: int, world: int, rng: np.random.Generator
+                 ) -> None:
+    """``code_blocks`` (from float64 sums of |x|^``power``, 2 and 1, or float32 scales, 0) and ``decode_codes``:
+    CUDA = CPU = ``spec.code_scales``, into wire rows with bytes behind the codes; a zero scale (code 255) among
+    them."""
+    m = src.size // world
+    src = src.copy()
+    src[m // 2] = 0.0
+    if not power:  # scales below 1.0, and then 1.0 and scales halfway between two of its row's values (ties)
+        ties = tie_scales()[:m]
+        src[:ties.size] = ties
+    if power:
+        scales = spec.block_scales_from(src, np.tile(spec.block_lengths(row_len, block), world),
+                                        {2: "l2", 1: "l1"}[power]).reshape(world, m)
+    else:
+        scales = src.reshape(world, m)
+    refs, codes, decoded = spec.code_scales(scales)
+    wire = rng.integers(0, 256, (world, codecs.SCALE_BYTES + m + 3), dtype=np.uint8)
+    want = wire.copy()
+    want[:, :codecs.SCALE_BYTES] = refs.view(np.uint8).reshape(world, codecs.SCALE_BYTES)
+    want[:, codecs.SCALE_BYTES:codecs.SCALE_BYTES + m] = codes
+    rows, got = wire.copy(), np.empty((world, m), np.float32)
+    cpu.code_blocks(src, block, row_len, power, spec.SCALE_STEPS, rows, got)
+    assert np.array_equal(rows, want) and np.array_equal(got, decoded), ("cpu code_blocks", power)
+    d_rows, d_got = cuda.cuda.to_device(wire), cuda.cuda.device_array((world, m), np.float32)
+    d_steps = cuda.cuda.to_device(spec.SCALE_STEPS)
+    cuda.code_blocks(cuda.cuda.to_device(src), block, row_len, power, d_steps, d_rows, d_got)
+    assert np.array_equal(d_rows.copy_to_host(), want) and np.array_equal(d_got.copy_to_host(), decoded), (
+        "code_blocks", power)
+    for divisor in (1, world + 2):
+        weights = np.empty((world, m), np.float32)
+        cpu.decode_codes(want, spec.SCALE_STEPS, divisor, weights)
+        assert np.array_equal(weights, decoded / np.float32(divisor)), ("cpu decode_codes", divisor)
+        back = cuda.cuda.device_array((world, m), np.float32)
+        cuda.decode_codes(d_rows, d_steps, divisor, back)
+        assert np.array_equal(back.copy_to_host(), weights), ("decode_codes", power, divisor)
 
 
 def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: int) -> None:
@@ -452,6 +502,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
         try:
             check(max(lengths), 3, torch.float16)
             check_blocks(1000, 3, torch.float16, 128)
+            rng = np.random.default_rng(5)  # more scales a row than CODE_THREADS, more rows than blocks
+            _check_codes(rng.random(3 * 700) * 10.0, 8, 8 * 700 - 3, 2, 3, rng)
         finally:
             cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = kept
     else:

@@ -474,15 +474,17 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
 @_threaded
 def decode_codes(rows, steps, divisor, decoded):
     """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the m codes behind each wire
-    row's head (its largest scale's 4 bytes); in parallel over the rows' blocks."""
+    row's head (its largest scale's 4 bytes): the refs first, then every code in parallel."""
     n, m = decoded.shape
     by = np.float32(divisor)
+    refs = np.empty(n, np.float64)
+    head = np.empty(SCALE_BYTES, np.uint8)
+    for r in range(n):
+        head[:] = rows[r, :SCALE_BYTES]
+        refs[r] = head.view(np.float32)[0]
     for t in prange(n * m):
         r = t // m
-        head = np.empty(SCALE_BYTES, np.uint8)
-        head[:] = rows[r, :SCALE_BYTES]
-        value = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + t % m]])
-        decoded[r, t % m] = value / by
+        decoded[r, t % m] = np.float32(refs[r] * steps[rows[r, SCALE_BYTES + t % m]]) / by
 
 
 @_threaded

@@ -61,9 +61,10 @@ def protocol_calls(x: torch.Tensor, comm: Communicator) -> dict[str, Callable[[]
     }
 
 
-def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], None] = lambda: None
-                ) -> dict[str, dict[str, int]]:
-    """``{protocol: {"launches": N, "wraps": N, "waits": N, "torch": N}}`` of one call of each protocol on ``x``.
+def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], None] = lambda: None,
+                protocols: tuple[str, ...] = PROTOCOLS) -> dict[str, dict[str, int]]:
+    """``{protocol: {"launches": N, "wraps": N, "waits": N, "torch": N}}`` of one call of each of ``protocols`` on
+    ``x``.
 
     1. Call the protocol once: it agrees its plan, compiles and allocates.
     2. Wait for the device (``synchronize``), reset ``kernels.launch.COUNTS``, call it again
@@ -73,7 +74,9 @@ def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], N
        runs, and the counts are those the same call makes on CUDA tensors.
     """
     found = {}
-    for name, call in protocol_calls(x, comm).items():
+    calls = protocol_calls(x, comm)
+    for name in protocols:
+        call = calls[name]
         call()
         synchronize()
         COUNTS.reset()

@@ -20,7 +20,7 @@ import torch
 from numba import config
 
 from compcoll import SingleComm, codecs
-from compcoll.bench.launches import call_counts
+from compcoll.bench.launches import PROTOCOLS, call_counts
 from compcoll.kernels import cuda
 from compcoll.kernels.launch import COUNTS, simulate, simulating
 from compcoll.launcher import run_threads
@@ -109,12 +109,12 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         assert same, f"{name} of {numel} {dtype}: the CUDA path differs from the CPU's"
 
 
-def check_counts(numel: int) -> None:
-    """One call of each protocol launches, wraps and waits on CPU tensors as on meta tensors
+def check_counts(numel: int, protocols: tuple[str, ...] = PROTOCOLS) -> None:
+    """One call of each of ``protocols`` launches, wraps and waits on CPU tensors as on meta tensors
     (``scripts/cuda_launches.py``'s counts are those of a path that runs)."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
-    ran = call_counts(x, SingleComm())
-    traced = call_counts(torch.empty(numel, device="meta"), SingleComm())
+    ran = call_counts(x, SingleComm(), protocols=protocols)
+    traced = call_counts(torch.empty(numel, device="meta"), SingleComm(), protocols=protocols)
     assert all(c["launches"] > 0 for c in ran.values()), ran
     for counts in (ran, traced):  # numba's dispatcher (the simulator's) wraps; meta counts the same wraps
         for c in counts.values():
@@ -147,14 +147,15 @@ def run_part(part: str) -> list[str]:
         lines.append("codecs: 1, 37, 1000 elements, three dtypes")
     if part == "counts":
         kept = cuda.TAIL
-        for numel in (37, 4096):
-            check_counts(numel)
+        flat = tuple(p for p in PROTOCOLS if not p.endswith("_blocks"))  # block scales: the same counts at any
+        check_counts(37)  # length, and seconds a launch of their coder (CODE_THREADS simulated threads)
+        check_counts(4096, flat)
         cuda.TAIL = 16  # past TAIL lane sums, each sum takes one more launch (_collapse)
         try:
-            check_counts(4096)
+            check_counts(4096, flat)
         finally:
             cuda.TAIL = kept
-        lines.append("counts: 37 and 4096 elements, and 4096 past the tail")
+        lines.append("counts: 37 elements, 4096 and 4096 past the tail (without block scales)")
     return lines
 
 
@@ -168,6 +169,7 @@ def main(argv: list[str]) -> int:
     _blocks_on_a_barrier()
     _thread_safe_warnings()
     cuda.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024 threads
+    cuda.CODE_THREADS = 32  # and 256 a block-scale coder's launch (seconds each)
     parts = args.part or list(PARTS)
     for part in parts:
         for line in run_part(part):

@@ -520,6 +520,7 @@ def main(argv: list[str]) -> int:
     if config.ENABLE_CUDASIM:
         _thread_safe_shared_arrays()
         _blocks_on_a_barrier()
+        cuda.CODE_THREADS = 32  # a Python thread per CUDA thread; rows of more scales than threads all the same
     _thread_safe_warnings()
     parts = args.part or list(PARTS)
     for part in parts:

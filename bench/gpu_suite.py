@@ -11,13 +11,14 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    GB/s and as a fraction of the copy's;
 3. the worker step both ways: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
-4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors;
+4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per
+   ``BLOCK_SIZE`` elements (the DDP hook's default), each also as host time;
 5. the server step (``serve``: accumulate, scale, encode, frame) on the device and on the host:
    the host's time to queue it is far below the device's when nothing in it waits for the device;
 6. the host time of one compressed_allreduce call (from an idle device to its return), and the
    kernel launches, tensor wraps and host waits (``kernels.launch.COUNTS``) and torch operators of one call of each
-   protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's
-   (``compcoll.bench.launches``, which ``scripts/cuda_launches.py`` runs on meta tensors).
+   protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's, both flat protocols with
+   block scales (``compcoll.bench.launches``, which ``scripts/cuda_launches.py`` runs on meta tensors).
 Each launcher (``--launchers``, default ``bound,numba``: ``kernels.launch``) measures 1-6 in the
 same run, so their ratios are side by side. Writes OUT.txt and OUT.json with the GPU's name and
 the command.
@@ -26,6 +27,7 @@ the command.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -41,6 +43,7 @@ import compcoll
 from compcoll import codecs
 from compcoll.algorithms.onebit import serve
 from compcoll.bench.launches import call_counts
+from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.launch import LAUNCHER_ENV
 from compcoll.workspace import Workspace
 
@@ -119,6 +122,9 @@ def measure(numel: int, runs: int) -> dict:
     result["compressed_allreduce_1rank_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs)
     result["compressed_allreduce_host_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs,
                                                   clock=_host_seconds)
+    blocks = functools.partial(compcoll.compressed_allreduce, x, we, se, comm, out=out, block_size=BLOCK_SIZE)
+    result["blocks_1rank_s"] = timed(blocks, runs)
+    result["blocks_host_s"] = timed(blocks, runs, clock=_host_seconds)
     result["counts"] = call_counts(x, comm, torch.cuda.synchronize)
     workspace = Workspace()
 
@@ -160,6 +166,9 @@ def main() -> int:
                          f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x; compressed_allreduce (1 rank) "
                          f"{1e6 * r['compressed_allreduce_1rank_s']:.1f} us, host "
                          f"{1e6 * r['compressed_allreduce_host_s']:.1f} us")
+            lines.append(f"{r['numel']:>11} compressed_allreduce with a scale per {BLOCK_SIZE} elements (the DDP "
+                         f"hook's default; 1 rank) {1e6 * r['blocks_1rank_s']:.1f} us, host "
+                         f"{1e6 * r['blocks_host_s']:.1f} us")
             lines.append(f"{r['numel']:>11} server step: device {1e6 * r['serve']['device_s']:.1f} us, host "
                          f"{1e6 * r['serve']['host_s']:.1f} us to queue it")
             lines.append(f"{r['numel']:>11} per call (launches/wraps/waits/torch ops): " + ", ".join(

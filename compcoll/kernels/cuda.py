@@ -490,6 +490,14 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded, stream=0) -> N
            src, block, row_len, steps, rows, decoded)
 
 
+@cuda.jit(device=True)
+def _read_head(rows, r, head):
+    """head (a local array) <- the ``SCALE_BYTES`` bytes at the head of wire row r: read as a float32, or its bits as
+    a uint32, through ``head.view`` (a bit cast the simulator runs too)."""
+    for j in range(SCALE_BYTES):
+        head[j] = rows[r, j]
+
+
 @cuda.jit
 def _decode_codes(rows, steps, divisor, decoded):
     n, m = decoded.shape
@@ -497,8 +505,7 @@ def _decode_codes(rows, steps, divisor, decoded):
     head = cuda.local.array(SCALE_BYTES, np.uint8)
     for t in range(cuda.grid(1), n * m, cuda.gridsize(1)):
         r = t // m
-        for j in range(SCALE_BYTES):
-            head[j] = rows[r, j]
+        _read_head(rows, r, head)
         value = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + t % m]])
         decoded[r, t % m] = value / by
 
@@ -515,7 +522,6 @@ _ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 <<
               "bfloat16": (cuda.jit(device=True)(scalar.bfloat16_bits), np.int64(1 << 15))}
 """Per output dtype of ``decode_framed``: a float32's bits to the output's (rounded to nearest even), and its sign
 bit."""
-_float32_bits = cuda.jit(device=True)(scalar.float32_bits)
 
 
 @lru_cache(maxsize=None)
@@ -526,10 +532,12 @@ def _decode_framed(dtype: str):
     def kernel(rows, out, n_out):
         n, width = rows.shape
         row_len = (width - SCALE_BYTES) * 8
+        head = cuda.local.array(SCALE_BYTES, np.uint8)
         for r in range(n):
             lo = r * row_len
             hi = min(lo + row_len, n_out)
-            high = rounded(_float32_bits(rows[r, 0], rows[r, 1], rows[r, 2], rows[r, 3]))
+            _read_head(rows, r, head)
+            high = rounded(np.int64(head.view(np.uint32)[0]))
             low = high ^ sign
             for k in range(cuda.grid(1), hi - lo, cuda.gridsize(1)):
                 out[lo + k] = high if (rows[r, SCALE_BYTES + (k >> 3)] >> (7 - (k & 7))) & 1 else low

@@ -60,11 +60,6 @@ def threshold(key, index):
     return (np.float64(z >> _SHIFT) * 2.0 + 1.0 - _CELLS) / _CELLS
 
 
-def float32_bits(b0, b1, b2, b3):
-    """The bits of a float32 from its four little-endian bytes (a wire frame's head), as an int64."""
-    return np.int64(b0) | (np.int64(b1) << 8) | (np.int64(b2) << 16) | (np.int64(b3) << 24)
-
-
 def same_bits(bits):
     """A float32's bits, kept (the float32 output of ``decode_framed``)."""
     return bits

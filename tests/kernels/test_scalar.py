@@ -35,8 +35,3 @@ def test_the_roundings_of_a_float32_equal_torchs(dtype: torch.dtype, rounding) -
     wrong = np.flatnonzero(got != want)
     assert wrong.size == 0, [(hex(patterns[i]), hex(got[i]), hex(want[i])) for i in wrong[:5]]
 
-
-def test_the_bits_of_a_float32_from_its_bytes() -> None:
-    values = np.array([1.5, -0.0, 3.0e38, 1e-40], np.float32)
-    for value, raw in zip(values.view(np.uint32), values.view(np.uint8).reshape(-1, 4)):
-        assert scalar.float32_bits(*raw) == value

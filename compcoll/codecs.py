@@ -239,7 +239,8 @@ def average_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2") -> float:
-    """Sum of |x|^p of x = ``error + pad(tensor)``, p the power of ``scale`` (``spec.SCALES``); reads both, writes nothing."""
+    """Sum of |x|^p of x = ``error + pad(tensor)``, p the power of ``scale`` (``spec.SCALES``); reads both, writes
+    nothing."""
     src, lut = _source(tensor)
     return float(_run("compensated_power_sum", tensor, src, lut, _array(error), tensor.numel(), spec.SCALES[scale]))
 
@@ -459,17 +460,22 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
     return rows[..., SCALE_BYTES:]
 
 
-def unframe(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split (n, SCALE_BYTES + nbytes) wire rows into n float32 scales and the sign bytes."""
+def unframe(rows: torch.Tensor, divisor: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split (n, SCALE_BYTES + nbytes) wire rows into their n float32 scales / ``divisor`` (IEEE float32 division,
+    as ``divide_``: the weights s / n) and the sign bytes (a view); on CUDA in one kernel (``head_weights``)."""
     if on_host(rows):
-        return torch.from_numpy(_heads(rows.numpy())), rows[:, SCALE_BYTES:]
-    scales = rows[:, :SCALE_BYTES].flatten().clone().view(torch.float32)
+        scales = _heads(rows.numpy())
+        if divisor != 1:
+            np.divide(scales, np.float32(divisor), out=scales)
+        return torch.from_numpy(scales), rows[:, SCALE_BYTES:]
+    scales = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+    _run("head_weights", rows, _array(rows), divisor, _array(scales))
     return scales, rows[:, SCALE_BYTES:]
 
 
 def _heads(table: np.ndarray) -> np.ndarray:
     """The float32 scales at the heads of host wire rows (a copy)."""
-    return np.ascontiguousarray(table[:, :SCALE_BYTES]).view(np.float32).reshape(-1)
+    return table[:, :SCALE_BYTES].copy().view(np.float32).reshape(-1)
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",

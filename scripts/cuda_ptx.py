@@ -67,6 +67,7 @@ def variants() -> dict[str, tuple]:
         found[f"code block scales, power {power}"] = (kernels._code_blocks(power).py_func,
                                                      (src, I64, I64, F64, wire, coded))
     found["decode block codes"] = (kernels._decode_codes.py_func, (wire, F64, I64, coded))
+    found["weights from the frame heads"] = (kernels._head_weights.py_func, (rows(t.uint8), I64, F32))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the scales in the frames"] = (kernels._decode_framed(name).py_func,
                                                                     (rows(t.uint8), t.Array(raw, 1, "C"), I64))
@@ -125,7 +126,7 @@ def ieee_problem(name: str, ptx: str) -> str | None:
         wanted = ("div.rn.f32", "cvt.rn.f32.f64")
     elif "levels" in name:
         wanted = ("cvt.rn.f32.f64",)
-    elif name == "average of rows":
+    elif name in ("average of rows", "weights from the frame heads"):
         wanted = ("div.rn.f32",)
     else:
         return None

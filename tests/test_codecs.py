@@ -184,3 +184,18 @@ def test_scale_codes_match_the_reference() -> None:
             assert np.all(np.abs(decoded[near] / table[near] - 1) <= 0.044), "a code off its nearest value"
             assert np.all(decoded <= refs[:, None])
             assert torch.equal(codecs.unframe_blocks(frame, table.shape[1])[0], got)
+
+
+def test_unframe_divides_a_copy_of_the_heads() -> None:
+    """``codecs.unframe(rows, n)`` gives the heads' scales / n as ``divide_`` does, and leaves the rows alone, one
+    row (whose heads numpy would not copy) or several."""
+    rng = np.random.default_rng(3)
+    for n, divisor in ((1, 7), (3, 3), (5, 1)):
+        rows = torch.from_numpy(rng.integers(0, 256, (n, codecs.SCALE_BYTES + 6), dtype=np.uint8))
+        rows[:, :codecs.SCALE_BYTES] = torch.from_numpy(rng.random(n, np.float32) * 9 + 0.1).view(torch.uint8).view(
+            n, codecs.SCALE_BYTES)
+        before = rows.clone()
+        weights, signs = codecs.unframe(rows, divisor)
+        expected = codecs.divide_(before[:, :codecs.SCALE_BYTES].flatten().clone().view(torch.float32), divisor)
+        assert torch.equal(weights, expected) and torch.equal(rows, before)
+        assert torch.equal(signs, rows[:, codecs.SCALE_BYTES:])

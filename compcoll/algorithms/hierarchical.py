@@ -187,9 +187,9 @@ def _binarize_exchange(
     codecs.randomized_encode(source, scales, seed, step, stage, rank, start, codecs.frame(wire, scales))
     received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
     group.alltoall(wire.view(-1), received)
-    row_scales, rows = codecs.unframe(received.view(size, width))
+    weights, rows = codecs.unframe(received.view(size, width), size)
     average = workspace.get(name + ".average", length, torch.float32, source.device)
-    codecs.accumulate_signs(rows, codecs.divide_(row_scales, size), None, average, length, resident=True)
+    codecs.accumulate_signs(rows, weights, None, average, length, resident=True)
     return average
 
 

@@ -517,6 +517,21 @@ def decode_codes(rows, steps, divisor, decoded, stream=0) -> None:
            decoded)
 
 
+@cuda.jit
+def _head_weights(rows, divisor, out):
+    by = np.float32(divisor)
+    head = cuda.local.array(SCALE_BYTES, np.uint8)
+    for r in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        _read_head(rows, r, head)
+        out[r] = head.view(np.float32)[0] / by
+
+
+def head_weights(rows, divisor, out, stream=0) -> None:
+    """out[r] = s_r / float32(divisor), s_r the float32 scale at the head of wire row r (IEEE float32 division, as
+    ``codecs.divide_``): a frame's scales as the weights s / n in one launch, not a copy and a division by torch."""
+    launch(_head_weights, _grid(out.size), THREADS, stream, rows, divisor, out)
+
+
 _ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 << 31)),
               "float16": (cuda.jit(device=True)(scalar.half_bits), np.int64(1 << 15)),
               "bfloat16": (cuda.jit(device=True)(scalar.bfloat16_bits), np.int64(1 << 15))}

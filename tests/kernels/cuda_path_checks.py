@@ -91,6 +91,7 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.decode_framed(wire, decoded)
         decoded_as = torch.empty(full, dtype=dtype)  # a 16-bit output's scales rounded first
         codecs.decode_framed(wire, decoded_as)
+        weights = torch.cat([codecs.unframe(wire, 3)[0], codecs.unframe(wire[:1], 7)[0], codecs.unframe(wire)[0]])
         head = torch.zeros(codecs.SCALE_BYTES + full // 24, dtype=torch.uint8)
         headed = codecs.accumulate_scale(rows, torch.tensor([0.3, 0.2, 0.1]), None, torch.empty(full // 3),
                                          full // 3, full // 3, head=head)
@@ -99,11 +100,13 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
         finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)])
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,
-                        decoded_as, float(headed), head, finite, codecs.compensated_sum(strided, err), strided_bits))
+                        decoded_as, weights, float(headed), head, finite, codecs.compensated_sum(strided, err),
+                        strided_bits))
     simulate(True)
     names = ("sumsq", "sum |x|", "accumulate sumsq", "accumulate scale", "bits", "error", "accumulate", "decode",
-             "absmax", "wire", "decoded wire", f"decoded wire as {dtype}", "scale into a frame head", "frame head", "finite checks",
-             "sumsq of a strided source", "bits of a strided source")
+             "absmax", "wire", "decoded wire", f"decoded wire as {dtype}", "weights from the frames",
+             "scale into a frame head", "frame head", "finite checks", "sumsq of a strided source",
+             "bits of a strided source")
     for name, a, b in zip(names, *results):
         same = a == b if isinstance(a, float) else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         assert same, f"{name} of {numel} {dtype}: the CUDA path differs from the CPU's"

@@ -176,7 +176,7 @@ def _torch_empty(device: torch.device):
     return empty
 
 
-def all_finite(tensor: torch.Tensor) -> bool:
+def all_finite(tensor: torch.Tensor, summable: bool = False) -> bool:
     """Whether every element of ``tensor`` is finite. On a device, the host waits for the answer: a wait counted
     by ``kernels.launch.read_first`` (meta tensors: counted, and True).
 
@@ -185,11 +185,14 @@ def all_finite(tensor: torch.Tensor) -> bool:
        element is (an Inf or NaN makes it Inf or NaN; finite ones are below 2^128 each, and
        overflowing float64 would take 2^896 of them). ``torch.isfinite`` alone takes four
        kernels on CUDA. Float64, whose finite values could overflow a sum: the sum of
-       ``tensor * 0`` (0 for a finite element, NaN for an Inf or NaN), two kernels.
+       ``tensor * 0`` (0 for a finite element, NaN for an Inf or NaN), two kernels; or, where
+       the caller knows finite elements cannot overflow their sum (``summable``: the float64
+       block sums of |x|^p of float32 x, each below 2^256 times its length), the plain sum.
     """
     if on_host(tensor):
         return bool(torch.isfinite(tensor).all())
-    total = tensor.mul(0).sum() if tensor.dtype == torch.float64 else tensor.sum(dtype=torch.float64)
+    exact = summable or tensor.dtype != torch.float64
+    total = tensor.sum(dtype=torch.float64) if exact else tensor.mul(0).sum()
     return math.isfinite(read_first(_array(total.view(1)), _stream(tensor)))
 
 

@@ -325,7 +325,7 @@ class CompensatedPlan(_NodePlan):
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
             sums = codecs.block_sums(average, worker_error, b, self.scale, layout.nodes)
-            agreement.check(codecs.all_finite(sums))
+            agreement.check(codecs.all_finite(sums, summable=True))
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
             layout.intra.allgather(rows.view(-1), gathered)

@@ -210,7 +210,7 @@ class FlatPlan(Plan):
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
         sums = block_statistics(tensor, worker_error, b, self.scale, self.bits, rows)
-        self.agreement(tensor).check(codecs.all_finite(sums))
+        self.agreement(tensor).check(codecs.all_finite(sums, summable=True))
         if self.numel == 0:
             return result
         if self.bits > 1:

@@ -98,7 +98,9 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         strided = torch.stack([x, -x], dim=1)[:, 0]  # x again, every other element of its storage
         strided_bits = torch.empty(full // 8, dtype=torch.uint8)
         codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
-        finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)])
+        finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)] + [
+            codecs.all_finite(codecs.block_sums(probe, torch.zeros(full), 8), summable=True)
+            for probe in _finite_probes(x)[:-1]])  # block sums of |x|^2, float32's largest ones too
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,
                         decoded_as, weights, float(headed), head, finite, codecs.compensated_sum(strided, err),
                         strided_bits))

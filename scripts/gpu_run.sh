@@ -32,8 +32,11 @@ echo "== bench/gpu_suite.py"
 timeout "${SUITE_S:-150}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
     ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \
     --out "$out/gpu_kernels" 2>&1 | tail -12
-echo "== scripts/cuda_launches.py: the same counts on meta tensors (tests/gpu checks that they are equal)"
-$py scripts/cuda_launches.py 2>&1 | tee "$out/cuda_launches.txt"
+echo "== scripts/cuda_launches.py: the same counts on meta tensors (tests/gpu checks that they are equal), and the meta"
+echo "   proxy's host time on this machine's CPU, to set beside gpu_suite's host time of the same calls"
+$py scripts/cuda_launches.py --numel 4096 --time 2>&1 | tee "$out/cuda_launches.txt"
+echo "== bench/gpu_host_profile.py: where one call's host time goes"
+timeout 90 $py bench/gpu_host_profile.py --out "$out/gpu_host_profile" 2>&1 | tail -3
 [ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"
 timeout "$(left)" $py -m pytest -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"

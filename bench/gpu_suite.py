@@ -97,7 +97,7 @@ def measure(numel: int, runs: int) -> dict:
     rows = bits.view(1, -1)
     one = torch.ones(1, device=dev)
     scales = torch.ones(8, device=dev)
-    wire = torch.empty(8, numel // 64, dtype=torch.uint8, device=dev)
+    wire = torch.empty(8, codecs.SCALE_BYTES + numel // 64, dtype=torch.uint8, device=dev)
     copy_s = timed(lambda: dst.copy_(x), runs)
     copy_bw = 8 * numel / copy_s
     kernels = {

@@ -430,18 +430,18 @@ def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:
 
 def randomized_encode(
     source: torch.Tensor, scales: torch.Tensor, seed: int, step: int, stage: str, rank: int, start: int,
-    bits: torch.Tensor,
+    rows: torch.Tensor,
 ) -> None:
-    """bits[r] <- Birder's binary randomization of row r of ``source`` (zero-padded), scale scales[r].
+    """Wire row r <- scales[r] at its head (as ``frame``), then Birder's binary randomization of row r of
+    ``source`` (zero-padded) with that scale, in one kernel.
 
     The random stream is the one of (seed, step, stage, rank); element i of ``source``
-    draws the threshold of index start + i. ``bits`` is (rows, row_bytes), possibly a
-    strided view of framed wire rows.
+    draws the threshold of index start + i. ``rows`` is (n, SCALE_BYTES + row_bytes).
     """
     src, lut = _source(source)
     key = np.uint64(stream_key(seed, step, STAGES[stage], rank))
     scales = scales.to(device=source.device, dtype=torch.float32)
-    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), key, start, _array(bits))
+    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), key, start, _array(rows))
 
 
 def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:

@@ -83,7 +83,7 @@ def variants() -> dict[str, tuple]:
         found[f"max |x| of rows (lanes), table={lut}"] = (kernels._absmax_lanes(lut).py_func,
                                                           (src, F32, I64, I64, I64, F32))
         found[f"randomized encode, table={lut}"] = (kernels._randomized_encode(lut).py_func,
-                                                    (src, F32, I64, F32, t.uint64, I64, rows(t.uint8)))
+                                                    (src, F32, I64, F32, t.uint64, I64, wire))
         for p in (1, 2):
             found[f"block sums of |x|^{p}, table={lut}"] = (kernels._block_power_sums(lut, p).py_func,
                                                             (src, F32, F32, I64, I64, I64, F64))

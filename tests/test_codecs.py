@@ -158,9 +158,11 @@ def test_randomized_encode_matches_the_reference(dtype: torch.dtype, data, rows:
     padded = reference.pad(x.float().numpy(), length)
     scales = codecs.row_absmax(x, rows, length)
     assert _same(scales.numpy(), reference.absmax_rows(padded, rows))
-    bits = torch.empty(rows, length // rows // 8, dtype=torch.uint8)
-    codecs.randomized_encode(x, scales, 17, step, "inter", rank, 0, bits)
+    wire = torch.empty(rows, codecs.SCALE_BYTES + length // rows // 8, dtype=torch.uint8)
+    codecs.randomized_encode(x, scales, 17, step, "inter", rank, 0, wire)
     key = stream_key(17, step, STAGES["inter"], rank)
+    heads, bits = codecs.unframe(wire)
+    assert torch.equal(heads, scales)
     assert np.array_equal(bits.numpy(), reference.binarize(padded, scales.numpy(), key, 0))
 
 

@@ -157,8 +157,7 @@ class BirderPlan(_NodePlan):
         row = ws.get("server", codecs.SCALE_BYTES + sub // 8, torch.uint8, self.device)
         own_scale = codecs.row_absmax(sub_average, 1, sub)
         codecs.randomized_encode(
-            sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub,
-            codecs.frame(row.view(1, -1), own_scale),
+            sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub, row.view(1, -1)
         )
         shard_rows = ws.get("shard_rows", nodes * row.numel(), torch.uint8, self.device)
         layout.inter.allgather(row, shard_rows)
@@ -184,7 +183,7 @@ def _binarize_exchange(
     size = group.size
     width = codecs.SCALE_BYTES + length // 8
     wire = workspace.get(name + ".send", size * width, torch.uint8, source.device).view(size, width)
-    codecs.randomized_encode(source, scales, seed, step, stage, rank, start, codecs.frame(wire, scales))
+    codecs.randomized_encode(source, scales, seed, step, stage, rank, start, wire)
     received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
     group.alltoall(wire.view(-1), received)
     weights, rows = codecs.unframe(received.view(size, width), size)

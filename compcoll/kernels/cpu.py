@@ -308,20 +308,25 @@ def row_absmax(src, lut, n_src, row_len, out):
 
 
 @_threaded
-def randomized_encode(src, lut, n_src, scales, key, start, bits):
-    """Birder's binary randomization, packed: bits[r] holds row r of x (src zero beyond n_src).
+def randomized_encode(src, lut, n_src, scales, key, start, rows):
+    """Birder's binary randomization, framed: wire row r holds scales[r] at its head, then row r of x, packed
+    (src zero beyond n_src).
 
-    ``bits`` is (rows, row_bytes) and may be a strided view (rows behind their scales).
-    For element i of x, in row r = i // (8 * row_bytes):
+    ``rows`` is (n, SCALE_BYTES + row_bytes). For element i of x, in row r = i // (8 * row_bytes):
     1. t = threshold of index start + i in stream ``key``.
     2. The bit is set when float64(x_i) > t * float64(scales[r]) (an exact product).
     Each block first writes its bits as bytes 0/1 in a loop that indexes from zero (so
     that Numba drops negative-index checks and LLVM vectorizes the hash), then packs them.
     """
-    rows, row_bytes = bits.shape
+    n, width = rows.shape
+    row_bytes = width - SCALE_BYTES
+    head = np.empty(1, np.float32)
+    for r in range(n):
+        head[0] = scales[r]
+        rows[r, :SCALE_BYTES] = head.view(np.uint8)
     per_block = BLOCK // 8
     blocks_per_row = (row_bytes + per_block - 1) // per_block
-    for t in prange(rows * blocks_per_row):
+    for t in prange(n * blocks_per_row):
         r = t // blocks_per_row
         lo = (t % blocks_per_row) * per_block
         hi = min(row_bytes, lo + per_block)
@@ -336,7 +341,7 @@ def randomized_encode(src, lut, n_src, scales, key, start, bits):
         tail_flags = flags[valid:]
         for e in range(count - valid):
             tail_flags[e] = 0.0 > _threshold(key, start + first + valid + e) * scale
-        _pack(flags, bits[r, lo:hi])
+        _pack(flags, rows[r, SCALE_BYTES + lo:SCALE_BYTES + hi])
 
 
 @_threaded

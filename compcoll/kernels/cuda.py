@@ -646,11 +646,18 @@ def _randomized_encode(with_lut: bool):
     load = _LOADS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, n_src, scales, key, start, bits):
+    def kernel(src, lut, n_src, scales, key, start, rows):
         signs = cuda.shared.array(TILE, np.uint8)
+        head = cuda.local.array(1, np.float32)
         lane = cuda.threadIdx.x
-        rows, row_bytes = bits.shape
-        total = rows * row_bytes
+        n, width = rows.shape
+        row_bytes = width - SCALE_BYTES
+        for r in range(cuda.grid(1), n, cuda.gridsize(1)):
+            head[0] = scales[r]
+            raw = head.view(np.uint8)
+            for j in range(SCALE_BYTES):
+                rows[r, j] = raw[j]
+        total = n * row_bytes
         row_len = row_bytes * 8
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
@@ -663,19 +670,20 @@ def _randomized_encode(with_lut: bool):
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
-                bits[t // row_bytes, t % row_bytes] = _pack(signs, 8 * lane)
+                rows[t // row_bytes, SCALE_BYTES + t % row_bytes] = _pack(signs, 8 * lane)
             cuda.syncthreads()
 
     return kernel
 
 
-def randomized_encode(src, lut, n_src, scales, key, start, bits, stream=0) -> None:
-    """bits[r] <- Birder's binary randomization of row r of x: bit i set when x_i > t_i * scale_r, as the CPU kernel.
+def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> None:
+    """Wire row r <- scales[r] at its head, then Birder's binary randomization of row r of x: bit i set when
+    x_i > t_i * scale_r, as the CPU kernel (the head written by the kernel: no copy by torch).
 
     Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory.
     """
-    launch(_randomized_encode(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
-           src, _table(lut, stream), n_src, scales, np.uint64(key), start, bits)
+    launch(_randomized_encode(lut is not None), _grid(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
+           stream, src, _table(lut, stream), n_src, scales, np.uint64(key), start, rows)
 
 
 @lru_cache(maxsize=None)

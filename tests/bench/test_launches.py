@@ -18,9 +18,9 @@ from compcoll.spec import BLOCK, LANES
 COLLAPSING = TAIL // LANES * BLOCK
 """Elements (1M) past which a sum's lane sums exceed ``TAIL``, so each sum takes one more launch (``_collapse``)."""
 EXPECTED = {
-    False: {"gather_scatter": (5, 1, 3), "allgather": (3, 1, 2), "hierarchical": (6, 1, 7), "birder": (14, 1, 9),
+    False: {"gather_scatter": (5, 1, 3), "allgather": (3, 1, 2), "hierarchical": (6, 1, 7), "birder": (14, 1, 6),
             "gather_scatter_blocks": (10, 1, 3), "allgather_blocks": (5, 1, 2)},
-    True: {"gather_scatter": (7, 1, 3), "allgather": (5, 1, 2), "hierarchical": (8, 1, 7), "birder": (16, 1, 9),
+    True: {"gather_scatter": (7, 1, 3), "allgather": (5, 1, 2), "hierarchical": (8, 1, 7), "birder": (16, 1, 6),
            "gather_scatter_blocks": (10, 1, 3), "allgather_blocks": (5, 1, 2)},
 }
 """(launches, waits, torch operators) per protocol below and past ``COLLAPSING``. The launches are those the H200
@@ -31,8 +31,9 @@ scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.fra
 (``codecs.unframe_blocks``, the weights' division in it) is one launch at any length, where torch took 87 operators
 (gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators include the transport's copies:
 gather-scatter's 3 are its 2 and the weights' copy to the device (the server's scale goes into its frame head in the
-launch that sums it, and the decode reads the heads). Birder's two exchanges read their weights s / size from the
-frame heads in one launch each (``codecs.unframe`` with a divisor), where torch took a copy, a fill and a division
+launch that sums it, and the decode reads the heads). Birder's three encodes write their scales into the frame heads
+themselves (``codecs.randomized_encode``), and its two exchanges read their weights s / size from the heads in one
+launch each (``codecs.unframe`` with a divisor), where torch took a copy each, and a copy, a fill and a division
 (15 operators until 2026-11-28). The block sums' finite check is their one float64 sum (``codecs.all_finite``,
 ``summable``: the sums of float32 squares cannot overflow it), not two operators."""
 

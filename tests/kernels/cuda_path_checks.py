@@ -86,7 +86,7 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.decode(rows, torch.tensor([1.5, 2.5, 3.5]), out)
         maxima = codecs.row_absmax(x, 3, full)
         wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8)
-        codecs.randomized_encode(x, maxima, 7, 2, "node", 1, 0, codecs.frame(wire, maxima))
+        codecs.randomized_encode(x, maxima, 7, 2, "node", 1, 0, wire)
         decoded = torch.empty(full)
         codecs.decode_framed(wire, decoded)
         decoded_as = torch.empty(full, dtype=dtype)  # a 16-bit output's scales rounded first

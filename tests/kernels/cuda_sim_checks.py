@@ -263,10 +263,11 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     key = reference.stream_key(7, 3, reference.STAGES["inter"], 1)
     width = codecs.SCALE_BYTES + chunk // 8
     framed = np.zeros((world, width), np.uint8)
-    cpu.randomized_encode(src, lut, numel, maxima, np.uint64(key), 11, framed[:, codecs.SCALE_BYTES:])
+    cpu.randomized_encode(src, lut, numel, maxima, np.uint64(key), 11, framed)
+    assert np.array_equal(framed[:, :codecs.SCALE_BYTES].copy().view(np.float32).reshape(-1), maxima,
+                          equal_nan=True), "randomized_encode's heads"
     d_framed = cuda.cuda.to_device(np.zeros((world, width), np.uint8))
-    cuda.randomized_encode(d_src, d_lut, numel, cuda.cuda.to_device(maxima), key, 11,
-                           d_framed[:, codecs.SCALE_BYTES:])
+    cuda.randomized_encode(d_src, d_lut, numel, cuda.cuda.to_device(maxima), key, 11, d_framed)
     assert np.array_equal(d_framed.copy_to_host(), framed), "randomized_encode"
     padded = np.zeros(full, np.float32)
     padded[:numel] = values

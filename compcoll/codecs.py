@@ -518,6 +518,18 @@ def decode_blocks(bits: torch.Tensor, scales: torch.Tensor, block_size: int, out
     _run("decode_blocks", out, _array(bits), _array(scales), block_size, _array(out.view(-1)), out.numel())
 
 
+def decode_framed_blocks(rows: torch.Tensor, per_row: int, block_size: int, out: torch.Tensor) -> None:
+    """out (float32, contiguous) <- the decode of (n, SCALE_BYTES + per_row + nbytes) block-framed wire rows,
+    cut to out.numel(): ``unframe_blocks``, then ``decode_blocks``. On CUDA one kernel decodes each element's
+    block scale from its row's head and code itself (``kernels.cuda.decode_framed_blocks``)."""
+    if on_host(rows):
+        scales, bits = unframe_blocks(rows, per_row)
+        decode_blocks(bits, scales, block_size, out)
+        return
+    _run("decode_framed_blocks", out, _array(rows), _steps(rows), per_row, block_size, _array(out.view(-1)),
+         out.numel())
+
+
 @lru_cache(maxsize=None)
 def _scale_steps(device: torch.device) -> torch.Tensor:
     """``spec.SCALE_STEPS`` on ``device`` (copied, so every device holds the host's bits)."""

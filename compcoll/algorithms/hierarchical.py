@@ -328,9 +328,8 @@ class CompensatedPlan(_NodePlan):
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
             layout.intra.allgather(rows.view(-1), gathered)
-            row_scales, bits = codecs.unframe_blocks(gathered.view(n, -1), -(-sub // b))
             decoded = float32_target(result, numel, ws)
-            codecs.decode_blocks(bits, row_scales, b, decoded)
+            codecs.decode_framed_blocks(gathered.view(n, -1), -(-sub // b), b, decoded)
             if decoded.data_ptr() != result.data_ptr():
                 result.view(-1).copy_(decoded)
             return result

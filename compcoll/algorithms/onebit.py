@@ -225,8 +225,7 @@ class FlatPlan(Plan):
         elif self.protocol == "gather_scatter":
             served = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
             decoded = float32_target(result, self.numel, ws)
-            row_scales, bits = codecs.unframe_blocks(served, -(-self.chunk // b))
-            codecs.decode_blocks(bits, row_scales, b, decoded)
+            codecs.decode_framed_blocks(served, -(-self.chunk // b), b, decoded)
         else:
             width = SCALE_BYTES + -(-full // b) + full // 8
             send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)

@@ -798,6 +798,26 @@ def decode_blocks(bits, scales, block, out, n_out, stream=0) -> None:
     launch(_decode_blocks, _grid(n_out), THREADS, stream, bits, scales, block, out, n_out)
 
 
+@cuda.jit
+def _decode_framed_blocks(rows, steps, per_row, block, out, n_out):
+    row_len = (rows.shape[1] - SCALE_BYTES - per_row) * 8
+    signs = SCALE_BYTES + per_row
+    head = cuda.local.array(SCALE_BYTES, np.uint8)
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        r = i // row_len
+        k = i - r * row_len
+        _read_head(rows, r, head)
+        s = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + k // block]])
+        out[i] = s if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else -s
+
+
+def decode_framed_blocks(rows, steps, per_row, block, out, n_out, stream=0) -> None:
+    """out[i] = +-float32(float64(ref_r) * steps[code]) for element k of row r, its block's code behind the row's
+    head (its largest scale's 4 bytes) and its sign behind the codes, cut to n_out: ``decode_codes`` then
+    ``decode_blocks`` (divisor 1) in one launch, one thread per element."""
+    launch(_decode_framed_blocks, _grid(n_out), THREADS, stream, rows, steps, per_row, block, out, n_out)
+
+
 @lru_cache(maxsize=None)
 def _block_absmax(with_lut: bool):
     load = _LOADS[with_lut]

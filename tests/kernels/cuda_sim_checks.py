@@ -329,6 +329,16 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
     cuda.decode_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "decode_blocks"
 
+    wire = np.zeros((world, codecs.SCALE_BYTES + blocks + chunk // 8), np.uint8)  # coded scales, then the signs
+    coded = np.empty((world, blocks), np.float32)
+    cpu.code_blocks(scales, block, chunk, 0, spec.SCALE_STEPS, wire, coded)
+    wire[:, codecs.SCALE_BYTES + blocks:] = rows
+    cpu.decode_blocks(rows, coded, block, out, numel)
+    d_out = cuda.cuda.device_array(numel, np.float32)
+    cuda.decode_framed_blocks(cuda.cuda.to_device(wire), cuda.cuda.to_device(spec.SCALE_STEPS), blocks, block,
+                              d_out, numel)
+    assert np.array_equal(d_out.copy_to_host(), out), "decode_framed_blocks"
+
 
 def tie_scales() -> np.ndarray:
     """1.0 and the float32 scales exactly halfway between two of its row's neighbouring values (a tie in float64:

@@ -498,6 +498,14 @@ def _read_head(rows, r, head):
         head[j] = rows[r, j]
 
 
+@cuda.jit(device=True)
+def _coded_scale(rows, r, b, steps, head):
+    """Block b's scale in wire row r: float32(float64(ref_r) * steps[code_b]), ref_r the row's head (read through
+    ``head``, a local array) and code_b its b-th byte behind it."""
+    _read_head(rows, r, head)
+    return np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + b]])
+
+
 @cuda.jit
 def _decode_codes(rows, steps, divisor, decoded):
     n, m = decoded.shape
@@ -505,9 +513,7 @@ def _decode_codes(rows, steps, divisor, decoded):
     head = cuda.local.array(SCALE_BYTES, np.uint8)
     for t in range(cuda.grid(1), n * m, cuda.gridsize(1)):
         r = t // m
-        _read_head(rows, r, head)
-        value = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + t % m]])
-        decoded[r, t % m] = value / by
+        decoded[r, t % m] = _coded_scale(rows, r, t % m, steps, head) / by
 
 
 def decode_codes(rows, steps, divisor, decoded, stream=0) -> None:
@@ -806,8 +812,7 @@ def _decode_framed_blocks(rows, steps, per_row, block, out, n_out):
     for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
         r = i // row_len
         k = i - r * row_len
-        _read_head(rows, r, head)
-        s = np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + k // block]])
+        s = _coded_scale(rows, r, k // block, steps, head)
         out[i] = s if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else -s
 
 

@@ -192,7 +192,7 @@ def block_scales_from(totals: np.ndarray, lengths: np.ndarray, scale: str) -> np
 
 def mix64(z: np.ndarray | int) -> np.ndarray | int:
     """SplitMix64's finalizer on uint64 values (arithmetic modulo 2^64): an array of them, or one Python int (the
-    same bits in int arithmetic, about 20 times faster than a one-element array on the host)."""
+    same bits in int arithmetic: ``stream_key`` takes 1.4 us so, 19 us through one-element arrays)."""
     if isinstance(z, int):
         z = ((z ^ (z >> 30)) * MIX1) & MASK64
         z = ((z ^ (z >> 27)) * MIX2) & MASK64

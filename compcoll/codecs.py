@@ -512,22 +512,35 @@ def accumulate_blocks(bits: torch.Tensor, weights: torch.Tensor, block_size: int
          count)
 
 
-def decode_blocks(bits: torch.Tensor, scales: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
-    """out (float32, contiguous) <- +-scales[r, k // block_size] for element k of row r of ``bits``, cut to
-    out.numel()."""
-    _run("decode_blocks", out, _array(bits), _array(scales), block_size, _array(out.view(-1)), out.numel())
+_RAW = {torch.float32: (torch.int32, np.uint32, 1 << 31), torch.float16: (torch.int16, np.uint16, 1 << 15),
+        torch.bfloat16: (torch.int16, np.uint16, 1 << 15)}
+"""Per output dtype: the torch and numpy integer types of its raw bits, and its sign bit."""
+
+
+def _raw_host(tensor: torch.Tensor) -> np.ndarray:
+    """The raw bits of a contiguous CPU float tensor as a flat unsigned numpy view (no copy; numpy has no bfloat16)."""
+    torch_int, numpy_uint, _ = _RAW[tensor.dtype]
+    return tensor.reshape(-1).view(torch_int).numpy().view(numpy_uint)
 
 
 def decode_framed_blocks(rows: torch.Tensor, per_row: int, block_size: int, out: torch.Tensor) -> None:
-    """out (float32, contiguous) <- the decode of (n, SCALE_BYTES + per_row + nbytes) block-framed wire rows,
-    cut to out.numel(): ``unframe_blocks``, then ``decode_blocks``. On CUDA one kernel decodes each element's
-    block scale from its row's head and code itself (``kernels.cuda.decode_framed_blocks``)."""
-    if on_host(rows):
-        scales, bits = unframe_blocks(rows, per_row)
-        decode_blocks(bits, scales, block_size, out)
+    """out (contiguous; float32, float16 or bfloat16) <- the decode of (n, SCALE_BYTES + per_row + nbytes)
+    block-framed wire rows, cut to out.numel(): element k of row r is +-s, s its block's scale
+    (``unframe_blocks``) rounded to out's dtype (to nearest even, as torch rounds), - for a clear bit.
+
+    1. CUDA: one kernel decodes each element's scale from its row's head and code, rounds it
+       and writes it or its negation (``kernels.cuda.decode_framed_blocks``).
+    2. CPU: the block scales decoded (``unframe_blocks``) and rounded by torch, then each
+       element's, or its sign bit flipped, on raw bits (``kernels.cpu.decode_blocks``).
+    """
+    _, raw, sign = _RAW[out.dtype]
+    if not on_host(rows):
+        _run("decode_framed_blocks", out, _array(rows), _steps(rows), per_row, block_size,
+             DeviceArray.flat(out, raw), out.numel(), str(out.dtype).removeprefix("torch."))
         return
-    _run("decode_framed_blocks", out, _array(rows), _steps(rows), per_row, block_size, _array(out.view(-1)),
-         out.numel())
+    scales, bits = unframe_blocks(rows, per_row)
+    rounded = _raw_host(scales.to(out.dtype)).reshape(scales.shape)
+    _run("decode_blocks", out, bits.numpy(), rounded, block_size, raw(sign), _raw_host(out), out.numel())
 
 
 @lru_cache(maxsize=None)

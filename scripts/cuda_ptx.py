@@ -93,10 +93,9 @@ def variants() -> dict[str, tuple]:
                                                 (src, F32, F32, I64, I64, I64, F32))
         found[f"encode levels, table={lut}"] = (kernels._encode_levels(lut).py_func,
                                                 (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
-    found["decode with the block scales in the frames"] = (kernels._decode_framed_blocks.py_func,
-                                                           (wire, F64, I64, I64, F32, I64))
-    found["decode with block scales"] = (kernels._decode_blocks.py_func,
-                                         (rows(t.uint8), rows(t.float32), I64, F32, I64))
+    for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
+        found[f"decode to {name} with the block scales in the frames"] = (
+            kernels._decode_framed_blocks(name).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
     found["accumulate levels"] = (kernels._accumulate_levels.py_func,
                                   (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
     for base in (False, True):
@@ -125,7 +124,7 @@ def ieee_problem(name: str, ptx: str) -> str | None:
         wanted = (*roots, "mul.f64", "cvt.rn.f32.f64")
     elif name == "decode block codes":
         wanted = ("mul.f64", "cvt.rn.f32.f64", "div.rn.f32")
-    elif name == "decode with the block scales in the frames":
+    elif name.endswith("with the block scales in the frames"):
         wanted = ("mul.f64", "cvt.rn.f32.f64")
     elif name.startswith("encode levels"):
         wanted = ("div.rn.f32", "cvt.rn.f32.f64")

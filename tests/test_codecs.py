@@ -201,3 +201,24 @@ def test_unframe_divides_a_copy_of_the_heads() -> None:
         expected = codecs.divide_(before[:, :codecs.SCALE_BYTES].flatten().clone().view(torch.float32), divisor)
         assert torch.equal(weights, expected) and torch.equal(rows, before)
         assert torch.equal(signs, rows[:, codecs.SCALE_BYTES:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_block_decode_to_16_bit_rounds_as_torch(dtype: torch.dtype) -> None:
+    """``codecs.decode_framed_blocks`` into a 16-bit output = the float32 decode cast by torch, element for element
+    (the scales rounded once, their negations by the sign bit), cut at an awkward length; the float32 decode =
+    the reference's."""
+    rng = np.random.default_rng(11)
+    n, block, row_len = 3, 8, 40
+    blocks = row_len // block
+    scales = (rng.random(n * blocks) * 10.0 ** rng.integers(-6, 6, n * blocks)).astype(np.float32)
+    wire = torch.from_numpy(rng.integers(0, 256, (n, codecs.SCALE_BYTES + blocks + row_len // 8), dtype=np.uint8))
+    decoded, _ = codecs.frame_scales(wire, torch.from_numpy(scales))
+    numel = n * row_len - 5
+    full, half = torch.empty(numel), torch.empty(numel, dtype=dtype)
+    codecs.decode_framed_blocks(wire, blocks, block, full)
+    codecs.decode_framed_blocks(wire, blocks, block, half)
+    signs = reference.unpack(wire[:, codecs.SCALE_BYTES + blocks:].numpy().reshape(-1), n * row_len)
+    want = np.repeat(decoded.numpy().reshape(-1), block) * signs
+    assert np.array_equal(full.numpy(), want[:numel].astype(np.float32))
+    assert torch.equal(half.view(torch.int16), full.to(dtype).view(torch.int16))

@@ -17,7 +17,7 @@ from .agreement import Option, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
-from .onebit import float32_target, serve, serve_blocks
+from .onebit import serve, serve_blocks
 from .plan import Plan, cached_plan
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
@@ -328,10 +328,7 @@ class CompensatedPlan(_NodePlan):
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
             layout.intra.allgather(rows.view(-1), gathered)
-            decoded = float32_target(result, numel, ws)
-            codecs.decode_framed_blocks(gathered.view(n, -1), -(-sub // b), b, decoded)
-            if decoded.data_ptr() != result.data_ptr():
-                result.view(-1).copy_(decoded)
+            codecs.decode_framed_blocks(gathered.view(n, -1), -(-sub // b), b, result)
             return result
         total = codecs.compensated_sum(average, worker_error, self.scale)
         finite = math.isfinite(total)

@@ -205,7 +205,9 @@ class FlatPlan(Plan):
         2. Gather-scatter: ``serve_blocks`` (levels: ``serve_levels``). Allgather: the block
            scales coded over the whole vector, encoded behind them; all-gather; every rank
            averages all ranks' rows (weights s_w[i, b] / n of the decoded scales).
-        3. Decode (into float32 scratch first for a 16-bit result).
+        3. Decode: gather-scatter straight into the result, its scales rounded to its dtype
+           (``codecs.decode_framed_blocks``); levels and allgather into float32 scratch first for
+           a 16-bit result.
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
@@ -224,8 +226,8 @@ class FlatPlan(Plan):
                                              decoded[r * self.chunk:r * self.chunk + count], count)
         elif self.protocol == "gather_scatter":
             served = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
-            decoded = float32_target(result, self.numel, ws)
-            codecs.decode_framed_blocks(served, -(-self.chunk // b), b, decoded)
+            codecs.decode_framed_blocks(served, -(-self.chunk // b), b, result)
+            return result
         else:
             width = SCALE_BYTES + -(-full // b) + full // 8
             send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)
@@ -236,7 +238,7 @@ class FlatPlan(Plan):
             decoded = float32_target(result, full, ws)
             weights, bits = codecs.unframe_blocks(received.view(n, width), -(-full // b), n)
             codecs.accumulate_blocks(bits, weights, b, None, decoded, decoded.numel())
-        if decoded.data_ptr() != result.data_ptr():
+        if result.dtype != torch.float32:
             result.view(-1).copy_(decoded[:self.numel])
         return result
 

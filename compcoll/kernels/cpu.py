@@ -493,10 +493,12 @@ def decode_codes(rows, steps, divisor, decoded):
 
 
 @_threaded
-def decode_blocks(bits, scales, block, out, n_out):
-    """out[i] = +-scales[r, k // block] for element k of row r of ``bits`` (set bit: +), cut to n_out (float32).
+def decode_blocks(bits, scales, block, sign, out, n_out):
+    """out[i] = +-scales[r, k // block] for element k of row r of ``bits`` (set bit: +), cut to n_out, on raw bits.
 
-    ``bits`` is (rows, row_bytes) (possibly strided), ``scales`` (rows, 8 * row_bytes / block).
+    ``bits`` is (rows, row_bytes) (possibly strided); ``scales`` (rows, 8 * row_bytes / block) and ``out`` hold
+    the raw bits of one float dtype (uint32 for float32, uint16 for a 16-bit one), and ``sign`` is its sign bit:
+    -s is s with that bit flipped.
     """
     rows, row_bytes = bits.shape
     per_task = BLOCK // 8
@@ -513,7 +515,7 @@ def decode_blocks(bits, scales, block, out, n_out):
             dest = out[start:start + count]
             for e in range(count):
                 s = scales[r, (lo * 8 + e) // block]
-                dest[e] = s if flags[e] else -s
+                dest[e] = s if flags[e] else s ^ sign
 
 
 @_threaded

@@ -789,38 +789,32 @@ def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
            bits, weights, block, out if base is None else base, out, n_out)
 
 
-@cuda.jit
-def _decode_blocks(bits, scales, block, out, n_out):
-    row_len = bits.shape[1] * 8
-    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-        r = i // row_len
-        k = i - r * row_len
-        s = scales[r, k // block]
-        out[i] = s if (bits[r, k >> 3] >> (7 - (k & 7))) & 1 else -s
+@lru_cache(maxsize=None)
+def _decode_framed_blocks(dtype: str):
+    rounded, sign = _ROUNDINGS[dtype]
+
+    @cuda.jit
+    def kernel(rows, steps, per_row, block, out, n_out):
+        row_len = (rows.shape[1] - SCALE_BYTES - per_row) * 8
+        signs = SCALE_BYTES + per_row
+        head = cuda.local.array(SCALE_BYTES, np.uint8)
+        value = cuda.local.array(1, np.float32)
+        for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+            r = i // row_len
+            k = i - r * row_len
+            value[0] = _coded_scale(rows, r, k // block, steps, head)
+            high = rounded(np.int64(value.view(np.uint32)[0]))
+            out[i] = high if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else high ^ sign
+
+    return kernel
 
 
-def decode_blocks(bits, scales, block, out, n_out, stream=0) -> None:
-    """out[i] = +-scales[r, k // block] for element k of row r (set bit: +), cut to n_out, as the CPU kernel."""
-    launch(_decode_blocks, _grid(n_out), THREADS, stream, bits, scales, block, out, n_out)
-
-
-@cuda.jit
-def _decode_framed_blocks(rows, steps, per_row, block, out, n_out):
-    row_len = (rows.shape[1] - SCALE_BYTES - per_row) * 8
-    signs = SCALE_BYTES + per_row
-    head = cuda.local.array(SCALE_BYTES, np.uint8)
-    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-        r = i // row_len
-        k = i - r * row_len
-        s = _coded_scale(rows, r, k // block, steps, head)
-        out[i] = s if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else -s
-
-
-def decode_framed_blocks(rows, steps, per_row, block, out, n_out, stream=0) -> None:
-    """out[i] = +-float32(float64(ref_r) * steps[code]) for element k of row r, its block's code behind the row's
-    head (its largest scale's 4 bytes) and its sign behind the codes, cut to n_out: ``decode_codes`` then
-    ``decode_blocks`` (divisor 1) in one launch, one thread per element."""
-    launch(_decode_framed_blocks, _grid(n_out), THREADS, stream, rows, steps, per_row, block, out, n_out)
+def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, stream=0) -> None:
+    """out[i] = +-s for element k of row r, cut to n_out, where s = float32(float64(ref_r) * steps[code]) from its
+    block's code behind the row's head (its largest scale's 4 bytes), rounded to ``dtype`` (as ``decode_framed``),
+    and its sign behind the codes: the block scales' decode and the elements' in one launch, one thread per
+    element. ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
+    launch(_decode_framed_blocks(dtype), _grid(n_out), THREADS, stream, rows, steps, per_row, block, out, n_out)
 
 
 @lru_cache(maxsize=None)

@@ -100,7 +100,7 @@ def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: i
         acc = torch.empty(full // 3, device=device)
         codecs.accumulate_blocks(bits, codecs.divide_(decoded.clone(), 3), block, None, acc, full // 3)
         out = torch.empty(full, device=device)
-        codecs.decode_blocks(bits, decoded, block, out)
+        codecs.decode_framed_blocks(wire, blocks, block, out)
         calls = []
         for protocol in ("gather_scatter", "allgather"):
             padded = -(-numel // 8) * 8

@@ -321,23 +321,25 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
         assert np.array_equal(d_out.copy_to_host(), out), "accumulate_blocks"
 
     out = np.empty(numel, np.float32)
-    cpu.decode_blocks(rows, weights, block, out, numel)
+    cpu.decode_blocks(rows, weights.view(np.uint32), block, np.uint32(1 << 31), out.view(np.uint32), numel)
     lengths = np.tile(reference.block_lengths(chunk, block), world)
     want = (np.repeat(weights.reshape(-1), lengths) * reference.unpack(rows.reshape(-1), full))[:numel]
     assert np.array_equal(out, want), "cpu decode"
-    d_out = cuda.cuda.device_array(numel, np.float32)
-    cuda.decode_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, d_out, numel)
-    assert np.array_equal(d_out.copy_to_host(), out), "decode_blocks"
 
     wire = np.zeros((world, codecs.SCALE_BYTES + blocks + chunk // 8), np.uint8)  # coded scales, then the signs
     coded = np.empty((world, blocks), np.float32)
     cpu.code_blocks(scales, block, chunk, 0, spec.SCALE_STEPS, wire, coded)
     wire[:, codecs.SCALE_BYTES + blocks:] = rows
-    cpu.decode_blocks(rows, coded, block, out, numel)
-    d_out = cuda.cuda.device_array(numel, np.float32)
-    cuda.decode_framed_blocks(cuda.cuda.to_device(wire), cuda.cuda.to_device(spec.SCALE_STEPS), blocks, block,
-                              d_out, numel)
-    assert np.array_equal(d_out.copy_to_host(), out), "decode_framed_blocks"
+    for kind, raw in (("float32", np.uint32), ("float16", np.uint16), ("bfloat16", np.uint16)):
+        rounded = torch.from_numpy(coded).to(getattr(torch, kind))  # the scales as torch rounds them
+        rounded = rounded.view(torch.int32 if raw is np.uint32 else torch.int16).numpy().view(raw)
+        sign = raw(1 << (8 * np.dtype(raw).itemsize - 1))
+        out = np.empty(numel, raw)
+        cpu.decode_blocks(rows, rounded, block, sign, out, numel)
+        d_out = cuda.cuda.device_array(numel, raw)
+        cuda.decode_framed_blocks(cuda.cuda.to_device(wire), cuda.cuda.to_device(spec.SCALE_STEPS), blocks, block,
+                                  d_out, numel, kind)
+        assert np.array_equal(d_out.copy_to_host(), out), ("decode_framed_blocks", kind)
 
 
 def tie_scales() -> np.ndarray:

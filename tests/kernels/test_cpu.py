@@ -170,6 +170,7 @@ def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
         slices = [rows[r].copy() for r in range(world)]
         assert np.array_equal(out, reference.average_block_signs(slices, list(weights), chunk, block))
         decoded = np.empty(numel, np.float32)
-        kernels.decode_blocks(rows, weights, block, decoded, numel)
+        kernels.decode_blocks(rows, weights.view(np.uint32), block, np.uint32(1 << 31), decoded.view(np.uint32),
+                              numel)
         lengths = np.tile(reference.block_lengths(chunk, block), world)
         assert np.array_equal(decoded, (np.repeat(scales, lengths) * reference.unpack(ref_bits, full))[:numel])

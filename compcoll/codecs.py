@@ -398,6 +398,11 @@ def _decode_host(bits: np.ndarray, positive: np.ndarray, out: torch.Tensor) -> N
     _run("select_decode", out, bits, positive, -positive, out.numpy().reshape(-1), out.numel())
 
 
+_RAW = {torch.float32: (torch.int32, np.uint32, 1 << 31), torch.float16: (torch.int16, np.uint16, 1 << 15),
+        torch.bfloat16: (torch.int16, np.uint16, 1 << 15)}
+"""Per output dtype: the torch and numpy integer types of its raw bits, and its sign bit."""
+
+
 def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
     """out (contiguous) <- the decode of (n, SCALE_BYTES + nbytes) wire rows: ``unframe``, then ``decode``.
 
@@ -406,8 +411,7 @@ def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
     by torch first.
     """
     if not on_host(rows):
-        raw = np.uint32 if out.dtype == torch.float32 else np.uint16
-        _run("decode_framed", rows, _array(rows), DeviceArray.flat(out, raw), out.numel(),
+        _run("decode_framed", rows, _array(rows), DeviceArray.flat(out, _RAW[out.dtype][1]), out.numel(),
              str(out.dtype).removeprefix("torch."))
     elif out.dtype == torch.float32:
         table = rows.numpy()
@@ -510,11 +514,6 @@ def accumulate_blocks(bits: torch.Tensor, weights: torch.Tensor, block_size: int
     out_view = _array(out)
     _run("accumulate_blocks", out, _array(bits), _array(weights), block_size, _base(base, out, out_view), out_view,
          count)
-
-
-_RAW = {torch.float32: (torch.int32, np.uint32, 1 << 31), torch.float16: (torch.int16, np.uint16, 1 << 15),
-        torch.bfloat16: (torch.int16, np.uint16, 1 << 15)}
-"""Per output dtype: the torch and numpy integer types of its raw bits, and its sign bit."""
 
 
 def _raw_host(tensor: torch.Tensor) -> np.ndarray:

@@ -198,11 +198,9 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
     send = workspace.get("scatter.send", n * width, torch.uint8, device).view(n, width)
     if bits == 1:
         scales, packed = codecs.frame_scales(send, stats, scale, b, row_len)
-    else:
-        scales, packed = codecs.frame_scales(send, codecs.level_steps(stats, bits))
-    if bits == 1:
         codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
     else:
+        scales, packed = codecs.frame_scales(send, codecs.level_steps(stats, bits))
         codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
     received = workspace.get("scatter.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)

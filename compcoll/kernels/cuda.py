@@ -425,6 +425,16 @@ def average_rows(rows, out, stream=0) -> None:
     launch(_average_rows, _grid(rows.shape[1]), THREADS, stream, rows, out)
 
 
+@cuda.jit(device=True)
+def _write_head(rows, r, value, head):
+    """The ``SCALE_BYTES`` bytes at the head of wire row r <- float32 ``value``'s, through ``head`` (a one-element
+    float32 local array) and its ``.view``: ``_read_head``'s inverse."""
+    head[0] = value
+    raw = head.view(np.uint8)
+    for j in range(SCALE_BYTES):
+        rows[r, j] = raw[j]
+
+
 CODE_THREADS = 256
 """Threads of a block of ``_code_blocks``: one block codes one row (a power of two, for its max's tree)."""
 _block_scale = cuda.jit(device=True)(scalar.block_scale)
@@ -458,10 +468,7 @@ def _code_blocks(power: int):
             for k in range(tid, 256, CODE_THREADS):
                 values[k] = np.float32(np.float64(ref) * steps[k])
             if tid == 0:
-                head[0] = ref
-                raw = head.view(np.uint8)
-                for j in range(SCALE_BYTES):
-                    rows[r, j] = raw[j]
+                _write_head(rows, r, ref, head)
             cuda.syncthreads()
             for b in range(tid, m, CODE_THREADS):
                 code = _nearest_code(values, decoded[r, b])
@@ -659,10 +666,7 @@ def _randomized_encode(with_lut: bool):
         n, width = rows.shape
         row_bytes = width - SCALE_BYTES
         for r in range(cuda.grid(1), n, cuda.gridsize(1)):
-            head[0] = scales[r]
-            raw = head.view(np.uint8)
-            for j in range(SCALE_BYTES):
-                rows[r, j] = raw[j]
+            _write_head(rows, r, scales[r], head)
         total = n * row_bytes
         row_len = row_bytes * 8
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):

@@ -12,7 +12,11 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
 2. The host time of one ``compressed_allreduce`` call on one rank at ``--numel`` elements,
    and its profile (``cProfile`` over ``--calls`` calls): the functions with the most time of
    their own and the most time in all.
-Writes OUT.txt with the GPU's name.
+3. The same call's timeline under ``torch.profiler`` (CUPTI sees every kernel, numba's and
+   ``cuda.core``'s too): per call, the wall time, the kernels' device time, and the
+   device's idle time between the call's first kernel's start and its last kernel's end; the
+   operators and kernels by host and by device time.
+Writes OUT.txt with the GPU's name, and OUT.trace.json (the profiler's trace, for chrome://tracing).
 """
 
 from __future__ import annotations
@@ -112,6 +116,42 @@ def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
     return host, text.getvalue(), counts
 
 
+def timeline(numel: int, calls: int, trace: Path) -> str:
+    """``calls`` calls of one rank's compressed_allreduce at ``numel`` under ``torch.profiler``: a summary and tables.
+
+    1. Warm the call up, then profile ``calls`` calls in a row (CPU and CUDA activities).
+    2. From the kernels' device intervals: their total time per call, and the span from the
+       first kernel's start to the last kernel's end per call less that total (the device
+       idle, waiting for the host's launches).
+    3. Tables of the operators and API calls by their own host time, and by device time.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(numel, device=dev, generator=torch.Generator(device=dev).manual_seed(numel))
+    full = compcoll.padded_numel(numel, 1)
+    we, se, out = torch.zeros(full, device=dev), torch.zeros(full, device=dev), torch.empty(numel, device=dev)
+    comm = compcoll.SingleComm()
+    for _ in range(20):
+        compcoll.compressed_allreduce(x, we, se, comm, out=out)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            compcoll.compressed_allreduce(x, we, se, comm, out=out)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy = sum(end - start for start, end in kernels)
+    span = kernels[-1][1] - kernels[0][0] if kernels else 0.0
+    averages = prof.key_averages()
+    return "\n".join([
+        f"{calls} calls at {numel} elements: {len(kernels) / calls:.1f} device activities a call, their device time "
+        f"{busy / calls:.1f} us a call, the device span {span / calls:.1f} us a call (idle {(span - busy) / calls:.1f})",
+        averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60),
+        averages.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--loops", type=int, default=500)
@@ -128,6 +168,8 @@ def main() -> int:
     lines.append(f"compressed_allreduce, 1 rank, {args.numel} elements: {host:.1f} us of host time per call; {counts}")
     lines.append(f"# cProfile over {args.calls} calls")
     lines.append(text)
+    lines.append("# torch.profiler over 20 calls")
+    lines.append(timeline(args.numel, 20, args.out.with_suffix(".trace.json")))
     report = "\n".join(lines)
     print(report)
     args.out.with_suffix(".txt").write_text(report + "\n")

@@ -156,10 +156,11 @@ def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_
         args=(3, protocol, "l2", "auto", 1, block_size, "cuda"))
 
 
-def test_fsdp_reduce_scatters_on_cuda_match_the_reference_over_nccl() -> None:
-    """FSDP2 on the GPU (NCCL, one rank, the model where FSDP2's default mesh puts it): every compressed
-    reduce-scatter equals the reference, for every op and precision of the CPU test."""
-    run("tests.fsdp.fsdp_workers:reduce_scatter", 1, "nccl", args=(3,))
+def test_fsdp_reduce_scatters_on_cuda_match_the_reference_two_ranks_sharing_the_gpu() -> None:
+    """FSDP2 on the GPU (the model where FSDP2's default mesh puts it): every compressed reduce-scatter equals the
+    reference, for every op and precision of the CPU test. Two ranks over Gloo, as ``compcoll.init`` picks where a
+    node has more ranks than GPUs: FSDP2 makes no reduce-scatter at one rank, and NCCL takes one GPU a rank."""
+    run("tests.fsdp.fsdp_workers:reduce_scatter", 2, "gloo", args=(3,))
 
 
 def test_ddp_waits_for_the_hook_on_a_stream_of_its_own() -> None:
@@ -168,7 +169,8 @@ def test_ddp_waits_for_the_hook_on_a_stream_of_its_own() -> None:
 
 def test_a_gathered_bucket_is_waited_for_on_the_reading_stream() -> None:
     """``ddp.buckets.gather`` (a resumed bucket's parts): a reader on another stream sees the part written on a
-    stream held back by ``torch.cuda._sleep``, as DDP's copy out of the bucket must."""
+    stream held back by ``torch.cuda._sleep``, as DDP's copy out of the bucket must. The sum is read to the host on
+    the reader's stream (the default stream waits for no other)."""
     from compcoll.ddp.buckets import gather
 
     buffer = torch.zeros(1 << 20, device="cuda")
@@ -179,8 +181,8 @@ def test_a_gathered_bucket_is_waited_for_on_the_reading_stream() -> None:
         part.set_result(buffer)
     gathered = gather([part], buffer)
     with torch.cuda.stream(torch.cuda.Stream()):
-        total = gathered.wait().sum()
-    assert total.item() == buffer.numel(), "the reader did not wait for the part's stream"
+        total = gathered.wait().sum().item()
+    assert total == buffer.numel(), "the reader did not wait for the part's stream"
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -9,7 +9,7 @@ them and launches pre-bound variants through cuda.core.
 Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of absolute
 values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
 elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
-coalesce), then the block-major lane sums are combined by the same pairwise tree in the
+coalesce; ``BATCH`` of them are loaded before any is added), then the block-major lane sums are combined by the same pairwise tree in the
 same launch: the grid's last block to finish (an atomic count) adds them, and writes the
 sum and, where asked, its float32 scale. Past ``TAIL`` lane sums one more launch
 (``_collapse``) takes the tree's wide levels first. Only the final float64 crosses to the
@@ -43,6 +43,9 @@ COLLAPSED = 32768
 COLLAPSE_THREADS = 1024
 """Threads per block of ``_collapse``: its last block adds up to ``COLLAPSED`` values alone."""
 _ROWS_PER_BLOCK = BLOCK // LANES
+BATCH = 16
+"""Elements a lane-sum thread loads before it adds any: its loads are in flight together, not one latency each
+(at a few summation blocks the grid is a few warps, with nothing else to hide a load's latency behind)."""
 TILE = 8 * THREADS
 """Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 
@@ -65,6 +68,7 @@ def _device_empty(size: int, dtype, stream=0):
 
 _LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
 _SCALE_LOADS = {False: cuda.jit(device=True)(scalar.scale_value), True: cuda.jit(device=True)(scalar.scale_in_memory)}
+_LOOKUPS = {False: cuda.jit(device=True)(scalar.value_of), True: cuda.jit(device=True)(scalar.table_value)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
 _power = cuda.jit(device=True)(scalar.power)
 
@@ -228,20 +232,36 @@ def _finish_lanes(partial, stream, empty, slots) -> None:
 
 @lru_cache(maxsize=None)
 def _power_lanes(with_lut: bool, p: int):
-    """partial[b*LANES + l] = sum over k of |float64(err[i] + src[i])|^p, i = b*BLOCK + k*LANES + l."""
-    load = _LOADS[with_lut]
+    """partial[b*LANES + l] = sum over k of |float64(err[i] + src[i])|^p, i = b*BLOCK + k*LANES + l.
+
+    Each thread takes its lane's elements ``BATCH`` at a time: it loads them all (err and
+    the raw src), then adds them in k order, so the order and the bits are those of one
+    element at a time.
+    """
+    look_up = _LOOKUPS[with_lut]
+    raw = np.uint16 if with_lut else np.float32
 
     @cuda.jit
     def kernel(src, lut, err, n_src, partial, finish, counter, total, d, root_d, mode, scale_out):
         n = err.size
+        errs = cuda.local.array(BATCH, np.float32)
+        srcs = cuda.local.array(BATCH, raw)
         for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
             base = (t // LANES) * BLOCK + t % LANES
             acc = 0.0
-            for k in range(_ROWS_PER_BLOCK):
-                i = base + k * LANES
-                if i < n:
-                    x = err[i] + load(src, lut, i) if i < n_src else err[i]
-                    acc += _power(np.float64(x), p)
+            for k in range(0, _ROWS_PER_BLOCK, BATCH):
+                first = base + k * LANES
+                for j in range(BATCH):
+                    i = first + j * LANES
+                    if i < n:
+                        errs[j] = err[i]
+                    if i < n_src:
+                        srcs[j] = src[i]
+                for j in range(BATCH):
+                    i = first + j * LANES
+                    if i < n:
+                        x = errs[j] + look_up(lut, srcs[j]) if i < n_src else errs[j]
+                        acc += _power(np.float64(x), p)
             partial[t] = acc
         if finish:
             _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
@@ -331,25 +351,43 @@ def scale_of(total, d, power, out, stream=0) -> None:
 
 @lru_cache(maxsize=None)
 def _accumulate_lanes(with_base: bool, p: int):
+    """out[i] = sum over ranks r of +-weights[r] by bit i of row r, in r order in float32 (+ base[i]); partial as
+    ``_power_lanes``'s, of |out|^p.
+
+    Each thread takes its lane's elements ``BATCH`` at a time: per rank it loads their
+    bytes, then adds that rank's weight to each; then it adds the base, writes, and sums
+    |out|^p in k order: every element's and every lane's order is one element's at a time.
+    """
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial, finish, counter, total, d, root_d, mode, scale_out):
         nranks = bits.shape[0]
+        accs = cuda.local.array(BATCH, np.float32)
+        codes = cuda.local.array(BATCH, np.uint8)
         for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
-            first = (t // LANES) * BLOCK + t % LANES
+            lane_first = (t // LANES) * BLOCK + t % LANES
             sums = 0.0
-            for k in range(_ROWS_PER_BLOCK):
-                i = first + k * LANES
-                if i < n_out:
-                    acc = np.float32(0)
-                    for r in range(nranks):
-                        if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
-                            acc += weights[r]
+            for k in range(0, _ROWS_PER_BLOCK, BATCH):
+                first = lane_first + k * LANES
+                for j in range(BATCH):
+                    accs[j] = np.float32(0)
+                for r in range(nranks):
+                    w = weights[r]
+                    for j in range(BATCH):
+                        i = first + j * LANES
+                        if i < n_out:
+                            codes[j] = bits[r, i >> 3]
+                    for j in range(BATCH):
+                        i = first + j * LANES
+                        if (codes[j] >> (7 - (i & 7))) & 1:
+                            accs[j] += w
                         else:
-                            acc -= weights[r]
-                    if with_base:
-                        acc = acc + base[i]
-                    out[i] = acc
-                    sums += _power(np.float64(acc), p)
+                            accs[j] -= w
+                for j in range(BATCH):
+                    i = first + j * LANES
+                    if i < n_out:
+                        acc = accs[j] + base[i] if with_base else accs[j]
+                        out[i] = acc
+                        sums += _power(np.float64(acc), p)
             partial[t] = sums
         if finish:
             _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)

@@ -32,6 +32,16 @@ def load_table(src, lut, i):
     return lut[src[i]]
 
 
+def value_of(lut, raw):
+    """A float32 input's element as loaded (``lut`` unused): ``load_value`` after the load."""
+    return np.float32(raw)
+
+
+def table_value(lut, raw):
+    """A 16-bit input's loaded pattern looked up in the float32 table ``lut``: ``load_table`` after the load."""
+    return lut[raw]
+
+
 def scale_value(scale):
     """A kernel's scale passed as a number."""
     return scale

@@ -455,6 +455,34 @@ def _check_tree_sums(rng: np.random.Generator) -> None:
         assert scale.copy_to_host()[1].tobytes() == want.tobytes(), f"the l1 scale beside the tree of {size}"
 
 
+def check_lane_sums() -> None:
+    """The lane sums' order, on inputs whose float64 sums depend on it (magnitudes 2^-20 to 2^20; randn times 3
+    mostly sums exactly in any order at these lengths): the sums of |x|^p, float32 and bfloat16 (a table), and the
+    accumulated signs' sums and values, equal the CPU kernels' past one summation block and a batch's end."""
+    rng = np.random.default_rng(11)
+    for numel in (8200, 20011):
+        x = torch.from_numpy((rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32))
+        err = (rng.standard_normal(numel) * 1e-3).astype(np.float32)
+        for dtype in (torch.float32, torch.bfloat16):
+            src = x.numpy() if dtype == torch.float32 else x.to(dtype).view(torch.int16).numpy().view(np.uint16)
+            lut = None if dtype == torch.float32 else codecs._lookup_table(dtype)
+            d_lut = None if lut is None else cuda.cuda.to_device(lut)
+            for power in (1, 2):
+                want = cpu.compensated_power_sum(src, lut, err, numel - 5, power)
+                got = cuda.compensated_power_sum(cuda.cuda.to_device(src), d_lut, cuda.cuda.to_device(err),
+                                                 numel - 5, power)
+                assert got == want, ("the lane sums' order", numel, dtype, power)
+        rows = rng.integers(0, 256, (3, -(-numel // 8)), dtype=np.uint8)
+        weights = (rng.standard_normal(3) * np.exp2(rng.integers(-20, 21, 3))).astype(np.float32)
+        base = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
+        for power in (1, 2):
+            out, d_out = np.empty(numel, np.float32), cuda.cuda.device_array(numel, np.float32)
+            want = cpu.accumulate_signs(rows, weights, base, out, numel, power)
+            got = cuda.accumulate_signs(cuda.cuda.to_device(rows), cuda.cuda.to_device(weights),
+                                        cuda.cuda.to_device(base), d_out, numel, power)
+            assert got == want and np.array_equal(d_out.copy_to_host(), out), ("accumulated lanes' order", power)
+
+
 def sum_launches(numel: int) -> int:
     """Launches of a fused sum over ``numel`` elements: the lanes kernel, and ``_collapse`` past TAIL lanes."""
     return 1 + (max(1, -(-numel // BLOCK)) * LANES > cuda.TAIL)
@@ -495,6 +523,7 @@ def run_part(part: str, lengths: list[int]) -> None:
 def _run_part(part: str, lengths: list[int]) -> None:
     if part == "tree":
         check_tree_sum()
+        check_lane_sums()
     elif part == "scale":
         check_scale_of()
     elif part in DTYPES:

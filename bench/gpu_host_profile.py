@@ -13,9 +13,11 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
    and its profile (``cProfile`` over ``--calls`` calls): the functions with the most time of
    their own and the most time in all.
 3. The same call's timeline under ``torch.profiler`` (CUPTI sees every kernel, numba's and
-   ``cuda.core``'s too): per call, the wall time, the kernels' device time, and the
-   device's idle time between the call's first kernel's start and its last kernel's end; the
-   operators and kernels by host and by device time.
+   ``cuda.core``'s too): per call, the device activities' time, and the device's idle time
+   between the call's first activity's start and its last one's end; the operators and
+   kernels by host and by device time. Then, by device time alone, the DDP hook's default
+   form (a scale per ``ddp.onebit.BLOCK_SIZE`` elements) at ``--numel``, and both forms at
+   ``--large`` elements.
 Writes OUT.txt with the GPU's name, and OUT.trace.json (the profiler's trace, for chrome://tracing).
 """
 
@@ -32,6 +34,7 @@ import torch
 import compcoll
 from compcoll import codecs
 from compcoll.bench.launches import per_call_us
+from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels import cuda as cuda_kernels
 from compcoll.kernels import launch as launching
 
@@ -116,14 +119,17 @@ def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
     return host, text.getvalue(), counts
 
 
-def timeline(numel: int, calls: int, trace: Path) -> str:
-    """``calls`` calls of one rank's compressed_allreduce at ``numel`` under ``torch.profiler``: a summary and tables.
+def timeline(numel: int, calls: int, block_size: int | None = None, trace: Path | None = None,
+             host_table: bool = False) -> str:
+    """``calls`` calls of one rank's compressed_allreduce at ``numel`` (a scale per ``block_size`` elements, or one)
+    under ``torch.profiler``: a summary and tables.
 
     1. Warm the call up, then profile ``calls`` calls in a row (CPU and CUDA activities).
-    2. From the kernels' device intervals: their total time per call, and the span from the
-       first kernel's start to the last kernel's end per call less that total (the device
-       idle, waiting for the host's launches).
-    3. Tables of the operators and API calls by their own host time, and by device time.
+    2. From the device activities' intervals (kernels, copies): their total time per call, and
+       the span from the first one's start to the last one's end per call less that total
+       (the device idle, waiting for the host's launches).
+    3. The activities by device time; with ``host_table``, the operators and API calls by their
+       own host time first.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -132,23 +138,30 @@ def timeline(numel: int, calls: int, trace: Path) -> str:
     full = compcoll.padded_numel(numel, 1)
     we, se, out = torch.zeros(full, device=dev), torch.zeros(full, device=dev), torch.empty(numel, device=dev)
     comm = compcoll.SingleComm()
-    for _ in range(20):
-        compcoll.compressed_allreduce(x, we, se, comm, out=out)
+
+    def call() -> None:
+        compcoll.compressed_allreduce(x, we, se, comm, out=out, block_size=block_size)
+
+    for _ in range(5):
+        call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            compcoll.compressed_allreduce(x, we, se, comm, out=out)
+            call()
         torch.cuda.synchronize()
-    prof.export_chrome_trace(str(trace))
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
                      if e.device_type == torch.autograd.DeviceType.CUDA)
     busy = sum(end - start for start, end in kernels)
     span = kernels[-1][1] - kernels[0][0] if kernels else 0.0
     averages = prof.key_averages()
+    form = f"a scale per {block_size}" if block_size else "one scale"
+    tables = [averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)] * host_table
     return "\n".join([
-        f"{calls} calls at {numel} elements: {len(kernels) / calls:.1f} device activities a call, their device time "
-        f"{busy / calls:.1f} us a call, the device span {span / calls:.1f} us a call (idle {(span - busy) / calls:.1f})",
-        averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60),
+        f"# {calls} calls at {numel} elements, {form}: {len(kernels) / calls:.1f} device activities a call, their "
+        f"device time {busy / calls:.1f} us a call, the device span {span / calls:.1f} us a call (idle "
+        f"{(span - busy) / calls:.1f})", *tables,
         averages.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)])
 
 
@@ -158,6 +171,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--numel", type=int, default=4096)
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--large", type=int, default=1 << 24, help="the profiled calls' large size (elements)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     lines = [f"# {torch.cuda.get_device_name()}; host microseconds per call, median of {args.rounds} rounds of "
@@ -168,8 +182,11 @@ def main() -> int:
     lines.append(f"compressed_allreduce, 1 rank, {args.numel} elements: {host:.1f} us of host time per call; {counts}")
     lines.append(f"# cProfile over {args.calls} calls")
     lines.append(text)
-    lines.append("# torch.profiler over 20 calls")
-    lines.append(timeline(args.numel, 20, args.out.with_suffix(".trace.json")))
+    lines.append("# torch.profiler")
+    lines.append(timeline(args.numel, 20, trace=args.out.with_suffix(".trace.json"), host_table=True))
+    lines.append(timeline(args.numel, 20, BLOCK_SIZE))
+    for block_size in (None, BLOCK_SIZE):
+        lines.append(timeline(args.large, 5, block_size))
     report = "\n".join(lines)
     print(report)
     args.out.with_suffix(".txt").write_text(report + "\n")

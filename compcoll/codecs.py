@@ -234,6 +234,19 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
     return values.div_(torch.full((), divisor, dtype=values.dtype, device=values.device))
 
 
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor (the weights from an agreement) on ``device``, with no host wait.
+
+    1. On CUDA: copied into pinned memory from torch's caching host allocator, then to the
+       device asynchronously on the current stream (the allocator keeps the pinned block
+       until that copy has run). A pageable copy waits for the stream and allocates.
+    2. Elsewhere: ``values.to(device)``.
+    """
+    if device.type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 def average_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out <- the float32 average of the rows of ``rows`` ((n, m) float32): summed in row order, then divided by n,
     in one kernel (``reference.average_rows``'s bits on every device); returns ``out``."""

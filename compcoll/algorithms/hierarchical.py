@@ -334,7 +334,8 @@ class CompensatedPlan(_NodePlan):
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
-        weights = codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes).to(self.device)
+        weights = codecs.to_device(codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes),
+                                   self.device)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
         codecs.compensate_encode(average, worker_error, scale, bits)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)

@@ -182,7 +182,7 @@ class FlatPlan(Plan):
         if self.numel == 0:
             return result
 
-        weights = codecs.divide_(scales.float(), n).to(self.device)  # before the wire: later, nothing waits
+        weights = codecs.to_device(codecs.divide_(scales.float(), n), self.device)  # queued before the wire
         if self.protocol == "gather_scatter" and self.pieces is None:
             self.pieces = agree_pieces(comm, tensor)
         if self.protocol == "gather_scatter" and self.pieces > 1:

@@ -70,6 +70,23 @@ def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool
     assert 0 < COUNTS.launches <= 5 and (COUNTS.wraps > 0) == wraps and COUNTS.waits == 1, COUNTS
 
 
+@pytest.mark.parametrize("block_size", [None, 64])
+def test_one_call_synchronizes_once(block_size: int | None) -> None:
+    """What ``COUNTS`` cannot see: the CUDA runtime's synchronizations of one gather-scatter call at 1 rank, read by
+    torch.profiler, are the worker sum's one (torch's own copies waited too: the weights' pageable copy did)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(100003, device="cuda")
+    we, se = torch.zeros(compcoll.padded_numel(x.numel(), 1), device="cuda"), torch.zeros(100008, device="cuda")
+    compressed_allreduce(x, we, se, SingleComm(), block_size=block_size)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        compressed_allreduce(x, we, se, SingleComm(), block_size=block_size)
+    waits = [e.name for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                         "cudaEventSynchronize", "cuStreamSynchronize")]
+    assert waits == ["cudaStreamSynchronize"], waits
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("numel", [4096, 100003, 1 << 24])
 def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@
 # Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5). Logs and figures go to $OUT.
 # Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
 # (it writes about ten files and the device tool returns eight: give it OUT=/tmp/g and tar /tmp/g into the tool's
-# $OUT; SUITE_LAUNCHERS=bound keeps gpu_suite inside SUITE_S)
+# $OUT)
 # (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_LAUNCHERS, SUITE_S: gpu_suite's runs per median,
 # sizes, launchers and time limit)
 set -uo pipefail

@@ -96,7 +96,7 @@ def _storage(tensor: torch.Tensor):
     return DeviceArray.flat(tensor, None if tensor.dtype == torch.float32 else np.int16)
 
 
-_WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum")
+_WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum", "code_blocks")
 _CPU_KERNELS = threading.Lock()
 
 

@@ -66,6 +66,10 @@ def variants() -> dict[str, tuple]:
     for power, src in ((0, F32), (2, F64), (1, F64)):
         found[f"code block scales, power {power}"] = (kernels._code_blocks(power).py_func,
                                                      (src, I64, I64, F64, wire, coded))
+        found[f"long rows' block scales and their parts' maxima, power {power}"] = (
+            kernels._part_maxima(power).py_func, (src, I64, I64, I64, coded, F32))
+    found["code long rows' block scales from their parts' maxima"] = (kernels._code_parts.py_func,
+                                                                      (F64, I64, F32, wire, coded))
     found["decode block codes"] = (kernels._decode_codes.py_func, (wire, F64, I64, coded))
     found["weights from the frame heads"] = (kernels._head_weights.py_func, (rows(t.uint8), I64, F32))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
@@ -119,9 +123,12 @@ def ieee_problem(name: str, ptx: str) -> str | None:
     exact = True
     if name == "scale of a device sum" or name.startswith(("tree:", "sum of", "accumulate signs")):
         wanted, exact = ("sqrt.rn.f64", "div.rn.f64", "cvt.rn.f32.f64"), False
-    elif name.startswith("code block scales"):
+    elif name.startswith(("code block scales", "long rows' block scales")):
         roots = {"2": ("sqrt.rn.f64", "div.rn.f64"), "1": ("div.rn.f64",), "0": ()}[name[-1]]
-        wanted = (*roots, "mul.f64", "cvt.rn.f32.f64")
+        coding = name.startswith("code")  # the 256 values; the parts' maxima kernel takes the scales alone
+        wanted = (*roots, *("mul.f64",) * coding, *("cvt.rn.f32.f64",) * (coding or name[-1] != "0"))
+    elif name.startswith("code long rows"):
+        wanted = ("mul.f64", "cvt.rn.f32.f64")
     elif name == "decode block codes":
         wanted = ("mul.f64", "cvt.rn.f32.f64", "div.rn.f32")
     elif name.endswith("with the block scales in the frames"):

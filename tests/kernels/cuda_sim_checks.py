@@ -546,6 +546,14 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check_blocks(1000, 3, torch.float16, 128)
             rng = np.random.default_rng(5)  # more scales a row than CODE_THREADS, more rows than blocks
             _check_codes(rng.random(3 * 700) * 10.0, 8, 8 * 700 - 3, 2, 3, rng)
+            per_thread, cuda.CODE_SCALES_PER_THREAD = cuda.CODE_SCALES_PER_THREAD, 1
+            try:  # rows split over 3 blocks, their largest in the last part of one and the first of another
+                scales = rng.random((3, 700)) * 10.0
+                scales[0, 699], scales[2, 3] = 20.0, 30.0
+                _check_codes(scales.reshape(-1), 8, 8 * 700 - 3, 2, 3, rng)
+                _check_codes(scales.reshape(-1).astype(np.float32), 8, 8 * 700, 0, 3, rng)
+            finally:
+                cuda.CODE_SCALES_PER_THREAD = per_thread
         finally:
             cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = kept
     else:

@@ -9,8 +9,8 @@ them and launches pre-bound variants through cuda.core.
 Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of absolute
 values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
 elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
-coalesce; ``BATCH`` of them are loaded before any is added), then the block-major lane sums are combined by the same pairwise tree in the
-same launch: the grid's last block to finish (an atomic count) adds them, and writes the
+coalesce; ``BATCH`` of them are loaded before any is added), then the block-major lane sums are combined by the
+same pairwise tree in the same launch: the grid's last block to finish (an atomic count) adds them, and writes the
 sum and, where asked, its float32 scale. Past ``TAIL`` lane sums one more launch
 (``_collapse``) takes the tree's wide levels first. Only the final float64 crosses to the
 host, or none where the caller keeps it on the device (``into``, ``scale``, a scale read

@@ -11,12 +11,17 @@ import torch
 
 from compcoll import SingleComm, codecs
 from compcoll.bench.launches import PROTOCOLS, call_counts
-from compcoll.kernels.cuda import TAIL
+from compcoll.ddp.onebit import BLOCK_SIZE
+from compcoll.kernels.cuda import CODE_SCALES_PER_THREAD, CODE_THREADS, TAIL
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
 from compcoll.spec import BLOCK, LANES
 
 COLLAPSING = TAIL // LANES * BLOCK
 """Elements (1M) past which a sum's lane sums exceed ``TAIL``, so each sum takes one more launch (``_collapse``)."""
+SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
+"""Elements of a row (131072 at one rank) past which its block scales are coded by several blocks in two launches
+(``kernels.cuda.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter codes the
+worker's rows and the server's, allgather its one row)."""
 EXPECTED = {
     False: {"gather_scatter": (5, 1, 3), "allgather": (3, 1, 2), "hierarchical": (6, 1, 7), "birder": (14, 1, 6),
             "gather_scatter_blocks": (9, 1, 3), "allgather_blocks": (5, 1, 2)},
@@ -28,7 +33,8 @@ read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's
 (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the waits, but for
 Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each coding of the
 scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.frame_scales``) and each decoding
-(``codecs.unframe_blocks``, the weights' division in it) is one launch at any length (the last decoding and the
+(``codecs.unframe_blocks``, the weights' division in it) is one launch at any length, a coding two past
+``SPLITTING`` (the last decoding and the
 result's decode one launch together: ``codecs.decode_framed_blocks``), where torch took 87 operators
 (gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators include the transport's copies:
 gather-scatter's 3 are its 2 and the weights' copy to the device (the server's scale goes into its frame head in the
@@ -39,12 +45,18 @@ launch each (``codecs.unframe`` with a divisor), where torch took a copy each, a
 ``summable``: the sums of float32 squares cannot overflow it), not two operators."""
 
 
-@pytest.mark.parametrize("numel", [1, 4096, 100003, COLLAPSING, COLLAPSING + 1, 3 * (1 << 26) + 5])
+@pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,
+                                   3 * (1 << 26) + 5])
 def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> None:
     """Issue 39's aim for flat gather-scatter, at most 5 launches and 1 host wait a call, holds up to
-    ``COLLAPSING`` elements; past it two collapses make 7."""
+    ``COLLAPSING`` elements; past it two collapses make 7. The block forms take one more launch per coding of
+    their scales past ``SPLITTING``."""
     counts = call_counts(torch.empty(numel, device="meta"), SingleComm())
-    expected = EXPECTED[numel > COLLAPSING]
+    expected = dict(EXPECTED[numel > COLLAPSING])
+    if numel > SPLITTING:
+        for protocol, codings in (("gather_scatter_blocks", 2), ("allgather_blocks", 1)):
+            launches, waits, operators = expected[protocol]
+            expected[protocol] = (launches + codings, waits, operators)
     assert {p: (c["launches"], c["waits"], c["torch"]) for p, c in counts.items()} == expected
     assert all(c["wraps"] == 0 for c in counts.values()), counts
 

@@ -149,6 +149,15 @@ def cupy_arrays(comm: compcoll.Communicator, steps: int) -> None:
             assert np.array_equal(cupy.asnumpy(we), ref_we[rank]) and np.array_equal(cupy.asnumpy(se), ref_se[rank])
 
 
+def fsdp_sharing_the_gpu(comm: compcoll.Communicator, steps: int) -> None:
+    """FSDP2's compressed reduce-scatters (``tests.fsdp.fsdp_workers.reduce_scatter``) on ranks sharing GPU 0: each
+    sets it first, since FSDP2's default mesh would set the GPU of its LOCAL_RANK, which one GPU lacks."""
+    from tests.fsdp.fsdp_workers import reduce_scatter
+
+    torch.cuda.set_device(0)
+    reduce_scatter(comm, steps)
+
+
 def ddp_on_a_stream_of_its_own(comm: compcoll.Communicator, steps: int) -> None:
     """DDP on the GPU with forward and backward on a non-default stream, and each call's last kernel held back
     (the decode queued behind ``torch.cuda._sleep`` on the call's stream, after its host wait): every bucket's

@@ -177,7 +177,7 @@ def test_fsdp_reduce_scatters_on_cuda_match_the_reference_two_ranks_sharing_the_
     """FSDP2 on the GPU (the model where FSDP2's default mesh puts it): every compressed reduce-scatter equals the
     reference, for every op and precision of the CPU test. Two ranks over Gloo, as ``compcoll.init`` picks where a
     node has more ranks than GPUs: FSDP2 makes no reduce-scatter at one rank, and NCCL takes one GPU a rank."""
-    run("tests.fsdp.fsdp_workers:reduce_scatter", 2, "gloo", args=(3,))
+    run(f"{WORKERS}:fsdp_sharing_the_gpu", 2, "gloo", args=(3,))
 
 
 def test_ddp_waits_for_the_hook_on_a_stream_of_its_own() -> None:

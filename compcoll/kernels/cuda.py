@@ -66,7 +66,6 @@ def _device_empty(size: int, dtype, stream=0):
     return cuda.device_array(size, dtype, stream=stream)
 
 
-_LOADS = {False: cuda.jit(device=True)(scalar.load_value), True: cuda.jit(device=True)(scalar.load_table)}
 _SCALE_LOADS = {False: cuda.jit(device=True)(scalar.scale_value), True: cuda.jit(device=True)(scalar.scale_in_memory)}
 _LOOKUPS = {False: cuda.jit(device=True)(scalar.value_of), True: cuda.jit(device=True)(scalar.table_value)}
 _threshold = cuda.jit(device=True)(scalar.threshold)
@@ -291,7 +290,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
 
 @lru_cache(maxsize=None)
 def _compensate_encode(with_lut: bool, scale_in_memory: bool):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
     read_scale = _SCALE_LOADS[scale_in_memory]
 
     @cuda.jit
@@ -306,7 +305,7 @@ def _compensate_encode(with_lut: bool, scale_in_memory: bool):
                 e = j * THREADS + lane
                 i = base + e
                 if i < n:
-                    x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                    x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
                     if x >= 0:
                         signs[e] = 1
                         err[i] = x - scale
@@ -696,7 +695,7 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
 
 @lru_cache(maxsize=None)
 def _absmax_lanes(with_lut: bool):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
     def kernel(src, lut, n_src, row_len, per_row, partial):
@@ -712,7 +711,7 @@ def _absmax_lanes(with_lut: bool):
                 hi = n_src
             m = np.float32(0)
             for i in range(lo + lane, hi, LANES):
-                a = load(src, lut, i)
+                a = look_up(lut, src[i])
                 if a < 0:
                     a = -a
                 if a > m or a != a:
@@ -762,7 +761,7 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=_device_empty) -> 
 
 @lru_cache(maxsize=None)
 def _randomized_encode(with_lut: bool):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
     def kernel(src, lut, n_src, scales, key, start, rows):
@@ -781,7 +780,7 @@ def _randomized_encode(with_lut: bool):
                 e = j * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    x = np.float64(load(src, lut, i)) if i < n_src else 0.0
+                    x = np.float64(look_up(lut, src[i])) if i < n_src else 0.0
                     signs[e] = 1 if x > _threshold(key, start + i) * np.float64(scales[i // row_len]) else 0
             cuda.syncthreads()
             t = tile * THREADS + lane
@@ -804,7 +803,7 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
 
 @lru_cache(maxsize=None)
 def _block_power_sums(with_lut: bool, p: int):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, block, row_len, sums):
@@ -815,7 +814,7 @@ def _block_power_sums(with_lut: bool, p: int):
             last = min(first + block, (r + 1) * row_len)
             acc = 0.0
             for i in range(first, last):
-                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
                 acc += _power(np.float64(x), p)
             sums[b] = acc
 
@@ -831,7 +830,7 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0
 
 @lru_cache(maxsize=None)
 def _encode_blocks(with_lut: bool):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, scales, block, bits):
@@ -849,7 +848,7 @@ def _encode_blocks(with_lut: bool):
                 if i < total * 8:
                     r = i // row_len
                     s = scales[r * per_row + (i - r * row_len) // block]
-                    x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                    x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
                     if x >= 0:
                         signs[e] = 1
                         err[i] = x - s
@@ -929,7 +928,7 @@ def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, st
 
 @lru_cache(maxsize=None)
 def _block_absmax(with_lut: bool):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, block, row_len, out):
@@ -940,7 +939,7 @@ def _block_absmax(with_lut: bool):
             last = min(first + block, (r + 1) * row_len)
             top = np.float32(0)
             for i in range(first, last):
-                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
                 a = abs(np.float32(x))
                 if a > top or a != a:
                     top = a
@@ -958,7 +957,7 @@ def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
 
 @lru_cache(maxsize=None)
 def _encode_levels(with_lut: bool):
-    load = _LOADS[with_lut]
+    look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, steps, block, nbits, planes):
@@ -978,7 +977,7 @@ def _encode_levels(with_lut: bool):
                 k = 8 * byte + e
                 i = r * row_len + k
                 step = steps[r * per_row + k // block]
-                x = np.float32(err[i] + load(src, lut, i) if i < n_src else err[i])
+                x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
                 q = np.float32(x / step) if step > 0 else np.float32(0)
                 c = min(max(math.floor(np.float32(q + half_range)), 0.0), top)
                 err[i] = x - np.float32(np.float64(c - top / 2.0) * np.float64(step))

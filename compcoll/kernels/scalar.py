@@ -22,23 +22,13 @@ def load(src, lut, i):
     return lut[src[i]]
 
 
-def load_value(src, lut, i):
-    """Element i of a float32 input (``lut`` unused: device kernels take no None arguments)."""
-    return np.float32(src[i])
-
-
-def load_table(src, lut, i):
-    """Element i of a 16-bit input: its pattern looked up in the float32 table ``lut``."""
-    return lut[src[i]]
-
-
 def value_of(lut, raw):
-    """A float32 input's element as loaded (``lut`` unused): ``load_value`` after the load."""
+    """A float32 input's element, as loaded (``lut`` unused: device kernels take no None arguments)."""
     return np.float32(raw)
 
 
 def table_value(lut, raw):
-    """A 16-bit input's loaded pattern looked up in the float32 table ``lut``: ``load_table`` after the load."""
+    """A 16-bit input's element: its loaded pattern looked up in the float32 table ``lut``."""
     return lut[raw]
 
 

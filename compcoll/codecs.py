@@ -23,13 +23,14 @@ from . import spec
 from .kernels import cpu as cpu_kernels
 from .kernels.launch import SIMULATED_DEVICE, TRACED, DeviceArray, context_for, read_first, simulating, stream_on
 from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
-from .workspace import current_stream
+from .workspace import Temporaries, current_stream
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Scalar = Union[float, torch.Tensor]
 """A sum or a scale: a float, or (``resident=True`` on CUDA) a one-element tensor kept on the device."""
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 _EMPTY_HOST = np.empty(0, dtype=np.float32)
+_FLOAT32 = np.dtype(np.float32)
 
 
 @lru_cache(maxsize=None)
@@ -68,8 +69,9 @@ def _array(tensor: torch.Tensor):
 
 
 def _no_source(like: torch.Tensor):
-    """An empty float32 kernel view on ``like``'s device: the source slot of a kernel that reads only its error."""
-    return _EMPTY_HOST if on_host(like) else _array(like[:0])
+    """An empty float32 kernel view on ``like``'s device: the source slot of a kernel that reads only its error
+    (on a device, at ``like``'s address; no torch view made)."""
+    return _EMPTY_HOST if on_host(like) else DeviceArray(like.data_ptr(), (0,), (4,), _FLOAT32, like)
 
 
 def _source(tensor: torch.Tensor):
@@ -108,8 +110,9 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     of ``tensor``), with the GIL released.
 
     CUDA kernels run in the context of ``tensor``'s GPU, whichever GPU is Numba's current
-    one, and those that need temporaries take them from torch's caching allocator on the
-    same stream (numba's own allocator would cudaMalloc and free them on every call).
+    one, and those that need temporaries take them from this thread's ``Temporaries`` of
+    that stream (kept from call to call: no allocation; numba's own allocator would
+    cudaMalloc and free them on every call).
 
     Meta tensors take the CUDA kernels' path on the ``TRACED`` stream: every launch and
     host wait is counted, none is run.
@@ -121,8 +124,8 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
             return run(*args)
     check_device(tensor)
     run = getattr(_cuda_kernels(), kernel)
-    extra = {"empty": _torch_empty(tensor.device)} if kernel in _WITH_TEMPORARIES else {}
     stream = _stream(tensor)
+    extra = {"empty": _temporaries(tensor.device, stream)} if kernel in _WITH_TEMPORARIES else {}
     if stream is TRACED:
         return run(*args, stream=stream, **extra, **options)
     with context_for(SIMULATED_DEVICE if tensor.is_cpu else tensor.device.index):
@@ -166,14 +169,25 @@ def _numba_stream(device: int, handle: int):
     return stream_on(device, handle)
 
 
-@lru_cache(maxsize=None)
-def _torch_empty(device: torch.device):
-    """An allocator for the CUDA kernels: (size, numpy dtype, stream) -> a device view of a new torch tensor (one per
-    device)."""
+def _temporaries(device: torch.device, stream):
+    """The kernels' allocator for one call on ``stream``: (size, numpy dtype, stream) -> a device view of the next
+    of this thread's ``Temporaries`` of that stream (made at its first call)."""
+    kept = getattr(_THREAD, "temporaries", None)
+    if kept is None:
+        kept = _THREAD.temporaries = {}
+    temporaries = kept.get((device, stream))
+    if temporaries is None:
+        temporaries = kept[(device, stream)] = Temporaries(device)
+    temporaries.start()
+
     def empty(size: int, dtype, stream):
-        return _array(torch.empty(size, dtype=_TORCH_DTYPES[np.dtype(dtype)], device=device))
+        return DeviceArray.flat(temporaries.get(size, _TORCH_DTYPES[np.dtype(dtype)]))
 
     return empty
+
+
+_THREAD = threading.local()
+"""Each thread's ``Temporaries`` per (device, stream) (``_temporaries``)."""
 
 
 def all_finite(tensor: torch.Tensor, summable: bool = False) -> bool:

@@ -36,6 +36,49 @@ class Workspace:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
 
+class Temporaries:
+    """The CUDA kernels' temporaries of one thread on one stream, kept from one kernel call to the next.
+
+    A kernel call asks for its temporaries in the same order each time (``kernels.cuda``'s
+    ``empty`` argument). The i-th temporary of a dtype is kept and handed out again to the
+    next call, grown (never shrunk) when it is too small: no allocation on a steady path.
+    Reuse is safe because kernels of one stream run one after another and one thread
+    queues its calls in order, so every kernel of a call has run before the next call's
+    do; no temporary outlives its call (a sum read back is read before it returns).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._kept: dict[tuple[int, torch.dtype], tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
+        self._taken: dict[torch.dtype, int] = {}
+
+    def start(self) -> Temporaries:
+        """Begin a kernel call: its first request of each dtype gets the first temporary again."""
+        self._taken.clear()
+        return self
+
+    def get(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """The next temporary of ``dtype`` in this call, ``numel`` elements (1-D, contiguous).
+
+        1. Number the request: the how-many-th of its dtype in this call.
+        2. Hand out the view of ``numel`` elements kept for that number.
+        3. Otherwise cut one from the buffer kept for that number (a new, larger buffer
+           where it is smaller, its old views dropped) and keep it.
+        """
+        index = self._taken.get(dtype, 0)
+        self._taken[dtype] = index + 1
+        key = (index, dtype)
+        buf, views = self._kept.get(key, (None, {}))
+        view = views.get(numel)
+        if view is not None:
+            return view
+        if buf is None or buf.numel() < numel:
+            buf, views = torch.empty(numel, dtype=dtype, device=self.device), {}
+            self._kept[key] = (buf, views)
+        view = views[numel] = buf if buf.numel() == numel else buf[:numel]
+        return view
+
+
 def current_stream(device: int | None) -> int:
     """The handle of torch's current CUDA stream on GPU ``device`` (None: the current GPU), through torch's raw
     getter where it has one (a stream object costs about 5 us)."""

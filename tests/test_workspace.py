@@ -1,0 +1,84 @@
+"""Scratch buffers: the kernels' Temporaries, kept from one kernel call to the next."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from compcoll import codecs
+from compcoll.kernels.launch import TRACED
+from compcoll.workspace import Temporaries
+
+
+class Allocations(TorchDispatchMode):
+    """Counts torch's allocations (``empty`` and ``empty_like``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _call(temporaries: Temporaries, requests: list[tuple[int, torch.dtype]]) -> list[torch.Tensor]:
+    temporaries.start()
+    return [temporaries.get(numel, dtype) for numel, dtype in requests]
+
+
+def test_a_call_asking_in_the_same_order_gets_the_same_memory_and_allocates_nothing():
+    temporaries = Temporaries(torch.device("cpu"))
+    requests = [(1000, torch.float64), (1, torch.float64), (37, torch.float32)]
+    first = _call(temporaries, requests)
+    with Allocations() as allocations:
+        again = _call(temporaries, requests)
+    assert allocations.count == 0
+    assert [t.data_ptr() for t in again] == [t.data_ptr() for t in first]
+    assert [(t.numel(), t.dtype) for t in again] == requests
+
+
+def test_one_call_gets_distinct_memory_for_each_request():
+    temporaries = Temporaries(torch.device("cpu"))
+    got = _call(temporaries, [(64, torch.float64), (64, torch.float64), (64, torch.float32), (64, torch.float32)])
+    assert len({t.data_ptr() for t in got}) == 4
+
+
+def test_a_larger_request_grows_the_buffer_and_a_smaller_one_cuts_it():
+    temporaries = Temporaries(torch.device("cpu"))
+    (small,) = _call(temporaries, [(10, torch.float64)])
+    (large,) = _call(temporaries, [(1001, torch.float64)])
+    assert large.numel() == 1001 and large.data_ptr() != small.data_ptr()
+    (cut,) = _call(temporaries, [(7, torch.float64)])
+    assert cut.numel() == 7 and cut.data_ptr() == large.data_ptr()
+
+
+def test_a_steady_device_call_allocates_no_temporaries():
+    """compensated_sum on meta tensors (the CUDA path's Python, ``TRACED``): its lane sums and total come from the
+    thread's Temporaries from the second call on (two ``torch.empty`` a call before them)."""
+    x, err = torch.empty(10_000, device="meta"), torch.empty(10_000, device="meta")
+    codecs.compensated_sum(x, err)
+    with Allocations() as allocations:
+        codecs.compensated_sum(x, err)
+    assert allocations.count == 0
+
+
+def test_each_thread_and_stream_has_temporaries_of_its_own():
+    device = torch.device("meta")
+    seen = []
+
+    def ask() -> None:
+        empty = codecs._temporaries(device, TRACED)
+        seen.append(empty(16, "float64", TRACED).owner)
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ask()
+    assert len({id(t) for t in seen}) == 3
+    assert codecs._temporaries(device, 0)(16, "float64", 0).owner is not seen[-1]

@@ -87,6 +87,17 @@ def test_one_call_synchronizes_once(block_size: int | None) -> None:
     assert waits == ["cudaStreamSynchronize"], waits
 
 
+@pytest.mark.parametrize("numel", [4096, 1 << 24])
+def test_a_steady_sum_allocates_no_device_memory(numel: int) -> None:
+    """A compensated sum's lane sums, tree level and total come from the thread's ``Temporaries`` of the stream:
+    from the second call on, the caching allocator is asked for nothing (its allocation count stays)."""
+    x, err = torch.randn(numel, device="cuda"), torch.randn(numel, device="cuda")
+    first = codecs.compensated_sum(x, err)
+    allocated = torch.cuda.memory_stats()["allocation.all.allocated"]
+    assert codecs.compensated_sum(x, err) == first
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocated
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("numel", [4096, 100003, 1 << 24])
 def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,8 +171,9 @@ def main() -> int:
                          f"{1e6 * r['blocks_host_s']:.1f} us")
             lines.append(f"{r['numel']:>11} server step: device {1e6 * r['serve']['device_s']:.1f} us, host "
                          f"{1e6 * r['serve']['host_s']:.1f} us to queue it")
-            lines.append(f"{r['numel']:>11} per call (launches/wraps/waits/torch ops): " + ", ".join(
-                f"{p} {c['launches']}/{c['wraps']}/{c['waits']}/{c['torch']}" for p, c in r["counts"].items()))
+            lines.append(f"{r['numel']:>11} per call (launches/wraps/waits/torch ops/allocations): " + ", ".join(
+                f"{p} {c['launches']}/{c['wraps']}/{c['waits']}/{c['torch']}/{c['allocations']}"
+                for p, c in r["counts"].items()))
     table = "\n".join(lines)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,8 @@ from .workspace import Temporaries, current_stream
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Scalar = Union[float, torch.Tensor]
-"""A sum or a scale: a float, or (``resident=True`` on CUDA) a one-element tensor kept on the device."""
+"""A sum or a scale: a float, or (on CUDA: ``scale_from`` of a device sum, ``accumulate_scale``) a one-element tensor
+kept on the device."""
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 _EMPTY_HOST = np.empty(0, dtype=np.float32)
 _FLOAT32 = np.dtype(np.float32)
@@ -99,6 +100,8 @@ def _storage(tensor: torch.Tensor):
 
 
 _WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum", "code_blocks")
+_UNREAD = object()
+"""``_run``'s ``into`` for a device sum nobody reads: one of the kernel's temporaries."""
 _CPU_KERNELS = threading.Lock()
 
 
@@ -115,7 +118,8 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     cudaMalloc and free them on every call).
 
     Meta tensors take the CUDA kernels' path on the ``TRACED`` stream: every launch and
-    host wait is counted, none is run.
+    host wait is counted, none is run. ``into=_UNREAD`` puts a sum nobody reads into one of
+    the kernel's temporaries.
     """
     if on_host(tensor):
         small = tensor.numel() < cpu_kernels.SERIAL_BELOW
@@ -126,6 +130,8 @@ def _run(kernel: str, tensor: torch.Tensor, *args, **options):
     run = getattr(_cuda_kernels(), kernel)
     stream = _stream(tensor)
     extra = {"empty": _temporaries(tensor.device, stream)} if kernel in _WITH_TEMPORARIES else {}
+    if options.get("into") is _UNREAD:
+        options["into"] = extra["empty"](1, np.float64, stream)
     if stream is TRACED:
         return run(*args, stream=stream, **extra, **options)
     with context_for(SIMULATED_DEVICE if tensor.is_cpu else tensor.device.index):
@@ -223,13 +229,12 @@ def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
     return float(spec.scale_from(float(total), numel, scale))
 
 
-def _sum(kernel: str, tensor: torch.Tensor, resident: bool, *args) -> Scalar:
-    """Run a kernel that ends in a float64 sum: to the host as a float, or, ``resident`` on CUDA, into a
-    one-element device tensor that is returned (no host round trip)."""
-    if resident and not on_host(tensor):
-        total = torch.empty(1, dtype=torch.float64, device=tensor.device)
-        _run(kernel, tensor, *args, into=_array(total))
-        return total
+def _sum(kernel: str, tensor: torch.Tensor, read: bool, *args) -> float | None:
+    """Run a kernel that ends in a float64 sum: to the host as a float, or, not ``read`` on a device, left in one of
+    the kernel's temporaries (no host round trip, no allocation) and None returned."""
+    if not read and not on_host(tensor):
+        _run(kernel, tensor, *args, into=_UNREAD)
+        return None
     return float(_run(kernel, tensor, *args))
 
 
@@ -315,14 +320,14 @@ def compensate_encode(
 
 def accumulate_signs(
     bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor, count: int,
-    scale: str = "l2", resident: bool = False,
-) -> Scalar:
+    scale: str = "l2", read: bool = True,
+) -> float | None:
     """out[:count] <- sum_r weights[r] * signs(bits[r]) (+ base); returns its sum of |out|^p (p: ``scale``'s power).
 
-    ``resident=True``: on CUDA the sum stays on the device (a one-element float64 tensor;
-    no host round trip); on the CPU it is a float either way.
+    ``read=False``: on a device the sum is not read back (no host round trip) and None is
+    returned; on the CPU it is a float either way.
     """
-    return _sum("accumulate_signs", out, resident, *_accumulate_args(bits, weights, base, out, count, scale))
+    return _sum("accumulate_signs", out, read, *_accumulate_args(bits, weights, base, out, count, scale))
 
 
 def _accumulate_args(bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor,
@@ -356,10 +361,10 @@ def accumulate_scale(
 def _device_scale(kernel: str, tensor: torch.Tensor, numel: int, scale: str, *args,
                   slot: torch.Tensor | None = None) -> torch.Tensor:
     """Run a CUDA kernel that ends in a float64 sum, with the float32 scale of ``numel`` elements from it written by
-    the same launch into ``slot`` (one float32 element on the device; a new one when None); returns the slot."""
-    total = torch.empty(1, dtype=torch.float64, device=tensor.device)
+    the same launch into ``slot`` (one float32 element on the device; a new one when None); returns the slot. The sum
+    itself goes into one of the kernel's temporaries: nothing reads it."""
     out = torch.empty(1, dtype=torch.float32, device=tensor.device) if slot is None else slot
-    _run(kernel, tensor, *args, into=_array(total), scale=(numel, spec.SCALES[scale], _array(out)))
+    _run(kernel, tensor, *args, scale=(numel, spec.SCALES[scale], _array(out)))
     return out
 
 

@@ -6,7 +6,8 @@ Usage:
 The calls run at one rank (``SingleComm``) on meta tensors, which take the CUDA path with
 every launch and host wait counted and none run (``kernels.launch.TRACED``); the counts
 are those ``bench/gpu_suite.py`` reads on a GPU. ``torch`` counts the torch operators with
-device work (copies, arithmetic, fills; at one rank the transport's copies among them).
+device work (copies, arithmetic, fills; at one rank the transport's copies among them),
+``allocs`` the allocations of device memory (the result's, where no ``out`` is given).
 ``COMPCOLL_CUDA_LAUNCHER=numba`` counts numba's dispatcher's tensor wraps. ``--json`` prints
 one object keyed by protocol. ``--time`` adds each call's host microseconds on meta tensors
 (``host_us``: the CUDA path's Python with nothing launched, median of 9 means of 200 calls),
@@ -42,9 +43,9 @@ def main() -> int:
         return 0
     print(f"one call at 1 rank, {args.numel} float32 elements (meta tensors: counted, not run)")
     timed = f"{'host us':>10}" if args.time else ""
-    print(f"{'protocol':<24}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}{timed}")
+    print(f"{'protocol':<24}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}{'allocs':>8}{timed}")
     for name, c in counts.items():
-        print(f"{name:<24}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}"
+        print(f"{name:<24}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}{c['allocations']:>8}"
               + (f"{c['host_us']:>10.1f}" if args.time else ""))
     return 0
 

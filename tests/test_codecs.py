@@ -123,9 +123,9 @@ def test_accumulate_signs_matches_the_reference(scale: str, data, ranks: int, wi
         want = reference.average_signs(list(bits.numpy()), list(scales), numel)
         if with_base:
             want = (want + base.numpy()).astype(np.float32)
-    for resident in (False, True):  # resident: kept on a CUDA device; a float on the CPU either way
+    for read in (True, False):  # not read: left on a CUDA device; a float on the CPU either way
         out = base.clone() if with_base else torch.empty(numel)
-        total = codecs.accumulate_signs(bits, weights, out if with_base else None, out, numel, scale, resident)
+        total = codecs.accumulate_signs(bits, weights, out if with_base else None, out, numel, scale, read)
         assert isinstance(total, float)
         assert _same(out.numpy(), want)
         assert _same(np.float64(total), np.float64(reference.power_sum(want, SCALES[scale])))

@@ -188,7 +188,7 @@ def _binarize_exchange(
     group.alltoall(wire.view(-1), received)
     weights, rows = codecs.unframe(received.view(size, width), size)
     average = workspace.get(name + ".average", length, torch.float32, source.device)
-    codecs.accumulate_signs(rows, weights, None, average, length, resident=True)
+    codecs.accumulate_signs(rows, weights, None, average, length, read=False)
     return average
 
 

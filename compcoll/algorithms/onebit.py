@@ -250,7 +250,7 @@ class FlatPlan(Plan):
         flat = out.view(-1)
         average = flat if out.dtype == torch.float32 else self.workspace.get("avg", flat.numel(), torch.float32,
                                                                               self.device)
-        codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel(), resident=True)
+        codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel(), read=False)
         if average is not flat:
             flat.copy_(average)
         return out

@@ -20,26 +20,32 @@ PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder", "gather_sc
 flat protocols with a scale per ``ddp.onebit.BLOCK_SIZE`` elements (the DDP hook's default)."""
 
 
-_NO_DEVICE_WORK = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
-                   torch.ops.aten.empty_like.default, torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default,
+_NO_DEVICE_WORK = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default,
                    torch.ops.aten._local_scalar_dense.default}
-"""Operators not counted: those that launch nothing on the device (allocations from the caching allocator,
-detaches; views neither), and a value's read to the host (``kernels.launch.read_first``: a wait)."""
+"""Operators not counted as device work: those that launch nothing on the device (detaches; views neither), and a
+value's read to the host (``kernels.launch.read_first``: a wait)."""
+_ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+                torch.ops.aten.empty_like.default}
+"""Allocations (from torch's caching allocator on a GPU): counted apart from device work."""
 
 
 class DeviceOps(TorchDispatchMode):
     """Counts the torch operators that touch a device tensor and launch device work (copies, arithmetic, fills):
-    not views, allocations or detaches."""
+    not views, allocations or detaches (``count``); and, apart, the allocations of device memory
+    (``allocations``: each one a call to torch's caching allocator, host time on a GPU)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
+        self.allocations = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not func.is_view and func not in _NO_DEVICE_WORK and any(
-                isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_flatten((args, kwargs, out))[0]):
-            self.count += 1
+        if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_flatten((args, kwargs, out))[0]):
+            if func in _ALLOCATIONS:
+                self.allocations += 1
+            elif not func.is_view and func not in _NO_DEVICE_WORK:
+                self.count += 1
         return out
 
 
@@ -63,15 +69,16 @@ def protocol_calls(x: torch.Tensor, comm: Communicator) -> dict[str, Callable[[]
 
 def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], None] = lambda: None,
                 protocols: tuple[str, ...] = PROTOCOLS) -> dict[str, dict[str, int]]:
-    """``{protocol: {"launches": N, "wraps": N, "waits": N, "torch": N}}`` of one call of each of ``protocols`` on
-    ``x``.
+    """``{protocol: {"launches": N, "wraps": N, "waits": N, "torch": N, "allocations": N}}`` of one call of each of
+    ``protocols`` on ``x``.
 
     1. Call the protocol once: it agrees its plan, compiles and allocates.
     2. Wait for the device (``synchronize``), reset ``kernels.launch.COUNTS``, call it again
        under ``DeviceOps`` and wait again.
     3. Read the counts: those of a steady call (``torch``: its torch operators with device
-       work, among them the transport's copies on ``SingleComm``). On meta tensors nothing
-       runs, and the counts are those the same call makes on CUDA tensors.
+       work, among them the transport's copies on ``SingleComm``; ``allocations``: its
+       allocations of device memory). On meta tensors nothing runs, and the counts are those
+       the same call makes on CUDA tensors.
     """
     found = {}
     calls = protocol_calls(x, comm)
@@ -83,7 +90,8 @@ def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], N
         with DeviceOps() as ops:
             call()
         synchronize()
-        found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits, "torch": ops.count}
+        found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits, "torch": ops.count,
+                       "allocations": ops.allocations}
     return found
 
 

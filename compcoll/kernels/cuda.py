@@ -189,8 +189,8 @@ def _stand_in(device: int, dtype) -> object:
 def _sum_slots(stream, empty, into, scale) -> tuple:
     """The arguments that finish a sum on the device: (counter, total, d, sqrt(d), mode, scale out).
 
-    ``total`` is ``into`` or a new float64 slot; ``scale`` is (d, power, out) for the float32
-    scale of d elements written into ``out`` beside it (mode 1 for power 2, 2 for power 1), or None.
+    ``total`` is ``into`` or a float64 temporary (``empty``); ``scale`` is (d, power, out) for the
+    float32 scale of d elements written into ``out`` beside it (mode 1 for power 2, 2 for power 1), or None.
     """
     device = device_of(stream)
     total = into if into is not None else empty(1, np.float64, stream)
@@ -200,9 +200,10 @@ def _sum_slots(stream, empty, into, scale) -> tuple:
     return _counter(device, stream), total, d, math.sqrt(d), 1 if power == 2 else 2, out
 
 
-def _summed(slots, into, stream) -> float | None:
-    """The finished sum: read to the host (a wait) unless it went ``into`` a device slot."""
-    return None if into is not None else read_first(slots[1], stream)
+def _summed(slots, into, scale, stream) -> float | None:
+    """The finished sum: read to the host (a wait) unless it went ``into`` a device slot or made a ``scale`` (which
+    is what the caller wants: the sum stays on the device)."""
+    return None if into is not None or scale is not None else read_first(slots[1], stream)
 
 
 def tree_sum(partial, stream=0, empty=_device_empty, into=None, scale=None) -> float | None:
@@ -212,11 +213,12 @@ def tree_sum(partial, stream=0, empty=_device_empty, into=None, scale=None) -> f
     length) in registers, then the grid's last block adds the rest. The value is read back
     to the host, or, when ``into`` (a one-element float64 device array) is given, left there
     (no host wait; returns None). ``scale`` = (d, power, out) also writes the float32 scale
-    of d elements into ``out`` (``scale_of``'s bits) in the same launch.
+    of d elements into ``out`` (``scale_of``'s bits) in the same launch; the sum then stays on the
+    device too (``into``, or a temporary), and None is returned.
     """
     slots = _sum_slots(stream, empty, into, scale)
     _finish_lanes(partial, stream, empty, slots)
-    return _summed(slots, into, stream)
+    return _summed(slots, into, scale, stream)
 
 
 def _finish_lanes(partial, stream, empty, slots) -> None:
@@ -285,7 +287,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
            src, _table(lut, stream), err, n_src, partial, finish, *slots)
     if not finish:
         _finish_lanes(partial, stream, empty, slots)
-    return _summed(slots, into, stream)
+    return _summed(slots, into, scale, stream)
 
 
 @lru_cache(maxsize=None)
@@ -417,7 +419,7 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_de
     _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots)
     if not finish:
         _finish_lanes(lanes, stream, empty, slots)
-    return _summed(slots, into, stream)
+    return _summed(slots, into, scale, stream)
 
 
 @cuda.jit

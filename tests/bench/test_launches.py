@@ -23,12 +23,12 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 (``kernels.cuda.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter codes the
 worker's rows and the server's, allgather its one row)."""
 EXPECTED = {
-    False: {"gather_scatter": (5, 1, 3), "allgather": (3, 1, 2), "hierarchical": (6, 1, 7), "birder": (14, 1, 6),
-            "gather_scatter_blocks": (9, 1, 3), "allgather_blocks": (5, 1, 2)},
-    True: {"gather_scatter": (7, 1, 3), "allgather": (5, 1, 2), "hierarchical": (8, 1, 7), "birder": (16, 1, 6),
-           "gather_scatter_blocks": (9, 1, 3), "allgather_blocks": (5, 1, 2)},
+    False: {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
+            "birder": (14, 1, 6, 6), "gather_scatter_blocks": (9, 1, 3, 6), "allgather_blocks": (5, 1, 2, 4)},
+    True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
+           "birder": (16, 1, 6, 6), "gather_scatter_blocks": (9, 1, 3, 6), "allgather_blocks": (5, 1, 2, 4)},
 }
-"""(launches, waits, torch operators) per protocol below and past ``COLLAPSING``. The launches are those the H200
+"""(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are those the H200
 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel since
 (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the waits, but for
 Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each coding of the
@@ -42,7 +42,10 @@ launch that sums it, and the decode reads the heads). Birder's three encodes wri
 themselves (``codecs.randomized_encode``), and its two exchanges read their weights s / size from the heads in one
 launch each (``codecs.unframe`` with a divisor), where torch took a copy each, and a copy, a fill and a division
 (15 operators until 2026-11-28). The block sums' finite check is their one float64 sum (``codecs.all_finite``,
-``summable``: the sums of float32 squares cannot overflow it), not two operators."""
+``summable``: the sums of float32 squares cannot overflow it), not two operators. The allocations: the result's
+(no ``out`` here), then Birder's three row maxima and its two exchanges' weights, and the block forms' block sums
+and decoded scales; the kernels' temporaries, and the sums and scales nobody reads back, come from the thread's
+``workspace.Temporaries`` of the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29)."""
 
 
 @pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,
@@ -55,9 +58,9 @@ def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> No
     expected = dict(EXPECTED[numel > COLLAPSING])
     if numel > SPLITTING:
         for protocol, codings in (("gather_scatter_blocks", 2), ("allgather_blocks", 1)):
-            launches, waits, operators = expected[protocol]
-            expected[protocol] = (launches + codings, waits, operators)
-    assert {p: (c["launches"], c["waits"], c["torch"]) for p, c in counts.items()} == expected
+            launches, waits, operators, allocations = expected[protocol]
+            expected[protocol] = (launches + codings, waits, operators, allocations)
+    assert {p: (c["launches"], c["waits"], c["torch"], c["allocations"]) for p, c in counts.items()} == expected
     assert all(c["wraps"] == 0 for c in counts.values()), counts
 
 
@@ -67,8 +70,8 @@ def test_a_16_bit_call_makes_a_float32_calls_launches_and_operators(dtype: torch
     ``decode_framed_blocks``): no torch operator reads, rounds or negates a scale (the allgather protocols' float32
     averages alone are cast, once each)."""
     counts = call_counts(torch.empty(4096, device="meta", dtype=dtype), SingleComm())
-    expected = {p: {"launches": n, "wraps": 0, "waits": w, "torch": t + p.startswith("allgather")}
-                for p, (n, w, t) in EXPECTED[False].items()}
+    expected = {p: {"launches": n, "wraps": 0, "waits": w, "torch": t + p.startswith("allgather"), "allocations": a}
+                for p, (n, w, t, a) in EXPECTED[False].items()}
     assert counts == expected
 
 
@@ -93,7 +96,7 @@ def test_the_script_prints_one_object_keyed_by_protocol() -> None:
                          capture_output=True, text=True, check=True, timeout=120).stdout
     counts = json.loads(out)
     assert tuple(counts) == PROTOCOLS
-    assert counts["gather_scatter"] == {"launches": 5, "wraps": 0, "waits": 1, "torch": 3}
+    assert counts["gather_scatter"] == {"launches": 5, "wraps": 0, "waits": 1, "torch": 3, "allocations": 1}
 
 
 def test_the_script_adds_host_microseconds_with_time() -> None:

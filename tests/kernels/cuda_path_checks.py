@@ -122,8 +122,9 @@ def check_counts(numel: int, protocols: tuple[str, ...] = PROTOCOLS) -> None:
     traced = call_counts(torch.empty(numel, device="meta"), SingleComm(), protocols=protocols)
     assert all(c["launches"] > 0 for c in ran.values()), ran
     for counts in (ran, traced):  # numba's dispatcher (the simulator's) wraps; meta counts the same wraps
-        for c in counts.values():
+        for c in counts.values():  # torch's operators and allocations on CPU tensors are not a device's
             c.pop("torch")
+            c.pop("allocations")
     assert ran == traced, f"{numel} elements: ran {ran}, traced {traced}"
 
 

@@ -28,8 +28,8 @@ EXPECTED = {
     True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
            "birder": (16, 1, 6, 6), "gather_scatter_blocks": (9, 1, 3, 6), "allgather_blocks": (5, 1, 2, 4)},
 }
-"""(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are those the H200
-read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel since
+"""(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches
+are those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel since
 (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the waits, but for
 Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each coding of the
 scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.frame_scales``) and each decoding

@@ -28,24 +28,24 @@ EXPECTED = {
     True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
            "birder": (16, 1, 6, 6), "gather_scatter_blocks": (9, 1, 3, 6), "allgather_blocks": (5, 1, 2, 4)},
 }
-"""(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches
-are those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel since
-(``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the waits, but for
-Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each coding of the
-scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.frame_scales``) and each decoding
-(``codecs.unframe_blocks``, the weights' division in it) is one launch at any length, a coding two past
-``SPLITTING`` (the last decoding and the
-result's decode one launch together: ``codecs.decode_framed_blocks``), where torch took 87 operators
-(gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators include the transport's copies:
-gather-scatter's 3 are its 2 and the weights' copy to the device (the server's scale goes into its frame head in the
-launch that sums it, and the decode reads the heads). Birder's three encodes write their scales into the frame heads
-themselves (``codecs.randomized_encode``), and its two exchanges read their weights s / size from the heads in one
-launch each (``codecs.unframe`` with a divisor), where torch took a copy each, and a copy, a fill and a division
-(15 operators until 2026-11-28). The block sums' finite check is their one float64 sum (``codecs.all_finite``,
-``summable``: the sums of float32 squares cannot overflow it), not two operators. The allocations: the result's
-(no ``out`` here), then Birder's three row maxima and its two exchanges' weights, and the block forms' block sums
-and decoded scales; the kernels' temporaries, and the sums and scales nobody reads back, come from the thread's
-``workspace.Temporaries`` of the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29)."""
+"""(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are
+those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
+kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the
+waits, but for Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each
+coding of the scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.frame_scales``) and each
+decoding (``codecs.unframe_blocks``, the weights' division in it) is one launch at any length, a coding two past
+``SPLITTING`` (the last decoding and the result's decode one launch together: ``codecs.decode_framed_blocks``), where
+torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators include
+the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the device (the server's scale goes
+into its frame head in the launch that sums it, and the decode reads the heads). Birder's three encodes write their
+scales into the frame heads themselves (``codecs.randomized_encode``), and its two exchanges read their weights s /
+size from the heads in one launch each (``codecs.unframe`` with a divisor), where torch took a copy each, and a copy,
+a fill and a division (15 operators until 2026-11-28). The block sums' finite check is their one float64 sum
+(``codecs.all_finite``, ``summable``: the sums of float32 squares cannot overflow it), not two operators. The
+allocations: the result's (no ``out`` here), then Birder's three row maxima and its two exchanges' weights, and the
+block forms' block sums and decoded scales; the kernels' temporaries, and the sums nobody reads back (the total
+behind a device scale, the allgather protocol's and Birder's), come from the thread's ``workspace.Temporaries`` of
+the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29)."""
 
 
 @pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,

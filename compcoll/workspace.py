@@ -52,10 +52,9 @@ class Temporaries:
         self._kept: dict[tuple[int, torch.dtype], tuple[torch.Tensor, dict[int, torch.Tensor]]] = {}
         self._taken: dict[torch.dtype, int] = {}
 
-    def start(self) -> Temporaries:
+    def start(self) -> None:
         """Begin a kernel call: its first request of each dtype gets the first temporary again."""
         self._taken.clear()
-        return self
 
     def get(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """The next temporary of ``dtype`` in this call, ``numel`` elements (1-D, contiguous).
@@ -67,14 +66,12 @@ class Temporaries:
         """
         index = self._taken.get(dtype, 0)
         self._taken[dtype] = index + 1
-        key = (index, dtype)
-        buf, views = self._kept.get(key, (None, {}))
-        view = views.get(numel)
-        if view is not None:
-            return view
-        if buf is None or buf.numel() < numel:
-            buf, views = torch.empty(numel, dtype=dtype, device=self.device), {}
-            self._kept[key] = (buf, views)
+        kept = self._kept.get((index, dtype))
+        if kept is not None and numel in kept[1]:
+            return kept[1][numel]
+        if kept is None or kept[0].numel() < numel:
+            kept = self._kept[(index, dtype)] = (torch.empty(numel, dtype=dtype, device=self.device), {})
+        buf, views = kept
         view = views[numel] = buf if buf.numel() == numel else buf[:numel]
         return view
 

@@ -27,9 +27,11 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
    (a scale per 64 elements, the default, and per chunk).
    Bytes: compcoll's counters and, for PyTorch's hooks, the ring formula on what they send.
 3. ``optimizers``: the causal LM of bench/convergence (``job.py``), global batch 64 split
-   over the ranks, each optimizer against its uncompressed baseline (Adam, LAMB, Birder
-   with the exact average). The baselines average every gradient exactly, so they are one
-   run whatever n (the same global batch); they run once, at the first n.
+   over the ranks, each optimizer against its uncompressed baseline at the same n (Adam, LAMB,
+   Birder with the exact average). Adam and LAMB average every gradient exactly, so they are
+   one run whatever n (the same global batch) and run once, at the first n; Birder's exact
+   form averages each rank's own ratio m / b, which changes with the rank's share of the
+   batch, so it runs at every n (``PER_N_BASELINES``).
 4. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
    _optimizers), OUT_bytes.png (bytes per element per rank against n, log-log) and
    OUT_gap.png (each run's gap to its baseline against n); the training parts' tables are
@@ -59,6 +61,9 @@ from compcoll.launcher import run_threads  # noqa: E402
 RANKS_PER_NODE = 8
 OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "Birder exact", "Birder", "LAMB", "1-bit LAMB")
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
+PER_N_BASELINES = ("Birder exact",)
+"""Baselines whose run changes with n: Birder's moments are each rank's own, so its exact average of m / b at 16
+ranks (4 sequences a rank) is another optimizer than at 2 (32 a rank)."""
 
 
 def hook_rows(n: int) -> list[dict]:
@@ -189,7 +194,8 @@ def optimizers_part(args) -> dict:
     specs = {s["name"]: s for s in runs(args.steps, 1e-8, 1e-3, 5e-3, False)}
 
     def rows_at(n: int) -> list[dict]:
-        return [specs[name] for name in OPTIMIZER_ROWS if specs[name]["baseline"] or n == args.ranks[0]]
+        return [specs[name] for name in OPTIMIZER_ROWS
+                if specs[name]["baseline"] or name in PER_N_BASELINES or n == args.ranks[0]]
 
     def launch(n: int, config: dict) -> None:
         config = dict(config, task="lm", hidden=64, layers=2, context=64)

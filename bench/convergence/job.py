@@ -49,12 +49,9 @@ class ExactChannel(Channel):
         """Nothing to move: no error buffers."""
 
 
-class FrozenVarianceLamb(OneBitLamb):
-    """1-bit LAMB with nothing compressed: after the freeze, the exact average of what it would send in 1 bit.
-
-    What is left is its frozen variance (and fresh trust ratios); 1-bit LAMB's gap to this
-    run is what its compression costs, and this run's gap to LAMB what freezing v costs.
-    """
+class Uncompressed:
+    """Mixin for an optimizer of ``compcoll.optim``: its 1-bit channel is an ``ExactChannel``, so it runs its own
+    steps with the exact average wherever it would send 1 bit."""
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
                         protocol: str = "gather_scatter", by_layer: bool = False) -> ExactChannel:
@@ -62,8 +59,27 @@ class FrozenVarianceLamb(OneBitLamb):
         return self._channel
 
 
+class FrozenVarianceLamb(Uncompressed, OneBitLamb):
+    """1-bit LAMB with nothing compressed: after the freeze, the exact average of what it would send in 1 bit.
+
+    What is left is its frozen variance (and fresh trust ratios); 1-bit LAMB's gap to this
+    run is what its compression costs, and this run's gap to LAMB what freezing v costs.
+    """
+
+
+class ExactZeroOneAdam(Uncompressed, ZeroOneAdam):
+    """0/1 Adam with nothing compressed: its variance freeze and local steps, the exact average wherever it sends
+    1 bit.
+
+    0/1 Adam's gap to this run is what its compression costs, and this run's gap to Adam
+    what its local steps and frozen variance cost (local steps see one rank's share of the
+    batch, so that part changes with n).
+    """
+
+
 OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam, "Birder": Birder,
-              "ExactBirder": ExactBirder, "FrozenVarianceLamb": FrozenVarianceLamb}
+              "ExactBirder": ExactBirder, "FrozenVarianceLamb": FrozenVarianceLamb,
+              "ExactZeroOneAdam": ExactZeroOneAdam}
 
 
 class AveragedAdam:

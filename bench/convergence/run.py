@@ -13,7 +13,8 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step), and Birder
    with the exact average of its ratios (``job.ExactBirder``); the table also gives every
    run against Adam. "LAMB frozen v" is 1-bit LAMB with the exact average where it sends
-   1 bit (``job.FrozenVarianceLamb``): its frozen variance without compression. The runs
+   1 bit (``job.FrozenVarianceLamb``): its frozen variance without compression; "0/1 Adam
+   exact" is 0/1 Adam so (``job.ExactZeroOneAdam``): its local steps without compression. The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
    the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
    the defaults (the update direction m / (sqrt(v) + eps)). "1-bit LAMB refresh" takes
@@ -53,6 +54,7 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
     """(name, optimizer, kwargs, baseline name) of every run; phases scale with ``steps``."""
     freeze = steps * 3 // 20
     onebit = dict(lr=lr, eps=eps, freeze_step=freeze)
+    zero_one = dict(lr=lr, eps=eps, var_freeze_step=steps // 5, local_step_scaler=steps // 10, local_step_clipper=2)
     peer = [
         dict(name="DS 1-bit Adam", optimizer="DeepSpeedOneBitAdam", baseline="Adam", backend="gloo", kwargs=onebit),
         dict(name="Adam clip", optimizer="Adam", baseline=None, clip=1.0, kwargs=dict(lr=lr, eps=eps)),
@@ -67,9 +69,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit Adam m", optimizer="OneBitAdam", baseline="Adam",
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
-        dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam",
-             kwargs=dict(lr=lr, eps=eps, var_freeze_step=steps // 5, local_step_scaler=steps // 10,
-                         local_step_clipper=2)),
+        dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam", kwargs=zero_one),
+        dict(name="0/1 Adam exact", optimizer="ExactZeroOneAdam", baseline="Adam", kwargs=zero_one),
         dict(name="Birder exact", optimizer="ExactBirder", baseline=None, kwargs=dict(lr=lr)),
         dict(name="Birder", optimizer="Birder", baseline="Birder exact", kwargs=dict(lr=lr)),
         dict(name="LAMB", optimizer="OneBitLamb", baseline=None, kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=10**9)),

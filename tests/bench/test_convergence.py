@@ -26,13 +26,14 @@ def test_short_convergence_run_writes_results() -> None:
     out = finished.folder / "conv"
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
-                                        "Birder exact", "Birder", "LAMB", "LAMB frozen v", "1-bit LAMB",
+                                        "0/1 Adam exact", "Birder exact", "Birder", "LAMB", "LAMB frozen v", "1-bit LAMB",
                                         "1-bit LAMB m", "1-bit LAMB refresh"]
     by_name = {r["name"]: r for r in runs}
     plain = by_name["Adam"]["bytes_per_rank"][0]
     assert by_name["Birder"]["bytes_per_rank"][0] * 20 < plain
     assert by_name["Birder exact"]["bytes_per_rank"][0] >= plain
     assert by_name["LAMB frozen v"]["bytes_per_rank"][0] > by_name["1-bit LAMB"]["bytes_per_rank"][0] * 4
+    assert by_name["0/1 Adam exact"]["bytes_per_rank"][0] > by_name["0/1 Adam"]["bytes_per_rank"][0] * 4
     assert by_name["1-bit Adam"]["bytes_per_rank"][0] < plain
     for r in runs:
         assert r["curve"][-1]["train_loss"] < r["curve"][0]["train_loss"], r["name"]

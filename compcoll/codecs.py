@@ -453,13 +453,14 @@ def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
         decode(signs, scales, out.view(-1))
 
 
-def row_absmax(source: torch.Tensor, rows: int, length: int) -> torch.Tensor:
-    """Per-row max |x| of ``source`` zero-padded to ``length`` and cut into ``rows`` rows (float32).
+def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-row max |x| of ``source`` zero-padded to ``length`` and cut into ``rows`` rows (float32), into ``out``
+    (``rows`` float32 elements on ``source``'s device) where given.
 
     A row holding NaN gets NaN, one holding Inf gets Inf.
     """
     src, lut = _source(source)
-    out = torch.empty(rows, dtype=torch.float32, device=source.device)
+    out = torch.empty(rows, dtype=torch.float32, device=source.device) if out is None else out
     _run("row_absmax", source, src, lut, source.numel(), length // rows, _array(out))
     return out
 
@@ -499,15 +500,20 @@ def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:
     return rows[..., SCALE_BYTES:]
 
 
-def unframe(rows: torch.Tensor, divisor: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def unframe(rows: torch.Tensor, divisor: int = 1, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split (n, SCALE_BYTES + nbytes) wire rows into their n float32 scales / ``divisor`` (IEEE float32 division,
-    as ``divide_``: the weights s / n) and the sign bytes (a view); on CUDA in one kernel (``head_weights``)."""
+    as ``divide_``: the weights s / n), into ``out`` (n float32 elements) where given, and the sign bytes (a
+    view); on CUDA in one kernel (``head_weights``)."""
     if on_host(rows):
         scales = _heads(rows.numpy())
         if divisor != 1:
             np.divide(scales, np.float32(divisor), out=scales)
-        return torch.from_numpy(scales), rows[:, SCALE_BYTES:]
-    scales = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device)
+        if out is None:
+            return torch.from_numpy(scales), rows[:, SCALE_BYTES:]
+        out.numpy()[:] = scales
+        return out, rows[:, SCALE_BYTES:]
+    scales = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device) if out is None else out
     _run("head_weights", rows, _array(rows), divisor, _array(scales))
     return scales, rows[:, SCALE_BYTES:]
 
@@ -518,14 +524,15 @@ def _heads(table: np.ndarray) -> np.ndarray:
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
-               rows: int = 1) -> torch.Tensor:
+               rows: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
     """Float64 sums of |x|^p over the blocks of x = ``error + pad(tensor)`` (p: ``scale``'s power), on ``error``'s
     device: x cut into ``rows`` equal rows, each into blocks of ``block_size`` from its start, the last one
-    shorter where needed (``spec.block_lengths``); row-major. ``tensor=None`` sums ``error`` alone. Writes
-    nothing else."""
+    shorter where needed (``spec.block_lengths``); row-major; into ``out`` (float64, one element a block) where
+    given. ``tensor=None`` sums ``error`` alone. Writes nothing else."""
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     row_len = error.numel() // rows
-    sums = torch.empty(rows * -(-row_len // block_size), dtype=torch.float64, device=error.device)
+    blocks = rows * -(-row_len // block_size)
+    sums = torch.empty(blocks, dtype=torch.float64, device=error.device) if out is None else out
     _run("block_power_sums", error, src, lut, _array(error), 0 if tensor is None else tensor.numel(), block_size,
          row_len, spec.SCALES[scale], _array(sums))
     return sums
@@ -586,7 +593,7 @@ def _steps(like: torch.Tensor):
 
 
 def frame_scales(rows: torch.Tensor, values: torch.Tensor, scale: str | None = None, block_size: int = 1,
-                 row_len: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                 row_len: int = 1, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Code the block scales of (n, SCALE_BYTES + m + nbytes) wire rows against each row's largest, in front of
     the rows' bytes: ``spec.code_scales``' bits, in one kernel on every device (``kernels.cpu.code_blocks``).
 
@@ -594,35 +601,41 @@ def frame_scales(rows: torch.Tensor, values: torch.Tensor, scale: str | None = N
     blocks of ``block_size`` elements of rows of ``row_len`` (``block_sums``), whose ``scale``
     ("l2", "l1": ``spec.block_scales_from``) is coded.
     1. Row r's largest scale, ref_r, as 4 bytes at its head; then the m codes of its scales.
-    2. The decoded scales v[code] (what every rank uses, the encoder included).
+    2. The decoded scales v[code] (what every rank uses, the encoder included), into ``out``
+       (n * m float32 elements) where given.
 
     Returns:
         (the decoded scales, (n, m) float32; the rows' bytes behind the codes, a view).
     """
     n = rows.shape[0]
     m = values.numel() // n
-    decoded = torch.empty(n, m, dtype=torch.float32, device=rows.device)
+    decoded = torch.empty(n, m, dtype=torch.float32, device=rows.device) if out is None else out.view(n, m)
     power = 0 if scale is None else spec.SCALES[scale]
     _run("code_blocks", decoded, _array(values.reshape(-1)), block_size, row_len, power, _steps(rows), _array(rows),
          _array(decoded))
     return decoded, rows[:, SCALE_BYTES + m:]
 
 
-def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split (n, SCALE_BYTES + per_row + nbytes) wire rows into the (n, per_row) decoded float32 block scales and
-    the sign bytes (a view): float32(float64(ref_r) * SCALE_STEPS[code]) / ``divisor`` (IEEE float32 division, as
-    ``divide_``: the weights s / n), in one kernel (``decode_codes``)."""
-    decoded = torch.empty(rows.shape[0], per_row, dtype=torch.float32, device=rows.device)
+def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1, out: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split (n, SCALE_BYTES + per_row + nbytes) wire rows into the (n, per_row) decoded float32 block scales (into
+    ``out``, n * per_row float32 elements, where given) and the sign bytes (a view):
+    float32(float64(ref_r) * SCALE_STEPS[code]) / ``divisor`` (IEEE float32 division, as ``divide_``: the weights
+    s / n), in one kernel (``decode_codes``)."""
+    n = rows.shape[0]
+    decoded = torch.empty(n, per_row, dtype=torch.float32, device=rows.device) if out is None else out.view(n, per_row)
     _run("decode_codes", decoded, _array(rows), _steps(rows), divisor, _array(decoded))
     return decoded, rows[:, SCALE_BYTES + per_row:]
 
 
-def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, rows: int) -> torch.Tensor:
+def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, rows: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 max |x| over the blocks of x = ``error + pad(tensor)`` cut into ``rows`` equal rows (``block_sums``'
-    blocks), on ``error``'s device; NaN where a block holds NaN. Writes nothing else."""
+    blocks), on ``error``'s device, into ``out`` where given; NaN where a block holds NaN. Writes nothing else."""
     src, lut = _source(tensor)
     row_len = error.numel() // rows
-    out = torch.empty(rows * -(-row_len // block_size), dtype=torch.float32, device=error.device)
+    blocks = rows * -(-row_len // block_size)
+    out = torch.empty(blocks, dtype=torch.float32, device=error.device) if out is None else out
     _run("block_absmax", error, src, lut, _array(error), tensor.numel(), block_size, row_len, _array(out))
     return out
 

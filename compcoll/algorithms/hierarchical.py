@@ -134,7 +134,7 @@ class BirderPlan(_NodePlan):
              seed: int = 0, step: int | None = None) -> torch.Tensor:
         """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn."""
         comm, n, full, ws = self.comm, self.comm.size, self.full, self.workspace
-        maxima = codecs.row_absmax(tensor, n, full)
+        maxima = codecs.row_absmax(tensor, n, full, ws.get("maxima", n, torch.float32, self.device))
         self.agreement(tensor).check(codecs.all_finite(maxima))
         layout = self.layout
         if step is None:
@@ -146,16 +146,18 @@ class BirderPlan(_NodePlan):
         k, nodes = layout.ranks_per_node, layout.nodes
         shard, sub = full // k, full // n
         base = layout.local_rank * shard
+        node_scales = torch.amax(maxima.view(k, nodes), dim=1, out=ws.get("node.scales", k, torch.float32, self.device))
         shard_average = _binarize_exchange(
-            tensor, maxima.view(k, nodes).amax(dim=1), layout.intra, (seed, step, "node", comm.rank, 0), shard,
+            tensor, node_scales, layout.intra, (seed, step, "node", comm.rank, 0), shard,
             ws, "node",
         )
         sub_average = _binarize_exchange(
-            shard_average, codecs.row_absmax(shard_average, nodes, shard), layout.inter,
+            shard_average, codecs.row_absmax(shard_average, nodes, shard,
+                                             ws.get("inter.scales", nodes, torch.float32, self.device)), layout.inter,
             (seed, step, "inter", comm.rank, base), sub, ws, "inter",
         )
         row = ws.get("server", codecs.SCALE_BYTES + sub // 8, torch.uint8, self.device)
-        own_scale = codecs.row_absmax(sub_average, 1, sub)
+        own_scale = codecs.row_absmax(sub_average, 1, sub, ws.get("server.scale", 1, torch.float32, self.device))
         codecs.randomized_encode(
             sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub, row.view(1, -1)
         )
@@ -186,7 +188,8 @@ def _binarize_exchange(
     codecs.randomized_encode(source, scales, seed, step, stage, rank, start, wire)
     received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
     group.alltoall(wire.view(-1), received)
-    weights, rows = codecs.unframe(received.view(size, width), size)
+    weights, rows = codecs.unframe(received.view(size, width), size,
+                                   workspace.get(name + ".weights", size, torch.float32, source.device))
     average = workspace.get(name + ".average", length, torch.float32, source.device)
     codecs.accumulate_signs(rows, weights, None, average, length, read=False)
     return average
@@ -323,7 +326,8 @@ class CompensatedPlan(_NodePlan):
 
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
-            sums = codecs.block_sums(average, worker_error, b, self.scale, layout.nodes)
+            sums = codecs.block_sums(average, worker_error, b, self.scale, layout.nodes,
+                                     ws.get("blocks.sums", layout.nodes * -(-sub // b), torch.float64, self.device))
             agreement.check(codecs.all_finite(sums, summable=True))
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)

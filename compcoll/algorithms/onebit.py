@@ -211,14 +211,16 @@ class FlatPlan(Plan):
         """
         comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         rows = n if self.protocol == "gather_scatter" else 1
-        sums = block_statistics(tensor, worker_error, b, self.scale, self.bits, rows)
+        sums = block_statistics(tensor, worker_error, b, self.scale, self.bits, rows, ws)
         self.agreement(tensor).check(codecs.all_finite(sums, summable=True))
         if self.numel == 0:
             return result
         if self.bits > 1:
             served = serve_levels(tensor, worker_error, server_error, sums, comm, ws, b, self.bits)
             decoded = float32_target(result, self.numel, ws)
-            steps, planes = codecs.unframe_blocks(served, -(-self.chunk // b))
+            blocks = -(-self.chunk // b)
+            steps, planes = codecs.unframe_blocks(served, blocks, 1,
+                                                  ws.get("levels.steps", n * blocks, torch.float32, self.device))
             for r in range(n):
                 count = min(self.chunk, self.numel - r * self.chunk)
                 if count > 0:
@@ -231,12 +233,15 @@ class FlatPlan(Plan):
         else:
             width = SCALE_BYTES + -(-full // b) + full // 8
             send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)
-            scales, signs = codecs.frame_scales(send, sums, self.scale, b, full)
+            blocks = -(-full // b)
+            scales, signs = codecs.frame_scales(send, sums, self.scale, b, full,
+                                                ws.get("blocks.scales", blocks, torch.float32, self.device))
             codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, signs)
             received = ws.get("blocks.received", n * width, torch.uint8, self.device)
             comm.allgather(send.view(-1), received)
             decoded = float32_target(result, full, ws)
-            weights, bits = codecs.unframe_blocks(received.view(n, width), -(-full // b), n)
+            weights, bits = codecs.unframe_blocks(received.view(n, width), blocks, n,
+                                                  ws.get("blocks.weights", n * blocks, torch.float32, self.device))
             codecs.accumulate_blocks(bits, weights, b, None, decoded, decoded.numel())
         if result.dtype != torch.float32:
             result.view(-1).copy_(decoded[:self.numel])
@@ -307,14 +312,19 @@ def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     blocks = -(-chunk // b)
     width = SCALE_BYTES + blocks + chunk // 8
     send = workspace.get("blocks.send", n * width, torch.uint8, device).view(n, width)
-    scales, signs = codecs.frame_scales(send, sums, scale, b, chunk)
+    scales, signs = codecs.frame_scales(send, sums, scale, b, chunk,
+                                        workspace.get("blocks.scales", n * blocks, torch.float32, device))
     codecs.encode_blocks(source, worker_error, scales.view(-1), b, signs)
     received = workspace.get("blocks.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)
-    weights, bits = codecs.unframe_blocks(received.view(n, width), blocks, n)
+    weights, bits = codecs.unframe_blocks(received.view(n, width), blocks, n,
+                                          workspace.get("blocks.weights", n * blocks, torch.float32, device))
     codecs.accumulate_blocks(bits, weights, b, server_error, server_error, chunk)
     served = workspace.get("blocks.served", width, torch.uint8, device).view(1, width)
-    mine, signs = codecs.frame_scales(served, codecs.block_sums(None, server_error, b, scale), scale, b, chunk)
+    sums = codecs.block_sums(None, server_error, b, scale, 1,
+                             workspace.get("blocks.server_sums", blocks, torch.float64, device))
+    mine, signs = codecs.frame_scales(served, sums, scale, b, chunk,
+                                      workspace.get("blocks.server_scales", blocks, torch.float32, device))
     codecs.encode_blocks(None, server_error, mine.view(-1), b, signs)
     gathered = workspace.get("blocks.gathered", n * width, torch.uint8, device)
     comm.allgather(served.view(-1), gathered)
@@ -342,7 +352,8 @@ def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     scatter_rows(source, worker_error, absmax, comm, workspace, b, "l2", bits, lambda w: codecs.divide_(w, n),
                  summed, chunk)
     served = workspace.get("levels.served", width, torch.uint8, device).view(1, width)
-    top = codecs.block_absmax(summed, server_error, b, 1)
+    top = codecs.block_absmax(summed, server_error, b, 1, workspace.get("levels.top", -(-chunk // b), torch.float32,
+                                                                        device))
     mine, planes = codecs.frame_scales(served, codecs.level_steps(top, bits))
     codecs.encode_levels(summed, server_error, mine.view(-1), b, bits, planes)
     gathered = workspace.get("levels.gathered", n * width, torch.uint8, device)

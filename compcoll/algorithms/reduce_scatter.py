@@ -141,7 +141,8 @@ class ScatterPlan(Plan):
         """Steps 1-5 of ``compressed_reduce_scatter`` on checked arguments, in this rank's turn."""
         (worker_error,) = errors or (self.error_feedback.worker_error,)
         rows = self._rows(tensor)
-        stats = block_statistics(rows, worker_error, self.block_size, self.scale, self.bits, self.comm.size)
+        stats = block_statistics(rows, worker_error, self.block_size, self.scale, self.bits, self.comm.size,
+                                 self.workspace)
         self.agreement(tensor).check(codecs.all_finite(stats, summable=True))
         if self.numel == 0:
             return result
@@ -171,12 +172,16 @@ def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> t
 
 
 def block_statistics(rows: torch.Tensor, worker_error: torch.Tensor, block_size: int, scale: str, bits: int,
-                     n: int) -> torch.Tensor:
+                     n: int, workspace: Workspace) -> torch.Tensor:
     """What each block's scale comes from, for x = rows + worker_error cut into n rows: 1 bit, the float64 sums of
-    |x|^p (``scale``'s power); levels, the float32 maxima of |x|. Non-finite where x is; writes nothing."""
+    |x|^p (``scale``'s power); levels, the float32 maxima of |x|; in ``workspace``'s "blocks.stats". Non-finite
+    where x is; writes nothing else."""
+    blocks = n * -(-(worker_error.numel() // n) // block_size)
+    dtype = torch.float64 if bits == 1 else torch.float32
+    stats = workspace.get("blocks.stats", blocks, dtype, worker_error.device)
     if bits == 1:
-        return codecs.block_sums(rows, worker_error, block_size, scale, n)
-    return codecs.block_absmax(rows, worker_error, block_size, n)
+        return codecs.block_sums(rows, worker_error, block_size, scale, n, stats)
+    return codecs.block_absmax(rows, worker_error, block_size, n, stats)
 
 
 def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, comm: Communicator,
@@ -197,14 +202,16 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
     width = SCALE_BYTES + blocks + bits * row_len // 8
     send = workspace.get("scatter.send", n * width, torch.uint8, device).view(n, width)
     if bits == 1:
-        scales, packed = codecs.frame_scales(send, stats, scale, b, row_len)
+        scales, packed = codecs.frame_scales(send, stats, scale, b, row_len,
+                                             workspace.get("scatter.scales", n * blocks, torch.float32, device))
         codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
     else:
         scales, packed = codecs.frame_scales(send, codecs.level_steps(stats, bits))
         codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
     received = workspace.get("scatter.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)
-    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks)
+    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks, 1,
+                                            workspace.get("scatter.weights", n * blocks, torch.float32, device))
     weights = weigh(weights).contiguous()
     if bits == 1:
         codecs.accumulate_blocks(planes, weights, b, None, out, count)

@@ -24,9 +24,9 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 worker's rows and the server's, allgather its one row)."""
 EXPECTED = {
     False: {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
-            "birder": (14, 1, 6, 6), "gather_scatter_blocks": (9, 1, 3, 6), "allgather_blocks": (5, 1, 2, 4)},
+            "birder": (14, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1)},
     True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
-           "birder": (16, 1, 6, 6), "gather_scatter_blocks": (9, 1, 3, 6), "allgather_blocks": (5, 1, 2, 4)},
+           "birder": (16, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1)},
 }
 """(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
@@ -42,10 +42,12 @@ scales into the frame heads themselves (``codecs.randomized_encode``), and its t
 size from the heads in one launch each (``codecs.unframe`` with a divisor), where torch took a copy each, and a copy,
 a fill and a division (15 operators until 2026-11-28). The block sums' finite check is their one float64 sum
 (``codecs.all_finite``, ``summable``: the sums of float32 squares cannot overflow it), not two operators. The
-allocations: the result's (no ``out`` here), then Birder's three row maxima and its two exchanges' weights, and the
-block forms' block sums and decoded scales; the kernels' temporaries, and the sums nobody reads back (the total
-behind a device scale, the allgather protocol's and Birder's), come from the thread's ``workspace.Temporaries`` of
-the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29)."""
+allocations: the result's alone (no ``out`` here). The kernels' temporaries, and the sums nobody reads back (the
+total behind a device scale, the allgather protocol's and Birder's), come from the thread's ``workspace.Temporaries``
+of the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29); the codecs' results that live
+across codec calls (Birder's row maxima and its exchanges' weights, the block forms' block sums and decoded scales)
+from the plan's ``Workspace`` (5 more a Birder call and a gather-scatter call with block scales, 3 an allgather one,
+until 2026-11-29)."""
 
 
 @pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,

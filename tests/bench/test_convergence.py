@@ -33,7 +33,7 @@ def test_short_convergence_run_writes_results() -> None:
     assert by_name["Birder"]["bytes_per_rank"][0] * 20 < plain
     assert by_name["Birder exact"]["bytes_per_rank"][0] >= plain
     assert by_name["LAMB frozen v"]["bytes_per_rank"][0] > by_name["1-bit LAMB"]["bytes_per_rank"][0] * 4
-    assert by_name["0/1 Adam exact"]["bytes_per_rank"][0] > by_name["0/1 Adam"]["bytes_per_rank"][0] * 4
+    assert by_name["0/1 Adam exact"]["bytes_per_rank"][0] > by_name["0/1 Adam"]["bytes_per_rank"][0] * 2
     assert by_name["1-bit Adam"]["bytes_per_rank"][0] < plain
     for r in runs:
         assert r["curve"][-1]["train_loss"] < r["curve"][0]["train_loss"], r["name"]

@@ -193,16 +193,20 @@ def optimizers_part(args) -> dict:
     from run import runs
 
     specs = {s["name"]: s for s in runs(args.steps, 1e-8, 1e-3, 5e-3, False)}
-
-    def rows_at(n: int) -> list[dict]:
-        return [specs[name] for name in OPTIMIZER_ROWS
-                if specs[name]["baseline"] or name in PER_N_BASELINES or n == args.ranks[0]]
+    rows_at = functools.partial(optimizer_rows, specs, first=args.ranks[0])
 
     def launch(n: int, config: dict) -> None:
         config = dict(config, task="lm", hidden=64, layers=2, context=64)
         run_threads("job:train", n, args=(json.dumps(config),), timeout=7200)
 
     return train_rows(args, rows_at, launch, "val_loss")
+
+
+def optimizer_rows(specs: dict[str, dict], n: int, first: int) -> list[dict]:
+    """The rows of ``OPTIMIZER_ROWS`` (``specs`` by name) trained at n ranks: every compressed run at every n, a
+    baseline at the ``first`` n only, but one of ``PER_N_BASELINES`` at every n."""
+    return [specs[name] for name in OPTIMIZER_ROWS
+            if specs[name]["baseline"] or name in PER_N_BASELINES or n == first]
 
 
 def report(results: list[dict], metric: str) -> str:

@@ -14,7 +14,8 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
    with the exact average of its ratios (``job.ExactBirder``); the table also gives every
    run against Adam. "LAMB frozen v" is 1-bit LAMB with the exact average where it sends
    1 bit (``job.FrozenVarianceLamb``): its frozen variance without compression; "0/1 Adam
-   exact" is 0/1 Adam so (``job.ExactZeroOneAdam``): its local steps without compression. The runs
+   exact" is 0/1 Adam so (``job.ExactZeroOneAdam``): its local steps without compression; "0/1 Adam
+   clipper 1" synchronises at every step of its local phase (``local_step_clipper=1``). The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
    the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside
    the defaults (the update direction m / (sqrt(v) + eps)). "1-bit LAMB refresh" takes
@@ -71,6 +72,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze, compress="momentum", scale="l2")),
         dict(name="0/1 Adam", optimizer="ZeroOneAdam", baseline="Adam", kwargs=zero_one),
         dict(name="0/1 Adam exact", optimizer="ExactZeroOneAdam", baseline="Adam", kwargs=zero_one),
+        dict(name="0/1 Adam clipper 1", optimizer="ZeroOneAdam", baseline="Adam",
+             kwargs=dict(zero_one, local_step_clipper=1)),
         dict(name="Birder exact", optimizer="ExactBirder", baseline=None, kwargs=dict(lr=lr)),
         dict(name="Birder", optimizer="Birder", baseline="Birder exact", kwargs=dict(lr=lr)),
         dict(name="LAMB", optimizer="OneBitLamb", baseline=None, kwargs=dict(lr=lamb_lr, eps=eps, freeze_step=10**9)),

@@ -59,8 +59,8 @@ from compcoll.algorithms.hierarchical import hierarchical_compressed_allreduce, 
 from compcoll.launcher import run_threads  # noqa: E402
 
 RANKS_PER_NODE = 8
-OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "Birder exact", "Birder", "LAMB",
-                  "1-bit LAMB")
+OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder",
+                  "LAMB", "1-bit LAMB")
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
 PER_N_BASELINES = ("Birder exact",)
 """Baselines whose run changes with n: Birder's moments are each rank's own, so its exact average of m / b at 16

@@ -111,6 +111,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
     5. 1-bit LAMB only: ``layer_scales=True`` (one scale per layer, 4 bytes each) and
        ``variance_refresh=R`` (an exact float32 step every R steps: 8(n-1)/(nR) more per
        step).
+    6. 0/1 Adam only: ``local_step_clipper=L``, the most local steps between two
+       synchronisations (a local step sends nothing; a synchronisation what a compressed step
+       does). Where each rank's share of the batch is small, take 1: at 64 ranks on the LM of
+       bench/convergence it took 0/1 Adam from 6.7% to 0.6% above Adam.
     How each default holds from 2 to 64 ranks: docs/guides/scale.md.
     """
 

@@ -62,7 +62,11 @@ class ZeroOneAdam(CompressedOptimizer):
             share of ``total_steps``.
         var_update_scaler: refreshes of v per interval before the interval doubles.
         local_step_scaler: local-phase steps per doubling of the synchronisation interval.
-        local_step_clipper: the largest synchronisation interval.
+        local_step_clipper: the largest synchronisation interval (16, DeepSpeed's, suits runs of 10^5 steps
+            with a large batch per rank). Where each rank's share of the batch is small, local steps grow noisy:
+            on the LM of bench/convergence, a global batch of 64 split over 64 ranks, 2 ended 6.7% above Adam
+            and 1 (a synchronisation at every local-phase step, 1/29 of the ring's bytes) 0.6% above
+            (docs/guides/scale.md).
         total_steps: the run's number of optimizer steps, for a ``var_freeze_step`` given as a share.
     """
 

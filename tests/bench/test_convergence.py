@@ -26,8 +26,8 @@ def test_short_convergence_run_writes_results() -> None:
     out = finished.folder / "conv"
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
-                                        "0/1 Adam exact", "Birder exact", "Birder", "LAMB", "LAMB frozen v", "1-bit LAMB",
-                                        "1-bit LAMB m", "1-bit LAMB refresh"]
+                                        "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder", "LAMB",
+                                        "LAMB frozen v", "1-bit LAMB", "1-bit LAMB m", "1-bit LAMB refresh"]
     by_name = {r["name"]: r for r in runs}
     plain = by_name["Adam"]["bytes_per_rank"][0]
     assert by_name["Birder"]["bytes_per_rank"][0] * 20 < plain

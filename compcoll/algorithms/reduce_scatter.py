@@ -201,12 +201,12 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
     blocks = -(-row_len // b)
     width = SCALE_BYTES + blocks + bits * row_len // 8
     send = workspace.get("scatter.send", n * width, torch.uint8, device).view(n, width)
+    decoded = workspace.get("scatter.scales", n * blocks, torch.float32, device)
     if bits == 1:
-        scales, packed = codecs.frame_scales(send, stats, scale, b, row_len,
-                                             workspace.get("scatter.scales", n * blocks, torch.float32, device))
+        scales, packed = codecs.frame_scales(send, stats, scale, b, row_len, decoded)
         codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
     else:
-        scales, packed = codecs.frame_scales(send, codecs.level_steps(stats, bits))
+        scales, packed = codecs.frame_scales(send, codecs.level_steps(stats, bits), out=decoded)
         codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
     received = workspace.get("scatter.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)

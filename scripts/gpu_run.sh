@@ -6,7 +6,7 @@
 # (it writes about ten files and the device tool returns eight: give it OUT=/tmp/g and tar /tmp/g into the tool's
 # $OUT)
 # (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_LAUNCHERS, SUITE_S: gpu_suite's runs per median,
-# sizes, launchers and time limit)
+# sizes, launchers and time limit; GRAPHS_S: bench/gpu_graphs.py's time limit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_run}
@@ -34,6 +34,8 @@ echo "== bench/gpu_suite.py"
 timeout "${SUITE_S:-150}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
     ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \
     --out "$out/gpu_kernels" 2>&1 | tail -12
+echo "== bench/gpu_graphs.py: the hook's default call, its device part replayed from a CUDA graph"
+timeout "${GRAPHS_S:-60}" $py bench/gpu_graphs.py --calls 50 --runs 5 --out "$out/gpu_graphs" 2>&1 | tail -7
 echo "== scripts/cuda_launches.py: the same counts on meta tensors (tests/gpu checks that they are equal), and the meta"
 echo "   proxy's host time on this machine's CPU, to set beside gpu_suite's host time of the same calls"
 $py scripts/cuda_launches.py --numel 4096 --time 2>&1 | tee "$out/cuda_launches.txt"

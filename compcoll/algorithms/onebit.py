@@ -198,23 +198,39 @@ class FlatPlan(Plan):
 
     def _run_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                     result: torch.Tensor) -> torch.Tensor:
-        """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece.
-
-        1. Block sums of |x|^p of x = tensor + worker_error (levels: block maxima of |x|); the
-           agreement (finite? on every rank).
-        2. Gather-scatter: ``serve_blocks`` (levels: ``serve_levels``). Allgather: the block
-           scales coded over the whole vector, encoded behind them; all-gather; every rank
-           averages all ranks' rows (weights s_w[i, b] / n of the decoded scales).
-        3. Decode: gather-scatter straight into the result, its scales rounded to its dtype
-           (``codecs.decode_framed_blocks``); levels and allgather into float32 scratch first for
-           a 16-bit result.
-        """
-        comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
-        rows = n if self.protocol == "gather_scatter" else 1
-        sums = block_statistics(tensor, worker_error, b, self.scale, self.bits, rows, ws)
-        self.agreement(tensor).check(codecs.all_finite(sums, summable=True))
+        """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece: ``agree_blocks``, then
+        ``finish_blocks``."""
+        sums = self.agree_blocks(tensor, worker_error)
         if self.numel == 0:
             return result
+        return self.finish_blocks(tensor, worker_error, server_error, sums, result)
+
+    def agree_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor) -> torch.Tensor:
+        """Step 1 of a call with block scales: block sums of |x|^p of x = tensor + worker_error (levels: block maxima
+        of |x|) into the workspace, and the agreement (finite? on every rank): the call's one host wait.
+
+        Returns:
+            The statistics (a workspace buffer), which ``finish_blocks`` takes.
+        """
+        rows = self.comm.size if self.protocol == "gather_scatter" else 1
+        sums = block_statistics(tensor, worker_error, self.block_size, self.scale, self.bits, rows, self.workspace)
+        self.agreement(tensor).check(codecs.all_finite(sums, summable=True))
+        return sums
+
+    def finish_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
+                      sums: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+        """Steps 2-3 of a call with block scales, once the ranks agreed (``agree_blocks``).
+
+        1. Gather-scatter: ``serve_blocks`` (levels: ``serve_levels``). Allgather: the block
+           scales coded over the whole vector, encoded behind them; all-gather; every rank
+           averages all ranks' rows (weights s_w[i, b] / n of the decoded scales).
+        2. Decode: gather-scatter straight into the result, its scales rounded to its dtype
+           (``codecs.decode_framed_blocks``); levels and allgather into float32 scratch first for
+           a 16-bit result.
+        Kernels and the wire only, into workspace buffers: no host wait, and on a steady call no allocation, so a
+        CUDA graph can capture it where the transport can (``bench/gpu_graphs.py``).
+        """
+        comm, n, full, b, ws = self.comm, self.comm.size, self.full, self.block_size, self.workspace
         if self.bits > 1:
             served = serve_levels(tensor, worker_error, server_error, sums, comm, ws, b, self.bits)
             decoded = float32_target(result, self.numel, ws)

@@ -94,3 +94,27 @@ def test_non_contiguous_input() -> None:
 def test_block_scales_match_reference(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:blockwise", world_size, backend, args=([[1], [37], [3, 7, 11], [12289]], 3))
 
+
+
+@pytest.mark.parametrize("protocol, bits", [("gather_scatter", 1), ("gather_scatter", 4), ("allgather", 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_device_part_of_a_block_call_neither_waits_nor_allocates(protocol: str, bits: int,
+                                                                      dtype: torch.dtype) -> None:
+    """What a CUDA graph would capture of a call with block scales (``FlatPlan.finish_blocks``, after the agreement)
+    makes no host wait and, once the plan is warm, no device allocation: traced on meta tensors, whose counts are a
+    GPU's (tests/bench/test_launches.py)."""
+    from compcoll.algorithms.onebit import FlatPlan
+    from compcoll.bench.launches import DeviceOps
+    from compcoll.kernels.launch import COUNTS
+
+    numel, meta = 100003, torch.device("meta")
+    plan = FlatPlan(compcoll.SingleComm(), numel, meta, protocol, None, "l2", 64, bits)
+    x, out = torch.empty(numel, dtype=dtype, device=meta), torch.empty(numel, dtype=dtype, device=meta)
+    we, se = torch.empty(plan.full, device=meta), torch.empty(plan.full, device=meta)
+    plan.finish_blocks(x, we, se, plan.agree_blocks(x, we), out)
+    sums = plan.agree_blocks(x, we)
+    COUNTS.reset()
+    with DeviceOps() as ops:
+        plan.finish_blocks(x, we, se, sums, out)
+    assert (COUNTS.waits, ops.allocations) == (0, 0)
+    assert COUNTS.launches >= 3

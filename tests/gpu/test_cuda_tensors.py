@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +20,7 @@ from tests.optim.follow_workers import CHANGES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 WORKERS = "tests.gpu.gpu_workers"
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [[1], [37], [3, 7, 11], [100003]]
 
 
@@ -105,6 +109,16 @@ def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monk
     monkeypatch.setenv(LAUNCHER_ENV, launcher)
     on_gpu = call_counts(torch.randn(numel, device="cuda"), SingleComm(), torch.cuda.synchronize)
     assert call_counts(torch.empty(numel, device="meta"), SingleComm()) == on_gpu
+
+
+@pytest.mark.parametrize("numel", [4096, 100003])
+def test_the_hooks_default_call_replayed_from_a_cuda_graph_gives_the_eager_bits(numel: int) -> None:
+    """Issue 39, item 4: ``bench/gpu_graphs.py`` replays ``FlatPlan.finish_blocks`` from a CUDA graph after an eager
+    agreement; over 4 calls on fresh inputs its results and error buffers equal eager calls' bit for bit."""
+    spec = importlib.util.spec_from_file_location("gpu_graphs", ROOT / "bench" / "gpu_graphs.py")
+    graphs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graphs)
+    assert graphs.measure(numel, steps=4, calls=3, runs=1)["same_bits"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,129 @@
+"""Issue 39, item 4: the DDP hook's default call with its device part replayed from a CUDA graph, against eager calls.
+
+Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
+    python bench/gpu_graphs.py --out bench/results/gpu_graphs
+
+A call with block scales (``compressed_allreduce(..., block_size=ddp.onebit.BLOCK_SIZE)``, the DDP hook's default) is
+``FlatPlan.agree_blocks`` (the block sums, the one host wait, the agreement) then ``FlatPlan.finish_blocks`` (kernels
+and the wire into workspace buffers: no wait, no allocation once warm). ``graphed_step`` runs the first eagerly and
+replays a CUDA graph of the second, captured once on a stream of its own. On one rank (``SingleComm``, whose wire
+is device copies), at each size:
+1. The bits: from zeroed error buffers, ``--steps`` calls on fresh random inputs each way, eager and graphed; the
+   results and both error buffers must be equal, bit for bit.
+2. The host microseconds per call in a loop of ``--calls`` (median of ``--runs``; ``compcoll.bench.launches``):
+   eager, and graphed (agreement eagerly, then the replay).
+What this leaves to the feature (not built: only where it measures faster): a graph per bucket keyed on its data
+pointers, capture agreed by every rank at the same call, the transport's own graph support (NCCL's), a timeout for
+a replay, and the bytes counters (a replay counts nothing). Writes OUT.txt and OUT.json with the GPU's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import compcoll
+from compcoll.algorithms.onebit import FlatPlan
+from compcoll.bench.launches import per_call_us
+from compcoll.comm import Communicator
+from compcoll.ddp.onebit import BLOCK_SIZE
+
+
+def graphed_step(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, out: torch.Tensor,
+                 comm: Communicator, warmup: int = 2) -> Callable[[], torch.Tensor]:
+    """A function that does what ``compressed_allreduce(x, worker_error, server_error, comm, out=out,
+    block_size=BLOCK_SIZE)`` does, its device part replayed from a CUDA graph; its first call captures.
+
+    1. A plan of its own, whose workspace, like the kernels' temporaries, is kept per stream: every step runs on
+       one side stream, so the agreement's block sums land in the buffer the graph reads.
+    2. Warm-up on that stream (``warmup`` whole calls, whose results are dropped and whose error buffers are put
+       back): kernels compiled, workspace and temporaries allocated, so the capture allocates nothing.
+    3. Each call: the current stream's work before it is waited for on the side stream; ``agree_blocks`` eagerly;
+       then the captured ``finish_blocks`` is replayed (captured at the first call); the current stream waits for
+       the side stream's work.
+    """
+    plan = FlatPlan(comm, x.numel(), x.device, "gather_scatter", None, "l2", BLOCK_SIZE, 1)
+    side = torch.cuda.Stream(x.device)
+    graph: list[torch.cuda.CUDAGraph] = []
+
+    def step() -> torch.Tensor:
+        side.wait_stream(torch.cuda.current_stream(x.device))
+        with torch.cuda.stream(side):
+            sums = plan.agree_blocks(x, worker_error)
+            if not graph:
+                kept = worker_error.clone(), server_error.clone()
+                for _ in range(warmup):
+                    plan.finish_blocks(x, worker_error, server_error, sums, out)
+                    worker_error.copy_(kept[0])
+                    server_error.copy_(kept[1])
+                    sums = plan.agree_blocks(x, worker_error)
+                side.synchronize()
+                graph.append(torch.cuda.CUDAGraph())
+                with torch.cuda.graph(graph[0], stream=side):
+                    plan.finish_blocks(x, worker_error, server_error, sums, out)
+            graph[0].replay()
+        torch.cuda.current_stream(x.device).wait_stream(side)
+        return out
+
+    return step
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def measure(numel: int, steps: int, calls: int, runs: int) -> dict:
+    """Bits and host time per call at ``numel`` float32 elements on one rank (steps 1-2 of the module)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator(device=dev).manual_seed(numel)
+    comm = compcoll.SingleComm()
+    full = compcoll.padded_numel(numel, comm.size)
+    x = torch.randn(numel, device=dev, generator=gen)
+    eager_buffers = [torch.zeros(full, device=dev), torch.zeros(full, device=dev), torch.empty(numel, device=dev)]
+    graph_buffers = [torch.zeros(full, device=dev), torch.zeros(full, device=dev), torch.empty(numel, device=dev)]
+    we, se, out = eager_buffers
+
+    def eager() -> torch.Tensor:
+        return compcoll.compressed_allreduce(x, we, se, comm, out=out, block_size=BLOCK_SIZE)
+
+    graphed = graphed_step(x, *graph_buffers, comm)
+    equal = True
+    for _ in range(steps):
+        x.copy_(torch.randn(numel, device=dev, generator=gen))
+        eager()
+        graphed()
+        torch.cuda.synchronize()
+        equal = equal and all(same_bits(a, b) for a, b in zip(eager_buffers, graph_buffers))
+    return {"numel": numel, "same_bits": equal,
+            "eager_us": per_call_us(eager, calls, runs, torch.cuda.synchronize),
+            "graphed_us": per_call_us(graphed, calls, runs, torch.cuda.synchronize)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="4096,1048576,16777216,67108864")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--out", default="bench/results/gpu_graphs")
+    args = parser.parse_args()
+    rows = [measure(int(n), args.steps, args.calls, args.runs) for n in args.sizes.split(",")]
+    name = torch.cuda.get_device_name()
+    lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce with a scale per {BLOCK_SIZE} elements on one "
+             f"rank; host us per call in a loop of {args.calls}, median of {args.runs}",
+             f"{'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} same bits"]
+    for r in rows:
+        lines.append(f"{r['numel']:>11} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} "
+                     f"{r['eager_us'] / r['graphed_us']:>5.2f}x {r['same_bits']}")
+    text = "\n".join(lines)
+    print(text)
+    Path(args.out + ".txt").write_text(text + "\n")
+    Path(args.out + ".json").write_text(json.dumps({"gpu": name, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

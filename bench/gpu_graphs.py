@@ -6,12 +6,14 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
 A call with block scales (``compressed_allreduce(..., block_size=ddp.onebit.BLOCK_SIZE)``, the DDP hook's default) is
 ``FlatPlan.agree_blocks`` (the block sums, the one host wait, the agreement) then ``FlatPlan.finish_blocks`` (kernels
 and the wire into workspace buffers: no wait, no allocation once warm). ``graphed_step`` runs the first eagerly and
-replays a CUDA graph of the second, captured once on a stream of its own. On one rank (``SingleComm``, whose wire
-is device copies), at each size:
+replays a CUDA graph of the second, captured once on a stream of its own. On one rank, over each of ``--comms``
+(``single``: ``SingleComm``, whose wire is device copies; ``nccl``: a one-rank NCCL group through ``compcoll.init``,
+whose collectives the graph must capture too), at each size:
 1. The bits: from zeroed error buffers, ``--steps`` calls on fresh random inputs each way, eager and graphed; the
    results and both error buffers must be equal, bit for bit.
 2. The host microseconds per call in a loop of ``--calls`` (median of ``--runs``; ``compcoll.bench.launches``):
    eager, and graphed (agreement eagerly, then the replay).
+A row that fails (a capture the transport refuses) records its error and the run goes on.
 What this leaves to the feature (not built: only where it measures faster): a graph per bucket keyed on its data
 pointers, capture agreed by every rank at the same call, the transport's own graph support (NCCL's), a timeout for
 a replay, and the bytes counters (a replay counts nothing). Writes OUT.txt and OUT.json with the GPU's name.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -76,11 +79,23 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def measure(numel: int, steps: int, calls: int, runs: int) -> dict:
-    """Bits and host time per call at ``numel`` float32 elements on one rank (steps 1-2 of the module)."""
+def communicator(kind: str) -> Communicator:
+    """A one-rank communicator: ``SingleComm`` ("single") or a one-rank NCCL group ("nccl", torchrun's variables set
+    where absent)."""
+    if kind == "single":
+        return compcoll.SingleComm()
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29533"), ("COMPCOLL_TORCH_BACKEND", "nccl")):
+        os.environ.setdefault(name, value)
+    return compcoll.init("torch")
+
+
+def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | None = None) -> dict:
+    """Bits and host time per call at ``numel`` float32 elements on one rank (steps 1-2 of the module), over ``comm``
+    (default a ``SingleComm``)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(numel)
-    comm = compcoll.SingleComm()
+    comm = compcoll.SingleComm() if comm is None else comm
     full = compcoll.padded_numel(numel, comm.size)
     x = torch.randn(numel, device=dev, generator=gen)
     eager_buffers = [torch.zeros(full, device=dev), torch.zeros(full, device=dev), torch.empty(numel, device=dev)]
@@ -109,15 +124,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--comms", default="single,nccl")
     parser.add_argument("--out", default="bench/results/gpu_graphs")
     args = parser.parse_args()
-    rows = [measure(int(n), args.steps, args.calls, args.runs) for n in args.sizes.split(",")]
+    rows = []
+    for kind in args.comms.split(","):
+        comm = communicator(kind)
+        for n in args.sizes.split(","):
+            try:
+                rows.append({"comm": kind, **measure(int(n), args.steps, args.calls, args.runs, comm)})
+            except Exception as exc:  # a refused capture is a result of this experiment
+                rows.append({"comm": kind, "numel": int(n), "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
     name = torch.cuda.get_device_name()
     lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce with a scale per {BLOCK_SIZE} elements on one "
              f"rank; host us per call in a loop of {args.calls}, median of {args.runs}",
-             f"{'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} same bits"]
+             f"{'comm':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} same bits"]
     for r in rows:
-        lines.append(f"{r['numel']:>11} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} "
+        if "error" in r:
+            lines.append(f"{r['comm']:>6} {r['numel']:>11} failed: {r['error']}")
+            continue
+        lines.append(f"{r['comm']:>6} {r['numel']:>11} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} "
                      f"{r['eager_us'] / r['graphed_us']:>5.2f}x {r['same_bits']}")
     text = "\n".join(lines)
     print(text)

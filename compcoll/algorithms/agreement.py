@@ -58,12 +58,16 @@ def _sums_agree(comm: Communicator, signature: float, finite: bool) -> bool:
     return all(n * sums[4 + i] == sums[i] * sums[i] for i in range(4)) and sums[8] == 0 and sums[9] == 0
 
 
-def _statuses(comm: Communicator, signature: float, finite: bool, value: float) -> list[list[float]]:
-    """Every rank's (signature or ``REFUSED``, finite?, value): an all-gather of ``RECORD`` float64s."""
-    mine = torch.tensor([signature, float(finite), value], dtype=torch.float64)
-    table = torch.empty(comm.size * RECORD, dtype=torch.float64)
+def _statuses(comm: Communicator, signature: float, finite: bool, value: float,
+              buffers: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[float]]:
+    """Every rank's (signature or ``REFUSED``, finite?, value): an all-gather of ``RECORD`` float64s, through
+    ``buffers`` (this rank's record and the table: host float64 tensors an ``Agreement`` keeps) or new ones. The
+    host writes and reads them through numpy (a torch operator on a CPU tensor costs a few microseconds more)."""
+    mine, table = buffers or (torch.empty(RECORD, dtype=torch.float64),
+                              torch.empty(comm.size * RECORD, dtype=torch.float64))
+    mine.numpy()[:] = (signature, float(finite), value)
     comm.allgather(mine, table)
-    return table.view(comm.size, RECORD).tolist()
+    return table.numpy().reshape(comm.size, RECORD).tolist()
 
 
 class Agreement:
@@ -111,6 +115,7 @@ class Agreement:
         self.signature = float(_crc(repr(self.description)))
         self._value = torch.empty(1, dtype=torch.float64)
         self._values = torch.empty(comm.size, dtype=torch.float64)
+        self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
 
     def check(self, finite: bool | None = None, value: float | None = None) -> torch.Tensor | None:
         """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank), or None without one.
@@ -125,15 +130,15 @@ class Agreement:
                 self._fail(_statuses(self.comm, self.signature, finite, mine))
             if value is None:
                 return None
-            self._value[0] = value
+            self._value.numpy()[0] = value
             self.comm.allgather(self._value, self._values)
             return self._values
-        table = _statuses(self.comm, self.signature, finite, mine)
+        table = _statuses(self.comm, self.signature, finite, mine, self._record)
         if any(row[0] != self.signature or not row[1] for row in table):
             self._fail(table)
         if value is None:
             return None
-        self._values.copy_(torch.tensor([row[2] for row in table], dtype=torch.float64))
+        self._values.numpy()[:] = [row[2] for row in table]
         return self._values
 
     def _fail(self, table: list[list[float]]) -> NoReturn:

@@ -1,14 +1,16 @@
-"""Issue 39, item 4: the DDP hook's default call with its device part replayed from a CUDA graph, against eager calls.
+"""Issue 39, item 4: compressed_allreduce with its device part replayed from a CUDA graph, against eager calls.
 
 Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
     python bench/gpu_graphs.py --out bench/results/gpu_graphs
 
-A call with block scales (``compressed_allreduce(..., block_size=ddp.onebit.BLOCK_SIZE)``, the DDP hook's default) is
-``FlatPlan.agree_blocks`` (the block sums, the one host wait, the agreement) then ``FlatPlan.finish_blocks`` (kernels
-and the wire into workspace buffers: no wait, no allocation once warm). ``graphed_step`` runs the first eagerly and
-replays a CUDA graph of the second, captured once on a stream of its own. On one rank, over each of ``--comms``
-(``single``: ``SingleComm``, whose wire is device copies; ``nccl``: a one-rank NCCL group through ``compcoll.init``,
-whose collectives the graph must capture too), at each size:
+A call is its plan's ``agree_flat`` / ``agree_blocks`` (the worker's sum or block sums, the one host wait, the
+agreement, and for one scale the weights and the worker's scale copied to the device) then ``finish_flat`` /
+``finish_blocks`` (kernels and the wire into workspace buffers, reading no host value: no wait, no allocation once
+warm). ``graphed_step`` runs the first eagerly and replays a CUDA graph of the second, captured once on a stream of
+its own. Both forms: one scale (``flat``, the default call) and a scale per ``ddp.onebit.BLOCK_SIZE`` elements
+(``blocks``, the DDP hook's default). On one rank, over each of ``--comms`` (``single``: ``SingleComm``, whose wire
+is device copies; ``nccl``: a one-rank NCCL group through ``compcoll.init``, whose collectives the graph must capture
+too), at each size:
 1. The bits: from zeroed error buffers, ``--steps`` calls on fresh random inputs each way, eager and graphed; the
    results and both error buffers must be equal, bit for bit.
 2. The host microseconds per call in a loop of ``--calls`` (median of ``--runs``; ``compcoll.bench.launches``):
@@ -35,39 +37,47 @@ from compcoll.bench.launches import per_call_us
 from compcoll.comm import Communicator
 from compcoll.ddp.onebit import BLOCK_SIZE
 
+FORMS = {"flat": None, "blocks": BLOCK_SIZE}
+"""The forms measured: one scale per vector and chunk (``compressed_allreduce``'s default), and the DDP hook's."""
+
 
 def graphed_step(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, out: torch.Tensor,
-                 comm: Communicator, warmup: int = 2) -> Callable[[], torch.Tensor]:
+                 comm: Communicator, block_size: int | None, warmup: int = 2) -> Callable[[], torch.Tensor]:
     """A function that does what ``compressed_allreduce(x, worker_error, server_error, comm, out=out,
-    block_size=BLOCK_SIZE)`` does, its device part replayed from a CUDA graph; its first call captures.
+    block_size=block_size)`` does, its device part replayed from a CUDA graph; its first call captures.
 
-    1. A plan of its own, whose workspace, like the kernels' temporaries, is kept per stream: every step runs on
-       one side stream, so the agreement's block sums land in the buffer the graph reads.
+    1. A plan of its own (in one piece), whose workspace, like the kernels' temporaries, is kept per stream: every
+       step runs on one side stream, so what the agreement leaves on the device lands in the buffers the graph
+       reads.
     2. Warm-up on that stream (``warmup`` whole calls, whose results are dropped and whose error buffers are put
        back): kernels compiled, workspace and temporaries allocated, so the capture allocates nothing.
-    3. Each call: the current stream's work before it is waited for on the side stream; ``agree_blocks`` eagerly;
-       then the captured ``finish_blocks`` is replayed (captured at the first call); the current stream waits for
-       the side stream's work.
+    3. Each call: the current stream's work before it is waited for on the side stream; the agreement eagerly;
+       then the captured device part is replayed (captured at the first call); the current stream waits for the
+       side stream's work.
     """
-    plan = FlatPlan(comm, x.numel(), x.device, "gather_scatter", None, "l2", BLOCK_SIZE, 1)
+    plan = FlatPlan(comm, x.numel(), x.device, "gather_scatter", 1, "l2", block_size, 1)
+    if block_size is None:
+        agree, finish = (lambda: plan.agree_flat(x, worker_error)[1]), plan.finish_flat
+    else:
+        agree, finish = (lambda: plan.agree_blocks(x, worker_error)), plan.finish_blocks
     side = torch.cuda.Stream(x.device)
     graph: list[torch.cuda.CUDAGraph] = []
 
     def step() -> torch.Tensor:
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):
-            sums = plan.agree_blocks(x, worker_error)
+            agreed = agree()
             if not graph:
                 kept = worker_error.clone(), server_error.clone()
                 for _ in range(warmup):
-                    plan.finish_blocks(x, worker_error, server_error, sums, out)
+                    finish(x, worker_error, server_error, agreed, out)
                     worker_error.copy_(kept[0])
                     server_error.copy_(kept[1])
-                    sums = plan.agree_blocks(x, worker_error)
+                    agreed = agree()
                 side.synchronize()
                 graph.append(torch.cuda.CUDAGraph())
                 with torch.cuda.graph(graph[0], stream=side):
-                    plan.finish_blocks(x, worker_error, server_error, sums, out)
+                    finish(x, worker_error, server_error, agreed, out)
             graph[0].replay()
         torch.cuda.current_stream(x.device).wait_stream(side)
         return out
@@ -90,9 +100,10 @@ def communicator(kind: str) -> Communicator:
     return compcoll.init("torch")
 
 
-def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | None = None) -> dict:
+def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | None = None,
+            block_size: int | None = BLOCK_SIZE) -> dict:
     """Bits and host time per call at ``numel`` float32 elements on one rank (steps 1-2 of the module), over ``comm``
-    (default a ``SingleComm``)."""
+    (default a ``SingleComm``), with one scale per ``block_size`` elements (None: one scale)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(numel)
     comm = compcoll.SingleComm() if comm is None else comm
@@ -103,9 +114,9 @@ def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | 
     we, se, out = eager_buffers
 
     def eager() -> torch.Tensor:
-        return compcoll.compressed_allreduce(x, we, se, comm, out=out, block_size=BLOCK_SIZE)
+        return compcoll.compressed_allreduce(x, we, se, comm, out=out, block_size=block_size)
 
-    graphed = graphed_step(x, *graph_buffers, comm)
+    graphed = graphed_step(x, *graph_buffers, comm, block_size)
     equal = True
     for _ in range(steps):
         x.copy_(torch.randn(numel, device=dev, generator=gen))
@@ -125,26 +136,31 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--comms", default="single,nccl")
+    parser.add_argument("--forms", default="flat,blocks")
     parser.add_argument("--out", default="bench/results/gpu_graphs")
     args = parser.parse_args()
     rows = []
     for kind in args.comms.split(","):
         comm = communicator(kind)
-        for n in args.sizes.split(","):
-            try:
-                rows.append({"comm": kind, **measure(int(n), args.steps, args.calls, args.runs, comm)})
-            except Exception as exc:  # a refused capture is a result of this experiment
-                rows.append({"comm": kind, "numel": int(n), "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        for form in args.forms.split(","):
+            for n in args.sizes.split(","):
+                row = {"comm": kind, "form": form}
+                try:
+                    row.update(measure(int(n), args.steps, args.calls, args.runs, comm, FORMS[form]))
+                except Exception as exc:  # a refused capture is a result of this experiment
+                    row.update(numel=int(n), error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+                rows.append(row)
     name = torch.cuda.get_device_name()
-    lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce with a scale per {BLOCK_SIZE} elements on one "
-             f"rank; host us per call in a loop of {args.calls}, median of {args.runs}",
-             f"{'comm':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} same bits"]
+    lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce on one rank, one scale (flat) or one per "
+             f"{BLOCK_SIZE} elements (blocks); host us per call in a loop of {args.calls}, median of {args.runs}",
+             f"{'comm':>6} {'form':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} same bits"]
     for r in rows:
+        head = f"{r['comm']:>6} {r['form']:>6} {r['numel']:>11}"
         if "error" in r:
-            lines.append(f"{r['comm']:>6} {r['numel']:>11} failed: {r['error']}")
+            lines.append(f"{head} failed: {r['error']}")
             continue
-        lines.append(f"{r['comm']:>6} {r['numel']:>11} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} "
-                     f"{r['eager_us'] / r['graphed_us']:>5.2f}x {r['same_bits']}")
+        lines.append(f"{head} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} {r['eager_us'] / r['graphed_us']:>5.2f}x "
+                     f"{r['same_bits']}")
     text = "\n".join(lines)
     print(text)
     Path(args.out + ".txt").write_text(text + "\n")

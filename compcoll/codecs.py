@@ -253,17 +253,18 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
     return values.div_(torch.full((), divisor, dtype=values.dtype, device=values.device))
 
 
-def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor (the weights from an agreement) on ``device``, with no host wait.
+def to_device(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """A small host tensor (the scales from an agreement) copied into ``out`` on its device, with no host wait;
+    returns ``out``.
 
     1. On CUDA: copied into pinned memory from torch's caching host allocator, then to the
        device asynchronously on the current stream (the allocator keeps the pinned block
-       until that copy has run). A pageable copy waits for the stream and allocates.
-    2. Elsewhere: ``values.to(device)``.
+       until that copy has run). A pageable copy waits for the stream.
+    2. Elsewhere: ``out.copy_(values)``.
     """
-    if device.type != "cuda":
-        return values.to(device)
-    return values.pin_memory().to(device, non_blocking=True)
+    if out.device.type != "cuda":
+        return out.copy_(values)
+    return out.copy_(values.pin_memory(), non_blocking=True)
 
 
 def average_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

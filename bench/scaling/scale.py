@@ -171,7 +171,7 @@ def train_rows(args, rows_at, launch, metric: str) -> dict:
                     continue
                 out = Path(tmp) / f"{n}-{i}.json"
                 start = time.perf_counter()
-                launch(n, dict(spec, batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=0,
+                launch(n, dict(spec, batch=args.batch, steps=args.steps, eval_every=args.eval_every, seed=args.seed,
                                out=str(out)))
                 results.append(dict(json.loads(out.read_text()), n=n, baseline=spec["baseline"]))
                 print(f"# {n} ranks, {spec['name']}: {time.perf_counter() - start:.1f} s", flush=True)
@@ -299,6 +299,7 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=256, help="hooks: the digits MLP's hidden units")
     p.add_argument("--lr", type=float, default=0.05, help="hooks: momentum SGD's learning rate")
     p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="the order of the batches (the model's initial weights stay)")
     p.add_argument("--only", nargs="*", help="only these rows (by name; bytes: forms)")
     p.add_argument("--out", type=Path, required=True, help="write OUT.json and OUT.txt")
     args = p.parse_args()

@@ -17,7 +17,7 @@ from .agreement import Option, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
-from .onebit import serve, serve_blocks
+from .onebit import device_scalars, serve, serve_blocks
 from .plan import Plan, cached_plan
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
@@ -338,8 +338,7 @@ class CompensatedPlan(_NodePlan):
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
-        weights = codecs.to_device(codecs.divide_(scales[list(layout.inter_ranks)].float(), nodes),
-                                   self.device)
+        weights, _ = device_scalars(scales[list(layout.inter_ranks)], nodes, scale, self.device, ws)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
         codecs.compensate_encode(average, worker_error, scale, bits)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)

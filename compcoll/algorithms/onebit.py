@@ -174,26 +174,47 @@ class FlatPlan(Plan):
         worker_error, server_error = errors or self.error_feedback.buffers()
         if self.block_size is not None:
             return self._run_blocks(tensor, worker_error, server_error, result)
-        comm, n, full = self.comm, self.comm.size, self.full
-        total = codecs.compensated_sum(tensor, worker_error, self.scale)
-        finite = math.isfinite(total)
-        scale = codecs.scale_from(total, full, self.scale) if finite and full else 0.0
-        scales = self.agreement(tensor).check(finite, scale)
+        scale, scalars = self.agree_flat(tensor, worker_error)
         if self.numel == 0:
             return result
-
-        weights = codecs.to_device(codecs.divide_(scales.float(), n), self.device)  # queued before the wire
         if self.protocol == "gather_scatter" and self.pieces is None:
-            self.pieces = agree_pieces(comm, tensor)
+            self.pieces = agree_pieces(self.comm, tensor)
         if self.protocol == "gather_scatter" and self.pieces > 1:
-            serve_in_pieces(tensor, worker_error, server_error, comm, scale, weights, self.pieces, result,
+            serve_in_pieces(tensor, worker_error, server_error, self.comm, scale, scalars[0], self.pieces, result,
                             self.workspace, self.scale)
             return result
-        bits = self.workspace.get("bits", full // 8, torch.uint8, self.device)
+        return self.finish_flat(tensor, worker_error, server_error, scalars, result)
+
+    def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor
+                   ) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
+        """Steps 1-2 of a call with one scale: s_w from the compensated sum (the call's one host wait), the agreement,
+        and the server's weights s_i / n with this rank's s_w copied to the device (``device_scalars``).
+
+        Returns:
+            s_w, and the (weights, s_w) views of the device buffer, which ``finish_flat`` takes.
+        """
+        total = codecs.compensated_sum(tensor, worker_error, self.scale)
+        finite = math.isfinite(total)
+        scale = codecs.scale_from(total, self.full, self.scale) if finite and self.full else 0.0
+        scales = self.agreement(tensor).check(finite, scale)
+        return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
+
+    def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
+                    scalars: tuple[torch.Tensor, torch.Tensor], result: torch.Tensor) -> torch.Tensor:
+        """Steps 3-6 of a call with one scale, in one piece, once the ranks agreed (``agree_flat``).
+
+        1. Encode x = tensor + worker_error with s_w read from the device (``scalars``).
+        2. Gather-scatter: ``serve``, then decode every served chunk. Allgather: all-gather the
+           packed vectors and average them (``_allgather_average``).
+        Kernels and the wire only, into workspace buffers, reading no host value: no host wait, and on a steady
+        call no allocation, so a CUDA graph can capture it where the transport can (``bench/gpu_graphs.py``).
+        """
+        weights, scale = scalars
+        bits = self.workspace.get("bits", self.full // 8, torch.uint8, self.device)
         codecs.compensate_encode(tensor, worker_error, scale, bits)
         if self.protocol == "allgather":
             return self._allgather_average(bits, weights, result)
-        codecs.decode_framed(serve(bits, weights, server_error, comm, self.workspace, self.scale), result)
+        codecs.decode_framed(serve(bits, weights, server_error, self.comm, self.workspace, self.scale), result)
         return result
 
     def _run_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
@@ -275,6 +296,27 @@ class FlatPlan(Plan):
         if average is not flat:
             flat.copy_(average)
         return out
+
+
+def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: torch.device, workspace: Workspace
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's weights s_i / ``divisor`` of the agreed worker scales ``scales`` (host float64), and this rank's
+    own scale ``scale``, on ``device`` in the workspace buffer "scalars".
+
+    1. In the host buffer "scalars.host": float32(s_i) for every i, divided by ``divisor``
+       (``codecs.divide_``), then ``scale``.
+    2. One copy into "scalars" with no host wait (``codecs.to_device``), queued before the wire.
+    Returns:
+        (weights, scale) views of "scalars": what the server and the encoder read from device memory.
+    """
+    count = scales.numel()
+    host = workspace.get("scalars.host", count + 1, torch.float32, torch.device("cpu"))
+    values = host.numpy()
+    values[:count] = scales.numpy()
+    codecs.divide_(host[:count], divisor)
+    values[count] = scale
+    scalars = codecs.to_device(host, workspace.get("scalars", count + 1, torch.float32, device))
+    return scalars[:count], scalars[count:]
 
 
 def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator,

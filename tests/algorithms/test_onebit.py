@@ -96,11 +96,13 @@ def test_block_scales_match_reference(backend: str, world_size: int) -> None:
 
 
 
-@pytest.mark.parametrize("protocol, bits", [("gather_scatter", 1), ("gather_scatter", 4), ("allgather", 1)])
+@pytest.mark.parametrize("protocol, block_size, bits", [("gather_scatter", None, 1), ("allgather", None, 1),
+                                                     ("gather_scatter", 64, 1), ("gather_scatter", 64, 4),
+                                                     ("allgather", 64, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_device_part_of_a_block_call_neither_waits_nor_allocates(protocol: str, bits: int,
-                                                                      dtype: torch.dtype) -> None:
-    """What a CUDA graph would capture of a call with block scales (``FlatPlan.finish_blocks``, after the agreement)
+def test_the_device_part_of_a_call_neither_waits_nor_allocates(protocol: str, block_size: int | None, bits: int,
+                                                                dtype: torch.dtype) -> None:
+    """What a CUDA graph would capture of a call (``FlatPlan.finish_flat`` / ``finish_blocks``, after the agreement)
     makes no host wait and, once the plan is warm, no device allocation: traced on meta tensors, whose counts are a
     GPU's (tests/bench/test_launches.py)."""
     from compcoll.algorithms.onebit import FlatPlan
@@ -108,13 +110,17 @@ def test_the_device_part_of_a_block_call_neither_waits_nor_allocates(protocol: s
     from compcoll.kernels.launch import COUNTS
 
     numel, meta = 100003, torch.device("meta")
-    plan = FlatPlan(compcoll.SingleComm(), numel, meta, protocol, None, "l2", 64, bits)
+    plan = FlatPlan(compcoll.SingleComm(), numel, meta, protocol, 1, "l2", block_size, bits)
     x, out = torch.empty(numel, dtype=dtype, device=meta), torch.empty(numel, dtype=dtype, device=meta)
     we, se = torch.empty(plan.full, device=meta), torch.empty(plan.full, device=meta)
-    plan.finish_blocks(x, we, se, plan.agree_blocks(x, we), out)
-    sums = plan.agree_blocks(x, we)
+    if block_size is None:
+        agree, finish = (lambda: plan.agree_flat(x, we)[1]), plan.finish_flat
+    else:
+        agree, finish = (lambda: plan.agree_blocks(x, we)), plan.finish_blocks
+    finish(x, we, se, agree(), out)
+    agreed = agree()
     COUNTS.reset()
     with DeviceOps() as ops:
-        plan.finish_blocks(x, we, se, sums, out)
+        finish(x, we, se, agreed, out)
     assert (COUNTS.waits, ops.allocations) == (0, 0)
-    assert COUNTS.launches >= 3
+    assert COUNTS.launches >= 2

@@ -34,20 +34,20 @@ kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a
 waits, but for Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each
 coding of the scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.frame_scales``) and each
 decoding (``codecs.unframe_blocks``, the weights' division in it) is one launch at any length, a coding two past
-``SPLITTING`` (the last decoding and the result's decode one launch together: ``codecs.decode_framed_blocks``), where
-torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators include
-the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the device (the server's scale goes
-into its frame head in the launch that sums it, and the decode reads the heads). Birder's three encodes write their
-scales into the frame heads themselves (``codecs.randomized_encode``), and its two exchanges read their weights s /
-size from the heads in one launch each (``codecs.unframe`` with a divisor), where torch took a copy each, and a copy,
-a fill and a division (15 operators until 2026-11-28). The block sums' finite check is their one float64 sum
-(``codecs.all_finite``, ``summable``: the sums of float32 squares cannot overflow it), not two operators. The
-allocations: the result's alone (no ``out`` here). The kernels' temporaries, and the sums nobody reads back (the
-total behind a device scale, the allgather protocol's and Birder's), come from the thread's ``workspace.Temporaries``
-of the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29); the codecs' results that live
-across codec calls (Birder's row maxima and its exchanges' weights, the block forms' block sums and decoded scales)
-from the plan's ``Workspace`` (5 more a Birder call and a gather-scatter call with block scales, 3 an allgather one,
-until 2026-11-29)."""
+``SPLITTING`` (the last decoding and the result's decode one launch together: ``codecs.decode_framed_blocks``),
+where torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators
+include the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the device (the worker's scale
+in it; the server's scale goes into its frame head in the launch that sums it, and the decode reads the heads).
+Birder's three encodes write their scales into the frame heads themselves (``codecs.randomized_encode``), and its
+two exchanges read their weights s / size from the heads in one launch each (``codecs.unframe`` with a divisor),
+where torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28). The block sums'
+finite check is their one float64 sum (``codecs.all_finite``, ``summable``: the sums of float32 squares cannot
+overflow it), not two operators. The allocations: the result's alone (no ``out`` here). The kernels' temporaries,
+and the sums nobody reads back (the total behind a device scale, the allgather protocol's and Birder's), come from
+the thread's ``workspace.Temporaries`` of the stream (4 more a flat gather-scatter call, 7 a Birder call, until
+2026-11-29); the codecs' results that live across codec calls (Birder's row maxima and its exchanges' weights, the
+block forms' block sums and decoded scales) from the plan's ``Workspace`` (5 more a Birder call and a gather-scatter
+call with block scales, 3 an allgather one, until 2026-11-29)."""
 
 
 @pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,

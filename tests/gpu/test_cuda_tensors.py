@@ -111,14 +111,16 @@ def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monk
     assert call_counts(torch.empty(numel, device="meta"), SingleComm()) == on_gpu
 
 
+@pytest.mark.parametrize("block_size", [None, 64])
 @pytest.mark.parametrize("numel", [4096, 100003])
-def test_the_hooks_default_call_replayed_from_a_cuda_graph_gives_the_eager_bits(numel: int) -> None:
-    """Issue 39, item 4: ``bench/gpu_graphs.py`` replays ``FlatPlan.finish_blocks`` from a CUDA graph after an eager
-    agreement; over 4 calls on fresh inputs its results and error buffers equal eager calls' bit for bit."""
+def test_a_call_replayed_from_a_cuda_graph_gives_the_eager_bits(numel: int, block_size: int | None) -> None:
+    """Issue 39, item 4: ``bench/gpu_graphs.py`` replays ``FlatPlan.finish_flat`` / ``finish_blocks`` from a CUDA
+    graph after an eager agreement; over 4 calls on fresh inputs its results and error buffers equal eager calls' bit
+    for bit."""
     spec = importlib.util.spec_from_file_location("gpu_graphs", ROOT / "bench" / "gpu_graphs.py")
     graphs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(graphs)
-    assert graphs.measure(numel, steps=4, calls=3, runs=1)["same_bits"]
+    assert graphs.measure(numel, steps=4, calls=3, runs=1, block_size=block_size)["same_bits"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

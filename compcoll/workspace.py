@@ -15,6 +15,7 @@ class Workspace:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype, torch.device, int], torch.Tensor] = {}
+        self._parts: dict[tuple[str, tuple[int, ...], torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
 
     def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements named ``name``.
@@ -30,6 +31,20 @@ class Workspace:
             buf = torch.empty(numel, dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf if buf.numel() == numel else buf[:numel]
+
+    def parts(self, name: str, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device
+              ) -> tuple[torch.Tensor, ...]:
+        """The buffer ``name`` of sum(``sizes``) elements (``get``), then its consecutive views of ``sizes`` elements.
+
+        The views are made once and kept while ``get`` hands out the same buffer (a view costs about a
+        microsecond of torch's dispatch: this is for hot paths that split a small buffer on every call).
+        """
+        whole = self.get(name, sum(sizes), dtype, device)
+        key = (name, sizes, dtype, device)
+        kept = self._parts.get(key)
+        if kept is None or kept[0] is not whole:
+            kept = self._parts[key] = (whole, *whole.split(sizes))
+        return kept
 
     def nbytes(self) -> int:
         """Bytes held (for tests and memory reports)."""

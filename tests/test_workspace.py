@@ -1,4 +1,4 @@
-"""Scratch buffers: the kernels' Temporaries, kept from one kernel call to the next."""
+"""Scratch buffers: the kernels' Temporaries, kept from one kernel call to the next, and a Workspace's parts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from compcoll import codecs
 from compcoll.bench.launches import DeviceOps
 from compcoll.kernels.launch import TRACED
-from compcoll.workspace import Temporaries
+from compcoll.workspace import Temporaries, Workspace
 
 
 def _call(temporaries: Temporaries, requests: list[tuple[int, torch.dtype]]) -> list[torch.Tensor]:
@@ -69,3 +69,18 @@ def test_each_thread_and_stream_has_temporaries_of_its_own():
     ask()
     assert len({id(t) for t in seen}) == 3
     assert codecs._temporaries(device, 0)(16, "float64", 0).owner is not seen[-1]
+
+
+def test_a_workspaces_parts_are_views_of_its_buffer_kept_while_it_stands():
+    """``Workspace.parts``: the buffer then its consecutive views, the same tensors call after call; new views of
+    the new buffer once a larger request under the name has replaced it."""
+    workspace, cpu = Workspace(), torch.device("cpu")
+    whole, first, second = workspace.parts("scalars", (3, 1), torch.float32, cpu)
+    whole.copy_(torch.arange(4.0))
+    assert first.tolist() == [0.0, 1.0, 2.0] and second.tolist() == [3.0]
+    assert all(a is b for a, b in zip(workspace.parts("scalars", (3, 1), torch.float32, cpu),
+                                      (whole, first, second)))
+    workspace.get("scalars", 9, torch.float32, cpu)
+    grown = workspace.parts("scalars", (3, 1), torch.float32, cpu)
+    assert grown[0] is not whole and grown[1].data_ptr() == grown[0].data_ptr()
+    assert grown[2].data_ptr() == grown[0].data_ptr() + 3 * 4

@@ -304,19 +304,21 @@ def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: tor
     own scale ``scale``, on ``device`` in the workspace buffer "scalars".
 
     1. In the host buffer "scalars.host": float32(s_i) for every i, divided by ``divisor``
-       (``codecs.divide_``), then ``scale``.
+       (``codecs.divide_``, over the whole buffer), then ``scale`` in its last slot.
     2. One copy into "scalars" with no host wait (``codecs.to_device``), queued before the wire.
     Returns:
-        (weights, scale) views of "scalars": what the server and the encoder read from device memory.
+        (weights, scale) views of "scalars" (``Workspace.parts``): what the server and the encoder read from device
+        memory.
     """
     count = scales.numel()
     host = workspace.get("scalars.host", count + 1, torch.float32, torch.device("cpu"))
     values = host.numpy()
     values[:count] = scales.numpy()
-    codecs.divide_(host[:count], divisor)
+    codecs.divide_(host, divisor)
     values[count] = scale
-    scalars = codecs.to_device(host, workspace.get("scalars", count + 1, torch.float32, device))
-    return scalars[:count], scalars[count:]
+    scalars, weights, mine = workspace.parts("scalars", (count, 1), torch.float32, device)
+    codecs.to_device(host, scalars)
+    return weights, mine
 
 
 def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator,

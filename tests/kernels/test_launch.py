@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from compcoll.kernels.launch import LAUNCHER_ENV, DeviceArray, launcher
+from compcoll.kernels.launch import LAUNCHER_ENV, DeviceArray, _key, launcher
 
 
 def test_a_contiguous_view_has_c_strides() -> None:
@@ -47,6 +47,23 @@ def test_a_flat_view_is_what_viewing_then_wrapping_gives() -> None:
     assert [getattr(flat, f) for f in fields] == [getattr(wrapped, f) for f in fields]
     assert flat.shape == (12,) and flat.contiguous and torch.equal(flat[5:7].owner, t.view(-1)[5:7])
     assert DeviceArray.flat(torch.zeros(2, 3)).dtype == np.float32
+
+
+@pytest.mark.parametrize("shape, step", [((0,), 1), ((1,), 1), ((7,), 1), ((7,), 2), ((1,), 3), ((3, 5), 1),
+                                         ((3, 5), 2), ((4, 1), 1), ((1, 4), 2)])
+def test_each_views_variant_key_is_its_dtype_rank_and_layout(shape: tuple[int, ...], step: int) -> None:
+    """The key made with a view (``DeviceArray.key``, which ``_key`` reads at every launch) is what its fields give,
+    however the view was made; scalars' keys are their types."""
+    base = torch.zeros(shape)
+    strided = base[::step] if base.dim() == 1 else base[:, ::step]
+    views = [DeviceArray.of(strided), DeviceArray.of(strided).view(np.int32), DeviceArray(
+        strided.data_ptr(), tuple(strided.shape), tuple(s * 4 for s in strided.stride()), np.dtype(np.float32), strided)]
+    if strided.is_contiguous():
+        views.append(DeviceArray.flat(strided))
+    for view in views:
+        assert _key(view) == ("array", view.dtype, view.ndim, view.contiguous)
+    assert [_key(v) for v in (True, 3, 0.5, np.float32(1), np.uint64(2))] == [
+        ("scalar", bool), ("scalar", int), ("scalar", float), ("scalar", np.float32), ("scalar", np.uint64)]
 
 
 def test_the_launcher_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

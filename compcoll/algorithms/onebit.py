@@ -303,8 +303,8 @@ def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: tor
     """The server's weights s_i / ``divisor`` of the agreed worker scales ``scales`` (host float64), and this rank's
     own scale ``scale``, on ``device`` in the workspace buffer "scalars".
 
-    1. In the host buffer "scalars.host": float32(s_i) for every i, divided by ``divisor``
-       (``codecs.divide_``, over the whole buffer), then ``scale`` in its last slot.
+    1. In the host buffer "scalars.host": float32(s_i) for every i and a 0 behind them, all divided by
+       ``divisor`` (``codecs.divide_``), then ``scale`` in that last slot.
     2. One copy into "scalars" with no host wait (``codecs.to_device``), queued before the wire.
     Returns:
         (weights, scale) views of "scalars" (``Workspace.parts``): what the server and the encoder read from device
@@ -314,6 +314,7 @@ def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: tor
     host = workspace.get("scalars.host", count + 1, torch.float32, torch.device("cpu"))
     values = host.numpy()
     values[:count] = scales.numpy()
+    values[count] = 0.0
     codecs.divide_(host, divisor)
     values[count] = scale
     scalars, weights, mine = workspace.parts("scalars", (count, 1), torch.float32, device)

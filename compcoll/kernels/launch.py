@@ -118,34 +118,28 @@ class DeviceArray:
 
     It holds ``owner`` (the tensor whose memory it is) alive, and offers what numba's
     dispatcher needs to wrap it (``__cuda_array_interface__``); the bound launcher reads
-    its fields directly, and its ``key`` (dtype, rank, layout: what selects a compiled
-    variant), made with it.
+    its fields directly.
     """
 
-    __slots__ = ("ptr", "shape", "strides", "dtype", "owner", "key")
+    __slots__ = ("ptr", "shape", "strides", "dtype", "owner")
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype, owner,
-                 key: tuple | None = None) -> None:
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype, owner) -> None:
         self.ptr, self.shape, self.strides, self.dtype, self.owner = ptr, shape, strides, dtype, owner
-        self.key = key or ("array", dtype, len(shape), self.contiguous)
 
     @classmethod
     def of(cls, tensor) -> DeviceArray:
         """A view of a CUDA torch tensor, in place."""
-        itemsize, strides, shape = tensor.element_size(), tensor.stride(), tuple(tensor.shape)
-        dtype = _numpy_dtype(tensor.dtype)
-        if len(strides) == 1:
-            key = _flat_key(dtype) if strides[0] == 1 or shape[0] == 1 else ("array", dtype, 1, False)
-            return cls(tensor.data_ptr(), shape, (strides[0] * itemsize,), dtype, tensor, key)
-        return cls(tensor.data_ptr(), shape, tuple(s * itemsize for s in strides), dtype, tensor)
+        itemsize, strides = tensor.element_size(), tensor.stride()
+        strides = (strides[0] * itemsize,) if len(strides) == 1 else tuple(s * itemsize for s in strides)
+        return cls(tensor.data_ptr(), tuple(tensor.shape), strides, _numpy_dtype(tensor.dtype), tensor)
 
     @classmethod
     def flat(cls, tensor, dtype=None) -> DeviceArray:
         """A 1-D view of a contiguous CUDA torch tensor, in place, as ``dtype`` (a numpy dtype of the same item size;
         default the tensor's): what ``tensor.view(-1)`` then ``of`` would give, with no torch view made."""
         itemsize = tensor.element_size()
-        dtype = _numpy_dtype(tensor.dtype) if dtype is None else np.dtype(dtype)
-        return cls(tensor.data_ptr(), (tensor.numel(),), (itemsize,), dtype, tensor, _flat_key(dtype))
+        return cls(tensor.data_ptr(), (tensor.numel(),), (itemsize,),
+                   _numpy_dtype(tensor.dtype) if dtype is None else np.dtype(dtype), tensor)
 
     @property
     def size(self) -> int:
@@ -170,7 +164,7 @@ class DeviceArray:
         dtype = np.dtype(dtype)
         if dtype.itemsize != self.dtype.itemsize:
             raise ValueError(f"DeviceArray.view: {self.dtype} and {dtype} differ in size")
-        return DeviceArray(self.ptr, self.shape, self.strides, dtype, self.owner, ("array", dtype, *self.key[2:]))
+        return DeviceArray(self.ptr, self.shape, self.strides, dtype, self.owner)
 
     def __getitem__(self, key: slice) -> DeviceArray:
         """A 1-D slice with step 1 (``values[:1]``)."""
@@ -184,12 +178,6 @@ class DeviceArray:
     def __cuda_array_interface__(self) -> dict:
         return {"shape": self.shape, "strides": None if self.contiguous else self.strides,
                 "data": (self.ptr, False), "typestr": self.dtype.str, "version": 2}
-
-
-@lru_cache(maxsize=None)
-def _flat_key(dtype: np.dtype) -> tuple:
-    """The variant key of a 1-D contiguous array of ``dtype`` (made once per dtype)."""
-    return ("array", dtype, 1, True)
 
 
 def _numpy_dtype(torch_dtype) -> np.dtype:
@@ -339,10 +327,20 @@ def _device_id() -> int:
 
 
 def _key(arg) -> tuple:
-    """What selects a compiled variant: an array's dtype, rank and layout, or a scalar's type (the common ones' keys
-    made once: this runs for every argument of every launch)."""
+    """What selects a compiled variant: an array's dtype, rank and layout, or a scalar's type.
+
+    It runs for every argument of every launch, so the common cases take a short way: a 1-D
+    contiguous ``DeviceArray`` (most arguments) and the scalar types the kernels take get keys
+    made once (``_FLAT_KEYS``, ``_SCALAR_KEYS``).
+    """
     if type(arg) is DeviceArray:
-        return arg.key
+        shape = arg.shape
+        if len(shape) == 1 and (arg.strides[0] == arg.dtype.itemsize or shape[0] == 1):
+            found = _FLAT_KEYS.get(arg.dtype)
+            if found is None:
+                found = _FLAT_KEYS[arg.dtype] = ("array", arg.dtype, 1, True)
+            return found
+        return ("array", arg.dtype, len(shape), arg.contiguous)
     found = _SCALAR_KEYS.get(type(arg))
     if found is not None:
         return found
@@ -351,6 +349,8 @@ def _key(arg) -> tuple:
     return ("scalar", type(arg))
 
 
+_FLAT_KEYS: dict = {}
+"""The key of a 1-D contiguous array, by dtype (``_key``)."""
 _SCALAR_KEYS = {kind: ("scalar", kind) for kind in (bool, int, float, np.float32, np.float64, np.int64, np.uint64)}
 
 

@@ -15,7 +15,8 @@ too), at each size:
    results and both error buffers must be equal, bit for bit.
 2. The host microseconds per call in a loop of ``--calls`` (median of ``--runs``; ``compcoll.bench.launches``):
    eager, and graphed (agreement eagerly, then the replay).
-A row that fails (a capture the transport refuses) records its error and the run goes on.
+A row that fails (a capture the transport refuses) records its error and the run goes on; OUT.txt and OUT.json are
+written after every row, so a run cut short keeps what it measured.
 What this leaves to the feature (not built: only where it measures faster): a graph per bucket keyed on its data
 pointers, capture agreed by every rank at the same call, the transport's own graph support (NCCL's), a timeout for
 a replay, and the bytes counters (a replay counts nothing). Writes OUT.txt and OUT.json with the GPU's name.
@@ -139,17 +140,25 @@ def main() -> None:
     parser.add_argument("--forms", default="flat,blocks")
     parser.add_argument("--out", default="bench/results/gpu_graphs")
     args = parser.parse_args()
-    rows = []
+    rows: list[dict] = []
+    comms: dict[str, Communicator] = {}
     for kind in args.comms.split(","):
-        comm = communicator(kind)
         for form in args.forms.split(","):
             for n in args.sizes.split(","):
-                row = {"comm": kind, "form": form}
+                row = {"comm": kind, "form": form, "numel": int(n)}
                 try:
-                    row.update(measure(int(n), args.steps, args.calls, args.runs, comm, FORMS[form]))
-                except Exception as exc:  # a refused capture is a result of this experiment
-                    row.update(numel=int(n), error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+                    if kind not in comms:
+                        comms[kind] = communicator(kind)
+                    row.update(measure(int(n), args.steps, args.calls, args.runs, comms[kind], FORMS[form]))
+                except Exception as exc:  # a refused capture (or transport) is a result of this experiment
+                    row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 rows.append(row)
+                print(write(rows, args), flush=True)
+
+
+def write(rows: list[dict], args: argparse.Namespace) -> str:
+    """OUT.txt and OUT.json of the rows so far (a run cut short by its time limit keeps what it measured); returns
+    the last row's line."""
     name = torch.cuda.get_device_name()
     lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce on one rank, one scale (flat) or one per "
              f"{BLOCK_SIZE} elements (blocks); host us per call in a loop of {args.calls}, median of {args.runs}",
@@ -161,10 +170,9 @@ def main() -> None:
             continue
         lines.append(f"{head} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} {r['eager_us'] / r['graphed_us']:>5.2f}x "
                      f"{r['same_bits']}")
-    text = "\n".join(lines)
-    print(text)
-    Path(args.out + ".txt").write_text(text + "\n")
+    Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
     Path(args.out + ".json").write_text(json.dumps({"gpu": name, "rows": rows}, indent=1) + "\n")
+    return lines[-1]
 
 
 if __name__ == "__main__":

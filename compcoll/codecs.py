@@ -454,6 +454,14 @@ def decode_framed(rows: torch.Tensor, out: torch.Tensor) -> None:
         decode(signs, scales, out.view(-1))
 
 
+def _result(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+            ) -> torch.Tensor:
+    """A codec's result: the caller's ``out`` (that many elements, 1-D) seen as ``shape``, or a new tensor."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return out if len(shape) == 1 else out.view(shape)
+
+
 def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row max |x| of ``source`` zero-padded to ``length`` and cut into ``rows`` rows (float32), into ``out``
     (``rows`` float32 elements on ``source``'s device) where given.
@@ -461,7 +469,7 @@ def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor |
     A row holding NaN gets NaN, one holding Inf gets Inf.
     """
     src, lut = _source(source)
-    out = torch.empty(rows, dtype=torch.float32, device=source.device) if out is None else out
+    out = _result(out, (rows,), torch.float32, source.device)
     _run("row_absmax", source, src, lut, source.numel(), length // rows, _array(out))
     return out
 
@@ -514,7 +522,7 @@ def unframe(rows: torch.Tensor, divisor: int = 1, out: torch.Tensor | None = Non
             return torch.from_numpy(scales), rows[:, SCALE_BYTES:]
         out.numpy()[:] = scales
         return out, rows[:, SCALE_BYTES:]
-    scales = torch.empty(rows.shape[0], dtype=torch.float32, device=rows.device) if out is None else out
+    scales = _result(out, (rows.shape[0],), torch.float32, rows.device)
     _run("head_weights", rows, _array(rows), divisor, _array(scales))
     return scales, rows[:, SCALE_BYTES:]
 
@@ -533,7 +541,7 @@ def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int
     src, lut = (_no_source(error), None) if tensor is None else _source(tensor)
     row_len = error.numel() // rows
     blocks = rows * -(-row_len // block_size)
-    sums = torch.empty(blocks, dtype=torch.float64, device=error.device) if out is None else out
+    sums = _result(out, (blocks,), torch.float64, error.device)
     _run("block_power_sums", error, src, lut, _array(error), 0 if tensor is None else tensor.numel(), block_size,
          row_len, spec.SCALES[scale], _array(sums))
     return sums
@@ -610,7 +618,7 @@ def frame_scales(rows: torch.Tensor, values: torch.Tensor, scale: str | None = N
     """
     n = rows.shape[0]
     m = values.numel() // n
-    decoded = torch.empty(n, m, dtype=torch.float32, device=rows.device) if out is None else out.view(n, m)
+    decoded = _result(out, (n, m), torch.float32, rows.device)
     power = 0 if scale is None else spec.SCALES[scale]
     _run("code_blocks", decoded, _array(values.reshape(-1)), block_size, row_len, power, _steps(rows), _array(rows),
          _array(decoded))
@@ -624,7 +632,7 @@ def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1, out: torc
     float32(float64(ref_r) * SCALE_STEPS[code]) / ``divisor`` (IEEE float32 division, as ``divide_``: the weights
     s / n), in one kernel (``decode_codes``)."""
     n = rows.shape[0]
-    decoded = torch.empty(n, per_row, dtype=torch.float32, device=rows.device) if out is None else out.view(n, per_row)
+    decoded = _result(out, (n, per_row), torch.float32, rows.device)
     _run("decode_codes", decoded, _array(rows), _steps(rows), divisor, _array(decoded))
     return decoded, rows[:, SCALE_BYTES + per_row:]
 
@@ -636,7 +644,7 @@ def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, row
     src, lut = _source(tensor)
     row_len = error.numel() // rows
     blocks = rows * -(-row_len // block_size)
-    out = torch.empty(blocks, dtype=torch.float32, device=error.device) if out is None else out
+    out = _result(out, (blocks,), torch.float32, error.device)
     _run("block_absmax", error, src, lut, _array(error), tensor.numel(), block_size, row_len, _array(out))
     return out
 

@@ -19,6 +19,7 @@ from .exact import shard_average
 from .inputs import check_error_buffer, check_length, check_scale, check_tensor
 from .onebit import device_scalars, serve, serve_blocks
 from .plan import Plan, cached_plan
+from .reduce_scatter import block_statistics
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 
@@ -326,8 +327,7 @@ class CompensatedPlan(_NodePlan):
 
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
-            sums = codecs.block_sums(average, worker_error, b, self.scale, layout.nodes,
-                                     ws.get("blocks.sums", layout.nodes * -(-sub // b), torch.float64, self.device))
+            sums = block_statistics(average, worker_error, b, self.scale, 1, layout.nodes, ws)
             agreement.check(codecs.all_finite(sums, summable=True))
             rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
             gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)

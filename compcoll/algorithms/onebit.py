@@ -268,9 +268,9 @@ class FlatPlan(Plan):
             codecs.decode_framed_blocks(served, -(-self.chunk // b), b, result)
             return result
         else:
-            width = SCALE_BYTES + -(-full // b) + full // 8
-            send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)
             blocks = -(-full // b)
+            width = SCALE_BYTES + blocks + full // 8
+            send = ws.get("blocks.send", width, torch.uint8, self.device).view(1, width)
             scales, signs = codecs.frame_scales(send, sums, self.scale, b, full,
                                                 ws.get("blocks.scales", blocks, torch.float32, self.device))
             codecs.encode_blocks(tensor, worker_error, scales.view(-1), b, signs)

@@ -8,8 +8,10 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    memory bandwidth the kernels are compared with;
 2. every fused kernel, with the bytes it must move (e.g. compensate + encode reads the
    input and the error, writes the error and the bits: 12.125 bytes per element), as
-   GB/s and as a fraction of the copy's;
-3. the worker step both ways: fused (sum of squares + compensate/encode) against the
+   GB/s and as a fraction of the copy's, both from the device's time queued (``QueuedClock``: the kernel's own
+   time, as inside a busy training step) beside its time from an idle device (host's launch time included, the
+   clock of the runs before 2026-11-29);
+3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per
    ``BLOCK_SIZE`` elements (the DDP hook's default), each also as host time;
@@ -58,6 +60,39 @@ def _device_seconds(fn) -> float:
     return start.elapsed_time(stop) / 1e3
 
 
+class QueuedClock:
+    """Seconds of the device's work that ``fn`` queues, with all of it queued before any of it runs.
+
+    1. A spin kernel (``torch.cuda._sleep``) holds the stream; the start event, ``fn``'s work and the stop event
+       queue behind it, so the events bracket the device's work alone, not the host's time to launch it.
+    2. If the spin ended before ``fn`` returned (the start event had completed), the host's time may show: the spin
+       doubles and the run is repeated. ``fn`` must not wait for the device (a wait always drains the queue):
+       past ``MAX_CYCLES`` it is refused, and the spin starts from ``FIRST_CYCLES`` again.
+    """
+
+    FIRST_CYCLES = 1 << 20
+    MAX_CYCLES = 1 << 32
+
+    def __init__(self) -> None:
+        self.cycles = self.FIRST_CYCLES
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        while self.cycles <= self.MAX_CYCLES:
+            torch.cuda._sleep(self.cycles)
+            start.record()
+            fn()
+            spun_out = start.query()
+            stop.record()
+            stop.synchronize()
+            if not spun_out:
+                return start.elapsed_time(stop) / 1e3
+            self.cycles *= 2
+        self.cycles = self.FIRST_CYCLES
+        raise RuntimeError("the function waits for the device (or queues for longer than the spin): it cannot be "
+                           "timed queued")
+
+
 def _host_seconds(fn) -> float:
     """Seconds the host spends in ``fn`` (its call returning, not the device finishing), from an idle device."""
     torch.cuda.synchronize()
@@ -98,30 +133,48 @@ def measure(numel: int, runs: int) -> dict:
     one = torch.ones(1, device=dev)
     scales = torch.ones(8, device=dev)
     wire = torch.empty(8, codecs.SCALE_BYTES + numel // 64, dtype=torch.uint8, device=dev)
-    copy_s = timed(lambda: dst.copy_(x), runs)
-    copy_bw = 8 * numel / copy_s
+    clocks = {"queued": QueuedClock(), "idle": _device_seconds}
+
+    def both(fn, read=None) -> dict[str, float]:
+        """fn's times on both clocks; ``read``, where given, is fn with its sum read back (a host wait), which the
+        idle clock times, as before 2026-11-29."""
+        return {name: timed(read if read and name == "idle" else fn, runs, clock=clock)
+                for name, clock in clocks.items()}
+
+    copy = both(lambda: dst.copy_(x))
+    copy_bw = 8 * numel / copy["queued"]
+    def accumulate(read: bool):
+        return lambda: codecs.accumulate_signs(rows, one, None, out, numel, read=read)
+
     kernels = {
-        "sum of squares (x + err)": (lambda: codecs.compensated_sum(x, err), 8.0),
-        "compensate + encode": (lambda: codecs.compensate_encode(x, err, 0.5, bits), 12.125),
-        "accumulate signs (1 row)": (lambda: codecs.accumulate_signs(rows, one, None, out, numel), 4.125),
-        "decode": (lambda: codecs.decode(rows, one, out), 4.125),
-        "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0),
-        "randomized encode": (lambda: codecs.randomized_encode(x, scales, 1, 2, "node", 0, 0, wire), 4.125),
+        "sum of squares (x + err)": (lambda: codecs.compensated_sum(x, err, read=False), 8.0,
+                                     lambda: codecs.compensated_sum(x, err)),
+        "compensate + encode": (lambda: codecs.compensate_encode(x, err, 0.5, bits), 12.125, None),
+        "accumulate signs (1 row)": (accumulate(False), 4.125, accumulate(True)),
+        "decode": (lambda: codecs.decode(rows, one, out), 4.125, None),
+        "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0, None),
+        "randomized encode": (lambda: codecs.randomized_encode(x, scales, 1, 2, "node", 0, 0, wire), 4.125, None),
     }
-    result = {"numel": numel, "copy_s": copy_s, "copy_GBps": copy_bw / 1e9, "kernels": {}}
-    for name, (fn, per_element) in kernels.items():
-        seconds = timed(fn, runs)
-        bandwidth = per_element * numel / seconds
-        result["kernels"][name] = {"s": seconds, "GBps": bandwidth / 1e9, "of_copy": bandwidth / copy_bw}
-    fused = timed(lambda: (codecs.compensated_sum(x, err), codecs.compensate_encode(x, err, 0.5, bits)), runs)
-    baseline = timed(lambda: deepspeed_style_worker(x, err), runs)
-    result["worker_step"] = {"fused_s": fused, "deepspeed_style_s": baseline, "speedup": baseline / fused}
+    result = {"numel": numel, "copy_s": copy["queued"], "copy_idle_s": copy["idle"], "copy_GBps": copy_bw / 1e9,
+              "kernels": {}}
+    for name, (fn, per_element, read) in kernels.items():
+        seconds = both(fn, read)
+        bandwidth = per_element * numel / seconds["queued"]
+        result["kernels"][name] = {"s": seconds["queued"], "idle_s": seconds["idle"], "GBps": bandwidth / 1e9,
+                                   "of_copy": bandwidth / copy_bw}
+    fused = both(lambda: (codecs.compensated_sum(x, err, read=False), codecs.compensate_encode(x, err, 0.5, bits)),
+                 lambda: (codecs.compensated_sum(x, err), codecs.compensate_encode(x, err, 0.5, bits)))
+    baseline = both(lambda: deepspeed_style_worker(x, err))
+    result["worker_step"] = {"fused_s": fused["queued"], "deepspeed_style_s": baseline["queued"],
+                             "speedup": baseline["queued"] / fused["queued"], "fused_idle_s": fused["idle"],
+                             "deepspeed_style_idle_s": baseline["idle"],
+                             "speedup_idle": baseline["idle"] / fused["idle"]}
     full = compcoll.padded_numel(numel, 1)
     we, se = torch.zeros(full, device=dev), torch.zeros(full, device=dev)
     comm = compcoll.SingleComm()
-    result["compressed_allreduce_1rank_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs)
-    result["compressed_allreduce_host_s"] = timed(lambda: compcoll.compressed_allreduce(x, we, se, comm, out=out), runs,
-                                                  clock=_host_seconds)
+    flat = functools.partial(compcoll.compressed_allreduce, x, we, se, comm, out=out)
+    result["compressed_allreduce_1rank_s"] = timed(flat, runs)
+    result["compressed_allreduce_host_s"] = timed(flat, runs, clock=_host_seconds)
     blocks = functools.partial(compcoll.compressed_allreduce, x, we, se, comm, out=out, block_size=BLOCK_SIZE)
     result["blocks_1rank_s"] = timed(blocks, runs)
     result["blocks_host_s"] = timed(blocks, runs, clock=_host_seconds)
@@ -137,7 +190,8 @@ def measure(numel: int, runs: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="4096,1048576,16777216,67108864,268435456", help="float32 elements, comma-separated")
+    p.add_argument("--sizes", default="4096,1048576,16777216,67108864,268435456",
+                   help="float32 elements, comma-separated")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--launchers", default="bound,numba", help="kernels.launch launchers to measure, comma-separated")
     p.add_argument("--out", type=Path, required=True)
@@ -150,20 +204,23 @@ def main() -> int:
     for name in args.launchers.split(","):
         os.environ[LAUNCHER_ENV] = name
         results[name] = [measure(int(s), args.runs) for s in args.sizes.split(",")]
-    lines = [f"# {gpu}; medians of {args.runs} runs (CUDA events; host: perf_counter from an idle device); GB/s of "
-             f"the bytes each kernel must move; launchers {args.launchers} (kernels.launch) side by side"]
+    lines = [f"# {gpu}; medians of {args.runs} runs (CUDA events: queued, all of the work queued behind a spin "
+             f"kernel, and from an idle device; host: perf_counter from an idle device); GB/s of the bytes each kernel "
+             f"must move, from the queued time; launchers {args.launchers} (kernels.launch) side by side"]
     for name, rows in results.items():
         lines += [f"## launcher: {name}",
-                  f"{'elements':>11} {'kernel':<26} {'time us':>10} {'GB/s':>8} {'of copy':>8}"]
+                  f"{'elements':>11} {'kernel':<26} {'queued us':>10} {'idle us':>10} {'GB/s':>8} {'of copy':>8}"]
         for r in rows:
-            lines.append(f"{r['numel']:>11} {'device copy':<26} {1e6 * r['copy_s']:>10.1f} {r['copy_GBps']:>8.1f} "
-                         f"{1:>8.2f}")
+            lines.append(f"{r['numel']:>11} {'device copy':<26} {1e6 * r['copy_s']:>10.1f} "
+                         f"{1e6 * r['copy_idle_s']:>10.1f} {r['copy_GBps']:>8.1f} {1:>8.2f}")
             for kernel, k in r["kernels"].items():
-                lines.append(f"{r['numel']:>11} {kernel:<26} {1e6 * k['s']:>10.1f} {k['GBps']:>8.1f} "
-                             f"{k['of_copy']:>8.2f}")
+                lines.append(f"{r['numel']:>11} {kernel:<26} {1e6 * k['s']:>10.1f} {1e6 * k['idle_s']:>10.1f} "
+                             f"{k['GBps']:>8.1f} {k['of_copy']:>8.2f}")
             w = r["worker_step"]
             lines.append(f"{r['numel']:>11} worker step: fused {1e6 * w['fused_s']:.1f} us, DeepSpeed-style "
-                         f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x; compressed_allreduce (1 rank) "
+                         f"{1e6 * w['deepspeed_style_s']:.1f} us, {w['speedup']:.1f}x queued; from idle "
+                         f"{1e6 * w['fused_idle_s']:.1f} / {1e6 * w['deepspeed_style_idle_s']:.1f} us, "
+                         f"{w['speedup_idle']:.1f}x; compressed_allreduce (1 rank) "
                          f"{1e6 * r['compressed_allreduce_1rank_s']:.1f} us, host "
                          f"{1e6 * r['compressed_allreduce_host_s']:.1f} us")
             lines.append(f"{r['numel']:>11} compressed_allreduce with a scale per {BLOCK_SIZE} elements (the DDP "

@@ -274,11 +274,13 @@ def average_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2") -> float:
+def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2", read: bool = True
+                    ) -> float | None:
     """Sum of |x|^p of x = ``error + pad(tensor)``, p the power of ``scale`` (``spec.SCALES``); reads both, writes
-    nothing."""
+    nothing. ``read=False``: on a device the sum is not read back (no host wait) and None is returned, so the
+    kernel's device time can be measured queued behind other work (``bench/gpu_suite.py``)."""
     src, lut = _source(tensor)
-    return float(_run("compensated_power_sum", tensor, src, lut, _array(error), tensor.numel(), spec.SCALES[scale]))
+    return _sum("compensated_power_sum", tensor, read, src, lut, _array(error), tensor.numel(), spec.SCALES[scale])
 
 
 def sumsq(tensor: torch.Tensor) -> float:

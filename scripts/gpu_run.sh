@@ -31,7 +31,7 @@ timeout "${GPU_TESTS_S:-200}" $py -m pytest -q -ra -p xdist -n 8 tests/gpu "$@" 
 wait
 tail -3 "$out/kernels.log"
 echo "== bench/gpu_suite.py"
-timeout "${SUITE_S:-150}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
+timeout "${SUITE_S:-200}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
     ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \
     --out "$out/gpu_kernels" 2>&1 | tail -12
 echo "== bench/gpu_graphs.py: the hook's default call, its device part replayed from a CUDA graph"

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from compcoll import codecs, spec
 from compcoll.kernels import cpu, reference
+from compcoll.kernels.launch import COUNTS
 from compcoll.spec import SCALES, STAGES, padded_numel, stream_key
 from tests.kernels.cuda_sim_checks import tie_scales
 
@@ -40,6 +41,21 @@ def test_unsupported_device() -> None:
     codecs.check_device(meta)
     with pytest.raises(ValueError, match="on meta are not supported on 2 rank"):
         codecs.check_device(meta, ranks=2)
+
+
+def test_a_device_sum_left_unread_makes_no_host_wait() -> None:
+    """``compensated_sum(read=False)``: on meta tensors (the CUDA path, traced) the launches of a read sum without
+    its wait, and None; on the host the sum all the same."""
+    x, err = torch.empty(100003, device="meta"), torch.empty(100003, device="meta")
+    COUNTS.reset()
+    assert codecs.compensated_sum(x, err, read=False) is None
+    unread = (COUNTS.launches, COUNTS.waits)
+    COUNTS.reset()
+    codecs.compensated_sum(x, err)
+    assert unread == (COUNTS.launches, 0) and COUNTS.waits == 1
+    gen = torch.Generator().manual_seed(7)
+    x, err = torch.randn(100003, generator=gen), torch.randn(100003, generator=gen)
+    assert codecs.compensated_sum(x, err, read=False) == codecs.compensated_sum(x, err) > 0
 
 
 def test_sumsq_matches_the_reference_order() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import numpy as np
@@ -111,16 +112,40 @@ def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monk
     assert call_counts(torch.empty(numel, device="meta"), SingleComm()) == on_gpu
 
 
+def _bench(name: str):
+    """The module of ``bench/<name>.py``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("block_size", [None, 64])
 @pytest.mark.parametrize("numel", [4096, 100003])
 def test_a_call_replayed_from_a_cuda_graph_gives_the_eager_bits(numel: int, block_size: int | None) -> None:
     """Issue 39, item 4: ``bench/gpu_graphs.py`` replays ``FlatPlan.finish_flat`` / ``finish_blocks`` from a CUDA
     graph after an eager agreement; over 4 calls on fresh inputs its results and error buffers equal eager calls' bit
     for bit."""
-    spec = importlib.util.spec_from_file_location("gpu_graphs", ROOT / "bench" / "gpu_graphs.py")
-    graphs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(graphs)
-    assert graphs.measure(numel, steps=4, calls=3, runs=1, block_size=block_size)["same_bits"]
+    assert _bench("gpu_graphs").measure(numel, steps=4, calls=3, runs=1, block_size=block_size)["same_bits"]
+
+
+def test_the_queued_clock_times_the_device_alone_and_refuses_a_wait() -> None:
+    """``bench/gpu_suite.py``'s ``QueuedClock``: a function that queues two spins behind a slow host step (5 ms of
+    sleep) reads as the two spins' device time, far below the host's 5 ms, where the idle clock reads the host's time
+    too; a function that waits for the device is refused, and the clock times the next function again."""
+    suite = _bench("gpu_suite")
+    clock = suite.QueuedClock()
+
+    def spins() -> None:
+        torch.cuda._sleep(1 << 20)
+        time.sleep(0.005)
+        torch.cuda._sleep(1 << 20)
+
+    alone = clock(lambda: torch.cuda._sleep(1 << 20))
+    assert clock(spins) < 3 * alone < 0.005 < suite._device_seconds(spins)
+    with pytest.raises(RuntimeError, match="waits for the device"):
+        clock(torch.cuda.synchronize)
+    assert clock(lambda: torch.cuda._sleep(1 << 20)) < 2 * alone
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

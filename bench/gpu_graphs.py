@@ -15,6 +15,8 @@ too), at each size:
    results and both error buffers must be equal, bit for bit.
 2. The host microseconds per call in a loop of ``--calls`` (median of ``--runs``; ``compcoll.bench.launches``):
    eager, and graphed (agreement eagerly, then the replay).
+3. The device microseconds of the device part alone, queued (``compcoll.bench.clocks.QueuedClock``, median of
+   ``--runs``): the floor a call's time could come down to once its host time is below it.
 A row that fails (a capture the transport refuses) records its error and the run goes on; OUT.txt and OUT.json are
 written after every row, so a run cut short keeps what it measured.
 What this leaves to the feature (not built: only where it measures faster): a graph per bucket keyed on its data
@@ -34,12 +36,35 @@ import torch
 
 import compcoll
 from compcoll.algorithms.onebit import FlatPlan
+from compcoll.bench.clocks import QueuedClock, timed
 from compcoll.bench.launches import per_call_us
 from compcoll.comm import Communicator
 from compcoll.ddp.onebit import BLOCK_SIZE
 
 FORMS = {"flat": None, "blocks": BLOCK_SIZE}
 """The forms measured: one scale per vector and chunk (``compressed_allreduce``'s default), and the DDP hook's."""
+
+
+def call_parts(x: torch.Tensor, worker_error: torch.Tensor, comm: Communicator, block_size: int | None
+               ) -> tuple[Callable[[], object], Callable[..., torch.Tensor]]:
+    """A plan of its own (in one piece) for ``x``'s calls, as (agree, finish): ``agree()`` runs the agreement part
+    and returns what ``finish(x, worker_error, server_error, agreed, out)`` takes."""
+    plan = FlatPlan(comm, x.numel(), x.device, "gather_scatter", 1, "l2", block_size, 1)
+    if block_size is None:
+        return (lambda: plan.agree_flat(x, worker_error)[1]), plan.finish_flat
+    return (lambda: plan.agree_blocks(x, worker_error)), plan.finish_blocks
+
+
+def device_part_us(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, out: torch.Tensor,
+                   comm: Communicator, block_size: int | None, runs: int) -> float | None:
+    """Device microseconds of the device part (``finish``) after one agreement, queued (median of ``runs``); None
+    where it waits for the device, which the queued clock refuses."""
+    agree, finish = call_parts(x, worker_error, comm, block_size)
+    agreed = agree()
+    try:
+        return 1e6 * timed(lambda: finish(x, worker_error, server_error, agreed, out), runs, clock=QueuedClock())
+    except RuntimeError:
+        return None
 
 
 def graphed_step(x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, out: torch.Tensor,
@@ -56,11 +81,7 @@ def graphed_step(x: torch.Tensor, worker_error: torch.Tensor, server_error: torc
        then the captured device part is replayed (captured at the first call); the current stream waits for the
        side stream's work.
     """
-    plan = FlatPlan(comm, x.numel(), x.device, "gather_scatter", 1, "l2", block_size, 1)
-    if block_size is None:
-        agree, finish = (lambda: plan.agree_flat(x, worker_error)[1]), plan.finish_flat
-    else:
-        agree, finish = (lambda: plan.agree_blocks(x, worker_error)), plan.finish_blocks
+    agree, finish = call_parts(x, worker_error, comm, block_size)
     side = torch.cuda.Stream(x.device)
     graph: list[torch.cuda.CUDAGraph] = []
 
@@ -127,7 +148,8 @@ def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | 
         equal = equal and all(same_bits(a, b) for a, b in zip(eager_buffers, graph_buffers))
     return {"numel": numel, "same_bits": equal,
             "eager_us": per_call_us(eager, calls, runs, torch.cuda.synchronize),
-            "graphed_us": per_call_us(graphed, calls, runs, torch.cuda.synchronize)}
+            "graphed_us": per_call_us(graphed, calls, runs, torch.cuda.synchronize),
+            "device_part_us": device_part_us(x, *eager_buffers, comm, block_size, runs)}
 
 
 def main() -> None:
@@ -162,14 +184,16 @@ def write(rows: list[dict], args: argparse.Namespace) -> str:
     name = torch.cuda.get_device_name()
     lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce on one rank, one scale (flat) or one per "
              f"{BLOCK_SIZE} elements (blocks); host us per call in a loop of {args.calls}, median of {args.runs}",
-             f"{'comm':>6} {'form':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} same bits"]
+             f"{'comm':>6} {'form':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} "
+             f"{'device part us':>14} same bits"]
     for r in rows:
         head = f"{r['comm']:>6} {r['form']:>6} {r['numel']:>11}"
         if "error" in r:
             lines.append(f"{head} failed: {r['error']}")
             continue
+        device = "waits" if r["device_part_us"] is None else f"{r['device_part_us']:.1f}"
         lines.append(f"{head} {r['eager_us']:>9.1f} {r['graphed_us']:>10.1f} {r['eager_us'] / r['graphed_us']:>5.2f}x "
-                     f"{r['same_bits']}")
+                     f"{device:>14} {r['same_bits']}")
     Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
     Path(args.out + ".json").write_text(json.dumps({"gpu": name, "rows": rows}, indent=1) + "\n")
     return lines[-1]

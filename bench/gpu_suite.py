@@ -8,9 +8,9 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    memory bandwidth the kernels are compared with;
 2. every fused kernel, with the bytes it must move (e.g. compensate + encode reads the
    input and the error, writes the error and the bits: 12.125 bytes per element), as
-   GB/s and as a fraction of the copy's, both from the device's time queued (``QueuedClock``: the kernel's own
-   time, as inside a busy training step) beside its time from an idle device (host's launch time included, the
-   clock of the runs before 2026-11-29);
+   GB/s and as a fraction of the copy's, both from the device's time queued (``compcoll.bench.clocks.QueuedClock``:
+   the kernel's own time, as inside a busy training step) beside its time from an idle device (host's launch time
+   included, the clock of the runs before 2026-11-29);
 3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per
@@ -33,81 +33,19 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 import compcoll
 from compcoll import codecs
 from compcoll.algorithms.onebit import serve
+from compcoll.bench.clocks import QueuedClock, host_seconds, idle_seconds, timed
 from compcoll.bench.launches import call_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.launch import LAUNCHER_ENV
 from compcoll.workspace import Workspace
-
-
-def _device_seconds(fn) -> float:
-    """Seconds of the device's work that ``fn`` queues, between two CUDA events."""
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / 1e3
-
-
-class QueuedClock:
-    """Seconds of the device's work that ``fn`` queues, with all of it queued before any of it runs.
-
-    1. A spin kernel (``torch.cuda._sleep``) holds the stream; the start event, ``fn``'s work and the stop event
-       queue behind it, so the events bracket the device's work alone, not the host's time to launch it.
-    2. If the spin ended before ``fn`` returned (the start event had completed), the host's time may show: the spin
-       doubles and the run is repeated. ``fn`` must not wait for the device (a wait always drains the queue):
-       past ``MAX_CYCLES`` it is refused, and the spin starts from ``FIRST_CYCLES`` again.
-    """
-
-    FIRST_CYCLES = 1 << 20
-    MAX_CYCLES = 1 << 32
-
-    def __init__(self) -> None:
-        self.cycles = self.FIRST_CYCLES
-
-    def __call__(self, fn: Callable[[], object]) -> float:
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        while self.cycles <= self.MAX_CYCLES:
-            torch.cuda._sleep(self.cycles)
-            start.record()
-            fn()
-            spun_out = start.query()
-            stop.record()
-            stop.synchronize()
-            if not spun_out:
-                return start.elapsed_time(stop) / 1e3
-            self.cycles *= 2
-        self.cycles = self.FIRST_CYCLES
-        raise RuntimeError("the function waits for the device (or queues for longer than the spin): it cannot be "
-                           "timed queued")
-
-
-def _host_seconds(fn) -> float:
-    """Seconds the host spends in ``fn`` (its call returning, not the device finishing), from an idle device."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def timed(fn, runs: int, warmup: int = 3, clock: Callable[[Callable], float] = _device_seconds) -> float:
-    """Median seconds of ``fn`` over ``runs`` runs after ``warmup`` (``clock``: the device's time or the host's)."""
-    for _ in range(warmup):
-        fn()
-    times = [clock(fn) for _ in range(runs)]
-    torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def deepspeed_style_worker(x: torch.Tensor, err: torch.Tensor):
@@ -133,7 +71,7 @@ def measure(numel: int, runs: int) -> dict:
     one = torch.ones(1, device=dev)
     scales = torch.ones(8, device=dev)
     wire = torch.empty(8, codecs.SCALE_BYTES + numel // 64, dtype=torch.uint8, device=dev)
-    clocks = {"queued": QueuedClock(), "idle": _device_seconds}
+    clocks = {"queued": QueuedClock(), "idle": idle_seconds}
 
     def both(fn, read=None) -> dict[str, float]:
         """fn's times on both clocks; ``read``, where given, is fn with its sum read back (a host wait), which the
@@ -174,17 +112,17 @@ def measure(numel: int, runs: int) -> dict:
     comm = compcoll.SingleComm()
     flat = functools.partial(compcoll.compressed_allreduce, x, we, se, comm, out=out)
     result["compressed_allreduce_1rank_s"] = timed(flat, runs)
-    result["compressed_allreduce_host_s"] = timed(flat, runs, clock=_host_seconds)
+    result["compressed_allreduce_host_s"] = timed(flat, runs, clock=host_seconds)
     blocks = functools.partial(compcoll.compressed_allreduce, x, we, se, comm, out=out, block_size=BLOCK_SIZE)
     result["blocks_1rank_s"] = timed(blocks, runs)
-    result["blocks_host_s"] = timed(blocks, runs, clock=_host_seconds)
+    result["blocks_host_s"] = timed(blocks, runs, clock=host_seconds)
     result["counts"] = call_counts(x, comm, torch.cuda.synchronize)
     workspace = Workspace()
 
     def server() -> torch.Tensor:
         return serve(bits, one, se[:numel], comm, workspace)
 
-    result["serve"] = {"device_s": timed(server, runs), "host_s": timed(server, runs, clock=_host_seconds)}
+    result["serve"] = {"device_s": timed(server, runs), "host_s": timed(server, runs, clock=host_seconds)}
     return result
 
 

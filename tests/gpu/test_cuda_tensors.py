@@ -13,6 +13,7 @@ import torch
 import compcoll
 from compcoll import SingleComm, codecs, compressed_allreduce
 from compcoll.algorithms.onebit import serve
+from compcoll.bench.clocks import QueuedClock, idle_seconds
 from compcoll.bench.launches import call_counts
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
 from compcoll.launcher import run
@@ -130,11 +131,10 @@ def test_a_call_replayed_from_a_cuda_graph_gives_the_eager_bits(numel: int, bloc
 
 
 def test_the_queued_clock_times_the_device_alone_and_refuses_a_wait() -> None:
-    """``bench/gpu_suite.py``'s ``QueuedClock``: a function that queues two spins behind a slow host step (5 ms of
+    """``compcoll.bench.clocks.QueuedClock``: a function that queues two spins around a slow host step (5 ms of
     sleep) reads as the two spins' device time, far below the host's 5 ms, where the idle clock reads the host's time
     too; a function that waits for the device is refused, and the clock times the next function again."""
-    suite = _bench("gpu_suite")
-    clock = suite.QueuedClock()
+    clock = QueuedClock()
 
     def spins() -> None:
         torch.cuda._sleep(1 << 20)
@@ -142,7 +142,7 @@ def test_the_queued_clock_times_the_device_alone_and_refuses_a_wait() -> None:
         torch.cuda._sleep(1 << 20)
 
     alone = clock(lambda: torch.cuda._sleep(1 << 20))
-    assert clock(spins) < 3 * alone < 0.005 < suite._device_seconds(spins)
+    assert clock(spins) < 3 * alone < 0.005 < idle_seconds(spins)
     with pytest.raises(RuntimeError, match="waits for the device"):
         clock(torch.cuda.synchronize)
     assert clock(lambda: torch.cuda._sleep(1 << 20)) < 2 * alone

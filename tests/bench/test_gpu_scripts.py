@@ -1,0 +1,29 @@
+"""bench/gpu_suite.py and bench/gpu_graphs.py, the GPU run's benchmarks: they import without a GPU (so a broken import
+shows here, not on a lent GPU machine), and the suite refuses to run without one."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["gpu_suite", "gpu_graphs"])
+def test_the_gpu_benchmarks_import_without_a_gpu(name: str) -> None:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.measure) and callable(module.main)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the suite would run")
+def test_the_gpu_suite_says_it_needs_a_gpu(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "k")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and "no CUDA GPU here" in done.stderr

@@ -972,9 +972,7 @@ def _encode_levels(with_lut: bool):
         for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
             r = t // row_bytes
             byte = t - r * row_bytes
-            packed = cuda.local.array(8, np.int32)
-            for j in range(8):
-                packed[j] = 0
+            packed = np.uint64(0)
             for e in range(8):
                 k = 8 * byte + e
                 i = r * row_len + k
@@ -983,17 +981,19 @@ def _encode_levels(with_lut: bool):
                 q = np.float32(x / step) if step > 0 else np.float32(0)
                 c = min(max(math.floor(np.float32(q + half_range)), 0.0), top)
                 err[i] = x - np.float32(np.float64(c - top / 2.0) * np.float64(step))
-                code = int(c)
+                code = np.uint64(c)
                 for j in range(nbits):
-                    packed[j] |= ((code >> j) & 1) << (7 - e)
+                    packed |= ((code >> np.uint64(j)) & np.uint64(1)) << np.uint64(8 * j + 7 - e)
             for j in range(nbits):
-                planes[r, j * row_bytes + byte] = packed[j]
+                planes[r, j * row_bytes + byte] = (packed >> np.uint64(8 * j)) & np.uint64(255)
 
     return kernel
 
 
 def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:
-    """The CPU kernel's levels, errors and bit planes: one thread per byte of a row's planes (8 elements)."""
+    """The CPU kernel's levels, errors and bit planes: one thread per byte of a row's planes (8 elements), its
+    ``nbits`` plane bytes kept in one 64-bit register (byte j: plane j), not a local array, which a plane index
+    known only at run time would put in local memory."""
     launch(_encode_levels(lut is not None), _grid(planes.shape[0] * (planes.shape[1] // nbits)), THREADS, stream,
            src, _table(lut, stream), err, n_src, steps, block, nbits, planes)
 

@@ -23,7 +23,7 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    block scales (``compcoll.bench.launches``, which ``scripts/cuda_launches.py`` runs on meta tensors).
 Each launcher (``--launchers``, default ``bound,numba``: ``kernels.launch``) measures 1-6 in the
 same run, so their ratios are side by side. Writes OUT.txt and OUT.json with the GPU's name and
-the command.
+the command after every size, so a run cut short by its time limit keeps what it measured.
 """
 
 from __future__ import annotations
@@ -138,10 +138,20 @@ def main() -> int:
         print("no CUDA GPU here: run this on a machine with one", file=sys.stderr)
         return 2
     gpu = torch.cuda.get_device_name()
-    results = {}
+    results: dict[str, list[dict]] = {}
     for name in args.launchers.split(","):
         os.environ[LAUNCHER_ENV] = name
-        results[name] = [measure(int(s), args.runs) for s in args.sizes.split(",")]
+        results[name] = []
+        for size in args.sizes.split(","):
+            results[name].append(measure(int(size), args.runs))
+            table = write(results, args, gpu)
+    print(table)
+    return 0
+
+
+def write(results: dict[str, list[dict]], args: argparse.Namespace, gpu: str) -> str:
+    """OUT.txt and OUT.json of the results so far on GPU ``gpu`` (a run cut short by its time limit keeps what it
+    measured); returns the table."""
     lines = [f"# {gpu}; medians of {args.runs} runs (CUDA events: queued, all of the work queued behind a spin "
              f"kernel, and from an idle device; host: perf_counter from an idle device); GB/s of the bytes each kernel "
              f"must move, from the queued time; launchers {args.launchers} (kernels.launch) side by side"]
@@ -170,12 +180,11 @@ def main() -> int:
                 f"{p} {c['launches']}/{c['wraps']}/{c['waits']}/{c['torch']}/{c['allocations']}"
                 for p, c in r["counts"].items()))
     table = "\n".join(lines)
-    print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".txt").write_text(table + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"gpu": gpu, "command": " ".join(sys.argv),
                                                          "results": results}, indent=1))
-    return 0
+    return table
 
 
 if __name__ == "__main__":

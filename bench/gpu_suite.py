@@ -6,8 +6,9 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA, numba-cuda and cupy):
 For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of:
 1. a device-to-device copy of the tensor (reads and writes 4 bytes per element): the
    memory bandwidth the kernels are compared with;
-2. every fused kernel, with the bytes it must move (e.g. compensate + encode reads the
-   input and the error, writes the error and the bits: 12.125 bytes per element), as
+2. every fused kernel (the DDP hook's default form's too, a scale per 64 elements: ``block_kernels``), with the
+   bytes it must move (e.g. compensate + encode reads the input and the error, writes the error and the bits:
+   12.125 bytes per element), as
    GB/s and as a fraction of the copy's, both from the device's time queued (``compcoll.bench.clocks.QueuedClock``:
    the kernel's own time, as inside a busy training step) beside its time from an idle device (host's launch time
    included, the clock of the runs before 2026-11-29);
@@ -59,6 +60,26 @@ def deepspeed_style_worker(x: torch.Tensor, err: torch.Tensor):
     return cupy.packbits(cupy.asarray((sign > 0).to(torch.uint8)))
 
 
+def block_kernels(x: torch.Tensor, err: torch.Tensor, out: torch.Tensor) -> dict[str, tuple]:
+    """The DDP hook's default form's kernels (a scale per ``BLOCK_SIZE`` elements), each step of a one-row call in
+    turn on one framed wire row: name -> (function, bytes it moves per element, None)."""
+    n, b = x.numel(), BLOCK_SIZE
+    m = -(-n // b)
+    sums = torch.empty(m, dtype=torch.float64, device=x.device)
+    frame = torch.empty(1, codecs.SCALE_BYTES + m + n // 8, dtype=torch.uint8, device=x.device)
+    decoded, weights = torch.empty(m, device=x.device), torch.empty(m, device=x.device)
+    signs = frame[:, codecs.SCALE_BYTES + m:]
+    return {
+        "block sums, per 64": (lambda: codecs.block_sums(x, err, b, "l2", 1, out=sums), 8 + 8 / b, None),
+        "code block scales": (lambda: codecs.frame_scales(frame, sums, "l2", b, n, out=decoded), 13 / b, None),
+        "encode, block scales": (lambda: codecs.encode_blocks(x, err, decoded, b, signs), 12.125 + 4 / b, None),
+        "unframe block scales": (lambda: codecs.unframe_blocks(frame, m, 1, out=weights), 5 / b, None),
+        "accumulate, block weights": (lambda: codecs.accumulate_blocks(signs, weights.view(1, m), b, None, out, n),
+                                      4.125 + 4 / b, None),
+        "decode, block scales": (lambda: codecs.decode_framed_blocks(frame, m, b, out), 4.125 + 1 / b, None),
+    }
+
+
 def measure(numel: int, runs: int) -> dict:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(numel)
@@ -92,6 +113,7 @@ def measure(numel: int, runs: int) -> dict:
         "decode": (lambda: codecs.decode(rows, one, out), 4.125, None),
         "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0, None),
         "randomized encode": (lambda: codecs.randomized_encode(x, scales, 1, 2, "node", 0, 0, wire), 4.125, None),
+        **block_kernels(x, err, out),
     }
     result = {"numel": numel, "copy_s": copy["queued"], "copy_idle_s": copy["idle"], "copy_GBps": copy_bw / 1e9,
               "kernels": {}}

@@ -27,3 +27,20 @@ def test_the_gpu_suite_says_it_needs_a_gpu(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_suite.py"), "--out", str(tmp_path / "k")],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and "no CUDA GPU here" in done.stderr
+
+
+def test_the_suites_block_kernels_are_one_call_in_turn() -> None:
+    """``gpu_suite.block_kernels`` on CPU tensors (the codecs' CPU kernels): run in order they are one call's steps
+    on one framed row, so the accumulate's result (+-weights) and the decode's (+-decoded scales) are the same."""
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "bench" / "gpu_suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    gen = torch.Generator().manual_seed(3)
+    x, err, out = torch.randn(4160, generator=gen), torch.randn(4160, generator=gen), torch.empty(4160)
+    steps = suite.block_kernels(x, err, out)
+    for name, (fn, per_element, _) in steps.items():
+        fn()
+        assert per_element > 0
+        if name == "accumulate, block weights":
+            accumulated = out.clone()
+    assert torch.equal(accumulated, out) and bool((out != 0).all())

@@ -17,7 +17,9 @@ host, or none where the caller keeps it on the device (``into``, ``scale``, a sc
 from memory). The encoders
 read and write elements coalesced and stage a tile's signs in shared memory before each
 thread packs one byte; decoding goes row by row, one thread per element. 16-bit inputs
-arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No kernel takes a
+arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No per-element 64-bit division (dozens of
+instructions a thread): a block size, a power of two, is a shift, and a thread walking rows keeps the row of its
+last element and divides only when it leaves it. No kernel takes a
 None argument: each is built per variant (with or without a table, with or without a base
 vector, power 1 or 2) and cached.
 """
@@ -59,6 +61,15 @@ def _table(lut, stream):
 def _grid(work: int) -> int:
     """Blocks for ``work`` items of a grid-stride loop."""
     return max(1, min(MAX_BLOCKS, -(-work // THREADS)))
+
+
+def _shift(block: int) -> int:
+    """log2 of a block size, a power of two (``spec.check_block_size``): the kernels shift an element's index by it
+    where they would divide by the block size (a 64-bit division takes dozens of instructions a GPU thread)."""
+    shift = int(block).bit_length() - 1
+    if block != 1 << shift:
+        raise ValueError(f"compcoll: block size {block} is not a power of two")
+    return shift
 
 
 def _device_empty(size: int, dtype, stream=0):
@@ -776,18 +787,26 @@ def _randomized_encode(with_lut: bool):
             _write_head(rows, r, scales[r], head)
         total = n * row_bytes
         row_len = row_bytes * 8
+        r, first = 0, 0
+        byte_row, first_byte = 0, 0
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
                 e = j * THREADS + lane
                 i = base + e
                 if i < total * 8:
+                    if i - first >= row_len:
+                        r = i // row_len
+                        first = r * row_len
                     x = np.float64(look_up(lut, src[i])) if i < n_src else 0.0
-                    signs[e] = 1 if x > _threshold(key, start + i) * np.float64(scales[i // row_len]) else 0
+                    signs[e] = 1 if x > _threshold(key, start + i) * np.float64(scales[r]) else 0
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
-                rows[t // row_bytes, SCALE_BYTES + t % row_bytes] = _pack(signs, 8 * lane)
+                if t - first_byte >= row_bytes:
+                    byte_row = t // row_bytes
+                    first_byte = byte_row * row_bytes
+                rows[byte_row, SCALE_BYTES + t - first_byte] = _pack(signs, 8 * lane)
             cuda.syncthreads()
 
     return kernel
@@ -797,7 +816,8 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
     """Wire row r <- scales[r] at its head, then Birder's binary randomization of row r of x: bit i set when
     x_i > t_i * scale_r, as the CPU kernel (the head written by the kernel: no copy by torch).
 
-    Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory.
+    Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the row of
+    its last element (and of its last byte) and divides only when it leaves it.
     """
     launch(_randomized_encode(lut is not None), _grid(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
            stream, src, _table(lut, stream), n_src, scales, np.uint64(key), start, rows)
@@ -835,21 +855,25 @@ def _encode_blocks(with_lut: bool):
     look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, scales, block, bits):
+    def kernel(src, lut, err, n_src, scales, shift, bits):
         signs = cuda.shared.array(TILE, np.uint8)
         lane = cuda.threadIdx.x
         rows, row_bytes = bits.shape
         total = rows * row_bytes
         row_len = 8 * row_bytes
-        per_row = (row_len + block - 1) // block
+        per_row = (row_len + (1 << shift) - 1) >> shift
+        r, first = 0, 0
+        byte_row, first_byte = 0, 0
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
                 e = j * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    r = i // row_len
-                    s = scales[r * per_row + (i - r * row_len) // block]
+                    if i - first >= row_len:
+                        r = i // row_len
+                        first = r * row_len
+                    s = scales[r * per_row + ((i - first) >> shift)]
                     x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
                     if x >= 0:
                         signs[e] = 1
@@ -860,7 +884,10 @@ def _encode_blocks(with_lut: bool):
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
-                bits[t // row_bytes, t % row_bytes] = _pack(signs, 8 * lane)
+                if t - first_byte >= row_bytes:
+                    byte_row = t // row_bytes
+                    first_byte = byte_row * row_bytes
+                bits[byte_row, t - first_byte] = _pack(signs, 8 * lane)
             cuda.syncthreads()
 
     return kernel
@@ -868,19 +895,20 @@ def _encode_blocks(with_lut: bool):
 
 def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
     """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
-    row_bytes) ``bits`` (possibly strided), as the CPU kernel; tiled as ``compensate_encode``."""
+    row_bytes) ``bits`` (possibly strided), as the CPU kernel; tiled as ``compensate_encode``. A thread keeps the
+    row of its last element (and of its last byte) and divides only when it leaves it; k // block is a shift."""
     launch(_encode_blocks(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
-           src, _table(lut, stream), err, n_src, scales, block, bits)
+           src, _table(lut, stream), err, n_src, scales, _shift(block), bits)
 
 
 @lru_cache(maxsize=None)
 def _accumulate_blocks(with_base: bool):
     @cuda.jit
-    def kernel(bits, weights, block, base, out, n_out):
+    def kernel(bits, weights, shift, base, out, n_out):
         nranks = bits.shape[0]
         for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
             acc = np.float32(0)
-            k = i // block
+            k = i >> shift
             for r in range(nranks):
                 if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
                     acc += weights[r, k]
@@ -895,9 +923,9 @@ def _accumulate_blocks(with_base: bool):
 
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
-    one thread per element."""
+    one thread per element (i // block a shift)."""
     launch(_accumulate_blocks(base is not None), _grid(n_out), THREADS, stream,
-           bits, weights, block, out if base is None else base, out, n_out)
+           bits, weights, _shift(block), out if base is None else base, out, n_out)
 
 
 @lru_cache(maxsize=None)
@@ -905,15 +933,18 @@ def _decode_framed_blocks(dtype: str):
     rounded, sign = _ROUNDINGS[dtype]
 
     @cuda.jit
-    def kernel(rows, steps, per_row, block, out, n_out):
+    def kernel(rows, steps, per_row, shift, out, n_out):
         row_len = (rows.shape[1] - SCALE_BYTES - per_row) * 8
         signs = SCALE_BYTES + per_row
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         value = cuda.local.array(1, np.float32)
+        r, first = 0, 0
         for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-            r = i // row_len
-            k = i - r * row_len
-            value[0] = _coded_scale(rows, r, k // block, steps, head)
+            if i - first >= row_len:
+                r = i // row_len
+                first = r * row_len
+            k = i - first
+            value[0] = _coded_scale(rows, r, k >> shift, steps, head)
             high = rounded(np.int64(value.view(np.uint32)[0]))
             out[i] = high if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else high ^ sign
 
@@ -924,8 +955,10 @@ def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, st
     """out[i] = +-s for element k of row r, cut to n_out, where s = float32(float64(ref_r) * steps[code]) from its
     block's code behind the row's head (its largest scale's 4 bytes), rounded to ``dtype`` (as ``decode_framed``),
     and its sign behind the codes: the block scales' decode and the elements' in one launch, one thread per
-    element. ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
-    launch(_decode_framed_blocks(dtype), _grid(n_out), THREADS, stream, rows, steps, per_row, block, out, n_out)
+    element (which keeps the row of its last element and divides only when it leaves it; k // block a shift).
+    ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
+    launch(_decode_framed_blocks(dtype), _grid(n_out), THREADS, stream, rows, steps, per_row, _shift(block), out,
+           n_out)
 
 
 @lru_cache(maxsize=None)
@@ -962,11 +995,11 @@ def _encode_levels(with_lut: bool):
     look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, steps, block, nbits, planes):
+    def kernel(src, lut, err, n_src, steps, shift, nbits, planes):
         rows = planes.shape[0]
         row_bytes = planes.shape[1] // nbits
         row_len = 8 * row_bytes
-        per_row = (row_len + block - 1) // block
+        per_row = (row_len + (1 << shift) - 1) >> shift
         top = np.float64((1 << nbits) - 1)
         half_range = np.float32(1 << (nbits - 1))
         for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
@@ -976,7 +1009,7 @@ def _encode_levels(with_lut: bool):
             for e in range(8):
                 k = 8 * byte + e
                 i = r * row_len + k
-                step = steps[r * per_row + k // block]
+                step = steps[r * per_row + (k >> shift)]
                 x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
                 q = np.float32(x / step) if step > 0 else np.float32(0)
                 c = min(max(math.floor(np.float32(q + half_range)), 0.0), top)
@@ -993,19 +1026,19 @@ def _encode_levels(with_lut: bool):
 def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:
     """The CPU kernel's levels, errors and bit planes: one thread per byte of a row's planes (8 elements), its
     ``nbits`` plane bytes kept in one 64-bit register (byte j: plane j), not a local array, which a plane index
-    known only at run time would put in local memory."""
+    known only at run time would put in local memory; k // block a shift."""
     launch(_encode_levels(lut is not None), _grid(planes.shape[0] * (planes.shape[1] // nbits)), THREADS, stream,
-           src, _table(lut, stream), err, n_src, steps, block, nbits, planes)
+           src, _table(lut, stream), err, n_src, steps, _shift(block), nbits, planes)
 
 
 @cuda.jit
-def _accumulate_levels(planes, weights, block, nbits, out, n_out):
+def _accumulate_levels(planes, weights, shift, nbits, out, n_out):
     nranks = planes.shape[0]
     row_bytes = planes.shape[1] // nbits
     half = ((1 << nbits) - 1) / 2.0
     for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
         acc = np.float32(0)
-        k = i // block
+        k = i >> shift
         for r in range(nranks):
             code = 0
             for j in range(nbits):
@@ -1016,5 +1049,5 @@ def _accumulate_levels(planes, weights, block, nbits, out, n_out):
 
 def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> None:
     """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel: one thread
-    per element."""
-    launch(_accumulate_levels, _grid(n_out), THREADS, stream, planes, weights, block, nbits, out, n_out)
+    per element (i // block a shift)."""
+    launch(_accumulate_levels, _grid(n_out), THREADS, stream, planes, weights, _shift(block), nbits, out, n_out)

@@ -19,7 +19,7 @@ read and write elements coalesced and stage a tile's signs in shared memory befo
 thread packs one byte; decoding goes row by row, one thread per element. 16-bit inputs
 arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No per-element 64-bit division (dozens of
 instructions a thread): a block size, a power of two, is a shift, and a thread walking rows keeps the row of its
-last element and divides only when it leaves it. No kernel takes a
+last element (and a frame's head) and divides (and reads the head) only when it leaves it. No kernel takes a
 None argument: each is built per variant (with or without a table, with or without a base
 vector, power 1 or 2) and cached.
 """
@@ -624,11 +624,17 @@ def _read_head(rows, r, head):
 
 
 @cuda.jit(device=True)
-def _coded_scale(rows, r, b, steps, head):
-    """Block b's scale in wire row r: float32(float64(ref_r) * steps[code_b]), ref_r the row's head (read through
-    ``head``, a local array) and code_b its b-th byte behind it."""
+def _row_ref(rows, r, head):
+    """float64(ref_r), ref_r the float32 at the head of wire row r (read through ``head``, a local array)."""
     _read_head(rows, r, head)
-    return np.float32(np.float64(head.view(np.float32)[0]) * steps[rows[r, SCALE_BYTES + b]])
+    return np.float64(head.view(np.float32)[0])
+
+
+@cuda.jit(device=True)
+def _code_value(ref, rows, r, b, steps):
+    """Block b's scale in wire row r of head ``ref`` (``_row_ref``): float32(ref * steps[code_b]), code_b the row's
+    b-th byte behind its head."""
+    return np.float32(ref * steps[rows[r, SCALE_BYTES + b]])
 
 
 @cuda.jit
@@ -636,14 +642,19 @@ def _decode_codes(rows, steps, divisor, decoded):
     n, m = decoded.shape
     by = np.float32(divisor)
     head = cuda.local.array(SCALE_BYTES, np.uint8)
+    r, first, ref = 0, -m, 0.0
     for t in range(cuda.grid(1), n * m, cuda.gridsize(1)):
-        r = t // m
-        decoded[r, t % m] = _coded_scale(rows, r, t % m, steps, head) / by
+        if t - first >= m:
+            r = t // m
+            first = r * m
+            ref = _row_ref(rows, r, head)
+        decoded[r, t - first] = _code_value(ref, rows, r, t - first, steps) / by
 
 
 def decode_codes(rows, steps, divisor, decoded, stream=0) -> None:
     """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the codes behind each wire
-    row's head (its largest scale's 4 bytes), as the CPU kernel: one thread per block scale."""
+    row's head (its largest scale's 4 bytes), as the CPU kernel: one thread per block scale, which keeps the row of
+    its last scale, and its head, and divides and reads a head only when it leaves it."""
     launch(_decode_codes, _grid(decoded.shape[0] * decoded.shape[1]), THREADS, stream, rows, steps, divisor,
            decoded)
 
@@ -938,13 +949,14 @@ def _decode_framed_blocks(dtype: str):
         signs = SCALE_BYTES + per_row
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         value = cuda.local.array(1, np.float32)
-        r, first = 0, 0
+        r, first, ref = 0, -row_len, 0.0
         for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
             if i - first >= row_len:
                 r = i // row_len
                 first = r * row_len
+                ref = _row_ref(rows, r, head)
             k = i - first
-            value[0] = _coded_scale(rows, r, k >> shift, steps, head)
+            value[0] = _code_value(ref, rows, r, k >> shift, steps)
             high = rounded(np.int64(value.view(np.uint32)[0]))
             out[i] = high if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else high ^ sign
 
@@ -955,7 +967,8 @@ def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, st
     """out[i] = +-s for element k of row r, cut to n_out, where s = float32(float64(ref_r) * steps[code]) from its
     block's code behind the row's head (its largest scale's 4 bytes), rounded to ``dtype`` (as ``decode_framed``),
     and its sign behind the codes: the block scales' decode and the elements' in one launch, one thread per
-    element (which keeps the row of its last element and divides only when it leaves it; k // block a shift).
+    element (which keeps the row of its last element, and its head, and divides and reads a head only when it
+    leaves it; k // block a shift).
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
     launch(_decode_framed_blocks(dtype), _grid(n_out), THREADS, stream, rows, steps, per_row, _shift(block), out,
            n_out)

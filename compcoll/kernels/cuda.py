@@ -834,31 +834,93 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
            stream, src, _table(lut, stream), n_src, scales, np.uint64(key), start, rows)
 
 
-@lru_cache(maxsize=None)
-def _block_power_sums(with_lut: bool, p: int):
-    look_up = _LOOKUPS[with_lut]
+STAGE = 8
+"""Elements of each of a thread block's ``THREADS`` summation blocks staged per round by the block kernels (their
+next ``STAGE`` elements, read coalesced into shared memory), which each thread then takes in order."""
+_STAGED = (THREADS, STAGE + 1)
+"""Shape of the shared array of staged elements: a row per summation block, one column of padding so that a warp's
+threads reading their rows' j-th elements touch 32 different banks."""
+
+
+@cuda.jit(device=True)
+def _block_span(b, total, shift, per_row, row_len):
+    """(first element, length) of block b of rows of ``row_len`` (``per_row`` blocks a row, of 2^shift elements, the
+    last of a row shorter where needed); (0, 0) past the ``total`` blocks."""
+    if b >= total:
+        return 0, 0
+    r = b // per_row
+    first = r * row_len + ((b - r * per_row) << shift)
+    return first, min(1 << shift, (r + 1) * row_len - first)
+
+
+def _staged_fold(look_up, fold, zero):
+    """A kernel out[b] = ``fold`` over block b's elements x = err + src (float32) in order, from ``zero``.
+
+    1. A thread block takes ``THREADS`` summation blocks, a thread each (their spans in shared
+       memory).
+    2. Round by round their next ``STAGE`` elements are read into shared memory, a warp's load
+       reading 4 blocks' 8 consecutive elements each (a thread reading its own block's made it
+       touch 32 sectors for 32 elements).
+    3. Each thread folds its block's staged elements in order: the order and the bits are one
+       element at a time's.
+    """
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, block, row_len, sums):
-        per_row = (row_len + block - 1) // block
-        for b in range(cuda.grid(1), sums.size, cuda.gridsize(1)):
-            r = b // per_row
-            first = r * row_len + (b - r * per_row) * block
-            last = min(first + block, (r + 1) * row_len)
-            acc = 0.0
-            for i in range(first, last):
-                x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
-                acc += _power(np.float64(x), p)
-            sums[b] = acc
+    def kernel(src, lut, err, n_src, shift, row_len, out):
+        staged = cuda.shared.array(_STAGED, np.float32)
+        firsts = cuda.shared.array(THREADS, np.int64)
+        lengths = cuda.shared.array(THREADS, np.int64)
+        lane = cuda.threadIdx.x
+        per_row = (row_len + (1 << shift) - 1) >> shift
+        total = out.size
+        for group in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
+            b = group * THREADS + lane
+            first, length = _block_span(b, total, shift, per_row, row_len)
+            firsts[lane] = first
+            lengths[lane] = length
+            cuda.syncthreads()
+            acc = zero
+            for start in range(0, 1 << shift, STAGE):
+                for m in range(STAGE):
+                    q = m * THREADS + lane
+                    t = q // STAGE
+                    j = q - t * STAGE
+                    if start + j < lengths[t]:
+                        i = firsts[t] + start + j
+                        staged[t, j] = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
+                cuda.syncthreads()
+                for j in range(STAGE):
+                    if start + j < length:
+                        acc = fold(acc, staged[lane, j])
+                cuda.syncthreads()
+            if b < total:
+                out[b] = acc
 
     return kernel
 
 
+@cuda.jit(device=True)
+def _larger_magnitude(top, x):
+    """max(top, |x|), NaN kept once seen (``top``'s order of a block's elements, as the CPU kernel)."""
+    a = abs(x)
+    return a if a > top or a != a else top
+
+
+@lru_cache(maxsize=None)
+def _block_power_sums(with_lut: bool, p: int):
+    """sums[b] = sum over block b's elements, in order, of |float64(x)|^p (``_staged_fold``)."""
+    @cuda.jit(device=True)
+    def add_power(acc, x):
+        return acc + _power(np.float64(x), p)
+
+    return _staged_fold(_LOOKUPS[with_lut], add_power, 0.0)
+
+
 def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
     """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
-    CPU kernel: one thread per block."""
+    CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``)."""
     launch(_block_power_sums(lut is not None, int(power)), _grid(sums.size), THREADS, stream,
-           src, _table(lut, stream), err, n_src, block, row_len, sums)
+           src, _table(lut, stream), err, n_src, _shift(block), row_len, sums)
 
 
 @lru_cache(maxsize=None)
@@ -976,31 +1038,15 @@ def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, st
 
 @lru_cache(maxsize=None)
 def _block_absmax(with_lut: bool):
-    look_up = _LOOKUPS[with_lut]
-
-    @cuda.jit
-    def kernel(src, lut, err, n_src, block, row_len, out):
-        per_row = (row_len + block - 1) // block
-        for b in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-            r = b // per_row
-            first = r * row_len + (b - r * per_row) * block
-            last = min(first + block, (r + 1) * row_len)
-            top = np.float32(0)
-            for i in range(first, last):
-                x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
-                a = abs(np.float32(x))
-                if a > top or a != a:
-                    top = a
-            out[b] = top
-
-    return kernel
+    """out[b] = max |x| over block b's elements (``_staged_fold``)."""
+    return _staged_fold(_LOOKUPS[with_lut], _larger_magnitude, np.float32(0))
 
 
 def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
     """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
-    one thread per block."""
+    a thread per block, its elements staged in shared memory (``_staged_fold``)."""
     launch(_block_absmax(lut is not None), _grid(out.size), THREADS, stream,
-           src, _table(lut, stream), err, n_src, block, row_len, out)
+           src, _table(lut, stream), err, n_src, _shift(block), row_len, out)
 
 
 @lru_cache(maxsize=None)

@@ -544,7 +544,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
         try:
             check(max(lengths), 3, torch.float16)
             check_blocks(1000, 3, torch.float16, 128)
-            check_levels(1000, 3, torch.float32, 16, 4)
+            check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
+            check_levels(8200, 3, torch.float32, 8, 4)
             rng = np.random.default_rng(5)  # more scales a row than CODE_THREADS, more rows than blocks
             _check_codes(rng.random(3 * 700) * 10.0, 8, 8 * 700 - 3, 2, 3, rng)
             per_thread, cuda.CODE_SCALES_PER_THREAD = cuda.CODE_SCALES_PER_THREAD, 1

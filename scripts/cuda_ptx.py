@@ -92,7 +92,7 @@ def variants() -> dict[str, tuple]:
             found[f"block sums of |x|^{p}, table={lut}"] = (kernels._block_power_sums(lut, p).py_func,
                                                             (src, F32, F32, I64, I64, I64, F64))
         found[f"encode with block scales, table={lut}"] = (kernels._encode_blocks(lut).py_func,
-                                                           (src, F32, F32, I64, F32, I64, rows(t.uint8)))
+                                                           (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
         found[f"block max |x|, table={lut}"] = (kernels._block_absmax(lut).py_func,
                                                 (src, F32, F32, I64, I64, I64, F32))
         found[f"encode levels, table={lut}"] = (kernels._encode_levels(lut).py_func,

@@ -923,55 +923,92 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0
            src, _table(lut, stream), err, n_src, _shift(block), row_len, sums)
 
 
-@lru_cache(maxsize=None)
-def _encode_blocks(with_lut: bool):
-    look_up = _LOOKUPS[with_lut]
+def _tiled_block_encoder(look_up, code_of, one_plane: bool):
+    """A kernel coding x = err + src element by element with its block's value (a scale, or a level step) and
+    packing the codes' ``nbits`` bit planes into (rows, nbits * row_bytes) ``planes``, tiled as
+    ``compensate_encode``.
+
+    1. A block takes a tile of ``TILE`` elements: thread l codes elements l, l + THREADS, ...
+       (coalesced reads and writes; ``code_of``: the code and the new error), keeping the codes
+       in shared memory.
+    2. Thread l packs byte l of the tile from elements 8l..8l+7 into each plane, the ``nbits``
+       plane bytes in one 64-bit register (byte j: plane j), not a local array, which a plane
+       index known only at run time would put in local memory.
+    A thread keeps the row of its last element (and of its last byte) and divides only when it
+    leaves it; an element's block is a shift. ``one_plane``: ``nbits`` is 1, known when compiled.
+    """
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, scales, shift, bits):
-        signs = cuda.shared.array(TILE, np.uint8)
+    def kernel(src, lut, err, n_src, values, shift, nbits, planes):
+        codes = cuda.shared.array(TILE, np.uint8)
         lane = cuda.threadIdx.x
-        rows, row_bytes = bits.shape
-        total = rows * row_bytes
+        count = 1 if one_plane else nbits
+        rows = planes.shape[0]
+        row_bytes = planes.shape[1] // count
         row_len = 8 * row_bytes
+        total = rows * row_bytes
         per_row = (row_len + (1 << shift) - 1) >> shift
         r, first = 0, 0
         byte_row, first_byte = 0, 0
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
-            for j in range(8):
-                e = j * THREADS + lane
+            for m in range(8):
+                e = m * THREADS + lane
                 i = base + e
                 if i < total * 8:
                     if i - first >= row_len:
                         r = i // row_len
                         first = r * row_len
-                    s = scales[r * per_row + ((i - first) >> shift)]
-                    x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
-                    if x >= 0:
-                        signs[e] = 1
-                        err[i] = x - s
-                    else:
-                        signs[e] = 0
-                        err[i] = x + s
+                    x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
+                    code, left = code_of(x, values[r * per_row + ((i - first) >> shift)], nbits)
+                    err[i] = left
+                    codes[e] = code
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
                 if t - first_byte >= row_bytes:
                     byte_row = t // row_bytes
                     first_byte = byte_row * row_bytes
-                bits[byte_row, t - first_byte] = _pack(signs, 8 * lane)
+                packed = np.uint64(0)
+                for e in range(8):
+                    code = np.uint64(codes[8 * lane + e])
+                    for j in range(count):
+                        packed |= ((code >> np.uint64(j)) & np.uint64(1)) << np.uint64(8 * j + 7 - e)
+                for j in range(count):
+                    planes[byte_row, j * row_bytes + t - first_byte] = (packed >> np.uint64(8 * j)) & np.uint64(255)
             cuda.syncthreads()
 
     return kernel
 
 
+@cuda.jit(device=True)
+def _sign_code(x, scale, nbits):
+    """1 bit: (1, x - scale) where x >= 0, else (0, x + scale), in float32, as ``compensate_encode``."""
+    if x >= 0:
+        return np.uint8(1), x - scale
+    return np.uint8(0), x + scale
+
+
+@cuda.jit(device=True)
+def _level_code(x, step, nbits):
+    """``nbits`` levels, as the CPU kernel: c = floor(float32(x / step) + 2^(nbits - 1)) clamped to [0, 2^nbits - 1]
+    (0 where step is 0), and x - float32((c - (2^nbits - 1) / 2) * step) in float64."""
+    top = np.float64((1 << nbits) - 1)
+    q = np.float32(x / step) if step > 0 else np.float32(0)
+    c = min(max(math.floor(np.float32(q + np.float32(1 << (nbits - 1)))), 0.0), top)
+    return np.uint8(c), x - np.float32(np.float64(c - top / 2.0) * np.float64(step))
+
+
+@lru_cache(maxsize=None)
+def _encode_blocks(with_lut: bool):
+    return _tiled_block_encoder(_LOOKUPS[with_lut], _sign_code, True)
+
+
 def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
     """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
-    row_bytes) ``bits`` (possibly strided), as the CPU kernel; tiled as ``compensate_encode``. A thread keeps the
-    row of its last element (and of its last byte) and divides only when it leaves it; k // block is a shift."""
+    row_bytes) ``bits`` (possibly strided), as the CPU kernel: ``_tiled_block_encoder`` with one bit plane."""
     launch(_encode_blocks(lut is not None), _grid(bits.shape[0] * bits.shape[1]), THREADS, stream,
-           src, _table(lut, stream), err, n_src, scales, _shift(block), bits)
+           src, _table(lut, stream), err, n_src, scales, _shift(block), 1, bits)
 
 
 @lru_cache(maxsize=None)
@@ -1051,41 +1088,11 @@ def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
 
 @lru_cache(maxsize=None)
 def _encode_levels(with_lut: bool):
-    look_up = _LOOKUPS[with_lut]
-
-    @cuda.jit
-    def kernel(src, lut, err, n_src, steps, shift, nbits, planes):
-        rows = planes.shape[0]
-        row_bytes = planes.shape[1] // nbits
-        row_len = 8 * row_bytes
-        per_row = (row_len + (1 << shift) - 1) >> shift
-        top = np.float64((1 << nbits) - 1)
-        half_range = np.float32(1 << (nbits - 1))
-        for t in range(cuda.grid(1), rows * row_bytes, cuda.gridsize(1)):
-            r = t // row_bytes
-            byte = t - r * row_bytes
-            packed = np.uint64(0)
-            for e in range(8):
-                k = 8 * byte + e
-                i = r * row_len + k
-                step = steps[r * per_row + (k >> shift)]
-                x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
-                q = np.float32(x / step) if step > 0 else np.float32(0)
-                c = min(max(math.floor(np.float32(q + half_range)), 0.0), top)
-                err[i] = x - np.float32(np.float64(c - top / 2.0) * np.float64(step))
-                code = np.uint64(c)
-                for j in range(nbits):
-                    packed |= ((code >> np.uint64(j)) & np.uint64(1)) << np.uint64(8 * j + 7 - e)
-            for j in range(nbits):
-                planes[r, j * row_bytes + byte] = (packed >> np.uint64(8 * j)) & np.uint64(255)
-
-    return kernel
+    return _tiled_block_encoder(_LOOKUPS[with_lut], _level_code, False)
 
 
 def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:
-    """The CPU kernel's levels, errors and bit planes: one thread per byte of a row's planes (8 elements), its
-    ``nbits`` plane bytes kept in one 64-bit register (byte j: plane j), not a local array, which a plane index
-    known only at run time would put in local memory; k // block a shift."""
+    """The CPU kernel's levels, errors and bit planes: ``_tiled_block_encoder`` with ``nbits`` planes."""
     launch(_encode_levels(lut is not None), _grid(planes.shape[0] * (planes.shape[1] // nbits)), THREADS, stream,
            src, _table(lut, stream), err, n_src, steps, _shift(block), nbits, planes)
 

@@ -7,9 +7,10 @@ of torch's current stream, so kernels queue behind the work that produced their 
 Every launch and every read back to the host goes through ``kernels.launch``, which counts
 them and launches pre-bound variants through cuda.core.
 Kernels use grid-stride loops and no warp intrinsics. Sums of squares (or of absolute
-values, ``power``) follow the CPU order exactly: thread (block b, lane l) accumulates
-elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (neighbouring lanes read neighbouring elements, so loads
-coalesce; ``BATCH`` of them are loaded before any is added), then the block-major lane sums are combined by the
+values, ``power``) follow the CPU order exactly: lane l of summation block b accumulates
+elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (a thread block stages the summation block's elements
+in shared memory first, all its threads loading neighbouring elements at once, then ``LANES`` threads add the
+lanes), then the block-major lane sums are combined by the
 same pairwise tree in the same launch: the grid's last block to finish (an atomic count) adds them, and writes the
 sum and, where asked, its float32 scale. Past ``TAIL`` lane sums one more launch
 (``_collapse``) takes the tree's wide levels first. Only the final float64 crosses to the
@@ -44,10 +45,9 @@ COLLAPSED = 32768
 """The width ``_collapse`` takes the tree down to before its last block adds the rest."""
 COLLAPSE_THREADS = 1024
 """Threads per block of ``_collapse``: its last block adds up to ``COLLAPSED`` values alone."""
-_ROWS_PER_BLOCK = BLOCK // LANES
-BATCH = 16
-"""Elements a lane-sum thread loads before it adds any: its loads are in flight together, not one latency each
-(at a few summation blocks the grid is a few warps, with nothing else to hide a load's latency behind)."""
+LANE_THREADS = 256
+"""Threads of a lane-sum kernel's block: together they stage one summation block's ``BLOCK`` elements in shared
+memory (all their loads in flight at once), then ``LANES`` of them add the lanes in order."""
 TILE = 8 * THREADS
 """Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 
@@ -242,43 +242,52 @@ def _finish_lanes(partial, stream, empty, slots) -> None:
            *slots)
 
 
+@cuda.jit(device=True)
+def _add_lanes(staged, count, partial, b, p):
+    """Threads l < ``LANES``: partial[b * LANES + l] <- sum over k, in order, of |float64(staged[k * LANES + l])|^p,
+    the lanes of summation block b from its ``count`` staged elements."""
+    lane = cuda.threadIdx.x
+    if lane < LANES:
+        acc = 0.0
+        for e in range(lane, count, LANES):
+            acc += _power(np.float64(staged[e]), p)
+        partial[b * LANES + lane] = acc
+
+
 @lru_cache(maxsize=None)
 def _power_lanes(with_lut: bool, p: int):
     """partial[b*LANES + l] = sum over k of |float64(err[i] + src[i])|^p, i = b*BLOCK + k*LANES + l.
 
-    Each thread takes its lane's elements ``BATCH`` at a time: it loads them all (err and
-    the raw src), then adds them in k order, so the order and the bits are those of one
-    element at a time.
+    A thread block takes summation block b: its threads stage x = err + src (float32) of the
+    block's elements in shared memory, neighbouring threads on neighbouring elements, then
+    ``LANES`` of them add their lanes' in k order (``_add_lanes``): the order and the bits are
+    those of one element at a time.
     """
     look_up = _LOOKUPS[with_lut]
-    raw = np.uint16 if with_lut else np.float32
 
     @cuda.jit
     def kernel(src, lut, err, n_src, partial, finish, counter, total, d, root_d, mode, scale_out):
+        staged = cuda.shared.array(BLOCK, np.float32)
         n = err.size
-        errs = cuda.local.array(BATCH, np.float32)
-        srcs = cuda.local.array(BATCH, raw)
-        for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
-            base = (t // LANES) * BLOCK + t % LANES
-            acc = 0.0
-            for k in range(0, _ROWS_PER_BLOCK, BATCH):
-                first = base + k * LANES
-                for j in range(BATCH):
-                    i = first + j * LANES
-                    if i < n:
-                        errs[j] = err[i]
-                    if i < n_src:
-                        srcs[j] = src[i]
-                for j in range(BATCH):
-                    i = first + j * LANES
-                    if i < n:
-                        x = errs[j] + look_up(lut, srcs[j]) if i < n_src else errs[j]
-                        acc += _power(np.float64(x), p)
-            partial[t] = acc
+        for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
+            first = b * BLOCK
+            count = min(BLOCK, n - first)
+            for e in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                i = first + e
+                staged[e] = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
+            cuda.syncthreads()
+            _add_lanes(staged, count, partial, b, p)
+            cuda.syncthreads()
         if finish:
             _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
 
     return kernel
+
+
+def _lane_grid(lanes: int) -> int:
+    """Thread blocks of a lane-sum kernel for ``lanes`` lane sums: one per summation block, at most
+    ``MAX_BLOCKS``."""
+    return max(1, min(MAX_BLOCKS, lanes // LANES))
 
 
 def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty, into=None, scale=None
@@ -286,7 +295,8 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
     """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing
     else, except ``into`` and ``scale`` (``tree_sum``).
 
-    1. Thread t sums lane t % LANES of block t // LANES in float64.
+    1. A thread block stages a summation block's elements; lane l of it is summed by its thread l
+       in float64 (``_power_lanes``).
     2. Up to ``TAIL`` lane sums, the grid's last block adds them by the pairwise tree in the same
        launch; more go to one ``_collapse`` launch.
     """
@@ -294,7 +304,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
     partial = empty(nblocks * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
     finish = partial.size <= TAIL
-    launch(_power_lanes(lut is not None, int(power)), _grid(partial.size), THREADS, stream,
+    launch(_power_lanes(lut is not None, int(power)), _lane_grid(partial.size), LANE_THREADS, stream,
            src, _table(lut, stream), err, n_src, partial, finish, *slots)
     if not finish:
         _finish_lanes(partial, stream, empty, slots)
@@ -366,41 +376,32 @@ def _accumulate_lanes(with_base: bool, p: int):
     """out[i] = sum over ranks r of +-weights[r] by bit i of row r, in r order in float32 (+ base[i]); partial as
     ``_power_lanes``'s, of |out|^p.
 
-    Each thread takes its lane's elements ``BATCH`` at a time: per rank it loads their
-    bytes, then adds that rank's weight to each; then it adds the base, writes, and sums
-    |out|^p in k order: every element's and every lane's order is one element's at a time.
+    A thread block takes summation block b: its threads compute its elements' out (neighbouring
+    threads, neighbouring elements), write them and stage them in shared memory; then ``LANES``
+    of them add their lanes' |out|^p in k order (``_add_lanes``).
     """
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial, finish, counter, total, d, root_d, mode, scale_out):
+        staged = cuda.shared.array(BLOCK, np.float32)
         nranks = bits.shape[0]
-        accs = cuda.local.array(BATCH, np.float32)
-        codes = cuda.local.array(BATCH, np.uint8)
-        for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
-            lane_first = (t // LANES) * BLOCK + t % LANES
-            sums = 0.0
-            for k in range(0, _ROWS_PER_BLOCK, BATCH):
-                first = lane_first + k * LANES
-                for j in range(BATCH):
-                    accs[j] = np.float32(0)
+        for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
+            first = b * BLOCK
+            count = min(BLOCK, n_out - first)
+            for e in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+                i = first + e
+                acc = np.float32(0)
                 for r in range(nranks):
-                    w = weights[r]
-                    for j in range(BATCH):
-                        i = first + j * LANES
-                        if i < n_out:
-                            codes[j] = bits[r, i >> 3]
-                    for j in range(BATCH):
-                        i = first + j * LANES
-                        if (codes[j] >> (7 - (i & 7))) & 1:
-                            accs[j] += w
-                        else:
-                            accs[j] -= w
-                for j in range(BATCH):
-                    i = first + j * LANES
-                    if i < n_out:
-                        acc = accs[j] + base[i] if with_base else accs[j]
-                        out[i] = acc
-                        sums += _power(np.float64(acc), p)
-            partial[t] = sums
+                    if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
+                        acc += weights[r]
+                    else:
+                        acc -= weights[r]
+                if with_base:
+                    acc = acc + base[i]
+                out[i] = acc
+                staged[e] = acc
+            cuda.syncthreads()
+            _add_lanes(staged, count, partial, b, p)
+            cuda.syncthreads()
         if finish:
             _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
 
@@ -408,7 +409,7 @@ def _accumulate_lanes(with_base: bool, p: int):
 
 
 def _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots) -> None:
-    launch(_accumulate_lanes(base is not None, int(power)), _grid(lanes.size), THREADS, stream,
+    launch(_accumulate_lanes(base is not None, int(power)), _lane_grid(lanes.size), LANE_THREADS, stream,
            bits, weights, out if base is None else base, out, n_out, lanes, finish, *slots)
 
 

@@ -836,8 +836,11 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
 
 
 STAGE = 8
-"""Elements of each of a thread block's ``THREADS`` summation blocks staged per round by the block kernels (their
-next ``STAGE`` elements, read coalesced into shared memory), which each thread then takes in order."""
+"""Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
+``STAGE`` elements, read coalesced into shared memory), which each thread then takes in order."""
+FOLD_THREADS = THREADS
+"""Threads of a block kernel's thread block, a summation block each (at most ``THREADS``; the simulator's checks
+take fewer: a Python thread per CUDA thread)."""
 _STAGED = (THREADS, STAGE + 1)
 """Shape of the shared array of staged elements: a row per summation block, one column of padding so that a warp's
 threads reading their rows' j-th elements touch 32 different banks."""
@@ -857,8 +860,8 @@ def _block_span(b, total, shift, per_row, row_len):
 def _staged_fold(look_up, fold, zero):
     """A kernel out[b] = ``fold`` over block b's elements x = err + src (float32) in order, from ``zero``.
 
-    1. A thread block takes ``THREADS`` summation blocks, a thread each (their spans in shared
-       memory).
+    1. A thread block takes ``FOLD_THREADS`` summation blocks, a thread each (their spans in
+       shared memory).
     2. Round by round their next ``STAGE`` elements are read into shared memory, a warp's load
        reading 4 blocks' 8 consecutive elements each (a thread reading its own block's made it
        touch 32 sectors for 32 elements).
@@ -872,10 +875,11 @@ def _staged_fold(look_up, fold, zero):
         firsts = cuda.shared.array(THREADS, np.int64)
         lengths = cuda.shared.array(THREADS, np.int64)
         lane = cuda.threadIdx.x
+        width = cuda.blockDim.x
         per_row = (row_len + (1 << shift) - 1) >> shift
         total = out.size
-        for group in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
-            b = group * THREADS + lane
+        for group in range(cuda.blockIdx.x, -(-total // width), cuda.gridDim.x):
+            b = group * width + lane
             first, length = _block_span(b, total, shift, per_row, row_len)
             firsts[lane] = first
             lengths[lane] = length
@@ -883,7 +887,7 @@ def _staged_fold(look_up, fold, zero):
             acc = zero
             for start in range(0, 1 << shift, STAGE):
                 for m in range(STAGE):
-                    q = m * THREADS + lane
+                    q = m * width + lane
                     t = q // STAGE
                     j = q - t * STAGE
                     if start + j < lengths[t]:
@@ -898,6 +902,11 @@ def _staged_fold(look_up, fold, zero):
                 out[b] = acc
 
     return kernel
+
+
+def _fold_grid(blocks: int) -> int:
+    """Thread blocks of a block kernel for ``blocks`` summation blocks, ``FOLD_THREADS`` a thread block."""
+    return max(1, min(MAX_BLOCKS, -(-blocks // FOLD_THREADS)))
 
 
 @cuda.jit(device=True)
@@ -920,7 +929,7 @@ def _block_power_sums(with_lut: bool, p: int):
 def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
     """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
     CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``)."""
-    launch(_block_power_sums(lut is not None, int(power)), _grid(sums.size), THREADS, stream,
+    launch(_block_power_sums(lut is not None, int(power)), _fold_grid(sums.size), FOLD_THREADS, stream,
            src, _table(lut, stream), err, n_src, _shift(block), row_len, sums)
 
 
@@ -1083,7 +1092,7 @@ def _block_absmax(with_lut: bool):
 def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
     """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
     a thread per block, its elements staged in shared memory (``_staged_fold``)."""
-    launch(_block_absmax(lut is not None), _grid(out.size), THREADS, stream,
+    launch(_block_absmax(lut is not None), _fold_grid(out.size), FOLD_THREADS, stream,
            src, _table(lut, stream), err, n_src, _shift(block), row_len, out)
 
 

@@ -176,6 +176,8 @@ def main(argv: list[str]) -> int:
     _thread_safe_warnings()
     cuda.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024 threads
     cuda.CODE_THREADS = 32  # and 256 a block-scale coder's launch (seconds each)
+    cuda.LANE_THREADS = cuda.FOLD_THREADS = 32  # and their barriers, 2 a summation block or a block kernel's round
+    cuda.STAGE, cuda._STAGED = 64, (cuda.THREADS, 65)  # one round a block of 64 (cuda_sim_checks: the GPU's 8)
     parts = args.part or list(PARTS)
     for part in parts:
         for line in run_part(part):

@@ -8,10 +8,9 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    memory bandwidth the kernels are compared with;
 2. every fused kernel (the DDP hook's default form's too, a scale per 64 elements: ``block_kernels``), with the
    bytes it must move (e.g. compensate + encode reads the input and the error, writes the error and the bits:
-   12.125 bytes per element), as
-   GB/s and as a fraction of the copy's, both from the device's time queued (``compcoll.bench.clocks.QueuedClock``:
-   the kernel's own time, as inside a busy training step) beside its time from an idle device (host's launch time
-   included, the clock of the runs before 2026-11-29);
+   12.125 bytes per element), as GB/s and as a fraction of the copy's, both from the device's time queued
+   (``compcoll.bench.clocks.QueuedClock``: the kernel's own time, as inside a busy training step), beside its time
+   from an idle device (the host's launch time included: the clock of the runs before 2026-11-29);
 3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per

@@ -58,9 +58,19 @@ def _table(lut, stream):
     return _stand_in(device_of(stream), np.float32) if lut is None else lut
 
 
-def _grid(work: int) -> int:
-    """Blocks for ``work`` items of a grid-stride loop."""
-    return max(1, min(MAX_BLOCKS, -(-work // THREADS)))
+def _grid(work: int, per_block: int = THREADS) -> int:
+    """Blocks for ``work`` items of a grid-stride loop, ``per_block`` items a block (at most ``MAX_BLOCKS``)."""
+    return max(1, min(MAX_BLOCKS, -(-work // per_block)))
+
+
+@cuda.jit(device=True)
+def _row_of(i, row, first, row_len):
+    """(row, its first index) of index i of rows of ``row_len``, from the thread's last (row, first): a division only
+    where i left that row (a thread's indices only grow)."""
+    if i - first >= row_len:
+        row = i // row_len
+        first = row * row_len
+    return row, first
 
 
 def _shift(block: int) -> int:
@@ -284,12 +294,6 @@ def _power_lanes(with_lut: bool, p: int):
     return kernel
 
 
-def _lane_grid(lanes: int) -> int:
-    """Thread blocks of a lane-sum kernel for ``lanes`` lane sums: one per summation block, at most
-    ``MAX_BLOCKS``."""
-    return max(1, min(MAX_BLOCKS, lanes // LANES))
-
-
 def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_empty, into=None, scale=None
                           ) -> float | None:
     """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing
@@ -304,7 +308,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
     partial = empty(nblocks * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
     finish = partial.size <= TAIL
-    launch(_power_lanes(lut is not None, int(power)), _lane_grid(partial.size), LANE_THREADS, stream,
+    launch(_power_lanes(lut is not None, int(power)), _grid(partial.size, LANES), LANE_THREADS, stream,
            src, _table(lut, stream), err, n_src, partial, finish, *slots)
     if not finish:
         _finish_lanes(partial, stream, empty, slots)
@@ -409,7 +413,7 @@ def _accumulate_lanes(with_base: bool, p: int):
 
 
 def _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots) -> None:
-    launch(_accumulate_lanes(base is not None, int(power)), _lane_grid(lanes.size), LANE_THREADS, stream,
+    launch(_accumulate_lanes(base is not None, int(power)), _grid(lanes.size, LANES), LANE_THREADS, stream,
            bits, weights, out if base is None else base, out, n_out, lanes, finish, *slots)
 
 
@@ -643,11 +647,11 @@ def _decode_codes(rows, steps, divisor, decoded):
     n, m = decoded.shape
     by = np.float32(divisor)
     head = cuda.local.array(SCALE_BYTES, np.uint8)
-    r, first, ref = 0, -m, 0.0
+    r, first, ref = -1, -m, 0.0
     for t in range(cuda.grid(1), n * m, cuda.gridsize(1)):
-        if t - first >= m:
-            r = t // m
-            first = r * m
+        row, first = _row_of(t, r, first, m)
+        if row != r:
+            r = row
             ref = _row_ref(rows, r, head)
         decoded[r, t - first] = _code_value(ref, rows, r, t - first, steps) / by
 
@@ -807,17 +811,13 @@ def _randomized_encode(with_lut: bool):
                 e = j * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    if i - first >= row_len:
-                        r = i // row_len
-                        first = r * row_len
+                    r, first = _row_of(i, r, first, row_len)
                     x = np.float64(look_up(lut, src[i])) if i < n_src else 0.0
                     signs[e] = 1 if x > _threshold(key, start + i) * np.float64(scales[r]) else 0
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
-                if t - first_byte >= row_bytes:
-                    byte_row = t // row_bytes
-                    first_byte = byte_row * row_bytes
+                byte_row, first_byte = _row_of(t, byte_row, first_byte, row_bytes)
                 rows[byte_row, SCALE_BYTES + t - first_byte] = _pack(signs, 8 * lane)
             cuda.syncthreads()
 
@@ -904,11 +904,6 @@ def _staged_fold(look_up, fold, zero):
     return kernel
 
 
-def _fold_grid(blocks: int) -> int:
-    """Thread blocks of a block kernel for ``blocks`` summation blocks, ``FOLD_THREADS`` a thread block."""
-    return max(1, min(MAX_BLOCKS, -(-blocks // FOLD_THREADS)))
-
-
 @cuda.jit(device=True)
 def _larger_magnitude(top, x):
     """max(top, |x|), NaN kept once seen (``top``'s order of a block's elements, as the CPU kernel)."""
@@ -929,7 +924,7 @@ def _block_power_sums(with_lut: bool, p: int):
 def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
     """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
     CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``)."""
-    launch(_block_power_sums(lut is not None, int(power)), _fold_grid(sums.size), FOLD_THREADS, stream,
+    launch(_block_power_sums(lut is not None, int(power)), _grid(sums.size, FOLD_THREADS), FOLD_THREADS, stream,
            src, _table(lut, stream), err, n_src, _shift(block), row_len, sums)
 
 
@@ -966,9 +961,7 @@ def _tiled_block_encoder(look_up, code_of, one_plane: bool):
                 e = m * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    if i - first >= row_len:
-                        r = i // row_len
-                        first = r * row_len
+                    r, first = _row_of(i, r, first, row_len)
                     x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
                     code, left = code_of(x, values[r * per_row + ((i - first) >> shift)], nbits)
                     err[i] = left
@@ -976,9 +969,7 @@ def _tiled_block_encoder(look_up, code_of, one_plane: bool):
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
-                if t - first_byte >= row_bytes:
-                    byte_row = t // row_bytes
-                    first_byte = byte_row * row_bytes
+                byte_row, first_byte = _row_of(t, byte_row, first_byte, row_bytes)
                 packed = np.uint64(0)
                 for e in range(8):
                     code = np.uint64(codes[8 * lane + e])
@@ -1058,11 +1049,11 @@ def _decode_framed_blocks(dtype: str):
         signs = SCALE_BYTES + per_row
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         value = cuda.local.array(1, np.float32)
-        r, first, ref = 0, -row_len, 0.0
+        r, first, ref = -1, -row_len, 0.0
         for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-            if i - first >= row_len:
-                r = i // row_len
-                first = r * row_len
+            row, first = _row_of(i, r, first, row_len)
+            if row != r:
+                r = row
                 ref = _row_ref(rows, r, head)
             k = i - first
             value[0] = _code_value(ref, rows, r, k >> shift, steps)
@@ -1092,7 +1083,7 @@ def _block_absmax(with_lut: bool):
 def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
     """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
     a thread per block, its elements staged in shared memory (``_staged_fold``)."""
-    launch(_block_absmax(lut is not None), _fold_grid(out.size), FOLD_THREADS, stream,
+    launch(_block_absmax(lut is not None), _grid(out.size, FOLD_THREADS), FOLD_THREADS, stream,
            src, _table(lut, stream), err, n_src, _shift(block), row_len, out)
 
 

@@ -52,8 +52,8 @@ def test_a_flat_view_is_what_viewing_then_wrapping_gives() -> None:
 @pytest.mark.parametrize("shape, step", [((0,), 1), ((1,), 1), ((7,), 1), ((7,), 2), ((1,), 3), ((3, 5), 1),
                                          ((3, 5), 2), ((4, 1), 1), ((1, 4), 2)])
 def test_each_views_variant_key_is_its_dtype_rank_and_layout(shape: tuple[int, ...], step: int) -> None:
-    """The key made with a view (``DeviceArray.key``, which ``_key`` reads at every launch) is what its fields give,
-    however the view was made; scalars' keys are their types."""
+    """A view's key (``_key``, which takes a short way for 1-D contiguous views at every launch) is what its fields
+    give, however the view was made; scalars' keys are their types."""
     base = torch.zeros(shape)
     strided = base[::step] if base.dim() == 1 else base[:, ::step]
     views = [DeviceArray.of(strided), DeviceArray.of(strided).view(np.int32), DeviceArray(

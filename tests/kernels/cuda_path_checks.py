@@ -24,7 +24,7 @@ from compcoll.bench.launches import PROTOCOLS, call_counts
 from compcoll.kernels import cuda
 from compcoll.kernels.launch import COUNTS, simulate, simulating
 from compcoll.launcher import run_threads
-from tests.kernels.cuda_sim_checks import _blocks_on_a_barrier, _thread_safe_shared_arrays, _thread_safe_warnings
+from tests.kernels import simulator
 
 SMALL = [[1], [37], [3, 7, 11]]
 ALGORITHMS = "tests.algorithms."
@@ -171,9 +171,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--part", action="append", choices=PARTS, help="one part (repeatable); default: all")
     args = parser.parse_args(argv)
     assert config.ENABLE_CUDASIM and simulating(), "set NUMBA_ENABLE_CUDASIM=1 and COMPCOLL_CUDA_ON_CPU=1"
-    _thread_safe_shared_arrays()
-    _blocks_on_a_barrier()
-    _thread_safe_warnings()
+    simulator.install(check=False)  # the kernels' races: cuda_sim_checks, on the GPU's thread counts
     cuda.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024 threads
     cuda.CODE_THREADS = 32  # and 256 a block-scale coder's launch (seconds each)
     cuda.LANE_THREADS = cuda.FOLD_THREADS = 32  # and their barriers, 2 a summation block or a block kernel's round

@@ -4,164 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
-import warnings
 
 import numpy as np
 import torch
 from numba import config
+from numba import cuda as numba_cuda
 
 from compcoll import codecs, spec
-from compcoll.kernels import cpu, cuda, reference, scalar
+from compcoll.kernels import cpu, cuda, reference
 from compcoll.kernels.launch import COUNTS
 from compcoll.spec import BLOCK, LANES, SCALES
-
-
-def _thread_safe_shared_arrays() -> None:
-    """Make the simulator hand every thread of a block the same ``cuda.shared.array``.
-
-    numba's simulator (``FakeCUDAShared.array``) looks a shared array up by the calling
-    line and creates it on a miss, without a lock. Two of a block's threads (Python
-    threads) can both miss, and one then writes a private array that no other thread
-    reads: wrong bits that a GPU never gives (CI saw it once in "encoded bits"). This
-    replacement does the same lookup under a lock:
-    1. Dynamic shared memory (shape 0) has no lookup: numba's own method serves it.
-    2. Otherwise the key is the caller's file and line, as numba's.
-    3. Under one lock, return the array stored for the key, or create and store it.
-    """
-    from numba.core.types import Type
-    from numba.cuda.simulator.kernelapi import FakeCUDAShared
-    from numba.np.numpy_support import as_dtype
-
-    own, lock = FakeCUDAShared.array, threading.Lock()
-
-    def array(self, shape, dtype):
-        if shape == 0:
-            return own(self, shape, dtype)
-        caller = sys._getframe(1)
-        key = (caller.f_code.co_filename, caller.f_lineno)
-        with lock:
-            found = self._allocations.get(key)
-            if found is None:
-                found = self._allocations[key] = np.empty(shape, as_dtype(dtype) if isinstance(dtype, Type) else dtype)
-            return found
-
-    FakeCUDAShared.array = array
-
-
-def _blocks_on_a_barrier() -> None:
-    """Run each simulated block on kept threads that meet at a condition-variable barrier, not on new threads
-    and numba's polling loop.
-
-    numba's simulator (``BlockManager.run``) starts a new Python thread for each CUDA thread of
-    each block (65,000 in one of ``test_cuda``'s processes), then polls them all, without
-    sleeping, until each one is blocked in ``syncthreads`` or has ended: the loop takes much of
-    the CPU and keeps the GIL from the threads doing the work. Here (``test_cuda``'s two
-    processes took 57 and 44 CPU-seconds with numba's runner, 42 and 36 with the barrier on new
-    threads, 38 and 32 with kept ones) the meaning stays numba's: ``syncthreads`` returns once
-    every thread of the block that has not ended has reached it; a thread that raises aborts the
-    others, and the launch raises its error, named by thread and block as numba names it.
-    1. The launching thread takes a kept thread (a lane) per CUDA thread of the block, making
-       more where too few are idle, gives each its indices and the kernel's arguments, counts
-       them all as live and none as blocked, and lets them go.
-    2. ``syncthreads`` counts the thread as blocked; the last live thread to block opens the
-       barrier (a new generation) for all, and the others sleep until it does.
-    3. A lane whose kernel returns goes back to the idle lanes and is no longer live, opening the
-       barrier if all that remain are blocked; the first error is kept, and every lane of the
-       block is told to abort.
-    4. The launching thread sleeps until no lane is live, and raises the first error.
-    A launch in numba's debug mode raises on division by zero, as numba's runner makes it.
-    """
-    from numba.cuda.simulator.kernel import BlockManager, BlockThread, Dim3
-
-    idle, idle_lock = [], threading.Lock()
-
-    def open_barrier(manager: BlockManager) -> None:
-        manager.blocked, manager.generation = 0, manager.generation + 1
-        manager.turn.notify_all()
-
-    def syncthreads(self: BlockThread) -> None:
-        manager = self._manager
-        with manager.turn:
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads call")
-            generation, manager.blocked = manager.generation, manager.blocked + 1
-            if manager.blocked == manager.live:
-                open_barrier(manager)
-            while manager.generation == generation and not self.abort:
-                manager.turn.wait()
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads clear")
-
-    class Lane(BlockThread):
-        """A simulated CUDA thread kept for block after block: ``run`` waits for ``go``, then runs the kernel with
-        the indices and arguments the launching thread set."""
-
-        def __init__(self) -> None:
-            threading.Thread.__init__(self, daemon=True)
-            self.go = threading.Semaphore(0)
-            self.start()
-
-        def run(self) -> None:
-            while True:
-                self.go.acquire()
-                manager = self._manager
-                try:
-                    with np.errstate(divide="raise" if manager._debug else None):
-                        manager._f(*self.job)
-                except BaseException as exc:  # noqa: BLE001 - the launch raises it, as numba's runner does
-                    where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
-                    with manager.turn:
-                        if manager.failed is None:
-                            manager.failed = (type(exc)(f"{where}: {exc}" if str(exc) else where), exc.__traceback__)
-                            for lane in manager.lanes:
-                                lane.abort = True
-                with idle_lock:
-                    idle.append(self)
-                with manager.turn:
-                    manager.live -= 1
-                    if manager.live and manager.blocked == manager.live:
-                        open_barrier(manager)
-                    manager.turn.notify_all()
-
-    def run(self: BlockManager, grid_point, *args) -> None:
-        self.turn, self.blocked, self.generation, self.failed = threading.Condition(), 0, 0, None
-        points = list(np.ndindex(*self._block_dim))
-        with idle_lock:
-            self.lanes = [idle.pop() for _ in range(min(len(idle), len(points)))]
-        self.lanes += [Lane() for _ in range(len(points) - len(self.lanes))]
-        self.live = len(points)
-        x, y, _ = self._block_dim
-        for lane, point in zip(self.lanes, points):
-            lane._manager, lane.job, lane.abort = self, args, False
-            lane.blockIdx, lane.threadIdx, lane.thread_id = Dim3(*grid_point), Dim3(*point), point[0] + x * (
-                point[1] + y * point[2])
-        for lane in self.lanes:
-            lane.go.release()
-        with self.turn:
-            while self.live:
-                self.turn.wait()
-        if self.failed is not None:
-            raise self.failed[0].with_traceback(self.failed[1])
-
-    BlockThread.syncthreads, BlockManager.run = syncthreads, run
-
-
-def _thread_safe_warnings() -> None:
-    """Give the modules whose code the simulator's threads run their warning registries before any thread warns.
-
-    The simulator runs the 64-bit hash on numpy scalars, which warn when they wrap (as
-    intended). Python's ``warnings.warn`` adds ``__warningregistry__`` to the warning
-    frame's module globals on the first warning, whatever the filters, while another
-    simulator thread may be iterating those globals (numba's ``swapped_cuda_module``
-    does on every device call): "dictionary changed size during iteration" (CI saw it
-    once). So:
-    1. Every module with kernel or device-function code gets its registry now.
-    2. The wrap-around warnings are ignored.
-    """
-    for module in (scalar, cuda):
-        module.__dict__.setdefault("__warningregistry__", {})
-    warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)
+from tests.kernels import simulator
 
 
 def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -455,12 +308,12 @@ def _check_tree_sums(rng: np.random.Generator) -> None:
         assert scale.copy_to_host()[1].tobytes() == want.tobytes(), f"the l1 scale beside the tree of {size}"
 
 
-def check_lane_sums() -> None:
+def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011)) -> None:
     """The lane sums' order, on inputs whose float64 sums depend on it (magnitudes 2^-20 to 2^20; randn times 3
     mostly sums exactly in any order at these lengths): the sums of |x|^p, float32 and bfloat16 (a table), and the
     accumulated signs' sums and values, equal the CPU kernels' past one summation block and a batch's end."""
     rng = np.random.default_rng(11)
-    for numel in (8200, 20011):
+    for numel in lengths:
         x = torch.from_numpy((rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32))
         err = (rng.standard_normal(numel) * 1e-3).astype(np.float32)
         for dtype in (torch.float32, torch.bfloat16):
@@ -502,9 +355,86 @@ def check_scale_of() -> None:
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
 
+def _checked_kernel(body: str):
+    """A one-block kernel on 32 threads: each writes its element of a shared array, all meet at a barrier, then
+    each does ``body``. Wrong: "write, read neighbour" (its element again, then the next thread's), "read neighbour,
+    write" (the other order), "past the end" (the next thread's: the last one's is past the array), "unwritten"
+    (its element of a second shared array, which no thread writes), "global race" (writes its element of ``out``
+    and reads the next one's), "divergent" (half the threads wait at one barrier, half at another), "unfenced"
+    (writes ``out``, then thread 0 counts in ``counter``), "unordered" (the same with a fence, but no barrier).
+    Right: "read neighbour", "own" (its element), "published" (the fence, a barrier, the count)."""
+
+    @numba_cuda.jit
+    def kernel(out, counter):
+        s = numba_cuda.shared.array(32, np.float32)
+        unwritten = numba_cuda.shared.array(32, np.float32)
+        t = numba_cuda.threadIdx.x
+        s[t] = t
+        numba_cuda.syncthreads()
+        if body == "write, read neighbour":
+            s[t] = t + 1
+            out[t] = s[(t + 1) % 32]
+        elif body == "read neighbour, write":
+            out[t] = s[(t + 1) % 32]
+            s[t] = 0
+        elif body == "read neighbour":
+            out[t] = s[(t + 1) % 32]
+        elif body == "own":
+            out[t] = s[t]
+        elif body == "past the end":
+            out[t] = s[t + 1]
+        elif body == "unwritten":
+            out[t] = unwritten[t]
+        elif body == "global race":
+            out[t] = t
+            out[t] = out[(t + 1) % 32] + 1
+        elif body == "divergent":
+            if t < 16:
+                numba_cuda.syncthreads()
+            else:
+                numba_cuda.syncthreads()
+        else:
+            out[t] = s[t]
+            if body != "unfenced":
+                numba_cuda.threadfence()
+            if body == "published":
+                numba_cuda.syncthreads()
+            if t == 0:
+                numba_cuda.atomic.add(counter, 0, 1)
+
+    return kernel
+
+
+def check_race_checks() -> None:
+    """The simulator's checks (``simulator``, installed by ``main``) fail each wrong form of ``_checked_kernel``
+    with their error naming it, and pass the right ones with their results (two blocks, which share the simulator's
+    shared arrays, one after the other)."""
+    assert config.ENABLE_CUDASIM, "the race checks are the simulator's (compute-sanitizer's on a GPU)"
+    out, counter = cuda.cuda.device_array(32, np.float32), cuda.cuda.to_device(np.zeros(1, np.int32))
+    for body, error, words in (("write, read neighbour", simulator.DataRace, "with no barrier between"),
+                               ("read neighbour, write", simulator.DataRace, "with no barrier between"),
+                               ("past the end", IndexError, "is not one element"),
+                               ("unwritten", simulator.UninitializedShared, "has written it"),
+                               ("global race", simulator.DataRace, "global array (32,)["),
+                               ("divergent", simulator.DivergentBarrier, "waits at the barrier"),
+                               ("unfenced", simulator.UnpublishedWrites, "thread"),
+                               ("unordered", simulator.UnpublishedWrites, "with no barrier after")):
+        try:
+            _checked_kernel(body)[1, 32](out, counter)
+        except error as exc:
+            assert words in str(exc), (body, str(exc))
+        else:
+            raise AssertionError(f"a kernel with {body!r} passed the simulator's checks")
+    for body, want in (("read neighbour", (np.arange(32) + 1) % 32), ("own", np.arange(32)),
+                       ("published", np.arange(32))):
+        _checked_kernel(body)[2, 32](out, counter)
+        assert np.array_equal(out.copy_to_host(), want), body
+    assert counter.copy_to_host()[0] == 2, "each block counted once"
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid")
-"""The checks ``main`` runs, each independent of the others, so a caller can spread them over processes."""
+PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid", "races")
+"""The checks ``main`` runs, each independent of the others, so a caller can spread them over processes ("races",
+the simulator's own checks, only under the simulator)."""
 
 
 def run_part(part: str, lengths: list[int]) -> None:
@@ -543,6 +473,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
         cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = 2, 32, 16  # past TAIL: _collapse, several values a thread
         try:
             check(max(lengths), 3, torch.float16)
+            check_lane_sums((20011,))  # 3 summation blocks on 2 thread blocks: one stages a second over the first
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
             check_levels(8200, 3, torch.float32, 8, 4)
@@ -558,6 +489,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
                 cuda.CODE_SCALES_PER_THREAD = per_thread
         finally:
             cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = kept
+    elif part == "races":
+        check_race_checks()
     else:
         raise ValueError(f"unknown part {part!r}; the parts are {PARTS}")
 
@@ -570,11 +503,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
     if config.ENABLE_CUDASIM:
-        _thread_safe_shared_arrays()
-        _blocks_on_a_barrier()
+        simulator.install()
         cuda.CODE_THREADS = 32  # a Python thread per CUDA thread; rows of more scales than threads all the same
-    _thread_safe_warnings()
-    parts = args.part or list(PARTS)
+    else:
+        simulator.quiet_warnings()
+    parts = args.part or [part for part in PARTS if config.ENABLE_CUDASIM or part != "races"]
     for part in parts:
         run_part(part, args.lengths)
     print(f"cuda kernels == cpu kernels: {', '.join(parts)} on lengths {args.lengths}, world 1 and 3")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-GPU run as one command on a lent GPU machine (its image has torch, numba-cuda, cupy): every CUDA kernel
 # against the CPU kernels on the hardware, tests/gpu, bench/gpu_suite.py, then the rest of the suite until the deadline.
-# Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5). Logs and figures go to $OUT.
+# Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5);
+# with nvidia-cuda-sanitizer-api there too, compute-sanitizer's memcheck and racecheck run the kernel checks. Logs and figures go to $OUT.
 # Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
 # (it writes about ten files and the device tool returns eight: give it OUT=/tmp/g and tar /tmp/g into the tool's
 # $OUT)
@@ -25,11 +26,25 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'numba', numba.__versi
     $py -m pip list 2>/dev/null | grep -i -E '^(numba|numba-cuda|cupy|cuda-core|cuda-bindings) '
     $py -m compcoll.warmup
 } 2>&1 | tee "$out/env.txt"
-echo "== CUDA kernels == CPU kernels, on the GPU (beside tests/gpu, 8 workers sharing the GPU)"
+echo "== CUDA kernels == CPU kernels, on the GPU (beside tests/gpu, 8 workers sharing the GPU, and compute-sanitizer)"
 timeout "${GPU_TESTS_S:-200}" $py -m tests.kernels.cuda_sim_checks 1 37 1000 8200 100003 1048577 > "$out/kernels.log" 2>&1 &
+sanitizer=$($py -c "import nvidia, pathlib
+print(next((str(p) for d in nvidia.__path__ for p in sorted(pathlib.Path(d).glob('cu*/bin/compute-sanitizer'))), ''))" \
+    2>/dev/null)
+sanitize() {  # every kernel on short lengths: memcheck (out-of-bounds and misaligned accesses), racecheck (shared memory)
+    [ -n "$sanitizer" ] || { echo "no compute-sanitizer (no nvidia-cuda-sanitizer-api wheel in .whl/)"; return; }
+    for tool in memcheck racecheck; do
+        echo "== $tool"
+        timeout $((${GPU_TESTS_S:-200} / 2)) "$sanitizer" --tool "$tool" --error-exitcode 3 --print-limit 10 \
+            $py -m tests.kernels.cuda_sim_checks 37 8200 2>&1 | tail -15
+        echo "$tool: rc ${PIPESTATUS[0]}"
+    done
+}
+sanitize > "$out/sanitizer.log" 2>&1 &
 timeout "${GPU_TESTS_S:-200}" $py -m pytest -q -ra -p xdist -n 8 tests/gpu "$@" 2>&1 | tee "$out/tests_gpu.log" | tail -25
 wait
 tail -3 "$out/kernels.log"
+grep -E "^(== |memcheck|racecheck|no compute)|ERROR SUMMARY" "$out/sanitizer.log"
 echo "== bench/gpu_suite.py"
 timeout "${SUITE_S:-200}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
     ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \

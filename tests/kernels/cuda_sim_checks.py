@@ -356,79 +356,96 @@ def check_scale_of() -> None:
 
 
 def _checked_kernel(body: str):
-    """A one-block kernel on 32 threads: each writes its element of a shared array, all meet at a barrier, then
-    each does ``body``. Wrong: "write, read neighbour" (its element again, then the next thread's), "read neighbour,
-    write" (the other order), "past the end" (the next thread's: the last one's is past the array), "unwritten"
-    (its element of a second shared array, which no thread writes), "global race" (writes its element of ``out``
-    and reads the next one's), "divergent" (half the threads wait at one barrier, half at another), "unfenced"
-    (writes ``out``, then thread 0 counts in ``counter``), "unordered" (the same with a fence, but no barrier).
-    Right: "read neighbour", "own" (its element), "published" (the fence, a barrier, the count)."""
+    """A kernel of blocks of 32 threads: each thread writes its element of a shared array, the block meets at a
+    barrier, then each does ``body``; a thread's element of ``out`` is o = 32 x its block + its thread. Wrong: "write,
+    read neighbour" (its shared element again, then the next thread's), "read neighbour, write" (the other order),
+    "past the end" (the next thread's: the last one's is past the array), "unwritten" (its element of a second
+    shared array, which no thread writes), "global race" (writes out[o], then reads the next thread's), "divergent"
+    (half the threads wait at one barrier, half at another), "unfenced" (writes out[o], then thread 0 counts in
+    ``counter``), "unordered" (the same with a fence, but no barrier), "same elements" (each block writes
+    out[thread]), "unpublished" (writes out[o], then reads the other block's). Right: "read neighbour", "own" (its
+    own shared element), "published" (out[o], the fence, a barrier, the count; the block that counts last adds the
+    other block's out[o] to its own after a barrier)."""
 
     @numba_cuda.jit
     def kernel(out, counter):
         s = numba_cuda.shared.array(32, np.float32)
         unwritten = numba_cuda.shared.array(32, np.float32)
+        last = numba_cuda.shared.array(1, np.int32)
         t = numba_cuda.threadIdx.x
+        o = numba_cuda.blockIdx.x * 32 + t
         s[t] = t
         numba_cuda.syncthreads()
         if body == "write, read neighbour":
             s[t] = t + 1
-            out[t] = s[(t + 1) % 32]
+            out[o] = s[(t + 1) % 32]
         elif body == "read neighbour, write":
-            out[t] = s[(t + 1) % 32]
+            out[o] = s[(t + 1) % 32]
             s[t] = 0
         elif body == "read neighbour":
-            out[t] = s[(t + 1) % 32]
+            out[o] = s[(t + 1) % 32]
         elif body == "own":
-            out[t] = s[t]
+            out[o] = s[t]
         elif body == "past the end":
-            out[t] = s[t + 1]
+            out[o] = s[t + 1]
         elif body == "unwritten":
-            out[t] = unwritten[t]
+            out[o] = unwritten[t]
         elif body == "global race":
-            out[t] = t
-            out[t] = out[(t + 1) % 32] + 1
+            out[o] = t
+            out[o] = out[o - t + (t + 1) % 32] + 1
         elif body == "divergent":
             if t < 16:
                 numba_cuda.syncthreads()
             else:
                 numba_cuda.syncthreads()
-        else:
+        elif body == "same elements":
             out[t] = s[t]
+        elif body == "unpublished":
+            out[o] = s[t]
+            out[o] += out[(o + 32) % 64]
+        else:
+            out[o] = s[t]
             if body != "unfenced":
                 numba_cuda.threadfence()
             if body == "published":
                 numba_cuda.syncthreads()
             if t == 0:
-                numba_cuda.atomic.add(counter, 0, 1)
+                last[0] = numba_cuda.atomic.add(counter, 0, 1) % 2
+            numba_cuda.syncthreads()
+            if body == "published" and last[0] == 1:
+                out[o] += out[(o + 32) % 64]
 
     return kernel
 
 
 def check_race_checks() -> None:
     """The simulator's checks (``simulator``, installed by ``main``) fail each wrong form of ``_checked_kernel``
-    with their error naming it, and pass the right ones with their results (two blocks, which share the simulator's
-    shared arrays, one after the other)."""
+    with their error naming it, and pass the right ones with their results (on two blocks, which also share the
+    simulator's shared arrays, one after the other)."""
     assert config.ENABLE_CUDASIM, "the race checks are the simulator's (compute-sanitizer's on a GPU)"
-    out, counter = cuda.cuda.device_array(32, np.float32), cuda.cuda.to_device(np.zeros(1, np.int32))
-    for body, error, words in (("write, read neighbour", simulator.DataRace, "with no barrier between"),
-                               ("read neighbour, write", simulator.DataRace, "with no barrier between"),
-                               ("past the end", IndexError, "is not one element"),
-                               ("unwritten", simulator.UninitializedShared, "has written it"),
-                               ("global race", simulator.DataRace, "global array (32,)["),
-                               ("divergent", simulator.DivergentBarrier, "waits at the barrier"),
-                               ("unfenced", simulator.UnpublishedWrites, "thread"),
-                               ("unordered", simulator.UnpublishedWrites, "with no barrier after")):
+    out, counter = cuda.cuda.device_array(64, np.float32), cuda.cuda.to_device(np.zeros(1, np.int32))
+    for body, blocks, error, words in (
+            ("write, read neighbour", 1, simulator.DataRace, "with no barrier between"),
+            ("read neighbour, write", 1, simulator.DataRace, "with no barrier between"),
+            ("past the end", 1, IndexError, "is not one element"),
+            ("unwritten", 1, simulator.UninitializedShared, "has written it"),
+            ("global race", 1, simulator.DataRace, "global array (64,)["),
+            ("divergent", 1, simulator.DivergentBarrier, "waits at the barrier"),
+            ("unfenced", 1, simulator.UnpublishedWrites, "thread"),
+            ("unordered", 1, simulator.UnpublishedWrites, "with no barrier after"),
+            ("same elements", 2, simulator.DataRace, "no count orders the two blocks"),
+            ("unpublished", 2, simulator.DataRace, "no count orders the two blocks")):
         try:
-            _checked_kernel(body)[1, 32](out, counter)
+            _checked_kernel(body)[blocks, 32](out, counter)
         except error as exc:
             assert words in str(exc), (body, str(exc))
         else:
             raise AssertionError(f"a kernel with {body!r} passed the simulator's checks")
-    for body, want in (("read neighbour", (np.arange(32) + 1) % 32), ("own", np.arange(32)),
-                       ("published", np.arange(32))):
+    counter = cuda.cuda.to_device(np.zeros(1, np.int32))
+    for body, want in (("read neighbour", (np.arange(64) + 1) % 32), ("own", np.arange(64) % 32),
+                       ("published", np.arange(64) % 32 * np.repeat([1, 2], 32))):
         _checked_kernel(body)[2, 32](out, counter)
-        assert np.array_equal(out.copy_to_host(), want), body
+        assert np.array_equal(out.copy_to_host(), want), (body, out.copy_to_host())
     assert counter.copy_to_host()[0] == 2, "each block counted once"
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

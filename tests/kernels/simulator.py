@@ -17,8 +17,8 @@ from compcoll.kernels import cuda, scalar
 
 
 class DataRace(RuntimeError):
-    """Two threads of a block touched one element of shared or global memory between the same two barriers, at least
-    one writing."""
+    """Two threads of a block touched one element of shared or global memory between the same two barriers, or two
+    blocks one of global memory with no last-block count ordering them; at least one of the two wrote it."""
 
 
 class UninitializedShared(RuntimeError):
@@ -136,16 +136,26 @@ def _note(place: tuple, name: str | tuple, key, write: bool, shared: bool) -> No
         if seen is None:
             seen = manager.seen[place] = [generation, None, {}, False]
         elif seen[0] != generation:
-            seen[:3] = [generation, None, {}]
+            seen[0], seen[1], seen[2] = generation, None, {}
         writer, readers = seen[1], seen[2]
         other = writer if writer is not None and writer[0] != me else None
-        if other is None and write:
-            other = next(((t, at) for t, at in readers.items() if t != me), None)
+        if other is None and write and readers:
+            for t, at in readers.items():
+                if t != me:
+                    other = (t, at)
+                    break
         if other is not None:
             raise DataRace(
                 f"{_named(name, key, shared)}: thread {me} {'writes' if write else 'reads'} it at {_at(here)} after "
                 f"thread {other[0]} {'wrote' if other is writer else 'read'} it at {_at(other[1])}, with no barrier "
                 f"between, in block {list(lane.blockIdx)}")
+        if not shared:
+            other = _note_grid(manager, place, write, lane.block, here)
+            if other is not None:
+                raise DataRace(f"{_named(name, key, shared)}: thread {me} of block {list(lane.blockIdx)} "
+                               f"{'writes' if write else 'reads'} it at {_at(here)}, block {list(other[0])} "
+                               f"{'wrote' if other[3] else 'read'} it at {_at(other[2])}, and no count orders the "
+                               f"two blocks")
         if write:
             seen[1], seen[3] = (me, here), True
         elif shared and not seen[3]:
@@ -153,6 +163,38 @@ def _note(place: tuple, name: str | tuple, key, write: bool, shared: bool) -> No
                                       f"thread of block {list(lane.blockIdx)} has written it")
         else:
             readers[me] = here
+
+
+def _note_grid(manager, place: tuple, write: bool, block: tuple, here: tuple[str, int]) -> tuple | None:
+    """Check a global element access against the other blocks' in the same launch (the simulator runs blocks in
+    turn; a GPU runs them at once); return the other block's access it races with, else None.
+
+    1. Per element the launch keeps its last write and each block's first read: the block,
+       whether the access came after that block's count (``check_global_memory``), where.
+    2. An access after this block's count is ordered after another block's access that came
+       before that block's count (the fence, barrier and count publish it); nothing else
+       orders two blocks.
+    3. A write unordered with another block's write or read, or a read unordered with another
+       block's write, is a race (``_note`` raises ``DataRace``).
+    """
+    counted = manager.counted
+    after = counted is not None and counted[0] < manager.generation
+    entry = manager.launch.grid_seen.get(place)
+    if entry is None:
+        entry = manager.launch.grid_seen[place] = [None, None]
+    earlier = [entry[0]] if entry[0] is not None else []
+    if write and entry[1] is not None:
+        earlier += entry[1].values()
+    for other in earlier:
+        if other[0] != block and not (after and not other[1] and other[0] in manager.launch.counted_blocks):
+            return other
+    if write:
+        entry[0] = (block, after, here, True)
+    else:
+        if entry[1] is None:
+            entry[1] = {}
+        entry[1].setdefault(block, (block, after, here, False))
+    return None
 
 
 def _named(name: str | tuple, key, shared: bool) -> str:
@@ -195,8 +237,8 @@ def check_global_memory() -> None:
     """Check a kernel's global memory as ``_note`` checks shared memory, and the grid's last-block count.
 
     1. Reads and writes of one element of a kernel's array argument are checked by its address
-       (views of one buffer alias), against the block's other threads (the simulator runs blocks
-       one after another, so races between blocks do not show).
+       (views of one buffer alias) against the block's other threads, and against the other
+       blocks of the launch (``_note_grid``).
     2. A thread's global write is pending until it calls ``cuda.threadfence``.
     3. An atomic add is the count by which a block learns it is the grid's last to finish. It
        raises ``UnpublishedWrites`` where a thread of the block has a pending write, or another
@@ -253,6 +295,7 @@ def check_global_memory() -> None:
         lane = threading.current_thread()
         manager, here = lane._manager, _where(sys._getframe(1))
         manager.counted = (manager.generation, lane.thread_id, here)
+        manager.launch.counted_blocks.add(lane.block)
         for other in manager.lanes:
             if other.pending is not None:
                 raise UnpublishedWrites(f"thread {lane.thread_id} counts at {here} while thread {other.thread_id}'s "
@@ -295,6 +338,7 @@ def run_blocks_on_a_barrier(check: bool) -> None:
     4. The launching thread sleeps until no lane is live, and raises the first error.
     A launch in numba's debug mode raises on division by zero, as numba's runner makes it.
     """
+    from numba.cuda.simulator import kernel as simulated
     from numba.cuda.simulator.kernel import BlockManager, BlockThread, Dim3
 
     idle, idle_lock = [], threading.Lock()
@@ -356,6 +400,9 @@ def run_blocks_on_a_barrier(check: bool) -> None:
     def run(self: BlockManager, grid_point, *args) -> None:
         self.turn, self.blocked, self.generation, self.failed = threading.Condition(), 0, 0, None
         self.seen, self.seen_lock, self.counted = {}, threading.Lock(), None
+        self.launch = simulated._kernel_context  # the launch's FakeCUDAModule: one BlockManager a block
+        if not hasattr(self.launch, "grid_seen"):
+            self.launch.grid_seen, self.launch.counted_blocks = {}, set()
         points = list(np.ndindex(*self._block_dim))
         with idle_lock:
             self.lanes = [idle.pop() for _ in range(min(len(idle), len(points)))]
@@ -367,6 +414,7 @@ def run_blocks_on_a_barrier(check: bool) -> None:
             lane.atomic, lane.pending, lane.fenced = False, None, None
             lane.blockIdx, lane.threadIdx, lane.thread_id = Dim3(*grid_point), Dim3(*point), point[0] + x * (
                 point[1] + y * point[2])
+            lane.block = tuple(grid_point)
         for lane in self.lanes:
             lane.go.release()
         with self.turn:

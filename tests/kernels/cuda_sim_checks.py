@@ -454,6 +454,11 @@ PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid", "races")
 the simulator's own checks, only under the simulator)."""
 
 
+UNCHECKED = ("float16", "bfloat16")
+"""Parts run without the simulator's access checks: their kernels are float32's with a lookup table, whose
+accesses the "float32" part checks."""
+
+
 def run_part(part: str, lengths: list[int]) -> None:
     """One part of ``PARTS``: the device tree and scale, one dtype's kernels at every length and world 1 and 3,
     the block-scale kernels, the level kernels, or the grid-stride loops (several tiles and lanes per block, and
@@ -461,6 +466,7 @@ def run_part(part: str, lengths: list[int]) -> None:
     threads = cuda.COLLAPSE_THREADS
     if config.ENABLE_CUDASIM:  # a Python thread per CUDA thread; the tree's order does not depend on the block
         cuda.COLLAPSE_THREADS = 128
+        simulator.check_accesses(part not in UNCHECKED)
     try:
         _run_part(part, lengths)
     finally:

@@ -87,6 +87,18 @@ def lock_shared_arrays(check: bool) -> None:
     FakeCUDAShared.array = array
 
 
+_accesses = True
+"""Whether ``install(check=True)`` checks element accesses now (``check_accesses``)."""
+
+
+def check_accesses(on: bool) -> None:
+    """Check element accesses (races, unwritten shared memory; the fences before a count) from now on, or not: a
+    caller whose kernels' accesses another check already covers saves their cost (about half the simulator's time).
+    Barriers are checked either way."""
+    global _accesses
+    _accesses = on
+
+
 def _where(frame: FrameType) -> str:
     """The kernel's source position of a frame, as a message names it."""
     return f"{frame.f_code.co_name} line {frame.f_lineno}"
@@ -225,11 +237,13 @@ class _Traced(np.ndarray):
         return id(self), offset
 
     def __getitem__(self, key):
-        _note(self._place(key), self.name, key, False, True)
+        if _accesses:
+            _note(self._place(key), self.name, key, False, True)
         return super().__getitem__(key)
 
     def __setitem__(self, key, value) -> None:
-        _note(self._place(key), self.name, key, True, True)
+        if _accesses:
+            _note(self._place(key), self.name, key, True, True)
         super().__setitem__(key, value)
 
 
@@ -261,7 +275,7 @@ def check_global_memory() -> None:
         return None if offset is None else (None, layout[0] + offset)
 
     def getitem(self, key):
-        at = place(self, key)
+        at = place(self, key) if _accesses else None
         if at is not None:
             _note(at, self._item._ary.shape, key, False, False)
         return own_get(self, key)
@@ -273,7 +287,7 @@ def check_global_memory() -> None:
                                     f"count at {counted[2]}")
 
     def setitem(self, key, value) -> None:
-        at = place(self, key)
+        at = place(self, key) if _accesses else None
         if at is not None:
             _note(at, self._item._ary.shape, key, True, False)
             lane = threading.current_thread()

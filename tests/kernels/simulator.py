@@ -101,7 +101,7 @@ def check_accesses(on: bool) -> None:
 
 def _where(frame: FrameType) -> str:
     """The kernel's source position of a frame, as a message names it."""
-    return f"{frame.f_code.co_name} line {frame.f_lineno}"
+    return _at((frame.f_code.co_name, frame.f_lineno))
 
 
 def _element(shape: tuple, strides: tuple, key) -> int | None:

@@ -308,7 +308,8 @@ def _check_tree_sums(rng: np.random.Generator) -> None:
         assert scale.copy_to_host()[1].tobytes() == want.tobytes(), f"the l1 scale beside the tree of {size}"
 
 
-def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011)) -> None:
+def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torch.dtype, ...] = (torch.float32,
+                    torch.bfloat16), powers: tuple[int, ...] = (1, 2)) -> None:
     """The lane sums' order, on inputs whose float64 sums depend on it (magnitudes 2^-20 to 2^20; randn times 3
     mostly sums exactly in any order at these lengths): the sums of |x|^p, float32 and bfloat16 (a table), and the
     accumulated signs' sums and values, equal the CPU kernels' past one summation block and a batch's end."""
@@ -316,11 +317,11 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011)) -> None:
     for numel in lengths:
         x = torch.from_numpy((rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32))
         err = (rng.standard_normal(numel) * 1e-3).astype(np.float32)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             src = x.numpy() if dtype == torch.float32 else x.to(dtype).view(torch.int16).numpy().view(np.uint16)
             lut = None if dtype == torch.float32 else codecs._lookup_table(dtype)
             d_lut = None if lut is None else cuda.cuda.to_device(lut)
-            for power in (1, 2):
+            for power in powers:
                 want = cpu.compensated_power_sum(src, lut, err, numel - 5, power)
                 got = cuda.compensated_power_sum(cuda.cuda.to_device(src), d_lut, cuda.cuda.to_device(err),
                                                  numel - 5, power)
@@ -328,7 +329,7 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011)) -> None:
         rows = rng.integers(0, 256, (3, -(-numel // 8)), dtype=np.uint8)
         weights = (rng.standard_normal(3) * np.exp2(rng.integers(-20, 21, 3))).astype(np.float32)
         base = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
-        for power in (1, 2):
+        for power in powers:
             out, d_out = np.empty(numel, np.float32), cuda.cuda.device_array(numel, np.float32)
             want = cpu.accumulate_signs(rows, weights, base, out, numel, power)
             got = cuda.accumulate_signs(cuda.cuda.to_device(rows), cuda.cuda.to_device(weights),
@@ -496,7 +497,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
         cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = 2, 32, 16  # past TAIL: _collapse, several values a thread
         try:
             check(max(lengths), 3, torch.float16)
-            check_lane_sums((20011,))  # 3 summation blocks on 2 thread blocks: one stages a second over the first
+            check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
+            # stages a second over the first
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
             check_levels(8200, 3, torch.float32, 8, 4)

@@ -11,8 +11,8 @@ import pytest
 from tests import background
 from tests.kernels.cuda_sim_checks import PARTS
 
-GROUPS = (("float16", "bfloat16", "levels", "races", "scale", "blocks"),
-          ("tree", "float32", "grid"))
+GROUPS = (("tree", "float16", "bfloat16", "levels", "races", "scale"),
+          ("float32", "blocks", "grid"))
 """``cuda_sim_checks``' parts in two processes of about equal time, run side by side on two cores."""
 
 

@@ -4,6 +4,7 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
     .venv/bin/python bench/scaling/scale.py bytes --ranks 2 4 16 64 256 1024 --out bench/results/scaling_bytes
     .venv/bin/python bench/scaling/scale.py hooks --ranks 2 16 64 --out bench/results/scaling_hooks
     .venv/bin/python bench/scaling/scale.py optimizers --ranks 2 16 64 --out bench/results/scaling_optimizers
+    .venv/bin/python bench/scaling/scale.py lr --ranks 2 16 --out bench/results/scaling_lr
     .venv/bin/python bench/scaling/scale.py plot --out bench/results/scaling
 
 Every rank is a thread of this process (compcoll's numerics are deterministic, so the bits
@@ -32,7 +33,12 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
    one run whatever n (the same global batch) and run once, at the first n; Birder's exact
    form averages each rank's own ratio m / b, which changes with the rank's share of the
    batch, so it runs at every n (``PER_N_BASELINES``).
-4. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
+4. ``lr``: the optimizers part's LM at several learning rates (``--adam-lrs`` for the Adam
+   family, ``--lamb-lrs`` for the LAMBs), rows ``LR_ROWS``: each run against its baseline at
+   the same learning rate, and each optimizer's best against its baseline's best (the
+   optimizers part holds the bench's one learning rate, at which a baseline may be far
+   from its best). Baselines run at the first n only, as in the optimizers part.
+5. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
    _optimizers), OUT_bytes.png (bytes per element per rank against n, log-log) and
    OUT_gap.png (each run's gap to its baseline against n); the training parts' tables are
    written again from their JSON.
@@ -62,6 +68,12 @@ RANKS_PER_NODE = 8
 OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder",
                   "LAMB", "1-bit LAMB")
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
+LR_ROWS = ("Adam", "1-bit Adam", "1-bit Adam bc", "0/1 Adam", "LAMB", "1-bit LAMB")
+"""Rows of the lr part: each compressed Adam and LAMB against its baseline, at every learning rate."""
+VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True})}
+"""Rows of the lr part that are a row of bench/convergence/run.py with more keyword arguments."""
+LAMB_ROWS = ("LAMB", "1-bit LAMB")
+"""Rows of the lr part that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
 PER_N_BASELINES = ("Birder exact",)
 """Baselines whose run changes with n: Birder's moments are each rank's own, so its exact average of m / b at 16
 ranks (4 sequences a rank) is another optimizer than at 2 (32 a rank)."""
@@ -189,17 +201,69 @@ def hooks_part(args) -> dict:
     return train_rows(args, hook_rows, launch, "test_accuracy")
 
 
+def train_lm(n: int, config: dict) -> None:
+    """One run of the optimizers' causal LM (bench/convergence, width 64, 2 blocks, context 64) on n thread ranks."""
+    config = dict(config, task="lm", hidden=64, layers=2, context=64)
+    run_threads("job:train", n, args=(json.dumps(config),), timeout=7200)
+
+
 def optimizers_part(args) -> dict:
     from run import runs
 
     specs = {s["name"]: s for s in runs(args.steps, 1e-8, 1e-3, 5e-3, False)}
     rows_at = functools.partial(optimizer_rows, specs, first=args.ranks[0])
+    return train_rows(args, rows_at, train_lm, "val_loss")
 
-    def launch(n: int, config: dict) -> None:
-        config = dict(config, task="lm", hidden=64, layers=2, context=64)
-        run_threads("job:train", n, args=(json.dumps(config),), timeout=7200)
 
-    return train_rows(args, rows_at, launch, "val_loss")
+def lr_part(args) -> dict:
+    """Train ``LR_ROWS`` (``--only``: those named) at every learning rate; ``lr_report`` tabulates them.
+
+    1. A row of ``LAMB_ROWS`` runs at each of ``--lamb-lrs``, any other at each of ``--adam-lrs``,
+       with bench/convergence/run.py's settings at that rate.
+    2. A run's name gains its rate ("1-bit Adam lr=0.002"), its baseline the same rate, so that
+       ``train_rows`` and ``report`` set each run against its baseline at the same rate.
+    3. ``VARIANTS`` rows are their run.py row with more keyword arguments ("1-bit Adam bc":
+       ``bias_correction=True``).
+    """
+    from run import runs
+
+    def rows_at(n: int) -> list[dict]:
+        rows = []
+        for name in LR_ROWS:
+            for lr in args.lamb_lrs if name in LAMB_ROWS else args.adam_lrs:
+                source, more = VARIANTS.get(name, (name, {}))
+                spec = {s["name"]: s for s in runs(args.steps, 1e-8, lr, lr, False)}[source]
+                spec = dict(spec, kwargs=dict(spec["kwargs"], **more))
+                if (spec["baseline"] or n == args.ranks[0]) and (not args.only or name in args.only):
+                    rows.append(dict(spec, name=f"{name} lr={lr:g}",
+                                     baseline=spec["baseline"] and f"{spec['baseline']} lr={lr:g}"))
+        return rows
+
+    result = train_rows(argparse.Namespace(**{**vars(args), "only": None}), rows_at, train_lm, "val_loss")
+    return {"runs": result["runs"], "table": lr_report(result["runs"]) + "\n\n" + result["table"]}
+
+
+def lr_report(results: list[dict]) -> str:
+    """Per n and optimizer: the final validation loss at each learning rate, the best, and the best against the
+    baseline's best (the baselines' runs at the first n serve every n)."""
+    def row(name: str) -> str:
+        return name.split(" lr=")[0]
+
+    def rate(result: dict) -> float:
+        return result["kwargs"]["lr"]
+
+    lines = [f"{'n':>5} {'optimizer':<12}{'learning rate: validation loss':<56}{'best':>15}{'vs base best':>13}"]
+    for n in dict.fromkeys(r["n"] for r in results):
+        for name in dict.fromkeys(row(r["name"]) for r in results if r["n"] == n):
+            mine = sorted((r for r in results if r["n"] == n and row(r["name"]) == name), key=rate)
+            losses = {rate(r): r["curve"][-1]["val_loss"] for r in mine}
+            best = min(losses, key=losses.__getitem__)
+            cells = "  ".join(f"{lr:g}: {loss:.4f}" for lr, loss in losses.items())
+            base_name = mine[0]["baseline"] and row(mine[0]["baseline"])
+            base = [r["curve"][-1]["val_loss"] for r in results if r["baseline"] is None and row(r["name"]) == base_name]
+            against = f"{100 * (losses[best] / min(base) - 1):+.1f}%" if base else ""
+            lines.append(f"{n:>5} {name:<12}{cells:<56}{f'{losses[best]:.4f} at {best:g}':>15}{against:>13}")
+    return "\n".join(lines)
 
 
 def optimizer_rows(specs: dict[str, dict], n: int, first: int) -> list[dict]:
@@ -291,13 +355,17 @@ def plot_part(args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("bytes", "hooks", "optimizers", "plot"))
+    p.add_argument("part", choices=("bytes", "hooks", "optimizers", "lr", "plot"))
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 64])
     p.add_argument("--numel", type=int, default=262151, help="bytes: elements per call")
     p.add_argument("--steps", type=int, help="training steps (hooks 300, optimizers 400)")
     p.add_argument("--batch", type=int, help="global batch, split over the ranks (hooks 256, optimizers 64)")
     p.add_argument("--hidden", type=int, default=256, help="hooks: the digits MLP's hidden units")
     p.add_argument("--lr", type=float, default=0.05, help="hooks: momentum SGD's learning rate")
+    p.add_argument("--adam-lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3],
+                   help="lr: the Adam family's learning rates")
+    p.add_argument("--lamb-lrs", type=float, nargs="+", default=[5e-3, 1e-2, 1.5e-2, 2e-2],
+                   help="lr: the LAMBs' learning rates")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="the order of the batches (the model's initial weights stay)")
     p.add_argument("--only", nargs="*", help="only these rows (by name; bytes: forms)")
@@ -306,7 +374,8 @@ def main() -> int:
     args.steps = args.steps or (300 if args.part == "hooks" else 400)
     args.batch = args.batch or (256 if args.part == "hooks" else 64)
     torch.set_num_threads(1)
-    result = {"bytes": bytes_part, "hooks": hooks_part, "optimizers": optimizers_part, "plot": plot_part}[args.part](args)
+    parts = {"bytes": bytes_part, "hooks": hooks_part, "optimizers": optimizers_part, "lr": lr_part, "plot": plot_part}
+    result = parts[args.part](args)
     print(result["table"])
     if args.part == "plot":
         return 0

@@ -36,7 +36,8 @@ NOT_NEEDED: dict[str, str] = {
     "cuda_aware": "compcoll sends CUDA tensors through CUDA-aware MPI when its communicator is one "
                   "(compcoll.comm.MPIComm(device=...)), not by a flag",
     "comm_backend_name": "the communicator given as comm (by default torch.distributed's group) is the transport",
-    "bias_correction": "DeepSpeed 0.19.6's 1-bit optimizers never apply it, and compcoll's do not either",
+    "bias_correction": "DeepSpeed 0.19.6's 1-bit optimizers never apply it, so neither do the optimizers built "
+                       "here (OneBitAdam(bias_correction=True) is torch.optim.Adam's correction, outside a config)",
     "eps_inside_sqrt": "DeepSpeed 0.19.6 adds eps outside the square root whatever it says, as compcoll does",
     "amsgrad": "false is the only value DeepSpeed accepted",
 }

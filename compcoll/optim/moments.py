@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .base import CompressedOptimizer
@@ -29,21 +31,37 @@ def local_momentum(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tensor
     return local
 
 
-def adam_step(opt: CompressedOptimizer, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
-    """p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), with each group's hyperparameters."""
+def adam_step(opt: CompressedOptimizer, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, steps: int = 0,
+              variance_steps: int = 0) -> None:
+    """p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), with each group's hyperparameters.
+
+    With ``steps`` > 0 (bias correction, as torch.optim.Adam's): m is divided by 1 - b1^steps, and
+    v by 1 - b2^variance_steps where ``variance_steps`` > 0 (``preconditioner``).
+    """
+    denom = preconditioner(opt, v, variance_steps=variance_steps)
     for group, sl in opt._groups():
-        update = m[sl] / v[sl].sqrt().add_(group["eps"])
+        update = m[sl] / denom[sl]
+        if steps:
+            update.div_(1 - group["betas"][0] ** steps)
         if group["weight_decay"]:
             update.add_(p[sl], alpha=group["weight_decay"])
         p[sl].add_(update, alpha=-group["lr"])
 
 
-def preconditioner(opt: CompressedOptimizer, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def preconditioner(opt: CompressedOptimizer, v: torch.Tensor, out: torch.Tensor | None = None,
+                   variance_steps: int = 0) -> torch.Tensor:
     """sqrt(v) + eps with each group's eps, in ``out`` (None: a scratch buffer): what turns m into Adam's update
-    m / (sqrt(v) + eps)."""
+    m / (sqrt(v) + eps).
+
+    With ``variance_steps`` k > 0, v is bias-corrected first, as torch.optim.Adam's:
+    sqrt(v) / sqrt(1 - b2^k) + eps (k: the number of updates v has had).
+    """
     denom = opt.workspace.get("optim.denom", v.numel(), torch.float32, v.device) if out is None else out
     for group, sl in opt._groups():
-        torch.sqrt(v[sl], out=denom[sl]).add_(group["eps"])
+        torch.sqrt(v[sl], out=denom[sl])
+        if variance_steps:
+            denom[sl].div_(math.sqrt(1 - group["betas"][1] ** variance_steps))
+        denom[sl].add_(group["eps"])
     return denom
 
 

@@ -41,3 +41,37 @@ def test_a_gap_is_taken_against_the_baseline_at_the_same_n_else_the_one_run(scal
             run("birder", "exact", 16, 3.3), run("one-bit", "adam", 16, 1.1)]
     assert scale.gap(runs[3], runs, "val_loss") == pytest.approx(10.0)
     assert scale.gap(runs[4], runs, "val_loss") == pytest.approx(10.0)
+
+
+def test_the_lr_part_sets_each_run_against_its_baseline_at_the_same_rate_and_best_against_best(scale,
+                                                                                                monkeypatch) -> None:
+    """Every learning rate of a row runs, its baseline named with the same rate; baselines at the first n only; the
+    summary takes each optimizer's best against its baseline's best, whatever their rates."""
+    import argparse
+
+    args = argparse.Namespace(ranks=[2, 16], adam_lrs=[1e-3, 4e-3], lamb_lrs=[5e-3], steps=400, only=None)
+    rows = {}
+    monkeypatch.setattr(scale, "train_rows", lambda args, rows_at, launch, metric: rows.update(
+        {n: rows_at(n) for n in args.ranks}) or {"runs": [], "table": ""})
+    scale.lr_part(args)
+    names = {n: [(r["name"], r["baseline"], r["kwargs"]["lr"]) for r in found] for n, found in rows.items()}
+    assert ("1-bit Adam lr=0.004", "Adam lr=0.004", 4e-3) in names[2]
+    assert ("1-bit LAMB lr=0.005", "LAMB lr=0.005", 5e-3) in names[16]
+    assert [name for name, _, _ in names[16]] == [
+        "1-bit Adam lr=0.001", "1-bit Adam lr=0.004", "1-bit Adam bc lr=0.001", "1-bit Adam bc lr=0.004",
+        "0/1 Adam lr=0.001", "0/1 Adam lr=0.004", "1-bit LAMB lr=0.005"]
+    assert len(names[2]) == len(names[16]) + 3
+    assert [r["kwargs"].get("bias_correction") for r in rows[16][:4]] == [None, None, True, True]
+    args.only = ["1-bit Adam bc"]
+    scale.lr_part(args)
+    assert [r["name"] for r in rows[2]] == ["1-bit Adam bc lr=0.001", "1-bit Adam bc lr=0.004"]
+
+    def run(name: str, baseline: str | None, n: int, lr: float, loss: float) -> dict:
+        return {"name": f"{name} lr={lr:g}", "baseline": baseline and f"{baseline} lr={lr:g}", "n": n,
+                "kwargs": {"lr": lr}, "curve": [{"val_loss": loss}]}
+
+    table = scale.lr_report([run("Adam", None, 2, 1e-3, 2.0), run("Adam", None, 2, 4e-3, 1.6),
+                             run("1-bit Adam", "Adam", 2, 1e-3, 1.92), run("1-bit Adam", "Adam", 2, 4e-3, 2.4),
+                             run("1-bit Adam", "Adam", 16, 1e-3, 1.76)]).splitlines()
+    assert table[2].split()[-4:] == ["1.9200", "at", "0.001", "+20.0%"]
+    assert table[3].split()[:2] == ["16", "1-bit"] and table[3].endswith("+10.0%")

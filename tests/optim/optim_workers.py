@@ -188,7 +188,8 @@ def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
 OPTION_CHOICES = {"compress": ("update", "momentum", "compressed quantities"),
                   "protocol": ("gather_scatter", "allgather", "1-bit protocols"),
                   "variance_refresh": (0, 8, "variance refresh intervals"),
-                  "layer_scales": (False, True, "1-bit scales per layer")}
+                  "layer_scales": (False, True, "1-bit scales per layer"),
+                  "bias_correction": (False, True, "bias corrections")}
 """Per option an optimizer's ranks must agree on: rank 0's value, the others', and the name errors give it."""
 
 
@@ -205,14 +206,16 @@ def option_mismatch(comm: compcoll.Communicator, name: str, option: str) -> None
 
 
 def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0,
-                          compress: str = "update", scale: str = "l1") -> None:
+                          compress: str = "update", scale: str = "l1", bias_correction: bool = False) -> None:
     """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit.
 
     With ``ranks_per_node`` the ranks form nodes and the optimizer must pick the
-    hierarchical compensated allreduce; the simulation uses its reference.
+    hierarchical compensated allreduce; the simulation uses its reference. With
+    ``bias_correction`` the simulation divides m by 1 - b1^t and v by 1 - b2^min(t, freeze_step).
     """
     n = comm.size
-    model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01, compress=compress, scale=scale)
+    model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01, compress=compress, scale=scale,
+                       bias_correction=bias_correction)
     assert opt.channel.hierarchical == bool(ranks_per_node)
     b1, b2, lr, eps, wd = 0.9, 0.999, 1e-2, 1e-8, 0.01
     with seeded(100):
@@ -225,17 +228,25 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
     m, v = torch.zeros(numel), torch.zeros(numel)
     we = [np.zeros(lengths[0], np.float32) for _ in range(n)]
     se = [np.zeros(lengths[1], np.float32) for _ in range(n)]
+
+    def denominator(t: int) -> torch.Tensor:
+        denom = v.sqrt()
+        return (denom.div_(math.sqrt(1 - b2 ** min(t, freeze_step))) if bias_correction else denom).add_(eps)
+
     for step in range(steps):
         grads = _world_grads([sim] * n, [p] * n, step)
+        t = step + 1
         if step < freeze_step:
             avg = _exact(grads)
             m.mul_(b1).add_(avg, alpha=1 - b1)
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
         else:
             m = _sent([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, compress,
-                      v.sqrt().add_(eps), ranks_per_node, scale)
-        update = (m / v.sqrt().add_(eps)).add_(p, alpha=wd)
-        p.add_(update, alpha=-lr)
+                      denominator(t), ranks_per_node, scale)
+        update = m / denominator(t)
+        if bias_correction:
+            update.div_(1 - b1 ** t)
+        p.add_(update.add_(p, alpha=wd), alpha=-lr)
         train(comm, model, opt, range(step, step + 1))
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params differ"
         assert np.array_equal(opt.channel.worker_error.numpy(), we[comm.rank]), f"step {step}: worker error"

@@ -61,7 +61,8 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
 
 @pytest.mark.parametrize("name, option", [(name, option) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
                                           for option in ("compress", "protocol")]
-                         + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales")])
+                         + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales"),
+                            ("OneBitAdam", "bias_correction")])
 def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
     run(f"{WORKERS}:option_mismatch", 2, IN, args=(name, option))
 
@@ -74,6 +75,11 @@ def test_onebit_adam_matches_simulation(world_size: int) -> None:
 @pytest.mark.parametrize("compress, scale", [("momentum", "l2"), ("update", "l2")])
 def test_onebit_adam_options_match_simulation(compress: str, scale: str) -> None:
     run(f"{WORKERS}:onebit_adam_reference", 3, IN, args=(3, 8, 0, compress, scale))
+
+
+@pytest.mark.parametrize("compress", ["update", "momentum"])
+def test_onebit_adam_bias_correction_matches_simulation(compress: str) -> None:
+    run(f"{WORKERS}:onebit_adam_reference", 3, IN, args=(3, 8, 0, compress, "l1", True))
 
 
 @pytest.mark.parametrize("world_size, ranks_per_node", [(4, 2), (6, 3)])

@@ -68,9 +68,10 @@ RANKS_PER_NODE = 8
 OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder",
                   "LAMB", "1-bit LAMB")
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
-LR_ROWS = ("Adam", "1-bit Adam", "1-bit Adam bc", "0/1 Adam", "LAMB", "1-bit LAMB")
+LR_ROWS = ("Adam", "1-bit Adam", "1-bit Adam bc", "0/1 Adam", "0/1 Adam bc", "LAMB", "1-bit LAMB")
 """Rows of the lr part: each compressed Adam and LAMB against its baseline, at every learning rate."""
-VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True})}
+VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True}),
+            "0/1 Adam bc": ("0/1 Adam", {"bias_correction": True})}
 """Rows of the lr part that are a row of bench/convergence/run.py with more keyword arguments."""
 LAMB_ROWS = ("LAMB", "1-bit LAMB")
 """Rows of the lr part that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
@@ -222,7 +223,7 @@ def lr_part(args) -> dict:
        with bench/convergence/run.py's settings at that rate.
     2. A run's name gains its rate ("1-bit Adam lr=0.002"), its baseline the same rate, so that
        ``train_rows`` and ``report`` set each run against its baseline at the same rate.
-    3. ``VARIANTS`` rows are their run.py row with more keyword arguments ("1-bit Adam bc":
+    3. ``VARIANTS`` rows are their run.py row with more keyword arguments ("... bc":
        ``bias_correction=True``).
     """
     from run import runs
@@ -252,7 +253,7 @@ def lr_report(results: list[dict]) -> str:
     def rate(result: dict) -> float:
         return result["kwargs"]["lr"]
 
-    lines = [f"{'n':>5} {'optimizer':<12}{'learning rate: validation loss':<56}{'best':>15}{'vs base best':>13}"]
+    lines = [f"{'n':>5} {'optimizer':<15}{'learning rate: validation loss':<80}{'best':>17}{'vs base best':>13}"]
     for n in dict.fromkeys(r["n"] for r in results):
         for name in dict.fromkeys(row(r["name"]) for r in results if r["n"] == n):
             mine = sorted((r for r in results if r["n"] == n and row(r["name"]) == name), key=rate)
@@ -262,7 +263,7 @@ def lr_report(results: list[dict]) -> str:
             base_name = mine[0]["baseline"] and row(mine[0]["baseline"])
             base = [r["curve"][-1]["val_loss"] for r in results if r["baseline"] is None and row(r["name"]) == base_name]
             against = f"{100 * (losses[best] / min(base) - 1):+.1f}%" if base else ""
-            lines.append(f"{n:>5} {name:<12}{cells:<56}{f'{losses[best]:.4f} at {best:g}':>15}{against:>13}")
+            lines.append(f"{n:>5} {name:<15}{cells:<80}{f'{losses[best]:.4f} at {best:g}':>17}{against:>13}")
     return "\n".join(lines)
 
 

@@ -36,6 +36,13 @@ def compression_options(what: str, compress: str, scale: str, protocol: str = "g
             Option("1-bit protocols", PROTOCOLS.index(protocol), PROTOCOLS))
 
 
+def bias_correction_option(what: str, bias_correction: bool) -> tuple[Option, ...]:
+    """Check ``bias_correction`` (True or False); the option all ranks must agree on."""
+    if not isinstance(bias_correction, bool):
+        raise ValueError(f"{what}: bias_correction must be True or False, got {bias_correction!r}")
+    return (Option("bias corrections", int(bias_correction), ("off", "on")),)
+
+
 class StateBuffer:
     """A named state buffer of a ``CompressedOptimizer``, read from the one dict that owns them all (``_buffers``).
 

@@ -81,8 +81,12 @@ def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out:
     return out.mul_(denom)
 
 
-def floor_variance(opt: CompressedOptimizer, m: torch.Tensor, v: torch.Tensor) -> None:
+def floor_variance(opt: CompressedOptimizer, m: torch.Tensor, v: torch.Tensor, steps: int = 0,
+                   variance_steps: int = 0) -> None:
     """v = max(v, c * m^2), c = (1-b2) / (1-b1)^2 per group: no step larger than Adam's largest.
+
+    With bias correction (``steps`` t and ``variance_steps`` k > 0, as ``adam_step``'s) the bound
+    holds for the corrected moments: c is multiplied by (1 - b2^k) / (1 - b1^t)^2.
 
     Adam's |m / sqrt(v)| peaks at (1-b1) / sqrt(1-b2) (3.16 at the default betas) when one
     gradient follows a silent history; a variance that is refreshed only now and then (0/1
@@ -92,4 +96,7 @@ def floor_variance(opt: CompressedOptimizer, m: torch.Tensor, v: torch.Tensor) -
     """
     for group, sl in opt._groups():
         b1, b2 = group["betas"]
-        torch.maximum(v[sl], m[sl].square().mul_((1 - b2) / (1 - b1) ** 2), out=v[sl])
+        c = (1 - b2) / (1 - b1) ** 2
+        if steps and variance_steps:
+            c *= (1 - b2 ** variance_steps) / (1 - b1 ** steps) ** 2
+        torch.maximum(v[sl], m[sl].square().mul_(c), out=v[sl])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms.agreement import Option
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, warmup_steps
+from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
+                   compression_options, warmup_steps)
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 
@@ -29,11 +29,12 @@ class OneBitAdam(CompressedOptimizer):
        m / (1 - b1^t) at step t and v / (1 - b2^k) with k = min(t, freeze_step), the updates v
        has had (its frozen value is then an estimate of E[g^2], however short the warmup).
     By default, like DeepSpeed's, the update has no bias correction: v is frozen at
-    1 - b2^freeze_step of its level (6% after 60 warmup steps at b2 = 0.999), so every compressed
-    step is up to 1 / sqrt(that) larger than torch.optim.Adam's at the same lr (4.1x there).
-    On the LM of ``bench/scaling`` (2 ranks, 60 warmup steps of 400) 1-bit Adam's best lr was
-    then 1e-3 and ended 11.6% above Adam's best (4e-3); with the correction its best ended
-    5.7% above, and it stayed stable up to 6e-3 (docs/guides/scale.md, "Learning rates").
+    1 - b2^freeze_step of its level (5.8% after 60 warmup steps at b2 = 0.999), so every
+    compressed step is 1 / sqrt(that) larger than torch.optim.Adam's at the same lr (4.1x
+    there). On the LM of ``bench/scaling`` (60 warmup steps of 400, seed 0) 1-bit Adam's
+    best of five lrs was then 5e-4, a quarter of Adam's (2e-3), and ended 6.0% / 9.2% above
+    Adam's best at 2 / 16 ranks; with the correction its best was Adam's lr (2e-3 / 4e-3)
+    and ended 4.0% / 5.3% above (docs/guides/scale.md, "Learning rates").
     Unlike DeepSpeed's, the first step
     updates the parameters, and coordinates whose frozen variance is 0 (they never had a
     gradient during warmup: unused embedding rows, always-zero inputs, dead units) are
@@ -103,10 +104,8 @@ class OneBitAdam(CompressedOptimizer):
         bias_correction: bool = False,
     ) -> None:
         check_hyperparameters(type(self).__name__, lr, betas, eps, weight_decay)
-        options = compression_options(type(self).__name__, compress, scale, protocol)
-        if not isinstance(bias_correction, bool):
-            raise ValueError(f"{type(self).__name__}: bias_correction must be True or False, got {bias_correction!r}")
-        options += (Option("bias corrections", int(bias_correction), ("off", "on")),)
+        options = (compression_options(type(self).__name__, compress, scale, protocol)
+                   + bias_correction_option(type(self).__name__, bias_correction))
         freeze_step = warmup_steps("OneBitAdam", "freeze_step", freeze_step, total_steps)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          options)

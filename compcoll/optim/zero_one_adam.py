@@ -6,7 +6,8 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, warmup_steps
+from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
+                   compression_options, warmup_steps)
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
 
 
@@ -33,6 +34,12 @@ class ZeroOneAdam(CompressedOptimizer):
        the last synchronisation, m = a~*d / (the group's sum of lr since then), and the
        variance floor again (m and v are the same on every rank there). The
        interval doubles every ``local_step_scaler`` steps, up to ``local_step_clipper``.
+    3. ``bias_correction=True``: every m above is divided by 1 - b1^s and every v by
+       1 - b2^k (k: the refreshes v has had), as torch.optim.Adam corrects them, in d, the
+       steps, the floor's bound and the m rebuilt at a synchronisation (times 1 - b1^s).
+       Without it (DeepSpeed's numerics) v after k refreshes is 1 - b2^k of its level: 3.9%
+       after the 40 refreshes of an 80-step variance phase, so each step is up to 5.1x
+       torch's Adam at the same lr (docs/guides/scale.md, "Learning rates").
     Replicas are bit-identical after every step of phase 1 and after every
     synchronisation (``synchronized`` is True then); between synchronisations each rank
     trains its own copy, as the algorithm intends. Unlike DeepSpeed's, the first step
@@ -68,6 +75,7 @@ class ZeroOneAdam(CompressedOptimizer):
             and 1 (a synchronisation at every local-phase step, 1/29 of the ring's bytes) 0.6% above
             (docs/guides/scale.md).
         total_steps: the run's number of optimizer steps, for a ``var_freeze_step`` given as a share.
+        bias_correction: as for ``OneBitAdam`` (step 3; False, the default: DeepSpeed's numerics).
     """
 
     _scalar_names = ("var_interval", "var_counter", "local_interval", "local_counter", "pending")
@@ -97,10 +105,11 @@ class ZeroOneAdam(CompressedOptimizer):
         scale: str = "l1",
         protocol: str = "gather_scatter",
         total_steps: int | None = None,
+        bias_correction: bool = False,
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
-        options = compression_options(what, compress, scale, protocol)
+        options = compression_options(what, compress, scale, protocol) + bias_correction_option(what, bias_correction)
         var_freeze_step = warmup_steps(what, "var_freeze_step", var_freeze_step, total_steps, least=1)
         for name, value in (("var_update_scaler", var_update_scaler),
                             ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
@@ -109,6 +118,7 @@ class ZeroOneAdam(CompressedOptimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          options)
         self.compress = compress
+        self.bias_correction = bias_correction
         self.var_freeze_step = var_freeze_step
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
@@ -135,8 +145,16 @@ class ZeroOneAdam(CompressedOptimizer):
         schedule of later ones is unchanged.
         """
         if self.pending:
-            self._synchronize(self.exp_avg_sq == 0)
+            self._synchronize(self.exp_avg_sq == 0, self.steps)
             self.flat.write_back()
+
+    def _bias_steps(self, s: int, refresh: bool = False) -> tuple[int, int]:
+        """(t, k) for ``moments``' bias corrections at step s: (s, the refreshes v has had with this step's), or
+        (0, 0) without ``bias_correction``. The interval doubles every ``var_update_scaler`` refreshes, so the
+        refreshes before this step are log2(var_interval) * var_update_scaler + var_counter."""
+        if not self.bias_correction:
+            return 0, 0
+        return s, (self.var_interval.bit_length() - 1) * self.var_update_scaler + self.var_counter + refresh
 
     def _update(self, grad: torch.Tensor) -> None:
         if self.steps + 1 <= self.var_freeze_step:
@@ -147,6 +165,7 @@ class ZeroOneAdam(CompressedOptimizer):
     def _variance_phase_step(self, grad: torch.Tensor, s: int) -> None:
         m, v = self.exp_avg, self.exp_avg_sq
         refresh = s % self.var_interval == 0
+        t, k = self._bias_steps(s, refresh)
         if refresh or self.compress == "momentum":
             source = self.workspace.get("optim.average", grad.numel(), torch.float32, grad.device)
             if refresh:
@@ -159,9 +178,10 @@ class ZeroOneAdam(CompressedOptimizer):
                     v[sl].mul_(b2).addcmul_(source[sl], source[sl], value=1 - b2)
                 m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
         else:
-            send_preconditioned(self.channel, local_momentum(self, grad, m), m, preconditioner(self, v), v == 0)
-        floor_variance(self, m, v)
-        adam_step(self, self.flat.data, m, v)
+            send_preconditioned(self.channel, local_momentum(self, grad, m), m,
+                                preconditioner(self, v, variance_steps=k), v == 0)
+        floor_variance(self, m, v, t, k)
+        adam_step(self, self.flat.data, m, v, t, k)
         if refresh:
             self.var_counter += 1
             if self.var_counter == self.var_update_scaler:
@@ -174,10 +194,14 @@ class ZeroOneAdam(CompressedOptimizer):
         self._check_finite(grad)
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
         silent = v == 0
+        t, k = self._bias_steps(s)
+        denom = preconditioner(self, v, variance_steps=k)
         for index, (group, sl) in enumerate(self._groups()):
             b1 = group["betas"][0]
             m[sl].mul_(b1).add_(grad[sl], alpha=1 - b1)
-            update = m[sl] / v[sl].sqrt().add_(group["eps"])
+            update = m[sl] / denom[sl]
+            if t:
+                update.div_(1 - b1 ** t)
             update.masked_fill_(silent[sl], 0.0)
             if group["weight_decay"]:
                 update.add_(p[sl], alpha=group["weight_decay"])
@@ -186,16 +210,18 @@ class ZeroOneAdam(CompressedOptimizer):
             self.lr_sums[index] += group["lr"]
         self.pending += 1
         if s % self.local_interval == 0:
-            self._synchronize(silent)
+            self._synchronize(silent, s)
         self.local_counter += 1
         if self.local_counter == self.local_step_scaler:
             self.local_counter = 0
             self.local_interval = min(self.local_step_clipper, self.local_interval * 2)
 
-    def _synchronize(self, silent: torch.Tensor) -> None:
-        """Average the accumulated steps in 1 bit and rebuild p and m from it, identically on every rank."""
+    def _synchronize(self, silent: torch.Tensor, s: int) -> None:
+        """Average the accumulated steps in 1 bit and rebuild p and m (as of step s) from it, identically on every
+        rank."""
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
-        denom = preconditioner(self, v)
+        t, k = self._bias_steps(s)
+        denom = preconditioner(self, v, variance_steps=k)
         sent = self.workspace.get("optim.local", acc.numel(), torch.float32, acc.device)
         update = self.compress == "update"
         if update:
@@ -209,7 +235,9 @@ class ZeroOneAdam(CompressedOptimizer):
                 codecs.divide_(torch.mul(acc[sl], denom[sl], out=m[sl]), lr_sum)
             elif lr_sum:
                 codecs.divide_(m[sl].copy_(acc[sl]), lr_sum)
-        floor_variance(self, m, v)
+            if lr_sum and t:
+                m[sl].mul_(1 - group["betas"][0] ** t)
+        floor_variance(self, m, v, t, k)
         self.synced_params.copy_(p)
         acc.zero_()
         self.lr_sums.zero_()

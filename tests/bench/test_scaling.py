@@ -59,7 +59,8 @@ def test_the_lr_part_sets_each_run_against_its_baseline_at_the_same_rate_and_bes
     assert ("1-bit LAMB lr=0.005", "LAMB lr=0.005", 5e-3) in names[16]
     assert [name for name, _, _ in names[16]] == [
         "1-bit Adam lr=0.001", "1-bit Adam lr=0.004", "1-bit Adam bc lr=0.001", "1-bit Adam bc lr=0.004",
-        "0/1 Adam lr=0.001", "0/1 Adam lr=0.004", "1-bit LAMB lr=0.005"]
+        "0/1 Adam lr=0.001", "0/1 Adam lr=0.004", "0/1 Adam bc lr=0.001", "0/1 Adam bc lr=0.004",
+        "1-bit LAMB lr=0.005"]
     assert len(names[2]) == len(names[16]) + 3
     assert [r["kwargs"].get("bias_correction") for r in rows[16][:4]] == [None, None, True, True]
     args.only = ["1-bit Adam bc"]

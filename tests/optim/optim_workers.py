@@ -325,10 +325,16 @@ def _sent(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray]
 
 
 def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: str = "update",
-                            scale: str = "l1") -> None:
-    """ZeroOneAdam equals a one-process simulation of every rank's copy, bit for bit, through both phases."""
+                            scale: str = "l1", bias_correction: bool = False, floors: bool = True) -> None:
+    """ZeroOneAdam equals a one-process simulation of every rank's copy, bit for bit, through both phases.
+
+    With ``bias_correction`` the simulation divides m by 1 - b1^s and v by 1 - b2^k (k: the refreshes so far)
+    wherever it uses them, and multiplies the m it rebuilds at a synchronisation by 1 - b1^s. ``floors``: the
+    run must raise v by the variance floor at least once.
+    """
     n, wd = comm.size, 0.01
-    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd, compress=compress, scale=scale)
+    model, opt = build(comm, "ZeroOneAdam", weight_decay=wd, compress=compress, scale=scale,
+                       bias_correction=bias_correction)
     kw = CONFIGS["ZeroOneAdam"][1]
     b1, b2, lr, eps, vf = 0.9, 0.999, kw["lr"], 1e-8, kw["var_freeze_step"]
     with seeded(100):
@@ -343,12 +349,23 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
     we = [np.zeros(full, np.float32) for _ in range(n)]
     se = [np.zeros(full // n, np.float32) for _ in range(n)]
     var_interval, var_count, local_interval, local_count, lr_sum, floored = 1, 0, 1, 0, 0.0, 0
+    refreshes = 0
+
+    def denominator(k: int) -> torch.Tensor:
+        denom = v.sqrt()
+        return (denom.div_(math.sqrt(1 - b2 ** k)) if k else denom).add_(eps)
+
+    def corrected(update: torch.Tensor, t: int) -> torch.Tensor:
+        return update.div_(1 - b1 ** t) if t else update
+
     for step in range(steps):
         s = step + 1
         grads = _world_grads(sims, p, step)
         silent = v == 0
         if s <= vf:
             refresh = s % var_interval == 0
+            refreshes += refresh
+            t, k = (s, refreshes) if bias_correction else (0, 0)
             if refresh or compress == "momentum":
                 source = _exact(grads) if refresh else _onebit(grads, we, se, silent, scale=scale)
                 if refresh:
@@ -357,11 +374,11 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                     m[q].mul_(b1).add_(source, alpha=1 - b1)
             else:
                 locals_ = [torch.add(m[q].mul(b1), grads[q], alpha=1 - b1) for q in range(n)]
-                common = _sent(locals_, we, se, silent, compress, v.sqrt().add_(eps), scale=scale)
+                common = _sent(locals_, we, se, silent, compress, denominator(k), scale=scale)
                 m = [common.clone() for _ in range(n)]
-            floored, v = _floor(v, m[0], b1, b2, floored)
+            floored, v = _floor(v, m[0], b1, b2, floored, t, k)
             for q in range(n):
-                update = (m[q] / v.sqrt().add_(eps)).add_(p[q], alpha=wd)
+                update = corrected(m[q] / denominator(k), t).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
             if refresh:
                 var_count += 1
@@ -372,14 +389,15 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                 se = [np.zeros_like(e) for e in se]
                 synced = p[0].clone()
         else:
+            t, k = (s, refreshes) if bias_correction else (0, 0)
             for q in range(n):
                 m[q].mul_(b1).add_(grads[q], alpha=1 - b1)
-                update = (m[q] / v.sqrt().add_(eps)).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
+                update = corrected(m[q] / denominator(k), t).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
                 acc[q].add_(update, alpha=lr)
             lr_sum += lr
             if s % local_interval == 0:
-                denom = v.sqrt().add_(eps)
+                denom = denominator(k)
                 if compress == "update":
                     mean = _onebit([a.masked_fill(silent, 0.0) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean
@@ -388,7 +406,9 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                     mean = _onebit([a.mul(denom) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean / denom
                     m = [mean / lr_sum for _ in range(n)]
-                floored, v = _floor(v, m[0], b1, b2, floored)
+                if t:
+                    m = [mq.mul_(1 - b1 ** t) for mq in m]
+                floored, v = _floor(v, m[0], b1, b2, floored, t, k)
                 p = [synced.clone() for _ in range(n)]
                 acc = [torch.zeros(numel) for _ in range(n)]
                 lr_sum = 0.0
@@ -399,7 +419,7 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
         assert torch.equal(opt.flat.data.view(torch.int32), p[comm.rank].view(torch.int32)), f"step {step}: params"
         assert torch.equal(opt.exp_avg.view(torch.int32), m[comm.rank].view(torch.int32)), f"step {step}: momentum"
         assert np.array_equal(opt.channel.worker_error.numpy(), we[comm.rank]), f"step {step}: worker error"
-    assert floored, "the variance floor never raised v: this run does not test it"
+    assert floored or not floors, "the variance floor never raised v: this run does not test it"
 
 
 def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
@@ -431,9 +451,14 @@ def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
         assert torch.equal(opt.live, live), f"step {step}: live coordinates"
 
 
-def _floor(v: torch.Tensor, m: torch.Tensor, b1: float, b2: float, floored: int) -> tuple[int, torch.Tensor]:
-    """0/1 Adam's variance floor max(v, m^2 (1-b2)/(1-b1)^2), and ``floored`` + 1 if it raised v."""
-    new = torch.maximum(v, m.square().mul_((1 - b2) / (1 - b1) ** 2))
+def _floor(v: torch.Tensor, m: torch.Tensor, b1: float, b2: float, floored: int, t: int = 0,
+           k: int = 0) -> tuple[int, torch.Tensor]:
+    """0/1 Adam's variance floor max(v, m^2 (1-b2)/(1-b1)^2), the bound times (1-b2^k)/(1-b1^t)^2 with bias
+    correction (t, k > 0), and ``floored`` + 1 if it raised v."""
+    c = (1 - b2) / (1 - b1) ** 2
+    if t and k:
+        c *= (1 - b2 ** k) / (1 - b1 ** t) ** 2
+    new = torch.maximum(v, m.square().mul_(c))
     return floored + (not torch.equal(new, v)), new
 
 

@@ -62,7 +62,7 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
 @pytest.mark.parametrize("name, option", [(name, option) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
                                           for option in ("compress", "protocol")]
                          + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales"),
-                            ("OneBitAdam", "bias_correction")])
+                            ("OneBitAdam", "bias_correction"), ("ZeroOneAdam", "bias_correction")])
 def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
     run(f"{WORKERS}:option_mismatch", 2, IN, args=(name, option))
 
@@ -100,6 +100,12 @@ def test_zero_one_adam_matches_simulation(world_size: int) -> None:
 
 def test_zero_one_adam_compressing_the_momentum_matches_simulation() -> None:
     run(f"{WORKERS}:zero_one_adam_reference", 3, IN, args=(STEPS, "momentum", "l2"))
+
+
+@pytest.mark.parametrize("compress", ["update", "momentum"])
+def test_zero_one_adam_bias_correction_matches_simulation(compress: str) -> None:
+    """Corrected steps stay within the floor's bound in the update form's run; the momentum form's run floors v."""
+    run(f"{WORKERS}:zero_one_adam_reference", 3, IN, args=(STEPS, compress, "l1", True, compress == "momentum"))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])

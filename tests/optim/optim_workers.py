@@ -26,6 +26,9 @@ CONFIGS = {
     "ZeroOneAdam": (ZeroOneAdam, dict(lr=1e-2, var_freeze_step=6, var_update_scaler=2, local_step_scaler=3,
                                       local_step_clipper=4)),
     "Birder": (Birder, dict(lr=1e-3)),
+    "OneBitAdam bc": (OneBitAdam, dict(lr=1e-2, freeze_step=4, bias_correction=True)),
+    "ZeroOneAdam bc": (ZeroOneAdam, dict(lr=1e-2, var_freeze_step=6, var_update_scaler=2, local_step_scaler=3,
+                                         local_step_clipper=4, bias_correction=True)),
 }
 
 

@@ -281,7 +281,8 @@ def report(results: list[dict], metric: str) -> str:
     element per rank per step: over the run, the most any rank sent / (parameters x steps),
     warm-up included; late, rank 0's over the last evaluation interval (compressed steps).
     """
-    lines = [f"{'n':>5} {'run':<20}{metric:>14}{'vs base':>9}{'B/elem/step':>12}{'vs ring':>8}{'late B/el':>10}"
+    width = max([20, *(len(r["name"]) + 1 for r in results)])
+    lines = [f"{'n':>5} {'run':<{width}}{metric:>14}{'vs base':>9}{'B/elem/step':>12}{'vs ring':>8}{'late B/el':>10}"
              f"{'vs ring':>8}"]
     for r in results:
         value = r["curve"][-1][metric]
@@ -293,7 +294,7 @@ def report(results: list[dict], metric: str) -> str:
         late = (last["bytes"] - before["bytes"]) / (r["params"] * (last["step"] - before["step"]))
         ring = 8 * (r["n"] - 1) / r["n"]
         shown = f"{100 * value:.2f}%" if metric == "test_accuracy" else f"{value:.4f}"
-        lines.append(f"{r['n']:>5} {r['name']:<20}{shown:>14}{against:>9}{per_element:>12.4f}{ring / per_element:>7.1f}x"
+        lines.append(f"{r['n']:>5} {r['name']:<{width}}{shown:>14}{against:>9}{per_element:>12.4f}{ring / per_element:>7.1f}x"
                      f"{late:>10.4f}{ring / late:>7.1f}x")
     return "\n".join(lines)
 

@@ -125,7 +125,9 @@ def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll
     ranks would make it; None on the ranks beyond them.
 
     MPI: every rank splits ``comm``. Gloo: those ranks start the default process group of ``size`` ranks (what
-    DDP and compcoll's states use when given no group) on the launch's store, under the case's prefix.
+    DDP and compcoll's states use when given no group) on the launch's store, under the case's prefix, and pass a
+    barrier on it: a rank's ``init_process_group`` can return while a peer is still connecting to it, and a case
+    that sends nothing would then destroy the group under that peer ("Connection closed by peer").
     """
     member = comm.rank < size
     if store is None:
@@ -138,6 +140,7 @@ def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.PrefixStore(f"case-{case}", store), rank=comm.rank, world_size=size)
+    dist.barrier()
     return compcoll.TorchComm()
 
 

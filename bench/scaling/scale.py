@@ -364,7 +364,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, help="global batch, split over the ranks (hooks 256, optimizers 64)")
     p.add_argument("--hidden", type=int, default=256, help="hooks: the digits MLP's hidden units")
     p.add_argument("--lr", type=float, default=0.05, help="hooks: momentum SGD's learning rate")
-    p.add_argument("--adam-lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3],
+    p.add_argument("--adam-lrs", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
                    help="lr: the Adam family's learning rates")
     p.add_argument("--lamb-lrs", type=float, nargs="+", default=[5e-3, 1e-2, 1.5e-2, 2e-2],
                    help="lr: the LAMBs' learning rates")

@@ -31,10 +31,11 @@ class OneBitAdam(CompressedOptimizer):
     By default, like DeepSpeed's, the update has no bias correction: v is frozen at
     1 - b2^freeze_step of its level (5.8% after 60 warmup steps at b2 = 0.999), so every
     compressed step is 1 / sqrt(that) larger than torch.optim.Adam's at the same lr (4.1x
-    there). On the LM of ``bench/scaling`` (60 warmup steps of 400, seed 0) 1-bit Adam's
-    best of five lrs was then 5e-4, a quarter of Adam's (2e-3), and ended 6.0% / 9.2% above
-    Adam's best at 2 / 16 ranks; with the correction its best was Adam's lr (2e-3 / 4e-3)
-    and ended 4.0% / 5.3% above (docs/guides/scale.md, "Learning rates").
+    there). On the LM of ``bench/scaling`` (60 warmup steps of 400, 2 ranks, seeds 0 / 1 / 2)
+    1-bit Adam's best of five lrs was then 5e-4 / 1e-3 / 5e-4, a quarter to a half of Adam's
+    (2e-3 / 4e-3 / 4e-3), and ended 6.0 / 2.9 / 4.6% above Adam's best; with the correction
+    its best lr was Adam's (2e-3 / 4e-3 / 2e-3) and it ended 4.0 / 5.2 / 2.8% above
+    (docs/guides/scale.md, "Learning rates"): the lr means torch's, the gap is the same.
     Unlike DeepSpeed's, the first step
     updates the parameters, and coordinates whose frozen variance is 0 (they never had a
     gradient during warmup: unused embedding rows, always-zero inputs, dead units) are

@@ -109,10 +109,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
        step sends float32 (the ring's bytes), so it sets the run's bytes.
     2. ``scale`` and ``compress``: free in bytes. The defaults ("l1", "update") were
        chosen on the LM of bench/convergence; "l2" / "momentum" are DeepSpeed's numerics.
-       1-bit Adam's ``bias_correction=True`` (free): torch.optim.Adam's bias correction, so
-       a learning rate tuned for torch's Adam means the same; without it (DeepSpeed's) a
-       short warm-up freezes v low and every compressed step is larger (docs/guides/scale.md,
-       "Learning rates").
+       1-bit Adam's and 0/1 Adam's ``bias_correction=True`` (free): torch.optim.Adam's bias
+       correction, so a learning rate tuned for torch's Adam means the same; without it
+       (DeepSpeed's) a short warm-up freezes v low and every compressed step is larger
+       (docs/guides/scale.md, "Learning rates").
     3. The node layout: ``ranks_per_node="auto"`` (default) finds the nodes; on several
        the hierarchical form sends float32 inside a node and 1/k of the flat 1-bit bytes
        per rank between nodes (k ranks per node).

@@ -228,13 +228,15 @@ def lr_part(args) -> dict:
     """
     from run import runs
 
+    specs = {lr: {s["name"]: s for s in runs(args.steps, 1e-8, lr, lr, False)}
+             for lr in (*args.adam_lrs, *args.lamb_lrs)}
+
     def rows_at(n: int) -> list[dict]:
         rows = []
         for name in LR_ROWS:
             for lr in args.lamb_lrs if name in LAMB_ROWS else args.adam_lrs:
                 source, more = VARIANTS.get(name, (name, {}))
-                spec = {s["name"]: s for s in runs(args.steps, 1e-8, lr, lr, False)}[source]
-                spec = dict(spec, kwargs=dict(spec["kwargs"], **more))
+                spec = dict(specs[lr][source], kwargs=dict(specs[lr][source]["kwargs"], **more))
                 if (spec["baseline"] or n == args.ranks[0]) and (not args.only or name in args.only):
                     rows.append(dict(spec, name=f"{name} lr={lr:g}",
                                      baseline=spec["baseline"] and f"{spec['baseline']} lr={lr:g}"))
@@ -261,7 +263,8 @@ def lr_report(results: list[dict]) -> str:
             best = min(losses, key=losses.__getitem__)
             cells = "  ".join(f"{lr:g}: {loss:.4f}" for lr, loss in losses.items())
             base_name = mine[0]["baseline"] and row(mine[0]["baseline"])
-            base = [r["curve"][-1]["val_loss"] for r in results if r["baseline"] is None and row(r["name"]) == base_name]
+            base = [r["curve"][-1]["val_loss"] for r in results
+                    if r["baseline"] is None and row(r["name"]) == base_name]
             against = f"{100 * (losses[best] / min(base) - 1):+.1f}%" if base else ""
             lines.append(f"{n:>5} {name:<15}{cells:<80}{f'{losses[best]:.4f} at {best:g}':>17}{against:>13}")
     return "\n".join(lines)
@@ -294,8 +297,8 @@ def report(results: list[dict], metric: str) -> str:
         late = (last["bytes"] - before["bytes"]) / (r["params"] * (last["step"] - before["step"]))
         ring = 8 * (r["n"] - 1) / r["n"]
         shown = f"{100 * value:.2f}%" if metric == "test_accuracy" else f"{value:.4f}"
-        lines.append(f"{r['n']:>5} {r['name']:<{width}}{shown:>14}{against:>9}{per_element:>12.4f}{ring / per_element:>7.1f}x"
-                     f"{late:>10.4f}{ring / late:>7.1f}x")
+        lines.append(f"{r['n']:>5} {r['name']:<{width}}{shown:>14}{against:>9}{per_element:>12.4f}"
+                     f"{ring / per_element:>7.1f}x{late:>10.4f}{ring / late:>7.1f}x")
     return "\n".join(lines)
 
 

@@ -232,21 +232,18 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
     we = [np.zeros(lengths[0], np.float32) for _ in range(n)]
     se = [np.zeros(lengths[1], np.float32) for _ in range(n)]
 
-    def denominator(t: int) -> torch.Tensor:
-        denom = v.sqrt()
-        return (denom.div_(math.sqrt(1 - b2 ** min(t, freeze_step))) if bias_correction else denom).add_(eps)
-
     for step in range(steps):
         grads = _world_grads([sim] * n, [p] * n, step)
         t = step + 1
+        k = min(t, freeze_step) if bias_correction else 0
         if step < freeze_step:
             avg = _exact(grads)
             m.mul_(b1).add_(avg, alpha=1 - b1)
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
         else:
             m = _sent([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, compress,
-                      denominator(t), ranks_per_node, scale)
-        update = m / denominator(t)
+                      _denominator(v, k, b2, eps), ranks_per_node, scale)
+        update = m / _denominator(v, k, b2, eps)
         if bias_correction:
             update.div_(1 - b1 ** t)
         p.add_(update.add_(p, alpha=wd), alpha=-lr)
@@ -354,10 +351,6 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
     var_interval, var_count, local_interval, local_count, lr_sum, floored = 1, 0, 1, 0, 0.0, 0
     refreshes = 0
 
-    def denominator(k: int) -> torch.Tensor:
-        denom = v.sqrt()
-        return (denom.div_(math.sqrt(1 - b2 ** k)) if k else denom).add_(eps)
-
     def corrected(update: torch.Tensor, t: int) -> torch.Tensor:
         return update.div_(1 - b1 ** t) if t else update
 
@@ -377,11 +370,11 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                     m[q].mul_(b1).add_(source, alpha=1 - b1)
             else:
                 locals_ = [torch.add(m[q].mul(b1), grads[q], alpha=1 - b1) for q in range(n)]
-                common = _sent(locals_, we, se, silent, compress, denominator(k), scale=scale)
+                common = _sent(locals_, we, se, silent, compress, _denominator(v, k, b2, eps), scale=scale)
                 m = [common.clone() for _ in range(n)]
             floored, v = _floor(v, m[0], b1, b2, floored, t, k)
             for q in range(n):
-                update = corrected(m[q] / denominator(k), t).add_(p[q], alpha=wd)
+                update = corrected(m[q] / _denominator(v, k, b2, eps), t).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
             if refresh:
                 var_count += 1
@@ -395,12 +388,12 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
             t, k = (s, refreshes) if bias_correction else (0, 0)
             for q in range(n):
                 m[q].mul_(b1).add_(grads[q], alpha=1 - b1)
-                update = corrected(m[q] / denominator(k), t).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
+                update = corrected(m[q] / _denominator(v, k, b2, eps), t).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
                 acc[q].add_(update, alpha=lr)
             lr_sum += lr
             if s % local_interval == 0:
-                denom = denominator(k)
+                denom = _denominator(v, k, b2, eps)
                 if compress == "update":
                     mean = _onebit([a.masked_fill(silent, 0.0) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean
@@ -452,6 +445,12 @@ def birder_reference(comm: compcoll.Communicator, steps: int) -> None:
         train(comm, model, opt, range(step, step + 1))
         assert torch.equal(opt.flat.data.view(torch.int32), p.view(torch.int32)), f"step {step}: params"
         assert torch.equal(opt.live, live), f"step {step}: live coordinates"
+
+
+def _denominator(v: torch.Tensor, k: int, b2: float, eps: float) -> torch.Tensor:
+    """sqrt(v) + eps, with v bias-corrected by 1 - b2^k first where k > 0 (``moments.preconditioner``'s order)."""
+    denom = v.sqrt()
+    return (denom.div_(math.sqrt(1 - b2 ** k)) if k else denom).add_(eps)
 
 
 def _floor(v: torch.Tensor, m: torch.Tensor, b1: float, b2: float, floored: int, t: int = 0,

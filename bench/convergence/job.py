@@ -67,6 +67,14 @@ class FrozenVarianceLamb(Uncompressed, OneBitLamb):
     """
 
 
+class FrozenVarianceAdam(Uncompressed, OneBitAdam):
+    """1-bit Adam with nothing compressed: after the freeze, the exact average of what it would send in 1 bit.
+
+    What is left is Adam with its variance frozen; 1-bit Adam's gap to this run is what its
+    compression costs, and this run's gap to Adam what freezing v costs.
+    """
+
+
 class ExactZeroOneAdam(Uncompressed, ZeroOneAdam):
     """0/1 Adam with nothing compressed: its variance freeze and local steps, the exact average wherever it sends
     1 bit.
@@ -78,8 +86,8 @@ class ExactZeroOneAdam(Uncompressed, ZeroOneAdam):
 
 
 OPTIMIZERS = {"OneBitAdam": OneBitAdam, "OneBitLamb": OneBitLamb, "ZeroOneAdam": ZeroOneAdam, "Birder": Birder,
-              "ExactBirder": ExactBirder, "FrozenVarianceLamb": FrozenVarianceLamb,
-              "ExactZeroOneAdam": ExactZeroOneAdam}
+              "ExactBirder": ExactBirder, "FrozenVarianceAdam": FrozenVarianceAdam,
+              "FrozenVarianceLamb": FrozenVarianceLamb, "ExactZeroOneAdam": ExactZeroOneAdam}
 
 
 class AveragedAdam:

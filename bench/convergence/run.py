@@ -12,8 +12,9 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 2. Baselines: torch.optim.Adam on the exact average of the gradients every step,
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step), and Birder
    with the exact average of its ratios (``job.ExactBirder``); the table also gives every
-   run against Adam. "LAMB frozen v" is 1-bit LAMB with the exact average where it sends
-   1 bit (``job.FrozenVarianceLamb``): its frozen variance without compression; "0/1 Adam
+   run against Adam. "Adam frozen v" and "LAMB frozen v" are 1-bit Adam and 1-bit LAMB with the exact average
+   where they send 1 bit (``job.FrozenVarianceAdam``, ``job.FrozenVarianceLamb``): their frozen variance without
+   compression; "0/1 Adam
    exact" is 0/1 Adam so (``job.ExactZeroOneAdam``): its local steps without compression; "0/1 Adam
    clipper 1" synchronises at every step of its local phase (``local_step_clipper=1``). The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
@@ -66,6 +67,7 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
     return [
         dict(name="Adam", optimizer="Adam", kwargs=dict(lr=lr, eps=eps), baseline=None),
         dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam", kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
+        dict(name="Adam frozen v", optimizer="FrozenVarianceAdam", baseline="Adam", kwargs=onebit),
         dict(name="1-bit Adam bf16", optimizer="OneBitAdam", baseline="1-bit Adam", dtype="bfloat16",
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
         dict(name="1-bit Adam m", optimizer="OneBitAdam", baseline="Adam",

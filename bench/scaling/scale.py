@@ -5,6 +5,8 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
     .venv/bin/python bench/scaling/scale.py hooks --ranks 2 16 64 --out bench/results/scaling_hooks
     .venv/bin/python bench/scaling/scale.py optimizers --ranks 2 16 64 --out bench/results/scaling_optimizers
     .venv/bin/python bench/scaling/scale.py lr --ranks 2 16 --out bench/results/scaling_lr
+    .venv/bin/python bench/scaling/scale.py stages --ranks 2 16 --adam-lrs 2e-3 --lamb-lrs 1e-2 \
+        --out bench/results/scaling_stages
     .venv/bin/python bench/scaling/scale.py plot --out bench/results/scaling
 
 Every rank is a thread of this process (compcoll's numerics are deterministic, so the bits
@@ -38,7 +40,12 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
    the same learning rate, and each optimizer's best against its baseline's best (the
    optimizers part holds the bench's one learning rate, at which a baseline may be far
    from its best). Baselines run at the first n only, as in the optimizers part.
-5. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
+5. ``stages``: as the lr part, with rows ``STAGE_ROWS``: per family (1-bit Adam with bias
+   correction; 1-bit LAMB) the baseline, the optimizer with the exact average where it sends 1
+   bit (its frozen variance alone; like the baselines, one run at the first n), the optimizer
+   compressing once (allgather) and twice (gather-scatter, its default). ``stage_report``
+   splits each gap into these three factors, per n and rate.
+6. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
    _optimizers), OUT_bytes.png (bytes per element per rank against n, log-log) and
    OUT_gap.png (each run's gap to its baseline against n); the training parts' tables are
    written again from their JSON.
@@ -70,11 +77,21 @@ OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "0/1 Adam 
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
 LR_ROWS = ("Adam", "1-bit Adam", "1-bit Adam bc", "0/1 Adam", "0/1 Adam bc", "LAMB", "1-bit LAMB")
 """Rows of the lr part: each compressed Adam and LAMB against its baseline, at every learning rate."""
+STAGE_ROWS = ("Adam", "Adam frozen v bc", "1-bit Adam bc allgather", "1-bit Adam bc", "LAMB", "LAMB frozen v",
+              "1-bit LAMB allgather", "1-bit LAMB")
+"""Rows of the stages part, per family: the baseline, its variance frozen (nothing compressed), compressed once
+(allgather), compressed twice (gather-scatter, the default)."""
 VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True}),
-            "0/1 Adam bc": ("0/1 Adam", {"bias_correction": True})}
-"""Rows of the lr part that are a row of bench/convergence/run.py with more keyword arguments."""
-LAMB_ROWS = ("LAMB", "1-bit LAMB")
-"""Rows of the lr part that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
+            "0/1 Adam bc": ("0/1 Adam", {"bias_correction": True}),
+            "Adam frozen v bc": ("Adam frozen v", {"bias_correction": True}),
+            "1-bit Adam bc allgather": ("1-bit Adam", {"bias_correction": True, "protocol": "allgather"}),
+            "1-bit LAMB allgather": ("1-bit LAMB", {"protocol": "allgather"})}
+"""Rows of the lr and stages parts that are a row of bench/convergence/run.py with more keyword arguments."""
+LAMB_ROWS = ("LAMB", "1-bit LAMB", "LAMB frozen v", "1-bit LAMB allgather")
+"""Rows of the lr and stages parts that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
+EXACT_ROWS = ("Adam frozen v bc", "LAMB frozen v")
+"""Rows with a baseline that average every step exactly, so that, like the baselines, one run at the first n
+serves every n."""
 PER_N_BASELINES = ("Birder exact",)
 """Baselines whose run changes with n: Birder's moments are each rank's own, so its exact average of m / b at 16
 ranks (4 sequences a rank) is another optimizer than at 2 (32 a rank)."""
@@ -217,7 +234,20 @@ def optimizers_part(args) -> dict:
 
 
 def lr_part(args) -> dict:
-    """Train ``LR_ROWS`` (``--only``: those named) at every learning rate; ``lr_report`` tabulates them.
+    """Train ``LR_ROWS`` (``--only``: those named) at every learning rate; ``lr_report`` tabulates them."""
+    result = rate_rows(args, LR_ROWS)
+    return {"runs": result["runs"], "table": lr_report(result["runs"]) + "\n\n" + result["table"]}
+
+
+def stages_part(args) -> dict:
+    """Train ``STAGE_ROWS`` (``--only``: those named) at every learning rate; ``stage_report`` splits each
+    compressed optimizer's gap into the cost of its frozen variance and of each 1-bit compression."""
+    result = rate_rows(args, STAGE_ROWS)
+    return {"runs": result["runs"], "table": stage_report(result["runs"]) + "\n\n" + result["table"]}
+
+
+def rate_rows(args, names: tuple[str, ...]) -> dict:
+    """Train the rows ``names`` (``--only``: those named) at every learning rate (``train_rows``).
 
     1. A row of ``LAMB_ROWS`` runs at each of ``--lamb-lrs``, any other at each of ``--adam-lrs``,
        with bench/convergence/run.py's settings at that rate.
@@ -225,6 +255,7 @@ def lr_part(args) -> dict:
        ``train_rows`` and ``report`` set each run against its baseline at the same rate.
     3. ``VARIANTS`` rows are their run.py row with more keyword arguments ("... bc":
        ``bias_correction=True``).
+    4. Baselines and ``EXACT_ROWS`` run at the first n only; every other row at every n.
     """
     from run import runs
 
@@ -233,17 +264,17 @@ def lr_part(args) -> dict:
 
     def rows_at(n: int) -> list[dict]:
         rows = []
-        for name in LR_ROWS:
+        for name in names:
             for lr in args.lamb_lrs if name in LAMB_ROWS else args.adam_lrs:
                 source, more = VARIANTS.get(name, (name, {}))
                 spec = dict(specs[lr][source], kwargs=dict(specs[lr][source]["kwargs"], **more))
-                if (spec["baseline"] or n == args.ranks[0]) and (not args.only or name in args.only):
+                once = not spec["baseline"] or name in EXACT_ROWS
+                if (not once or n == args.ranks[0]) and (not args.only or name in args.only):
                     rows.append(dict(spec, name=f"{name} lr={lr:g}",
                                      baseline=spec["baseline"] and f"{spec['baseline']} lr={lr:g}"))
         return rows
 
-    result = train_rows(argparse.Namespace(**{**vars(args), "only": None}), rows_at, train_lm, "val_loss")
-    return {"runs": result["runs"], "table": lr_report(result["runs"]) + "\n\n" + result["table"]}
+    return train_rows(argparse.Namespace(**{**vars(args), "only": None}), rows_at, train_lm, "val_loss")
 
 
 def lr_report(results: list[dict]) -> str:
@@ -267,6 +298,35 @@ def lr_report(results: list[dict]) -> str:
                     if r["baseline"] is None and row(r["name"]) == base_name]
             against = f"{100 * (losses[best] / min(base) - 1):+.1f}%" if base else ""
             lines.append(f"{n:>5} {name:<15}{cells:<80}{f'{losses[best]:.4f} at {best:g}':>17}{against:>13}")
+    return "\n".join(lines)
+
+
+def stage_report(results: list[dict]) -> str:
+    """Per n, learning rate and family of ``STAGE_ROWS``: the final validation losses, and the compressed
+    optimizer's gap to its baseline split in three factors, each a ratio of losses minus 1 (runs at the first n
+    serve every n): the frozen variance (frozen v against the baseline), the senders' 1-bit compression
+    (allgather against frozen v) and the second 1-bit compression of the ranks that sum each chunk (gather-scatter
+    against allgather)."""
+    def loss(name: str, lr: float, n: int) -> float | None:
+        found = [r for r in results if r["name"] == f"{name} lr={lr:g}"]
+        same = [r for r in found if r["n"] == n]
+        return (same or found or [{"curve": [{"val_loss": None}]}])[0]["curve"][-1]["val_loss"]
+
+    def factor(over: float | None, under: float | None) -> str:
+        return f"{100 * (over / under - 1):+.1f}%" if over and under else "-"
+
+    columns = ("baseline", "frozen v", "allgather", "gather-sc.", "freeze", "senders", "summers", "total")
+    lines = [f"{'n':>5} {'family':<6}{'lr':>8}" + "".join(f"{c:>11}" for c in columns)]
+    families = [STAGE_ROWS[i:i + 4] for i in range(0, len(STAGE_ROWS), 4)]
+    for n in sorted({r["n"] for r in results}):
+        for family in families:
+            for lr in sorted({r["kwargs"]["lr"] for r in results if r["name"].split(" lr=")[0] in family}):
+                base, frozen, once, twice = (loss(name, lr, n) for name in family)
+                if not (once or twice):
+                    continue
+                cells = [f"{x:.4f}" if x else "-" for x in (base, frozen, once, twice)]
+                cells += [factor(frozen, base), factor(once, frozen), factor(twice, once), factor(twice, base)]
+                lines.append(f"{n:>5} {family[0]:<6}{lr:>8g}" + "".join(f"{c:>11}" for c in cells))
     return "\n".join(lines)
 
 
@@ -360,7 +420,7 @@ def plot_part(args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("bytes", "hooks", "optimizers", "lr", "plot"))
+    p.add_argument("part", choices=("bytes", "hooks", "optimizers", "lr", "stages", "plot"))
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 16, 64])
     p.add_argument("--numel", type=int, default=262151, help="bytes: elements per call")
     p.add_argument("--steps", type=int, help="training steps (hooks 300, optimizers 400)")
@@ -368,9 +428,9 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=256, help="hooks: the digits MLP's hidden units")
     p.add_argument("--lr", type=float, default=0.05, help="hooks: momentum SGD's learning rate")
     p.add_argument("--adam-lrs", type=float, nargs="+", default=[5e-4, 1e-3, 2e-3, 4e-3, 8e-3],
-                   help="lr: the Adam family's learning rates")
+                   help="lr, stages: the Adam family's learning rates")
     p.add_argument("--lamb-lrs", type=float, nargs="+", default=[5e-3, 1e-2, 1.5e-2, 2e-2],
-                   help="lr: the LAMBs' learning rates")
+                   help="lr, stages: the LAMBs' learning rates")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="the order of the batches (the model's initial weights stay)")
     p.add_argument("--only", nargs="*", help="only these rows (by name; bytes: forms)")
@@ -379,7 +439,8 @@ def main() -> int:
     args.steps = args.steps or (300 if args.part == "hooks" else 400)
     args.batch = args.batch or (256 if args.part == "hooks" else 64)
     torch.set_num_threads(1)
-    parts = {"bytes": bytes_part, "hooks": hooks_part, "optimizers": optimizers_part, "lr": lr_part, "plot": plot_part}
+    parts = {"bytes": bytes_part, "hooks": hooks_part, "optimizers": optimizers_part, "lr": lr_part,
+             "stages": stages_part, "plot": plot_part}
     result = parts[args.part](args)
     print(result["table"])
     if args.part == "plot":

@@ -25,7 +25,7 @@ def test_short_convergence_run_writes_results() -> None:
     assert done.returncode == 0, done.output + done.errors
     out = finished.folder / "conv"
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
-    assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
+    assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "Adam frozen v", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
                                         "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder", "LAMB",
                                         "LAMB frozen v", "1-bit LAMB", "1-bit LAMB m", "1-bit LAMB refresh"]
     by_name = {r["name"]: r for r in runs}
@@ -33,6 +33,7 @@ def test_short_convergence_run_writes_results() -> None:
     assert by_name["Birder"]["bytes_per_rank"][0] * 20 < plain
     assert by_name["Birder exact"]["bytes_per_rank"][0] >= plain
     assert by_name["LAMB frozen v"]["bytes_per_rank"][0] > by_name["1-bit LAMB"]["bytes_per_rank"][0] * 4
+    assert by_name["Adam frozen v"]["bytes_per_rank"][0] > by_name["1-bit Adam"]["bytes_per_rank"][0] * 4
     assert by_name["0/1 Adam exact"]["bytes_per_rank"][0] > by_name["0/1 Adam"]["bytes_per_rank"][0] * 2
     assert by_name["1-bit Adam"]["bytes_per_rank"][0] < plain
     for r in runs:

@@ -76,3 +76,39 @@ def test_the_lr_part_sets_each_run_against_its_baseline_at_the_same_rate_and_bes
                              run("1-bit Adam", "Adam", 16, 1e-3, 1.76)]).splitlines()
     assert table[2].split()[-4:] == ["1.9200", "at", "0.001", "+20.0%"]
     assert table[3].split()[:2] == ["16", "1-bit"] and table[3].endswith("+10.0%")
+
+
+def test_the_stages_part_runs_each_exact_row_once_and_splits_a_gap_into_its_three_factors(scale, monkeypatch) -> None:
+    """Baselines and frozen-variance rows (exact averages) run at the first n only, the compressed rows at every n;
+    the report's factors are ratios of losses: frozen v / baseline, allgather / frozen v, gather-scatter /
+    allgather, and gather-scatter / baseline in all."""
+    import argparse
+
+    args = argparse.Namespace(ranks=[2, 16], adam_lrs=[2e-3], lamb_lrs=[1e-2], steps=400, only=None)
+    rows = {}
+    monkeypatch.setattr(scale, "train_rows", lambda args, rows_at, launch, metric: rows.update(
+        {n: rows_at(n) for n in args.ranks}) or {"runs": [], "table": ""})
+    scale.stages_part(args)
+    assert [r["name"] for r in rows[16]] == ["1-bit Adam bc allgather lr=0.002", "1-bit Adam bc lr=0.002",
+                                             "1-bit LAMB allgather lr=0.01", "1-bit LAMB lr=0.01"]
+    by_name = {r["name"]: r for r in rows[2]}
+    assert len(by_name) == 8
+    frozen = by_name["Adam frozen v bc lr=0.002"]
+    assert (frozen["optimizer"], frozen["baseline"], frozen["kwargs"]["bias_correction"]) == (
+        "FrozenVarianceAdam", "Adam lr=0.002", True)
+    assert by_name["1-bit Adam bc allgather lr=0.002"]["kwargs"]["protocol"] == "allgather"
+    assert "protocol" not in by_name["1-bit Adam bc lr=0.002"]["kwargs"]
+    assert by_name["LAMB frozen v lr=0.01"]["optimizer"] == "FrozenVarianceLamb"
+    assert by_name["1-bit LAMB allgather lr=0.01"]["kwargs"]["lr"] == 1e-2
+
+    def run(name: str, n: int, loss: float) -> dict:
+        return {"name": f"{name} lr=0.002", "n": n, "kwargs": {"lr": 2e-3}, "curve": [{"val_loss": loss}]}
+
+    table = scale.stage_report([run("Adam", 2, 1.0), run("Adam frozen v bc", 2, 1.1),
+                                run("1-bit Adam bc allgather", 2, 1.21), run("1-bit Adam bc", 2, 1.21),
+                                run("1-bit Adam bc allgather", 16, 1.32), run("1-bit Adam bc", 16, 1.452)])
+    lines = table.splitlines()
+    assert lines[1].split()[-4:] == ["+10.0%", "+10.0%", "+0.0%", "+21.0%"]
+    assert lines[2].split()[:3] == ["16", "Adam", "0.002"]
+    assert lines[2].split()[-4:] == ["+10.0%", "+20.0%", "+10.0%", "+45.2%"]
+    assert len(lines) == 3

@@ -126,8 +126,9 @@ def count_bytes(n: int, numel: int, only: list[str] | None = None) -> list[dict]
     """Bytes per element of a call of each form on ``local_world(n)``: the most any rank sent, and inter-node.
 
     The call counted is a plan's second: the first also takes the plan's one-off rounds (the
-    node layout, the pieces), which a training run pays once. The allgather form receives n compressed copies on every rank (n^2 numel / 8 bytes in
-    all), so it runs on at most 2^32 / n^2 elements.
+    node layout, the pieces), which a training run pays once. The allgather form receives n
+    compressed copies on every rank (n^2 numel / 8 bytes in all), so it runs on at most
+    2^32 / n^2 elements.
     """
     forms = [("flat allgather", dict(protocol="allgather"), False),
              ("flat gather-scatter", dict(protocol="gather_scatter"), False),
@@ -176,9 +177,10 @@ def bytes_part(args) -> dict:
         start = time.perf_counter()
         rows += count_bytes(n, args.numel, args.only)
         print(f"# bytes at {n} ranks: {time.perf_counter() - start:.1f} s", flush=True)
-    lines = [f"# a plan's second call of numel float32 on local_world(n); bytes per element per rank (the most any rank sent, "
-             f"counted by the communicators, agreement included); ring = a float32 ring allreduce's 8(n-1)/n",
-             f"{'n':>6} {'form':<22}{'numel':>9}{'bytes/elem':>11}{'ring/this':>10}{'inter/elem':>11}{'ring/inter':>11}"]
+    lines = ["# a plan's second call of numel float32 on local_world(n); bytes per element per rank (the most any rank "
+             "sent, counted by the communicators, agreement included); ring = a float32 ring allreduce's 8(n-1)/n",
+             f"{'n':>6} {'form':<22}{'numel':>9}{'bytes/elem':>11}{'ring/this':>10}{'inter/elem':>11}"
+             f"{'ring/inter':>11}"]
     for r in rows:
         inter = r["inter_bytes_per_element"]
         extra = f"{inter:>11.4f}{r['ring_float32'] / inter:>10.1f}x" if inter else ""
@@ -390,7 +392,8 @@ def plot_part(args) -> dict:
         rows = [r for r in counted if r["form"] == form]
         ax.plot([r["n"] for r in rows], [r["bytes_per_element"] for r in rows], "o-", label=form)
         if rows[0]["inter_bytes_per_element"] is not None:
-            ax.plot([r["n"] for r in rows], [r["inter_bytes_per_element"] for r in rows], "o--", label=f"{form}, inter-node")
+            ax.plot([r["n"] for r in rows], [r["inter_bytes_per_element"] for r in rows], "o--",
+                    label=f"{form}, inter-node")
     ring = sorted({r["n"] for r in counted})
     ax.plot(ring, [8 * (n - 1) / n for n in ring], "k-", label="float32 ring allreduce")
     ax.plot(ring, [8 * (n - 1) / n / 25 for n in ring], "k:", label="1/25 of the ring (the aim)")

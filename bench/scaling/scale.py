@@ -43,8 +43,9 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
 5. ``stages``: as the lr part, with rows ``STAGE_ROWS``: per family (1-bit Adam with bias
    correction; 1-bit LAMB) the baseline, the optimizer with the exact average where it sends 1
    bit (its frozen variance alone; like the baselines, one run at the first n), the optimizer
-   compressing once (allgather) and twice (gather-scatter, its default). ``stage_report``
-   splits each gap into these three factors, per n and rate.
+   compressing once (allgather) and twice (gather-scatter, its default), and its default on
+   nodes of 8 ranks from 16 ranks on (hierarchical). ``stage_report`` splits each flat gap
+   into these three factors, per n and rate, beside the hierarchical one.
 6. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
    _optimizers), OUT_bytes.png (bytes per element per rank against n, log-log) and
    OUT_gap.png (each run's gap to its baseline against n); the training parts' tables are
@@ -77,17 +78,24 @@ OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "0/1 Adam 
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
 LR_ROWS = ("Adam", "1-bit Adam", "1-bit Adam bc", "0/1 Adam", "0/1 Adam bc", "LAMB", "1-bit LAMB")
 """Rows of the lr part: each compressed Adam and LAMB against its baseline, at every learning rate."""
-STAGE_ROWS = ("Adam", "Adam frozen v bc", "1-bit Adam bc allgather", "1-bit Adam bc", "LAMB", "LAMB frozen v",
-              "1-bit LAMB allgather", "1-bit LAMB")
-"""Rows of the stages part, per family: the baseline, its variance frozen (nothing compressed), compressed once
-(allgather), compressed twice (gather-scatter, the default)."""
+STAGES = (("Adam", "Adam frozen v bc", "1-bit Adam bc allgather", "1-bit Adam bc", "1-bit Adam bc 8/node"),
+          ("LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB", "1-bit LAMB 8/node"))
+"""The stages part's families, each: the baseline, its variance frozen (nothing compressed), compressed once
+(allgather), compressed twice (gather-scatter, the default), and the default on nodes of ``RANKS_PER_NODE`` ranks
+(the hierarchical form: float32 inside a node, gather-scatter between nodes)."""
+STAGE_ROWS = tuple(name for family in STAGES for name in family)
+"""Rows of the stages part."""
+NODE_ROWS = ("1-bit Adam bc 8/node", "1-bit LAMB 8/node")
+"""Rows on nodes of ``RANKS_PER_NODE`` ranks: trained where the ranks form several nodes."""
 VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True}),
             "0/1 Adam bc": ("0/1 Adam", {"bias_correction": True}),
             "Adam frozen v bc": ("Adam frozen v", {"bias_correction": True}),
             "1-bit Adam bc allgather": ("1-bit Adam", {"bias_correction": True, "protocol": "allgather"}),
-            "1-bit LAMB allgather": ("1-bit LAMB", {"protocol": "allgather"})}
+            "1-bit LAMB allgather": ("1-bit LAMB", {"protocol": "allgather"}),
+            "1-bit Adam bc 8/node": ("1-bit Adam", {"bias_correction": True, "ranks_per_node": RANKS_PER_NODE}),
+            "1-bit LAMB 8/node": ("1-bit LAMB", {"ranks_per_node": RANKS_PER_NODE})}
 """Rows of the lr and stages parts that are a row of bench/convergence/run.py with more keyword arguments."""
-LAMB_ROWS = ("LAMB", "1-bit LAMB", "LAMB frozen v", "1-bit LAMB allgather")
+LAMB_ROWS = ("LAMB", "1-bit LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB 8/node")
 """Rows of the lr and stages parts that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
 EXACT_ROWS = ("Adam frozen v bc", "LAMB frozen v")
 """Rows with a baseline that average every step exactly, so that, like the baselines, one run at the first n
@@ -257,7 +265,8 @@ def rate_rows(args, names: tuple[str, ...]) -> dict:
        ``train_rows`` and ``report`` set each run against its baseline at the same rate.
     3. ``VARIANTS`` rows are their run.py row with more keyword arguments ("... bc":
        ``bias_correction=True``).
-    4. Baselines and ``EXACT_ROWS`` run at the first n only; every other row at every n.
+    4. Baselines and ``EXACT_ROWS`` run at the first n only, ``NODE_ROWS`` where n is at least two nodes of
+       ``RANKS_PER_NODE``; every other row at every n.
     """
     from run import runs
 
@@ -271,7 +280,8 @@ def rate_rows(args, names: tuple[str, ...]) -> dict:
                 source, more = VARIANTS.get(name, (name, {}))
                 spec = dict(specs[lr][source], kwargs=dict(specs[lr][source]["kwargs"], **more))
                 once = not spec["baseline"] or name in EXACT_ROWS
-                if (not once or n == args.ranks[0]) and (not args.only or name in args.only):
+                here = n == args.ranks[0] if once else n >= 2 * RANKS_PER_NODE or name not in NODE_ROWS
+                if here and (not args.only or name in args.only):
                     rows.append(dict(spec, name=f"{name} lr={lr:g}",
                                      baseline=spec["baseline"] and f"{spec['baseline']} lr={lr:g}"))
         return rows
@@ -304,30 +314,31 @@ def lr_report(results: list[dict]) -> str:
 
 
 def stage_report(results: list[dict]) -> str:
-    """Per n, learning rate and family of ``STAGE_ROWS``: the final validation losses, and the compressed
-    optimizer's gap to its baseline split in three factors, each a ratio of losses minus 1 (runs at the first n
-    serve every n): the frozen variance (frozen v against the baseline), the senders' 1-bit compression
-    (allgather against frozen v) and the second 1-bit compression of the ranks that sum each chunk (gather-scatter
-    against allgather)."""
-    def loss(name: str, lr: float, n: int) -> float | None:
-        found = [r for r in results if r["name"] == f"{name} lr={lr:g}"]
+    """Per n, learning rate and family of ``STAGES``: the final validation losses, and the compressed optimizer's gap
+    to its baseline split in three factors, each a ratio of losses minus 1 (runs at the first n serve every n): the
+    frozen variance (frozen v against the baseline), the senders' 1-bit compression (allgather against frozen v) and
+    the second 1-bit compression of the ranks that sum each chunk (gather-scatter against allgather); then the total,
+    and the default's on nodes of ``RANKS_PER_NODE`` against the baseline."""
+    def loss(name: str, lr: float, n: int, once: bool) -> float | None:
+        found = [r for r in results if r["name"] == f"{name} lr={lr:g}" and (once or r["n"] == n)]
         same = [r for r in found if r["n"] == n]
         return (same or found or [{"curve": [{"val_loss": None}]}])[0]["curve"][-1]["val_loss"]
 
     def factor(over: float | None, under: float | None) -> str:
         return f"{100 * (over / under - 1):+.1f}%" if over and under else "-"
 
-    columns = ("baseline", "frozen v", "allgather", "gather-sc.", "freeze", "senders", "summers", "total")
+    columns = ("baseline", "frozen v", "allgather", "gather-sc.", f"{RANKS_PER_NODE}/node", "freeze", "senders",
+               "summers", "total", f"{RANKS_PER_NODE}/node")
     lines = [f"{'n':>5} {'family':<6}{'lr':>8}" + "".join(f"{c:>11}" for c in columns)]
-    families = [STAGE_ROWS[i:i + 4] for i in range(0, len(STAGE_ROWS), 4)]
     for n in sorted({r["n"] for r in results}):
-        for family in families:
+        for family in STAGES:
             for lr in sorted({r["kwargs"]["lr"] for r in results if r["name"].split(" lr=")[0] in family}):
-                base, frozen, once, twice = (loss(name, lr, n) for name in family)
-                if not (once or twice):
+                base, frozen, once, twice, nodes = (loss(name, lr, n, i < 2) for i, name in enumerate(family))
+                if not (once or twice or nodes):
                     continue
-                cells = [f"{x:.4f}" if x else "-" for x in (base, frozen, once, twice)]
-                cells += [factor(frozen, base), factor(once, frozen), factor(twice, once), factor(twice, base)]
+                cells = [f"{x:.4f}" if x else "-" for x in (base, frozen, once, twice, nodes)]
+                cells += [factor(frozen, base), factor(once, frozen), factor(twice, once), factor(twice, base),
+                          factor(nodes, base)]
                 lines.append(f"{n:>5} {family[0]:<6}{lr:>8g}" + "".join(f"{c:>11}" for c in cells))
     return "\n".join(lines)
 

@@ -79,18 +79,22 @@ def test_the_lr_part_sets_each_run_against_its_baseline_at_the_same_rate_and_bes
 
 
 def test_the_stages_part_runs_each_exact_row_once_and_splits_a_gap_into_its_three_factors(scale, monkeypatch) -> None:
-    """Baselines and frozen-variance rows (exact averages) run at the first n only, the compressed rows at every n;
-    the report's factors are ratios of losses: frozen v / baseline, allgather / frozen v, gather-scatter /
-    allgather, and gather-scatter / baseline in all."""
+    """Baselines and frozen-variance rows (exact averages) run at the first n only, the hierarchical rows from two
+    nodes of 8 on, the other compressed rows at every n; the report's factors are ratios of losses: frozen v /
+    baseline, allgather / frozen v, gather-scatter / allgather, gather-scatter / baseline in all, and the
+    hierarchical run / baseline."""
     import argparse
 
-    args = argparse.Namespace(ranks=[2, 16], adam_lrs=[2e-3], lamb_lrs=[1e-2], steps=400, only=None)
+    args = argparse.Namespace(ranks=[2, 8, 16], adam_lrs=[2e-3], lamb_lrs=[1e-2], steps=400, only=None)
     rows = {}
     monkeypatch.setattr(scale, "train_rows", lambda args, rows_at, launch, metric: rows.update(
         {n: rows_at(n) for n in args.ranks}) or {"runs": [], "table": ""})
     scale.stages_part(args)
     assert [r["name"] for r in rows[16]] == ["1-bit Adam bc allgather lr=0.002", "1-bit Adam bc lr=0.002",
-                                             "1-bit LAMB allgather lr=0.01", "1-bit LAMB lr=0.01"]
+                                             "1-bit Adam bc 8/node lr=0.002", "1-bit LAMB allgather lr=0.01",
+                                             "1-bit LAMB lr=0.01", "1-bit LAMB 8/node lr=0.01"]
+    assert [r["name"] for r in rows[8]] == [r["name"] for r in rows[16] if "8/node" not in r["name"]]
+    assert rows[16][2]["kwargs"]["ranks_per_node"] == rows[16][5]["kwargs"]["ranks_per_node"] == 8
     by_name = {r["name"]: r for r in rows[2]}
     assert len(by_name) == 8
     frozen = by_name["Adam frozen v bc lr=0.002"]
@@ -106,9 +110,10 @@ def test_the_stages_part_runs_each_exact_row_once_and_splits_a_gap_into_its_thre
 
     table = scale.stage_report([run("Adam", 2, 1.0), run("Adam frozen v bc", 2, 1.1),
                                 run("1-bit Adam bc allgather", 2, 1.21), run("1-bit Adam bc", 2, 1.21),
-                                run("1-bit Adam bc allgather", 16, 1.32), run("1-bit Adam bc", 16, 1.452)])
+                                run("1-bit Adam bc allgather", 16, 1.32), run("1-bit Adam bc", 16, 1.452),
+                                run("1-bit Adam bc 8/node", 16, 1.05)])
     lines = table.splitlines()
-    assert lines[1].split()[-4:] == ["+10.0%", "+10.0%", "+0.0%", "+21.0%"]
+    assert lines[1].split()[-5:] == ["+10.0%", "+10.0%", "+0.0%", "+21.0%", "-"]
     assert lines[2].split()[:3] == ["16", "Adam", "0.002"]
-    assert lines[2].split()[-4:] == ["+10.0%", "+20.0%", "+10.0%", "+45.2%"]
+    assert lines[2].split()[-5:] == ["+10.0%", "+20.0%", "+10.0%", "+45.2%", "+5.0%"]
     assert len(lines) == 3

@@ -115,7 +115,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
        (docs/guides/scale.md, "Learning rates").
     3. The node layout: ``ranks_per_node="auto"`` (default) finds the nodes; on several
        the hierarchical form sends float32 inside a node and 1/k of the flat 1-bit bytes
-       per rank between nodes (k ranks per node).
+       per rank between nodes (k ranks per node). It also loses less: the second 1-bit
+       compression, what grows the flat form's gap with n, then sums the nodes' vectors,
+       not the ranks' (16 ranks on 2 nodes of 8 end where 2 ranks do; docs/guides/scale.md,
+       "Where the gap comes from").
     4. ``protocol="allgather"`` (flat only): one compression instead of two, (n-1)/8
        bytes, 1/32 of the ring at 2 ranks, 1/16 at 4, as much as the ring at 64: for
        small worlds.

@@ -85,7 +85,7 @@ STAGES = (("Adam", "Adam frozen v bc", "1-bit Adam bc allgather", "1-bit Adam bc
 (the hierarchical form: float32 inside a node, gather-scatter between nodes)."""
 STAGE_ROWS = tuple(name for family in STAGES for name in family)
 """Rows of the stages part."""
-NODE_ROWS = ("1-bit Adam bc 8/node", "1-bit LAMB 8/node")
+NODE_ROWS = tuple(family[4] for family in STAGES)
 """Rows on nodes of ``RANKS_PER_NODE`` ranks: trained where the ranks form several nodes."""
 VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True}),
             "0/1 Adam bc": ("0/1 Adam", {"bias_correction": True}),
@@ -97,7 +97,7 @@ VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True}),
 """Rows of the lr and stages parts that are a row of bench/convergence/run.py with more keyword arguments."""
 LAMB_ROWS = ("LAMB", "1-bit LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB 8/node")
 """Rows of the lr and stages parts that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
-EXACT_ROWS = ("Adam frozen v bc", "LAMB frozen v")
+EXACT_ROWS = tuple(family[1] for family in STAGES)
 """Rows with a baseline that average every step exactly, so that, like the baselines, one run at the first n
 serves every n."""
 PER_N_BASELINES = ("Birder exact",)

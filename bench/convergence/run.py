@@ -12,10 +12,10 @@ Usage (from the repository root; needs scikit-learn and matplotlib: pip install 
 2. Baselines: torch.optim.Adam on the exact average of the gradients every step,
    OneBitLamb with its warmup never ending (= LAMB, uncompressed every step), and Birder
    with the exact average of its ratios (``job.ExactBirder``); the table also gives every
-   run against Adam. "Adam frozen v" and "LAMB frozen v" are 1-bit Adam and 1-bit LAMB with the exact average
-   where they send 1 bit (``job.FrozenVarianceAdam``, ``job.FrozenVarianceLamb``): their frozen variance without
-   compression; "0/1 Adam
-   exact" is 0/1 Adam so (``job.ExactZeroOneAdam``): its local steps without compression; "0/1 Adam
+   run against Adam. "Adam frozen v" and "LAMB frozen v" are 1-bit Adam and 1-bit LAMB with
+   the exact average where they send 1 bit (``job.FrozenVarianceAdam``,
+   ``job.FrozenVarianceLamb``): their frozen variance without compression; "0/1 Adam exact"
+   is 0/1 Adam so (``job.ExactZeroOneAdam``): its local steps without compression; "0/1 Adam
    clipper 1" synchronises at every step of its local phase (``local_step_clipper=1``). The runs
    named "... m" compress the momentum, as DeepSpeed does (``compress="momentum"``, and
    the l2 scale; 1-bit LAMB m also freezes the trust ratios as DeepSpeed does), beside

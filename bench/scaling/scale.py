@@ -282,19 +282,26 @@ def rate_rows(args, names: tuple[str, ...]) -> dict:
                 once = not spec["baseline"] or name in EXACT_ROWS
                 here = n == args.ranks[0] if once else n >= 2 * RANKS_PER_NODE or name not in NODE_ROWS
                 if here and (not args.only or name in args.only):
-                    rows.append(dict(spec, name=f"{name} lr={lr:g}",
-                                     baseline=spec["baseline"] and f"{spec['baseline']} lr={lr:g}"))
+                    rows.append(dict(spec, name=rated(name, lr),
+                                     baseline=spec["baseline"] and rated(spec["baseline"], lr)))
         return rows
 
     return train_rows(argparse.Namespace(**{**vars(args), "only": None}), rows_at, train_lm, "val_loss")
 
 
+def rated(name: str, lr: float) -> str:
+    """The name of a row's run at a learning rate ("1-bit Adam lr=0.002"), as ``rate_rows`` names them."""
+    return f"{name} lr={lr:g}"
+
+
+def row(name: str) -> str:
+    """The row of a run named by ``rated``."""
+    return name.split(" lr=")[0]
+
+
 def lr_report(results: list[dict]) -> str:
     """Per n and optimizer: the final validation loss at each learning rate, the best, and the best against the
     baseline's best (the baselines' runs at the first n serve every n)."""
-    def row(name: str) -> str:
-        return name.split(" lr=")[0]
-
     def rate(result: dict) -> float:
         return result["kwargs"]["lr"]
 
@@ -320,7 +327,7 @@ def stage_report(results: list[dict]) -> str:
     the second 1-bit compression of the ranks that sum each chunk (gather-scatter against allgather); then the total,
     and the default's on nodes of ``RANKS_PER_NODE`` against the baseline."""
     def loss(name: str, lr: float, n: int, once: bool) -> float | None:
-        found = [r for r in results if r["name"] == f"{name} lr={lr:g}" and (once or r["n"] == n)]
+        found = [r for r in results if r["name"] == rated(name, lr) and (once or r["n"] == n)]
         same = [r for r in found if r["n"] == n]
         return (same or found or [{"curve": [{"val_loss": None}]}])[0]["curve"][-1]["val_loss"]
 
@@ -332,7 +339,7 @@ def stage_report(results: list[dict]) -> str:
     lines = [f"{'n':>5} {'family':<6}{'lr':>8}" + "".join(f"{c:>11}" for c in columns)]
     for n in sorted({r["n"] for r in results}):
         for family in STAGES:
-            for lr in sorted({r["kwargs"]["lr"] for r in results if r["name"].split(" lr=")[0] in family}):
+            for lr in sorted({r["kwargs"]["lr"] for r in results if row(r["name"]) in family}):
                 base, frozen, once, twice, nodes = (loss(name, lr, n, i < 2) for i, name in enumerate(family))
                 if not (once or twice or nodes):
                     continue

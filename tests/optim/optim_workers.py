@@ -373,8 +373,9 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                 common = _sent(locals_, we, se, silent, compress, _denominator(v, k, b2, eps), scale=scale)
                 m = [common.clone() for _ in range(n)]
             floored, v = _floor(v, m[0], b1, b2, floored, t, k)
+            denom = _denominator(v, k, b2, eps)
             for q in range(n):
-                update = corrected(m[q] / _denominator(v, k, b2, eps), t).add_(p[q], alpha=wd)
+                update = corrected(m[q] / denom, t).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
             if refresh:
                 var_count += 1
@@ -386,14 +387,14 @@ def zero_one_adam_reference(comm: compcoll.Communicator, steps: int, compress: s
                 synced = p[0].clone()
         else:
             t, k = (s, refreshes) if bias_correction else (0, 0)
+            denom = _denominator(v, k, b2, eps)
             for q in range(n):
                 m[q].mul_(b1).add_(grads[q], alpha=1 - b1)
-                update = corrected(m[q] / _denominator(v, k, b2, eps), t).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
+                update = corrected(m[q] / denom, t).masked_fill_(silent, 0.0).add_(p[q], alpha=wd)
                 p[q].add_(update, alpha=-lr)
                 acc[q].add_(update, alpha=lr)
             lr_sum += lr
             if s % local_interval == 0:
-                denom = _denominator(v, k, b2, eps)
                 if compress == "update":
                     mean = _onebit([a.masked_fill(silent, 0.0) for a in acc], we, se, silent, scale=scale)
                     synced = synced - mean

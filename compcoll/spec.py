@@ -74,6 +74,17 @@ SCALES = {"l2": 2, "l1": 1}
 PROTOCOLS = ("gather_scatter", "allgather")
 """The flat 1-bit allreduce's protocols: compress twice (by the sender, and the sum of each chunk by the rank that
 serves it) or once (every rank averages all ranks' 1-bit estimates); docs/architecture.md, "Algorithms"."""
+CHANNEL_PROTOCOLS = (*PROTOCOLS, "auto")
+"""What the optimizers' ``protocol`` takes: one of ``PROTOCOLS``, or "auto" (``protocol_for``)."""
+
+
+def protocol_for(protocol: str, members: int) -> str:
+    """The protocol of ``PROTOCOLS`` that ``protocol`` stands for between ``members`` ranks (flat) or nodes
+    (hierarchical): "auto" is "allgather" for 2 members or fewer, where it sends what gather-scatter does and
+    compresses once instead of twice, and "gather_scatter" for more; any other is itself."""
+    if protocol != "auto":
+        return protocol
+    return "allgather" if members <= 2 else "gather_scatter"
 STAGES = {"node": 1, "inter": 2, "server": 3}
 """The stage numbers mixed into Birder's random streams."""
 

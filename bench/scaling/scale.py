@@ -43,8 +43,8 @@ are those of n real ranks: tests/comm/test_local.py). Each part writes OUT.json 
 5. ``stages``: as the lr part, with rows ``STAGE_ROWS``: per family (1-bit Adam with bias
    correction; 1-bit LAMB) the baseline, the optimizer with the exact average where it sends 1
    bit (its frozen variance alone; like the baselines, one run at the first n), the optimizer
-   compressing once (allgather) and twice (gather-scatter, its default), and its default on
-   nodes of 8 ranks from 16 ranks on (hierarchical). ``stage_report`` splits each flat gap
+   compressing once (allgather) and twice (gather-scatter, its default from 3 ranks on), and its
+   default on nodes of 8 ranks from 16 ranks on (hierarchical). ``stage_report`` splits each flat gap
    into these three factors, per n and rate, beside the hierarchical one.
 6. ``plot``: from the three parts' OUT.json (``--out`` prefix + _bytes, _hooks,
    _optimizers), OUT_bytes.png (bytes per element per rank against n, log-log) and
@@ -78,11 +78,13 @@ OPTIMIZER_ROWS = ("Adam", "1-bit Adam", "0/1 Adam", "0/1 Adam exact", "0/1 Adam 
 """Rows of bench/convergence/run.py's ``runs`` that the optimizers part trains."""
 LR_ROWS = ("Adam", "1-bit Adam", "1-bit Adam bc", "0/1 Adam", "0/1 Adam bc", "LAMB", "1-bit LAMB")
 """Rows of the lr part: each compressed Adam and LAMB against its baseline, at every learning rate."""
-STAGES = (("Adam", "Adam frozen v bc", "1-bit Adam bc allgather", "1-bit Adam bc", "1-bit Adam bc 8/node"),
-          ("LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB", "1-bit LAMB 8/node"))
+STAGES = (("Adam", "Adam frozen v bc", "1-bit Adam bc allgather", "1-bit Adam bc gather-scatter",
+           "1-bit Adam bc 8/node"),
+          ("LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB gather-scatter", "1-bit LAMB 8/node"))
 """The stages part's families, each: the baseline, its variance frozen (nothing compressed), compressed once
-(allgather), compressed twice (gather-scatter, the default), and the default on nodes of ``RANKS_PER_NODE`` ranks
-(the hierarchical form: float32 inside a node, gather-scatter between nodes)."""
+(allgather), compressed twice (gather-scatter, the default from 3 ranks on), and the default on nodes of
+``RANKS_PER_NODE`` ranks (the hierarchical form: float32 inside a node; between 2 nodes allgather, between more
+gather-scatter)."""
 STAGE_ROWS = tuple(name for family in STAGES for name in family)
 """Rows of the stages part."""
 NODE_ROWS = tuple(family[4] for family in STAGES)
@@ -92,10 +94,13 @@ VARIANTS = {"1-bit Adam bc": ("1-bit Adam", {"bias_correction": True}),
             "Adam frozen v bc": ("Adam frozen v", {"bias_correction": True}),
             "1-bit Adam bc allgather": ("1-bit Adam", {"bias_correction": True, "protocol": "allgather"}),
             "1-bit LAMB allgather": ("1-bit LAMB", {"protocol": "allgather"}),
+            "1-bit Adam bc gather-scatter": ("1-bit Adam", {"bias_correction": True, "protocol": "gather_scatter"}),
+            "1-bit LAMB gather-scatter": ("1-bit LAMB", {"protocol": "gather_scatter"}),
             "1-bit Adam bc 8/node": ("1-bit Adam", {"bias_correction": True, "ranks_per_node": RANKS_PER_NODE}),
             "1-bit LAMB 8/node": ("1-bit LAMB", {"ranks_per_node": RANKS_PER_NODE})}
 """Rows of the lr and stages parts that are a row of bench/convergence/run.py with more keyword arguments."""
-LAMB_ROWS = ("LAMB", "1-bit LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB 8/node")
+LAMB_ROWS = ("LAMB", "1-bit LAMB", "LAMB frozen v", "1-bit LAMB allgather", "1-bit LAMB gather-scatter",
+             "1-bit LAMB 8/node")
 """Rows of the lr and stages parts that take ``--lamb-lrs``; the others take ``--adam-lrs``."""
 EXACT_ROWS = tuple(family[1] for family in STAGES)
 """Rows with a baseline that average every step exactly, so that, like the baselines, one run at the first n

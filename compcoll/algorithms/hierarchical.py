@@ -11,15 +11,15 @@ from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
-from ..spec import SCALES, check_block_size, padded_numel
+from ..spec import PROTOCOLS, SCALES, check_block_size, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
-from .inputs import check_error_buffer, check_length, check_scale, check_tensor
+from .inputs import check_error_buffer, check_length, check_protocol, check_scale, check_tensor
 from .onebit import device_scalars, serve, serve_blocks
 from .plan import Plan, cached_plan
-from .reduce_scatter import block_statistics
+from .reduce_scatter import block_statistics, float32_target
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 
@@ -216,6 +216,7 @@ def hierarchical_compressed_allreduce(
     async_op: bool = False,
     scale: str = "l2",
     block_size: int | None = None,
+    protocol: str = "gather_scatter",
 ) -> torch.Tensor | Work:
     """Error-compensated 1-bit allreduce with an uncompressed intra-node stage, for 1-bit Adam.
 
@@ -233,6 +234,11 @@ def hierarchical_compressed_allreduce(
     The mean of the node averages is the global average, so this estimates what the
     flat ``compressed_allreduce`` does, with inter-node bytes 2(N-1)/N Np/(8k) per rank,
     1/k of the flat algorithm's.
+    With ``protocol="allgather"``, steps 4-5 compress once (``_allgather_between_nodes``):
+    4'. The local ranks j all-gather their packed shard j between nodes ((N-1) Np/(8k)
+        bytes per rank: at 2 nodes what gather-scatter sends, and more from 3 on).
+    5'. Intra-node all-gather of those N rows per shard; every rank averages each shard's
+        N rows (weights float32(s_i / N), in the order of the ranks) into the result.
 
     Args:
         tensor: any shape, float32 / float16 / bfloat16, on the CPU or a CUDA device; not modified.
@@ -249,14 +255,16 @@ def hierarchical_compressed_allreduce(
         block_size: None (default) or elements per scale block, as in
             ``compressed_allreduce``: the inter-node gather-scatter (step 3) takes one coded
             scale per block (``onebit.serve_blocks``).
+        protocol: "gather_scatter" (default) or "allgather" between nodes (steps 4'-5'; one scale per shard:
+            no ``block_size``); ``server_error`` is then not used.
 
     Returns:
         The estimate of the average, shaped and typed like ``tensor``, bit-identical on
         every rank.
 
     Raises:
-        ValueError: a wrong buffer length, on every rank (and what ``hierarchical_allreduce``
-            raises).
+        ValueError: a wrong buffer length, an unknown ``protocol``, or "allgather" with a ``block_size``, on every
+            rank (and what ``hierarchical_allreduce`` raises).
         RankMismatchError: the ranks' lengths differ.
     """
     what = "hierarchical_compressed_allreduce"
@@ -268,14 +276,18 @@ def hierarchical_compressed_allreduce(
             check_error_buffer(what, name, buf, tensor)
         check_scale(what, scale)
         check_block_size(what, block_size)
+        check_protocol(what, protocol)
+        if protocol == "allgather" and block_size is not None:
+            raise ValueError(f"{what}: the allgather protocol sends one scale per shard; block_size={block_size} needs "
+                             "protocol='gather_scatter'")
         return requested_ranks_per_node(ranks_per_node)
 
     requested = checked(comm, what, checks)
     lengths = (worker_error.numel(), server_error.numel())
     plan = cached_plan(comm, (CompensatedPlan, tensor.numel(), tensor.device, requested, ranks_per_node, lengths, scale,
-                              block_size),
+                              block_size, protocol),
                        lambda: CompensatedPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node, lengths,
-                                               scale, block_size))
+                                               scale, block_size, protocol))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
@@ -283,22 +295,24 @@ class CompensatedPlan(_NodePlan):
     """``hierarchical_compressed_allreduce`` on tensors of ``numel`` elements, error buffers of ``lengths``.
 
     Layout: local rank j's worker error covers shard j (Np / k elements from j * Np / k),
-    its server error the sub-chunk of that shard it serves between nodes.
+    its server error the sub-chunk of that shard it serves between nodes (unused by the allgather protocol).
     """
 
     what = "hierarchical_compressed_allreduce"
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
                  ranks_per_node: int | str | None, lengths: tuple[int, int], scale: str = "l2",
-                 block_size: int | None = None) -> None:
+                 block_size: int | None = None, protocol: str = "gather_scatter") -> None:
         super().__init__(comm, numel, device, requested, ranks_per_node, (
             Option("worker_error lengths", lengths[0]),
             Option("server_error lengths", lengths[1]),
             Option("scales", list(SCALES).index(scale), tuple(SCALES)),
             Option("block sizes", block_size or 0, ("one scale per chunk",)),
+            Option("protocols", PROTOCOLS.index(protocol), PROTOCOLS),
         ))
         self.scale = scale
         self.block_size = block_size
+        self.protocol = protocol
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout
@@ -338,8 +352,49 @@ class CompensatedPlan(_NodePlan):
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
-        weights, _ = device_scalars(scales[list(layout.inter_ranks)], nodes, scale, self.device, ws)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
+        if self.protocol == "allgather":
+            weights, _ = device_scalars(scales[list(_shard_senders(layout))], nodes, scale, self.device, ws)
+            codecs.compensate_encode(average, worker_error, scale, bits)
+            return _allgather_between_nodes(bits, weights, layout, numel, result, ws)
+        weights, _ = device_scalars(scales[list(layout.inter_ranks)], nodes, scale, self.device, ws)
         codecs.compensate_encode(average, worker_error, scale, bits)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
         return result
+
+
+def _shard_senders(layout: Topology) -> list[int]:
+    """The ranks whose packed shards the allgather protocol averages, shard by shard: for each local rank j, the
+    ranks of local rank j on every node in the order of their ranks (the order of that local rank's ``inter``)."""
+    members: list[list[int]] = [[] for _ in range(layout.nodes)]
+    for rank, node in enumerate(layout.node_of):
+        members[node].append(rank)
+    return [rank for j in range(layout.ranks_per_node) for rank in sorted(node[j] for node in members)]
+
+
+def _allgather_between_nodes(bits: torch.Tensor, weights: torch.Tensor, layout: Topology, numel: int,
+                             result: torch.Tensor, workspace: Workspace) -> torch.Tensor:
+    """Steps 4'-5' of ``hierarchical_compressed_allreduce``: the N nodes' packed shard j meet at local rank j, every
+    shard's N rows meet on every rank, and each shard is their average.
+
+    1. All-gather ``bits`` (this rank's packed shard) over ``inter``: N rows, in the order of the ranks.
+    2. All-gather those rows over ``intra``: k x N rows, local rank j's in place j.
+    3. Shard j of the result (up to ``numel``) <- sum_i weights[j, i] * signs(row j, i) (``codecs.accumulate_signs``,
+       weights (k, N) in ``_shard_senders``' order), in float32 (scratch for a 16-bit ``result``).
+    """
+    k, nodes = layout.ranks_per_node, layout.nodes
+    shard = bits.numel() * 8
+    rows = workspace.get("inter.rows", nodes * bits.numel(), torch.uint8, bits.device)
+    layout.inter.allgather(bits, rows)
+    every = workspace.get("all_rows", k * rows.numel(), torch.uint8, bits.device)
+    layout.intra.allgather(rows, every)
+    target = float32_target(result, numel, workspace)
+    shard_rows, shard_weights = every.view(k, nodes, -1), weights.view(k, nodes)
+    for j in range(k):
+        count = min(shard, numel - j * shard)
+        if count > 0:
+            codecs.accumulate_signs(shard_rows[j], shard_weights[j], None, target[j * shard:j * shard + count], count,
+                                    read=False)
+    if result.dtype != torch.float32:
+        result.view(-1).copy_(target)
+    return result

@@ -53,10 +53,10 @@ def check_length(what: str, name: str, buf: torch.Tensor, length: int, formula: 
         )
 
 
-def check_protocol(what: str, protocol: str) -> None:
-    """``protocol`` names one of the flat 1-bit allreduce's protocols (``spec.PROTOCOLS``)."""
-    if not isinstance(protocol, str) or protocol not in PROTOCOLS:
-        raise ValueError(f"{what}: protocol {protocol!r} is not one of {PROTOCOLS}")
+def check_protocol(what: str, protocol: str, choices: tuple[str, ...] = PROTOCOLS) -> None:
+    """``protocol`` names one of ``choices``: the 1-bit allreduce's protocols (``spec.PROTOCOLS``) unless given."""
+    if not isinstance(protocol, str) or protocol not in choices:
+        raise ValueError(f"{what}: protocol {protocol!r} is not one of {choices}")
 
 
 def check_scale(what: str, scale: str) -> None:

@@ -543,16 +543,19 @@ def hierarchical_compressed_allreduce(
     ranks_per_node: int,
     scale: str = "l2",
     block_size: int | None = None,
+    protocol: str = "gather_scatter",
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray], list[tuple[int, int]]]:
     """The error-compensated hierarchical allreduce, simulated for the whole world.
 
     n = N * k ranks, rank r = node m * k + local rank j; Np = padded_numel(numel, n).
     1. Node average of shard j at local rank j: the k ranks' float32 shards summed in
        local-rank order, divided by k.
-    2. The N local ranks j run ``compressed_allreduce`` (gather-scatter, ``scale``,
+    2. The N local ranks j run ``compressed_allreduce`` (``protocol``, ``scale``,
        ``block_size``) on their node averages with their own worker errors (length Np/k)
        and server errors (Np/n).
-    3. Every rank decodes every shard's server rows.
+    3. Gather-scatter: every rank decodes every shard's server rows. Allgather: every
+       rank gets every shard's N packed rows (no scales: the agreement carried them) and
+       averages them.
 
     Returns:
         (outputs, new worker errors, new server errors, (intra-node, inter-node) bytes
@@ -570,7 +573,7 @@ def hierarchical_compressed_allreduce(
         averages = [average_rows(np.stack([padded[m * k + i][j] for i in range(k)])) for m in range(nodes)]
         group = [m * k + j for m in range(nodes)]
         outs, wes, ses, _ = compressed_allreduce(
-            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group], scale=scale,
+            averages, [worker_errors[r] for r in group], [server_errors[r] for r in group], protocol, scale=scale,
             block_size=block_size,
         )
         pieces.append(outs[0])
@@ -578,7 +581,10 @@ def hierarchical_compressed_allreduce(
             new_we[r], new_se[r] = we, se
     out = np.concatenate(pieces).astype(np.float32)[:numel]
     cb = sub // 8
-    if block_size is None:
+    if protocol == "allgather":
+        intra = (k - 1) * 4 * shard + (k - 1) * nodes * (shard // 8)
+        inter = (nodes - 1) * (shard // 8)
+    elif block_size is None:
         intra = (k - 1) * 4 * shard + (k - 1) * nodes * (4 + cb)
         inter = (nodes - 1) * (2 * cb + 4)
     else:

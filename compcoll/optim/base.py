@@ -13,7 +13,7 @@ from ..algorithms.exact import exact_average
 from ..algorithms.inputs import check_protocol, check_scale
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
-from ..spec import PROTOCOLS
+from ..spec import CHANNEL_PROTOCOLS
 from ..workspace import Workspace
 from .channel import Channel, ErrorFeedbackChannel, LayeredChannel
 from .flat import FlatParams
@@ -24,16 +24,16 @@ COMPRESSED = ("update", "momentum")
 (DeepSpeed's choice); docs/architecture.md, "Algorithms"."""
 
 
-def compression_options(what: str, compress: str, scale: str, protocol: str = "gather_scatter") -> tuple[Option, ...]:
-    """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol`` (``spec.PROTOCOLS``);
-    the options of ``compress`` and ``protocol`` that all ranks must agree on."""
+def compression_options(what: str, compress: str, scale: str, protocol: str = "auto") -> tuple[Option, ...]:
+    """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol``
+    (``spec.CHANNEL_PROTOCOLS``); the options of ``compress`` and ``protocol`` that all ranks must agree on."""
     if not isinstance(compress, str) or compress not in COMPRESSED:
         raise ValueError(f"{what}: compress {compress!r} is not one of {COMPRESSED} (update: m / (sqrt(v) + eps); "
                          f"momentum: m, as DeepSpeed)")
     check_scale(what, scale)
-    check_protocol(what, protocol)
+    check_protocol(what, protocol, CHANNEL_PROTOCOLS)
     return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),
-            Option("1-bit protocols", PROTOCOLS.index(protocol), PROTOCOLS))
+            Option("1-bit protocols", CHANNEL_PROTOCOLS.index(protocol), CHANNEL_PROTOCOLS))
 
 
 def bias_correction_option(what: str, bias_correction: bool) -> tuple[Option, ...]:
@@ -119,9 +119,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
        compression, what grows the flat form's gap with n, then sums the nodes' vectors,
        not the ranks' (16 ranks on 2 nodes of 8 end where 2 ranks do; docs/guides/scale.md,
        "Where the gap comes from").
-    4. ``protocol="allgather"`` (flat only): one compression instead of two, (n-1)/8
-       bytes, 1/32 of the ring at 2 ranks, 1/16 at 4, as much as the ring at 64: for
-       small worlds.
+    4. ``protocol``: "auto" (default) compresses once (allgather) where the 1-bit exchange
+       has 2 members (2 ranks flat, 2 nodes hierarchical), for the bytes of compressing twice
+       (gather-scatter), and twice from 3 on. "allgather" at m members sends (m-1)/8 bytes
+       per element: 1/16 of the ring at 4 ranks, as much as the ring at 64, for small worlds.
     5. 1-bit LAMB only: ``layer_scales=True`` (one scale per layer, 4 bytes each) and
        ``variance_refresh=R`` (an exact float32 step every R steps: 8(n-1)/(nR) more per
        step).
@@ -182,7 +183,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return self._channel
 
     def _error_feedback(self, ranks_per_node: int | str | None, hierarchical: bool | None, scale: str = "l2",
-                        protocol: str = "gather_scatter", by_layer: bool = False) -> Channel:
+                        protocol: str = "auto", by_layer: bool = False) -> Channel:
         """The 1-bit channel for the flat vector, with one scale for it or (``by_layer``) one per parameter;
         ``state_dict`` saves its error buffers (the channel owns them)."""
         if by_layer:

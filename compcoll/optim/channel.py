@@ -15,6 +15,7 @@ from ..algorithms.onebit import FlatPlan
 from ..algorithms.plan import ErrorFeedback
 from ..comm import Communicator
 from ..comm.topology import node_size, requested_ranks_per_node, topology
+from ..spec import CHANNEL_PROTOCOLS, protocol_for
 
 
 class Channel(ABC):
@@ -60,9 +61,9 @@ class ErrorFeedbackChannel(Channel):
     """1-bit averages of a fixed-length vector through one plan, whose error buffers it keeps.
 
     1. Choose the algorithm once: ``hierarchical=None`` takes the hierarchical form
-       (float32 inside a node, 1-bit gather-scatter between nodes) when the ranks form
-       several equal nodes of more than one rank each, else the flat form (``protocol``);
-       True / False force it.
+       (float32 inside a node, 1-bit ``protocol`` between nodes) when the ranks form
+       several equal nodes of more than one rank each, else the flat form (``protocol``
+       between all ranks); True / False force it.
     2. Build its plan; the plan's ``ErrorFeedback`` holds the worker and server errors and
        knows which elements of the vector each covers, so that ``forget`` can clear them.
 
@@ -73,35 +74,35 @@ class ErrorFeedbackChannel(Channel):
         hierarchical: None (auto), True or False.
         scale: the 1-bit scale, "l2" or "l1" (``compressed_allreduce``'s ``scale``).
         device: where the vectors and the error buffers live (the optimizer's parameters' device).
-        protocol: the flat form's protocol, "gather_scatter" or "allgather" (``compressed_allreduce``'s);
-            "allgather" compresses once and sends (n - 1) / 2 times the bytes per rank, so it has no
-            hierarchical form: with several nodes pass ``hierarchical=False``.
+        protocol: the 1-bit protocol between the m ranks (flat) or nodes (hierarchical): "gather_scatter"
+            (``compressed_allreduce``'s two compressions), "allgather" (one compression; (m - 1) / 2 times the
+            bytes per rank, the same at m = 2) or "auto" (default: "allgather" at m = 2, else "gather_scatter";
+            ``spec.protocol_for``). ``protocol`` holds the one chosen.
 
     Raises:
-        ValueError: ``protocol`` is unknown, or "allgather" where the hierarchical form is chosen
-            (alike on every rank: the choice is the same everywhere).
+        ValueError: ``protocol`` is unknown (alike on every rank).
     """
 
     def __init__(
         self, comm: Communicator, numel: int, ranks_per_node: int | str | None = "auto",
         hierarchical: bool | None = None,
-        scale: str = "l2", device: torch.device | str = "cpu", protocol: str = "gather_scatter",
+        scale: str = "l2", device: torch.device | str = "cpu", protocol: str = "auto",
     ) -> None:
-        check_protocol("ErrorFeedbackChannel", protocol)
+        check_protocol("ErrorFeedbackChannel", protocol, CHANNEL_PROTOCOLS)
         self.comm = comm
         self.numel = numel
         self.hierarchical = node_size(comm, ranks_per_node) > 1 if hierarchical is None else bool(hierarchical)
-        if self.hierarchical and protocol != "gather_scatter":
-            raise ValueError(f"ErrorFeedbackChannel: the {protocol} protocol has no hierarchical form; these ranks "
-                             f"form several nodes, so pass hierarchical=False to use it between all ranks")
         device = torch.device(device)
         self.plan: FlatPlan | CompensatedPlan
         if self.hierarchical:
-            k = topology(comm, ranks_per_node).ranks_per_node
-            self.plan = CompensatedPlan(comm, numel, device, requested_ranks_per_node(ranks_per_node),
-                                        ranks_per_node, hierarchical_error_numels(numel, comm.size, k), scale)
+            layout = topology(comm, ranks_per_node)
+            self.protocol = protocol_for(protocol, layout.nodes)
+            self.plan = CompensatedPlan(comm, numel, device, requested_ranks_per_node(ranks_per_node), ranks_per_node,
+                                        hierarchical_error_numels(numel, comm.size, layout.ranks_per_node), scale,
+                                        protocol=self.protocol)
         else:
-            self.plan = FlatPlan(comm, numel, device, protocol, None, scale)
+            self.protocol = protocol_for(protocol, comm.size)
+            self.plan = FlatPlan(comm, numel, device, self.protocol, None, scale)
 
     @property
     def error_feedback(self) -> ErrorFeedback:
@@ -168,7 +169,7 @@ class LayeredChannel(Channel):
     def __init__(
         self, comm: Communicator, layers: Sequence[tuple[int, int]], ranks_per_node: int | str | None = "auto",
         hierarchical: bool | None = None, scale: str = "l2", device: torch.device | str = "cpu",
-        protocol: str = "gather_scatter",
+        protocol: str = "auto",
     ) -> None:
         self.layers = [(start, stop) for start, stop in layers if stop > start]
         if not self.layers:

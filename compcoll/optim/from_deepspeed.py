@@ -60,9 +60,9 @@ ENGINE: dict[str, str] = {
 
 NUMERICS: dict[str, dict[str, dict[str, Any]]] = {
     "compcoll": {},
-    "deepspeed": {"onebitadam": dict(compress="momentum", scale="l2"),
-                  "onebitlamb": dict(compress="momentum", scale="l2", trust_ratio="frozen"),
-                  "zerooneadam": dict(compress="momentum", scale="l2")},
+    "deepspeed": {"onebitadam": dict(compress="momentum", scale="l2", protocol="gather_scatter"),
+                  "onebitlamb": dict(compress="momentum", scale="l2", trust_ratio="frozen", protocol="gather_scatter"),
+                  "zerooneadam": dict(compress="momentum", scale="l2", protocol="gather_scatter")},
 }
 """Compression settings over the optimizer's defaults: none for compcoll's (chosen on its benchmarks,
 docs/guides/optimizers.md), or DeepSpeed's."""
@@ -99,7 +99,8 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
         comm: compcoll's communicator (default: the optimizer's, torch.distributed's group).
         numerics: "compcoll" (default: compcoll's compression settings, which converged
             where DeepSpeed's diverged, docs/guides/optimizers.md) or "deepspeed" (the momentum
-            compressed with the l2 scale, and 1-bit LAMB's frozen trust ratios: DeepSpeed's).
+            compressed with the l2 scale through gather-scatter at every world size, and 1-bit
+            LAMB's frozen trust ratios: DeepSpeed's).
         **options: further keyword arguments of the optimizer; one that a config key
             already sets raises ValueError.
 

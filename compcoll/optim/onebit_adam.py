@@ -71,11 +71,13 @@ class OneBitAdam(CompressedOptimizer):
             (||x|| / sqrt(d), DeepSpeed's). On the causal LM of bench/convergence (eps 1e-8)
             "l1" ends 0.8% below Adam's validation loss and "l2" 15.3% above
             (docs/guides/optimizers.md); on digits both end level.
-        protocol: the flat 1-bit allreduce's protocol: "gather_scatter" (default; each
-            coordinate compressed twice, by its sender and by the rank that sums its chunk)
-            or "allgather" (compressed once, the exact average of every rank's 1-bit
-            estimate; (n - 1) / 2 times the bytes per rank, the same at n = 2; flat only,
-            so with several nodes also pass ``hierarchical=False``).
+        protocol: the 1-bit protocol between the m ranks (flat) or nodes (hierarchical):
+            "auto" (default) is "allgather" at m = 2 and "gather_scatter" from 3 on.
+            "gather_scatter" compresses each coordinate twice, by its sender and by the rank
+            that sums its chunk (DeepSpeed's); "allgather" once, every rank averaging all m
+            1-bit estimates, for (m - 1) / 2 times the bytes per rank: the same at m = 2,
+            where it keeps what the second compression loses (docs/guides/scale.md, "Where
+            the gap comes from").
         total_steps: the run's number of optimizer steps, for a ``freeze_step`` given as a share.
         bias_correction: torch.optim.Adam's bias correction of m and v (step 4; False, the
             default: DeepSpeed's numerics). With it, the lr means what it means to torch's Adam.
@@ -100,7 +102,7 @@ class OneBitAdam(CompressedOptimizer):
         nonfinite: str = "skip",
         compress: str = "update",
         scale: str = "l1",
-        protocol: str = "gather_scatter",
+        protocol: str = "auto",
         total_steps: int | None = None,
         bias_correction: bool = False,
     ) -> None:

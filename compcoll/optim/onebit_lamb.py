@@ -126,7 +126,7 @@ class OneBitLamb(CompressedOptimizer):
         compress: str = "update",
         scale: str = "l1",
         trust_ratio: str = "fresh",
-        protocol: str = "gather_scatter",
+        protocol: str = "auto",
         variance_refresh: int = 0,
         layer_scales: bool = False,
         total_steps: int | None = None,

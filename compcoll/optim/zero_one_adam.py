@@ -103,7 +103,7 @@ class ZeroOneAdam(CompressedOptimizer):
         nonfinite: str = "skip",
         compress: str = "update",
         scale: str = "l1",
-        protocol: str = "gather_scatter",
+        protocol: str = "auto",
         total_steps: int | None = None,
         bias_correction: bool = False,
     ) -> None:

@@ -187,3 +187,37 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
                 assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
                 assert sent == ref_sent[rank], f"compensated bytes {sent} != {ref_sent[rank]} ({where})"
                 assert_same_on_all_ranks(comm, out)
+
+
+def compensated_allgather(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps: int) -> None:
+    """The compensated form with the allgather protocol between nodes equals the reference bit for bit (outputs,
+    worker errors, server errors untouched, intra- and inter-node bytes) for every dtype and both scales; a
+    block_size with it raises on every rank."""
+    n, rank = comm.size, comm.rank
+    topo = compcoll.topology(comm, k)
+    for dtype in DTYPES:
+        for i, shape in enumerate(map(tuple, shapes)):
+            scale = SCALE_NAMES[i % 2]
+            numel = int(np.prod(shape))
+            wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
+            we, se = torch.zeros(wn), torch.randn(sn, generator=torch.Generator().manual_seed(i))
+            ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
+            ref_se = [se.numpy().copy() for _ in range(n)]
+            for call in range(steps):
+                xs = world_inputs(comm, call, shape, dtype)
+                where = f"{dtype} shape {shape} call {call}"
+                out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
+                                     comm, ranks_per_node=k, scale=scale, protocol="allgather")
+                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce,
+                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, k, scale, None, "allgather")
+                assert out.shape == shape and out.dtype == dtype, where
+                assert_matches_reference(out, outs[rank], f"compensated allgather {scale}, {where}")
+                assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+                assert sent == ref_sent[rank], f"compensated allgather bytes {sent} != {ref_sent[rank]} ({where})"
+                assert_same_on_all_ranks(comm, out)
+    x = make_input(rank, 0, (999,), torch.float32)
+    wn, sn = compcoll.hierarchical_error_numels(999, n, k)
+    _expect(ValueError, "block_size=64 needs protocol='gather_scatter'", compcoll.hierarchical_compressed_allreduce,
+            x, torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k, protocol="allgather", block_size=64)
+    _expect(ValueError, "protocol 'ring' is not one of", compcoll.hierarchical_compressed_allreduce,
+            x, torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k, protocol="ring")

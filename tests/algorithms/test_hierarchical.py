@@ -40,3 +40,10 @@ def test_bad_inputs_raise_on_every_rank(world_size: int, k: int, backend: str) -
 def test_compensated_block_scales_match_reference(backend: str, world_size: int, k: int) -> None:
     run(f"{WORKERS}:compensated_blocks", world_size, backend, args=(k, [[1], [37], [3, 7, 11], [12289]], 2),
         timeout=300)
+
+
+@pytest.mark.parametrize("backend, world_size, k", [("threads", 1, 1), ("threads", 3, 1), ("threads", 4, 2),
+                                                    ("threads", 6, 2), ("threads", 6, 3), ("mpi", 4, 2),
+                                                    ("gloo", 6, 3)])
+def test_compensated_allgather_between_nodes_matches_reference(backend: str, world_size: int, k: int) -> None:
+    run(f"{WORKERS}:compensated_allgather", world_size, backend, args=(k, SHAPES, 2), timeout=300)

@@ -90,9 +90,10 @@ def test_the_stages_part_runs_each_exact_row_once_and_splits_a_gap_into_its_thre
     monkeypatch.setattr(scale, "train_rows", lambda args, rows_at, launch, metric: rows.update(
         {n: rows_at(n) for n in args.ranks}) or {"runs": [], "table": ""})
     scale.stages_part(args)
-    assert [r["name"] for r in rows[16]] == ["1-bit Adam bc allgather lr=0.002", "1-bit Adam bc lr=0.002",
-                                             "1-bit Adam bc 8/node lr=0.002", "1-bit LAMB allgather lr=0.01",
-                                             "1-bit LAMB lr=0.01", "1-bit LAMB 8/node lr=0.01"]
+    assert [r["name"] for r in rows[16]] == ["1-bit Adam bc allgather lr=0.002",
+                                             "1-bit Adam bc gather-scatter lr=0.002", "1-bit Adam bc 8/node lr=0.002",
+                                             "1-bit LAMB allgather lr=0.01", "1-bit LAMB gather-scatter lr=0.01",
+                                             "1-bit LAMB 8/node lr=0.01"]
     assert [r["name"] for r in rows[8]] == [r["name"] for r in rows[16] if "8/node" not in r["name"]]
     assert rows[16][2]["kwargs"]["ranks_per_node"] == rows[16][5]["kwargs"]["ranks_per_node"] == 8
     by_name = {r["name"]: r for r in rows[2]}
@@ -101,7 +102,10 @@ def test_the_stages_part_runs_each_exact_row_once_and_splits_a_gap_into_its_thre
     assert (frozen["optimizer"], frozen["baseline"], frozen["kwargs"]["bias_correction"]) == (
         "FrozenVarianceAdam", "Adam lr=0.002", True)
     assert by_name["1-bit Adam bc allgather lr=0.002"]["kwargs"]["protocol"] == "allgather"
-    assert "protocol" not in by_name["1-bit Adam bc lr=0.002"]["kwargs"]
+    assert by_name["1-bit Adam bc gather-scatter lr=0.002"]["kwargs"]["protocol"] == "gather_scatter"
+    assert by_name["1-bit LAMB gather-scatter lr=0.01"]["kwargs"]["protocol"] == "gather_scatter"
+    assert by_name["1-bit LAMB gather-scatter lr=0.01"]["kwargs"]["lr"] == 1e-2
+    assert "protocol" not in rows[16][2]["kwargs"]
     assert by_name["LAMB frozen v lr=0.01"]["optimizer"] == "FrozenVarianceLamb"
     assert by_name["1-bit LAMB allgather lr=0.01"]["kwargs"]["lr"] == 1e-2
 
@@ -109,8 +113,9 @@ def test_the_stages_part_runs_each_exact_row_once_and_splits_a_gap_into_its_thre
         return {"name": f"{name} lr=0.002", "n": n, "kwargs": {"lr": 2e-3}, "curve": [{"val_loss": loss}]}
 
     table = scale.stage_report([run("Adam", 2, 1.0), run("Adam frozen v bc", 2, 1.1),
-                                run("1-bit Adam bc allgather", 2, 1.21), run("1-bit Adam bc", 2, 1.21),
-                                run("1-bit Adam bc allgather", 16, 1.32), run("1-bit Adam bc", 16, 1.452),
+                                run("1-bit Adam bc allgather", 2, 1.21), run("1-bit Adam bc gather-scatter", 2, 1.21),
+                                run("1-bit Adam bc allgather", 16, 1.32),
+                                run("1-bit Adam bc gather-scatter", 16, 1.452),
                                 run("1-bit Adam bc 8/node", 16, 1.05)])
     lines = table.splitlines()
     assert lines[1].split()[-5:] == ["+10.0%", "+10.0%", "+0.0%", "+21.0%", "-"]

@@ -25,7 +25,7 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     """compressed_allreduce and both hierarchical forms (one node of n ranks for the compensated one) on CUDA equal the reference.
 
     Odd steps run the compensated calls asynchronously (a side stream, waited on), the flat
-    one in 3 pieces.
+    one in 3 pieces, the hierarchical one with the allgather protocol.
     """
     n, rank = comm.size, comm.rank
     device = torch.device("cuda", torch.cuda.current_device())
@@ -55,10 +55,12 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
                 hier = compcoll.hierarchical_allreduce(xs[rank].to(device), comm, ranks_per_node=1, seed=5, step=step)
                 ref_hier, _ = reference.hierarchical_allreduce(flat, 1, 5, step)
                 assert_matches_reference(hier.cpu(), ref_hier[rank], "hierarchical " + where)
+                protocol = ("gather_scatter", "allgather")[step % 2]
                 out = compcoll.hierarchical_compressed_allreduce(xs[rank].to(device), hwe, hse, comm, ranks_per_node=n,
-                                                                 async_op=asynchronous)
+                                                                 async_op=asynchronous, protocol=protocol)
                 out = out.wait() if asynchronous else out
-                outs, ref_hwe, ref_hse, _ = reference.hierarchical_compressed_allreduce(flat, ref_hwe, ref_hse, n)
+                outs, ref_hwe, ref_hse, _ = reference.hierarchical_compressed_allreduce(flat, ref_hwe, ref_hse, n,
+                                                                                        protocol=protocol)
                 assert_matches_reference(out.cpu(), outs[rank], "hierarchical compensated " + where)
                 assert_errors_match(hwe.cpu(), hse.cpu(), ref_hwe[rank], ref_hse[rank], "hierarchical " + where)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 import compcoll
 from compcoll.comm.topology import RANKS_PER_NODE_ENV
 from compcoll.optim.channel import ErrorFeedbackChannel
@@ -42,14 +44,30 @@ def uneven_nodes_go_flat(comm: compcoll.Communicator) -> None:
     comm.barrier()
 
 
-def allgather_needs_flat(comm: compcoll.Communicator) -> None:
-    """The allgather protocol where the ranks form several nodes: ValueError on every rank, unless forced flat."""
+def protocol_choice(comm: compcoll.Communicator) -> None:
+    """What each protocol stands for, flat and on nodes of 2 and of n / 2 ranks ("auto": allgather between 2
+    members, else gather-scatter), each channel averaging as its plan's function does; an unknown protocol raises
+    ValueError naming the choices."""
+    n, rank = comm.size, comm.rank
+    cases = [(n // 2, None, "auto", "allgather"), (2, None, "auto", "allgather" if n == 4 else "gather_scatter"),
+             (2, False, "auto", "gather_scatter"), (2, None, "gather_scatter", "gather_scatter"),
+             (2, None, "allgather", "allgather")]
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(rank))
+    for k, hierarchical, protocol, chosen in cases:
+        channel = ErrorFeedbackChannel(comm, x.numel(), ranks_per_node=k, hierarchical=hierarchical, protocol=protocol)
+        assert (channel.hierarchical, channel.protocol) == (hierarchical is None, chosen), (k, protocol)
+        assert channel.plan.protocol == chosen
+        got = channel(x, torch.empty_like(x))
+        we, se = (torch.zeros_like(e) for e in (channel.worker_error, channel.server_error))
+        if channel.hierarchical:
+            want = compcoll.hierarchical_compressed_allreduce(x, we, se, comm, ranks_per_node=k, protocol=chosen)
+        else:
+            want = compcoll.compressed_allreduce(x, we, se, comm, protocol=chosen)
+        assert torch.equal(got, want), (k, protocol)
     try:
-        ErrorFeedbackChannel(comm, 1000, ranks_per_node=2, protocol="allgather")
+        ErrorFeedbackChannel(comm, 1000, protocol="ring")
     except ValueError as exc:
-        assert "hierarchical=False" in str(exc), exc
+        assert "protocol 'ring' is not one of ('gather_scatter', 'allgather', 'auto')" in str(exc), exc
     else:
-        raise AssertionError("the allgather protocol built a hierarchical channel")
-    channel = ErrorFeedbackChannel(comm, 1000, ranks_per_node=2, hierarchical=False, protocol="allgather")
-    assert channel.plan.protocol == "allgather"
+        raise AssertionError("an unknown protocol built a channel")
     comm.barrier()

@@ -13,6 +13,7 @@ import compcoll
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+from compcoll.spec import protocol_for
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
 
 STEPS = 16
@@ -209,7 +210,8 @@ def option_mismatch(comm: compcoll.Communicator, name: str, option: str) -> None
 
 
 def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0,
-                          compress: str = "update", scale: str = "l1", bias_correction: bool = False) -> None:
+                          compress: str = "update", scale: str = "l1", bias_correction: bool = False,
+                          protocol: str = "auto") -> None:
     """OneBitAdam equals a one-process simulation of every rank (reference 1-bit allreduce), bit for bit.
 
     With ``ranks_per_node`` the ranks form nodes and the optimizer must pick the
@@ -218,8 +220,9 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
     """
     n = comm.size
     model, opt = build(comm, "OneBitAdam", freeze_step=freeze_step, weight_decay=0.01, compress=compress, scale=scale,
-                       bias_correction=bias_correction)
+                       bias_correction=bias_correction, protocol=protocol)
     assert opt.channel.hierarchical == bool(ranks_per_node)
+    assert opt.channel.protocol == protocol_for(protocol, n // ranks_per_node if ranks_per_node else n)
     b1, b2, lr, eps, wd = 0.9, 0.999, 1e-2, 1e-8, 0.01
     with seeded(100):
         sim = Net()
@@ -242,7 +245,7 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
         else:
             m = _sent([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, compress,
-                      _denominator(v, k, b2, eps), ranks_per_node, scale)
+                      _denominator(v, k, b2, eps), ranks_per_node, scale, protocol)
         update = m / _denominator(v, k, b2, eps)
         if bias_correction:
             update.div_(1 - b1 ** t)
@@ -288,16 +291,18 @@ def _exact(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
-            ranks_per_node: int = 0, scale: str = "l2", protocol: str = "gather_scatter") -> torch.Tensor:
+            ranks_per_node: int = 0, scale: str = "l2", protocol: str = "auto") -> torch.Tensor:
     """The reference 1-bit allreduce of every rank's vector, zero where ``silent``, errors cleared there.
 
     With ``ranks_per_node`` k, the hierarchical compensated form: rank m*k + j's worker error
-    covers shard j of the padded vector, its server error sub-chunk m of that shard.
+    covers shard j of the padded vector, its server error sub-chunk m of that shard. "auto" stands for the
+    protocol the optimizers pick between the ranks, or the nodes (``spec.protocol_for``).
     """
     n = len(values)
+    protocol = protocol_for(protocol, n // ranks_per_node if ranks_per_node else n)
     if ranks_per_node:
         outs, new_we, new_se, _ = reference.hierarchical_compressed_allreduce(
-            [v.numpy() for v in values], we, se, ranks_per_node, scale)
+            [v.numpy() for v in values], we, se, ranks_per_node, scale, None, protocol)
         shard, sub = we[0].size, se[0].size
         starts = [((r % ranks_per_node) * shard, (r % ranks_per_node) * shard + (r // ranks_per_node) * sub)
                   for r in range(n)]
@@ -316,7 +321,7 @@ def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarra
 
 def _sent(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
           compress: str, denom: torch.Tensor, ranks_per_node: int = 0, scale: str = "l2",
-          protocol: str = "gather_scatter") -> torch.Tensor:
+          protocol: str = "auto") -> torch.Tensor:
     """What an optimizer's 1-bit average gives: of the vectors themselves, or (``"update"``) denom * that of vector / denom."""
     if compress == "momentum":
         return _onebit(values, we, se, silent, ranks_per_node, scale, protocol)
@@ -476,7 +481,7 @@ def _trust_ratio(p: torch.Tensor, update: torch.Tensor) -> float:
 
 
 def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str = "update", scale: str = "l1",
-                          trust_ratio: str = "fresh", protocol: str = "gather_scatter", refresh: int = 0,
+                          trust_ratio: str = "fresh", protocol: str = "auto", refresh: int = 0,
                           layer_scales: bool = False) -> None:
     """OneBitLamb equals a one-process simulation of every rank, bit for bit, through warmup and compression
     (with ``refresh`` > 0, every ``refresh``-th compression-phase step is a warmup step; with ``layer_scales``,

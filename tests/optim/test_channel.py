@@ -22,5 +22,6 @@ def test_ranks_that_cannot_form_equal_nodes_go_flat() -> None:
     run("tests.optim.channel_workers:uneven_nodes_go_flat", 3, "mpi")
 
 
-def test_allgather_protocol_raises_on_every_rank_where_nodes_form() -> None:
-    run("tests.optim.channel_workers:allgather_needs_flat", 4, "mpi")
+@pytest.mark.parametrize("backend, world_size", [("mpi", 4), ("gloo", 6)])
+def test_auto_protocol_is_allgather_between_two_members_and_a_bad_one_raises(backend: str, world_size: int) -> None:
+    run("tests.optim.channel_workers:protocol_choice", world_size, backend)

@@ -76,6 +76,7 @@ def test_type_names_match_as_deepspeed_matches_them_and_numerics_can_be_deepspee
     assert type(ours) is type(theirs) is OneBitLamb
     assert (ours.compress, ours.trust_ratio) == ("update", "fresh")
     assert (theirs.compress, theirs.trust_ratio, theirs.nonfinite) == ("momentum", "frozen", "raise")
+    assert (ours.channel.protocol, theirs.channel.protocol) == ("allgather", "gather_scatter")
 
 
 @pytest.mark.parametrize("change, message", [

@@ -84,9 +84,12 @@ def test_onebit_adam_bias_correction_matches_simulation(compress: str) -> None:
     run(f"{WORKERS}:onebit_adam_reference", 3, IN, args=(3, 8, 0, compress, "l1", True))
 
 
-@pytest.mark.parametrize("world_size, ranks_per_node", [(4, 2), (6, 3)])
-def test_onebit_adam_hierarchical_matches_simulation(world_size: int, ranks_per_node: int) -> None:
-    run(f"{WORKERS}:onebit_adam_reference", world_size, IN, args=(3, 8, ranks_per_node),
+@pytest.mark.parametrize("world_size, ranks_per_node, protocol", [(4, 2, "auto"), (6, 2, "auto"),
+                                                                  (6, 3, "gather_scatter"), (6, 2, "allgather")])
+def test_onebit_adam_hierarchical_matches_simulation(world_size: int, ranks_per_node: int, protocol: str) -> None:
+    """2 nodes: "auto" is allgather between them; 3 nodes: gather-scatter."""
+    run(f"{WORKERS}:onebit_adam_reference", world_size, IN,
+        args=(3, 8, ranks_per_node, "update", "l1", False, protocol),
         env={"COMPCOLL_RANKS_PER_NODE": str(ranks_per_node)})
 
 

@@ -75,7 +75,7 @@ class ErrorFeedbackChannel(Channel):
         scale: the 1-bit scale, "l2" or "l1" (``compressed_allreduce``'s ``scale``).
         device: where the vectors and the error buffers live (the optimizer's parameters' device).
         protocol: the 1-bit protocol between the m ranks (flat) or nodes (hierarchical): "gather_scatter"
-            (``compressed_allreduce``'s two compressions), "allgather" (one compression; (m - 1) / 2 times the
+            (``compressed_allreduce``'s two compressions), "allgather" (one compression; m / 2 times the
             bytes per rank, the same at m = 2) or "auto" (default: "allgather" at m = 2, else "gather_scatter";
             ``spec.protocol_for``). ``protocol`` holds the one chosen.
 

@@ -75,7 +75,7 @@ class OneBitAdam(CompressedOptimizer):
             "auto" (default) is "allgather" at m = 2 and "gather_scatter" from 3 on.
             "gather_scatter" compresses each coordinate twice, by its sender and by the rank
             that sums its chunk (DeepSpeed's); "allgather" once, every rank averaging all m
-            1-bit estimates, for (m - 1) / 2 times the bytes per rank: the same at m = 2,
+            1-bit estimates, for m / 2 times the bytes per rank: the same at m = 2,
             where it keeps what the second compression loses (docs/guides/scale.md, "Where
             the gap comes from").
         total_steps: the run's number of optimizer steps, for a ``freeze_step`` given as a share.

@@ -192,7 +192,7 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
 def compensated_allgather(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps: int) -> None:
     """The compensated form with the allgather protocol between nodes equals the reference bit for bit (outputs,
     worker errors, server errors untouched, intra- and inter-node bytes) for every dtype and both scales; a
-    block_size with it raises on every rank."""
+    block_size with it, an unknown protocol, or ranks asking for different protocols raise on every rank."""
     n, rank = comm.size, comm.rank
     topo = compcoll.topology(comm, k)
     for dtype in DTYPES:
@@ -221,3 +221,7 @@ def compensated_allgather(comm: compcoll.Communicator, k: int, shapes: list[list
             x, torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k, protocol="allgather", block_size=64)
     _expect(ValueError, "protocol 'ring' is not one of", compcoll.hierarchical_compressed_allreduce,
             x, torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k, protocol="ring")
+    if n > 1:
+        _expect(compcoll.RankMismatchError, "different protocols", compcoll.hierarchical_compressed_allreduce, x,
+                torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k,
+                protocol="allgather" if rank else "gather_scatter")

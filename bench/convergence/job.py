@@ -54,7 +54,7 @@ class Uncompressed:
     steps with the exact average wherever it would send 1 bit."""
 
     def _error_feedback(self, ranks_per_node: int | None, hierarchical: bool | None, scale: str = "l2",
-                        protocol: str = "gather_scatter", by_layer: bool = False) -> ExactChannel:
+                        protocol: str = "auto", by_layer: bool = False) -> ExactChannel:
         self._channel = ExactChannel(self.comm, self.workspace)
         return self._channel
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -314,6 +315,17 @@ class CompensatedPlan(_NodePlan):
         self.block_size = block_size
         self.protocol = protocol
 
+    @functools.cached_property
+    def shard_senders(self) -> list[int]:
+        """The ranks whose packed shards the allgather protocol averages, shard by shard: for each local rank j,
+        the ranks of local rank j on every node in the order of their ranks (the order of that local rank's
+        ``inter``). Worked out once, at the first allgather call (the layout is known by then)."""
+        layout = self.layout
+        members: list[list[int]] = [[] for _ in range(layout.nodes)]
+        for rank, node in enumerate(layout.node_of):
+            members[node].append(rank)
+        return [rank for j in range(layout.ranks_per_node) for rank in sorted(node[j] for node in members)]
+
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout
         worker, server = hierarchical_error_numels(self.numel, self.comm.size, layout.ranks_per_node)
@@ -354,22 +366,13 @@ class CompensatedPlan(_NodePlan):
         scales = agreement.check(finite, scale)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
         if self.protocol == "allgather":
-            weights, _ = device_scalars(scales[list(_shard_senders(layout))], nodes, scale, self.device, ws)
+            weights, _ = device_scalars(scales[self.shard_senders], nodes, scale, self.device, ws)
             codecs.compensate_encode(average, worker_error, scale, bits)
             return _allgather_between_nodes(bits, weights, layout, numel, result, ws)
         weights, _ = device_scalars(scales[list(layout.inter_ranks)], nodes, scale, self.device, ws)
         codecs.compensate_encode(average, worker_error, scale, bits)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
         return result
-
-
-def _shard_senders(layout: Topology) -> list[int]:
-    """The ranks whose packed shards the allgather protocol averages, shard by shard: for each local rank j, the
-    ranks of local rank j on every node in the order of their ranks (the order of that local rank's ``inter``)."""
-    members: list[list[int]] = [[] for _ in range(layout.nodes)]
-    for rank, node in enumerate(layout.node_of):
-        members[node].append(rank)
-    return [rank for j in range(layout.ranks_per_node) for rank in sorted(node[j] for node in members)]
 
 
 def _allgather_between_nodes(bits: torch.Tensor, weights: torch.Tensor, layout: Topology, numel: int,
@@ -380,7 +383,7 @@ def _allgather_between_nodes(bits: torch.Tensor, weights: torch.Tensor, layout: 
     1. All-gather ``bits`` (this rank's packed shard) over ``inter``: N rows, in the order of the ranks.
     2. All-gather those rows over ``intra``: k x N rows, local rank j's in place j.
     3. Shard j of the result (up to ``numel``) <- sum_i weights[j, i] * signs(row j, i) (``codecs.accumulate_signs``,
-       weights (k, N) in ``_shard_senders``' order), in float32 (scratch for a 16-bit ``result``).
+       weights (k, N) in ``CompensatedPlan.shard_senders``' order), in float32 (scratch for a 16-bit ``result``).
     """
     k, nodes = layout.ranks_per_node, layout.nodes
     shard = bits.numel() * 8

@@ -672,3 +672,11 @@ def accumulate_levels(planes: torch.Tensor, weights: torch.Tensor, block_size: i
     """out[:count] <- sum_r float32(level_r * weights[r, i // block_size]) rank by rank in float32, level_r the
     centred level of rank r's row (``reference.compressed_reduce_scatter``)."""
     _run("accumulate_levels", out, _array(planes), _array(weights), block_size, bits, _array(out), count)
+
+
+def decode_levels(planes: torch.Tensor, steps: torch.Tensor, block_size: int, bits: int, out: torch.Tensor,
+                  count: int) -> None:
+    """out[:count] <- every row's levels, row r into out[r * row_len:] (row_len = 8 * its bytes a plane), each
+    float32(level_r * steps[r, k // block_size]) as ``accumulate_levels`` gives for one row: the decode of n served
+    rows in one kernel (``reference`` ``_levels_allreduce``, step 3)."""
+    _run("decode_levels", out, _array(planes), _array(steps), block_size, bits, _array(out), count)

@@ -35,7 +35,8 @@ def warm() -> float:
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather
        protocol, each protocol with block scales (the DDP hook's default); ``hierarchical_allreduce`` and
        ``hierarchical_compressed_allreduce`` (with one scale and with block scales) with 1 rank per node and with
-       every rank on one node; ``compressed_reduce_scatter`` with signs and with levels (``_calls``).
+       every rank on one node; ``compressed_allreduce`` and ``compressed_reduce_scatter`` with levels, the latter
+       with signs too (``_calls``).
     4. All of it on a 1-rank communicator, then on 2 thread ranks of one in-process world: with more than one rank
        the wire rows are strided views (a frame head before each row's bits), which Numba compiles apart from the
        contiguous rows of one rank. Its ranks wait for each other while one compiles: their timeout is an hour
@@ -65,6 +66,8 @@ def _calls(comm: Communicator) -> None:
                 for block_size in (None, BLOCK_SIZE):
                     hierarchical_compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(shard),
                                                       torch.zeros(sub), comm, ranks_per_node=k, block_size=block_size)
+            compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(chunk), comm,
+                                 block_size=BLOCK_SIZE, bits=3)
             for bits in (1, 3):
                 compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel // comm.size, dtype=dtype),
                                           torch.zeros(comm.size * row_elements(numel, comm.size)), comm, bits=bits)

@@ -102,6 +102,7 @@ def variants() -> dict[str, tuple]:
             kernels._decode_framed_blocks(name).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
     found["accumulate levels"] = (kernels._accumulate_levels.py_func,
                                   (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
+    found["decode levels"] = (kernels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (

@@ -258,11 +258,7 @@ class FlatPlan(Plan):
             blocks = -(-self.chunk // b)
             steps, planes = codecs.unframe_blocks(served, blocks, 1,
                                                   ws.get("levels.steps", n * blocks, torch.float32, self.device))
-            for r in range(n):
-                count = min(self.chunk, self.numel - r * self.chunk)
-                if count > 0:
-                    codecs.accumulate_levels(planes[r:r + 1], steps[r:r + 1].contiguous(), b, self.bits,
-                                             decoded[r * self.chunk:r * self.chunk + count], count)
+            codecs.decode_levels(planes, steps, b, self.bits, decoded, self.numel)
         elif self.protocol == "gather_scatter":
             served = serve_blocks(tensor, worker_error, server_error, sums, comm, ws, b, self.scale)
             codecs.decode_framed_blocks(served, -(-self.chunk // b), b, result)

@@ -611,3 +611,32 @@ def accumulate_levels(planes, weights, block, nbits, out, n_out):
         block_out = out[lo:lo + count]
         for e in range(count):
             block_out[e] = acc[e]
+
+
+@_threaded
+def decode_levels(planes, steps, block, nbits, out, n_out):
+    """out[r * row_len + k] = 0 + float32(float64(level_r[k] - (2^nbits - 1) / 2) * float64(steps[r, k // block])) for
+    r * row_len + k < n_out (row_len = 8 * row_bytes): row r's levels into its own segment, each the one term
+    ``accumulate_levels`` would sum from 0 (a zero step gives +0, as there); ``planes`` is (n, nbits * row_bytes)
+    (``encode_levels``). Each task takes up to BLOCK elements of one row."""
+    rows = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    row_len = 8 * row_bytes
+    half = ((1 << nbits) - 1) / 2.0
+    tasks_per_row = (row_len + BLOCK - 1) // BLOCK
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * BLOCK
+        first = r * row_len + lo
+        count = min(BLOCK, row_len - lo, n_out - first)
+        if count > 0:
+            flags = np.empty(BLOCK, np.uint8)
+            codes = np.zeros(BLOCK, np.int64)
+            for j in range(nbits):
+                _unpack(planes[r, j * row_bytes + lo // 8:j * row_bytes + (lo + count + 7) // 8], flags)
+                for e in range(count):
+                    if flags[e]:
+                        codes[e] |= 1 << j
+            for e in range(count):
+                w = np.float64(steps[r, (lo + e) // block])
+                out[first + e] = np.float32(0) + np.float32((codes[e] - half) * w)

@@ -1118,3 +1118,24 @@ def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> No
     """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel: one thread
     per element (i // block a shift)."""
     launch(_accumulate_levels, _grid(n_out), THREADS, stream, planes, weights, _shift(block), nbits, out, n_out)
+
+
+@cuda.jit
+def _decode_levels(planes, steps, shift, nbits, out, n_out):
+    row_bytes = planes.shape[1] // nbits
+    row_len = row_bytes * 8
+    half = ((1 << nbits) - 1) / 2.0
+    r, first = -1, -row_len
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        r, first = _row_of(i, r, first, row_len)
+        k = i - first
+        code = 0
+        for j in range(nbits):
+            code |= ((planes[r, j * row_bytes + (k >> 3)] >> (7 - (k & 7))) & 1) << j
+        out[i] = np.float32(0) + np.float32((code - half) * np.float64(steps[r, k >> shift]))
+
+
+def decode_levels(planes, steps, block, nbits, out, n_out, stream=0) -> None:
+    """Row r's levels into out[r * row_len:], as the CPU kernel: one thread per element (its row kept, ``_row_of``;
+    k // block a shift)."""
+    launch(_decode_levels, _grid(n_out), THREADS, stream, planes, steps, _shift(block), nbits, out, n_out)

@@ -277,6 +277,13 @@ def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: i
     cuda.accumulate_levels(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, bits, d_out,
                            out.size)
     assert np.array_equal(d_out.copy_to_host(), out), "accumulate_levels"
+    weights[-1, 0] = 0.0  # a negative level over a zero step: +0, as accumulating from 0
+    out = np.empty(full - 5, np.float32)
+    cpu.decode_levels(framed[:, heads:], weights, block, bits, out, out.size)
+    d_out = cuda.cuda.device_array(out.size, np.float32)
+    cuda.decode_levels(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, bits, d_out,
+                       out.size)
+    assert np.array_equal(d_out.copy_to_host().view(np.uint32), out.view(np.uint32)), "decode_levels"
 
 
 def check_tree_sum() -> None:

@@ -174,3 +174,52 @@ def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
                               numel)
         lengths = np.tile(reference.block_lengths(chunk, block), world)
         assert np.array_equal(decoded, (np.repeat(scales, lengths) * reference.unpack(ref_bits, full))[:numel])
+
+
+def _decoded_levels(planes: np.ndarray, steps: np.ndarray, block: int, bits: int, row: int) -> np.ndarray:
+    """Every row's levels times its steps, row after row: the reference's decode of served levels (0 + each value)."""
+    half = ((1 << bits) - 1) / 2.0
+    return np.concatenate([np.float32(0) + ((reference.unpack_planes(planes[r], bits, row) - half)
+                                            * np.repeat(steps[r].astype(np.float64), block)[:row]).astype(np.float32)
+                           for r in range(planes.shape[0])])
+
+
+@pytest.mark.parametrize("numel, world, block, bits", [(37, 1, 8, 2), (8193, 3, 64, 3), (70001, 2, 256, 4),
+                                                       (200003, 3, 8192, 8)])
+def test_level_kernels(numel: int, world: int, block: int, bits: int) -> None:
+    """Levels (one step per block, rows restarting the blocks): encode into strided wire rows, accumulate over the
+    rows and decode each row into its own segment, cut short of the last row's end = the reference, threaded (as
+    ``codecs`` runs them from 65536 elements) and serial alike; a negative level over a zero step decodes to +0, as
+    accumulating from 0 does."""
+    rng = _rng(numel + bits)
+    full = reference.padded_numel(numel, world)
+    row = full // world
+    src = (rng.standard_normal(numel) * 10.0 ** rng.integers(-3, 3, numel)).astype(np.float32)
+    err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+    err[:min(block, numel)] = src[:block] = 0.0
+    padded = np.zeros(full, np.float32)
+    padded[:numel] = src
+    planes, steps, want_err = reference.compress_levels(padded, err, block, bits, world)
+    blocks = -(-row // block)
+    assert steps[0] == 0.0, "the first block is zero: its step is 0"
+    heads = codecs.SCALE_BYTES + blocks
+    steps = steps.reshape(world, blocks)
+    for kernels in (cpu, types.SimpleNamespace(**cpu.SERIAL)):
+        framed = np.zeros((world, heads + bits * row // 8), np.uint8)
+        new_err = err.copy()
+        kernels.encode_levels(src, None, new_err, numel, steps.reshape(-1), block, bits, framed[:, heads:])
+        assert np.array_equal(framed[:, heads:], planes) and np.array_equal(new_err, want_err), "encode_levels"
+        summed = np.empty(row - 3, np.float32)
+        kernels.accumulate_levels(framed[:, heads:], steps, block, bits, summed, summed.size)
+        each = _decoded_levels(planes, steps, block, bits, row).reshape(world, row)
+        expected = np.zeros(row - 3, np.float32)
+        for r in range(world):
+            expected = (expected + each[r, :row - 3]).astype(np.float32)
+        assert np.array_equal(summed.view(np.uint32), expected.view(np.uint32)), "accumulate_levels"
+        decoded = np.full(full - 5, np.nan, np.float32)
+        kernels.decode_levels(framed[:, heads:], steps, block, bits, decoded, decoded.size)
+        assert np.array_equal(decoded.view(np.uint32), each.reshape(-1)[:full - 5].view(np.uint32)), "decode_levels"
+        noise = rng.integers(0, 256, planes.shape, dtype=np.uint8)  # negative levels too, over the zero step
+        kernels.decode_levels(noise, steps, block, bits, decoded, decoded.size)
+        want = _decoded_levels(noise, steps, block, bits, row)[:full - 5]
+        assert np.array_equal(decoded.view(np.uint32), want.view(np.uint32)), "decode_levels of random planes"

@@ -47,13 +47,14 @@ def _device_lookup_table(dtype: torch.dtype, device: torch.device) -> torch.Tens
     return torch.from_numpy(_lookup_table(dtype)).to(device)
 
 
-def check_device(tensor: torch.Tensor, ranks: int = 1) -> None:
-    """Raise ValueError for a device that has no kernels at ``ranks`` ranks: CPU and CUDA have; meta, at one
-    rank, traces CUDA's (every launch counted, none run)."""
-    if tensor.device.type in ("cpu", "cuda") or (tensor.is_meta and ranks == 1):
+def check_device(tensor: torch.Tensor, carries_meta: bool = True) -> None:
+    """Raise ValueError for a device that has no kernels: CPU and CUDA have; meta, where the communicator carries meta
+    tensors (``Communicator.carries_meta``: one rank, the in-process world), traces CUDA's (every launch counted,
+    none run)."""
+    if tensor.device.type in ("cpu", "cuda") or (tensor.is_meta and carries_meta):
         return
-    raise ValueError(f"compcoll: tensors on {tensor.device} are not supported on {ranks} rank(s); use CPU or CUDA "
-                     "tensors (meta tensors, at one rank, count the CUDA path's launches)")
+    raise ValueError(f"compcoll: tensors on {tensor.device} are not supported by this communicator; use CPU or CUDA "
+                     "tensors (meta tensors, on one rank or an in-process world, count the CUDA path's launches)")
 
 
 def on_host(tensor: torch.Tensor) -> bool:
@@ -332,6 +333,12 @@ def accumulate_signs(
     """
     return _sum("accumulate_signs", out, read, *_accumulate_args(bits, weights, base, out, count, scale))
 
+
+def accumulate_groups(bits: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, count: int) -> None:
+    """out[:count] <- for each group j of ``weights``' (groups, m) rows: sum_r weights[j, r] * signs of bits row
+    j * m + r, into segment j of out (8 bytes' worth of elements a byte of a row), rank by rank in float32 as
+    ``accumulate_signs`` sums one group: the averages of several shards in one kernel."""
+    _run("accumulate_groups", out, _array(bits), _array(weights), _array(out), count)
 
 def _accumulate_args(bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor,
                      count: int, scale: str) -> tuple:

@@ -32,11 +32,11 @@ def warm() -> float:
        more than ``SERIAL_BELOW`` block scales (``code_blocks`` and ``decode_codes`` run one thread a scale,
        their threaded kernels from there).
     2. Each input dtype (float32 reads directly, 16-bit types through the lookup table).
-    3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather
-       protocol, each protocol with block scales (the DDP hook's default); ``hierarchical_allreduce`` and
-       ``hierarchical_compressed_allreduce`` (with one scale and with block scales) with 1 rank per node and with
-       every rank on one node; ``compressed_allreduce`` and ``compressed_reduce_scatter`` with levels, the latter
-       with signs too (``_calls``).
+    3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather protocol, each protocol with
+       block scales (the DDP hook's default), and with levels; ``hierarchical_allreduce`` and
+       ``hierarchical_compressed_allreduce`` (with one scale, with block scales, and allgather between nodes) with
+       1 rank per node and with every rank on one node; ``compressed_reduce_scatter`` with signs and with levels
+       (``_calls``).
     4. All of it on a 1-rank communicator, then on 2 thread ranks of one in-process world: with more than one rank
        the wire rows are strided views (a frame head before each row's bits), which Numba compiles apart from the
        contiguous rows of one rank. Its ranks wait for each other while one compiles: their timeout is an hour
@@ -63,9 +63,11 @@ def _calls(comm: Communicator) -> None:
             for k in sorted({1, comm.size}):
                 hierarchical_allreduce(torch.ones(numel, dtype=dtype), comm, ranks_per_node=k)
                 shard, sub = hierarchical_error_numels(numel, comm.size, k)
-                for block_size in (None, BLOCK_SIZE):
+                for block_size, protocol in ((None, "gather_scatter"), (BLOCK_SIZE, "gather_scatter"),
+                                             (None, "allgather")):
                     hierarchical_compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(shard),
-                                                      torch.zeros(sub), comm, ranks_per_node=k, block_size=block_size)
+                                                      torch.zeros(sub), comm, ranks_per_node=k, block_size=block_size,
+                                                      protocol=protocol)
             compressed_allreduce(torch.ones(numel, dtype=dtype), torch.zeros(full), torch.zeros(chunk), comm,
                                  block_size=BLOCK_SIZE, bits=3)
             for bits in (1, 3):

@@ -2,6 +2,7 @@
 
 Usage:
     python scripts/cuda_launches.py [--numel 1048576] [--json] [--time [--runs 9] [--calls 200]]
+    python scripts/cuda_launches.py --ranks 64 [--ranks-per-node 8] [--numel N] [--json]
 
 The calls run at one rank (``SingleComm``) on meta tensors, which take the CUDA path with
 every launch and host wait counted and none run (``kernels.launch.TRACED``); the counts
@@ -12,6 +13,11 @@ device work (copies, arithmetic, fills; at one rank the transport's copies among
 one object keyed by protocol. ``--time`` adds each call's host microseconds on meta tensors
 (``host_us``: the CUDA path's Python with nothing launched, median of 9 means of 200 calls),
 a proxy for its host overhead on a GPU; compare versions side by side on one machine.
+
+``--ranks N`` counts one rank's launches, wraps and waits in an in-process world of N ranks
+(``--ranks-per-node``, default 1, for the hierarchical forms' nodes) on meta tensors
+(``compcoll.bench.launches.world_counts``): what each rank of an N-rank job makes, which
+should not grow with N (the torch operators and allocations are not counted there).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import json
 import torch
 
 from compcoll import SingleComm
-from compcoll.bench.launches import call_counts, host_microseconds
+from compcoll.bench.launches import call_counts, host_microseconds, world_counts
 
 
 def main() -> int:
@@ -32,21 +38,31 @@ def main() -> int:
     p.add_argument("--time", action="store_true", help="add each call's host microseconds on meta tensors")
     p.add_argument("--runs", type=int, default=9, help="--time: runs whose median is given (default 9)")
     p.add_argument("--calls", type=int, default=200, help="--time: calls in a row per run (default 200)")
+    p.add_argument("--ranks", type=int, default=1, help="ranks of an in-process world (default 1)")
+    p.add_argument("--ranks-per-node", type=int, default=1, help="--ranks: ranks a node (default 1)")
     args = p.parse_args()
+    if args.ranks < 1 or args.ranks_per_node < 1 or args.ranks % args.ranks_per_node:
+        p.error("--ranks must be a positive multiple of --ranks-per-node")
+    if args.ranks > 1 and args.time:
+        p.error("--time times one rank; leave out --ranks")
     x = torch.empty(args.numel, device="meta")
-    counts = call_counts(x, SingleComm())
+    if args.ranks > 1:
+        counts = world_counts(args.numel, args.ranks, args.ranks_per_node)
+    else:
+        counts = call_counts(x, SingleComm())
     if args.time:
         for name, us in host_microseconds(x, SingleComm(), args.runs, args.calls).items():
             counts[name]["host_us"] = round(us, 1)
     if args.json:
         print(json.dumps(counts))
         return 0
-    print(f"one call at 1 rank, {args.numel} float32 elements (meta tensors: counted, not run)")
+    where = (f"a rank of {args.ranks}, {args.ranks_per_node} a node" if args.ranks > 1 else "1 rank")
+    print(f"one call at {where}, {args.numel} float32 elements (meta tensors: counted, not run)")
     timed = f"{'host us':>10}" if args.time else ""
     print(f"{'protocol':<24}{'launches':>10}{'wraps':>8}{'waits':>8}{'torch':>8}{'allocs':>8}{timed}")
     for name, c in counts.items():
-        print(f"{name:<24}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c['torch']:>8}{c['allocations']:>8}"
-              + (f"{c['host_us']:>10.1f}" if args.time else ""))
+        print(f"{name:<24}{c['launches']:>10}{c['wraps']:>8}{c['waits']:>8}{c.get('torch', '-'):>8}"
+              f"{c.get('allocations', '-'):>8}" + (f"{c['host_us']:>10.1f}" if args.time else ""))
     return 0
 
 

@@ -103,6 +103,8 @@ def variants() -> dict[str, tuple]:
     found["accumulate levels"] = (kernels._accumulate_levels.py_func,
                                   (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
     found["decode levels"] = (kernels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))
+    found["accumulate groups of rows into their segments"] = (kernels._accumulate_groups.py_func,
+                                                              (wire, coded, F32, I64))
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (

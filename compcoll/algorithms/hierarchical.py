@@ -99,7 +99,7 @@ def hierarchical_allreduce(
     comm = get_default() if comm is None else comm
 
     def checks() -> int:
-        check_tensor(what, tensor, out, comm.size)
+        check_tensor(what, tensor, out, comm.carries_meta)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
         return requested_ranks_per_node(ranks_per_node)
@@ -272,7 +272,7 @@ def hierarchical_compressed_allreduce(
     comm = get_default() if comm is None else comm
 
     def checks() -> int:
-        check_tensor(what, tensor, out, comm.size)
+        check_tensor(what, tensor, out, comm.carries_meta)
         for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
             check_error_buffer(what, name, buf, tensor)
         check_scale(what, scale)
@@ -382,22 +382,17 @@ def _allgather_between_nodes(bits: torch.Tensor, weights: torch.Tensor, layout: 
 
     1. All-gather ``bits`` (this rank's packed shard) over ``inter``: N rows, in the order of the ranks.
     2. All-gather those rows over ``intra``: k x N rows, local rank j's in place j.
-    3. Shard j of the result (up to ``numel``) <- sum_i weights[j, i] * signs(row j, i) (``codecs.accumulate_signs``,
-       weights (k, N) in ``CompensatedPlan.shard_senders``' order), in float32 (scratch for a 16-bit ``result``).
+    3. Shard j of the result (up to ``numel``) <- sum_i weights[j, i] * signs(row j, i), every shard in one kernel
+       (``codecs.accumulate_groups``, weights (k, N) in ``CompensatedPlan.shard_senders``' order), in float32
+       (scratch for a 16-bit ``result``).
     """
     k, nodes = layout.ranks_per_node, layout.nodes
-    shard = bits.numel() * 8
     rows = workspace.get("inter.rows", nodes * bits.numel(), torch.uint8, bits.device)
     layout.inter.allgather(bits, rows)
     every = workspace.get("all_rows", k * rows.numel(), torch.uint8, bits.device)
     layout.intra.allgather(rows, every)
     target = float32_target(result, numel, workspace)
-    shard_rows, shard_weights = every.view(k, nodes, -1), weights.view(k, nodes)
-    for j in range(k):
-        count = min(shard, numel - j * shard)
-        if count > 0:
-            codecs.accumulate_signs(shard_rows[j], shard_weights[j], None, target[j * shard:j * shard + count], count,
-                                    read=False)
+    codecs.accumulate_groups(every.view(k * nodes, -1), weights.view(k, nodes), target, numel)
     if result.dtype != torch.float32:
         result.view(-1).copy_(target)
     return result

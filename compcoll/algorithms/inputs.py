@@ -8,8 +8,9 @@ from .. import codecs
 from ..spec import PROTOCOLS, SCALES, check_bits
 
 
-def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None, ranks: int) -> None:
-    """The input is a supported torch tensor on a device with kernels at ``ranks`` ranks, and ``out`` fits it."""
+def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None, carries_meta: bool) -> None:
+    """The input is a supported torch tensor on a device with kernels (meta where the communicator ``carries_meta``),
+    and ``out`` fits it."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(
             f"{what}: tensor must be a torch.Tensor or an array that exports DLPack (numpy, cupy), got "
@@ -28,7 +29,7 @@ def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None, rank
             f"{what}: out must be contiguous with the tensor's shape {tuple(tensor.shape)}, "
             f"dtype {tensor.dtype} and device {tensor.device}"
         )
-    codecs.check_device(tensor, ranks)
+    codecs.check_device(tensor, carries_meta)
 
 
 def check_error_buffer(what: str, name: str, buf: torch.Tensor, tensor: torch.Tensor) -> None:

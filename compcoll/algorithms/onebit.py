@@ -125,8 +125,7 @@ def compressed_allreduce(
     """
     comm = get_default() if comm is None else comm
     checked(comm, FlatPlan.what,
-            lambda: _validate(tensor, worker_error, server_error, out, comm.size, protocol, pieces, scale, block_size,
-                              bits))
+            lambda: _validate(tensor, worker_error, server_error, out, comm, protocol, pieces, scale, block_size, bits))
     plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces, scale, block_size, bits),
                        lambda: FlatPlan(comm, tensor.numel(), tensor.device, protocol, pieces, scale, block_size, bits))
     return plan.start(tensor, out, async_op, (worker_error, server_error))
@@ -424,7 +423,7 @@ def _validate(
     worker_error: torch.Tensor,
     server_error: torch.Tensor,
     out: torch.Tensor | None,
-    n: int,
+    comm: Communicator,
     protocol: str,
     pieces: int | None,
     scale: str,
@@ -432,8 +431,8 @@ def _validate(
     bits: int = 1,
 ) -> None:
     """Local checks, made before any communication."""
-    what = "compressed_allreduce"
-    check_tensor(what, tensor, out, n)
+    what, n = "compressed_allreduce", comm.size
+    check_tensor(what, tensor, out, comm.carries_meta)
     check_protocol(what, protocol)
     check_scale(what, scale)
     check_block_size(what, block_size)
@@ -509,7 +508,7 @@ class CompressedAllreduce:
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
     ) -> torch.Tensor | Work:
         def checks() -> FlatPlan:
-            check_tensor("CompressedAllreduce", tensor, out, self.comm.size)
+            check_tensor("CompressedAllreduce", tensor, out, self.comm.carries_meta)
             return self.plan(key, tensor)
 
         plan = checked(self.comm, FlatPlan.what, checks)

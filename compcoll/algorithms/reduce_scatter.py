@@ -89,7 +89,7 @@ def compressed_reduce_scatter(
     """
     comm = get_default() if comm is None else comm
     checked(comm, ScatterPlan.what,
-            lambda: _validate(tensor, out, worker_error, comm.size, op, factor, block_size, scale, bits))
+            lambda: _validate(tensor, out, worker_error, comm, op, factor, block_size, scale, bits))
     key = (ScatterPlan, tensor.numel(), tensor.device, op, factor, block_size, scale, bits)
     plan = cached_plan(comm, key, lambda: ScatterPlan(comm, tensor.numel(), tensor.device, op, factor, block_size,
                                                       scale, bits))
@@ -219,13 +219,13 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
         codecs.accumulate_levels(planes, weights, b, bits, out, count)
 
 
-def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tensor, n: int, op: str, factor: float,
-              block_size: int, scale: str, bits: int) -> None:
+def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tensor, comm: Communicator, op: str,
+              factor: float, block_size: int, scale: str, bits: int) -> None:
     """Local checks, made before any communication."""
-    what = ScatterPlan.what
+    what, n = ScatterPlan.what, comm.size
     if not isinstance(tensor, torch.Tensor) or tensor.dtype not in codecs.SUPPORTED_DTYPES:
         raise TypeError(f"{what}: tensor must be a float32, float16 or bfloat16 torch.Tensor")
-    codecs.check_device(tensor, n)
+    codecs.check_device(tensor, comm.carries_meta)
     if tensor.dim() != 1 or not tensor.is_contiguous() or tensor.numel() % n:
         raise ValueError(f"{what}: tensor must be contiguous and 1-D with a multiple of the {n} ranks' elements "
                          f"(row r for rank r), got shape {tuple(tensor.shape)}")

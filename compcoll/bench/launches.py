@@ -15,9 +15,14 @@ from ..comm import Communicator
 from ..ddp.onebit import BLOCK_SIZE
 from ..kernels.launch import COUNTS
 
-PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder", "gather_scatter_blocks", "allgather_blocks")
-"""The calls counted: flat 1-bit gather-scatter and allgather, the compensated hierarchical form, Birder's, and both
-flat protocols with a scale per ``ddp.onebit.BLOCK_SIZE`` elements (the DDP hook's default)."""
+PROTOCOLS = ("gather_scatter", "allgather", "hierarchical", "birder", "gather_scatter_blocks", "allgather_blocks",
+             "gather_scatter_levels", "hierarchical_allgather")
+"""The calls counted: flat 1-bit gather-scatter and allgather, the compensated hierarchical form, Birder's, both
+flat protocols with a scale per ``ddp.onebit.BLOCK_SIZE`` elements (the DDP hook's default), gather-scatter with
+4-bit levels a step per ``BLOCK_SIZE`` (``fsdp.ReplicaState``'s default), and the compensated hierarchical form
+with the allgather protocol between nodes (the optimizers' between 2 nodes)."""
+LEVEL_BITS = 4
+"""The bits of the "gather_scatter_levels" call."""
 
 
 _NO_DEVICE_WORK = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default,
@@ -49,21 +54,27 @@ class DeviceOps(TorchDispatchMode):
         return out
 
 
-def protocol_calls(x: torch.Tensor, comm: Communicator) -> dict[str, Callable[[], object]]:
-    """One call of each protocol on ``x`` over ``comm`` (one node), with zeroed error buffers on ``x``'s device."""
+def protocol_calls(x: torch.Tensor, comm: Communicator, ranks_per_node: int | None = None
+                   ) -> dict[str, Callable[[], object]]:
+    """One call of each protocol on ``x`` over ``comm``, the hierarchical ones on nodes of ``ranks_per_node`` ranks
+    (None: one node), with zeroed error buffers on ``x``'s device."""
+    k = comm.size if ranks_per_node is None else ranks_per_node
     full = compcoll.padded_numel(x.numel(), comm.size)
     we, se = torch.zeros(full, device=x.device), torch.zeros(full // comm.size, device=x.device)
-    hwn, hsn = compcoll.hierarchical_error_numels(x.numel(), comm.size, comm.size)
+    hwn, hsn = compcoll.hierarchical_error_numels(x.numel(), comm.size, k)
     hwe, hse = torch.zeros(hwn, device=x.device), torch.zeros(hsn, device=x.device)
     return {
         "gather_scatter": lambda: compcoll.compressed_allreduce(x, we, se, comm),
         "allgather": lambda: compcoll.compressed_allreduce(x, we, se, comm, protocol="allgather"),
-        "hierarchical": lambda: compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm,
-                                                                           ranks_per_node=comm.size),
-        "birder": lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=comm.size, seed=1, step=0),
+        "hierarchical": lambda: compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm, ranks_per_node=k),
+        "birder": lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, seed=1, step=0),
         "gather_scatter_blocks": lambda: compcoll.compressed_allreduce(x, we, se, comm, block_size=BLOCK_SIZE),
         "allgather_blocks": lambda: compcoll.compressed_allreduce(x, we, se, comm, protocol="allgather",
                                                                   block_size=BLOCK_SIZE),
+        "gather_scatter_levels": lambda: compcoll.compressed_allreduce(x, we, se, comm, block_size=BLOCK_SIZE,
+                                                                       bits=LEVEL_BITS),
+        "hierarchical_allgather": lambda: compcoll.hierarchical_compressed_allreduce(
+            x, hwe, hse, comm, ranks_per_node=k, protocol="allgather"),
     }
 
 
@@ -93,6 +104,43 @@ def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], N
         found[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits, "torch": ops.count,
                        "allocations": ops.allocations}
     return found
+
+
+def world_counts(numel: int, ranks: int, ranks_per_node: int, protocols: tuple[str, ...] = PROTOCOLS
+                 ) -> dict[str, dict[str, int]]:
+    """``{protocol: {"launches": N, "wraps": N, "waits": N}}`` of one rank's steady call of each of ``protocols`` on
+    ``numel`` float32 elements, in an in-process world of ``ranks`` ranks on nodes of ``ranks_per_node``.
+
+    The world carries meta tensors (``Communicator.carries_meta``), so every rank's calls take the CUDA path with
+    every launch and wait counted and none run: what each rank of such a job launches and waits for on a GPU.
+    1. Every rank calls each protocol once (its plan, agreement and compilation), then, between barriers, rank 0
+       resets ``kernels.launch.COUNTS``, every rank calls it again, and rank 0 reads the world's counts.
+    2. A rank's counts are the world's over ``ranks``: every rank of these protocols makes the same launches and
+       waits (ValueError where a count is not a multiple of ``ranks``).
+    """
+    from ..launcher import run_threads
+
+    totals: dict[str, dict[str, int]] = {}
+
+    def rank(comm: Communicator) -> None:
+        calls = protocol_calls(torch.empty(numel, device="meta"), comm, ranks_per_node)
+        for name in protocols:
+            calls[name]()
+            comm.barrier()
+            if comm.rank == 0:
+                COUNTS.reset()
+            comm.barrier()
+            calls[name]()
+            comm.barrier()
+            if comm.rank == 0:
+                totals[name] = {"launches": COUNTS.launches, "wraps": COUNTS.wraps, "waits": COUNTS.waits}
+            comm.barrier()
+
+    run_threads(rank, ranks, timeout=600.0)
+    uneven = {name: c for name, c in totals.items() if any(v % ranks for v in c.values())}
+    if uneven:
+        raise ValueError(f"counts over {ranks} ranks that the ranks do not share evenly: {uneven}")
+    return {name: {key: value // ranks for key, value in c.items()} for name, c in totals.items()}
 
 
 def per_call_us(fn: Callable[[], object], calls: int, runs: int, synchronize: Callable[[], None] = lambda: None

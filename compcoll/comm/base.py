@@ -67,6 +67,11 @@ class Communicator(ABC):
     this class validates, counts and orders.
     """
 
+    carries_meta = False
+    """Whether this transport takes meta tensors (moving nothing): compcoll's calls on meta tensors then take the CUDA
+    path with every kernel launch and host wait counted and none run (``kernels.launch.TRACED``;
+    ``scripts/cuda_launches.py``). One rank and the in-process world do; MPI and torch.distributed do not."""
+
     def __init__(self, rank: int, size: int, timeout: float | None = None) -> None:
         self.rank = rank
         self.size = size

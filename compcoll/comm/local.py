@@ -133,7 +133,11 @@ class LocalComm(Communicator):
     counts, ``wait_seconds``, ``split`` and timeouts (a rank that never arrives raises
     ``CollectiveTimeout`` on the others, naming it) work as on the real transports. Two things fail
     sooner than there: calls out of step, and a rank that failed once its world is ended (``abort``).
+    Its collectives take meta tensors too (``carries_meta``), so a world of meta tensors counts the CUDA path's
+    launches at any number of ranks.
     """
+
+    carries_meta = True
 
     def __init__(self, fabric: Fabric, rank: int, timeout: float | None = None) -> None:
         super().__init__(rank, fabric.size, timeout)

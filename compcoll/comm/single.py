@@ -11,6 +11,8 @@ from .work import DoneWork, Work
 class SingleComm(Communicator):
     """One process talking to itself; every collective is a copy or nothing, complete when started."""
 
+    carries_meta = True
+
     def __init__(self, timeout: float | None = None) -> None:
         super().__init__(rank=0, size=1, timeout=timeout)
 

@@ -246,6 +246,40 @@ SERIAL["accumulate_signs"] = _accumulate_signs_serial
 SERIAL["tree_sum"] = tree_sum
 
 
+
+@njit(cache=True, inline="always")
+def _segment_task(t, tasks_per_segment, length, n_out):
+    """Task t of segments of ``length`` elements laid end to end, ``tasks_per_segment`` tasks of up to BLOCK elements
+    each: its segment, its first element in the segment and in the whole, and its count (cut at n_out: <= 0 past
+    it)."""
+    segment = t // tasks_per_segment
+    lo = (t % tasks_per_segment) * BLOCK
+    first = segment * length + lo
+    return segment, lo, first, min(BLOCK, length - lo, n_out - first)
+
+
+@_threaded
+def accumulate_groups(bits, weights, out, n_out):
+    """out[j * seg + t] = sum_r weights[j, r] * signs(bits[j * m + r])[t], rank by rank in float32 from 0, for
+    j * seg + t < n_out (seg = 8 * row_bytes, m = weights.shape[1]): group j's m rows summed into segment j of
+    ``out``, each element as ``accumulate_lanes`` sums it (acc +- w, every product exact). Each task takes up to
+    BLOCK elements of one segment."""
+    groups, members = weights.shape
+    seg = 8 * bits.shape[1]
+    tasks_per_group = (seg + BLOCK - 1) // BLOCK
+    for t in prange(groups * tasks_per_group):
+        j, lo, first, count = _segment_task(t, tasks_per_group, seg, n_out)
+        if count > 0:
+            flags = np.empty(BLOCK, np.uint8)
+            acc = np.zeros(count, np.float32)
+            for r in range(members):
+                w = weights[j, r]
+                _unpack(bits[j * members + r, lo // 8:(lo + count + 7) // 8], flags)
+                for e in range(count):
+                    acc[e] += w if flags[e] else -w
+            for e in range(count):
+                out[first + e] = acc[e]
+
 @_threaded
 def select_decode(bits, positive, negative, out, n_out):
     """Decode rows of packed signs: out[i] = positive[r] if the bit is set, else negative[r].
@@ -625,10 +659,7 @@ def decode_levels(planes, steps, block, nbits, out, n_out):
     half = ((1 << nbits) - 1) / 2.0
     tasks_per_row = (row_len + BLOCK - 1) // BLOCK
     for t in prange(rows * tasks_per_row):
-        r = t // tasks_per_row
-        lo = (t % tasks_per_row) * BLOCK
-        first = r * row_len + lo
-        count = min(BLOCK, row_len - lo, n_out - first)
+        r, lo, first, count = _segment_task(t, tasks_per_row, row_len, n_out)
         if count > 0:
             flags = np.empty(BLOCK, np.uint8)
             codes = np.zeros(BLOCK, np.int64)

@@ -1039,6 +1039,26 @@ def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
            bits, weights, _shift(block), out if base is None else base, out, n_out)
 
 
+@cuda.jit
+def _accumulate_groups(bits, weights, out, n_out):
+    members = weights.shape[1]
+    seg = bits.shape[1] * 8
+    j, first = -1, -seg
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        j, first = _row_of(i, j, first, seg)
+        t = i - first
+        acc = np.float32(0)
+        for r in range(members):
+            w = weights[j, r]
+            acc += w if (bits[j * members + r, t >> 3] >> (7 - (t & 7))) & 1 else -w
+        out[i] = acc
+
+
+def accumulate_groups(bits, weights, out, n_out, stream=0) -> None:
+    """Group j's rows into segment j of out, as the CPU kernel: one thread per element (its group kept, ``_row_of``),
+    rank by rank in float32."""
+    launch(_accumulate_groups, _grid(n_out), THREADS, stream, bits, weights, out, n_out)
+
 @lru_cache(maxsize=None)
 def _decode_framed_blocks(dtype: str):
     rounded, sign = _ROUNDINGS[dtype]

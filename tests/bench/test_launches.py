@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from compcoll import SingleComm, codecs
-from compcoll.bench.launches import PROTOCOLS, call_counts
+from compcoll.bench.launches import PROTOCOLS, call_counts, world_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.cuda import CODE_SCALES_PER_THREAD, CODE_THREADS, TAIL
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
@@ -24,9 +24,11 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 worker's rows and the server's, allgather its one row)."""
 EXPECTED = {
     False: {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
-            "birder": (14, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1)},
+            "birder": (14, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
+            "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (4, 1, 6, 1)},
     True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
-           "birder": (16, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1)},
+           "birder": (16, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
+           "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (5, 1, 6, 1)},
 }
 """(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
@@ -47,7 +49,12 @@ and the sums nobody reads back (the total behind a device scale, the allgather p
 the thread's ``workspace.Temporaries`` of the stream (4 more a flat gather-scatter call, 7 a Birder call, until
 2026-11-29); the codecs' results that live across codec calls (Birder's row maxima and its exchanges' weights, the
 block forms' block sums and decoded scales) from the plan's ``Workspace`` (5 more a Birder call and a gather-scatter
-call with block scales, 3 an allgather one, until 2026-11-29)."""
+call with block scales, 3 an allgather one, until 2026-11-29). With 4-bit levels the two codings of the steps are
+those of the block scales, and the decode of the served rows is one launch (one a rank until 2026-11-29: 9 + n
+launches at n ranks); its torch operators include the steps' two float32 multiplies by torch. The hierarchical form with the allgather protocol between nodes averages the k shards' rows in
+one launch (``codecs.accumulate_groups``; one a shard until 2026-11-29: 3 + k launches)."""
+CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierarchical_allgather"}
+"""Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 
 
 @pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,
@@ -59,7 +66,7 @@ def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> No
     counts = call_counts(torch.empty(numel, device="meta"), SingleComm())
     expected = dict(EXPECTED[numel > COLLAPSING])
     if numel > SPLITTING:
-        for protocol, codings in (("gather_scatter_blocks", 2), ("allgather_blocks", 1)):
+        for protocol, codings in (("gather_scatter_blocks", 2), ("allgather_blocks", 1), ("gather_scatter_levels", 2)):
             launches, waits, operators, allocations = expected[protocol]
             expected[protocol] = (launches + codings, waits, operators, allocations)
     assert {p: (c["launches"], c["waits"], c["torch"], c["allocations"]) for p, c in counts.items()} == expected
@@ -69,12 +76,23 @@ def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> No
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_16_bit_call_makes_a_float32_calls_launches_and_operators(dtype: torch.dtype) -> None:
     """The decodes round their scales to the output's dtype in their own launch (``kernels.cuda.decode_framed``,
-    ``decode_framed_blocks``): no torch operator reads, rounds or negates a scale (the allgather protocols' float32
-    averages alone are cast, once each)."""
+    ``decode_framed_blocks``): no torch operator reads, rounds or negates a scale (the float32 averages of
+    ``CAST_16_BIT`` alone are cast, once each)."""
     counts = call_counts(torch.empty(4096, device="meta", dtype=dtype), SingleComm())
-    expected = {p: {"launches": n, "wraps": 0, "waits": w, "torch": t + p.startswith("allgather"), "allocations": a}
+    expected = {p: {"launches": n, "wraps": 0, "waits": w, "torch": t + (p in CAST_16_BIT), "allocations": a}
                 for p, (n, w, t, a) in EXPECTED[False].items()}
     assert counts == expected
+
+
+@pytest.mark.parametrize("ranks, ranks_per_node", [(2, 1), (6, 3), (8, 2)])
+def test_a_rank_of_a_world_makes_the_launches_and_waits_of_one_rank(ranks: int, ranks_per_node: int) -> None:
+    """On meta tensors over an in-process world (flat, and 2 or 4 nodes): each rank's launches and waits do not
+    grow with the ranks or the ranks a node; they are one rank's. The levels' decode took a launch a rank, and the
+    hierarchical allgather's average one a shard, until 2026-11-29."""
+    counts = world_counts(4096, ranks, ranks_per_node)
+    assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
+        p: (n, w) for p, (n, w, _, _) in EXPECTED[False].items()}
+    assert all(c["wraps"] == 0 for c in counts.values()), counts
 
 
 def test_numbas_dispatcher_wraps_each_tensor_argument(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,15 +154,15 @@ def run_part(part: str) -> list[str]:
         lines.append("codecs: 1, 37, 1000 elements, three dtypes")
     if part == "counts":
         kept = cuda.TAIL
-        flat = tuple(p for p in PROTOCOLS if not p.endswith("_blocks"))  # block scales: the same counts at any
-        check_counts(37)  # length, and seconds a launch of their coder (CODE_THREADS simulated threads)
+        flat = tuple(p for p in PROTOCOLS if not p.endswith(("_blocks", "_levels")))  # block scales and steps: the
+        check_counts(37)  # same counts at any length, and seconds a launch of their coder (CODE_THREADS threads)
         check_counts(4096, flat)
         cuda.TAIL = 16  # past TAIL lane sums, each sum takes one more launch (_collapse)
         try:
             check_counts(4096, flat)
         finally:
             cuda.TAIL = kept
-        lines.append("counts: 37 elements, 4096 and 4096 past the tail (without block scales)")
+        lines.append("counts: 37 elements, 4096 and 4096 past the tail (without block scales or levels)")
     return lines
 
 

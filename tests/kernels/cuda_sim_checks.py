@@ -83,6 +83,14 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cuda.select_decode(cuda.cuda.to_device(rows), cuda.cuda.to_device(positive), cuda.cuda.to_device(negative),
                        d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "select_decode"
+    groups = np.concatenate([rows, rows[:, ::-1]])  # 2 groups of world rows, into 2 segments of a chunk, cut short
+    group_weights = np.stack([weights, weights[::-1] * np.float32(3)])
+    count = min(numel, 2 * chunk - 3)
+    out = np.empty(count, np.float32)
+    cpu.accumulate_groups(groups, group_weights, out, count)
+    d_out = cuda.cuda.device_array(count, np.float32)
+    cuda.accumulate_groups(cuda.cuda.to_device(groups), cuda.cuda.to_device(group_weights), d_out, count)
+    assert np.array_equal(d_out.copy_to_host(), out), "accumulate_groups"
     sums = (rng.standard_normal((world + 1, numel)) * 10.0 ** rng.integers(-3, 4, (world + 1, numel))).astype(
         np.float32)
     averaged = np.empty(numel, np.float32)

@@ -223,3 +223,25 @@ def test_level_kernels(numel: int, world: int, block: int, bits: int) -> None:
         kernels.decode_levels(noise, steps, block, bits, decoded, decoded.size)
         want = _decoded_levels(noise, steps, block, bits, row)[:full - 5]
         assert np.array_equal(decoded.view(np.uint32), want.view(np.uint32)), "decode_levels of random planes"
+
+
+@pytest.mark.parametrize("groups, members, row_bytes, cut", [(1, 1, 1, 3), (3, 2, 1025, 8), (2, 5, 9001, 0),
+                                                              (4, 3, 16384, 70001)])
+def test_accumulate_groups(groups: int, members: int, row_bytes: int, cut: int) -> None:
+    """Each group's rows summed into its own segment, the last cut short: each segment as ``accumulate_signs`` sums
+    that group's rows (itself tested against the reference), threaded and serial alike; a zero weight among them."""
+    rng = _rng(groups * row_bytes + members)
+    bits = rng.integers(0, 256, (groups * members + 1, row_bytes + 2), dtype=np.uint8)[1:, 1:-1]  # strided rows
+    weights = (rng.standard_normal((groups, members)) * 10.0 ** rng.integers(-3, 4, (groups, members))).astype(
+        np.float32)
+    weights[-1, 0] = 0.0
+    seg = 8 * row_bytes
+    count = groups * seg - cut
+    expected = np.empty(groups * seg, np.float32)
+    for j in range(groups):
+        cpu.SERIAL["accumulate_signs"](bits[j * members:(j + 1) * members], weights[j], None,
+                                       expected[j * seg:(j + 1) * seg], seg, 2)
+    for kernel in (cpu.accumulate_groups, cpu.SERIAL["accumulate_groups"]):
+        out = np.full(count, np.nan, np.float32)
+        kernel(bits, weights, out, count)
+        assert np.array_equal(out.view(np.uint32), expected[:count].view(np.uint32))

@@ -22,10 +22,11 @@ def report(line: str) -> None:
 
 
 def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
-    """compressed_allreduce and both hierarchical forms (one node of n ranks for the compensated one) on CUDA equal the reference.
+    """compressed_allreduce (1 bit, and 3 / 4-bit levels) and both hierarchical forms (one node of n ranks for the
+    compensated one) on CUDA equal the reference.
 
     Odd steps run the compensated calls asynchronously (a side stream, waited on), the flat
-    one in 3 pieces, the hierarchical one with the allgather protocol.
+    one in 3 pieces, the hierarchical one with the allgather protocol, and the levels at 4 bits.
     """
     n, rank = comm.size, comm.rank
     device = torch.device("cuda", torch.cuda.current_device())
@@ -40,6 +41,9 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
             wn, sn = compcoll.hierarchical_error_numels(numel, n, n)
             hwe, hse = torch.zeros(wn, device=device), torch.zeros(sn, device=device)
             ref_hwe, ref_hse = [np.zeros(wn, np.float32) for _ in range(n)], [np.zeros(sn, np.float32) for _ in range(n)]
+            lwe, lse = torch.zeros(full, device=device), torch.zeros(full // n, device=device)
+            ref_lwe, ref_lse = [np.zeros(full, np.float32) for _ in range(n)], [np.zeros(full // n, np.float32)
+                                                                                for _ in range(n)]
             for step in range(steps):
                 xs = [make_input(q, step, shape, dtype) for q in range(n)]
                 flat = [x.float().reshape(-1).numpy() for x in xs]
@@ -63,6 +67,12 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
                                                                                         protocol=protocol)
                 assert_matches_reference(out.cpu(), outs[rank], "hierarchical compensated " + where)
                 assert_errors_match(hwe.cpu(), hse.cpu(), ref_hwe[rank], ref_hse[rank], "hierarchical " + where)
+                bits = (3, 4)[step % 2]
+                out = compcoll.compressed_allreduce(xs[rank].to(device), lwe, lse, comm, block_size=64, bits=bits)
+                outs, ref_lwe, ref_lse, _ = reference.compressed_allreduce(flat, ref_lwe, ref_lse, block_size=64,
+                                                                           bits=bits)
+                assert_matches_reference(out.cpu(), outs[rank], f"{bits}-bit levels " + where)
+                assert_errors_match(lwe.cpu(), lse.cpu(), ref_lwe[rank], ref_lse[rank], "levels " + where)
 
 
 def optimizers_on_cuda_equal_cpu(comm: compcoll.Communicator, steps: int, device: str = "cuda") -> None:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import torch
 
-from .base import PAIRWISE_BYTES, Communicator, _nbytes
+from .base import Communicator, _nbytes, pairs_small
 from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
 
@@ -136,7 +136,7 @@ class MPIComm(Communicator):
         return self._start("alltoall", self.mpi_comm.Ialltoall, send, recv)
 
     def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
-        if not (self._is_device(send) or self._is_device(recv)) and _nbytes(send) <= PAIRWISE_BYTES:
+        if not (self._is_device(send) or self._is_device(recv)) and pairs_small(self.size, _nbytes(send)):
             return self._exchange(send, recv)
         return self._start("allgather", self.mpi_comm.Iallgather, send, recv)
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CompcollError
-from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes
+from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes, pairs_small
 from .work import PendingWork, Work
 
 
@@ -69,7 +69,7 @@ class TorchComm(Communicator):
                            send, recv)
 
     def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
-        if self.backend == "gloo" and (self.size == 2 or _nbytes(send) <= PAIRWISE_BYTES):
+        if self.backend == "gloo" and (self.size == 2 or pairs_small(self.size, _nbytes(send))):
             return self._start("allgather", lambda s, r: self._pairwise(s.view(1, -1).expand(self.size, -1), r),
                                send, recv, self._peers)
         return self._start("allgather", lambda s, r: _all_gather_single(r, s, group=self.group, async_op=True),
@@ -95,7 +95,7 @@ class TorchComm(Communicator):
         Gloo's all-gather sends each block before the receive too with 2 ranks (15 ms inside
         a compressed_allreduce at 1 MiB, against 8.6 ms over MPI), so a 2-rank all-gather is
         this exchange; with more ranks its ring sends fewer bytes between nodes than pairs
-        would, and is kept, except for small all-gathers (``PAIRWISE_BYTES``): pairs let a
+        would, and is kept, except for small all-gathers (``pairs_small``: up to 64 ranks): pairs let a
         timeout name the ranks that sent nothing and a closed connection the rank behind
         it, and took 0.8 ms against Gloo's 1.5 ms at 3 local ranks.
         """

@@ -56,11 +56,16 @@ def collectives(comm: compcoll.Communicator) -> None:
         assert torch.equal(recv[i * block:(i + 1) * block], expected), f"alltoall block from {i}"
 
     mine = torch.full((3,), rank, dtype=torch.uint8)
-    table = torch.empty(3 * n, dtype=torch.uint8)
-    before = comm.bytes_sent
-    comm.allgather(mine, table)
-    assert comm.bytes_sent - before == (n - 1) * 3
-    assert torch.equal(table, torch.arange(n, dtype=torch.uint8).repeat_interleave(3))
+    for pairs_up_to in (compcoll.comm.base.PAIRWISE_RANKS, 1):  # pairs, then the transport's own, as above 64 ranks
+        kept, compcoll.comm.base.PAIRWISE_RANKS = compcoll.comm.base.PAIRWISE_RANKS, pairs_up_to
+        try:
+            table = torch.empty(3 * n, dtype=torch.uint8)
+            before = comm.bytes_sent
+            comm.allgather(mine, table)
+        finally:
+            compcoll.comm.base.PAIRWISE_RANKS = kept
+        assert comm.bytes_sent - before == (n - 1) * 3
+        assert torch.equal(table, torch.arange(n, dtype=torch.uint8).repeat_interleave(3)), pairs_up_to
 
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         x = torch.full((16,), rank + 1.0, dtype=dtype)

@@ -30,6 +30,16 @@ def test_dropped_communicators_are_freed(backend: str) -> None:
     run("tests.comm.comm_workers:dropped_communicators_are_freed", 2, backend)
 
 
+def test_small_all_gathers_go_as_pairs_up_to_64_ranks() -> None:
+    """Point-to-point pairs name the silent ranks on a timeout, but take n - 1 messages a rank: up to 4 KiB a rank on
+    up to 64 ranks (where an agreement round all-gathers), then the transport's own all-gather
+    (``tests/comm/comm_workers.py``'s ``collectives`` runs both)."""
+    from compcoll.comm.base import PAIRWISE_BYTES, pairs_small
+
+    assert pairs_small(64, PAIRWISE_BYTES) and pairs_small(2, 8)
+    assert not pairs_small(65, 8) and not pairs_small(1024, 8) and not pairs_small(4, PAIRWISE_BYTES + 1)
+
+
 def test_single_comm() -> None:
     comm = compcoll.SingleComm()
     x = torch.arange(4.0)

@@ -243,10 +243,11 @@ def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: 
             avg = _exact(grads)
             m.mul_(b1).add_(avg, alpha=1 - b1)
             v.mul_(b2).addcmul_(avg, avg, value=1 - b2)
-        else:
-            m = _sent([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, compress,
-                      _denominator(v, k, b2, eps), ranks_per_node, scale, protocol)
-        update = m / _denominator(v, k, b2, eps)
+        denom = _denominator(v, k, b2, eps)
+        if step >= freeze_step:
+            m = _sent([torch.add(m.mul(b1), g, alpha=1 - b1) for g in grads], we, se, v == 0, compress, denom,
+                      ranks_per_node, scale, protocol)
+        update = m / denom
         if bias_correction:
             update.div_(1 - b1 ** t)
         p.add_(update.add_(p, alpha=wd), alpha=-lr)
@@ -322,7 +323,8 @@ def _onebit(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarra
 def _sent(values: list[torch.Tensor], we: list[np.ndarray], se: list[np.ndarray], silent: torch.Tensor,
           compress: str, denom: torch.Tensor, ranks_per_node: int = 0, scale: str = "l2",
           protocol: str = "auto") -> torch.Tensor:
-    """What an optimizer's 1-bit average gives: of the vectors themselves, or (``"update"``) denom * that of vector / denom."""
+    """What an optimizer's 1-bit average gives: of the vectors themselves, or (``"update"``) denom * that of
+    vector / denom."""
     if compress == "momentum":
         return _onebit(values, we, se, silent, ranks_per_node, scale, protocol)
     preconditioned = [x.div(denom).masked_fill_(silent, 0.0) for x in values]

@@ -335,10 +335,11 @@ def accumulate_signs(
 
 
 def accumulate_groups(bits: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, count: int) -> None:
-    """out[:count] <- for each group j of ``weights``' (groups, m) rows: sum_r weights[j, r] * signs of bits row
-    j * m + r, into segment j of out (8 bytes' worth of elements a byte of a row), rank by rank in float32 as
-    ``accumulate_signs`` sums one group: the averages of several shards in one kernel."""
+    """out[:count] <- for each group j of ``weights``' (groups, m): sum_r weights[j, r] * signs of bits row j * m + r,
+    into segment j of out (8 elements a byte of a row, so segment j starts at j * 8 * bits.shape[1]), rank by rank in
+    float32 as ``accumulate_signs`` sums one group: the averages of several shards in one kernel."""
     _run("accumulate_groups", out, _array(bits), _array(weights), _array(out), count)
+
 
 def _accumulate_args(bits: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None, out: torch.Tensor,
                      count: int, scale: str) -> tuple:

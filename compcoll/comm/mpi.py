@@ -147,7 +147,8 @@ class MPIComm(Communicator):
         2. Post an ``Irecv`` from every peer, then an ``Isend`` to every peer (one tag:
            every rank issues its collectives in the same order, and MPI does not let two
            messages between a pair overtake each other, so they pair up in order).
-        Every call's agreement round is such an all-gather (docs/architecture.md, "Plans").
+        Every call's agreement round up to ``PAIRWISE_RANKS`` ranks is such an all-gather (docs/architecture.md,
+        "Plans").
         """
         mine = _buffer(send)
         rows = _buffer(recv).reshape(self.size, -1)

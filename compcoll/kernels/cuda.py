@@ -1059,6 +1059,7 @@ def accumulate_groups(bits, weights, out, n_out, stream=0) -> None:
     rank by rank in float32."""
     launch(_accumulate_groups, _grid(n_out), THREADS, stream, bits, weights, out, n_out)
 
+
 @lru_cache(maxsize=None)
 def _decode_framed_blocks(dtype: str):
     rounded, sign = _ROUNDINGS[dtype]

@@ -365,12 +365,11 @@ class CompensatedPlan(_NodePlan):
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
         bits = ws.get("bits", shard // 8, torch.uint8, self.device)
+        senders = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
+        weights, mine = device_scalars(scales[senders], nodes, scale, self.device, ws)
+        codecs.compensate_encode(average, worker_error, mine, bits)
         if self.protocol == "allgather":
-            weights, _ = device_scalars(scales[self.shard_senders], nodes, scale, self.device, ws)
-            codecs.compensate_encode(average, worker_error, scale, bits)
             return _allgather_between_nodes(bits, weights, layout, numel, result, ws)
-        weights, _ = device_scalars(scales[list(layout.inter_ranks)], nodes, scale, self.device, ws)
-        codecs.compensate_encode(average, worker_error, scale, bits)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
         return result
 

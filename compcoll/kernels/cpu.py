@@ -280,6 +280,7 @@ def accumulate_groups(bits, weights, out, n_out):
             for e in range(count):
                 out[first + e] = acc[e]
 
+
 @_threaded
 def select_decode(bits, positive, negative, out, n_out):
     """Decode rows of packed signs: out[i] = positive[r] if the bit is set, else negative[r].
@@ -618,6 +619,18 @@ def encode_levels(src, lut, err, n_src, steps, block, nbits, planes):
             _pack(flags, planes[r, j * row_bytes + lo:j * row_bytes + hi])
 
 
+@njit(cache=True, inline="always")
+def _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes):
+    """codes[:count] <- the levels of elements lo .. lo + count of row r of bit planes (``encode_levels``' layout),
+    through ``flags`` (BLOCK bytes)."""
+    codes[:count] = 0
+    for j in range(nbits):
+        _unpack(planes[r, j * row_bytes + lo // 8:j * row_bytes + (lo + count + 7) // 8], flags)
+        for e in range(count):
+            if flags[e]:
+                codes[e] |= 1 << j
+
+
 @_threaded
 def accumulate_levels(planes, weights, block, nbits, out, n_out):
     """out = sum_r float32(float64(level_r - (2^nbits - 1) / 2) * float64(weights[r, i // block])), rank by rank in
@@ -633,12 +646,7 @@ def accumulate_levels(planes, weights, block, nbits, out, n_out):
         codes = np.empty(BLOCK, np.int64)
         acc = np.zeros(count, np.float32)
         for r in range(nranks):
-            codes[:] = 0
-            for j in range(nbits):
-                _unpack(planes[r, j * row_bytes + lo // 8:j * row_bytes + (lo + count + 7) // 8], flags)
-                for e in range(count):
-                    if flags[e]:
-                        codes[e] |= 1 << j
+            _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes)
             for e in range(count):
                 w = np.float64(weights[r, (lo + e) // block])
                 acc[e] = acc[e] + np.float32((codes[e] - half) * w)
@@ -662,12 +670,8 @@ def decode_levels(planes, steps, block, nbits, out, n_out):
         r, lo, first, count = _segment_task(t, tasks_per_row, row_len, n_out)
         if count > 0:
             flags = np.empty(BLOCK, np.uint8)
-            codes = np.zeros(BLOCK, np.int64)
-            for j in range(nbits):
-                _unpack(planes[r, j * row_bytes + lo // 8:j * row_bytes + (lo + count + 7) // 8], flags)
-                for e in range(count):
-                    if flags[e]:
-                        codes[e] |= 1 << j
+            codes = np.empty(BLOCK, np.int64)
+            _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes)
             for e in range(count):
                 w = np.float64(steps[r, (lo + e) // block])
                 out[first + e] = np.float32(0) + np.float32((codes[e] - half) * w)

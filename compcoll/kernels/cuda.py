@@ -1119,6 +1119,15 @@ def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -
            src, _table(lut, stream), err, n_src, steps, _shift(block), nbits, planes)
 
 
+@cuda.jit(device=True)
+def _level_of(planes, r, row_bytes, k, nbits):
+    """The level of element k of row r of bit planes (``encode_levels``' layout): bit j from plane j."""
+    code = 0
+    for j in range(nbits):
+        code |= ((planes[r, j * row_bytes + (k >> 3)] >> (7 - (k & 7))) & 1) << j
+    return code
+
+
 @cuda.jit
 def _accumulate_levels(planes, weights, shift, nbits, out, n_out):
     nranks = planes.shape[0]
@@ -1128,10 +1137,7 @@ def _accumulate_levels(planes, weights, shift, nbits, out, n_out):
         acc = np.float32(0)
         k = i >> shift
         for r in range(nranks):
-            code = 0
-            for j in range(nbits):
-                code |= ((planes[r, j * row_bytes + (i >> 3)] >> (7 - (i & 7))) & 1) << j
-            acc = acc + np.float32((code - half) * np.float64(weights[r, k]))
+            acc = acc + np.float32((_level_of(planes, r, row_bytes, i, nbits) - half) * np.float64(weights[r, k]))
         out[i] = acc
 
 
@@ -1150,10 +1156,8 @@ def _decode_levels(planes, steps, shift, nbits, out, n_out):
     for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
         r, first = _row_of(i, r, first, row_len)
         k = i - first
-        code = 0
-        for j in range(nbits):
-            code |= ((planes[r, j * row_bytes + (k >> 3)] >> (7 - (k & 7))) & 1) << j
-        out[i] = np.float32(0) + np.float32((code - half) * np.float64(steps[r, k >> shift]))
+        out[i] = np.float32(0) + np.float32((_level_of(planes, r, row_bytes, k, nbits) - half)
+                                            * np.float64(steps[r, k >> shift]))
 
 
 def decode_levels(planes, steps, block, nbits, out, n_out, stream=0) -> None:

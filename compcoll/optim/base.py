@@ -64,9 +64,11 @@ class CompressedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that averages over ranks itself; subclasses give ``_update``.
 
     Construction:
-    1. Lay every parameter of every group into one flat float32 buffer (``FlatParams``)
-       on the parameters' device, CPU or CUDA; parameters become views of it, so one step
-       sends one vector, and every state buffer lives on that device too.
+    1. Lay every trained parameter of every group into one flat float32 buffer
+       (``FlatParams``) on the parameters' device, CPU or CUDA; parameters become views of
+       it, so one step sends one vector, and every state buffer lives on that device too.
+       Parameters with ``requires_grad=False`` stay out: no step touches them (no weight
+       decay), as torch's optimizers skip a parameter without a gradient.
     2. Check that all ranks hold the same groups and shapes (one small allgather; a
        ``RankMismatchError`` on every rank otherwise) and broadcast the buffer from rank 0,
        so replicas start identical.
@@ -79,8 +81,9 @@ class CompressedOptimizer(torch.optim.Optimizer):
        Then gather the local gradients into one flat float32 vector (zeros where ``p.grad``
        is None), unscaled when a ``torch.amp.GradScaler`` drives the step
        (``_local_gradient``). A gradient that cannot be used (sparse), or parameters that
-       cannot be followed (another set, another shape), make this rank refuse the step in
-       its peers' agreement round: it raises ``ValueError``, the others ``RemoteError``.
+       cannot be followed (another set, another shape, one frozen or unfrozen since), make
+       this rank refuse the step in its peers' agreement round: it raises ``ValueError``,
+       the others ``RemoteError``.
     2. Run the algorithm's ``_update``, whose first collective is an agreement round: it
        raises ``NonFiniteError`` on every rank, before it changes anything, when a
        gradient is NaN / Inf on some rank.

@@ -24,26 +24,33 @@ class Segment:
 
 
 class FlatParams:
-    """The parameters of every group, laid out group after group in one flat float32 buffer.
+    """The trained parameters of every group, laid out group after group in one flat float32 buffer.
 
-    1. Check that every parameter is a dense float32, float16 or bfloat16 tensor, all on
-       one device, CPU or CUDA (``DEVICE_TYPES``); every buffer lives there too.
-    2. Copy them, in group order, into ``data`` (float32). A float32 parameter becomes a
-       view of its slice (``p.data = data[slice].view_as(p)``), so the model trains the
-       flat buffer. A 16-bit parameter keeps its own storage: ``data`` holds its float32
-       master copy, and ``write_back`` rounds the master into it (to nearest even, as
-       torch's ``copy_`` does) after every change.
-    3. ``gather_grads`` copies every ``p.grad`` into ``grad`` as float32 (exact for
+    1. A parameter with ``requires_grad=False`` when the optimizer is built is frozen: it
+       stays in its group but out of the buffer, so no step reads or changes it (no weight
+       decay, no state, no bytes), as torch's optimizers leave a parameter without a
+       gradient. The trained ones must be dense float32, float16 or bfloat16 tensors, all
+       on one device, CPU or CUDA (``DEVICE_TYPES``); every buffer lives there too.
+    2. Copy the trained parameters, in group order, into ``data`` (float32). A float32
+       parameter becomes a view of its slice (``p.data = data[slice].view_as(p)``), so the
+       model trains the flat buffer. A 16-bit parameter keeps its own storage: ``data``
+       holds its float32 master copy, and ``write_back`` rounds the master into it (to
+       nearest even, as torch's ``copy_`` does) after every change.
+    3. ``gather_grads`` copies every trained ``p.grad`` into ``grad`` as float32 (exact for
        16-bit gradients; zeros where a parameter has no gradient), so an optimizer step
        reads one contiguous vector.
     4. ``rebind`` follows what a framework did to the parameters since the last step
        (moved them, assigned ``param.data``, loaded values in place, changed their
-       dtype), so the next step trains them and not a detached copy.
+       dtype), so the next step trains them and not a detached copy; a parameter frozen or
+       unfrozen since is refused, as the buffer's layout cannot change.
 
     Attributes:
         data: the flat parameter buffer (the master weights).
         grad: the flat gradient buffer, filled by ``gather_grads``.
-        segments: one ``Segment`` per parameter, in order.
+        params: every parameter of the groups, frozen ones included, in order.
+        trained: the indices into ``params`` of the trained parameters, in order.
+        trained_params: those parameters, in the order of ``segments``.
+        segments: one ``Segment`` per trained parameter, in order.
         groups: (start, stop) of each parameter group.
         low_precision: the 16-bit parameters and their segments.
     """
@@ -52,23 +59,30 @@ class FlatParams:
         params = [p for group in param_groups for p in group["params"]]
         if not params:
             raise ValueError(f"{what}: got no parameters to optimize")
-        device = _checked(params, what)
-        self.shapes = [tuple(p.shape) for p in params]
-        self.dtypes = [str(p.dtype) for p in params]
+        self.trained = [i for i, p in enumerate(params) if p.requires_grad]
+        if not self.trained:
+            raise ValueError(f"{what}: none of its {len(params)} parameters requires a gradient "
+                             f"(requires_grad=False: frozen), so it has nothing to train")
+        trained = [params[i] for i in self.trained]
+        device = _checked(trained, what)
+        self.shapes = [tuple(p.shape) for p in trained]
+        self.dtypes = [str(p.dtype) for p in trained]
         self.segments: list[Segment] = []
         self.groups: list[tuple[int, int]] = []
         start = 0
         for index, group in enumerate(param_groups):
             first = start
             for p in group["params"]:
-                self.segments.append(Segment(start, p.numel(), index))
-                start += p.numel()
+                if p.requires_grad:
+                    self.segments.append(Segment(start, p.numel(), index))
+                    start += p.numel()
             self.groups.append((first, start))
         self.numel = start
         self.params = params
+        self.trained_params = trained
         self.data = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.grad = torch.zeros(self.numel, dtype=torch.float32, device=device)
-        for p, seg in zip(params, self.segments):
+        for p, seg in zip(trained, self.segments):
             self.data[seg.start:seg.stop].copy_(p.detach().reshape(-1))
         self._bind()
 
@@ -78,8 +92,11 @@ class FlatParams:
         return self.data.device
 
     def layout_code(self) -> int:
-        """A checksum of the group sizes, parameter shapes and dtypes, for checking that ranks agree."""
-        return zlib.crc32(repr((self.groups, self.shapes, self.dtypes)).encode())
+        """A checksum of the group sizes, the trained parameters' shapes and dtypes and which are frozen (none: the
+        checksum of a layout without frozen parameters), for checking that ranks and checkpoints agree."""
+        frozen = sorted(set(range(len(self.params))) - set(self.trained))
+        layout = (self.groups, self.shapes, self.dtypes) + ((tuple(frozen),) if frozen else ())
+        return zlib.crc32(repr(layout).encode())
 
     def write_back(self) -> None:
         """Round the master weights of the 16-bit parameters into them (nothing for float32 ones, which are views)."""
@@ -93,9 +110,10 @@ class FlatParams:
         """Follow what was done to the parameters since the last step; whether their device changed.
 
         ``params`` are the optimizer's parameters now (its groups, flattened).
-        1. Check that they are the parameters it was built with, each of its old shape and
-           a supported dtype, all on one device: re-binding could not be exact otherwise,
-           so ValueError (TypeError for a dtype) names what changed.
+        1. Check that they are the parameters it was built with, each trained or frozen as
+           then, the trained ones each of its old shape and a supported dtype, all on one
+           device: re-binding could not be exact otherwise, so ValueError (TypeError for a
+           dtype) names what changed.
         2. If that device is not the buffers' (CPU <-> CUDA, another GPU), move ``data``
            and ``grad`` there.
         3. Every parameter whose storage changed (``.to()``, ``param.data = ...``, a dtype
@@ -115,7 +133,16 @@ class FlatParams:
         if len(params) != len(self.params) or any(p is not q for p, q in zip(params, self.params)):
             raise ValueError(f"{what}: its parameter groups no longer hold the parameters it was built with (one "
                              f"flat buffer holds them); build a new optimizer for the new parameters")
-        for index, (p, shape) in enumerate(zip(params, self.shapes)):
+        trained = set(self.trained)
+        for index, p in enumerate(params):
+            if p.requires_grad != (index in trained):
+                was, now = ("trained", "frozen") if index in trained else ("frozen", "trained")
+                raise ValueError(
+                    f"{what}: parameter {index} (shape {tuple(p.shape)}) was {was} when the optimizer was built and "
+                    f"is {now} now (requires_grad={p.requires_grad}); the parameters it trains are fixed when it is "
+                    f"built (one flat buffer holds them): set requires_grad back, or build a new optimizer")
+        params = self.trained_params
+        for index, p, shape in zip(self.trained, params, self.shapes):
             if tuple(p.shape) != shape:
                 raise ValueError(f"{what}: parameter {index} changed shape from {shape} to {tuple(p.shape)} since "
                                  f"the optimizer was built; build a new optimizer for the new shapes")
@@ -123,8 +150,9 @@ class FlatParams:
         moved = device != self.data.device
         if moved:
             self.data, self.grad = self.data.to(device), self.grad.to(device)
+        marks = [self._marks[i] for i in self.trained]
         with torch.no_grad():
-            for p, seg, mark, dtype in zip(params, self.segments, self._marks, self.dtypes):
+            for p, seg, mark, dtype in zip(params, self.segments, marks, self.dtypes):
                 master = self.data[seg.start:seg.stop]
                 if _mark(p) == mark and not moved:
                     continue
@@ -136,8 +164,8 @@ class FlatParams:
         return moved
 
     def gather_grads(self) -> torch.Tensor:
-        """Copy every parameter's gradient into ``grad`` (zeros for None) and return it."""
-        for p, seg in zip(self.params, self.segments):
+        """Copy every trained parameter's gradient into ``grad`` (zeros for None) and return it."""
+        for p, seg in zip(self.trained_params, self.segments):
             view = self.grad[seg.start:seg.stop]
             if p.grad is None:
                 view.zero_()
@@ -155,9 +183,9 @@ class FlatParams:
         return [(seg, flat[seg.start:seg.stop]) for seg in self.segments]
 
     def _bind(self) -> None:
-        """Make every float32 parameter a view of its slice of ``data``; list the 16-bit ones; mark them all."""
+        """Make every trained float32 parameter a view of its slice of ``data``; list the 16-bit ones; mark them all."""
         self.low_precision: list[tuple[torch.Tensor, Segment]] = []
-        for p, seg in zip(self.params, self.segments):
+        for p, seg in zip(self.trained_params, self.segments):
             if p.dtype == torch.float32:
                 p.data = self.data[seg.start:seg.stop].view_as(p)
             else:
@@ -165,14 +193,17 @@ class FlatParams:
         self._marks = [_mark(p) for p in self.params]
 
 
-def _mark(p: torch.Tensor) -> tuple[int, int]:
-    """What changes when a parameter's storage is replaced or, for a 16-bit one, written: (pointer, version).
+def _mark(p: torch.Tensor) -> tuple[int, int, bool]:
+    """What changes when a parameter's storage is replaced or, for a 16-bit one, written, or when it is frozen or
+    unfrozen: (pointer, version, requires_grad); a frozen one's is (0, 0, False), whatever is done to it.
 
     A float32 parameter is a view of the flat buffer, which every step writes and whose
     version it shares, so its mark holds only the pointer: another pointer means it is no
     longer the view.
     """
-    return (p.data_ptr(), 0 if p.dtype == torch.float32 else p._version)
+    if not p.requires_grad:
+        return (0, 0, False)
+    return (p.data_ptr(), 0 if p.dtype == torch.float32 else p._version, True)
 
 
 def _checked(params: list[torch.Tensor], what: str) -> torch.device:

@@ -179,8 +179,9 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
        names the globals to allow (``allow=("argparse.Namespace",)``).
     3. Take its optimizer state (``"optimizer"``; inside an fp16 wrapper,
        ``"optimizer_state_dict"``): per parameter, in parameter-group order, ``exp_avg``,
-       ``exp_avg_sq`` and ``step``. Check that the groups, parameter count and every shape
-       match the optimizer's (ValueError naming the first that differs; nothing changes).
+       ``exp_avg_sq`` and ``step`` (none needed for a parameter the optimizer keeps frozen,
+       which DeepSpeed's skips too). Check that the groups, parameter count and every trained
+       shape match the optimizer's (ValueError naming the first that differs; nothing changes).
     4. Copy the moments into the optimizer's flat buffers and set its step count, so its
        phase follows from ``freeze_step`` as in DeepSpeed. The error buffers restart at
        zero, as DeepSpeed's own load does (it saves one rank's only).
@@ -203,6 +204,7 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
         raise ValueError(f"DeepSpeed checkpoint: parameter groups of {[len(g['params']) for g in groups]} "
                          f"parameters, the optimizer's have {sizes}")
     order = [index for group in groups for index in group["params"]]
+    order = [order[i] for i in flat.trained]
     copies = []
     for index, shape, segment in zip(order, flat.shapes, flat.segments):
         entry = state.get(index, {})

@@ -161,26 +161,66 @@ def moved_mid_run(comm: compcoll.Communicator, start: str, device: str,
             assert all(p.device.type == torch.device(device).type for p in moved[0].parameters())
 
 
+UNFOLLOWABLE = {
+    "shape": "changed shape from (3,) to (4,)",
+    "groups": "no longer hold",
+    "freeze": "parameter 4 (shape (3,)) was trained when the optimizer was built and is frozen now",
+    "unfreeze": "parameter 0 (shape (20, 4)) was frozen when the optimizer was built and is trained now",
+}
+"""Each change a built optimizer cannot follow, and what the changing rank's error says."""
+
+
 def unfollowable_changes_raise_everywhere(comm: compcoll.Communicator, change: str) -> None:
-    """A parameter that changes shape, or groups that no longer hold the built parameters, on the last rank:
-    that rank raises ValueError naming it, the others RemoteError, at that step, and nothing changed."""
+    """A parameter that changes shape, groups that no longer hold the built parameters, a trained parameter frozen
+    or a frozen one unfrozen (``UNFOLLOWABLE``), on the last rank: that rank raises ValueError naming it, the others
+    RemoteError, at that step, and nothing changed."""
     with seeded(100 + comm.rank):
         model = Net()
+    if change == "unfreeze":
+        model.emb.weight.requires_grad_(False)
     opt = CONFIGS["OneBitAdam"][0](model.parameters(), comm=comm, **CONFIGS["OneBitAdam"][1])
     _step(comm, model, opt, 0)
     if comm.rank == comm.size - 1:
         if change == "shape":
             model.out.bias.data = torch.zeros(4)
-        else:
+        elif change == "groups":
             opt.param_groups[0]["params"][-1] = torch.nn.Parameter(torch.zeros(3))
+        else:
+            (model.emb.weight if change == "unfreeze" else model.out.bias).requires_grad_(change == "unfreeze")
     before = opt.flat.data.clone()
     try:
         _step(comm, model, opt, 1)
     except compcoll.RemoteError as exc:
-        assert comm.rank != comm.size - 1 and ("shape" in str(exc) or "parameter groups" in str(exc)), exc
+        assert comm.rank != comm.size - 1 and UNFOLLOWABLE[change] in str(exc), exc
     except ValueError as exc:
-        assert comm.rank == comm.size - 1, exc
-        assert ("changed shape from (3,) to (4,)" if change == "shape" else "no longer hold") in str(exc), exc
+        assert comm.rank == comm.size - 1 and UNFOLLOWABLE[change] in str(exc), exc
     else:
         raise AssertionError(f"no error on rank {comm.rank}")
     assert torch.equal(opt.flat.data, before) and opt.steps == 1
+
+
+def frozen_equals_left_out(comm: compcoll.Communicator) -> None:
+    """Every optimizer with weight decay, over a model with frozen parameters (requires_grad=False, no gradient):
+    built over all its parameters equals built over the trained ones alone, bit for bit (parameters, master
+    weights, every state and error buffer), as torch's optimizers skip a parameter without a gradient; the frozen
+    ones keep their bits."""
+    for name in NAMES:
+        runs = []
+        for leave_out in (False, True):
+            with seeded(100 + comm.rank):
+                model = Net()
+            model.hidden.requires_grad_(False)
+            frozen = [p.detach().clone() for p in model.hidden.parameters()]
+            cls, kwargs = CONFIGS[name]
+            params = [p for p in model.parameters() if p.requires_grad or not leave_out]
+            opt = cls(params, comm=comm, **dict(kwargs, weight_decay=0.1))
+            for step in range(STEPS):
+                gen = torch.Generator().manual_seed(1000 * comm.rank + step)
+                for p in model.parameters():
+                    p.grad = torch.randn(p.shape, generator=gen) if p.requires_grad else None
+                opt.step()
+            for p, before in zip(model.hidden.parameters(), frozen):
+                assert torch.equal(p.detach(), before), f"{name}: a frozen parameter changed (leave_out={leave_out})"
+            runs.append((model, opt))
+        _same(runs[0], runs[1], f"{name} with frozen parameters on rank {comm.rank} of {comm.size}")
+        assert_same_on_all_ranks(comm, runs[0][1].flat.data)

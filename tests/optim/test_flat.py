@@ -1,4 +1,5 @@
-"""FlatParams: parameters become views of one buffer; gradients gathered with zeros for None; bad parameters refused."""
+"""FlatParams: parameters become views of one buffer; gradients gathered with zeros for None; frozen parameters left
+out; bad parameters refused."""
 
 from __future__ import annotations
 
@@ -98,3 +99,34 @@ def test_rebind_follows_replaced_storage_and_leaves_the_rest() -> None:
     full.data = torch.zeros(3)
     with pytest.raises(ValueError, match=r"parameter 1 changed shape from \(2,\) to \(3,\)"):
         flat.rebind([half, full], "test")
+
+
+def test_frozen_parameters_stay_out_of_the_buffer() -> None:
+    """requires_grad=False at construction: out of the buffer, the gradients and the checks (a float64 or int8 frozen
+    parameter is allowed, as torch's optimizers allow it); the layout's checksum names them, and is a layout
+    without them's when there are none; freezing or unfreezing one later is refused, naming it."""
+    groups, (a, b, c) = _groups()
+    code = FlatParams(groups, "test").layout_code()
+    groups, (a, b, c) = _groups()
+    assert FlatParams(groups, "test").layout_code() == code
+    b.requires_grad_(False)
+    odd = torch.nn.Parameter(torch.zeros(2, dtype=torch.int8), requires_grad=False)
+    groups[1]["params"].append(odd)
+    flat = FlatParams(groups, "test")
+    assert flat.numel == 17 and flat.groups == [(0, 15), (15, 17)] and flat.trained == [0, 2]
+    assert [(s.start, s.numel, s.group) for s in flat.segments] == [(0, 15, 0), (15, 2, 1)]
+    assert c.data_ptr() == flat.data[15:].data_ptr() and b.data_ptr() != flat.data.data_ptr()
+    assert flat.layout_code() != code
+    b.grad = torch.ones(7)
+    assert flat.gather_grads().tolist() == [0.0] * 17
+    assert flat.rebind([a, b, c, odd], "test") is False
+    b.requires_grad_(True)
+    with pytest.raises(ValueError, match=r"parameter 1 \(shape \(7,\)\) was frozen when the optimizer was built and "
+                                         r"is trained now \(requires_grad=True\)"):
+        flat.rebind([a, b, c, odd], "test")
+    b.requires_grad_(False)
+    c.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"parameter 2 \(shape \(2,\)\) was trained .* is frozen now"):
+        flat.rebind([a, b, c, odd], "test")
+    with pytest.raises(ValueError, match="none of its 2 parameters requires a gradient"):
+        FlatParams([{"params": [b, c]}], "test")

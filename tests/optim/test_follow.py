@@ -1,4 +1,5 @@
-"""Parameters that a framework moves, assigns, loads or casts after the optimizer exists keep training, on 1-3 ranks."""
+"""Parameters that a framework moves, assigns, loads or casts after the optimizer exists keep training, on 1-3 ranks;
+frozen ones are left alone."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def test_built_then_changed_equals_changed_then_built(world_size: int, backend: 
 
 
 @pytest.mark.parametrize("change, world_size, backend", [("shape", 2, "threads"), ("groups", 2, "threads"),
+                                                          ("freeze", 2, "threads"), ("unfreeze", 3, "threads"),
                                                           ("groups", 3, "mpi"), ("shape", 3, "gloo")])
 def test_changes_that_cannot_be_followed_raise_on_every_rank(change: str, world_size: int, backend: str) -> None:
     run(f"{WORKERS}:unfollowable_changes_raise_everywhere", world_size, backend, args=(change,))
+
+
+@pytest.mark.parametrize("world_size, backend", [(1, "threads"), (3, "threads"), (2, "mpi"), (2, "gloo")])
+def test_frozen_parameters_are_left_alone_as_if_left_out(world_size: int, backend: str) -> None:
+    run(f"{WORKERS}:frozen_equals_left_out", world_size, backend)

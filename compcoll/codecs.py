@@ -100,7 +100,8 @@ def _storage(tensor: torch.Tensor):
     return DeviceArray.flat(tensor, None if tensor.dtype == torch.float32 else np.int16)
 
 
-_WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum", "code_blocks")
+_WITH_TEMPORARIES = ("compensated_power_sum", "accumulate_signs", "row_absmax", "tree_sum", "code_blocks",
+                     "segment_sumsq")
 _UNREAD = object()
 """``_run``'s ``into`` for a device sum nobody reads: one of the kernel's temporaries."""
 _CPU_KERNELS = threading.Lock()
@@ -294,16 +295,26 @@ def sumsq(tensor: torch.Tensor) -> float:
     return float(_run("compensated_power_sum", tensor, _no_source(tensor), None, _array(tensor), 0, 2))
 
 
-def sumsq_into(tensor: torch.Tensor, out: torch.Tensor) -> None:
-    """``out`` (one float64 element on ``tensor``'s device) <- ``sumsq(tensor)``, the same bits.
+def segment_sumsq(tensor: torch.Tensor, bounds: tuple[int, ...], out: torch.Tensor) -> None:
+    """out[j] (float64, on ``tensor``'s device) <- ``sumsq(tensor[bounds[j]:bounds[j + 1]])``, the same bits, for
+    every segment j, in one kernel call (two launches on CUDA, no host wait): the norms of many layers of one flat
+    vector without a call per layer.
 
-    On CUDA the sum stays on the device (no host round trip), so that many sums can be
-    queued and read back together.
+    ``bounds`` is a tuple of non-decreasing offsets from 0 to at most ``tensor.numel()``; its device tables are
+    made once per bounds and device (``_segment_tables``).
     """
-    if on_host(tensor):
-        out.fill_(sumsq(tensor))
-        return
-    _run("compensated_power_sum", tensor, _no_source(tensor), None, _array(tensor), 0, 2, into=_array(out))
+    tables, blocks = _segment_tables(bounds, tensor.device)
+    _run("segment_sumsq", tensor, _array(tensor), _array(tables[0]), _array(tables[1]), blocks, _array(out))
+
+
+@lru_cache(maxsize=64)
+def _segment_tables(bounds: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, int]:
+    """(int64 rows [bounds, firsts] on ``device``, the summation blocks of all segments): firsts[j] is segment j's
+    first block, each segment max(1, ceil(length / BLOCK)) blocks of its own (``compensated_power_sum``'s)."""
+    offsets = np.asarray(bounds, dtype=np.int64)
+    blocks = np.maximum(1, -(-np.diff(offsets) // BLOCK))
+    firsts = np.concatenate([[0], np.cumsum(blocks)]).astype(np.int64)
+    return torch.from_numpy(np.stack([offsets, firsts])).to(device), int(firsts[-1])
 
 
 def compensate_encode(

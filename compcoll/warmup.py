@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from . import codecs
 from .algorithms.hierarchical import (hierarchical_allreduce, hierarchical_compressed_allreduce,
                                       hierarchical_error_numels)
 from .algorithms.onebit import compressed_allreduce
@@ -35,8 +36,8 @@ def warm() -> float:
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather protocol, each protocol with
        block scales (the DDP hook's default), and with levels; ``hierarchical_allreduce`` and
        ``hierarchical_compressed_allreduce`` (with one scale, with block scales, and allgather between nodes) with
-       1 rank per node and with every rank on one node; ``compressed_reduce_scatter`` with signs and with levels
-       (``_calls``).
+       1 rank per node and with every rank on one node; ``compressed_reduce_scatter`` with signs and with levels;
+       and the optimizers' norms by layer, ``codecs.segment_sumsq`` (``_calls``).
     4. All of it on a 1-rank communicator, then on 2 thread ranks of one in-process world: with more than one rank
        the wire rows are strided views (a frame head before each row's bits), which Numba compiles apart from the
        contiguous rows of one rank. Its ranks wait for each other while one compiles: their timeout is an hour
@@ -73,6 +74,7 @@ def _calls(comm: Communicator) -> None:
             for bits in (1, 3):
                 compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel // comm.size, dtype=dtype),
                                           torch.zeros(comm.size * row_elements(numel, comm.size)), comm, bits=bits)
+        codecs.segment_sumsq(torch.ones(numel), (0, 3, numel), torch.empty(2, dtype=torch.float64))
     big = BLOCK_SIZE * cpu.SERIAL_BELOW * comm.size + 10  # a block scale per BLOCK_SIZE elements: past SERIAL_BELOW
     full = padded_numel(big, comm.size)
     for protocol in PROTOCOLS:

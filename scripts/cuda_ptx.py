@@ -105,6 +105,9 @@ def variants() -> dict[str, tuple]:
     found["decode levels"] = (kernels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))
     found["accumulate groups of rows into their segments"] = (kernels._accumulate_groups.py_func,
                                                               (wire, coded, F32, I64))
+    offsets = t.Array(t.int64, 1, "C")
+    found["sums of squares by segment: lanes"] = (kernels._segment_lanes.py_func, (F32, offsets, offsets, F64))
+    found["sums of squares by segment: trees"] = (kernels._segment_trees.py_func, (F64, offsets, F64))
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (

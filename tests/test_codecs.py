@@ -64,6 +64,20 @@ def test_sumsq_matches_the_reference_order() -> None:
         assert codecs.sumsq(x) == reference.sumsq(x.numpy())
 
 
+def test_segment_sumsq_is_each_segments_sumsq_in_one_call() -> None:
+    """The codec's sums equal ``sumsq`` of each segment alone (CPU), and on the CUDA path (meta tensors, counted)
+    take two launches and no host wait, whatever the number of segments."""
+    x = torch.randn(30011, generator=torch.Generator().manual_seed(3))
+    for bounds in ((0, 30011), (0, 0, 5, 8200, 8200, 30000)):
+        out = torch.empty(len(bounds) - 1, dtype=torch.float64)
+        codecs.segment_sumsq(x, bounds, out)
+        assert out.tolist() == [codecs.sumsq(x[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        meta = torch.empty(30011, device="meta")
+        before = (COUNTS.launches, COUNTS.waits)
+        codecs.segment_sumsq(meta, bounds, torch.empty(len(bounds) - 1, dtype=torch.float64, device="meta"))
+        assert (COUNTS.launches - before[0], COUNTS.waits - before[1]) == (2, 0)
+
+
 # Property tests: the codec steps against the numpy reference on inputs hypothesis draws (random
 # lengths on both sides of the serial/threaded switch, the three dtypes, signed zeros, subnormals,
 # values near the dtype's limits). Every comparison is bit for bit; NaN (from inf - inf when an error

@@ -115,6 +115,34 @@ def compensated_power_sum(src, lut, err, n_src, power):
     return tree_sum(partial.reshape(-1))
 
 
+@_threaded
+def segment_sumsq(x, bounds, firsts, blocks, out):
+    """out[j] <- ``compensated_power_sum``'s sum of squares of x[bounds[j]:bounds[j + 1]] alone (its bits), every
+    segment in one call.
+
+    1. Every summation block q of every segment (``firsts``: segment j's blocks are q in
+       [firsts[j], firsts[j + 1]), at least one, ``blocks`` in all) keeps LANES float64
+       accumulators; element i of the block adds float64(x_i)^2 to lane i % LANES, in order.
+    2. Each segment's block-major lane sums are combined by ``tree_sum``.
+    """
+    partial = np.zeros((blocks, LANES), np.float64)
+    for q in prange(blocks):
+        j = np.searchsorted(firsts, q, side="right") - 1
+        lo = bounds[j] + (q - firsts[j]) * BLOCK
+        count = max(0, min(BLOCK, bounds[j + 1] - lo))
+        acc = partial[q]
+        lanes = acc.size
+        rows = count // lanes
+        for k in range(rows):
+            first = lo + k * lanes
+            for lane in range(lanes):
+                acc[lane] += _power(np.float64(x[first + lane]), 2)
+        for i in range(rows * lanes, count):
+            acc[i % lanes] += _power(np.float64(x[lo + i]), 2)
+    for j in prange(out.size):
+        out[j] = tree_sum(partial[firsts[j]:firsts[j + 1]].reshape(-1))
+
+
 GATHER = np.uint64(0x8040201008040201)
 """Times the 8 flag bytes (0/1) of a little-endian uint64, it puts flag j at bit 63 - j and nothing
 else at bits 56-63: the top byte is the 8 flags packed, the first in the most significant bit."""

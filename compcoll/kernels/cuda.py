@@ -315,6 +315,53 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
     return _summed(slots, into, scale, stream)
 
 
+@cuda.jit
+def _segment_lanes(x, bounds, firsts, partial):
+    """partial[q*LANES + l] = lane l's float64 sum of squares of summation block q of its segment, in
+    ``_power_lanes``' order: segment j is x[bounds[j]:bounds[j + 1]], its blocks q in [firsts[j], firsts[j + 1]),
+    found by bisection; a thread block stages block q's elements, then ``_add_lanes``."""
+    staged = cuda.shared.array(BLOCK, np.float32)
+    for q in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
+        j, past = 0, bounds.size - 1
+        while past - j > 1:
+            middle = (j + past) // 2
+            if firsts[middle] <= q:
+                j = middle
+            else:
+                past = middle
+        first = bounds[j] + (q - firsts[j]) * BLOCK
+        count = max(0, min(BLOCK, bounds[j + 1] - first))
+        for e in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+            staged[e] = x[first + e]
+        cuda.syncthreads()
+        _add_lanes(staged, count, partial, q, 2)
+        cuda.syncthreads()
+
+
+@cuda.jit
+def _segment_trees(partial, firsts, out):
+    """out[j] <- the pairwise tree of segment j's lane sums (``_tree_in_block``), one thread block a segment."""
+    for j in range(cuda.blockIdx.x, out.size, cuda.gridDim.x):
+        values = partial[firsts[j] * LANES:firsts[j + 1] * LANES]
+        _tree_in_block(values, values.size)
+        if cuda.threadIdx.x == 0:
+            out[j] = values[0]
+        cuda.syncthreads()
+
+
+def segment_sumsq(x, bounds, firsts, blocks, out, stream=0, empty=_device_empty) -> None:
+    """out[j] <- the float64 sum of squares of x[bounds[j]:bounds[j + 1]] alone, ``compensated_power_sum``'s bits
+    for it (the CPU kernel's), for every segment j, in two launches and no host wait.
+
+    1. ``_segment_lanes``: the lane sums of every summation block of every segment
+       (``firsts``: each segment's first block; ``blocks`` of them in all).
+    2. ``_segment_trees``: each segment's tree of its lane sums.
+    """
+    partial = empty(max(1, blocks) * LANES, np.float64, stream)
+    launch(_segment_lanes, _grid(blocks * LANES, LANES), LANE_THREADS, stream, x, bounds, firsts, partial)
+    launch(_segment_trees, _grid(out.size, 1), COLLAPSE_THREADS, stream, partial, firsts, out)
+
+
 @lru_cache(maxsize=None)
 def _compensate_encode(with_lut: bool, scale_in_memory: bool):
     look_up = _LOOKUPS[with_lut]

@@ -88,6 +88,12 @@ def sumsq(x: np.ndarray) -> float:
     return power_sum(x, 2)
 
 
+def segment_sumsq(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Every segment's ``sumsq``: element j is that of x[bounds[j]:bounds[j + 1]], each in its own fixed order
+    (an empty segment's is 0)."""
+    return np.array([sumsq(x[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])], dtype=np.float64)
+
+
 def scale_of(x: np.ndarray, d: int, scale: str = "l2") -> np.float32:
     """The 1-bit scale of ``x`` over d elements: "l2" ``||x||_2 / sqrt(d)`` (DeepSpeed's) or "l1" ``||x||_1 / d``."""
     return scale_from(power_sum(x, SCALES[scale]), d, scale)

@@ -51,6 +51,7 @@ class FlatParams:
         trained: the indices into ``params`` of the trained parameters, in order.
         trained_params: those parameters, in the order of ``segments``.
         segments: one ``Segment`` per trained parameter, in order.
+        bounds: where each segment starts, then where the last ends (``codecs.segment_sumsq``'s bounds).
         groups: (start, stop) of each parameter group.
         low_precision: the 16-bit parameters and their segments.
     """
@@ -78,6 +79,7 @@ class FlatParams:
                     start += p.numel()
             self.groups.append((first, start))
         self.numel = start
+        self.bounds = tuple(seg.start for seg in self.segments) + (start,)
         self.params = params
         self.trained_params = trained
         self.data = torch.empty(self.numel, dtype=torch.float32, device=device)

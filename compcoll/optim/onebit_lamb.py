@@ -242,21 +242,21 @@ class OneBitLamb(CompressedOptimizer):
             fresh[sl].mul_(b2).addcmul_(rebuilt, rebuilt, value=1 - b2)
         factors = last  # free from here on: it holds denominator / (sqrt(v_fresh) + eps)
         torch.div(denom, preconditioner(self, fresh, factors), out=factors)
-        table = torch.zeros(len(self.flat.segments), 3, dtype=torch.float64, device=p.device)
+        table = torch.zeros(3, len(self.flat.segments), dtype=torch.float64, device=p.device)
         update = self.workspace.get("optim.update", p.numel(), torch.float32, p.device)
         torch.div(m, denom, out=update)
         for index, (seg, ratio_l) in enumerate(self.flat.views(factors)):
             if seg.numel:
-                table[index, 0] = ratio_l.max()
-            if self.param_groups[seg.group]["weight_decay"]:
-                codecs.sumsq_into(update[seg.start:seg.stop], table[index, 1:2])
+                table[0, index] = ratio_l.max()
+        decayed = any(group["weight_decay"] for group in self.param_groups)
+        if decayed:
+            codecs.segment_sumsq(update, self.flat.bounds, table[1])
         for group, sl in self._groups():
             if group["weight_decay"]:
                 update[sl].add_(p[sl], alpha=group["weight_decay"])
-        for index, (seg, update_l) in enumerate(self.flat.views(update)):
-            if self.param_groups[seg.group]["weight_decay"]:
-                codecs.sumsq_into(update_l, table[index, 2:3])
-        rows = table.tolist()
+        if decayed:
+            codecs.segment_sumsq(update, self.flat.bounds, table[2])
+        rows = table.t().tolist()
         frozen, last_factors = self.coeff_freeze.tolist(), self.last_factor.tolist()
         self.lamb_coeffs = []
         for index, (seg, (factor, prelim_sq, update_sq)) in enumerate(zip(self.flat.segments, rows)):
@@ -292,13 +292,13 @@ class OneBitLamb(CompressedOptimizer):
     def _read_sums_of_squares(self, flats: tuple[torch.Tensor, ...]) -> list[list[float]]:
         """Every layer's float64 sum of squares in each of ``flats`` (``codecs.sumsq``'s fixed order), by layer.
 
-        The sums are queued on the device and cross to the host together, in one transfer.
+        One ``codecs.segment_sumsq`` call per flat vector for all layers; the sums cross to the host together, in
+        one transfer.
         """
-        table = torch.empty(len(self.flat.segments), len(flats), dtype=torch.float64, device=self.flat.device)
-        for column, flat in enumerate(flats):
-            for index, (seg, view) in enumerate(self.flat.views(flat)):
-                codecs.sumsq_into(view, table[index, column:column + 1])
-        return table.tolist()
+        table = torch.empty(len(flats), len(self.flat.segments), dtype=torch.float64, device=self.flat.device)
+        for row, flat in zip(table, flats):
+            codecs.segment_sumsq(flat, self.flat.bounds, row)
+        return table.t().tolist()
 
     def _send_scaled(self, local: torch.Tensor) -> None:
         """m = C(local * s_l) / s_l per layer (``compress="momentum"``), the scalings set at the first call."""

@@ -102,14 +102,16 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)] + [
             codecs.all_finite(codecs.block_sums(probe, torch.zeros(full), 8), summable=True)
             for probe in _finite_probes(x)[:-1]])  # block sums of |x|^2, float32's largest ones too
+        norms = torch.empty(4, dtype=torch.float64)
+        codecs.segment_sumsq(err, (0, 0, 5, full // 2, full), norms)
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,
                         decoded_as, weights, float(headed), head, finite, codecs.compensated_sum(strided, err),
-                        strided_bits))
+                        strided_bits, norms))
     simulate(True)
     names = ("sumsq", "sum |x|", "accumulate sumsq", "accumulate scale", "bits", "error", "accumulate", "decode",
              "absmax", "wire", "decoded wire", f"decoded wire as {dtype}", "weights from the frames",
              "scale into a frame head", "frame head", "finite checks", "sumsq of a strided source",
-             "bits of a strided source")
+             "bits of a strided source", "sums of squares by segment")
     for name, a, b in zip(names, *results):
         same = a == b if isinstance(a, float) else torch.equal(a.view(torch.uint8), b.view(torch.uint8))
         assert same, f"{name} of {numel} {dtype}: the CUDA path differs from the CPU's"

@@ -352,6 +352,24 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torc
             assert got == want and np.array_equal(d_out.copy_to_host(), out), ("accumulated lanes' order", power)
 
 
+def check_segment_sums(sizes: tuple[int, ...] = (0, 1, 37, 8193, 5, 300)) -> None:
+    """Every segment's sum of squares (``segment_sumsq``): CUDA = CPU = ``sumsq`` of the segment alone, on inputs
+    whose sums depend on the order, over empty segments, one past a summation block and a tail past the last."""
+    rng = np.random.default_rng(17)
+    numel = sum(sizes) + 3
+    x = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
+    tables, blocks = codecs._segment_tables(tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
+                                            torch.device("cpu"))
+    bounds, firsts = tables.numpy()
+    want = np.empty(len(sizes))
+    cpu.segment_sumsq(x, bounds, firsts, blocks, want)
+    d_out = cuda.cuda.device_array(len(sizes), np.float64)
+    cuda.segment_sumsq(cuda.cuda.to_device(x), cuda.cuda.to_device(bounds), cuda.cuda.to_device(firsts), blocks,
+                       d_out)
+    each = [cpu.compensated_power_sum(x[:0], None, x[lo:hi], 0, 2) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    assert np.array_equal(want, each) and np.array_equal(d_out.copy_to_host(), want), "segment_sumsq"
+
+
 def sum_launches(numel: int) -> int:
     """Launches of a fused sum over ``numel`` elements: the lanes kernel, and ``_collapse`` past TAIL lanes."""
     return 1 + (max(1, -(-numel // BLOCK)) * LANES > cuda.TAIL)
@@ -493,6 +511,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
     if part == "tree":
         check_tree_sum()
         check_lane_sums()
+        check_segment_sums()
     elif part == "scale":
         check_scale_of()
     elif part in DTYPES:
@@ -514,6 +533,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check(max(lengths), 3, torch.float16)
             check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
             # stages a second over the first
+            check_segment_sums((8193, 3, 0, 5))  # 5 summation blocks and 4 segments on 2 thread blocks
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
             check_levels(8200, 3, torch.float32, 8, 4)

@@ -245,3 +245,22 @@ def test_accumulate_groups(groups: int, members: int, row_bytes: int, cut: int) 
         out = np.full(count, np.nan, np.float32)
         kernel(bits, weights, out, count)
         assert np.array_equal(out.view(np.uint32), expected[:count].view(np.uint32))
+
+
+@pytest.mark.parametrize("sizes", [(0,), (1,), (5, 0, 37), (8191, 8192, 8193, 3, 20011), (70001, 1, 0, 16385)])
+def test_segment_sumsq(sizes: tuple[int, ...]) -> None:
+    """Every segment's sum of squares in one call, threaded and serial: the reference's, each segment's own
+    ``compensated_power_sum`` bits, on values whose float64 sums depend on the order."""
+    rng = _rng(sum(sizes))
+    numel = sum(sizes) + 3
+    x = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
+    tables, blocks = codecs._segment_tables(tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
+                                            torch.device("cpu"))
+    bounds, firsts = tables.numpy()
+    want = reference.segment_sumsq(x, bounds)
+    assert want.tolist() == [cpu.compensated_power_sum(x[:0], None, x[lo:hi], 0, 2)
+                             for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for kernel in (cpu.segment_sumsq, cpu.SERIAL["segment_sumsq"]):
+        out = np.full(len(sizes), np.nan)
+        kernel(x, bounds, firsts, blocks, out)
+        assert np.array_equal(out.view(np.uint64), want.view(np.uint64)), kernel

@@ -101,11 +101,11 @@ class FlatParams:
         return zlib.crc32(repr(layout).encode())
 
     def write_back(self) -> None:
-        """Round the master weights of the 16-bit parameters into them (nothing for float32 ones, which are views)."""
-        with torch.no_grad():
-            for p, seg in self.low_precision:
-                p.copy_(self.data[seg.start:seg.stop].view_as(p))
-        if self.low_precision:  # their versions moved; float32 parameters' marks (pointers) did not
+        """Round the master weights of the 16-bit parameters into them (nothing for float32 ones, which are views), in
+        one multi-tensor copy."""
+        if self.low_precision:  # their versions move; float32 parameters' marks (pointers) do not
+            with torch.no_grad():
+                torch._foreach_copy_([p for p, _ in self.low_precision], self._masters)
             self._marks = [_mark(p) for p in self.params]
 
     def rebind(self, params: list[torch.Tensor], what: str) -> bool:
@@ -166,9 +166,10 @@ class FlatParams:
         return moved
 
     def gather_grads(self) -> torch.Tensor:
-        """Copy every trained parameter's gradient into ``grad`` (zeros for None) and return it."""
-        for p, seg in zip(self.trained_params, self.segments):
-            view = self.grad[seg.start:seg.stop]
+        """Copy every trained parameter's gradient into ``grad`` (zeros for None) and return it: one multi-tensor
+        copy (``torch._foreach_copy_``: a few launches on CUDA, not one a parameter), exact for 16-bit gradients."""
+        into, grads = [], []
+        for p, view in zip(self.trained_params, self._grad_views):
             if p.grad is None:
                 view.zero_()
             elif p.grad.is_sparse:
@@ -177,7 +178,10 @@ class FlatParams:
                     f"need dense gradients (e.g. torch.nn.Embedding(..., sparse=False))"
                 )
             else:
-                view.copy_(p.grad.reshape(-1))
+                into.append(view)
+                grads.append(p.grad)
+        if into:
+            torch._foreach_copy_(into, grads)
         return self.grad
 
     def views(self, flat: torch.Tensor) -> list[tuple[Segment, torch.Tensor]]:
@@ -185,13 +189,17 @@ class FlatParams:
         return [(seg, flat[seg.start:seg.stop]) for seg in self.segments]
 
     def _bind(self) -> None:
-        """Make every trained float32 parameter a view of its slice of ``data``; list the 16-bit ones; mark them all."""
+        """Make every trained float32 parameter a view of its slice of ``data``; list the 16-bit ones and their
+        masters' views, and every trained parameter's view of ``grad``; mark them all."""
         self.low_precision: list[tuple[torch.Tensor, Segment]] = []
         for p, seg in zip(self.trained_params, self.segments):
             if p.dtype == torch.float32:
                 p.data = self.data[seg.start:seg.stop].view_as(p)
             else:
                 self.low_precision.append((p, seg))
+        self._masters = [self.data[seg.start:seg.stop].view_as(p) for p, seg in self.low_precision]
+        self._grad_views = [self.grad[seg.start:seg.stop].view_as(p)
+                            for p, seg in zip(self.trained_params, self.segments)]
         self._marks = [_mark(p) for p in self.params]
 
 

@@ -167,6 +167,7 @@ class OneBitLamb(CompressedOptimizer):
         self._buffer("last_factor", layers, torch.float64).fill_(1.0)
         self._buffer("scaling_coeff", layers, torch.float64)
         self.scaled = False
+        self._lengths: torch.Tensor | None = None
         self.lamb_coeffs: list[float] = []
         self._error_feedback(ranks_per_node, hierarchical, scale, protocol, layer_scales)
 
@@ -245,9 +246,7 @@ class OneBitLamb(CompressedOptimizer):
         table = torch.zeros(3, len(self.flat.segments), dtype=torch.float64, device=p.device)
         update = self.workspace.get("optim.update", p.numel(), torch.float32, p.device)
         torch.div(m, denom, out=update)
-        for index, (seg, ratio_l) in enumerate(self.flat.views(factors)):
-            if seg.numel:
-                table[0, index] = ratio_l.max()
+        table[0] = torch.segment_reduce(factors, "max", lengths=self._segment_lengths())
         decayed = any(group["weight_decay"] for group in self.param_groups)
         if decayed:
             codecs.segment_sumsq(update, self.flat.bounds, table[1])
@@ -274,6 +273,13 @@ class OneBitLamb(CompressedOptimizer):
             self.lamb_coeffs.append(frozen[index] * factor)
         self.last_factor.copy_(torch.tensor(last_factors, dtype=torch.float64))
         return update
+
+    def _segment_lengths(self) -> torch.Tensor:
+        """Every layer's length, an int64 tensor on the parameters' device (made again after a move)."""
+        device = self.flat.device
+        if self._lengths is None or self._lengths.device != device:
+            self._lengths = torch.tensor([seg.numel for seg in self.flat.segments], device=device)
+        return self._lengths
 
     def _adam_update(self, m: torch.Tensor, denom: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """u = m / denom + weight_decay * p per group (denom = sqrt(v) + eps), in a scratch buffer."""

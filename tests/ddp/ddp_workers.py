@@ -240,3 +240,52 @@ def local_hook_keeps_gradients(comm: compcoll.Communicator) -> None:
     torch.nn.functional.mse_loss(plain(x), y).backward()
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.equal(p.grad, q.grad), "a gradient was changed"
+
+
+class _WithUnused(torch.nn.Module):
+    """``make_model`` and a layer no forward uses (DDP's ``find_unused_parameters`` case)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = make_model()
+        self.unused = torch.nn.Linear(50, 50)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _trained_with(options: dict, unused: bool = False, accumulate: bool = False, steps: int = 6) -> torch.Tensor:
+    """``make_model``'s parameters after ``steps`` steps of DDP (``options``) with the default ``onebit_hook``
+    (compressing from the third iteration, buckets of 1000 elements and more); ``accumulate``: each step adds a
+    micro-batch under ``no_sync()`` first. Replicas must be equal."""
+    rank = dist.get_rank()
+    model = DDP(_WithUnused() if unused else make_model(), bucket_cap_mb=BUCKET_MB, **options)
+    model.register_comm_hook(compcoll.ddp.OneBitState(min_compress_numel=1000), compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for i in range(steps):
+        if accumulate:
+            with model.no_sync():
+                x, y = batch(rank, 100 + i)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+            x, y = batch(rank, i)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        else:
+            step(model, opt, rank, i)
+    assert_replicas_equal(model)
+    body = model.module.body if unused else model.module
+    return torch.cat([p.detach().reshape(-1) for p in body.parameters()])
+
+
+def ddp_options_keep_the_hook(comm: compcoll.Communicator) -> None:
+    """Under DDP's options users set, the hook trains alike on every rank: ``gradient_as_bucket_view`` and
+    ``static_graph`` give the default's bits; ``find_unused_parameters`` (whose buckets DDP never rebuilds) with an
+    unused layer, and gradient accumulation under ``no_sync()``, keep replicas equal and train."""
+    default = _trained_with({})
+    for options in (dict(gradient_as_bucket_view=True), dict(static_graph=True)):
+        assert torch.equal(_trained_with(options), default), f"{options} changed the bits"
+    start = torch.cat([p.detach().reshape(-1) for p in make_model().parameters()])
+    for trained in (_trained_with(dict(find_unused_parameters=True), unused=True),
+                    _trained_with(dict(gradient_as_bucket_view=True), accumulate=True)):
+        assert not torch.equal(trained, start) and torch.isfinite(trained).all()

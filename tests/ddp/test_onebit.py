@@ -1,4 +1,4 @@
-"""compcoll.ddp.onebit_hook under real DDP: the reference per bucket, exact resume, NaN steps.
+"""compcoll.ddp.onebit_hook under real DDP: the reference per bucket, exact resume, NaN steps, DDP's options.
 
 On threads of torch's own multi-threaded process group at 1-4 ranks (DDP's real buckets,
 in one process), and on real Gloo ranks.
@@ -55,3 +55,8 @@ def test_hierarchical_resume_is_exact() -> None:
 @pytest.mark.parametrize("backend", ["threads", "gloo"])
 def test_a_nan_skips_the_step_on_every_rank(backend: str) -> None:
     on(backend, "nan_skips_on_every_rank", 3)
+
+
+@pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 2)])
+def test_ddp_options_users_set_keep_the_hooks_bits(backend: str, world_size: int) -> None:
+    on(backend, "ddp_options_keep_the_hook", world_size)

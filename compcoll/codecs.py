@@ -670,11 +670,11 @@ def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, row
     return out
 
 
-def level_steps(absmax: torch.Tensor, bits: int) -> torch.Tensor:
-    """``spec.level_step`` in torch on ``absmax``'s device: one float32 multiply, correctly rounded everywhere, by the
-    factor as a Python number (a float32 value, which torch multiplies a float32 tensor by in float32), so no tensor
-    of it is made or copied to the device."""
-    return absmax * float(spec.level_step(np.float32(1.0), bits))
+def level_steps(absmax: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
+    """``out`` <- ``spec.level_step`` of ``absmax`` in torch on its device: one float32 multiply, correctly rounded
+    everywhere, by the factor as a Python number (a float32 value, which torch multiplies a float32 tensor by in
+    float32), so no tensor of it is made or copied to the device; into ``out``, so nothing is allocated."""
+    return torch.mul(absmax, float(spec.level_step(np.float32(1.0), bits)), out=out)
 
 
 def encode_levels(tensor: torch.Tensor, error: torch.Tensor, steps: torch.Tensor, block_size: int, bits: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import zlib
 from dataclasses import dataclass
 
@@ -227,7 +228,19 @@ def _checked(params: list[torch.Tensor], what: str) -> torch.device:
             )
         if p.is_sparse:
             raise ValueError(f"{what}: parameters must be dense, got a sparse one of shape {tuple(p.shape)}")
+        if _is_dtensor(p):
+            raise ValueError(
+                f"{what}: a parameter of shape {tuple(p.shape)} is a DTensor (sharded by FSDP2 or tensor "
+                f"parallelism); compcoll's optimizers average whole local gradients themselves, so they take "
+                f"unsharded parameters: under FSDP2 use AdamW with compcoll.fsdp.compress (docs/guides/fsdp.md)")
     return _one_device(params, what)
+
+
+def _is_dtensor(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a ``torch.distributed.tensor.DTensor`` (none can exist before that module is imported, so
+    it is not imported here)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(p, module.DTensor)
 
 
 def _one_device(params: list[torch.Tensor], what: str) -> torch.device:

@@ -260,3 +260,17 @@ def replicas(comm: compcoll.Communicator, steps: int) -> None:
     assert len(late.allreduce.plans) == 3, "start_step=2: the third step did not compress"
     dist.all_gather_object(shards, digest(net), group=group)
     assert shards[0] == shards[1], "the replicas of a shard differ after plain steps"
+
+
+def optimizers_refuse_sharded_parameters(comm: compcoll.Communicator) -> None:
+    """compcoll's optimizers over FSDP2's DTensor parameters: a ValueError naming DTensor and the way to go, on every
+    rank, at construction (torch's own error came at the first step, naming neither)."""
+    from compcoll.optim import Birder, OneBitAdam
+
+    for cls in (OneBitAdam, Birder):
+        try:
+            cls(model().parameters(), lr=1e-2, comm=comm)
+        except ValueError as exc:
+            assert "is a DTensor" in str(exc) and "compcoll.fsdp.compress" in str(exc), exc
+        else:
+            raise AssertionError(f"{cls.__name__} took sharded parameters")

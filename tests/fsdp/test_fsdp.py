@@ -1,4 +1,5 @@
-"""compcoll.fsdp on real FSDP2 (fully_shard) over real Gloo ranks: the reduce-scatter form at 2-4 ranks, HSDP 2 x 2."""
+"""compcoll.fsdp on real FSDP2 (fully_shard) over real Gloo ranks: the reduce-scatter form at 2-4 ranks, HSDP 2 x 2;
+compcoll's optimizers refuse its sharded parameters."""
 
 from __future__ import annotations
 
@@ -21,3 +22,7 @@ def test_compress_resumes_exactly_and_a_nan_reaches_every_rank(world_size: int) 
 
 def test_replicas_form_on_two_by_two_ranks() -> None:
     run(f"{WORKERS}:replicas", 4, "gloo", args=(5,))
+
+
+def test_the_optimizers_refuse_sharded_parameters() -> None:
+    run(f"{WORKERS}:optimizers_refuse_sharded_parameters", 2, "gloo")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import zlib
 from typing import Any, Callable, Iterator
 
 import torch
@@ -69,7 +70,8 @@ class CompressedOptimizer(torch.optim.Optimizer):
        it, so one step sends one vector, and every state buffer lives on that device too.
        Parameters with ``requires_grad=False`` stay out: no step touches them (no weight
        decay), as torch's optimizers skip a parameter without a gradient.
-    2. Check that all ranks hold the same groups and shapes (one small allgather; a
+    2. Check that all ranks hold the same groups, shapes and group hyperparameters (lr,
+       betas, ...: ranks with another lr would drift apart silently; one small allgather, a
        ``RankMismatchError`` on every rank otherwise) and broadcast the buffer from rank 0,
        so replicas start identical.
 
@@ -150,9 +152,12 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.comm = get_default() if comm is None else comm
         self.nonfinite = nonfinite
         self.flat = FlatParams(self.param_groups, type(self).__name__)
+        settings = repr([sorted((k, v) for k, v in group.items() if k != "params") for group in self.param_groups])
         agree(
             self.comm, type(self).__name__, self.flat.data, None,
-            (Option("parameter layouts (groups and shapes)", self.flat.layout_code()), *options),
+            (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),
+             Option("hyperparameters of the parameter groups (lr, betas, eps, weight_decay, ...)",
+                    zlib.crc32(settings.encode())), *options),
         )
         self.comm.bcast(self.flat.data, 0)
         self.flat.write_back()

@@ -193,7 +193,9 @@ OPTION_CHOICES = {"compress": ("update", "momentum", "compressed quantities"),
                   "protocol": ("gather_scatter", "allgather", "1-bit protocols"),
                   "variance_refresh": (0, 8, "variance refresh intervals"),
                   "layer_scales": (False, True, "1-bit scales per layer"),
-                  "bias_correction": (False, True, "bias corrections")}
+                  "bias_correction": (False, True, "bias corrections"),
+                  "lr": (1e-2, 2e-2, "hyperparameters of the parameter groups"),
+                  "weight_decay": (0.0, 0.01, "hyperparameters of the parameter groups")}
 """Per option an optimizer's ranks must agree on: rank 0's value, the others', and the name errors give it."""
 
 
@@ -202,7 +204,7 @@ def option_mismatch(comm: compcoll.Communicator, name: str, option: str) -> None
     cls, kwargs = CONFIGS[name]
     first, other, label = OPTION_CHOICES[option]
     try:
-        cls(Net().parameters(), comm=comm, **{option: other if comm.rank else first}, **kwargs)
+        cls(Net().parameters(), comm=comm, **{**kwargs, option: other if comm.rank else first})
     except compcoll.RankMismatchError as exc:
         assert label in str(exc), exc
     else:

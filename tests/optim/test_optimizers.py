@@ -64,7 +64,8 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
 @pytest.mark.parametrize("name, option", [(name, option) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")
                                           for option in ("compress", "protocol")]
                          + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales"),
-                            ("OneBitAdam", "bias_correction"), ("ZeroOneAdam", "bias_correction")])
+                            ("OneBitAdam", "bias_correction"), ("ZeroOneAdam", "bias_correction"),
+                            ("OneBitAdam", "lr"), ("Birder", "weight_decay"), ("OneBitLamb", "weight_decay")])
 def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
     run(f"{WORKERS}:option_mismatch", 2, IN, args=(name, option))
 

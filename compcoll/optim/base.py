@@ -152,7 +152,8 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.comm = get_default() if comm is None else comm
         self.nonfinite = nonfinite
         self.flat = FlatParams(self.param_groups, type(self).__name__)
-        settings = repr([sorted((k, v) for k, v in group.items() if k != "params") for group in self.param_groups])
+        settings = repr([sorted((k, _plain(v)) for k, v in group.items() if k != "params" and _plain(v) is not None)
+                         for group in self.param_groups])
         agree(
             self.comm, type(self).__name__, self.flat.data, None,
             (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),
@@ -404,6 +405,19 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.skipped_steps = state["skipped_steps"]
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
+
+
+def _plain(value: Any) -> Any:
+    """A group hyperparameter as plain data every rank writes alike (numbers, strings, their tuples and lists, a
+    small tensor's values), or None for what is not (an object whose repr holds its address)."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        items = [_plain(v) for v in value]
+        return None if any(item is None for item in items) else tuple(items)
+    if isinstance(value, torch.Tensor) and value.numel() <= 16:
+        return tuple(value.detach().cpu().reshape(-1).tolist())
+    return None
 
 
 def warmup_steps(what: str, name: str, value: int | float, total_steps: int | None, least: int = 0) -> int:

@@ -65,9 +65,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that averages over ranks itself; subclasses give ``_update``.
 
     Construction:
-    1. Lay every trained parameter of every group into one flat float32 buffer
-       (``FlatParams``) on the parameters' device, CPU or CUDA; parameters become views of
-       it, so one step sends one vector, and every state buffer lives on that device too.
+    1. Lay every trained parameter of every group into one flat float32 buffer of master
+       weights (``FlatParams``) on the parameters' device, CPU or CUDA, so one step sends one
+       vector; every state buffer lives on that device too. The parameters keep their own
+       storage and take their masters after every step.
        Parameters with ``requires_grad=False`` stay out: no step touches them (no weight
        decay), as torch's optimizers skip a parameter without a gradient.
     2. Check that all ranks hold the same groups, shapes and group hyperparameters (lr,
@@ -76,10 +77,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
        so replicas start identical.
 
     ``step()``:
-    1. Follow the parameters (``_follow_parameters``): whatever a framework did to them
-       since the last step (``model.to(device)``, ``param.data = ...``, an in-place
-       ``load_state_dict``, ``.half()``), this step trains them, as if the optimizer had
-       been built after; the state follows a move to another device.
+    1. Follow the parameters (``_follow_parameters``): whatever a framework or the caller
+       did to them since the last step (``model.to(device)``, ``param.data = ...``, an
+       in-place ``load_state_dict`` or edit, ``.half()``), this step trains them, as if the
+       optimizer had been built after; the state follows a move to another device.
        Then gather the local gradients into one flat float32 vector (zeros where ``p.grad``
        is None), unscaled when a ``torch.amp.GradScaler`` drives the step
        (``_local_gradient``). A gradient that cannot be used (sparse), or parameters that
@@ -92,7 +93,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
     3. On that error, ``nonfinite="skip"`` (default) leaves parameters and state as they
        were on every rank and counts the step in ``skipped_steps``, as a loss scaler
        does; ``"raise"`` lets the error through (still on every rank, nothing changed).
-    4. Round the float32 master weights into any 16-bit parameters (``FlatParams``).
+    4. Copy the master weights into the parameters, rounded for 16-bit ones (``FlatParams``).
 
     ``state_dict()`` holds this rank's whole state (moments, error-feedback buffers,
     phase counters, and this rank's own float32 parameters while the replicas differ,

@@ -1,4 +1,4 @@
-"""All parameters of an optimizer as views into one flat float32 buffer, and their gradients gathered beside it."""
+"""All trained parameters of an optimizer as one flat float32 buffer of master weights, and their gradients beside it."""
 
 from __future__ import annotations
 
@@ -32,18 +32,20 @@ class FlatParams:
        decay, no state, no bytes), as torch's optimizers leave a parameter without a
        gradient. The trained ones must be dense float32, float16 or bfloat16 tensors, all
        on one device, CPU or CUDA (``DEVICE_TYPES``); every buffer lives there too.
-    2. Copy the trained parameters, in group order, into ``data`` (float32). A float32
-       parameter becomes a view of its slice (``p.data = data[slice].view_as(p)``), so the
-       model trains the flat buffer. A 16-bit parameter keeps its own storage: ``data``
-       holds its float32 master copy, and ``write_back`` rounds the master into it (to
-       nearest even, as torch's ``copy_`` does) after every change.
+    2. Copy the trained parameters, in group order, into ``data`` (float32): their master
+       weights, which the optimizer steps. Every parameter keeps its own storage, and
+       ``write_back`` copies its master into it after every change (one multi-tensor copy:
+       exact for float32, rounded to nearest even for 16-bit ones, as torch's ``copy_``
+       does). Parameters that were views of one buffer would be one storage to tools that
+       find tied weights by storage: Accelerate's ``save_state`` (safetensors) kept only
+       the first of them and dropped the others, logging a line.
     3. ``gather_grads`` copies every trained ``p.grad`` into ``grad`` as float32 (exact for
        16-bit gradients; zeros where a parameter has no gradient), so an optimizer step
        reads one contiguous vector.
-    4. ``rebind`` follows what a framework did to the parameters since the last step
-       (moved them, assigned ``param.data``, loaded values in place, changed their
-       dtype), so the next step trains them and not a detached copy; a parameter frozen or
-       unfrozen since is refused, as the buffer's layout cannot change.
+    4. ``rebind`` follows what a framework (or the caller) did to the parameters since the
+       last step (moved them, assigned ``param.data``, loaded or wrote values in place,
+       changed their dtype), so the next step trains them as they are; a parameter frozen
+       or unfrozen since is refused, as the buffer's layout cannot change.
 
     Attributes:
         data: the flat parameter buffer (the master weights).
@@ -54,7 +56,7 @@ class FlatParams:
         segments: one ``Segment`` per trained parameter, in order.
         bounds: where each segment starts, then where the last ends (``codecs.segment_sumsq``'s bounds).
         groups: (start, stop) of each parameter group.
-        low_precision: the 16-bit parameters and their segments.
+        low_precision: the 16-bit parameters and their segments (whose masters hold more than they do).
     """
 
     def __init__(self, param_groups: list[dict], what: str) -> None:
@@ -88,6 +90,7 @@ class FlatParams:
         for p, seg in zip(trained, self.segments):
             self.data[seg.start:seg.stop].copy_(p.detach().reshape(-1))
         self._bind()
+        self._marks = [_mark(p) for p in self.params]
 
     @property
     def device(self) -> torch.device:
@@ -102,12 +105,11 @@ class FlatParams:
         return zlib.crc32(repr(layout).encode())
 
     def write_back(self) -> None:
-        """Round the master weights of the 16-bit parameters into them (nothing for float32 ones, which are views), in
-        one multi-tensor copy."""
-        if self.low_precision:  # their versions move; float32 parameters' marks (pointers) do not
-            with torch.no_grad():
-                torch._foreach_copy_([p for p, _ in self.low_precision], self._masters)
-            self._marks = [_mark(p) for p in self.params]
+        """Copy the master weights into the trained parameters (rounded for 16-bit ones), in one multi-tensor copy;
+        then mark them, so that only a later change of theirs is read back (``rebind``)."""
+        with torch.no_grad():
+            torch._foreach_copy_(self.trained_params, self._masters)
+        self._marks = [_mark(p) for p in self.params]
 
     def rebind(self, params: list[torch.Tensor], what: str) -> bool:
         """Follow what was done to the parameters since the last step; whether their device changed.
@@ -125,13 +127,15 @@ class FlatParams:
            except where the parameter kept its dtype and holds exactly the rounding of its
            master (a move, the same values assigned): a 16-bit model's master then keeps
            its float32 bits, as an optimizer built now would after ``load_state_dict``.
-           Float32 parameters become views of their slice again; a parameter cast to 16
-           bits keeps its own storage from now on.
-        Nothing is copied when nothing changed: one pointer (and, for 16-bit parameters,
-        version) check per parameter.
+        4. Read every float32 parameter into its master (one multi-tensor copy), whatever
+           changed: an edit through ``p.data`` moves no version counter, and a float32
+           master holds nothing more than its parameter.
+        Beyond that copy, nothing is copied when nothing changed: one pointer (and, for 16-bit
+        parameters, version) check per parameter.
         """
         if len(params) == len(self.params) and all(p is q and _mark(p) == mark
                                                    for p, q, mark in zip(params, self.params, self._marks)):
+            self._read_float32()
             return False
         if len(params) != len(self.params) or any(p is not q for p, q in zip(params, self.params)):
             raise ValueError(f"{what}: its parameter groups no longer hold the parameters it was built with (one "
@@ -164,7 +168,15 @@ class FlatParams:
                     master.copy_(value)
         self.dtypes = [str(p.dtype) for p in params]
         self._bind()
+        self._marks = [_mark(p) for p in self.params]
+        self._read_float32()
         return moved
+
+    def _read_float32(self) -> None:
+        """Copy every float32 trained parameter into its master (``rebind``'s step 4)."""
+        if self._float32:
+            with torch.no_grad():
+                torch._foreach_copy_([master for _, master in self._float32], [p for p, _ in self._float32])
 
     def gather_grads(self) -> torch.Tensor:
         """Copy every trained parameter's gradient into ``grad`` (zeros for None) and return it: one multi-tensor
@@ -190,27 +202,22 @@ class FlatParams:
         return [(seg, flat[seg.start:seg.stop]) for seg in self.segments]
 
     def _bind(self) -> None:
-        """Make every trained float32 parameter a view of its slice of ``data``; list the 16-bit ones and their
-        masters' views, and every trained parameter's view of ``grad``; mark them all."""
-        self.low_precision: list[tuple[torch.Tensor, Segment]] = []
-        for p, seg in zip(self.trained_params, self.segments):
-            if p.dtype == torch.float32:
-                p.data = self.data[seg.start:seg.stop].view_as(p)
-            else:
-                self.low_precision.append((p, seg))
-        self._masters = [self.data[seg.start:seg.stop].view_as(p) for p, seg in self.low_precision]
+        """List the 16-bit parameters; make the views of ``data`` (the masters) and of ``grad`` each trained
+        parameter is copied from and into."""
+        self.low_precision = [(p, seg) for p, seg in zip(self.trained_params, self.segments)
+                              if p.dtype != torch.float32]
+        self._masters = [self.data[seg.start:seg.stop].view_as(p) for p, seg in zip(self.trained_params, self.segments)]
+        self._float32 = [(p, master) for p, master in zip(self.trained_params, self._masters) if p.dtype == torch.float32]
         self._grad_views = [self.grad[seg.start:seg.stop].view_as(p)
                             for p, seg in zip(self.trained_params, self.segments)]
-        self._marks = [_mark(p) for p in self.params]
 
 
 def _mark(p: torch.Tensor) -> tuple[int, int, bool]:
     """What changes when a parameter's storage is replaced or, for a 16-bit one, written, or when it is frozen or
     unfrozen: (pointer, version, requires_grad); a frozen one's is (0, 0, False), whatever is done to it.
 
-    A float32 parameter is a view of the flat buffer, which every step writes and whose
-    version it shares, so its mark holds only the pointer: another pointer means it is no
-    longer the view.
+    A float32 parameter's version is left out: ``write_back`` moves it every step, and ``rebind`` reads every
+    float32 parameter anyway.
     """
     if not p.requires_grad:
         return (0, 0, False)

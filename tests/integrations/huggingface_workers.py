@@ -149,7 +149,7 @@ def accelerate_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     accelerator, model, opt, state = _accelerated("onebit_adam")
     assert state is None
     _micro_steps(accelerator, model, opt, comm, range(12))
-    accelerator.save_state(f"{output_dir}/half", safe_serialization=False)  # GPT-2 ties wte and lm_head
+    accelerator.save_state(f"{output_dir}/half")  # safetensors: every parameter, GPT-2's tied wte and lm_head too
     compcoll.checkpoint.save(f"{output_dir}/half", opt.optimizer)
     _micro_steps(accelerator, model, opt, comm, range(12, 24))
     assert opt.optimizer.steps == 12 and opt.optimizer.compressing, opt.optimizer.steps

@@ -37,7 +37,7 @@ CHANGES: dict[str, Callable[[torch.nn.Module, str], object]] = {
 }
 """What frameworks do to a model after its optimizer exists, each given the device ``to`` moves to."""
 SIXTEEN_BIT_TOO = ("param.data", "load_state_dict")
-"""Changes also tried on a bfloat16 model, whose parameters are not views of the flat buffer but rounded copies."""
+"""Changes also tried on a bfloat16 model, whose parameters are roundings of their float32 masters."""
 
 
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-5),

@@ -31,6 +31,7 @@ def _assigned(model: torch.nn.Module) -> None:
 CHANGES: dict[str, Callable[[torch.nn.Module, str], object]] = {
     "to": lambda model, device: model.to(device),
     "param.data": lambda model, device: _assigned(model),
+    "edited through param.data": lambda model, device: [p.data.mul_(0.5) for p in model.parameters()],
     "load_state_dict": lambda model, device: _loaded(model),
     "half": lambda model, device: model.half(),
     "bfloat16": lambda model, device: model.bfloat16(),
@@ -133,7 +134,7 @@ def built_then_changed(comm: compcoll.Communicator, start: str, device: str, cha
                 after = _run(comm, name, change, start, device, 0, dtype)
                 _same(after, _run(comm, name, change, start, device, -1, dtype), f"{where}: built then changed")
                 assert_same_on_all_ranks(comm, after[1].flat.data.cpu())
-                if change in ("load_state_dict", "half", "bfloat16"):
+                if change in ("load_state_dict", "half", "bfloat16", "edited through param.data"):
                     never = _unchanged(comm, name, start, dtype, unchanged)
                     assert not torch.equal(after[1].flat.data.cpu(), never[1].flat.data.cpu()), \
                         f"{where}: the change made no difference, so the test shows nothing"

@@ -59,6 +59,24 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
         assert same, name
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_segment_sums_on_cuda_equal_cpu(launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``codecs.segment_sumsq`` on CUDA gives the CPU's bits (each segment's ``sumsq``): empty segments, one past a
+    summation block, one past ``MAX_BLOCKS`` blocks' worth of lanes, values whose sums depend on the order."""
+    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    gen = torch.Generator().manual_seed(3)
+    sizes = (0, 1, 37, 8193, 0, 5, 40_000_003, 300)
+    x = torch.randn(sum(sizes) + 3, generator=gen) * torch.exp2(torch.randint(-20, 21, (sum(sizes) + 3,),
+                                                                               generator=gen).float())
+    bounds = tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist())
+    sums = {}
+    for device in ("cpu", "cuda"):
+        out = torch.empty(len(sizes), dtype=torch.float64, device=device)
+        codecs.segment_sumsq(x.to(device), bounds, out)
+        sums[device] = out.cpu()
+    assert torch.equal(sums["cpu"], sums["cuda"]), (sums["cpu"] - sums["cuda"]).abs().max()
+
+
 @pytest.mark.parametrize("launcher, wraps", [("bound", False), ("numba", True)])
 def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,6 +279,10 @@ def test_optimizers_on_cuda_equal_cpu_over_mpi(world_size: int) -> None:
 
 def test_optimizers_on_cuda_equal_cpu_over_nccl() -> None:
     run(f"{WORKERS}:optimizers_on_cuda_equal_cpu", 1, "nccl", args=(9,))
+
+
+def test_buffers_broadcast_on_cuda_over_mpi() -> None:
+    run("tests.optim.buffers_workers:buffers_become_roots", 2, "mpi", args=(1, "cuda"))
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -29,24 +29,27 @@ class Normed(torch.nn.Module):
         return self.out(torch.relu(self.norm(self.hidden(x))))
 
 
-def _train(comm: compcoll.Communicator, steps: int = 4) -> Normed:
-    """A few 1-bit Adam steps on this rank's own batches: the parameters agree, the buffers do not."""
+def _train(comm: compcoll.Communicator, steps: int = 4, device: str = "cpu") -> Normed:
+    """A few 1-bit Adam steps on this rank's own batches (on ``device``; "cuda": this rank's GPU): the parameters
+    agree, the buffers do not."""
     with seeded(5):
         model = Normed()
+    if device == "cuda":
+        model.to(torch.device("cuda", torch.cuda.current_device()))
     opt = OneBitAdam(model.parameters(), lr=1e-2, freeze_step=2, comm=comm)
     gen = torch.Generator().manual_seed(100 + comm.rank)
     for _ in range(steps):
-        loss = model(torch.randn(16, 6, generator=gen)).square().mean()
+        loss = model(torch.randn(16, 6, generator=gen).to(next(model.parameters()).device)).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
     return model
 
 
-def buffers_become_roots(comm: compcoll.Communicator, root: int) -> None:
-    """After training, every buffer equals rank ``root``'s bit for bit on every rank (root's unchanged), where before
-    they differed (more than one rank), and the bytes are every buffer's."""
-    model = _train(comm)
+def buffers_become_roots(comm: compcoll.Communicator, root: int, device: str = "cpu") -> None:
+    """After training (on ``device``), every buffer equals rank ``root``'s bit for bit on every rank (root's
+    unchanged), where before they differed (more than one rank), and the bytes are every buffer's."""
+    model = _train(comm, device=device)
     before = {name: b.clone() for name, b in model.named_buffers()}
     if comm.size > 1:
         differ = torch.tensor([float(any(not torch.equal(b, before[n]) for n, b in _others(comm, model, root)))])
@@ -55,8 +58,9 @@ def buffers_become_roots(comm: compcoll.Communicator, root: int) -> None:
     assert sent == sum(b.numel() * b.element_size() for b in before.values())
     for name, b in model.named_buffers():
         assert b.dtype == before[name].dtype and b.shape == before[name].shape, name
-        assert_same_on_all_ranks(comm, b.detach().reshape(-1).view(torch.uint8) if b.dtype != torch.bool
-                                 else b.to(torch.uint8))
+        host = b.detach().cpu()
+        assert_same_on_all_ranks(comm, host.reshape(-1).view(torch.uint8) if b.dtype != torch.bool
+                                 else host.to(torch.uint8))
         if comm.rank == root:
             assert torch.equal(b, before[name]), f"{name}: the root's buffer changed"
 
@@ -64,7 +68,7 @@ def buffers_become_roots(comm: compcoll.Communicator, root: int) -> None:
 def _others(comm: compcoll.Communicator, model: Normed, root: int) -> list[tuple[str, torch.Tensor]]:
     """Rank ``root``'s running mean beside this rank's (gathered), as (name, root's) pairs."""
     mean = model.norm.running_mean.detach()
-    table = torch.empty(comm.size * mean.numel())
+    table = torch.empty(comm.size * mean.numel(), device=mean.device)
     comm.allgather(mean.clone(), table)
     return [("norm.running_mean", table.view(comm.size, -1)[root])]
 

@@ -1,4 +1,4 @@
-"""All trained parameters of an optimizer as one flat float32 buffer of master weights, and their gradients beside it."""
+"""An optimizer's trained parameters as one flat float32 buffer of master weights, their gradients beside it."""
 
 from __future__ import annotations
 
@@ -121,12 +121,12 @@ class FlatParams:
            dtype) names what changed.
         2. If that device is not the buffers' (CPU <-> CUDA, another GPU), move ``data``
            and ``grad`` there.
-        3. Every parameter whose storage changed (``.to()``, ``param.data = ...``, a dtype
-           change) or, for a 16-bit one, was written in place (``load_state_dict``), is read
-           back: its master takes the parameter's value, as an optimizer built now would,
-           except where the parameter kept its dtype and holds exactly the rounding of its
-           master (a move, the same values assigned): a 16-bit model's master then keeps
-           its float32 bits, as an optimizer built now would after ``load_state_dict``.
+        3. Every 16-bit parameter whose storage changed (``.to()``, ``param.data = ...``, a
+           dtype change) or that was written in place (``load_state_dict``) is read back:
+           its master takes the parameter's value, as an optimizer built now would, except
+           where the parameter kept its dtype and holds exactly the rounding of its master
+           (a move, the same values assigned): a 16-bit model's master then keeps its
+           float32 bits, as an optimizer built now would after ``load_state_dict``.
         4. Read every float32 parameter into its master (one multi-tensor copy), whatever
            changed: an edit through ``p.data`` moves no version counter, and a float32
            master holds nothing more than its parameter.
@@ -161,8 +161,8 @@ class FlatParams:
         with torch.no_grad():
             for p, seg, mark, dtype in zip(params, self.segments, marks, self.dtypes):
                 master = self.data[seg.start:seg.stop]
-                if _mark(p) == mark and not moved:
-                    continue
+                if p.dtype == torch.float32 or (_mark(p) == mark and not moved):
+                    continue  # float32 ones are read in step 4
                 value = p.detach().reshape(-1)
                 if str(p.dtype) != dtype or not torch.equal(value, master.to(p.dtype)):
                     master.copy_(value)
@@ -207,7 +207,8 @@ class FlatParams:
         self.low_precision = [(p, seg) for p, seg in zip(self.trained_params, self.segments)
                               if p.dtype != torch.float32]
         self._masters = [self.data[seg.start:seg.stop].view_as(p) for p, seg in zip(self.trained_params, self.segments)]
-        self._float32 = [(p, master) for p, master in zip(self.trained_params, self._masters) if p.dtype == torch.float32]
+        self._float32 = [(p, master) for p, master in zip(self.trained_params, self._masters)
+                         if p.dtype == torch.float32]
         self._grad_views = [self.grad[seg.start:seg.stop].view_as(p)
                             for p, seg in zip(self.trained_params, self.segments)]
 

@@ -16,7 +16,7 @@ import argparse
 import torch
 
 import compcoll
-from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam, broadcast_buffers
 
 OPTIMIZERS = ["onebit_adam", "onebit_lamb", "zero_one_adam", "birder"]
 p = argparse.ArgumentParser()
@@ -68,6 +68,7 @@ def train(name: str) -> None:
                   f"(plain allreduce: {plain / 1e6:7.3f} MB, {plain / max(sent, 1):.1f}x)")
 
     opt.synchronize()  # 0/1 Adam: average the local steps since the last sync; a no-op for the others
+    broadcast_buffers(model, comm)  # module buffers (BatchNorm's statistics) as rank 0's; this MLP has none
     flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
     table = torch.empty(comm.size * flat.numel())
     comm.allgather(flat, table)

@@ -218,6 +218,16 @@ def agree(
     return gathered.clone().view(-1, 1)
 
 
+def agree_settings(comm: Communicator, what: str, settings: dict[str, int]) -> None:
+    """One agreement round that every rank made the same ``settings`` (name -> integer code), before any of them
+    decides which collectives a call runs: ``RankMismatchError`` naming the first that differs, on every rank.
+
+    A hook state whose ranks start compressing at different iterations would otherwise send one rank's bucket
+    through torch's allreduce and another's through compcoll's group, and both would wait until a timeout.
+    """
+    agree(comm, what, torch.empty(0), None, tuple(Option(name, code) for name, code in settings.items()))
+
+
 def _refused(table: list[list[float]]) -> list[int]:
     """The ranks whose row in a status table says they refused their call."""
     return [r for r, row in enumerate(table) if row[0] == REFUSED]

@@ -5,6 +5,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..algorithms.agreement import agree_settings
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm.topology import topology
 from ..comm.torchdist import own_comm
@@ -46,6 +47,7 @@ class BirderState:
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
         self.comm = own_comm(process_group, timeout)
+        agree_settings(self.comm, "BirderState", {**self.schedule.settings(), "seeds": seed})
         topology(self.comm, ranks_per_node)
         self.calls = 0
 

@@ -94,6 +94,11 @@ class Schedule:
         self.min_compress_numel = min_compress_numel
         self.iteration = 0
 
+    def settings(self) -> dict[str, int]:
+        """What every rank's schedule must hold alike (``agreement.agree_settings``)."""
+        return {"start iterations (start_iter)": self.start_iter,
+                "smallest compressed buckets (min_compress_numel)": self.min_compress_numel}
+
     def started(self) -> bool:
         """Whether this iteration compresses (its large buckets)."""
         return self.iteration >= self.start_iter

@@ -5,6 +5,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..algorithms.agreement import agree_settings
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.onebit import CompressedAllreduce
@@ -28,7 +29,9 @@ class OneBitState:
     (``torch.save(state)``) and has ``state_dict()`` / ``load_state_dict()`` for an exact
     resume. Build it on every rank at the same point: it makes a process group and, on
     several nodes, the node groups (on the caller's thread, so no group is made in the
-    background where a thread-local world such as torch's threaded group has none).
+    background where a thread-local world such as torch's threaded group has none), and
+    checks that every rank's ``start_iter`` and ``min_compress_numel`` agree
+    (``RankMismatchError`` on every rank otherwise: they decide which group a bucket goes to).
 
     Tuning, in this order (bytes per element sent per rank per compressed step; a float32
     ring allreduce sends 8(n-1)/n; figures from bench/results/scaling_hooks.txt: the
@@ -120,6 +123,7 @@ class OneBitState:
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
         self.comm = own_comm(process_group, timeout)
+        agree_settings(self.comm, "OneBitState", self.schedule.settings())
         self.layout_request = ranks_per_node
         self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
         if self.ranks_per_node > 1:

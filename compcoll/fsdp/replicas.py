@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from ..algorithms.agreement import agree_settings
 from ..algorithms.onebit import CompressedAllreduce
 from ..comm.torchdist import own_comm
 from ..errors import NonFiniteError
@@ -53,6 +54,7 @@ class ReplicaState:
         self.process_group = process_group
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)
+        agree_settings(self.comm, "ReplicaState", {"uncompressed first calls (start_step)": start_step})
         self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size,
                                              bits=bits)
         self.steps: dict[int, int] = {}

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
+from ..algorithms.agreement import agree_settings
 from ..algorithms.inputs import check_scale
 from ..algorithms.plan import check_owner
 from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
@@ -65,6 +66,7 @@ class ReduceScatterState:
         self.bits, self.block_size, self.scale, self.error_dtype = bits, block_size, scale, error_dtype
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)
+        agree_settings(self.comm, "ReduceScatterState", {"uncompressed first calls (start_step)": start_step})
         self.errors: dict[int, torch.Tensor] = {}
         self.steps: dict[int, int] = {}
         self._scratch: torch.Tensor | None = None

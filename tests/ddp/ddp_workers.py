@@ -289,3 +289,19 @@ def ddp_options_keep_the_hook(comm: compcoll.Communicator) -> None:
     for trained in (_trained_with(dict(find_unused_parameters=True), unused=True),
                     _trained_with(dict(gradient_as_bucket_view=True), accumulate=True)):
         assert not torch.equal(trained, start) and torch.isfinite(trained).all()
+
+
+def states_refuse_different_schedules(comm: compcoll.Communicator) -> None:
+    """Hook states built with a schedule (or Birder's seed) that differs on one rank: RankMismatchError naming it on
+    every rank, at construction (a bucket would otherwise go through torch's allreduce on one rank and compcoll's
+    group on another, each waiting for a timeout)."""
+    last = dist.get_rank() == dist.get_world_size() - 1
+    for build, named in ((lambda: compcoll.ddp.OneBitState(start_iter=3 if last else 2), "start iterations"),
+                         (lambda: compcoll.ddp.OneBitState(min_compress_numel=1 if last else 2), "min_compress_numel"),
+                         (lambda: compcoll.ddp.BirderState(seed=7 if last else 0), "seeds")):
+        try:
+            build()
+        except compcoll.RankMismatchError as exc:
+            assert named in str(exc), exc
+        else:
+            raise AssertionError(f"no RankMismatchError for different {named}")

@@ -60,3 +60,8 @@ def test_a_nan_skips_the_step_on_every_rank(backend: str) -> None:
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 2)])
 def test_ddp_options_users_set_keep_the_hooks_bits(backend: str, world_size: int) -> None:
     on(backend, "ddp_options_keep_the_hook", world_size)
+
+
+@pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 3)])
+def test_states_with_different_schedules_fail_at_construction(backend: str, world_size: int) -> None:
+    on(backend, "states_refuse_different_schedules", world_size)

@@ -274,3 +274,18 @@ def optimizers_refuse_sharded_parameters(comm: compcoll.Communicator) -> None:
             assert "is a DTensor" in str(exc) and "compcoll.fsdp.compress" in str(exc), exc
         else:
             raise AssertionError(f"{cls.__name__} took sharded parameters")
+
+
+def states_refuse_different_start_steps(comm: compcoll.Communicator) -> None:
+    """``ReduceScatterState`` and ``ReplicaState`` whose ``start_step`` differs on one rank: RankMismatchError naming
+    it on every rank, at construction."""
+    from compcoll.fsdp.replicas import ReplicaState
+
+    step = 1 if dist.get_rank() == dist.get_world_size() - 1 else 0
+    for cls in (ReduceScatterState, ReplicaState):
+        try:
+            cls(start_step=step)
+        except compcoll.RankMismatchError as exc:
+            assert "start_step" in str(exc), exc
+        else:
+            raise AssertionError(f"{cls.__name__}: no RankMismatchError")

@@ -26,3 +26,7 @@ def test_replicas_form_on_two_by_two_ranks() -> None:
 
 def test_the_optimizers_refuse_sharded_parameters() -> None:
     run(f"{WORKERS}:optimizers_refuse_sharded_parameters", 2, "gloo")
+
+
+def test_states_with_different_start_steps_fail_at_construction() -> None:
+    run(f"{WORKERS}:states_refuse_different_start_steps", 2, "gloo")

@@ -219,11 +219,12 @@ def agree(
 
 
 def agree_settings(comm: Communicator, what: str, settings: dict[str, int]) -> None:
-    """One agreement round that every rank made the same ``settings`` (name -> integer code), before any of them
-    decides which collectives a call runs: ``RankMismatchError`` naming the first that differs, on every rank.
+    """One agreement round that every rank made the same ``settings`` (name -> integer code, at most
+    ``MAX_OPTIONS``) before they act on them: ``RankMismatchError`` naming the first that differs, on every rank.
 
     A hook state whose ranks start compressing at different iterations would otherwise send one rank's bucket
-    through torch's allreduce and another's through compcoll's group, and both would wait until a timeout.
+    through torch's allreduce and another's through compcoll's group, and both would wait until a timeout;
+    ``broadcast_buffers`` checks its buffers' layout and root this way.
     """
     agree(comm, what, torch.empty(0), None, tuple(Option(name, code) for name, code in settings.items()))
 

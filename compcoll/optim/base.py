@@ -153,8 +153,8 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.comm = get_default() if comm is None else comm
         self.nonfinite = nonfinite
         self.flat = FlatParams(self.param_groups, type(self).__name__)
-        settings = repr([sorted((k, _plain(v)) for k, v in group.items() if k != "params" and _plain(v) is not None)
-                         for group in self.param_groups])
+        plain = [{k: _plain(v) for k, v in group.items() if k != "params"} for group in self.param_groups]
+        settings = repr([sorted((k, v) for k, v in group.items() if v is not None) for group in plain])
         agree(
             self.comm, type(self).__name__, self.flat.data, None,
             (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),

@@ -6,7 +6,7 @@ import zlib
 
 import torch
 
-from ..algorithms.agreement import Option, agree, checked
+from ..algorithms.agreement import agree_settings, checked
 from ..comm import Communicator, get_default
 
 WHAT = "broadcast_buffers"
@@ -46,9 +46,8 @@ def broadcast_buffers(module: torch.nn.Module, comm: Communicator | None = None,
             raise ValueError(f"{WHAT}: root must be a rank of this {comm.size}-rank communicator, got {root!r}")
 
     checked(comm, WHAT, check)
-    agree(comm, WHAT, torch.empty(0, dtype=torch.uint8), None,
-          (Option("buffer layouts (names, shapes, dtypes, devices)", zlib.crc32(layout.encode())),
-           Option("roots", root)))
+    agree_settings(comm, WHAT, {"buffer layouts (names, shapes, dtypes, devices)": zlib.crc32(layout.encode()),
+                                "roots": root})
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for _, buffer in named:
         if buffer.numel():

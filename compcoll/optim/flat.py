@@ -106,10 +106,11 @@ class FlatParams:
 
     def write_back(self) -> None:
         """Copy the master weights into the trained parameters (rounded for 16-bit ones), in one multi-tensor copy;
-        then mark them, so that only a later change of theirs is read back (``rebind``)."""
+        then mark the 16-bit ones again, so that only a later change of theirs is read back (``rebind``)."""
         with torch.no_grad():
             torch._foreach_copy_(self.trained_params, self._masters)
-        self._marks = [_mark(p) for p in self.params]
+        if self.low_precision:  # their versions moved; float32 parameters' marks (pointers) did not
+            self._marks = [_mark(p) for p in self.params]
 
     def rebind(self, params: list[torch.Tensor], what: str) -> bool:
         """Follow what was done to the parameters since the last step; whether their device changed.

@@ -17,7 +17,7 @@ from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
-from .inputs import check_error_buffer, check_length, check_protocol, check_scale, check_tensor
+from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
 from .onebit import device_scalars, serve, serve_blocks
 from .plan import Plan, cached_plan
 from .reduce_scatter import block_statistics, float32_target
@@ -80,7 +80,8 @@ def hierarchical_allreduce(
         seed: the random seed; every call with the same seed and step draws the same bits.
         step: the call counter mixed into the randomness; None takes the communicator's
             own counter, which advances on every such call, so every call draws fresh bits.
-        out: where to write the result (may be ``tensor``); None allocates it.
+        out: where to write the result (may be ``tensor`` itself; no other memory of the call's
+            arguments: ValueError); None allocates it.
         async_op: return a ``Work`` at once (as ``compressed_allreduce``).
 
     Returns:
@@ -100,6 +101,7 @@ def hierarchical_allreduce(
 
     def checks() -> int:
         check_tensor(what, tensor, out, comm.carries_meta)
+        check_disjoint(what, (("tensor", tensor), ("out", out)))
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
             raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
         return requested_ranks_per_node(ranks_per_node)
@@ -250,7 +252,8 @@ def hierarchical_compressed_allreduce(
         server_error: float32, 1-D, Np / n elements; updated in place.
         comm: the communicator; None means ``compcoll.get_default()``.
         ranks_per_node: as for ``hierarchical_allreduce``.
-        out: where to write the result (may be ``tensor``); None allocates it.
+        out: where to write the result (may be ``tensor`` itself; no other memory of the call's
+            arguments: ValueError); None allocates it.
         async_op: return a ``Work`` at once (as ``compressed_allreduce``).
         scale: "l2" (default) or "l1", as in ``compressed_allreduce``; every rank the same.
         block_size: None (default) or elements per scale block, as in
@@ -275,6 +278,8 @@ def hierarchical_compressed_allreduce(
         check_tensor(what, tensor, out, comm.carries_meta)
         for name, buf in (("worker_error", worker_error), ("server_error", server_error)):
             check_error_buffer(what, name, buf, tensor)
+        check_disjoint(what, (("tensor", tensor), ("out", out), ("worker_error", worker_error),
+                              ("server_error", server_error)))
         check_scale(what, scale)
         check_block_size(what, block_size)
         check_protocol(what, protocol)

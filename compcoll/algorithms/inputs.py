@@ -72,3 +72,44 @@ def check_levels(what: str, bits: int, protocol: str, block_size: int | None) ->
     check_bits(what, bits)
     if bits > 1 and (protocol != "gather_scatter" or block_size is None):
         raise ValueError(f"{what}: bits={bits} (levels) needs protocol='gather_scatter' and a block_size")
+
+
+def check_disjoint(what: str, named: tuple[tuple[str, torch.Tensor | None], ...],
+                   may_overlap: tuple[frozenset[str], ...] = ()) -> None:
+    """No two of the ``named`` tensors share memory, so that no kernel writes one while it reads or writes another
+    (an error buffer overwritten by the result, a server error inside the worker's: other bits than the reference's,
+    or lost error feedback, with nothing said).
+
+    1. Each tensor's byte range on its device: from its first element to past its last (an empty or meta tensor
+       has none). Two ranges that meet on one device overlap: conservative for interleaved strided views.
+    2. "out" may be "tensor" itself (the same memory, shape and strides: an in-place call); a pair in
+       ``may_overlap`` may overlap at will.
+    Raises ValueError naming the first pair that overlaps otherwise.
+    """
+    spans = [(name, tensor, _span(tensor)) for name, tensor in named]
+    for i, (a, ta, sa) in enumerate(spans):
+        for b, tb, sb in spans[i + 1:]:
+            if sa is None or sb is None or sa[0] != sb[0] or sa[2] <= sb[1] or sb[2] <= sa[1]:
+                continue
+            pair = frozenset((a, b))
+            if pair in may_overlap:
+                continue
+            if pair == _IN_PLACE:
+                if (ta.data_ptr(), ta.shape, ta.stride()) == (tb.data_ptr(), tb.shape, tb.stride()):
+                    continue
+                raise ValueError(f"{what}: out overlaps tensor without being it; pass the tensor itself as out for "
+                                 f"an in-place call, or memory of its own")
+            raise ValueError(f"{what}: {a} and {b} share memory; each needs memory of its own")
+
+
+_IN_PLACE = frozenset(("tensor", "out"))
+"""The pair that may be one tensor: an in-place call."""
+
+
+def _span(tensor: torch.Tensor | None) -> tuple[torch.device, int, int] | None:
+    """(device, first byte, past the last byte) of ``tensor``'s elements; None for None, an empty or a meta tensor."""
+    if tensor is None or tensor.numel() == 0 or tensor.is_meta:
+        return None
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    start = tensor.data_ptr()
+    return tensor.device, start, start + (last + 1) * tensor.element_size()

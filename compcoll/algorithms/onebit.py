@@ -14,7 +14,8 @@ from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_bits, check
 from ..workspace import Workspace
 from .agreement import Option, checked
 from .arrays import accepts_arrays
-from .inputs import check_error_buffer, check_length, check_levels, check_protocol, check_scale, check_tensor
+from .inputs import (check_disjoint, check_error_buffer, check_length, check_levels, check_protocol, check_scale,
+                     check_tensor)
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
 from .reduce_scatter import block_statistics, float32_target, scatter_rows
@@ -90,6 +91,9 @@ def compressed_allreduce(
         protocol: "gather_scatter" (default) or "allgather".
         out: where to write the result (same shape, dtype and device as ``tensor``; it
             may be ``tensor`` itself for an in-place allreduce); None allocates it.
+            Otherwise no two of ``tensor``, ``worker_error``, ``server_error`` and ``out``
+            may share memory (ValueError names the pair: the call would write one while it
+            reads another).
         async_op: return a ``Work`` at once instead of the result; the call runs on the
             communicator's ordering thread (see ``launch``), its ``wait()`` returns the
             result or raises the errors below, and ``get_future()`` yields the result.
@@ -449,6 +453,8 @@ def _validate(
     ):
         check_error_buffer(what, name, buf, tensor)
         check_length(what, name, buf, length, formula)
+    check_disjoint(what, (("tensor", tensor), ("out", out), ("worker_error", worker_error),
+                          ("server_error", server_error)))
 
 
 class CompressedAllreduce:
@@ -509,6 +515,7 @@ class CompressedAllreduce:
     ) -> torch.Tensor | Work:
         def checks() -> FlatPlan:
             check_tensor("CompressedAllreduce", tensor, out, self.comm.carries_meta)
+            check_disjoint("CompressedAllreduce", (("tensor", tensor), ("out", out)))
             return self.plan(key, tensor)
 
         plan = checked(self.comm, FlatPlan.what, checks)

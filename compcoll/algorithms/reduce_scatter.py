@@ -12,7 +12,7 @@ from ..comm.work import Work
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
 from ..workspace import Workspace
 from .agreement import Option, checked
-from .inputs import check_error_buffer, check_length, check_scale
+from .inputs import check_disjoint, check_error_buffer, check_length, check_scale
 from .plan import Plan, cached_plan
 
 OPS = ("avg", "sum", "premul_sum")
@@ -66,7 +66,9 @@ def compressed_reduce_scatter(
 
     Args:
         tensor: 1-D, n * S elements, float32 / float16 / bfloat16, CPU or CUDA; not modified.
-        out: 1-D, S elements, same dtype and device; overwritten.
+        out: 1-D, S elements, same dtype and device; overwritten. It may lie inside ``tensor`` (its rank's row,
+            as an in-place reduce-scatter: the call reads all of ``tensor`` before it writes ``out``), not inside
+            ``worker_error`` (ValueError).
         worker_error: float32, 1-D, n * Sp elements, same device; updated in place.
         comm: the communicator; None means ``compcoll.get_default()``.
         op: "avg" (default), "sum" or "premul_sum". Every rank must pass the same.
@@ -246,3 +248,5 @@ def _validate(tensor: torch.Tensor, out: torch.Tensor, worker_error: torch.Tenso
     check_error_buffer(what, "worker_error", worker_error, tensor)
     length = n * row_elements(tensor.numel(), n)
     check_length(what, "worker_error", worker_error, length, f"{n} rows of row_elements({tensor.numel()}, {n})")
+    check_disjoint(what, (("tensor", tensor), ("out", out), ("worker_error", worker_error)),
+                   may_overlap=(frozenset(("tensor", "out")),))

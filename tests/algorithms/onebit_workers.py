@@ -194,9 +194,13 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "protocol", car, x, we, se, comm, protocol="ring")
     _expect(ValueError, "scale 'linf' is not one of ('l2', 'l1')", car, x, we, se, comm, scale="linf")
     _expect(ValueError, "out must be", car, x, we, se, comm, out=torch.empty(numel + 1))
+    _expect(ValueError, "tensor and worker_error share memory", car, we[:numel], we, se, comm)
+    _expect(ValueError, "worker_error and server_error share memory", car, x, we, we[-(full // n):], comm)
+    shifted = torch.randn(numel + 1)
+    _expect(ValueError, "out overlaps tensor without being it", car, shifted[1:], we, se, comm, out=shifted[:-1])
     summed_round = sum(spec.allreduce_shares(n, rank, 8 * spec.SUMMED_AGREEMENT_FIELDS)) if summed(comm) else 0
     refusal = summed_round + (n - 1) * (8 * RECORD + MESSAGE_BYTES)
-    refused = 11 + (not comm.carries_meta)
+    refused = 14 + (not comm.carries_meta)
     assert comm.bytes_sent - sent == refused * refusal, "a refused call sent more than its fixed-size rounds"
     if comm.carries_meta:
         assert car(x.to("meta"), we.to("meta"), se.to("meta"), comm).is_meta, "one rank or a thread world traces"
@@ -264,10 +268,12 @@ def _one_bad_rank(comm: compcoll.Communicator, x: torch.Tensor, we: torch.Tensor
     if bad:
         _expect(ValueError, f"{we.numel()} elements", car, x, we[:-8], se, comm)
         _expect(TypeError, "int32", car, x.to(torch.int32), we, se, comm, async_op=True)
+        _expect(ValueError, "share memory", car, x, we, we[:se.numel()], comm)
     else:
         _expect(compcoll.RemoteError, f"{named} (rank {n - 1}: ValueError: compressed_allreduce: worker_error must",
                 car, x, we, se, comm)
         _expect(compcoll.RemoteError, "TypeError", car(x, we, se, comm, async_op=True).wait)
+        _expect(compcoll.RemoteError, "worker_error and server_error share memory", car, x, we, se, comm)
     stateful = compcoll.CompressedAllreduce(comm)
     stateful(x, key="w")
     if bad:

@@ -78,5 +78,12 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
             _expect(ValueError, "scale", crs, x, out, error, comm, scale="linf")
         else:
             _expect(compcoll.RemoteError, "rank 0", crs, x, out, error, comm)
+    _expect(ValueError, "tensor and worker_error share memory", crs, error[:n * row], out, error, comm)
+    _expect(ValueError, "out and worker_error share memory", crs, x, error[:row], error, comm)
+    before = error.clone()
     crs(x, out, error, comm)
     assert torch.isfinite(out).all()
+    in_place, again = x.clone(), before.clone()
+    crs(in_place, in_place[rank * row:(rank + 1) * row], again, comm)
+    assert torch.equal(in_place[rank * row:(rank + 1) * row], out) and torch.equal(again, error), \
+        "out inside the tensor (this rank's row of it) gave other bits than out of its own"

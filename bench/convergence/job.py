@@ -30,7 +30,8 @@ class ExactChannel(Channel):
         self.comm = comm
         self.workspace = workspace
 
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """The exact average, in one collective without an agreement round (``step`` is not checked)."""
         return exact_average(tensor, self.comm, out, self.workspace)
 
     def forget(self, coordinates: torch.Tensor) -> None:

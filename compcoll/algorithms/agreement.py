@@ -88,8 +88,12 @@ class Agreement:
        other rank.
     3. Signatures differ: a fixed-size all-gather of the descriptions, and the same
        ``RankMismatchError`` on every rank naming what differs (size, shape, dtype, an
-       option, or the collective itself).
+       option, the caller's step, or the collective itself).
     4. Some rank not finite: ``NonFiniteError`` on every rank.
+
+    A call may carry a ``step`` (``check``): the caller's count of its own calls, an optimizer's steps, which every
+    rank must be at alike. It is mixed into that call's signature (``_mixed``), so a rank that skipped or repeated a
+    step fails the first round it meets instead of pairing its calls with the others' out of step.
 
     Args:
         comm: the communicator the call runs on.
@@ -113,36 +117,40 @@ class Agreement:
         codes = [float(o.code) for o in options] + [0.0] * (MAX_OPTIONS - len(options))
         self.description = [float(_crc(what)), float(numel), float(_crc(repr(tuple(shape)))), float(dtype_code)] + codes
         self.signature = float(_crc(repr(self.description)))
+        self._step = NO_STEP
         self._value = torch.empty(1, dtype=torch.float64)
         self._values = torch.empty(comm.size, dtype=torch.float64)
         self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
 
-    def check(self, finite: bool | None = None, value: float | None = None) -> torch.Tensor | None:
+    def check(self, finite: bool | None = None, value: float | None = None, step: int | None = None
+              ) -> torch.Tensor | None:
         """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank), or None without one.
 
-        ``finite=None`` skips the finiteness check. The returned tensor is reused by the
-        next call: read it before.
+        ``finite=None`` skips the finiteness check; ``step`` (a non-negative integer), where given, must be every
+        rank's. The returned tensor is reused by the next call: read it before.
         """
         finite = finite is not False
         mine = 0.0 if value is None else value
+        self._step = NO_STEP if step is None else step
+        signature = self.signature if step is None else _mixed(self.signature, step)
         if summed(self.comm):
-            if not _sums_agree(self.comm, self.signature, finite):
-                self._fail(_statuses(self.comm, self.signature, finite, mine))
+            if not _sums_agree(self.comm, signature, finite):
+                self._fail(_statuses(self.comm, signature, finite, mine), signature)
             if value is None:
                 return None
             self._value.numpy()[0] = value
             self.comm.allgather(self._value, self._values)
             return self._values
-        table = _statuses(self.comm, self.signature, finite, mine, self._record)
-        if any(row[0] != self.signature or not row[1] for row in table):
-            self._fail(table)
+        table = _statuses(self.comm, signature, finite, mine, self._record)
+        if any(row[0] != signature or not row[1] for row in table):
+            self._fail(table, signature)
         if value is None:
             return None
         self._values.numpy()[:] = [row[2] for row in table]
         return self._values
 
-    def _fail(self, table: list[list[float]]) -> NoReturn:
-        """Steps 2-4 on every rank's status: raise the error every rank raises."""
+    def _fail(self, table: list[list[float]], signature: float) -> NoReturn:
+        """Steps 2-4 on every rank's status (``signature``: this call's): raise the error every rank raises."""
         refusing = _refused(table)
         if refusing:
             failures = _messages(self.comm, "", refusing)
@@ -150,7 +158,7 @@ class Agreement:
             raise RemoteError(
                 f"{self.what}: rank(s) {list(failures)} refused the call ({listing}); nothing was changed on "
                 f"any rank and the communicator is still usable", failures)
-        if any(row[0] != self.signature for row in table):
+        if any(row[0] != signature for row in table):
             self._diagnose()
         bad = [r for r, row in enumerate(table) if not row[1]]
         raise NonFiniteError(
@@ -161,7 +169,7 @@ class Agreement:
 
     def _diagnose(self) -> None:
         """Gather every rank's description and raise the same RankMismatchError on every rank."""
-        mine = torch.tensor(self.description, dtype=torch.float64)
+        mine = torch.tensor(self.description + [float(self._step)], dtype=torch.float64)
         table = torch.empty(self.comm.size * mine.numel(), dtype=torch.float64)
         self.comm.allgather(mine, table)
         rows = table.view(self.comm.size, -1).tolist()
@@ -172,7 +180,13 @@ class Agreement:
         def differs(column: int) -> bool:
             return any(row[column] != rows[0][column] for row in rows)
 
-        what = self.what
+        what, step = self.what, 4 + MAX_OPTIONS
+        if differs(step) and all(row[step] != NO_STEP for row in rows):
+            raise RankMismatchError(
+                f"{what}: the ranks are at different steps ({listing(step)}): a rank resumed from another step's "
+                f"checkpoint, or skipped or repeated a step, and its calls would pair with the others' out of step; "
+                f"load every rank's state from one save (compcoll.checkpoint)"
+            )
         if differs(0):
             raise RankMismatchError(
                 f"{what}: the ranks are in different collectives (this rank is in {what}); calls are out of "
@@ -197,6 +211,18 @@ class Agreement:
         raise RankMismatchError(f"{what}: the ranks' calls differ (signatures differ)")
 
 
+NO_STEP = -1
+"""The step slot of a call that carries none."""
+_GOLDEN = 0x9E3779B1
+"""An odd 32-bit multiplier (2^32 / golden ratio): ``_mixed`` maps distinct steps to distinct signatures."""
+
+
+def _mixed(signature: float, step: int) -> float:
+    """A plan's signature mixed with a call's step: another CRC-sized value for every step below 2^32."""
+    return float((int(signature) ^ ((step + 1) * _GOLDEN)) & 0xFFFFFFFF)
+
+
+
 def agree(
     comm: Communicator,
     what: str,
@@ -204,15 +230,17 @@ def agree(
     finite: bool | None,
     options: tuple[Option, ...] = (),
     values: tuple[float, ...] = (),
+    step: int | None = None,
 ) -> torch.Tensor:
-    """A one-off ``Agreement`` for ``tensor`` (a call that keeps no plan: an optimizer's construction or step).
+    """A one-off ``Agreement`` for ``tensor`` (a call that keeps no plan: an optimizer's construction or step), at
+    the caller's ``step`` where given (``Agreement.check``).
 
     Returns the (size, len(values)) table of every rank's ``values`` (at most one value).
     """
     if len(values) > 1:
         raise ValueError(f"{what}: at most one agreed value per call, got {len(values)}")
     agreement = Agreement(comm, what, tensor.numel(), tensor.shape, tensor.dtype, options)
-    gathered = agreement.check(finite, values[0] if values else None)
+    gathered = agreement.check(finite, values[0] if values else None, step)
     if gathered is None:
         return torch.empty(comm.size, 0, dtype=torch.float64)
     return gathered.clone().view(-1, 1)

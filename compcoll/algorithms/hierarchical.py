@@ -337,11 +337,13 @@ class CompensatedPlan(_NodePlan):
         worker_start = layout.local_rank * worker
         return (worker, worker_start), (server, worker_start + layout.inter.rank * server)
 
-    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor) -> torch.Tensor:
-        """Steps 1-5 of ``hierarchical_compressed_allreduce`` on locally checked arguments, in this rank's turn."""
+    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor,
+             step: int | None = None) -> torch.Tensor:
+        """Steps 1-5 of ``hierarchical_compressed_allreduce`` on locally checked arguments, in this rank's turn; the
+        agreement checks the caller's ``step`` where given (``Agreement.check``)."""
         what, comm, ws = self.what, self.comm, self.workspace
         agreement = self.agreement(tensor)
-        agreement.check()
+        agreement.check(step=step)
         layout = self.layout
         worker_error, server_error = errors or self.error_feedback.buffers()
         n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes

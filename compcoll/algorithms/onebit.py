@@ -172,12 +172,14 @@ class FlatPlan(Plan):
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         return (self.full, 0), (self.chunk, self.comm.rank * self.chunk)
 
-    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor) -> torch.Tensor:
-        """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn."""
+    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor,
+             step: int | None = None) -> torch.Tensor:
+        """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn; the agreement checks the
+        caller's ``step`` where given (``Agreement.check``)."""
         worker_error, server_error = errors or self.error_feedback.buffers()
         if self.block_size is not None:
-            return self._run_blocks(tensor, worker_error, server_error, result)
-        scale, scalars = self.agree_flat(tensor, worker_error)
+            return self._run_blocks(tensor, worker_error, server_error, result, step)
+        scale, scalars = self.agree_flat(tensor, worker_error, step)
         if self.numel == 0:
             return result
         if self.protocol == "gather_scatter" and self.pieces is None:
@@ -188,7 +190,7 @@ class FlatPlan(Plan):
             return result
         return self.finish_flat(tensor, worker_error, server_error, scalars, result)
 
-    def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor
+    def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: int | None = None
                    ) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
         """Steps 1-2 of a call with one scale: s_w from the compensated sum (the call's one host wait), the agreement,
         and the server's weights s_i / n with this rank's s_w copied to the device (``device_scalars``).
@@ -199,7 +201,7 @@ class FlatPlan(Plan):
         total = codecs.compensated_sum(tensor, worker_error, self.scale)
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, self.full, self.scale) if finite and self.full else 0.0
-        scales = self.agreement(tensor).check(finite, scale)
+        scales = self.agreement(tensor).check(finite, scale, step)
         return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
@@ -221,15 +223,16 @@ class FlatPlan(Plan):
         return result
 
     def _run_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
-                    result: torch.Tensor) -> torch.Tensor:
+                    result: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece: ``agree_blocks``, then
         ``finish_blocks``."""
-        sums = self.agree_blocks(tensor, worker_error)
+        sums = self.agree_blocks(tensor, worker_error, step)
         if self.numel == 0:
             return result
         return self.finish_blocks(tensor, worker_error, server_error, sums, result)
 
-    def agree_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor) -> torch.Tensor:
+    def agree_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: int | None = None
+                     ) -> torch.Tensor:
         """Step 1 of a call with block scales: block sums of |x|^p of x = tensor + worker_error (levels: block maxima
         of |x|) into the workspace, and the agreement (finite? on every rank): the call's one host wait.
 
@@ -238,7 +241,7 @@ class FlatPlan(Plan):
         """
         rows = self.comm.size if self.protocol == "gather_scatter" else 1
         sums = block_statistics(tensor, worker_error, self.block_size, self.scale, self.bits, rows, self.workspace)
-        self.agreement(tensor).check(codecs.all_finite(sums, summable=True))
+        self.agreement(tensor).check(codecs.all_finite(sums, summable=True), step=step)
         return sums
 
     def finish_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,

@@ -284,6 +284,14 @@ class CompressedOptimizer(torch.optim.Optimizer):
             f"across ranks and keeps the loss scales equal", stacklevel=3)
 
     @property
+    def step_index(self) -> int:
+        """The index of the step now running among every ``step`` that reached the ranks (taken or skipped alike on
+        every rank): every round of a step carries it (``agreement.Agreement.check``), so a rank that skipped or
+        repeated a step raises ``RankMismatchError`` on every rank at its next round, instead of pairing its calls
+        with the others' out of step."""
+        return self.steps + self.skipped_steps
+
+    @property
     def synchronized(self) -> bool:
         """Whether every rank holds the same parameters now (always, except between 0/1 Adam's syncs)."""
         return True
@@ -312,12 +320,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return out
 
     def _check_finite(self, grad: torch.Tensor, values: tuple[float, ...] = ()) -> torch.Tensor:
-        """One small allgather of (finite?, ``values``): NonFiniteError on every rank if some rank's grad is not finite.
+        """One small allgather of (finite?, ``values``) at this ``step_index``: NonFiniteError on every rank if some
+        rank's grad is not finite, RankMismatchError if some rank is at another step.
 
         Returns the (size, len(values)) table of every rank's values.
         """
         finite = codecs.all_finite(grad)
-        return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values)
+        return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values, self.step_index)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters.

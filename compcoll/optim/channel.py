@@ -22,8 +22,9 @@ class Channel(ABC):
     """What the optimizers send through: ``self(tensor, out)`` gives the 1-bit average, ``forget`` clears errors."""
 
     @abstractmethod
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``."""
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``; ``step``, where given, is
+        the caller's count of its calls, which every rank must be at alike (``Agreement.check``)."""
 
     @abstractmethod
     def forget(self, coordinates: torch.Tensor) -> None:
@@ -45,13 +46,14 @@ class Channel(ABC):
     def to(self, device: torch.device) -> None:
         """Take vectors on ``device`` from now on; the error buffers move there (local, values kept)."""
 
-    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor) -> torch.Tensor:
-        """``self(tensor, out)``, then zero where ``silent`` in ``out`` and in both error buffers.
+    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor, step: int | None = None
+                       ) -> torch.Tensor:
+        """``self(tensor, out, step)``, then zero where ``silent`` in ``out`` and in both error buffers.
 
         A 1-bit sign has no zero: without this, coordinates that should not move would get
         +-scale every step and carry it in their error feedback.
         """
-        self(tensor, out)
+        self(tensor, out, step)
         out.masked_fill_(silent, 0.0)
         self.forget(silent)
         return out
@@ -117,12 +119,13 @@ class ErrorFeedbackChannel(Channel):
     def server_error(self) -> torch.Tensor:
         return self.error_feedback.server_error
 
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
         """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``.
 
-        Raises NonFiniteError on every rank (nothing changed) when some rank's input is not finite.
+        Raises NonFiniteError on every rank (nothing changed) when some rank's input is not finite, and
+        RankMismatchError on every rank when ranks pass another ``step``.
         """
-        return self.plan.start(tensor, out, False)
+        return self.plan.start(tensor, out, False, step=step)
 
     def forget(self, coordinates: torch.Tensor) -> None:
         """Zero both error buffers at the coordinates where the bool vector ``coordinates`` is True."""
@@ -151,7 +154,7 @@ class LayeredChannel(Channel):
     the LM of ``bench/convergence``, 1-bit LAMB with the allgather protocol and variance
     refreshes went from +1.7 / +1.2 / +3.4% of LAMB's validation loss at three batch orders
     to +1.9 / +0.0 / +1.0%; docs/guides/optimizers.md). Per call:
-    1. One agreement on the whole vector (signature and finiteness): a NaN or Inf on some
+    1. One agreement on the whole vector (signature, finiteness and the caller's step): a NaN or Inf on some
        rank raises ``NonFiniteError`` on every rank before any layer's buffers change.
     2. Each layer's slice through its own channel, in layer order, so every rank pairs the
        same calls; each layer's plan keeps its own error buffers and scale.
@@ -182,9 +185,10 @@ class LayeredChannel(Channel):
             self.channels.append(channel)
         self.agreement = Agreement(comm, self.what, self.numel, (self.numel,), torch.float32)
 
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Steps 1-2: the 1-bit estimate of the average of ``tensor`` over ranks, layer by layer, into ``out``."""
-        self.agreement.check(codecs.all_finite(tensor))
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
+        """Steps 1-2: the 1-bit estimate of the average of ``tensor`` over ranks, layer by layer, into ``out``
+        (step 1's agreement checks ``step``)."""
+        self.agreement.check(codecs.all_finite(tensor), step=step)
         for (start, stop), channel in zip(self.layers, self.channels):
             channel(tensor[start:stop], out[start:stop])
         return out

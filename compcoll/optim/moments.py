@@ -66,18 +66,18 @@ def preconditioner(opt: CompressedOptimizer, v: torch.Tensor, out: torch.Tensor 
 
 
 def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out: torch.Tensor, denom: torch.Tensor,
-                        silent: torch.Tensor) -> torch.Tensor:
+                        silent: torch.Tensor, step: int | None = None) -> torch.Tensor:
     """``out`` = denom * (1-bit average of local / denom), zero where ``silent`` (``compress="update"``).
 
     1. local /= denom (in place), zero where ``silent``: Adam's update direction, whose
        coordinates are of one order of magnitude, so one 1-bit scale fits them all and a
        coordinate with a tiny variance no longer multiplies the compression error by 1/eps.
     2. The error-compensated 1-bit average of it through ``channel`` (its error feedback
-       then works on update directions).
+       then works on update directions), at the caller's ``step`` (``Channel.__call__``).
     3. out *= denom: back to the quantity the caller keeps (a momentum).
     """
     local.div_(denom).masked_fill_(silent, 0.0)
-    channel.average_except(local, out, silent)
+    channel.average_except(local, out, silent, step)
     return out.mul_(denom)
 
 

@@ -11,7 +11,7 @@ import torch
 
 import compcoll
 from compcoll import spec
-from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, summed
+from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, agree, summed
 from compcoll.algorithms.pipeline import PIECES_FIELDS
 from compcoll.kernels import reference
 from compcoll.spec import PROTOCOLS, SCALES
@@ -225,6 +225,9 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
         unchanged()
         _expect(compcoll.RankMismatchError, "different scales", car, x, we, se, comm, scale=SCALE_NAMES[rank % 2])
         unchanged()
+        _expect(compcoll.RankMismatchError, "different steps (rank 0: 5, rank 1: 6", agree, comm,
+                "a step", x, True, (), (), 5 + rank)
+        agree(comm, "a step", x, True, (), (), 5)
 
     if n > 1:
         _one_bad_rank(comm, x, we, se)

@@ -571,3 +571,28 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
         for (we, se), state in zip(errors, saved["layers"] if layer_scales else [saved], strict=True):
             assert np.array_equal(state["worker_error"].numpy(), we[comm.rank]), f"step {step}: worker error"
             assert np.array_equal(state["server_error"].numpy(), se[comm.rank]), f"step {step}: server error"
+
+
+def step_mismatch(comm: compcoll.Communicator, name: str) -> None:
+    """Each rank resumes from another step's checkpoint (rank r from step 6 + r, past every warm-up, so every rank's
+    calls are of one kind): the first step raises RankMismatchError naming every rank's step, on every rank, before
+    anything changes (0/1 Adam's replicas drifted apart, the others' schedules ran out of step, with nothing
+    said)."""
+    model, opt = build(comm, name)
+    saved = {}
+    for at in range(6 + comm.size):
+        saved[at] = _checkpoint(model, opt)
+        train(comm, model, opt, range(at, at + 1))
+    opt.load_state_dict(torch.load(io.BytesIO(saved[6 + comm.rank]), weights_only=True)["optimizer"])
+    before = opt.state_dict()["state"]
+    params = opt.flat.data.clone()
+    steps = ", ".join(f"rank {r}: {6 + r}" for r in range(comm.size))
+    try:
+        train(comm, model, opt, range(6 + comm.size, 7 + comm.size))
+    except compcoll.RankMismatchError as exc:
+        assert f"different steps ({steps})" in str(exc), exc
+    else:
+        raise AssertionError("no RankMismatchError")
+    assert torch.equal(opt.flat.data, params), "the refused step changed the parameters"
+    for key, value in before["buffers"].items():
+        assert torch.equal(value, opt.state_dict()["state"]["buffers"][key]), f"the refused step changed {key}"

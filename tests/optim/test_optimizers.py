@@ -56,6 +56,12 @@ def test_nonfinite_gradient_skips_alike_on_mpi() -> None:
     run(f"{WORKERS}:nonfinite", 3, "mpi", args=("OneBitAdam", RESUME_AT["OneBitAdam"][1], "skip"))
 
 
+@pytest.mark.parametrize("name, world_size, transport", [(name, 2, IN) for name in WITH_LAYERS]
+                         + [("OneBitAdam", 3, IN), ("ZeroOneAdam", 2, "mpi"), ("OneBitLamb", 2, "gloo")])
+def test_ranks_resumed_at_different_steps_raise_on_every_rank(name: str, world_size: int, transport: str) -> None:
+    run(f"{WORKERS}:step_mismatch", world_size, transport, args=(name,))
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_different_models_raise_on_every_rank(name: str) -> None:
     run(f"{WORKERS}:layout_mismatch", 2, IN, args=(name,))

@@ -88,12 +88,14 @@ class Agreement:
        other rank.
     3. Signatures differ: a fixed-size all-gather of the descriptions, and the same
        ``RankMismatchError`` on every rank naming what differs (size, shape, dtype, an
-       option, the caller's step, or the collective itself).
+       option, the caller's step or settings, or the collective itself).
     4. Some rank not finite: ``NonFiniteError`` on every rank.
 
-    A call may carry a ``step`` (``check``): the caller's count of its own calls, an optimizer's steps, which every
-    rank must be at alike. It is mixed into that call's signature (``_mixed``), so a rank that skipped or repeated a
-    step fails the first round it meets instead of pairing its calls with the others' out of step.
+    A call may carry a ``Step`` (``check``): the caller's count of its own calls (an optimizer's steps) and a code
+    of the settings it must hold alike at that call (an optimizer's group hyperparameters), mixed into that call's
+    signature (``Step.mixed``). A rank at another step (resumed from another step's save) or with other settings (a
+    learning-rate scheduler stepped on some ranks only) fails the first round it meets, instead of pairing its calls
+    with the others' out of step or training on with another learning rate.
 
     Args:
         comm: the communicator the call runs on.
@@ -117,22 +119,22 @@ class Agreement:
         codes = [float(o.code) for o in options] + [0.0] * (MAX_OPTIONS - len(options))
         self.description = [float(_crc(what)), float(numel), float(_crc(repr(tuple(shape)))), float(dtype_code)] + codes
         self.signature = float(_crc(repr(self.description)))
-        self._step = NO_STEP
+        self._step: Step | None = None
         self._value = torch.empty(1, dtype=torch.float64)
         self._values = torch.empty(comm.size, dtype=torch.float64)
         self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
 
-    def check(self, finite: bool | None = None, value: float | None = None, step: int | None = None
+    def check(self, finite: bool | None = None, value: float | None = None, step: Step | None = None
               ) -> torch.Tensor | None:
         """Steps 1-4 for this call; returns every rank's ``value`` (float64, by rank), or None without one.
 
-        ``finite=None`` skips the finiteness check; ``step`` (a non-negative integer), where given, must be every
-        rank's. The returned tensor is reused by the next call: read it before.
+        ``finite=None`` skips the finiteness check; ``step``, where given, must be every rank's. The returned tensor
+        is reused by the next call: read it before.
         """
         finite = finite is not False
         mine = 0.0 if value is None else value
-        self._step = NO_STEP if step is None else step
-        signature = self.signature if step is None else _mixed(self.signature, step)
+        self._step = step
+        signature = self.signature if step is None else step.mixed(self.signature)
         if summed(self.comm):
             if not _sums_agree(self.comm, signature, finite):
                 self._fail(_statuses(self.comm, signature, finite, mine), signature)
@@ -169,7 +171,9 @@ class Agreement:
 
     def _diagnose(self) -> None:
         """Gather every rank's description and raise the same RankMismatchError on every rank."""
-        mine = torch.tensor(self.description + [float(self._step)], dtype=torch.float64)
+        step = self._step
+        called = [NO_STEP, 0.0] if step is None else [float(step.index), float(step.settings)]
+        mine = torch.tensor(self.description + called, dtype=torch.float64)
         table = torch.empty(self.comm.size * mine.numel(), dtype=torch.float64)
         self.comm.allgather(mine, table)
         rows = table.view(self.comm.size, -1).tolist()
@@ -180,12 +184,20 @@ class Agreement:
         def differs(column: int) -> bool:
             return any(row[column] != rows[0][column] for row in rows)
 
-        what, step = self.what, 4 + MAX_OPTIONS
-        if differs(step) and all(row[step] != NO_STEP for row in rows):
+        what, index, settings = self.what, 4 + MAX_OPTIONS, 5 + MAX_OPTIONS
+        stepped = all(row[index] != NO_STEP for row in rows)
+        if stepped and differs(index):
             raise RankMismatchError(
-                f"{what}: the ranks are at different steps ({listing(step)}): a rank resumed from another step's "
+                f"{what}: the ranks are at different steps ({listing(index)}): a rank resumed from another step's "
                 f"checkpoint, or skipped or repeated a step, and its calls would pair with the others' out of step; "
                 f"load every rank's state from one save (compcoll.checkpoint)"
+            )
+        if stepped and differs(settings):
+            others = [r for r, row in enumerate(rows) if row[settings] != rows[0][settings]]
+            raise RankMismatchError(
+                f"{what}: at step {int(rows[0][index])} the {self._step.label} of rank(s) {others} differ from rank "
+                f"0's: a learning-rate scheduler stepped, or param_groups edited, on some ranks only; every rank "
+                f"must change them alike"
             )
         if differs(0):
             raise RankMismatchError(
@@ -211,15 +223,30 @@ class Agreement:
         raise RankMismatchError(f"{what}: the ranks' calls differ (signatures differ)")
 
 
-NO_STEP = -1
+NO_STEP = -1.0
 """The step slot of a call that carries none."""
-_GOLDEN = 0x9E3779B1
-"""An odd 32-bit multiplier (2^32 / golden ratio): ``_mixed`` maps distinct steps to distinct signatures."""
+_MASK = 0xFFFFFFFF
 
 
-def _mixed(signature: float, step: int) -> float:
-    """A plan's signature mixed with a call's step: another CRC-sized value for every step below 2^32."""
-    return float((int(signature) ^ ((step + 1) * _GOLDEN)) & 0xFFFFFFFF)
+@dataclass(frozen=True)
+class Step:
+    """What one call of a caller's step carries into its agreement round (``Agreement.check``).
+
+    Args:
+        index: the caller's count of its calls (an optimizer's ``step_index``), non-negative.
+        settings: a CRC-32 of what the caller must hold alike at this call (an optimizer's group hyperparameters).
+        label: what ``settings`` covers, for messages.
+    """
+
+    index: int
+    settings: int = 0
+    label: str = "settings"
+
+    def mixed(self, signature: float) -> float:
+        """``signature`` XOR (index + 1) and the settings, each times an odd 32-bit constant: another CRC-sized
+        value for every step and settings (no more bytes in the round)."""
+        index = ((self.index + 1) * 0x9E3779B1) & _MASK
+        return float((int(signature) ^ index ^ ((self.settings * 0x85EBCA6B) & _MASK)) & _MASK)
 
 
 
@@ -230,7 +257,7 @@ def agree(
     finite: bool | None,
     options: tuple[Option, ...] = (),
     values: tuple[float, ...] = (),
-    step: int | None = None,
+    step: Step | None = None,
 ) -> torch.Tensor:
     """A one-off ``Agreement`` for ``tensor`` (a call that keeps no plan: an optimizer's construction or step), at
     the caller's ``step`` where given (``Agreement.check``).

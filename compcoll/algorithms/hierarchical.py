@@ -14,7 +14,7 @@ from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
 from ..spec import PROTOCOLS, SCALES, check_block_size, padded_numel
 from ..workspace import Workspace
-from .agreement import Option, checked
+from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
@@ -338,7 +338,7 @@ class CompensatedPlan(_NodePlan):
         return (worker, worker_start), (server, worker_start + layout.inter.rank * server)
 
     def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor,
-             step: int | None = None) -> torch.Tensor:
+             step: Step | None = None) -> torch.Tensor:
         """Steps 1-5 of ``hierarchical_compressed_allreduce`` on locally checked arguments, in this rank's turn; the
         agreement checks the caller's ``step`` where given (``Agreement.check``)."""
         what, comm, ws = self.what, self.comm, self.workspace

@@ -12,7 +12,7 @@ from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_bits, check_block_size, padded_numel
 from ..workspace import Workspace
-from .agreement import Option, checked
+from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .inputs import (check_disjoint, check_error_buffer, check_length, check_levels, check_protocol, check_scale,
                      check_tensor)
@@ -173,7 +173,7 @@ class FlatPlan(Plan):
         return (self.full, 0), (self.chunk, self.comm.rank * self.chunk)
 
     def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor,
-             step: int | None = None) -> torch.Tensor:
+             step: Step | None = None) -> torch.Tensor:
         """Steps 1-6 of ``compressed_allreduce`` on checked arguments, in this rank's turn; the agreement checks the
         caller's ``step`` where given (``Agreement.check``)."""
         worker_error, server_error = errors or self.error_feedback.buffers()
@@ -190,7 +190,7 @@ class FlatPlan(Plan):
             return result
         return self.finish_flat(tensor, worker_error, server_error, scalars, result)
 
-    def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: int | None = None
+    def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: Step | None = None
                    ) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
         """Steps 1-2 of a call with one scale: s_w from the compensated sum (the call's one host wait), the agreement,
         and the server's weights s_i / n with this rank's s_w copied to the device (``device_scalars``).
@@ -223,7 +223,7 @@ class FlatPlan(Plan):
         return result
 
     def _run_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
-                    result: torch.Tensor, step: int | None = None) -> torch.Tensor:
+                    result: torch.Tensor, step: Step | None = None) -> torch.Tensor:
         """Steps 1-6 with one scale per block of ``block_size`` elements, in one piece: ``agree_blocks``, then
         ``finish_blocks``."""
         sums = self.agree_blocks(tensor, worker_error, step)
@@ -231,7 +231,7 @@ class FlatPlan(Plan):
             return result
         return self.finish_blocks(tensor, worker_error, server_error, sums, result)
 
-    def agree_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: int | None = None
+    def agree_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: Step | None = None
                      ) -> torch.Tensor:
         """Step 1 of a call with block scales: block sums of |x|^p of x = tensor + worker_error (levels: block maxima
         of |x|) into the workspace, and the agreement (finite? on every rank): the call's one host wait.

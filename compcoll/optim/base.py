@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .. import codecs
-from ..algorithms.agreement import Option, agree, checked
+from ..algorithms.agreement import Option, Step, agree, checked
 from ..algorithms.exact import exact_average
 from ..algorithms.inputs import check_protocol, check_scale
 from ..comm import Communicator, get_default
@@ -153,13 +153,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.comm = get_default() if comm is None else comm
         self.nonfinite = nonfinite
         self.flat = FlatParams(self.param_groups, type(self).__name__)
-        plain = [{k: _plain(v) for k, v in group.items() if k != "params"} for group in self.param_groups]
-        settings = repr([sorted((k, v) for k, v in group.items() if v is not None) for group in plain])
         agree(
             self.comm, type(self).__name__, self.flat.data, None,
             (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),
-             Option("hyperparameters of the parameter groups (lr, betas, eps, weight_decay, ...)",
-                    zlib.crc32(settings.encode())), *options),
+             Option(HYPERPARAMETERS, hyperparameter_code(self.param_groups)), *options),
         )
         self.comm.bcast(self.flat.data, 0)
         self.flat.write_back()
@@ -291,6 +288,12 @@ class CompressedOptimizer(torch.optim.Optimizer):
         with the others' out of step."""
         return self.steps + self.skipped_steps
 
+    def _tag(self) -> Step:
+        """What every round of this step carries (``agreement.Agreement.check``): ``step_index`` and the groups'
+        ``hyperparameter_code``, read now, so that a learning rate changed on some ranks only (a scheduler stepped
+        on rank 0 alone) fails on every rank instead of training the replicas apart."""
+        return Step(self.step_index, hyperparameter_code(self.param_groups), HYPERPARAMETERS)
+
     @property
     def synchronized(self) -> bool:
         """Whether every rank holds the same parameters now (always, except between 0/1 Adam's syncs)."""
@@ -320,13 +323,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return out
 
     def _check_finite(self, grad: torch.Tensor, values: tuple[float, ...] = ()) -> torch.Tensor:
-        """One small allgather of (finite?, ``values``) at this ``step_index``: NonFiniteError on every rank if some
-        rank's grad is not finite, RankMismatchError if some rank is at another step.
+        """One small allgather of (finite?, ``values``) at this step (``_tag``): NonFiniteError on every rank if some
+        rank's grad is not finite, RankMismatchError if some rank is at another step or holds other hyperparameters.
 
         Returns the (size, len(values)) table of every rank's values.
         """
         finite = codecs.all_finite(grad)
-        return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values, self.step_index)
+        return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values, self._tag())
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters.
@@ -415,6 +418,17 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.skipped_steps = state["skipped_steps"]
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k != "params"})
+
+
+HYPERPARAMETERS = "hyperparameters of the parameter groups (lr, betas, eps, weight_decay, ...)"
+"""What ``hyperparameter_code`` covers, for messages."""
+
+
+def hyperparameter_code(param_groups: list[dict[str, Any]]) -> int:
+    """A CRC-32 of every group's hyperparameters that are plain data (``_plain``), by name: what every rank must hold
+    alike when it builds an optimizer and at every step."""
+    plain = [{k: _plain(v) for k, v in group.items() if k != "params"} for group in param_groups]
+    return zlib.crc32(repr([sorted((k, v) for k, v in group.items() if v is not None) for group in plain]).encode())
 
 
 def _plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import codecs
-from ..algorithms.agreement import Agreement
+from ..algorithms.agreement import Agreement, Step
 from ..algorithms.hierarchical import CompensatedPlan, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol
 from ..algorithms.onebit import FlatPlan
@@ -22,7 +22,7 @@ class Channel(ABC):
     """What the optimizers send through: ``self(tensor, out)`` gives the 1-bit average, ``forget`` clears errors."""
 
     @abstractmethod
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: Step | None = None) -> torch.Tensor:
         """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``; ``step``, where given, is
         the caller's count of its calls, which every rank must be at alike (``Agreement.check``)."""
 
@@ -46,7 +46,7 @@ class Channel(ABC):
     def to(self, device: torch.device) -> None:
         """Take vectors on ``device`` from now on; the error buffers move there (local, values kept)."""
 
-    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor, step: int | None = None
+    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor, step: Step | None = None
                        ) -> torch.Tensor:
         """``self(tensor, out, step)``, then zero where ``silent`` in ``out`` and in both error buffers.
 
@@ -119,7 +119,7 @@ class ErrorFeedbackChannel(Channel):
     def server_error(self) -> torch.Tensor:
         return self.error_feedback.server_error
 
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: Step | None = None) -> torch.Tensor:
         """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``.
 
         Raises NonFiniteError on every rank (nothing changed) when some rank's input is not finite, and
@@ -185,7 +185,7 @@ class LayeredChannel(Channel):
             self.channels.append(channel)
         self.agreement = Agreement(comm, self.what, self.numel, (self.numel,), torch.float32)
 
-    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: int | None = None) -> torch.Tensor:
+    def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: Step | None = None) -> torch.Tensor:
         """Steps 1-2: the 1-bit estimate of the average of ``tensor`` over ranks, layer by layer, into ``out``
         (step 1's agreement checks ``step``)."""
         self.agreement.check(codecs.all_finite(tensor), step=step)

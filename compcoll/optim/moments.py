@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..algorithms.agreement import Step
 from .base import CompressedOptimizer
 from .channel import ErrorFeedbackChannel
 
@@ -66,7 +67,7 @@ def preconditioner(opt: CompressedOptimizer, v: torch.Tensor, out: torch.Tensor 
 
 
 def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out: torch.Tensor, denom: torch.Tensor,
-                        silent: torch.Tensor, step: int | None = None) -> torch.Tensor:
+                        silent: torch.Tensor, step: Step | None = None) -> torch.Tensor:
     """``out`` = denom * (1-bit average of local / denom), zero where ``silent`` (``compress="update"``).
 
     1. local /= denom (in place), zero where ``silent``: Adam's update direction, whose

@@ -130,9 +130,9 @@ class OneBitAdam(CompressedOptimizer):
         variance_steps = min(steps, self.freeze_step)
         if self.compressing and self.compress == "update":
             send_preconditioned(self.channel, local_momentum(self, grad, m), m,
-                                preconditioner(self, v, variance_steps=variance_steps), v == 0, self.step_index)
+                                preconditioner(self, v, variance_steps=variance_steps), v == 0, self._tag())
         elif self.compressing:
-            self.channel.average_except(local_momentum(self, grad, m), m, v == 0, self.step_index)
+            self.channel.average_except(local_momentum(self, grad, m), m, v == 0, self._tag())
         else:
             averaged_moments(self, grad, m, v)
         adam_step(self, self.flat.data, m, v, steps, variance_steps)

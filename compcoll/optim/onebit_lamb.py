@@ -211,7 +211,7 @@ class OneBitLamb(CompressedOptimizer):
         local = local_momentum(self, grad, m)
         denom = preconditioner(self, v)  # v is frozen: one denominator serves the whole step
         if self.compress == "update":
-            send_preconditioned(self.channel, local, m, denom, v == 0, self.step_index)
+            send_preconditioned(self.channel, local, m, denom, v == 0, self._tag())
         else:
             self._send_scaled(local)
         if last is None:
@@ -313,7 +313,7 @@ class OneBitLamb(CompressedOptimizer):
         scalings = self.scaling_coeff.tolist()
         for (seg, local_l), scaling in zip(self.flat.views(local), scalings):
             local_l.mul_(scaling)
-        self.channel.average_except(local, self.exp_avg, self.exp_avg_sq == 0, self.step_index)
+        self.channel.average_except(local, self.exp_avg, self.exp_avg_sq == 0, self._tag())
         for (seg, m_l), scaling in zip(self.flat.views(self.exp_avg), scalings):
             codecs.divide_(m_l, scaling)
 

@@ -171,7 +171,7 @@ class ZeroOneAdam(CompressedOptimizer):
             if refresh:
                 self._average(grad, source)
             else:
-                self.channel.average_except(grad, source, v == 0, self.step_index)
+                self.channel.average_except(grad, source, v == 0, self._tag())
             for group, sl in self._groups():
                 b1, b2 = group["betas"]
                 if refresh:
@@ -179,7 +179,7 @@ class ZeroOneAdam(CompressedOptimizer):
                 m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
         else:
             send_preconditioned(self.channel, local_momentum(self, grad, m), m,
-                                preconditioner(self, v, variance_steps=k), v == 0, self.step_index)
+                                preconditioner(self, v, variance_steps=k), v == 0, self._tag())
         floor_variance(self, m, v, t, k)
         adam_step(self, self.flat.data, m, v, t, k)
         if refresh:
@@ -225,10 +225,10 @@ class ZeroOneAdam(CompressedOptimizer):
         sent = self.workspace.get("optim.local", acc.numel(), torch.float32, acc.device)
         update = self.compress == "update"
         if update:
-            self.channel.average_except(sent.copy_(acc).masked_fill_(silent, 0.0), acc, silent, self.step_index)
+            self.channel.average_except(sent.copy_(acc).masked_fill_(silent, 0.0), acc, silent, self._tag())
             torch.sub(self.synced_params, acc, out=p)
         else:
-            self.channel.average_except(torch.mul(acc, denom, out=sent), acc, silent, self.step_index)
+            self.channel.average_except(torch.mul(acc, denom, out=sent), acc, silent, self._tag())
             torch.sub(self.synced_params, acc / denom, out=p)
         for (group, sl), lr_sum in zip(self._groups(), self.lr_sums.tolist()):
             if lr_sum and update:

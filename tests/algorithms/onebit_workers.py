@@ -11,7 +11,7 @@ import torch
 
 import compcoll
 from compcoll import spec
-from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, agree, summed
+from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, Step, agree, summed
 from compcoll.algorithms.pipeline import PIECES_FIELDS
 from compcoll.kernels import reference
 from compcoll.spec import PROTOCOLS, SCALES
@@ -226,8 +226,10 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
         _expect(compcoll.RankMismatchError, "different scales", car, x, we, se, comm, scale=SCALE_NAMES[rank % 2])
         unchanged()
         _expect(compcoll.RankMismatchError, "different steps (rank 0: 5, rank 1: 6", agree, comm,
-                "a step", x, True, (), (), 5 + rank)
-        agree(comm, "a step", x, True, (), (), 5)
+                "a step", x, True, (), (), Step(5 + rank))
+        _expect(compcoll.RankMismatchError, f"at step 5 the settings of rank(s) {list(range(1, n))} differ", agree,
+                comm, "a step", x, True, (), (), Step(5, rank))
+        agree(comm, "a step", x, True, (), (), Step(5, 7))
 
     if n > 1:
         _one_bad_rank(comm, x, we, se)

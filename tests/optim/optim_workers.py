@@ -573,24 +573,33 @@ def onebit_lamb_reference(comm: compcoll.Communicator, steps: int, compress: str
             assert np.array_equal(state["server_error"].numpy(), se[comm.rank]), f"step {step}: server error"
 
 
-def step_mismatch(comm: compcoll.Communicator, name: str) -> None:
-    """Each rank resumes from another step's checkpoint (rank r from step 6 + r, past every warm-up, so every rank's
-    calls are of one kind): the first step raises RankMismatchError naming every rank's step, on every rank, before
-    anything changes (0/1 Adam's replicas drifted apart, the others' schedules ran out of step, with nothing
-    said)."""
+def step_mismatch(comm: compcoll.Communicator, name: str, change: str) -> None:
+    """Ranks out of step from step 6 on (past every warm-up, so every rank's calls are of one kind): the next step
+    raises RankMismatchError on every rank, naming what differs, before anything changes.
+
+    ``change`` "resume": rank r resumes from step 6 + r's checkpoint (0/1 Adam's replicas drifted apart, the
+    others' schedules ran out of step, with nothing said). "lr": rank 0 alone halves its learning rate, as a
+    scheduler stepped on rank 0 only would (the replicas trained apart).
+    """
     model, opt = build(comm, name)
     saved = {}
     for at in range(6 + comm.size):
         saved[at] = _checkpoint(model, opt)
         train(comm, model, opt, range(at, at + 1))
-    opt.load_state_dict(torch.load(io.BytesIO(saved[6 + comm.rank]), weights_only=True)["optimizer"])
+    if change == "resume":
+        opt.load_state_dict(torch.load(io.BytesIO(saved[6 + comm.rank]), weights_only=True)["optimizer"])
+        expected = "different steps (" + ", ".join(f"rank {r}: {6 + r}" for r in range(comm.size)) + ")"
+    else:
+        if comm.rank == 0:
+            opt.param_groups[0]["lr"] /= 2
+        expected = (f"at step {6 + comm.size} the hyperparameters of the parameter groups (lr, betas, eps, "
+                    f"weight_decay, ...) of rank(s) {list(range(1, comm.size))} differ from rank 0's")
     before = opt.state_dict()["state"]
     params = opt.flat.data.clone()
-    steps = ", ".join(f"rank {r}: {6 + r}" for r in range(comm.size))
     try:
         train(comm, model, opt, range(6 + comm.size, 7 + comm.size))
     except compcoll.RankMismatchError as exc:
-        assert f"different steps ({steps})" in str(exc), exc
+        assert expected in str(exc), exc
     else:
         raise AssertionError("no RankMismatchError")
     assert torch.equal(opt.flat.data, params), "the refused step changed the parameters"

@@ -56,10 +56,12 @@ def test_nonfinite_gradient_skips_alike_on_mpi() -> None:
     run(f"{WORKERS}:nonfinite", 3, "mpi", args=("OneBitAdam", RESUME_AT["OneBitAdam"][1], "skip"))
 
 
+@pytest.mark.parametrize("change", ["resume", "lr"])
 @pytest.mark.parametrize("name, world_size, transport", [(name, 2, IN) for name in WITH_LAYERS]
                          + [("OneBitAdam", 3, IN), ("ZeroOneAdam", 2, "mpi"), ("OneBitLamb", 2, "gloo")])
-def test_ranks_resumed_at_different_steps_raise_on_every_rank(name: str, world_size: int, transport: str) -> None:
-    run(f"{WORKERS}:step_mismatch", world_size, transport, args=(name,))
+def test_ranks_out_of_step_raise_on_every_rank(name: str, world_size: int, transport: str, change: str) -> None:
+    """Ranks resumed from saves of different steps, or with a learning rate changed on rank 0 only."""
+    run(f"{WORKERS}:step_mismatch", world_size, transport, args=(name, change))
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -524,6 +524,10 @@ class CompressedAllreduce:
         plan = checked(self.comm, FlatPlan.what, checks)
         return plan.start(tensor, out, async_op, plan.error_feedback.buffers())
 
+    def clear(self) -> None:
+        """Drop every key's plan and error buffers: each key starts afresh at its next call."""
+        self.plans.clear()
+
     def state_dict(self) -> dict[str, Any]:
         """This rank's protocol, scale, block size and every key's error buffers (save one per rank)."""
         return {

@@ -1,5 +1,6 @@
 """The error-compensated 1-bit DDP hook: ``model.register_comm_hook(OneBitState(), onebit_hook)``."""
 
+import warnings
 from typing import Any
 
 import torch
@@ -130,6 +131,9 @@ class OneBitState:
             topology(self.comm, ranks_per_node)
         self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size)
         self.layouts: dict[int, list[list[int]]] = {}
+        self._seen: dict[int, list[list[int]]] = {}
+        self._last_seen: dict[int, list[list[int]]] | None = None
+        self._untiled = 0
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
         """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its parameters.
@@ -143,11 +147,38 @@ class OneBitState:
            in the order backward produces gradients), so the resumed run compresses what
            the uninterrupted run would have.
         3. None when known buckets do not tile it (one straddles two of its buckets, or
-           the model changed): this iteration goes uncompressed, error buffers kept.
+           the model changed): this iteration goes uncompressed, error buffers kept. An
+           iteration with such a bucket whose buckets are those of the iteration before
+           (DDP's buckets have settled: a new DDP over a changed model, as after unfreezing
+           layers) makes its buckets the known ones at its end (``end_iteration``).
         DDP gives every rank the same buckets, so every rank decides alike.
         """
         index, params = bucket.index(), bucket.parameters()
         shapes = [list(p.shape) for p in params]
+        self._seen[index] = shapes
+        found = self._tile(index, shapes, params, bucket)
+        self._untiled += found is None
+        return found
+
+    def end_iteration(self) -> None:
+        """At an iteration's last bucket: if some bucket could not be tiled (``segments``) and every bucket is as
+        in the iteration before, take this iteration's buckets as the known ones, with every error buffer afresh
+        (they compensated other parameters) and a warning; otherwise the hook would send every such bucket
+        uncompressed from now on, with nothing said (32x the bytes)."""
+        if self._untiled and self._seen == self._last_seen:
+            warnings.warn(
+                f"OneBitState: DDP's buckets now hold other parameters than its error buffers were kept for (a new "
+                f"DDP over a changed model, e.g. after unfreezing layers); {self._untiled} bucket(s) of this "
+                f"iteration went uncompressed. From the next iteration these buckets are compressed again, their "
+                f"error buffers starting at zero", stacklevel=3)
+            self.layouts = {index: shapes for index, shapes in self._seen.items()}
+            self.allreduce.clear()
+            self.node_buffers.clear()
+        self._last_seen, self._seen, self._untiled = self._seen, {}, 0
+
+    def _tile(self, index: int, shapes: list[list[int]], params: list[torch.Tensor], bucket: dist.GradBucket
+              ) -> list[tuple[int, list[tuple[int, int]]]] | None:
+        """Steps 1-3 of ``segments`` for a bucket of ``params`` (of ``shapes``) at ``index``."""
         if self.layouts.setdefault(index, shapes) == shapes:
             return [(index, [(0, bucket.buffer().numel())])]
         offset = 0
@@ -234,6 +265,8 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         future = _compress(state, segments[0][0], buffer)
     else:
         future = gather([_compress_spans(state, key, spans, buffer) for key, spans in segments], buffer)
+    if schedule.started() and bucket.is_last():
+        state.end_iteration()
     schedule.advance(bucket)
     return future
 

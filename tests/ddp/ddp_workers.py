@@ -305,3 +305,44 @@ def states_refuse_different_schedules(comm: compcoll.Communicator) -> None:
             assert named in str(exc), exc
         else:
             raise AssertionError(f"no RankMismatchError for different {named}")
+
+
+def rewrapped_model(comm: compcoll.Communicator) -> None:
+    """One state over a new DDP of a changed model (a layer unfrozen, as in gradual unfreezing): its buckets are
+    compressed again once DDP's buckets settle, with a warning (checked on processes) and fresh error buffers (they
+    went uncompressed for good, with nothing said); a new DDP over the same model keeps compressing, no warning."""
+    net = make_model()
+    net[0].requires_grad_(False)
+    state = compcoll.ddp.OneBitState(start_iter=1, min_compress_numel=1)
+    rank = dist.get_rank()
+    on_processes = dist.get_backend() != "threaded"  # warnings are recorded process-wide: checked on processes
+
+    def train(model: DDP, first: int, count: int) -> int:
+        """``count`` steps from step ``first``; the compressed calls' bytes they sent."""
+        sent = state.comm.bytes_sent
+        opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.01)
+        for i in range(first, first + count):
+            step(model, opt, rank, i)
+        assert_same(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+        return state.comm.bytes_sent - sent
+
+    for stage, (change, warned) in enumerate(((None, False), (None, False), ("unfreeze", True))):
+        if change == "unfreeze":
+            net[0].requires_grad_(True)
+        model = DDP(net)  # one bucket (DDP's 25 MiB): the unfrozen layer joins bucket 0, which no known one tiles
+        model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train(model, 10 * stage, 3)
+        said = [str(w.message) for w in caught if "DDP's buckets now hold other parameters" in str(w.message)]
+        if on_processes:
+            assert bool(said) == warned and len(said) <= 1, (stage, said)
+        assert train(model, 10 * stage + 3, 2) > 0, f"stage {stage}: the buckets went uncompressed"
+        assert state.layouts and all(state.layouts.values())
+
+
+def assert_same(values: torch.Tensor) -> None:
+    """Every rank holds the same bits of ``values`` (an all-gather over the default group)."""
+    gathered = [torch.empty_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, values)
+    assert all(torch.equal(g, values) for g in gathered), "replicas differ"

@@ -65,3 +65,8 @@ def test_ddp_options_users_set_keep_the_hooks_bits(backend: str, world_size: int
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 3)])
 def test_states_with_different_schedules_fail_at_construction(backend: str, world_size: int) -> None:
     on(backend, "states_refuse_different_schedules", world_size)
+
+
+@pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 2)])
+def test_a_state_follows_a_new_ddp_over_a_changed_model(backend: str, world_size: int) -> None:
+    on(backend, "rewrapped_model", world_size)

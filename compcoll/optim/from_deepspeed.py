@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from ..comm.base import Communicator
 from .base import CompressedOptimizer
 from .onebit_adam import OneBitAdam
 from .onebit_lamb import OneBitLamb
+from .schedules import NOT_CARRIED, SCHEDULES
 from .zero_one_adam import ZeroOneAdam
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,8 @@ ENGINE: dict[str, str] = {
     "fp16": "use compcoll.optim.GradScaler for a dynamic loss scale",
     "amp": "use compcoll.optim.GradScaler for a dynamic loss scale",
     "bf16": "give the model bfloat16 parameters: compcoll's optimizers keep float32 master weights",
-    "scheduler": "build the scheduler with torch.optim.lr_scheduler on the optimizer returned",
+    "scheduler": "build it with compcoll.optim.scheduler_from_deepspeed_config(config, optimizer) and call its "
+                 "step() after each optimizer step, as the engine did",
 }
 """Top-level keys the DeepSpeed engine acted on, which now fall to the training loop: noted."""
 
@@ -161,6 +164,51 @@ def _note_engine_keys(name: str, config: dict[str, Any]) -> None:
         if isinstance(section, dict) and section.get("enabled") is False:
             continue
         log.warning("DeepSpeed config: %r was the engine's: %s", key, ENGINE[key])
+
+
+def scheduler_from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, optimizer: torch.optim.Optimizer
+                                    ) -> torch.optim.lr_scheduler.LRScheduler:
+    """The learning-rate schedule a DeepSpeed 0.19.6 config's ``"scheduler"`` section describes, on ``optimizer``.
+
+    1. Read the config (a dict, or the path of its JSON file) and its ``type``, spelled as
+       DeepSpeed spells it: WarmupLR, WarmupDecayLR or WarmupCosineLR (``optim.schedules``:
+       DeepSpeed's learning rates, bit for bit, with ``step()`` after every optimizer step, as the
+       engine steps them), or the name of a scheduler of ``torch.optim.lr_scheduler`` (the
+       engine's fallback, built as it built it: ``params`` as keyword arguments).
+    2. DeepSpeed's OneCycle and LRRangeTest are refused with the reason (``schedules.NOT_CARRIED``);
+       a ``params`` key the schedule does not take, or ``last_batch_iteration`` (resume
+       through the scheduler's ``state_dict``), raises ValueError naming it.
+
+    Args:
+        config: the DeepSpeed config, or the path of its JSON file.
+        optimizer: the optimizer the schedule drives (``from_deepspeed_config``'s, or any torch optimizer).
+
+    Returns:
+        The scheduler: call its ``step()`` after each ``optimizer.step()``.
+    """
+    config = _read_config(config)
+    section = config.get("scheduler")
+    if not isinstance(section, dict) or "type" not in section:
+        raise ValueError('DeepSpeed config: no "scheduler" section with a "type"')
+    kind, params = str(section["type"]), dict(section.get("params") or {})
+    if kind in NOT_CARRIED:
+        raise ValueError(f"DeepSpeed config: scheduler {kind} is not carried over: {NOT_CARRIED[kind]}")
+    if "last_batch_iteration" in params:
+        raise ValueError("DeepSpeed config: scheduler param 'last_batch_iteration' is not taken; resume a schedule "
+                         "through its state_dict() / load_state_dict()")
+    cls = SCHEDULES.get(kind) or getattr(torch.optim.lr_scheduler, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.lr_scheduler.LRScheduler)):
+        raise ValueError(f"DeepSpeed config: scheduler type {kind!r} is neither one of DeepSpeed's carried over "
+                         f"({', '.join(SCHEDULES)}) nor a scheduler of torch.optim.lr_scheduler")
+    known = set(inspect.signature(cls.__init__).parameters) - {"self", "optimizer", "last_epoch", "verbose"}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"DeepSpeed config: scheduler param(s) {', '.join(map(repr, unknown))} not taken by {kind} "
+                         f"({', '.join(sorted(known))})")
+    scheduler = cls(optimizer, **params)
+    log.info("DeepSpeed config: built the %s schedule with %s", kind,
+             ", ".join(f"{k}={v!r}" for k, v in params.items()) or "its defaults")
+    return scheduler
 
 
 CHECKPOINT_FILE = "mp_rank_00_model_states.pt"

@@ -1,0 +1,163 @@
+"""DeepSpeed 0.19.6's warm-up learning-rate schedules as torch LR schedulers, so that a DeepSpeed config's schedule carries over."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+LOG, LINEAR = "log", "linear"
+"""DeepSpeed's warm-up curves: log(it + 1) / log(N), or it / N."""
+
+
+class WarmupLR(LRScheduler):
+    """DeepSpeed's ``WarmupLR``: from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps``, then flat.
+
+    DeepSpeed counts its iterations from -1 (``last_batch_iteration``) and its engine steps the
+    schedule after every optimizer step; torch's schedulers count from 0 and step once when
+    built. So iteration ``it`` = ``last_epoch`` - 1, and with ``step()`` after every
+    ``optimizer.step()`` the optimizer sees DeepSpeed's learning rates step for step:
+    1. it < 0 (the first optimizer step): ``warmup_min_lr``.
+    2. it < N (N = max(2, ``warmup_num_steps``)): min + (max - min) * gamma, gamma =
+       log(it + 1) / log(N) ("log", DeepSpeed's default) or it / N ("linear").
+    3. After: ``warmup_max_lr``.
+    The same float operations as DeepSpeed's, so the same bits. ``warmup_min_lr`` and ``warmup_max_lr`` take one
+    value per parameter group or one for all; ``warmup_max_lr=None`` is each group's lr when built.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_min_lr: float | Sequence[float] = 0.0,
+                 warmup_max_lr: float | Sequence[float] | None = None, warmup_num_steps: int = 1000,
+                 warmup_type: str = LOG) -> None:
+        if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
+            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps!r}")
+        groups = [group["lr"] for group in optimizer.param_groups]
+        self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
+        self.max_lrs = _per_group(optimizer, groups if warmup_max_lr is None else warmup_max_lr, "warmup_max_lr")
+        self.delta_lrs = [big - small for big, small in zip(self.max_lrs, self.min_lrs)]
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.warmup_type = _curve(warmup_type)
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        """The groups' learning rates at DeepSpeed's iteration ``last_epoch`` - 1."""
+        it = self.last_epoch - 1
+        if it < 0:
+            return list(self.min_lrs)
+        gamma = self._gamma(it)
+        return [min_lr + (delta_lr * gamma) for min_lr, delta_lr in zip(self.min_lrs, self.delta_lrs)]
+
+    def _gamma(self, it: int) -> float:
+        if it < self.warmup_num_steps:
+            return _warmup(self.warmup_type, self.inverse_log_warm_up, it, self.warmup_num_steps)
+        return 1.0
+
+
+class WarmupDecayLR(WarmupLR):
+    """DeepSpeed's ``WarmupDecayLR``: ``WarmupLR``'s warm-up, then a linear decay to 0 at ``total_num_steps``.
+
+    After the warm-up gamma = max(0, (T - it) / max(1, T - N)), T = ``total_num_steps``.
+    ``warmup_max_lr`` defaults to 0.001, as DeepSpeed's does (not the groups' lr).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int,
+                 warmup_min_lr: float | Sequence[float] = 0.0, warmup_max_lr: float | Sequence[float] = 0.001,
+                 warmup_num_steps: int = 1000, warmup_type: str = LOG) -> None:
+        if isinstance(total_num_steps, bool) or not isinstance(total_num_steps, int) or total_num_steps <= 0:
+            raise ValueError(f"total_num_steps must be a positive integer, got {total_num_steps!r}")
+        self.total_num_steps = total_num_steps
+        super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type)
+        _warn_short(total_num_steps, self.warmup_num_steps)
+
+    def _gamma(self, it: int) -> float:
+        if it < self.warmup_num_steps:
+            return _warmup(self.warmup_type, self.inverse_log_warm_up, it, self.warmup_num_steps)
+        return max(0.0, float(self.total_num_steps - it) / float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
+
+
+class WarmupCosineLR(LRScheduler):
+    """DeepSpeed's ``WarmupCosineLR``: each group's lr when built times a ratio.
+
+    1. it < 0 (the first optimizer step): 0.
+    2. it < N: ``warmup_min_ratio`` + gamma * (1 - ``warmup_min_ratio``), gamma as ``WarmupLR``'s.
+    3. After: max(0, c + (1 - c) * (1 + cos(pi * min(1, p))) / 2), c = ``cos_min_ratio``,
+       p = (it - N + 1) / max(1, T - N), T = ``total_num_steps``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
+                 warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = LOG) -> None:
+        if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
+            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps!r}")
+        if isinstance(total_num_steps, bool) or not isinstance(total_num_steps, int) or total_num_steps <= 0:
+            raise ValueError(f"total_num_steps must be a positive integer, got {total_num_steps!r}")
+        self.total_num_steps = total_num_steps
+        self.cos_min_ratio = cos_min_ratio
+        self.warmup_type = _curve(warmup_type)
+        self.warmup_min_ratio = warmup_min_ratio
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        _warn_short(total_num_steps, self.warmup_num_steps)
+        self.org_lrs = [group["lr"] for group in optimizer.param_groups]
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        """The groups' learning rates at DeepSpeed's iteration ``last_epoch`` - 1."""
+        it = self.last_epoch - 1
+        if it < 0:
+            return [0.0 for _ in self.org_lrs]
+        ratio = self._ratio(it)
+        return [org_lr * ratio for org_lr in self.org_lrs]
+
+    def _ratio(self, it: int) -> float:
+        if it < self.warmup_num_steps:
+            ratio = _warmup(self.warmup_type, self.inverse_log_warm_up, it, self.warmup_num_steps)
+            return self.warmup_min_ratio + ratio * (1. - self.warmup_min_ratio)
+        real_last_step = it - self.warmup_num_steps + 1
+        real_total_steps = max(1, self.total_num_steps - self.warmup_num_steps)
+        progress = min(1.0, real_last_step / real_total_steps)
+        ratio = (1 + math.cos(math.pi * progress)) / 2
+        return max(0.0, self.cos_min_ratio + (1. - self.cos_min_ratio) * ratio)
+
+
+SCHEDULES: dict[str, type[LRScheduler]] = {"WarmupLR": WarmupLR, "WarmupDecayLR": WarmupDecayLR,
+                                           "WarmupCosineLR": WarmupCosineLR}
+"""DeepSpeed's schedule names (as its configs spell them) carried over here."""
+NOT_CARRIED = {"OneCycle": "it also cycles the momentum (betas), which compcoll's optimizers hold fixed",
+               "LRRangeTest": "a learning-rate search, not a training schedule: run it with DeepSpeed or "
+                              "torch.optim.lr_scheduler.LambdaLR"}
+"""DeepSpeed's other schedules, refused with the reason."""
+
+
+def _per_group(optimizer: torch.optim.Optimizer, value: Any, name: str) -> list[float]:
+    """One value per parameter group: ``value`` for every group, or a list or tuple of one per group."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(optimizer.param_groups):
+            raise ValueError(f"{name}: expected {len(optimizer.param_groups)} values (one per parameter group), "
+                             f"got {len(value)}")
+        return list(value)
+    return [value] * len(optimizer.param_groups)
+
+
+def _curve(warmup_type: str) -> str:
+    """The warm-up curve: "log" or "linear"; another name warns and takes "log", as DeepSpeed does."""
+    if warmup_type not in (LOG, LINEAR):
+        warnings.warn(f"warmup_type {warmup_type!r} is neither 'log' nor 'linear'; taking 'log', as DeepSpeed does",
+                      stacklevel=3)
+        return LOG
+    return warmup_type
+
+
+def _warmup(curve: str, inverse_log: float, it: int, steps: int) -> float:
+    """The warm-up's gamma at iteration ``it`` (below ``steps``): log(it + 1) / log(steps), or it / steps."""
+    if curve == LOG:
+        return inverse_log * math.log(it + 1)
+    return it / steps
+
+
+def _warn_short(total_num_steps: int, warmup_num_steps: int) -> None:
+    if total_num_steps < warmup_num_steps:
+        warnings.warn(f"total_num_steps {total_num_steps} is less than warmup_num_steps {warmup_num_steps}",
+                      stacklevel=3)

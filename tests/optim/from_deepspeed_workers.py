@@ -45,34 +45,51 @@ def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> Non
           same weights, moments and step through compcoll's own ``load_state_dict``; every
           rank ends with the same bits.
     """
+    theirs = _deepspeed_trained(comm, folder, CONFIG)
+    _resumed_alike(comm, folder, CONFIG, "compcoll", theirs, ("exp_avg", "exp_avg_sq"), {}, {})
+
+
+def _deepspeed_trained(comm: compcoll.Communicator, folder: str, config: dict) -> list[dict]:
+    """Step 1: DeepSpeed's engine trains ``SAVED_AT`` steps under ``config`` and saves into ``folder``; each
+    parameter's optimizer state, copied."""
     deepspeed = _deepspeed()
     with seeded(0):
         model = Net()
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=CONFIG)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     for step in range(SAVED_AT):
         engine.backward(_loss(engine, comm.rank, step))
         engine.step()
     engine.save_checkpoint(folder, tag="saved")
-    theirs = {i: {k: v.clone() for k, v in s.items() if isinstance(v, torch.Tensor)} | {"step": s["step"]}
-              for i, s in enumerate(engine.optimizer.state[p] for p in model.parameters())}
+    theirs = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in engine.optimizer.state[p].items()}
+              for p in model.parameters()]
     comm.barrier()
+    return theirs
 
+
+def _resumed_alike(comm: compcoll.Communicator, folder: str, config: dict, numerics: str, theirs: list[dict],
+                   moments: tuple[str, ...], floats: dict[str, str], scalars: dict) -> None:
+    """Steps 2-3: compcoll's optimizer built from ``config`` loads the checkpoint: its ``moments`` and the per-layer
+    buffers named by ``floats`` (DeepSpeed's key -> attribute) hold DeepSpeed's values, its steps DeepSpeed's; then
+    ``AFTER`` steps equal those of one given the same state (and ``scalars``) through ``load_state_dict``."""
     with seeded(1):
         ours_model, ref_model = Net(), Net()
-    ours = from_deepspeed_config(CONFIG, ours_model.parameters(), comm)
+    ours = from_deepspeed_config(config, ours_model.parameters(), comm, numerics=numerics)
     loaded = load_deepspeed_checkpoint(ours, folder)
     ours_model.load_state_dict(loaded["module"])
-    for (segment, _), i in zip(ours.flat.views(ours.exp_avg), theirs):
-        for key in ("exp_avg", "exp_avg_sq"):
+    for (segment, _), entry in zip(ours.flat.views(ours.exp_avg), theirs):
+        for key in moments:
             got = getattr(ours, key)[segment.start:segment.stop]
-            assert torch.equal(got, theirs[i][key].reshape(-1)), f"rank {comm.rank}: parameter {i}'s {key}"
+            assert torch.equal(got, entry[key].reshape(-1)), f"rank {comm.rank}: {key}"
+    for key, attribute in floats.items():
+        assert getattr(ours, attribute).tolist() == [float(entry[key]) for entry in theirs], key
     assert ours.steps == theirs[0]["step"] == SAVED_AT and ours.compressing
 
     ref_model.load_state_dict(loaded["module"])
     start = ours.flat.data.clone()
-    ref = from_deepspeed_config(CONFIG, ref_model.parameters(), comm)
+    ref = from_deepspeed_config(config, ref_model.parameters(), comm, numerics=numerics)
     state = ref.state_dict()
-    state["state"]["buffers"] = {"exp_avg": ours.exp_avg.clone(), "exp_avg_sq": ours.exp_avg_sq.clone()}
+    state["state"]["buffers"] = {key: value.clone() for key, value in ours.state_dict()["state"]["buffers"].items()}
+    state["state"]["scalars"] = scalars
     state["state"]["steps"] = SAVED_AT
     ref.load_state_dict(state)
     for step in range(SAVED_AT, SAVED_AT + AFTER):
@@ -109,3 +126,19 @@ def engine_recipe(comm: compcoll.Communicator) -> None:
         runs.append(opt.flat.data.clone())
     assert torch.equal(runs[0], runs[1]), "under the engine the steps differ from the optimizer's own"
     assert_same_on_all_ranks(comm, runs[0])
+
+
+LAMB_CONFIG = {**CONFIG, "optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-2, "freeze_step": 3,
+                                                                        "comm_backend_name": "compressed"}}}
+"""DeepSpeed's OnebitLamb on the same two ranks and backend."""
+
+
+def resume_deepspeed_lamb_checkpoint(comm: compcoll.Communicator, folder: str) -> None:
+    """``resume_deepspeed_checkpoint`` for 1-bit LAMB, with DeepSpeed's numerics (its momentum scaling and frozen
+    trust ratios, which read the carried floats): every parameter's three moments and its lamb_coeff_freeze,
+    last_factor and scaling_coeff are DeepSpeed's, and ``AFTER`` more steps equal those of a OneBitLamb given the
+    same state through its own ``load_state_dict``."""
+    theirs = _deepspeed_trained(comm, folder, LAMB_CONFIG)
+    _resumed_alike(comm, folder, LAMB_CONFIG, "deepspeed", theirs, ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"),
+                   {"lamb_coeff_freeze": "coeff_freeze", "last_factor": "last_factor",
+                    "scaling_coeff": "scaling_coeff"}, {"scaled": True})

@@ -122,6 +122,47 @@ def test_checkpoint_moments_land_on_their_parameters_and_the_phase_follows_the_s
     assert opt.steps == 4 and opt.compressing
 
 
+def _lamb_state(model: torch.nn.Module, step: int, scaled: bool) -> dict:
+    """A state laid out as DeepSpeed 0.19.6's OnebitLamb saves it: OnebitAdam's, with exp_avg_sq_fresh and each
+    parameter's lamb_coeff_freeze and last_factor, and scaling_coeff once its compression started (``scaled``)."""
+    saved = _deepspeed_state(model, step)
+    gen = torch.Generator().manual_seed(step + 1)
+    for i, entry in saved["state"].items():
+        entry["exp_avg_sq_fresh"] = torch.rand(entry["exp_avg"].shape, generator=gen)
+        entry["lamb_coeff_freeze"], entry["last_factor"] = 0.5 + i / 7, 1.0 - i / 50
+        if scaled:
+            entry["scaling_coeff"] = 2.0 + i / 3
+    return saved
+
+
+def test_a_onebit_lamb_checkpoint_lands_its_moments_and_floats() -> None:
+    """A OneBitLamb state in DeepSpeed's layout: the three moments in their slices, the per-parameter floats in the
+    per-layer buffers, scaling_coeff marking the momentum scaled; one without scaling_coeff (saved in the warm-up)
+    leaves it unscaled; floats missing, or scaling_coeff on some parameters only, refused with nothing changed."""
+    model = Net()
+    for scaled, step in ((True, 5), (False, 2)):
+        opt = OneBitLamb(model.parameters(), freeze_step=3, comm=compcoll.SingleComm())
+        saved = _lamb_state(model, step, scaled)
+        load_deepspeed_checkpoint(opt, {"optimizer": saved})
+        for (segment, _), i in zip(opt.flat.views(opt.exp_avg), saved["state"]):
+            for key in ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"):
+                assert torch.equal(getattr(opt, key)[segment.start:segment.stop], saved["state"][i][key].reshape(-1))
+        entries = list(saved["state"].values())
+        assert opt.coeff_freeze.tolist() == [e["lamb_coeff_freeze"] for e in entries]
+        assert opt.last_factor.tolist() == [e["last_factor"] for e in entries]
+        assert opt.scaled == scaled and opt.steps == step and opt.compressing == scaled
+        if scaled:
+            assert opt.scaling_coeff.tolist() == [e["scaling_coeff"] for e in entries]
+    opt = OneBitLamb(model.parameters(), freeze_step=3, comm=compcoll.SingleComm())
+    for damage, message in ((lambda st: st[2].pop("last_factor"), "no last_factor for trained parameter 2"),
+                            (lambda st: st[1].pop("scaling_coeff"), "scaling_coeff for some parameters and not")):
+        saved = _lamb_state(model, 5, True)
+        damage(saved["state"])
+        with pytest.raises(ValueError, match=message):
+            load_deepspeed_checkpoint(opt, {"optimizer": saved})
+        assert opt.steps == 0 and not opt.exp_avg.any() and not opt.scaled
+
+
 def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     model = Net()
     opt = OneBitAdam(model.parameters(), freeze_step=3, comm=compcoll.SingleComm())
@@ -134,7 +175,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing(tmp_path:
     saved["param_groups"] = [{"params": [0]}, {"params": list(saved["state"])[1:]}]
     with pytest.raises(ValueError, match="parameter groups"):
         load_deepspeed_checkpoint(opt, {"optimizer": saved})
-    with pytest.raises(ValueError, match="carries OneBitAdam's state; got ZeroOneAdam"):
+    with pytest.raises(ValueError, match="carries OneBitAdam's and OneBitLamb's state; got ZeroOneAdam"):
         load_deepspeed_checkpoint(ZeroOneAdam(Net().parameters(), comm=compcoll.SingleComm()), {"optimizer": saved})
 
 
@@ -156,6 +197,14 @@ def test_a_checkpoint_deepspeed_wrote_resumes_in_compcoll_on_two_gloo_ranks(tmp_
     OneBitAdam given the same state through its own ``load_state_dict``."""
     pytest.importorskip("deepspeed")
     run("tests.optim.from_deepspeed_workers:resume_deepspeed_checkpoint", 2, "gloo", args=(str(tmp_path),),
+        timeout=300)
+
+
+def test_a_onebit_lamb_checkpoint_deepspeed_wrote_resumes_in_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """The same for DeepSpeed's OnebitLamb: three moments, and the per-parameter floats its frozen trust ratios and
+    momentum scaling read, bit for bit; the next steps equal those of a OneBitLamb given the same state."""
+    pytest.importorskip("deepspeed")
+    run("tests.optim.from_deepspeed_workers:resume_deepspeed_lamb_checkpoint", 2, "gloo", args=(str(tmp_path),),
         timeout=300)
 
 

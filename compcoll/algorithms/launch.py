@@ -57,3 +57,10 @@ def launch(
         result.record_stream(current)
 
     return comm.submit(on_side, what, on_wait)
+
+
+def settle_device(device: torch.device) -> None:
+    """Make the current stream of ``device`` (a CUDA one; nothing elsewhere) wait for the asynchronous calls' side
+    stream there, so that what it runs next reads what those calls wrote (a checkpoint of their error buffers)."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).wait_stream(_side_stream(device))

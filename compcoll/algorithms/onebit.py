@@ -16,6 +16,7 @@ from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .inputs import (check_disjoint, check_error_buffer, check_length, check_levels, check_protocol, check_scale,
                      check_tensor)
+from .launch import settle_device
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, check_owner
 from .reduce_scatter import block_statistics, float32_target, scatter_rows
@@ -529,7 +530,14 @@ class CompressedAllreduce:
         self.plans.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's protocol, scale, block size and every key's error buffers (save one per rank)."""
+        """This rank's protocol, scale, block size and every key's error buffers (save one per rank), as they are
+        once every call issued before it has run: it takes its turn in the communicator's order (``Communicator.run``)
+        behind asynchronous calls still in flight, which would otherwise be copied half written."""
+        return self.comm.run(self._state_dict, "CompressedAllreduce.state_dict")
+
+    def _state_dict(self) -> dict[str, Any]:
+        for plan in self.plans.values():
+            settle_device(plan.device)
         return {
             "protocol": self.protocol,
             "scale": self.scale,
@@ -541,7 +549,8 @@ class CompressedAllreduce:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved (same world size and rank); keys are rebuilt from it."""
+        """Restore what ``state_dict()`` saved (same world size and rank); keys are rebuilt from it (new plans: calls
+        in flight finish on the buffers they started with, and the next calls start from the loaded ones)."""
         check_owner(state, self.comm.rank, self.comm.size)
         check_protocol("CompressedAllreduce checkpoint", state["protocol"])
         self.protocol = state["protocol"]

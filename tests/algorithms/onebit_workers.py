@@ -388,3 +388,29 @@ def levels(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> 
         _expect(compcoll.NonFiniteError, f"rank(s) [{n - 1}]", compcoll.compressed_allreduce, poisoned, we, se, comm,
                 block_size=64, bits=4)
         assert bool((we == 1).all() and (se == 1).all()), "an error buffer changed"
+
+
+def state_behind_calls(comm: compcoll.Communicator) -> None:
+    """A ``CompressedAllreduce``'s ``state_dict`` taken while its asynchronous calls are in flight is the state
+    after them (it waits its turn; it was copied before or half way through them), and a ``load_state_dict``
+    issued during a call is not overwritten by it: the next call gives the bits of a run that loaded it with
+    nothing in flight."""
+    n = comm.size
+    stateful = compcoll.CompressedAllreduce(comm)
+    xs = [make_input(comm.rank, step, (1_000_003,), torch.float32) for step in range(4)]
+    stateful(xs[0], key="w")
+    works = [stateful(x, key="w", async_op=True) for x in xs[1:3]]
+    during = stateful.state_dict()
+    for work in works:
+        work.wait()
+    after = stateful.state_dict()
+    assert torch.equal(during["buffers"]["w"]["worker_error"], after["buffers"]["w"]["worker_error"]) and \
+        torch.equal(during["buffers"]["w"]["server_error"], after["buffers"]["w"]["server_error"]), \
+        f"rank {comm.rank} of {n}: a state_dict taken during the calls is not the state after them"
+    expected = compcoll.CompressedAllreduce(comm)
+    expected.load_state_dict(after)
+    want = expected(xs[3], key="w")
+    work = stateful(xs[0], key="w", async_op=True)
+    stateful.load_state_dict(after)
+    work.wait()
+    assert torch.equal(stateful(xs[3], key="w"), want), "a load issued during a call was overwritten by it"

@@ -31,6 +31,11 @@ def test_bad_inputs_raise_on_every_rank(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend)
 
 
+@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3), mpi=2, gloo=2))
+def test_a_state_dict_waits_for_the_calls_in_flight(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:state_behind_calls", world_size, backend)
+
+
 @pytest.mark.parametrize("backend, world_size", worlds((2, 3, 4), mpi=3, gloo=2))
 def test_in_place_and_stateful_resume(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:in_place_and_stateful", world_size, backend)

@@ -326,3 +326,17 @@ def test_reduce_scatter_on_cuda_equals_cpu(dtype: torch.dtype, bits: int, launch
         results[device] = (torch.stack(outs), error.cpu())
     assert torch.equal(results["cpu"][0].view(torch.uint8), results["cuda"][0].view(torch.uint8)), "outputs"
     assert torch.equal(results["cpu"][1], results["cuda"][1]), "error buffer"
+
+
+def test_a_state_dict_on_cuda_waits_for_the_calls_in_flight() -> None:
+    """``CompressedAllreduce.state_dict`` during asynchronous calls on CUDA (their side stream) copies the buffers
+    they leave (``launch.settle_device``), as on the CPU (tests/algorithms/test_onebit.py)."""
+    stateful = compcoll.CompressedAllreduce(SingleComm())
+    xs = [torch.randn(1 << 22, generator=torch.Generator().manual_seed(step)).cuda() for step in range(3)]
+    stateful(xs[0], key="w")
+    works = [stateful(x, key="w", async_op=True) for x in xs[1:]]
+    during = stateful.state_dict()["buffers"]["w"]["worker_error"]
+    for work in works:
+        work.wait()
+    torch.cuda.synchronize()
+    assert torch.equal(during, stateful.state_dict()["buffers"]["w"]["worker_error"])

@@ -249,7 +249,6 @@ class Step:
         return float((int(signature) ^ index ^ ((self.settings * 0x85EBCA6B) & _MASK)) & _MASK)
 
 
-
 def agree(
     comm: Communicator,
     what: str,

@@ -1,5 +1,5 @@
 """Optimizers that do their own compressed communication (1-bit Adam, 1-bit LAMB, 0/1 Adam, Birder), their GradScaler,
-the broadcast of a model's buffers beside them, and their builder from DeepSpeed configs (schedules too) and checkpoints."""
+the broadcast of a model's buffers beside them, and their builder from DeepSpeed configs, schedules and checkpoints."""
 
 from .amp import GradScaler
 from .base import CompressedOptimizer

@@ -1,4 +1,4 @@
-"""DeepSpeed 0.19.6's warm-up learning-rate schedules as torch LR schedulers, so that a DeepSpeed config's schedule carries over."""
+"""DeepSpeed 0.19.6's warm-up learning-rate schedules as torch LR schedulers, for DeepSpeed configs carried over."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ class WarmupDecayLR(WarmupLR):
     def _gamma(self, it: int) -> float:
         if it < self.warmup_num_steps:
             return _warmup(self.warmup_type, self.inverse_log_warm_up, it, self.warmup_num_steps)
-        return max(0.0, float(self.total_num_steps - it) / float(max(1.0, self.total_num_steps - self.warmup_num_steps)))
+        rest = float(max(1.0, self.total_num_steps - self.warmup_num_steps))
+        return max(0.0, float(self.total_num_steps - it) / rest)
 
 
 class WarmupCosineLR(LRScheduler):

@@ -94,8 +94,8 @@ class Agreement:
     A call may carry a ``Step`` (``check``): the caller's count of its own calls (an optimizer's steps) and a code
     of the settings it must hold alike at that call (an optimizer's group hyperparameters), mixed into that call's
     signature (``Step.mixed``). A rank at another step (resumed from another step's save) or with other settings (a
-    learning-rate scheduler stepped on some ranks only) fails the first round it meets, instead of pairing its calls
-    with the others' out of step or training on with another learning rate.
+    learning-rate scheduler stepped on some ranks only) fails the first round it meets, instead of running its
+    schedule out of step or training on with another learning rate.
 
     Args:
         comm: the communicator the call runs on.
@@ -189,8 +189,8 @@ class Agreement:
         if stepped and differs(index):
             raise RankMismatchError(
                 f"{what}: the ranks are at different steps ({listing(index)}): a rank resumed from another step's "
-                f"checkpoint, or skipped or repeated a step, and its calls would pair with the others' out of step; "
-                f"load every rank's state from one save (compcoll.checkpoint)"
+                f"checkpoint, and its schedule and calls would run out of step with the others'; load every rank's "
+                f"state from one save (compcoll.checkpoint)"
             )
         if stepped and differs(settings):
             others = [r for r, row in enumerate(rows) if row[settings] != rows[0][settings]]

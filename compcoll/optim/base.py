@@ -283,9 +283,9 @@ class CompressedOptimizer(torch.optim.Optimizer):
     @property
     def step_index(self) -> int:
         """The index of the step now running among every ``step`` that reached the ranks (taken or skipped alike on
-        every rank): every round of a step carries it (``agreement.Agreement.check``), so a rank that skipped or
-        repeated a step raises ``RankMismatchError`` on every rank at its next round, instead of pairing its calls
-        with the others' out of step."""
+        every rank): every round of a step carries it (``agreement.Agreement.check``), so ranks resumed from saves of
+        different steps raise ``RankMismatchError`` on every rank at their first round, instead of running their
+        schedules out of step. (A rank that skips a whole ``step()`` call counts alike and is not caught.)"""
         return self.steps + self.skipped_steps
 
     def _tag(self) -> Step:

@@ -24,7 +24,7 @@ class Channel(ABC):
     @abstractmethod
     def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: Step | None = None) -> torch.Tensor:
         """The 1-bit estimate of the average of ``tensor`` over ranks, written to ``out``; ``step``, where given, is
-        the caller's count of its calls, which every rank must be at alike (``Agreement.check``)."""
+        the caller's step (its count and settings), which every rank must hold alike (``Agreement.check``)."""
 
     @abstractmethod
     def forget(self, coordinates: torch.Tensor) -> None:

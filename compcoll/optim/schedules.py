@@ -31,15 +31,12 @@ class WarmupLR(LRScheduler):
     def __init__(self, optimizer: torch.optim.Optimizer, warmup_min_lr: float | Sequence[float] = 0.0,
                  warmup_max_lr: float | Sequence[float] | None = None, warmup_num_steps: int = 1000,
                  warmup_type: str = LOG) -> None:
-        if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
-            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps!r}")
+        self.warmup_num_steps, self.warmup_type, self.inverse_log_warm_up = _warmup_settings(warmup_num_steps,
+                                                                                              warmup_type)
         groups = [group["lr"] for group in optimizer.param_groups]
         self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(optimizer, groups if warmup_max_lr is None else warmup_max_lr, "warmup_max_lr")
         self.delta_lrs = [big - small for big, small in zip(self.max_lrs, self.min_lrs)]
-        self.warmup_num_steps = max(2, warmup_num_steps)
-        self.warmup_type = _curve(warmup_type)
-        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
@@ -66,9 +63,7 @@ class WarmupDecayLR(WarmupLR):
     def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int,
                  warmup_min_lr: float | Sequence[float] = 0.0, warmup_max_lr: float | Sequence[float] = 0.001,
                  warmup_num_steps: int = 1000, warmup_type: str = LOG) -> None:
-        if isinstance(total_num_steps, bool) or not isinstance(total_num_steps, int) or total_num_steps <= 0:
-            raise ValueError(f"total_num_steps must be a positive integer, got {total_num_steps!r}")
-        self.total_num_steps = total_num_steps
+        self.total_num_steps = _positive("total_num_steps", total_num_steps)
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type)
         _warn_short(total_num_steps, self.warmup_num_steps)
 
@@ -90,16 +85,11 @@ class WarmupCosineLR(LRScheduler):
 
     def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
                  warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = LOG) -> None:
-        if isinstance(warmup_num_steps, bool) or not isinstance(warmup_num_steps, int) or warmup_num_steps <= 0:
-            raise ValueError(f"warmup_num_steps must be a positive integer, got {warmup_num_steps!r}")
-        if isinstance(total_num_steps, bool) or not isinstance(total_num_steps, int) or total_num_steps <= 0:
-            raise ValueError(f"total_num_steps must be a positive integer, got {total_num_steps!r}")
-        self.total_num_steps = total_num_steps
+        self.warmup_num_steps, self.warmup_type, self.inverse_log_warm_up = _warmup_settings(warmup_num_steps,
+                                                                                              warmup_type)
+        self.total_num_steps = _positive("total_num_steps", total_num_steps)
         self.cos_min_ratio = cos_min_ratio
-        self.warmup_type = _curve(warmup_type)
         self.warmup_min_ratio = warmup_min_ratio
-        self.warmup_num_steps = max(2, warmup_num_steps)
-        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
         _warn_short(total_num_steps, self.warmup_num_steps)
         self.org_lrs = [group["lr"] for group in optimizer.param_groups]
         super().__init__(optimizer)
@@ -142,13 +132,22 @@ def _per_group(optimizer: torch.optim.Optimizer, value: Any, name: str) -> list[
     return [value] * len(optimizer.param_groups)
 
 
-def _curve(warmup_type: str) -> str:
-    """The warm-up curve: "log" or "linear"; another name warns and takes "log", as DeepSpeed does."""
+def _positive(name: str, value: int) -> int:
+    """``value``, a positive integer, or ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _warmup_settings(warmup_num_steps: int, warmup_type: str) -> tuple[int, str, float]:
+    """A warm-up's (steps: max(2, ``warmup_num_steps``), curve, 1 / log(steps)), as DeepSpeed sets them up: a curve
+    other than "log" or "linear" warns and takes "log"."""
+    steps = max(2, _positive("warmup_num_steps", warmup_num_steps))
     if warmup_type not in (LOG, LINEAR):
         warnings.warn(f"warmup_type {warmup_type!r} is neither 'log' nor 'linear'; taking 'log', as DeepSpeed does",
-                      stacklevel=3)
-        return LOG
-    return warmup_type
+                      stacklevel=4)
+        warmup_type = LOG
+    return steps, warmup_type, 1.0 / math.log(steps)
 
 
 def _warmup(curve: str, inverse_log: float, it: int, steps: int) -> float:

@@ -14,6 +14,7 @@ from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from ..comm.torchdist import own_comm
 from .buckets import Schedule, gather, plain_allreduce, settle
+from .one_model import OneModel
 
 BLOCK_SIZE = 64
 """The hook's default elements per 1-bit scale block (bench/results/scaling_hooks.txt)."""
@@ -134,6 +135,7 @@ class OneBitState:
         self._seen: dict[int, list[list[int]]] = {}
         self._last_seen: dict[int, list[list[int]]] | None = None
         self._untiled = 0
+        self._model = OneModel("OneBitState")
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
         """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its parameters.
@@ -151,9 +153,11 @@ class OneBitState:
            iteration with such a bucket whose buckets are those of the iteration before
            (DDP's buckets have settled: a new DDP over a changed model, as after unfreezing
            layers) makes its buckets the known ones at its end (``end_iteration``).
-        DDP gives every rank the same buckets, so every rank decides alike.
+        DDP gives every rank the same buckets, so every rank decides alike. A second DDP
+        model's buckets are refused (``OneModel``: ``ValueError`` on every rank).
         """
         index, params = bucket.index(), bucket.parameters()
+        self._model.check(index, params)
         shapes = [list(p.shape) for p in params]
         self._seen[index] = shapes
         found = self._tile(index, shapes, params, bucket)
@@ -175,6 +179,7 @@ class OneBitState:
             self.allreduce.clear()
             self.node_buffers.clear()
         self._last_seen, self._seen, self._untiled = self._seen, {}, 0
+        self._model.end_iteration()
 
     def _tile(self, index: int, shapes: list[list[int]], params: list[torch.Tensor], bucket: dist.GradBucket
               ) -> list[tuple[int, list[tuple[int, int]]]] | None:

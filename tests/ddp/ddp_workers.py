@@ -346,3 +346,43 @@ def assert_same(values: torch.Tensor) -> None:
     gathered = [torch.empty_like(values) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, values)
     assert all(torch.equal(g, values) for g in gathered), "replicas differ"
+
+
+def _gan(states: tuple[compcoll.ddp.OneBitState, compcoll.ddp.OneBitState], steps: int) -> list[int]:
+    """``steps`` steps of a small GAN whose generator and discriminator are each under DDP, hooked with ``states``
+    (generator's, discriminator's; the same one twice as a user may): the bytes each state's compressed calls sent."""
+    rank = dist.get_rank()
+    with seeded(0):
+        nets = (torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.Tanh(), torch.nn.Linear(64, 30)),
+                torch.nn.Sequential(torch.nn.Linear(30, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)))
+    (gen, disc), sent = (DDP(net) for net in nets), [state.comm.bytes_sent for state in states]
+    for model, state in zip((gen, disc), states):
+        model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    opts = [torch.optim.Adam(net.parameters(), lr=1e-3) for net in nets]
+    draws = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        z, real = torch.randn(16, 20, generator=draws), torch.randn(16, 30, generator=draws)
+        for opt in opts:
+            opt.zero_grad()
+        (disc(real).mean() - disc(gen(z).detach()).mean()).backward()
+        opts[1].step()
+        opts[0].zero_grad()
+        disc(gen(z)).mean().backward()
+        opts[0].step()
+    assert_same(torch.cat([p.detach().reshape(-1) for net in nets for p in net.parameters()]))
+    return [state.comm.bytes_sent - before for state, before in zip(states, sent)]
+
+
+def state_shared_by_two_models(comm: compcoll.Communicator) -> None:
+    """One OneBitState registered on a GAN's two DDP models: ValueError naming the cause on every rank within two
+    steps (their buckets shared error buffers by index, the generator's went uncompressed for good, with nothing
+    said); a state each: both models' buckets compressed, replicas equal."""
+    shared = compcoll.ddp.OneBitState(start_iter=1, min_compress_numel=1)
+    try:
+        _gan((shared, shared), steps=2)
+    except ValueError as exc:
+        assert "give each DDP model its own OneBitState" in str(exc), exc
+    else:
+        raise AssertionError("no ValueError for one OneBitState on two DDP models")
+    own = tuple(compcoll.ddp.OneBitState(start_iter=1, min_compress_numel=1) for _ in range(2))
+    assert all(_gan(own, steps=3)), "a model's buckets went uncompressed"

@@ -70,3 +70,8 @@ def test_states_with_different_schedules_fail_at_construction(backend: str, worl
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 2)])
 def test_a_state_follows_a_new_ddp_over_a_changed_model(backend: str, world_size: int) -> None:
     on(backend, "rewrapped_model", world_size)
+
+
+@pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 2)])
+def test_a_state_shared_by_two_models_fails_on_every_rank(backend: str, world_size: int) -> None:
+    on(backend, "state_shared_by_two_models", world_size)

@@ -10,7 +10,7 @@ import torch
 import compcoll
 from compcoll.errors import NonFiniteError, RemoteError
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks, make_input
-from tests.optim.optim_workers import batch, build
+from tests.optim.optim_workers import batch, build, whole_state
 
 FAULTS = ("none", "nan", "bad", "late")
 WEIGHTS = (0.7, 0.1, 0.1, 0.1)
@@ -102,7 +102,7 @@ def optimizer_series(comm: compcoll.Communicator, name: str, plan: list, faults:
             return SKIPPED if opt.skipped_steps > skipped else OK
 
         outcomes.append(_outcome(call))
-    state = opt.state_dict()["state"]
+    state = whole_state(opt)
     errors = [v for v in (state["error_feedback"] or {}).values() if isinstance(v, torch.Tensor)]
     return outcomes, [opt.flat.data.clone(), *state["buffers"].values(), *errors, torch.tensor(opt.steps)]
 

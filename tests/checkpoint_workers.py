@@ -9,7 +9,7 @@ import torch
 
 import compcoll
 import compcoll.checkpoint
-from tests.optim.optim_workers import STEPS, _tensors, build, flat_params, train
+from tests.optim.optim_workers import STEPS, _tensors, build, flat_params, train, whole_state
 
 
 def per_rank_files_resume_exactly(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
@@ -53,12 +53,9 @@ def rank_zero_state_on_every_rank(comm: compcoll.Communicator, name: str, at: in
     assert len(warned) == (1 if comm.rank and per_rank else 0), [str(w.message) for w in caught]
     assert opt2.steps == at
     train(comm, model2, opt2, range(at, STEPS))  # asserts identical replicas after every synchronised step
-    if not opt2._rank_own and not any(bool(t.any()) for t in _error_tensors(saved["optimizer"])):
+    if not opt2._rank_own and not any(bool(t.any()) for t in _tensors(whole_state(opt2, saved["optimizer"])["error_feedback"])):
         assert torch.equal(flat_params(model2), flat_params(model)), f"{name} resumed in warmup differs"
 
-
-def _error_tensors(state: dict) -> list[torch.Tensor]:
-    return _tensors(state["state"]["error_feedback"])
 
 
 def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str) -> None:

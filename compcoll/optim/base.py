@@ -18,6 +18,7 @@ from ..spec import CHANNEL_PROTOCOLS
 from ..workspace import Workspace
 from .channel import Channel, ErrorFeedbackChannel, LayeredChannel
 from .flat import FlatParams
+from .saved import SECTION, inner_state, parameter_views, torch_layout
 
 NONFINITE_POLICIES = ("skip", "raise")
 COMPRESSED = ("update", "momentum")
@@ -180,7 +181,17 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """A zero state buffer kept in ``state_dict`` (``numel`` defaults to the parameter count)."""
         buf = torch.zeros(self.flat.numel if numel is None else numel, dtype=dtype, device=self.flat.device)
         self._buffers[name] = buf
+        self._publish()
         return buf
+
+    def _publish(self) -> None:
+        """Show the per-parameter state as torch's optimizers do: ``self.state[p]`` maps each state buffer kept per
+        parameter (``saved.per_parameter``) to p's view of it, in p's shape (a view: it reads and writes the one
+        buffer). It also tells ``torch.distributed.checkpoint``'s ``get_state_dict`` that the state exists (on an
+        optimizer without state it takes a step with zero gradients to make some, a step that would count here)."""
+        self.state.clear()
+        for p, views in parameter_views(self._buffers, self.flat, self._rank_own):
+            self.state[p] = views
 
     @property
     def channel(self) -> Channel:
@@ -264,6 +275,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
             return
         device = self.flat.device
         self._buffers = {name: buf.to(device) for name, buf in self._buffers.items()}
+        self._publish()
         if self._channel is not None:
             self._channel.to(device)
         self.workspace = Workspace()
@@ -332,11 +344,15 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values, self._tag())
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's state: step counters, phase scalars, every flat buffer (copies), hyperparameters.
+        """This rank's state, laid out as torch's optimizers lay theirs out (``saved.torch_layout``).
 
-        While the replicas differ (``synchronized`` False) it also holds this rank's
-        parameters, since building an optimizer broadcasts rank 0's over them, and
-        always the float32 master weights of a model with 16-bit parameters.
+        ``"state"`` holds each trained parameter's part of the state buffers (by its index in
+        the groups), ``"param_groups"`` the hyperparameters; the first group's ``"compcoll"``
+        entry holds the step counters, phase scalars, the other buffers and, under
+        ``"rank{r}"``, this rank's own: its error feedback and, while the replicas differ
+        (``synchronized`` False), its parameters (building an optimizer broadcasts rank 0's
+        over them). The float32 master weights of a model with 16-bit parameters are always
+        in. ``torch.distributed.checkpoint`` saves it by the parameters' names (tested).
         """
         self._follow_parameters()
         groups = []
@@ -346,21 +362,19 @@ class CompressedOptimizer(torch.optim.Optimizer):
             saved["params"] = list(range(index, index + len(group["params"])))
             index += len(group["params"])
             groups.append(saved)
-        return {
-            "state": {
-                "algorithm": type(self).__name__,
-                "world_size": self.comm.size,
-                "rank": self.comm.rank,
-                "layout": self.flat.layout_code(),
-                "steps": self.steps,
-                "skipped_steps": self.skipped_steps,
-                "scalars": {name: getattr(self, name) for name in self._scalar_names},
-                "buffers": {name: buf.clone() for name, buf in self._buffers.items()},
-                "error_feedback": None if self._channel is None else self._channel.state_dict(),
-                "params": None if self.synchronized and not self.flat.low_precision else self.flat.data.clone(),
-            },
-            "param_groups": groups,
+        inner = {
+            "algorithm": type(self).__name__,
+            "world_size": self.comm.size,
+            "rank": self.comm.rank,
+            "layout": self.flat.layout_code(),
+            "steps": self.steps,
+            "skipped_steps": self.skipped_steps,
+            "scalars": {name: getattr(self, name) for name in self._scalar_names},
+            "buffers": self._buffers,
+            "error_feedback": None if self._channel is None else self._channel.state_dict(),
+            "params": None if self.synchronized and not self.flat.low_precision else self.flat.data.clone(),
         }
+        return torch_layout(inner, groups, self.flat, self._rank_own, self.synchronized)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved: this rank's own, or another rank's (frameworks save rank 0's).
@@ -378,7 +392,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """
         name = type(self).__name__
         self._follow_parameters()
-        state = state_dict["state"]
+        state = inner_state(state_dict, self.flat, self.comm.rank, self.comm.size, name)
         if state.get("algorithm") != name:
             raise ValueError(f"{name}: this checkpoint is a {state.get('algorithm')!r} optimizer's state")
         own = (state["world_size"], state["rank"]) == (self.comm.size, self.comm.rank)
@@ -417,7 +431,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.steps = state["steps"]
         self.skipped_steps = state["skipped_steps"]
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            group.update({k: v for k, v in saved.items() if k not in ("params", SECTION)})
 
 
 HYPERPARAMETERS = "hyperparameters of the parameter groups (lr, betas, eps, weight_decay, ...)"

@@ -12,6 +12,7 @@ from compcoll.kernels import reference
 from tests.algorithms.onebit_workers import (assert_errors_match, assert_matches_reference, assert_same_on_all_ranks,
                                              make_input)
 from tests.optim.follow_workers import close
+from tests.optim.optim_workers import whole_state
 
 def report(line: str) -> None:
     """Append a line to the file ``$COMPCOLL_GPU_DIFFS`` names, where it is set (the GPU run keeps it)."""
@@ -129,7 +130,7 @@ def optimizers_on_cuda_equal_cpu(comm: compcoll.Communicator, steps: int, device
                 worst = max(worst, close(a.detach(), b.detach().cpu(), f"{where}: parameters at step {step}"))
                 if getattr(opts[1], "synchronized", True):
                     assert_same_on_all_ranks(comm, b.detach().cpu().float(), f"{where} at step {step}: ")
-        cpu_state, cuda_state = (opt.state_dict()["state"] for opt in opts)
+        cpu_state, cuda_state = (whole_state(opt) for opt in opts)
         for name, buf in cpu_state["buffers"].items():
             close(buf, cuda_state["buffers"][name].cpu(), f"{where}: state buffer {name}")
         for name in ("worker_error", "server_error"):

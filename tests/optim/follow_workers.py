@@ -9,7 +9,7 @@ import torch
 import compcoll
 from compcoll.launcher import seeded
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
-from tests.optim.optim_workers import CONFIGS, Net, _tensors
+from tests.optim.optim_workers import CONFIGS, Net, _tensors, whole_state
 
 STEPS = 12
 """Through every optimizer's warmup into its compressed phase (0/1 Adam: local steps and a sync)."""
@@ -109,7 +109,7 @@ def _same(a: tuple[torch.nn.Module, object], b: tuple[torch.nn.Module, object], 
     for (key, p), q in zip(model_a.named_parameters(), model_b.parameters()):
         assert p.dtype == q.dtype, f"{where}: {key} is {p.dtype}, not {q.dtype}"
         same(p, q, f"parameter {key}")
-    state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+    state_a, state_b = whole_state(opt_a), whole_state(opt_b)
     same(opt_a.flat.data, opt_b.flat.data, "master weights")
     for key, buf in state_a["buffers"].items():
         same(buf, state_b["buffers"][key], f"state buffer {key}")

@@ -11,7 +11,7 @@ import compcoll
 from compcoll.launcher import seeded
 from compcoll.optim import OneBitAdam, from_deepspeed_config, load_deepspeed_checkpoint
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
-from tests.optim.optim_workers import Net, batch
+from tests.optim.optim_workers import Net, batch, whole_state
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.0,
@@ -87,11 +87,11 @@ def _resumed_alike(comm: compcoll.Communicator, folder: str, config: dict, numer
     ref_model.load_state_dict(loaded["module"])
     start = ours.flat.data.clone()
     ref = from_deepspeed_config(config, ref_model.parameters(), comm, numerics=numerics)
-    state = ref.state_dict()
-    state["state"]["buffers"] = {key: value.clone() for key, value in ours.state_dict()["state"]["buffers"].items()}
-    state["state"]["scalars"] = scalars
-    state["state"]["steps"] = SAVED_AT
-    ref.load_state_dict(state)
+    state = whole_state(ref)  # given as before 2026-11-30: the whole state under "state"
+    state.update(buffers={key: value.clone() for key, value in whole_state(ours)["buffers"].items()},
+                 scalars=scalars, steps=SAVED_AT)
+    groups = [{k: v for k, v in group.items() if k != "compcoll"} for group in ref.state_dict()["param_groups"]]
+    ref.load_state_dict({"state": state, "param_groups": groups})
     for step in range(SAVED_AT, SAVED_AT + AFTER):
         for model_, opt in ((ours_model, ours), (ref_model, ref)):
             opt.zero_grad()

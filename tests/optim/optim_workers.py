@@ -13,6 +13,7 @@ import compcoll
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
+from compcoll.optim.saved import inner_state
 from compcoll.spec import protocol_for
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
 
@@ -132,8 +133,8 @@ def resume(comm: compcoll.Communicator, name: str, at: int) -> None:
         train(comm, model2, opt2, range(at, STEPS))
         assert torch.equal(flat_params(model2).view(torch.int32), flat_params(model).view(torch.int32)), \
             f"resumed at step {at} ({order}), the parameters differ from the uninterrupted run's"
-        for key, value in opt.state_dict()["state"]["buffers"].items():
-            assert torch.equal(value, opt2.state_dict()["state"]["buffers"][key]), \
+        for key, value in whole_state(opt)["buffers"].items():
+            assert torch.equal(value, whole_state(opt2)["buffers"][key]), \
                 f"state buffer {key} differs ({order})"
 
 
@@ -142,7 +143,7 @@ def nonfinite(comm: compcoll.Communicator, name: str, at: int, policy: str) -> N
     model, opt = build(comm, name, nonfinite=policy)
     train(comm, model, opt, range(at))
     before_params = opt.flat.data.clone()
-    before_state = opt.state_dict()["state"]
+    before_state = whole_state(opt)
     if policy == "raise":
         try:
             train(comm, model, opt, range(at, at + 1), poison=at)
@@ -154,7 +155,7 @@ def nonfinite(comm: compcoll.Communicator, name: str, at: int, policy: str) -> N
         train(comm, model, opt, range(at, at + 1), poison=at)
         assert opt.skipped_steps == 1
     assert torch.equal(opt.flat.data, before_params), "a skipped step changed the parameters"
-    after_state = opt.state_dict()["state"]
+    after_state = whole_state(opt)
     assert after_state["steps"] == at
     for key, value in before_state["buffers"].items():
         assert torch.equal(value, after_state["buffers"][key]), f"a skipped step changed {key}"
@@ -164,6 +165,13 @@ def nonfinite(comm: compcoll.Communicator, name: str, at: int, policy: str) -> N
         assert torch.equal(before, after), "a skipped step changed an error buffer"
     train(comm, model, opt, range(at + 1, STEPS))
     assert opt.steps == STEPS - 1
+
+
+def whole_state(opt: compcoll.optim.CompressedOptimizer, state: dict | None = None) -> dict:
+    """``opt``'s state (or ``state``, one of its ``state_dict()``s) with its buffers whole: counters, scalars, flat
+    buffers, error feedback and parameters (``compcoll.optim.saved.inner_state``)."""
+    state = opt.state_dict() if state is None else state
+    return inner_state(state, opt.flat, opt.comm.rank, opt.comm.size, type(opt).__name__)
 
 
 def _tensors(state) -> list[torch.Tensor]:
@@ -594,7 +602,7 @@ def step_mismatch(comm: compcoll.Communicator, name: str, change: str) -> None:
             opt.param_groups[0]["lr"] /= 2
         expected = (f"at step {6 + comm.size} the hyperparameters of the parameter groups (lr, betas, eps, "
                     f"weight_decay, ...) of rank(s) {list(range(1, comm.size))} differ from rank 0's")
-    before = opt.state_dict()["state"]
+    before = whole_state(opt)
     params = opt.flat.data.clone()
     try:
         train(comm, model, opt, range(6 + comm.size, 7 + comm.size))
@@ -604,4 +612,4 @@ def step_mismatch(comm: compcoll.Communicator, name: str, change: str) -> None:
         raise AssertionError("no RankMismatchError")
     assert torch.equal(opt.flat.data, params), "the refused step changed the parameters"
     for key, value in before["buffers"].items():
-        assert torch.equal(value, opt.state_dict()["state"]["buffers"][key]), f"the refused step changed {key}"
+        assert torch.equal(value, whole_state(opt)["buffers"][key]), f"the refused step changed {key}"

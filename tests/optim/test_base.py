@@ -7,7 +7,7 @@ import torch
 
 import compcoll
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
-from tests.optim.optim_workers import _tensors
+from tests.optim.optim_workers import _tensors, whole_state
 
 ALL = [OneBitAdam, OneBitLamb, ZeroOneAdam, Birder]
 
@@ -79,15 +79,18 @@ def test_checkpoints_of_another_model_are_refused_of_another_rank_loaded(cls) ->
         model(torch.randn(4, 5)).sum().backward()
         opt.step()
     state = opt.state_dict()
-    other_world = {**state, "state": {**state["state"], "world_size": 2, "rank": 1}}
+    section = state["param_groups"][0]["compcoll"]
+    other_world = {"state": state["state"], "param_groups": [
+        {**state["param_groups"][0], "compcoll": {**{k: v for k, v in section.items() if k != "rank0"},
+                                                  "world_size": 2, "rank1": section["rank0"]}}]}
     fresh = cls(_model().parameters(), comm=comm)
     with pytest.warns(UserWarning, match="on rank 0 of 1: counters resume exactly, but .* for an exact resume"):
         fresh.load_state_dict(other_world)
     if opt._channel is not None:
         assert all(not bool(t.any()) for t in _tensors(fresh.channel.state_dict()))
-    loaded = fresh.state_dict()["state"]
-    assert loaded["steps"] == 2 and loaded["scalars"] == state["state"]["scalars"]
-    assert all(torch.equal(loaded["buffers"][k], v) for k, v in state["state"]["buffers"].items())
+    loaded, saved = whole_state(fresh), whole_state(opt, state)
+    assert loaded["steps"] == 2 and loaded["scalars"] == saved["scalars"]
+    assert all(torch.equal(loaded["buffers"][k], v) for k, v in saved["buffers"].items())
     with pytest.raises(ValueError, match="other parameter groups or shapes"):
         cls(torch.nn.Linear(5, 4).parameters(), comm=comm).load_state_dict(state)
     other = next(c for c in ALL if c is not cls)

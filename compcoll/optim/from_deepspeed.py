@@ -171,11 +171,11 @@ def scheduler_from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, 
     """The learning-rate schedule a DeepSpeed 0.19.6 config's ``"scheduler"`` section describes, on ``optimizer``.
 
     1. Read the config (a dict, or the path of its JSON file) and its ``type``, spelled as
-       DeepSpeed spells it: WarmupLR, WarmupDecayLR or WarmupCosineLR (``optim.schedules``:
+       DeepSpeed spells it: WarmupLR, WarmupDecayLR, WarmupCosineLR or OneCycle (``optim.schedules``:
        DeepSpeed's learning rates, bit for bit, with ``step()`` after every optimizer step, as the
        engine steps them), or the name of a scheduler of ``torch.optim.lr_scheduler`` (the
        engine's fallback, built as it built it: ``params`` as keyword arguments).
-    2. DeepSpeed's OneCycle and LRRangeTest are refused with the reason (``schedules.NOT_CARRIED``);
+    2. DeepSpeed's LRRangeTest is refused with the reason (``schedules.NOT_CARRIED``);
        a ``params`` key the schedule does not take, or ``last_batch_iteration`` (resume
        through the scheduler's ``state_dict``), raises ValueError naming it.
 

@@ -1,4 +1,4 @@
-"""DeepSpeed 0.19.6's warm-up learning-rate schedules as torch LR schedulers, for DeepSpeed configs carried over."""
+"""DeepSpeed 0.19.6's learning-rate schedules (OneCycle's betas too) as torch LR schedulers, for its configs."""
 
 from __future__ import annotations
 
@@ -113,11 +113,94 @@ class WarmupCosineLR(LRScheduler):
         return max(0.0, self.cos_min_ratio + (1. - self.cos_min_ratio) * ratio)
 
 
+class OneCycle(LRScheduler):
+    """DeepSpeed's ``OneCycle``: one cycle of the learning rate up and down (the momentum, b1, down and up), then
+    an optional decay.
+
+    At iteration ``it`` = ``last_epoch`` - 1 (as ``WarmupLR``), with S1 = ``cycle_first_step_size``,
+    S2 = ``cycle_second_step_size`` (None: S1) and T = S1 + S2:
+    1. it < 0 (the first optimizer step): ``cycle_min_lr``, and betas (``cycle_min_mom``, 0.99).
+    2. it < T: the position x = 1 + (it + 1) / T - floor(1 + (it + 1) / T) in the cycle gives a
+       scale s = x / r (r = S1 / T) while x <= r, else (x - 1) / (r - 1); with a stair count
+       k > 0 for that half, s = floor(k * (steps into the half) / its length) / k. lr =
+       min + (max - min) s; b1 = ``cycle_max_mom`` - (max - min momentum) s.
+    3. After, with ``decay_step_size`` D > 0: lr = min / (1 + ``decay_lr_rate`` * i / D) and
+       b1 = ``cycle_max_mom`` * (1 + ``decay_mom_rate`` * i / D), i = it - T + 1; a rate of 0
+       (or D = 0) holds min lr and max momentum.
+    b2 is 0.99 throughout, as DeepSpeed's sets it (compcoll's optimizers read the groups' betas
+    at every step). ``cycle_momentum=False`` leaves the betas alone. The same float operations as
+    DeepSpeed's, so the same bits.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cycle_min_lr: float | Sequence[float],
+                 cycle_max_lr: float | Sequence[float], decay_lr_rate: float = 0.0,
+                 cycle_first_step_size: int = 2000, cycle_second_step_size: int | None = None,
+                 cycle_first_stair_count: int = 0, cycle_second_stair_count: int | None = None,
+                 decay_step_size: int = 0, cycle_momentum: bool = True, cycle_min_mom: float | Sequence[float] = 0.8,
+                 cycle_max_mom: float | Sequence[float] = 0.9, decay_mom_rate: float = 0.0) -> None:
+        self.first_step_size = float(cycle_first_step_size)
+        self.second_step_size = self.first_step_size if cycle_second_step_size is None \
+            else float(cycle_second_step_size)
+        if self.first_step_size <= 0 or self.second_step_size < 0:
+            raise ValueError(f"OneCycle: cycle_first_step_size must be positive and cycle_second_step_size "
+                             f"non-negative, got {cycle_first_step_size!r} and {cycle_second_step_size!r}")
+        self.total_size = self.first_step_size + self.second_step_size
+        self.step_ratio = self.first_step_size / self.total_size
+        self.stair_counts = (cycle_first_stair_count,
+                             cycle_first_stair_count if cycle_second_stair_count is None else cycle_second_stair_count)
+        self.decay_step_size = decay_step_size
+        decays = not math.isclose(decay_step_size, 0)
+        self.decay_lr_rate = decay_lr_rate if decays and not math.isclose(decay_lr_rate, 0) else None
+        self.decay_mom_rate = decay_mom_rate if decays and not math.isclose(decay_mom_rate, 0) else None
+        self.min_lrs = _per_group(optimizer, cycle_min_lr, "cycle_min_lr")
+        self.max_lrs = _per_group(optimizer, cycle_max_lr, "cycle_max_lr")
+        self.cycle_momentum = cycle_momentum and "betas" in optimizer.defaults
+        if cycle_momentum and not self.cycle_momentum:
+            warnings.warn(f"OneCycle: {type(optimizer).__name__} has no betas; the momentum is not cycled",
+                          stacklevel=2)
+        self.min_moms = _per_group(optimizer, cycle_min_mom, "cycle_min_mom")
+        self.max_moms = _per_group(optimizer, cycle_max_mom, "cycle_max_mom")
+        super().__init__(optimizer)
+
+    def get_lr(self) -> list[float]:
+        """The groups' learning rates at DeepSpeed's iteration ``last_epoch`` - 1; sets their betas too."""
+        it = self.last_epoch - 1
+        if it < 0:
+            lrs, moms = list(self.min_lrs), list(self.min_moms)
+        elif it < self.total_size:
+            scale = self._scale(it + 1)
+            lrs = [low + (high - low) * scale for low, high in zip(self.min_lrs, self.max_lrs)]
+            moms = [high - (high - low) * scale for low, high in zip(self.min_moms, self.max_moms)]
+        else:
+            interval = (it - self.total_size + 1) / self.decay_step_size if self.decay_step_size else 0.0
+            lrs = list(self.min_lrs) if self.decay_lr_rate is None \
+                else [low / (1 + self.decay_lr_rate * interval) for low in self.min_lrs]
+            moms = list(self.max_moms) if self.decay_mom_rate is None \
+                else [high * (1 + self.decay_mom_rate * interval) for high in self.max_moms]
+        if self.cycle_momentum:
+            for group, momentum in zip(self.optimizer.param_groups, moms):
+                group["betas"] = (momentum, 0.99)
+        return lrs
+
+    def _scale(self, batch: int) -> float:
+        """Step 2's scale at DeepSpeed's batch index ``batch`` (= it + 1)."""
+        cycle = math.floor(1 + batch / self.total_size)
+        x = 1. + batch / self.total_size - cycle
+        rising = x <= self.step_ratio
+        scale = x / self.step_ratio if rising else (x - 1) / (self.step_ratio - 1)
+        stairs = self.stair_counts[0 if rising else 1]
+        if stairs > 0:
+            into = batch % self.total_size
+            position = (into * stairs / self.first_step_size if into <= self.first_step_size
+                        else (self.total_size - into) * stairs / self.second_step_size)
+            scale = math.floor(position) / stairs
+        return scale
+
+
 SCHEDULES: dict[str, type[LRScheduler]] = {"WarmupLR": WarmupLR, "WarmupDecayLR": WarmupDecayLR,
-                                           "WarmupCosineLR": WarmupCosineLR}
+                                           "WarmupCosineLR": WarmupCosineLR, "OneCycle": OneCycle}
 """DeepSpeed's schedule names (as its configs spell them) carried over here."""
-NOT_CARRIED = {"OneCycle": "it also cycles the momentum (betas), which compcoll's optimizers hold fixed",
-               "LRRangeTest": "a learning-rate search, not a training schedule: run it with DeepSpeed or "
+NOT_CARRIED = {"LRRangeTest": "a learning-rate search, not a training schedule: run it with DeepSpeed or "
                               "torch.optim.lr_scheduler.LambdaLR"}
 """DeepSpeed's other schedules, refused with the reason."""
 

@@ -69,6 +69,53 @@ def test_learning_rates_equal_deepspeeds_own(kind: str, params: dict) -> None:
     assert ours == theirs
 
 
+ONE_CYCLE = [
+    dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=10),
+    dict(cycle_min_lr=[1e-4, 2e-4], cycle_max_lr=[1e-3, 3e-3], cycle_first_step_size=7, cycle_second_step_size=12,
+         decay_lr_rate=0.1, decay_step_size=3, decay_mom_rate=0.05, cycle_min_mom=[0.85, 0.8], cycle_max_mom=0.95),
+    dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=9, cycle_first_stair_count=3,
+         cycle_second_stair_count=2, decay_step_size=5, decay_lr_rate=0.5),
+    dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=5, cycle_second_step_size=0),
+    dict(cycle_min_lr=1e-4, cycle_max_lr=1e-3, cycle_first_step_size=6, cycle_momentum=False),
+]
+"""OneCycle with its defaults, per-group values, both decays, stairs, a cycle without its second half, no momentum."""
+
+
+def _lrs_and_betas(make, steps: int = 60) -> list[list[tuple]]:
+    """Each optimizer step's (lr, betas) per group of a torch Adam over two groups, the schedule stepped after each."""
+    first, second = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam([{"params": first.parameters(), "lr": 0.3}, {"params": second.parameters()}])
+    scheduler = make(optimizer)
+    seen = []
+    for _ in range(steps):
+        seen.append([(group["lr"], tuple(group["betas"])) for group in optimizer.param_groups])
+        optimizer.step()
+        scheduler.step()
+    return seen
+
+
+@pytest.mark.parametrize("params", ONE_CYCLE)
+def test_one_cycle_equals_deepspeeds_own(params: dict) -> None:
+    """DeepSpeed 0.19.6's own OneCycle sets the same learning rates and betas at every step."""
+    ours = _lrs_and_betas(lambda opt: schedules.OneCycle(opt, **params))
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime import lr_schedules
+
+    assert ours == _lrs_and_betas(lambda opt: lr_schedules.OneCycle(opt, **params))
+
+
+def test_one_cycle_follows_deepspeeds_formulas() -> None:
+    """Without DeepSpeed: the cycle's ends, its midpoints and the decay at chosen steps (step i + 1 at it = i - 1)."""
+    seen = _lrs_and_betas(lambda opt: schedules.OneCycle(opt, 0.001, 0.01, cycle_first_step_size=10,
+                                                         decay_step_size=2, decay_lr_rate=0.5), 30)
+    scale = (1. + 1 / 20 - 1) / (10 / 20)  # batch 1 of a 20-batch cycle rising for 10: x / r
+    assert seen[0][0] == (0.001, (0.8, 0.99)) and seen[1][0] == (0.001 + (0.01 - 0.001) * scale,
+                                                                 (0.9 - (0.9 - 0.8) * scale, 0.99))
+    assert seen[10][0] == (0.001 + (0.01 - 0.001) * 1.0, (0.9 - (0.9 - 0.8) * 1.0, 0.99))  # the top, it = 9
+    assert seen[20][0] == (0.001, (0.9, 0.99))  # the cycle's end, it = 19
+    assert seen[25][0] == (0.001 / (1 + 0.5 * ((24 - 20.0 + 1) / 2)), (0.9, 0.99))  # decaying, it = 24
+
+
 def test_learning_rates_follow_deepspeeds_formulas() -> None:
     """Without DeepSpeed: the rates at chosen steps, from the formulas of DeepSpeed's docstrings, in its order of
     operations (the rates of optimizer step i + 1 at DeepSpeed's iteration it = i - 1; the first sees the start)."""
@@ -118,7 +165,7 @@ def test_configs_build_schedules_and_refuse_what_does_not_carry_over(tmp_path: P
     assert [r[0] for r in _rates(lambda opt: scheduler_from_deepspeed_config(step_lr, opt), 7)] == \
         [0.3, 0.3, 0.3, 0.15, 0.15, 0.15, 0.075]
     for section, message in (
-        ({"type": "OneCycle", "params": {}}, "OneCycle is not carried over: it also cycles the momentum"),
+        ({"type": "LRRangeTest", "params": {}}, "LRRangeTest is not carried over: a learning-rate search"),
         ({"type": "WarmupLR", "params": {"warmup_steps": 5}}, "param(s) 'warmup_steps' not taken by WarmupLR"),
         ({"type": "WarmupLR", "params": {"last_batch_iteration": 5}}, "resume a schedule through its state_dict"),
         ({"type": "warmuplr"}, "'warmuplr' is neither one of DeepSpeed's"),
@@ -157,3 +204,30 @@ def test_a_config_schedules_a_compressed_optimizer_alike_on_every_rank() -> None
 
     run_threads(rank, 2)
     assert torch.equal(finals[0], finals[1])
+
+
+def test_one_cycle_drives_a_compressed_optimizers_betas_alike_on_every_rank() -> None:
+    """A config's OneCycle over OneBitAdam on 2 ranks, through its compressed steps: every step trains with the
+    schedule's b1 (a run that does not cycle the momentum ends elsewhere) and replicas stay equal."""
+    finals = {}
+
+    def rank(comm: compcoll.Communicator, cycle: bool) -> None:
+        config = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 3}},
+                  "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3,
+                                                               "cycle_first_step_size": 4, "cycle_momentum": cycle}}}
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 4)
+        optimizer = from_deepspeed_config(config, model.parameters(), comm)
+        scheduler = scheduler_from_deepspeed_config(config, optimizer)
+        gen = torch.Generator().manual_seed(comm.rank)
+        for _ in range(8):
+            optimizer.zero_grad()
+            model(torch.randn(5, 6, generator=gen)).square().mean().backward()
+            optimizer.step()
+            scheduler.step()
+        finals[cycle, comm.rank] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    for cycle in (True, False):
+        run_threads(rank, 2, args=(cycle,))
+    assert torch.equal(finals[True, 0], finals[True, 1]) and torch.equal(finals[False, 0], finals[False, 1])
+    assert not torch.equal(finals[True, 0], finals[False, 0]), "the cycled betas did not reach the steps"

@@ -18,6 +18,7 @@ from ..spec import CHANNEL_PROTOCOLS
 from ..workspace import Workspace
 from .channel import Channel, ErrorFeedbackChannel, LayeredChannel
 from .flat import FlatParams
+from .replicated import PROBED_STEPS, fingerprint, same_everywhere, warning
 from .saved import SECTION, inner_state, parameter_views, torch_layout
 
 NONFINITE_POLICIES = ("skip", "raise")
@@ -164,6 +165,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self.skipped_steps = 0
         self._warned_scaler = False
+        self._probed = False
         self._buffers: dict[str, torch.Tensor] = {}
         self._channel: Channel | None = None
         self.workspace = Workspace()
@@ -338,10 +340,21 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """One small allgather of (finite?, ``values``) at this step (``_tag``): NonFiniteError on every rank if some
         rank's grad is not finite, RankMismatchError if some rank is at another step or holds other hyperparameters.
 
+        Without ``values``, at the first ``PROBED_STEPS`` steps on several ranks, the round
+        carries a fingerprint of each rank's gradient instead (``replicated.fingerprint``):
+        the same on every rank means the gradients were averaged before the step or every
+        rank trains on the same batches, and a warning says so, once.
+
         Returns the (size, len(values)) table of every rank's values.
         """
         finite = codecs.all_finite(grad)
-        return agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), values, self._tag())
+        probe = not values and not self._probed and self.comm.size > 1 and self.step_index < PROBED_STEPS
+        carried = (fingerprint(grad),) if probe else values
+        table = agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), carried, self._tag())
+        if probe and same_everywhere(table[:, 0].tolist()):
+            self._probed = True
+            warnings.warn(warning(type(self).__name__, self.step_index), stacklevel=4)
+        return table[:, :len(values)]
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state, laid out as torch's optimizers lay theirs out (``saved.torch_layout``).

@@ -74,8 +74,10 @@ def inner_state(state_dict: dict[str, Any], flat: FlatParams, rank: int, size: i
         state = state_dict.get("state", {})
         if "algorithm" in state:
             return state
-        raise ValueError(f"{what}: this state_dict is not a compcoll optimizer's (no {SECTION!r} entry in its first "
-                         f"parameter group): a torch optimizer's state does not load into it")
+        raise ValueError(f"{what}: this state_dict holds no {SECTION!r} entry in its first parameter group: a torch "
+                         f"optimizer's state does not load into it, nor one that torch.distributed.checkpoint's "
+                         f"set_state_dict flattened (StateDictOptions(flatten_optimizer_state_dict=True) keeps only "
+                         f"the groups' torch keys: save and load without it)")
     buffers = dict(section["buffers"])
     position = {key: i for i, key in enumerate(key for group in groups for key in group.get("params", ()))}
     entries = {position.get(key, key): entry for key, entry in state_dict["state"].items()}

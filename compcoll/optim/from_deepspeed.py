@@ -18,6 +18,7 @@ from ..comm.base import Communicator
 from .base import CompressedOptimizer
 from .onebit_adam import OneBitAdam
 from .onebit_lamb import OneBitLamb
+from .carry import MOMENTS, carry
 from .schedules import NOT_CARRIED, SCHEDULES
 from .zero_one_adam import ZeroOneAdam
 
@@ -215,13 +216,6 @@ CHECKPOINT_FILE = "mp_rank_00_model_states.pt"
 """The file of a DeepSpeed checkpoint (ZeRO off) that holds the module and the optimizer's state."""
 
 
-MOMENTS = {OneBitAdam: ("exp_avg", "exp_avg_sq"), OneBitLamb: ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh")}
-"""The per-parameter tensors of each optimizer whose DeepSpeed 0.19.6 checkpoints carry over, named alike in both."""
-LAYER_SCALARS = {"lamb_coeff_freeze": "coeff_freeze", "last_factor": "last_factor", "scaling_coeff": "scaling_coeff"}
-"""1-bit LAMB's per-parameter floats in DeepSpeed's state, and the attribute of compcoll's per-layer float64 buffer
-that holds each (its ``state_dict`` key is DeepSpeed's name)."""
-
-
 def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[str, Any] | str | os.PathLike,
                               *, allow: Iterable[str] = ()) -> dict[str, Any]:
     """Carry a DeepSpeed 0.19.6 OneBitAdam or OneBitLamb checkpoint's optimizer state into compcoll's ``optimizer``.
@@ -252,62 +246,12 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
     Returns:
         The checkpoint's dict: load the model's weights from its ``"module"``.
     """
-    moments = MOMENTS.get(type(optimizer))
-    if moments is None:
+    if type(optimizer) not in MOMENTS:
         raise ValueError(f"load_deepspeed_checkpoint carries OneBitAdam's and OneBitLamb's state; got "
                          f"{type(optimizer).__name__} (ZeroOneAdam's local-step intervals are not carried yet)")
     loaded = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint(Path(checkpoint), tuple(allow))
-    state, groups = _optimizer_state(loaded)
-    flat = optimizer.flat
-    sizes = [len(group["params"]) for group in optimizer.param_groups]
-    if [len(group["params"]) for group in groups] != sizes:
-        raise ValueError(f"DeepSpeed checkpoint: parameter groups of {[len(g['params']) for g in groups]} "
-                         f"parameters, the optimizer's have {sizes}")
-    order = [index for group in groups for index in group["params"]]
-    order = [order[i] for i in flat.trained]
-    copies = []
-    for index, shape, segment in zip(order, flat.shapes, flat.segments):
-        entry = state.get(index, {})
-        for key in moments:
-            saved = entry.get(key)
-            if saved is None or tuple(saved.shape) != shape:
-                found = "none" if saved is None else tuple(saved.shape)
-                raise ValueError(f"DeepSpeed checkpoint: parameter {index}'s {key} is {found}, expected shape {shape}")
-            copies.append((getattr(optimizer, key)[segment.start:segment.stop], saved))
-    steps = {int(state[index]["step"]) for index in order}
-    if len(steps) != 1:
-        raise ValueError(f"DeepSpeed checkpoint: parameters at different steps {sorted(steps)}")
-    layers = _layer_scalars([state[index] for index in order]) if isinstance(optimizer, OneBitLamb) else {}
-    for target, saved in copies:
-        target.copy_(saved.reshape(-1))
-    for key, values in layers.items():
-        if key == "scaling_coeff":
-            optimizer.scaled = values is not None
-        if values is not None:
-            getattr(optimizer, LAYER_SCALARS[key]).copy_(torch.tensor(values, dtype=torch.float64))
-    optimizer.steps = steps.pop()
-    optimizer.channel.reset()
-    log.info("DeepSpeed checkpoint: %s at step %d (%s phase); error buffers restart at zero",
-             type(optimizer).__name__, optimizer.steps, "compression" if optimizer.steps >= optimizer.freeze_step
-             else "warmup")
+    carry(optimizer, *_optimizer_state(loaded), "DeepSpeed checkpoint")
     return loaded
-
-
-def _layer_scalars(entries: list[dict[str, Any]]) -> dict[str, list[float] | None]:
-    """1-bit LAMB's per-parameter floats of the trained parameters' ``entries``: ``LAYER_SCALARS``, and
-    ``scaling_coeff`` (None where no parameter has one yet: the compression has not started; ValueError where some
-    have and some not)."""
-    found: dict[str, list[float] | None] = {}
-    for key in ("lamb_coeff_freeze", "last_factor"):
-        missing = [i for i, entry in enumerate(entries) if key not in entry]
-        if missing:
-            raise ValueError(f"DeepSpeed checkpoint: no {key} for trained parameter {missing[0]} (a OneBitLamb's?)")
-        found[key] = [float(entry[key]) for entry in entries]
-    scaled = ["scaling_coeff" in entry for entry in entries]
-    if any(scaled) and not all(scaled):
-        raise ValueError("DeepSpeed checkpoint: scaling_coeff for some parameters and not others")
-    found["scaling_coeff"] = [float(entry["scaling_coeff"]) for entry in entries] if all(scaled) else None
-    return found
 
 
 def _read_checkpoint(path: Path, allow: tuple[str, ...]) -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""Another optimizer's per-parameter state (torch's Adam, DeepSpeed's 1-bit optimizers) carried into compcoll's."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .base import CompressedOptimizer
+from .onebit_adam import OneBitAdam
+from .onebit_lamb import OneBitLamb
+
+log = logging.getLogger(__name__)
+
+MOMENTS = {OneBitAdam: ("exp_avg", "exp_avg_sq"), OneBitLamb: ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh")}
+"""The per-parameter tensors of each optimizer that carry over, named alike in torch's Adam, DeepSpeed 0.19.6's
+1-bit optimizers and compcoll's."""
+LAYER_SCALARS = {"lamb_coeff_freeze": "coeff_freeze", "last_factor": "last_factor", "scaling_coeff": "scaling_coeff"}
+"""1-bit LAMB's per-parameter floats in DeepSpeed's state, and the attribute of compcoll's per-layer float64 buffer
+that holds each (its ``state_dict`` key is DeepSpeed's name)."""
+
+
+def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], groups: list[dict[str, Any]],
+          source: str) -> None:
+    """Copy a torch-layout optimizer state (``state`` per parameter key, ``groups`` listing the keys) into
+    ``optimizer``, a ``OneBitAdam`` or ``OneBitLamb`` over the same parameters in the same groups.
+
+    1. Check that the groups, parameter count and every trained shape match the optimizer's
+       and that every trained parameter is at one step (ValueError naming the first that
+       differs, ``source`` first; nothing changes). A parameter the optimizer keeps frozen
+       needs no state.
+    2. Copy each trained parameter's moments (``MOMENTS``) into the flat buffers and, for
+       1-bit LAMB, its floats (``LAYER_SCALARS``) into the per-layer buffers; set the step
+       count, so the phase follows from ``freeze_step``. The error buffers restart at zero.
+    The hyperparameters stay the optimizer's own.
+    """
+    moments = MOMENTS[type(optimizer)]
+    flat = optimizer.flat
+    sizes = [len(group["params"]) for group in optimizer.param_groups]
+    if [len(group["params"]) for group in groups] != sizes:
+        raise ValueError(f"{source}: parameter groups of {[len(g['params']) for g in groups]} parameters, the "
+                         f"optimizer's have {sizes}")
+    order = [key for group in groups for key in group["params"]]
+    order = [order[i] for i in flat.trained]
+    copies = []
+    for key, shape, segment in zip(order, flat.shapes, flat.segments):
+        entry = state.get(key, {})
+        for name in moments:
+            saved = entry.get(name)
+            if saved is None or tuple(saved.shape) != shape:
+                found = "none" if saved is None else tuple(saved.shape)
+                raise ValueError(f"{source}: parameter {key}'s {name} is {found}, expected shape {shape}")
+            copies.append((getattr(optimizer, name)[segment.start:segment.stop], saved))
+    steps = {int(state[key]["step"]) for key in order}
+    if len(steps) != 1:
+        raise ValueError(f"{source}: parameters at different steps {sorted(steps)}")
+    layers = _layer_scalars([state[key] for key in order], source) if isinstance(optimizer, OneBitLamb) else {}
+    for target, saved in copies:
+        target.copy_(saved.reshape(-1))
+    for name, values in layers.items():
+        if name == "scaling_coeff":
+            optimizer.scaled = values is not None
+        if values is not None:
+            getattr(optimizer, LAYER_SCALARS[name]).copy_(torch.tensor(values, dtype=torch.float64))
+    optimizer.steps = steps.pop()
+    optimizer.channel.reset()
+    log.info("%s: %s at step %d (%s phase); error buffers restart at zero", source, type(optimizer).__name__,
+             optimizer.steps, "compression" if optimizer.steps >= optimizer.freeze_step else "warmup")
+
+
+def _layer_scalars(entries: list[dict[str, Any]], source: str) -> dict[str, list[float] | None]:
+    """1-bit LAMB's per-parameter floats of the trained parameters' ``entries``: ``LAYER_SCALARS``, and
+    ``scaling_coeff`` (None where no parameter has one yet: the compression has not started; ValueError where some
+    have and some not)."""
+    found: dict[str, list[float] | None] = {}
+    for key in ("lamb_coeff_freeze", "last_factor"):
+        missing = [i for i, entry in enumerate(entries) if key not in entry]
+        if missing:
+            raise ValueError(f"{source}: no {key} for trained parameter {missing[0]} (a OneBitLamb's?)")
+        found[key] = [float(entry[key]) for entry in entries]
+    scaled = ["scaling_coeff" in entry for entry in entries]
+    if any(scaled) and not all(scaled):
+        raise ValueError(f"{source}: scaling_coeff for some parameters and not others")
+    found["scaling_coeff"] = [float(entry["scaling_coeff"]) for entry in entries] if all(scaled) else None
+    return found
+
+
+def load_torch_adam_state(optimizer: OneBitAdam, state_dict: dict[str, Any]) -> None:
+    """Carry ``torch.optim.Adam``'s or ``AdamW``'s ``state_dict()`` into a ``OneBitAdam`` over the same parameters in
+    the same groups: a run switches to 1-bit Adam keeping Adam's moments and step.
+
+    1. Refuse another optimizer than ``OneBitAdam``, and AMSGrad's state (``max_exp_avg_sq``:
+       1-bit Adam keeps no maximum), with the reason (ValueError; nothing changes).
+    2. ``carry`` the moments and the step: with ``freeze_step`` at or below that step the next
+       step compresses, v frozen at Adam's; below, the warm-up goes on from Adam's moments.
+    The hyperparameters stay the optimizer's own: ``OneBitAdam(bias_correction=True)`` steps as
+    AdamW does at the same lr, betas, eps and weight_decay (its weight decay is decoupled;
+    torch's Adam adds its own to the gradient).
+    """
+    source = "torch Adam state"
+    if type(optimizer) is not OneBitAdam:
+        raise ValueError(f"{source}: carries into a OneBitAdam, got a {type(optimizer).__name__} (its state holds "
+                         f"more than Adam's moments)")
+    state, groups = state_dict.get("state"), state_dict.get("param_groups")
+    if not isinstance(state, dict) or not isinstance(groups, list):
+        raise ValueError(f"{source}: expected an optimizer's state_dict() (\"state\" and \"param_groups\")")
+    if any("max_exp_avg_sq" in entry for entry in state.values()):
+        raise ValueError(f"{source}: AMSGrad's (max_exp_avg_sq); 1-bit Adam keeps no maximum of v")
+    carry(optimizer, state, groups, source)

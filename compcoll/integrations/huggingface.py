@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ import transformers
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import checkpoint
+from ..algorithms.agreement import agree_settings
 from ..ddp import OneBitState, local_hook, onebit_hook
 from ..optim import CompressedOptimizer, GradScaler, OneBitAdam
 
@@ -77,7 +79,9 @@ class OneBitMixin:
        rank writes its own compcoll state (the optimizer's error buffers and local moments,
        the hook's error buffers: ``compcoll.checkpoint``) into the checkpoint folder, and
        ``train(resume_from_checkpoint=...)`` loads it back, so a resumed run continues bit
-       for bit. Resume with the world size that saved.
+       for bit. Resume with the world size that saved. A checkpoint of a plain Trainer run
+       (AdamW) switches that run to 1-bit: the optimizer carries in AdamW's moments and step
+       (``OneBitAdam.load_state_dict``) and the per-rank state starts afresh.
     4. fp16 loss scaling under a compcoll optimizer agrees on overflows across ranks
        (``agree_on_overflows``).
 
@@ -157,16 +161,27 @@ class OneBitMixin:
         1. The Trainer loads rank 0's optimizer state and the scheduler on every rank; a
            compcoll optimizer warns there that other ranks' error buffers restart at zero,
            which step 2 makes untrue, so that warning is not shown.
-        2. ``compcoll.checkpoint.load`` puts back this rank's own state; a checkpoint without
-           it (saved by a plain Trainer, or by another world size) fails on every rank.
+        2. ``compcoll.checkpoint.load`` puts back this rank's own state; a checkpoint that
+           holds no rank's (saved by a plain Trainer: every rank must find none, else
+           ``RankMismatchError``) leaves it afresh, with a log line: a torch AdamW's state
+           loaded in step 1 carried its moments and step into a ``OneBitAdam``. A checkpoint
+           of another world size fails on every rank.
         """
         states = self._states() if checkpoint_dir is not None else []
         with warnings.catch_warnings():
             if states:
                 warnings.filterwarnings("ignore", message=".*restart at zero.*")
             super()._load_optimizer_and_scheduler(checkpoint_dir)
-        if states:
-            checkpoint.load(checkpoint_dir, *states)
+        if not states:
+            return
+        plain = not any(Path(checkpoint_dir).glob("compcoll-rank*-of-*.pt"))
+        agree_settings(states[0].comm, "compcoll's Trainer resuming",
+                       {"checkpoints without compcoll's per-rank files": int(plain)})
+        if plain:
+            log.warning(f"compcoll: {checkpoint_dir} holds no compcoll state (a plain Trainer's checkpoint): the "
+                        f"optimizer took what its state carries, the error buffers and hook state start afresh")
+            return
+        checkpoint.load(checkpoint_dir, *states)
 
 
 class Trainer(OneBitMixin, transformers.Trainer):

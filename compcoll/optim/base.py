@@ -144,6 +144,9 @@ class CompressedOptimizer(torch.optim.Optimizer):
     _scalar_names: tuple[str, ...] = ()
     _rank_own: tuple[str, ...] = ()
     """State buffers that hold this rank's own values (from its local gradients) even while replicas agree."""
+    _carried: tuple[str, ...] = ()
+    """The per-parameter moments another optimizer's state carries in, named as torch's Adam and DeepSpeed's 1-bit
+    optimizers name them (``carry.carry``); none: such a state does not carry over."""
     _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,

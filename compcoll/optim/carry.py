@@ -8,14 +8,13 @@ from typing import Any
 import torch
 
 from .base import CompressedOptimizer
-from .onebit_adam import OneBitAdam
 from .onebit_lamb import OneBitLamb
+from .saved import SECTION
 
 log = logging.getLogger(__name__)
 
-MOMENTS = {OneBitAdam: ("exp_avg", "exp_avg_sq"), OneBitLamb: ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh")}
-"""The per-parameter tensors of each optimizer that carry over, named alike in torch's Adam, DeepSpeed 0.19.6's
-1-bit optimizers and compcoll's."""
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+"""torch's Adam's per-parameter moments, as 1-bit Adam names its buffers (``CompressedOptimizer._carried``)."""
 LAYER_SCALARS = {"lamb_coeff_freeze": "coeff_freeze", "last_factor": "last_factor", "scaling_coeff": "scaling_coeff"}
 """1-bit LAMB's per-parameter floats in DeepSpeed's state, and the attribute of compcoll's per-layer float64 buffer
 that holds each (its ``state_dict`` key is DeepSpeed's name)."""
@@ -24,18 +23,20 @@ that holds each (its ``state_dict`` key is DeepSpeed's name)."""
 def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], groups: list[dict[str, Any]],
           source: str) -> None:
     """Copy a torch-layout optimizer state (``state`` per parameter key, ``groups`` listing the keys) into
-    ``optimizer``, a ``OneBitAdam`` or ``OneBitLamb`` over the same parameters in the same groups.
+    ``optimizer``, a ``OneBitAdam`` or ``OneBitLamb`` (its ``_carried`` moments) over the same parameters in the
+    same groups.
 
     1. Check that the groups, parameter count and every trained shape match the optimizer's
        and that every trained parameter is at one step (ValueError naming the first that
        differs, ``source`` first; nothing changes). A parameter the optimizer keeps frozen
        needs no state.
-    2. Copy each trained parameter's moments (``MOMENTS``) into the flat buffers and, for
+    2. Copy each trained parameter's moments (``_carried``) into the flat buffers and, for
        1-bit LAMB, its floats (``LAYER_SCALARS``) into the per-layer buffers; set the step
        count, so the phase follows from ``freeze_step``. The error buffers restart at zero.
     The hyperparameters stay the optimizer's own.
     """
-    moments = MOMENTS[type(optimizer)]
+    moments = optimizer._carried
+    optimizer._follow_parameters()
     flat = optimizer.flat
     sizes = [len(group["params"]) for group in optimizer.param_groups]
     if [len(group["params"]) for group in groups] != sizes:
@@ -86,7 +87,15 @@ def _layer_scalars(entries: list[dict[str, Any]], source: str) -> dict[str, list
     return found
 
 
-def load_torch_adam_state(optimizer: OneBitAdam, state_dict: dict[str, Any]) -> None:
+def is_torch_adam_state(state_dict: dict[str, Any]) -> bool:
+    """Whether ``state_dict`` is a torch Adam's (or AdamW's): per-parameter ``exp_avg`` and ``exp_avg_sq``, none of
+    compcoll's entries."""
+    groups, state = state_dict.get("param_groups") or [{}], state_dict.get("state")
+    return (isinstance(state, dict) and bool(state) and SECTION not in groups[0] and "algorithm" not in state
+            and all(isinstance(entry, dict) and set(ADAM_MOMENTS) <= set(entry) for entry in state.values()))
+
+
+def load_torch_adam_state(optimizer: CompressedOptimizer, state_dict: dict[str, Any]) -> None:
     """Carry ``torch.optim.Adam``'s or ``AdamW``'s ``state_dict()`` into a ``OneBitAdam`` over the same parameters in
     the same groups: a run switches to 1-bit Adam keeping Adam's moments and step.
 
@@ -99,7 +108,7 @@ def load_torch_adam_state(optimizer: OneBitAdam, state_dict: dict[str, Any]) -> 
     torch's Adam adds its own to the gradient).
     """
     source = "torch Adam state"
-    if type(optimizer) is not OneBitAdam:
+    if optimizer._carried != ADAM_MOMENTS:
         raise ValueError(f"{source}: carries into a OneBitAdam, got a {type(optimizer).__name__} (its state holds "
                          f"more than Adam's moments)")
     state, groups = state_dict.get("state"), state_dict.get("param_groups")

@@ -18,7 +18,7 @@ from ..comm.base import Communicator
 from .base import CompressedOptimizer
 from .onebit_adam import OneBitAdam
 from .onebit_lamb import OneBitLamb
-from .carry import MOMENTS, carry
+from .carry import carry
 from .schedules import NOT_CARRIED, SCHEDULES
 from .zero_one_adam import ZeroOneAdam
 
@@ -246,7 +246,7 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
     Returns:
         The checkpoint's dict: load the model's weights from its ``"module"``.
     """
-    if type(optimizer) not in MOMENTS:
+    if not optimizer._carried:
         raise ValueError(f"load_deepspeed_checkpoint carries OneBitAdam's and OneBitLamb's state; got "
                          f"{type(optimizer).__name__} (ZeroOneAdam's local-step intervals are not carried yet)")
     loaded = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint(Path(checkpoint), tuple(allow))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import torch
 
 from ..comm import Communicator
 from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
                    compression_options, warmup_steps)
+from .carry import ADAM_MOMENTS, is_torch_adam_state, load_torch_adam_state
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 
@@ -84,6 +88,7 @@ class OneBitAdam(CompressedOptimizer):
     """
 
     _scalar_names = ()
+    _carried = ADAM_MOMENTS
     exp_avg = StateBuffer()
     exp_avg_sq = StateBuffer()
 
@@ -118,6 +123,17 @@ class OneBitAdam(CompressedOptimizer):
         self._buffer("exp_avg")
         self._buffer("exp_avg_sq")
         self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved (``CompressedOptimizer.load_state_dict``), or carry in the moments and
+        step of ``torch.optim.Adam``'s or ``AdamW``'s state (``load_torch_adam_state``, with a warning): a framework
+        that resumes a run from a torch Adam's checkpoint switches it to 1-bit Adam."""
+        if not is_torch_adam_state(state_dict):
+            super().load_state_dict(state_dict)
+            return
+        load_torch_adam_state(self, state_dict)
+        warnings.warn(f"OneBitAdam: carried a torch Adam's state in (its moments and step {self.steps}; the "
+                      f"hyperparameters stay this optimizer's, the error buffers start at zero)", stacklevel=2)
 
     @property
     def compressing(self) -> bool:

@@ -97,6 +97,7 @@ class OneBitLamb(CompressedOptimizer):
     """
 
     _scalar_names = ("scaled",)
+    _carried = ("exp_avg", "exp_avg_sq", "exp_avg_sq_fresh")
     exp_avg = StateBuffer()
     exp_avg_sq = StateBuffer()
     exp_avg_sq_fresh = StateBuffer()

@@ -72,13 +72,20 @@ def _record(output_dir: str, rank: int, name: str, trainer: transformers.Trainer
 
 
 def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
-    """The Trainer's default AdamW; compcoll's Trainer with its defaults (AdamW becomes 1-bit Adam) and resumed from its
+    """The Trainer's default AdamW, and switched to compcoll's Trainer from its half-way checkpoint; compcoll's
+    Trainer with its defaults (AdamW becomes 1-bit Adam) and resumed from its
     half-way checkpoint; a 1-bit Adam passed in with gradient accumulation and bf16, and with the loss scaler fp16 gets
     on GPUs (backing off from 2^66); SGD through onebit_hook, and resumed. Each rank records each run's eval loss and
     digest."""
     plain = _trainer(transformers.Trainer, f"{output_dir}/adamw")
     plain.train()
     _record(output_dir, comm.rank, "AdamW", plain)
+
+    switched = _trainer(huggingface.Trainer, f"{output_dir}/switched")
+    switched.train(resume_from_checkpoint=f"{output_dir}/adamw/checkpoint-{STEPS // 2}")
+    opt = switched.optimizer.optimizer
+    assert isinstance(opt, OneBitAdam) and opt.steps == STEPS and opt.compressing, (type(opt), opt.steps)
+    _record(output_dir, comm.rank, "AdamW, switched to 1-bit Adam at 30", switched)
 
     onebit = _trainer(huggingface.Trainer, f"{output_dir}/default")
     onebit.train()

@@ -13,7 +13,8 @@ pytest.importorskip("accelerate")
 
 
 def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
-    """compcoll's Trainer: with the defaults within 5% of AdamW's eval loss; resumed from the Trainer's own checkpoint,
+    """compcoll's Trainer: with the defaults within 5% of AdamW's eval loss, and so is an AdamW run switched to it
+    from its checkpoint (AdamW's moments and step carried into 1-bit Adam); resumed from the Trainer's own checkpoint,
     the same bits as the run it interrupted; a 1-bit Adam passed in, with gradient accumulation and bf16, and SGD
     through onebit_hook train, SGD's resume (the hook's error buffers) exact too; under a torch GradScaler (what
     Accelerate's fp16 makes on GPUs) the ranks skip and back off alike; every run ends with identical replicas (and
@@ -27,6 +28,7 @@ def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
     adamw = runs["AdamW"]["loss"]
     assert adamw < 4.0, f"AdamW did not train: {runs}"
     assert runs["default"]["loss"] < 1.05 * adamw, runs
+    assert runs["AdamW, switched to 1-bit Adam at 30"]["loss"] < 1.05 * adamw, runs
     assert runs["default, resumed at 30"] == runs["default"], runs
     assert runs["OneBitAdam given, accumulation 2, bf16"]["loss"] < 1.10 * adamw, runs
     assert runs["SGD, onebit_hook"]["loss"] < 4.0, runs

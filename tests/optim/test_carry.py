@@ -90,3 +90,13 @@ def test_what_does_not_carry_is_refused_and_changes_nothing() -> None:
     assert opt.steps == 0 and not bool(opt.exp_avg.any())
     with pytest.raises(ValueError, match="carries into a OneBitAdam, got a OneBitLamb"):
         load_torch_adam_state(OneBitLamb(copy.parameters(), comm=compcoll.SingleComm()), adamw.state_dict())
+
+
+def test_load_state_dict_carries_a_torch_adam_state_with_a_warning() -> None:
+    """What a framework does when it resumes a torch Adam's checkpoint into a OneBitAdam: ``load_state_dict``."""
+    model, adamw = _adamw_run(3)
+    _, opt = _switched(model, adamw, False, compcoll.SingleComm())
+    with pytest.warns(UserWarning, match="carried a torch Adam's state in .* step 3"):
+        opt.load_state_dict(adamw.state_dict())
+    first = next(iter(model.parameters()))
+    assert opt.steps == 3 and torch.equal(opt.exp_avg[:first.numel()], adamw.state[first]["exp_avg"].reshape(-1))

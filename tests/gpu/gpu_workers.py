@@ -14,6 +14,7 @@ from tests.algorithms.onebit_workers import (assert_errors_match, assert_matches
 from tests.optim.follow_workers import close
 from tests.optim.optim_workers import whole_state
 
+
 def report(line: str) -> None:
     """Append a line to the file ``$COMPCOLL_GPU_DIFFS`` names, where it is set (the GPU run keeps it)."""
     path = os.environ.get("COMPCOLL_GPU_DIFFS")

@@ -7,6 +7,7 @@ import zlib
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .. import codecs
 from ..algorithms.agreement import Option, Step, agree, checked
@@ -18,6 +19,7 @@ from ..spec import CHANNEL_PROTOCOLS
 from ..workspace import Workspace
 from .channel import Channel, ErrorFeedbackChannel, LayeredChannel
 from .flat import FlatParams
+from .join import ShadowSteps, join_device, join_process_group
 from .replicated import PROBED_STEPS, fingerprint, same_everywhere, warning
 from .saved import SECTION, inner_state, parameter_views, torch_layout
 
@@ -63,7 +65,7 @@ class StateBuffer:
         return self if opt is None else opt._buffers[self.key]
 
 
-class CompressedOptimizer(torch.optim.Optimizer):
+class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     """A ``torch.optim.Optimizer`` that averages over ranks itself; subclasses give ``_update``.
 
     Construction:
@@ -155,6 +157,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         self._built = False
         super().__init__(params, defaults)
+        Joinable.__init__(self)
         self.comm = get_default() if comm is None else comm
         self.nonfinite = nonfinite
         self.flat = FlatParams(self.param_groups, type(self).__name__)
@@ -227,13 +230,23 @@ class CompressedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None):
         """One optimization step on the local gradients; all communication happens here.
 
+        Under ``torch.distributed.algorithms.join.Join([..., opt])`` it first tells the
+        context this rank has not joined, and a rank that has joined steps with the others on
+        a zero gradient (``join.ShadowSteps``): uneven inputs end with identical replicas.
+
         Returns the closure's loss, if a closure was given.
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad = checked(self.comm, f"{type(self).__name__}.step", self._local_gradient)
+        Join.notify_join_context(self)
+        self._step_on(self._local_gradient)
+        return loss
+
+    def _step_on(self, gradient: Callable[[], torch.Tensor]) -> None:
+        """The step on ``gradient()`` (checked in the step's turn); a step every rank skips counts as skipped."""
+        grad = checked(self.comm, f"{type(self).__name__}.step", gradient)
         try:
             self._update(grad)
         except NonFiniteError:
@@ -241,10 +254,29 @@ class CompressedOptimizer(torch.optim.Optimizer):
             if self.nonfinite == "raise":
                 raise
             self.skipped_steps += 1
-            return loss
+            return
         self.flat.write_back()
         self.steps += 1
-        return loss
+
+    def _shadow_step(self) -> None:
+        """A step on a zero gradient: this rank joined while others still step (``join.ShadowSteps``)."""
+        self._step_on(self._zero_gradient)
+
+    def _zero_gradient(self) -> torch.Tensor:
+        self._follow_parameters()
+        return self.flat.grad.zero_()
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """The hook ``Join`` runs once this rank has joined (``join.ShadowSteps``)."""
+        return ShadowSteps(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return join_device(self.comm)
+
+    @property
+    def join_process_group(self) -> Any:
+        return join_process_group(self.comm, type(self).__name__)
 
     def _local_gradient(self) -> torch.Tensor:
         """This rank's flat gradient, unscaled when a ``torch.amp.GradScaler`` drives the step.

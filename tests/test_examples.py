@@ -134,3 +134,17 @@ def test_fsdp_example_under_torchrun() -> None:
     tests/fsdp's, on pooled ranks)."""
     out = _torchrun_outputs()["fsdp"]
     assert "reduce_scatter on rank 0 of 2: replicas bit-identical: True" in out and "compcoll's state sent" in out, out
+
+
+@pytest.mark.parametrize("hook", [True, False])
+def test_lightning_trains_one_bit_adam_on_cpus_with_the_hook_registered_at_train_start(hook: bool) -> None:
+    """examples/lightning_trainer.py under Lightning's own launcher (2 Gloo ranks), where Lightning is installed:
+    replicas bit-identical; without the hook (Lightning's ddp_comm_hook is CUDA-only) the optimizer warns that
+    every rank handed it the same gradient, with it no warning."""
+    pytest.importorskip("lightning")
+    done = subprocess.run([sys.executable, "examples/lightning_trainer.py", "--devices", "2",
+                           *([] if hook else ["--without-hook"])], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "replicas bit-identical on 2 ranks" in done.stdout, done.stdout
+    assert ("every rank handed the optimizer the same gradient" in done.stderr) != hook, done.stderr[-2000:]

@@ -6,6 +6,8 @@ import torch
 from torch.distributed.algorithms.join import Join
 
 import compcoll
+from compcoll.launcher import seeded
+from compcoll.optim import OneBitAdam
 from tests.algorithms.onebit_workers import assert_same_on_all_ranks
 from tests.optim.optim_workers import batch, build, flat_params
 
@@ -52,3 +54,25 @@ def uneven_inputs_join(comm: compcoll.Communicator, name: str) -> None:
         assert "exhausted" in str(exc), exc
     else:
         raise AssertionError("no RuntimeError with throw_on_early_termination")
+
+
+def two_optimizers_join(comm: compcoll.Communicator) -> None:
+    """A GAN's two 1-bit Adams under one Join, listed in the order they step, one rank 3 batches short: both take
+    the last rank's steps everywhere and the replicas end identical."""
+    with seeded(0):
+        gen = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 12))
+        disc = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt_g, opt_d = (OneBitAdam(net.parameters(), freeze_step=2, comm=comm) for net in (gen, disc))
+    draws = torch.Generator().manual_seed(comm.rank)
+    with Join([opt_d, opt_g]):
+        for _ in range(_own_steps(comm)):
+            z, real = torch.randn(8, 8, generator=draws), torch.randn(8, 12, generator=draws)
+            opt_d.zero_grad()
+            (disc(real).mean() - disc(gen(z).detach()).mean()).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            disc(gen(z)).mean().backward()
+            opt_g.step()
+    assert opt_g.steps == opt_d.steps == STEPS, (opt_g.steps, opt_d.steps)
+    assert_same_on_all_ranks(comm, torch.cat([p.detach().reshape(-1) for net in (gen, disc)
+                                              for p in net.parameters()]), "GAN under Join: ")

@@ -242,6 +242,12 @@ def _checked(params: list[torch.Tensor], what: str) -> torch.device:
                 f"{what}: a parameter of shape {tuple(p.shape)} is a DTensor (sharded by FSDP2 or tensor "
                 f"parallelism); compcoll's optimizers average whole local gradients themselves, so they take "
                 f"unsharded parameters: under FSDP2 use AdamW with compcoll.fsdp.compress (docs/guides/fsdp.md)")
+        if getattr(p, "_is_flat_param", False):
+            raise ValueError(
+                f"{what}: a parameter of shape {tuple(p.shape)} is FSDP's FlatParameter (FullyShardedDataParallel "
+                f"holds one shard of the model's parameters on each rank, alike in shape, so the ranks would "
+                f"average different parameters' values); compcoll's optimizers take unsharded parameters: use "
+                f"them under DDP, or FSDP2's fully_shard with AdamW and compcoll.fsdp.compress (docs/guides/fsdp.md)")
     return _one_device(params, what)
 
 

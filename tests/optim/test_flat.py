@@ -72,6 +72,15 @@ def test_bad_parameters_are_refused() -> None:
         FlatParams([{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], "t").layout_code()
 
 
+def test_fsdp_flat_parameters_are_refused() -> None:
+    """FSDP's (FSDP1's) FlatParameter: one shard per rank, alike in shape, so averaging them would mix different
+    parameters' values with no layout check to catch it (a real FlatParameter, as FullyShardedDataParallel makes)."""
+    from torch.distributed.fsdp._flat_param import FlatParameter
+
+    with pytest.raises(ValueError, match="is FSDP's FlatParameter .* compcoll.fsdp.compress"):
+        FlatParams([{"params": [torch.nn.Parameter(torch.zeros(3)), FlatParameter(torch.zeros(8))]}], "test")
+
+
 def test_parameters_on_several_devices_or_an_unsupported_one_are_refused() -> None:
     cpu, meta = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3, device="meta"))
     with pytest.raises(ValueError, match=r"several devices \(cpu, meta\).*one device"):

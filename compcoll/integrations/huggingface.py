@@ -96,6 +96,11 @@ class OneBitMixin:
         self._hook: Any = None
         self._hooked: DistributedDataParallel | None = None
         super().__init__(*args, **kwargs)
+        if getattr(self, "is_deepspeed_enabled", False):
+            raise ValueError("compcoll's Trainer does not run under DeepSpeed (--deepspeed): its engine averages the "
+                             "gradients and builds or wraps the optimizer; keep transformers' Trainer for DeepSpeed's "
+                             "own 1-bit optimizers, or carry the config over with "
+                             "compcoll.optim.from_deepspeed_config (docs/guides/deepspeed.md)")
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """The Trainer's optimizer, with torch's Adam / AdamW built as ``OneBitAdam`` (class docstring, step 1)."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import os
 import this
 from pathlib import Path
 
+import accelerate
 import torch
 import transformers
 
@@ -173,3 +175,24 @@ def accelerate_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     assert state.schedule.iteration == 12 and state.allreduce.state_dict(), state.schedule
     results["SGD, onebit_hook"] = digest(model)
     (Path(output_dir) / f"rank{comm.rank}.json").write_text(json.dumps(results))
+
+
+def trainer_refuses_deepspeed(comm: compcoll.Communicator, output_dir: str) -> None:
+    """compcoll's Trainer under DeepSpeed (``--deepspeed``: its engine averages the gradients and owns the optimizer,
+    so a config with an optimizer trained without compcoll, with nothing said): a ValueError naming it, on every rank,
+    at construction."""
+    config = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+              "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 0}}
+    environment = dict(os.environ)  # the arguments set ACCELERATE_USE_*: the pooled rank's next cases must not see it
+    try:
+        args = transformers.TrainingArguments(output_dir=f"{output_dir}/deepspeed", max_steps=2, use_cpu=True,
+                                              report_to=[], deepspeed=config)
+        huggingface.Trainer(model=gpt2(), args=args, train_dataset=Bytes(32, 1))
+    except ValueError as exc:
+        assert "compcoll's Trainer does not run under DeepSpeed" in str(exc), exc
+    else:
+        raise AssertionError("compcoll's Trainer built under DeepSpeed")
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)

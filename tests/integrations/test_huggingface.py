@@ -45,3 +45,9 @@ def test_accelerate_hook_accumulates_and_resumes_exactly(tmp_path) -> None:
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1], ranks
     assert ranks[0]["1-bit Adam, resumed at 12"] == ranks[0]["1-bit Adam"], ranks[0]
+
+
+def test_the_trainer_refuses_deepspeed(tmp_path) -> None:
+    """Where DeepSpeed is installed (not in CI: transformers needs it to take a DeepSpeed config at all)."""
+    pytest.importorskip("deepspeed")
+    run("tests.integrations.huggingface_workers:trainer_refuses_deepspeed", 2, "gloo", args=(str(tmp_path),))

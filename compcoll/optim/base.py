@@ -263,6 +263,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self._step_on(self._zero_gradient)
 
     def _zero_gradient(self) -> torch.Tensor:
+        """The flat gradient buffer, zeroed (after following the parameters, as ``_local_gradient`` does)."""
         self._follow_parameters()
         return self.flat.grad.zero_()
 
@@ -272,10 +273,12 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
 
     @property
     def join_device(self) -> torch.device:
+        """Where ``Join`` counts the ranks that have not joined (``join.join_device``)."""
         return join_device(self.comm)
 
     @property
     def join_process_group(self) -> Any:
+        """The group ``Join`` counts on: the communicator's torch.distributed group (``join.join_process_group``)."""
         return join_process_group(self.comm, type(self).__name__)
 
     def _local_gradient(self) -> torch.Tensor:

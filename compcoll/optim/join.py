@@ -24,9 +24,11 @@ class ShadowSteps(JoinHook):
     """
 
     def __init__(self, optimizer: CompressedOptimizer) -> None:
+        """``optimizer``: the joined rank's optimizer."""
         self.optimizer = optimizer
 
     def main_hook(self) -> None:
+        """Step 1: one shadow step, for the step the ranks still in are taking."""
         self.optimizer._shadow_step()
 
 

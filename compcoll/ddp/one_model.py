@@ -56,6 +56,7 @@ class OneModel:
         self._before, self._last, self._now, self._indices = self._last, self._now, {}, set()
 
     def _shared(self, what: str) -> str:
+        """The error's text: ``what`` was seen, so two models share the state, and what to do."""
         return (f"{self.owner}: {what}, so two DDP models share this state (a GAN's generator and discriminator?). "
                 f"It keeps error buffers and a schedule per bucket of one model: give each DDP model its own "
                 f"{self.owner}")

@@ -27,9 +27,11 @@ def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], grou
     same groups.
 
     1. Check that the groups, parameter count and every trained shape match the optimizer's
-       and that every trained parameter is at one step (ValueError naming the first that
-       differs, ``source`` first; nothing changes). A parameter the optimizer keeps frozen
-       needs no state.
+       and that every trained parameter with state is at one step (ValueError naming the
+       first that differs, ``source`` first; nothing changes). A parameter the optimizer
+       keeps frozen needs no state; nor, into a ``OneBitAdam``, one the other optimizer never
+       stepped (torch's Adam keeps no state for a parameter that had no gradient yet): its
+       moments start at zero, as they would have there.
     2. Copy each trained parameter's moments (``_carried``) into the flat buffers and, for
        1-bit LAMB, its floats (``LAYER_SCALARS``) into the per-layer buffers; set the step
        count, so the phase follows from ``freeze_step``. The error buffers restart at zero.
@@ -44,21 +46,30 @@ def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], grou
                          f"optimizer's have {sizes}")
     order = [key for group in groups for key in group["params"]]
     order = [order[i] for i in flat.trained]
+    lamb = isinstance(optimizer, OneBitLamb)
     copies = []
     for key, shape, segment in zip(order, flat.shapes, flat.segments):
-        entry = state.get(key, {})
+        entry = state.get(key)
+        if entry is None and not lamb:
+            copies += [(getattr(optimizer, name)[segment.start:segment.stop], None) for name in moments]
+            continue
+        entry = entry or {}
         for name in moments:
             saved = entry.get(name)
             if saved is None or tuple(saved.shape) != shape:
                 found = "none" if saved is None else tuple(saved.shape)
                 raise ValueError(f"{source}: parameter {key}'s {name} is {found}, expected shape {shape}")
             copies.append((getattr(optimizer, name)[segment.start:segment.stop], saved))
-    steps = {int(state[key]["step"]) for key in order}
+    steps = {int(state[key]["step"]) for key in order if key in state}
     if len(steps) != 1:
-        raise ValueError(f"{source}: parameters at different steps {sorted(steps)}")
-    layers = _layer_scalars([state[key] for key in order], source) if isinstance(optimizer, OneBitLamb) else {}
+        raise ValueError(f"{source}: parameters at different steps {sorted(steps)}" if steps else
+                         f"{source}: no trained parameter has state (a run that never stepped?)")
+    layers = _layer_scalars([state[key] for key in order], source) if lamb else {}
     for target, saved in copies:
-        target.copy_(saved.reshape(-1))
+        if saved is None:
+            target.zero_()
+        else:
+            target.copy_(saved.reshape(-1))
     for name, values in layers.items():
         if name == "scaling_coeff":
             optimizer.scaled = values is not None

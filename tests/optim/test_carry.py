@@ -100,3 +100,24 @@ def test_load_state_dict_carries_a_torch_adam_state_with_a_warning() -> None:
         opt.load_state_dict(adamw.state_dict())
     first = next(iter(model.parameters()))
     assert opt.steps == 3 and torch.equal(opt.exp_avg[:first.numel()], adamw.state[first]["exp_avg"].reshape(-1))
+
+
+def test_a_parameter_adam_never_stepped_starts_from_zero_moments() -> None:
+    """torch's Adam keeps no state for a parameter that had no gradient yet (a layer unused so far): it carries as
+    zero moments (it failed as a missing exp_avg before), the others as saved; a state of no step is refused."""
+    torch.manual_seed(0)
+    used, unused = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    adamw = torch.optim.AdamW([*used.parameters(), *unused.parameters()], lr=1e-2)
+    for _ in range(3):
+        adamw.zero_grad()
+        used(torch.randn(5, 4)).square().sum().backward()
+        adamw.step()
+    assert len(adamw.state) == 2
+    opt = OneBitAdam([*used.parameters(), *unused.parameters()], comm=compcoll.SingleComm())
+    opt.exp_avg.fill_(7.0)
+    load_torch_adam_state(opt, adamw.state_dict())
+    start = used.weight.numel() + used.bias.numel()
+    assert opt.steps == 3 and not bool(opt.exp_avg[start:].any())
+    assert torch.equal(opt.exp_avg[:used.weight.numel()], adamw.state[used.weight]["exp_avg"].reshape(-1))
+    with pytest.raises(ValueError, match="no trained parameter has state"):
+        load_torch_adam_state(opt, {"state": {}, "param_groups": adamw.state_dict()["param_groups"]})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -23,6 +25,8 @@ BITS = 3
 """The default bits per element (bench/results/convergence_fsdp_lm.txt)."""
 BLOCK_SIZE = 32
 """The default elements per scale (bench/results/convergence_fsdp_lm.txt)."""
+_COMPRESSED: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+"""The state ``compress`` last set on each FSDP unit (a unit dropped is not kept alive)."""
 
 
 class ReduceScatterState:
@@ -179,6 +183,8 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
        ``ReplicaState`` on ``replicas``, whose hook (``set_all_reduce_hook``) averages each
        reduced shard across the replicas in 1 bit; the reduce-scatter inside the node stays
        FSDP's.
+    3. Units an earlier call compressed take this call's state instead, with a warning: the
+       earlier state no longer sees their gradients, and saving it would save stale buffers.
     Call it on every rank at the same point, after ``fully_shard`` and before the first
     backward. Save ``state.state_dict()`` beside the model for an exact resume.
 
@@ -191,13 +197,20 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
         The state.
     """
     units = fsdp_units(model)
+    again = sum(unit in _COMPRESSED for unit in units)
+    if again:
+        warnings.warn(f"compcoll.fsdp.compress: {again} of the model's {len(units)} FSDP units were compressed by an "
+                      f"earlier call; they take this call's state now, and the earlier state no longer sees their "
+                      f"gradients (keep and save the state this call returns)", stacklevel=2)
     if replicas is None:
-        state = ReduceScatterState(shard_group(units), **options)
+        state: Any = ReduceScatterState(shard_group(units), **options)
         for key, unit in enumerate(units):
             unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key))
-        return state
-    state = ReplicaState(replicas, **options)
-    for key, unit in enumerate(units):
-        unit.set_all_reduce_hook(state.hook(key, unit))
+    else:
+        state = ReplicaState(replicas, **options)
+        for key, unit in enumerate(units):
+            unit.set_all_reduce_hook(state.hook(key, unit))
+    for unit in units:
+        _COMPRESSED[unit] = state
     return state
 

@@ -289,3 +289,23 @@ def states_refuse_different_start_steps(comm: compcoll.Communicator) -> None:
             assert "start_step" in str(exc), exc
         else:
             raise AssertionError(f"{cls.__name__}: no RankMismatchError")
+
+
+def compress_twice_warns(comm: compcoll.Communicator) -> None:
+    """A second ``compress`` of the same model: one warning that its units take the new state (the first one then saw
+    no more gradients, and a checkpoint of it was stale, with nothing said); the new state compresses, the first
+    stays as it was; a model compressed once: no warning."""
+    import warnings
+
+    rank = dist.get_rank()
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = compcoll.fsdp.compress(net)
+        assert not [w for w in caught if "compressed by an earlier call" in str(w.message)]
+        second = compcoll.fsdp.compress(net)
+    said = [str(w.message) for w in caught if "compressed by an earlier call" in str(w.message)]
+    assert len(said) == 1 and "3 of the model's 3 FSDP units" in said[0], said
+    _train(net, opt, range(1), rank)
+    assert second.errors and not first.errors, (len(second.errors), len(first.errors))

@@ -30,3 +30,7 @@ def test_the_optimizers_refuse_sharded_parameters() -> None:
 
 def test_states_with_different_start_steps_fail_at_construction() -> None:
     run(f"{WORKERS}:states_refuse_different_start_steps", 2, "gloo")
+
+
+def test_compressing_a_model_twice_warns_that_the_first_state_is_left_behind() -> None:
+    run(f"{WORKERS}:compress_twice_warns", 2, "gloo")

@@ -128,3 +128,31 @@ def load_torch_adam_state(optimizer: CompressedOptimizer, state_dict: dict[str, 
     if any("max_exp_avg_sq" in entry for entry in state.values()):
         raise ValueError(f"{source}: AMSGrad's (max_exp_avg_sq); 1-bit Adam keeps no maximum of v")
     carry(optimizer, state, groups, source)
+
+
+def torch_adam_state(optimizer: CompressedOptimizer) -> dict[str, Any]:
+    """A ``OneBitAdam``'s moments and step as ``torch.optim.AdamW``'s ``state_dict()``: a run goes back to AdamW
+    (to tell whether the compression is what changed it) with ``adamw.load_state_dict(torch_adam_state(opt))``.
+
+    1. Refuse another optimizer than ``OneBitAdam`` (ValueError with the reason).
+    2. Per trained parameter, by its index in the groups: ``step`` (a float32 tensor, as
+       torch keeps it), and copies of its ``exp_avg`` and ``exp_avg_sq`` in its shape; the
+       groups' lr, betas, eps and weight_decay (AdamW's weight decay is decoupled, as
+       ``OneBitAdam``'s is). Frozen parameters have no state, as in torch's.
+    The error buffers stay behind: what the compression had not sent yet is dropped.
+    """
+    if optimizer._carried != ADAM_MOMENTS:
+        raise ValueError(f"torch_adam_state: takes a OneBitAdam, got a {type(optimizer).__name__} (its state holds "
+                         f"more than Adam's moments)")
+    optimizer._follow_parameters()
+    flat = optimizer.flat
+    state = {index: {"step": torch.tensor(float(optimizer.steps)),
+                     **{name: getattr(optimizer, name)[seg.start:seg.stop].view(shape).clone()
+                        for name in ADAM_MOMENTS}}
+             for index, seg, shape in zip(flat.trained, flat.segments, flat.shapes)}
+    groups, start = [], 0
+    for group in optimizer.param_groups:
+        groups.append({**{key: group[key] for key in ("lr", "betas", "eps", "weight_decay")},
+                       "params": list(range(start, start + len(group["params"])))})
+        start += len(group["params"])
+    return {"state": state, "param_groups": groups}

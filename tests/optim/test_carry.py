@@ -7,7 +7,7 @@ import torch
 
 import compcoll
 from compcoll.launcher import run_threads
-from compcoll.optim import OneBitAdam, OneBitLamb, load_torch_adam_state
+from compcoll.optim import OneBitAdam, OneBitLamb, load_torch_adam_state, torch_adam_state
 from tests.optim.optim_workers import Net, batch
 
 
@@ -121,3 +121,31 @@ def test_a_parameter_adam_never_stepped_starts_from_zero_moments() -> None:
     assert torch.equal(opt.exp_avg[:used.weight.numel()], adamw.state[used.weight]["exp_avg"].reshape(-1))
     with pytest.raises(ValueError, match="no trained parameter has state"):
         load_torch_adam_state(opt, {"state": {}, "param_groups": adamw.state_dict()["param_groups"]})
+
+
+def test_a_onebit_adam_goes_back_to_adamw_with_its_moments_and_step() -> None:
+    """``torch_adam_state``: AdamW loads a 1-bit Adam's moments, step and hyperparameters after 5 warm-up steps and
+    goes on as that 1-bit Adam would (within float32 rounding over 5 steps); carried back into a OneBitAdam, the
+    moments land bit for bit; another optimizer is refused."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = OneBitAdam(model.parameters(), lr=1e-2, weight_decay=0.01, bias_correction=True, freeze_step=100,
+                     comm=compcoll.SingleComm())
+    for i in range(5):
+        _step(model, opt, 0, i)
+    copy = Net()
+    copy.load_state_dict(model.state_dict())
+    adamw = torch.optim.AdamW(copy.parameters(), lr=0.5, weight_decay=0.5)
+    adamw.load_state_dict(torch_adam_state(opt))
+    assert adamw.param_groups[0]["lr"] == 1e-2 and adamw.param_groups[0]["decoupled_weight_decay"]
+    for i in range(5, 10):
+        _step(model, opt, 0, i)
+        _step(copy, adamw, 0, i)
+    far = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), copy.parameters()))
+    assert far < 1e-5, far
+    back = OneBitAdam(Net().parameters(), comm=compcoll.SingleComm())
+    load_torch_adam_state(back, adamw.state_dict())
+    assert back.steps == 10 and torch.equal(back.exp_avg, torch.cat([adamw.state[p]["exp_avg"].reshape(-1)
+                                                                    for p in copy.parameters()]))
+    with pytest.raises(ValueError, match="takes a OneBitAdam, got a OneBitLamb"):
+        torch_adam_state(OneBitLamb(Net().parameters(), comm=compcoll.SingleComm()))

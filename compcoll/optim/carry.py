@@ -147,9 +147,8 @@ def torch_adam_state(optimizer: CompressedOptimizer) -> dict[str, Any]:
     optimizer._follow_parameters()
     flat = optimizer.flat
     state = {index: {"step": torch.tensor(float(optimizer.steps)),
-                     **{name: getattr(optimizer, name)[seg.start:seg.stop].view(shape).clone()
-                        for name in ADAM_MOMENTS}}
-             for index, seg, shape in zip(flat.trained, flat.segments, flat.shapes)}
+                     **{name: optimizer.state[p][name].clone() for name in ADAM_MOMENTS}}
+             for index, p in zip(flat.trained, flat.trained_params)}
     groups, start = [], 0
     for group in optimizer.param_groups:
         groups.append({**{key: group[key] for key in ("lr", "betas", "eps", "weight_decay")},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,13 +63,15 @@ def save(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
 def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | None = None) -> None:
     """Load this rank's share of a checkpoint that ``save`` wrote into ``states`` (same objects, same order).
 
-    1. Read this rank's file (the same rank of a world of the same size); check it holds
-       one state per object.
-    2. Agree on the outcome: if any rank's file is missing or unreadable, every rank
-       raises before any object changes.
-    3. ``load_state_dict`` each object (each checks its own layout), then agree again:
-       a rank whose objects refused their state makes every rank raise (reload before
-       training on).
+    1. Find this rank's file (``saved_file``): its own, from a world of the same size; or,
+       where the directory holds only the complete files of a world of another size m
+       (an elastic restart), the file of rank ``rank % m`` of that world.
+    2. Read it and check it holds one state per object. Agree on the outcome: if any
+       rank's file is missing or unreadable, every rank raises before any object changes.
+    3. ``load_state_dict`` each object (each checks its own layout, and from another
+       world's file loads the replicated part, warns, and restarts what was that rank's
+       own: error feedback at zero), then agree again: a rank whose objects refused their
+       state makes every rank raise (reload before training on).
 
     Args:
         directory: as for ``save``.
@@ -76,14 +79,10 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
         comm: as for ``save``.
     """
     comm = _communicator(states, comm)
-    path = path_of(directory, comm.rank, comm.size)
     saved: list[dict[str, Any]] = []
     error = None
     try:
-        if not path.exists():
-            found = sorted(p.name for p in Path(directory).glob("compcoll-rank*-of-*.pt"))
-            raise FileNotFoundError(f"no checkpoint file {path.name} in {directory} (found: "
-                                    f"{', '.join(found) or 'none'}): resume with the world size that saved it")
+        path = saved_file(directory, comm.rank, comm.size)
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if len(saved) != len(states):
             raise ValueError(f"{path} holds {len(saved)} states, {len(states)} objects were given to load")
@@ -96,6 +95,37 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
     except Exception as exc:
         error = exc
     agree_outcome(comm, "compcoll.checkpoint.load", error)
+
+
+def saved_file(directory: str | os.PathLike, rank: int, world_size: int) -> Path:
+    """The file rank ``rank`` of ``world_size`` loads from ``directory``.
+
+    1. Its own (``path_of``), where it exists.
+    2. Otherwise, where no file of this world size is there and the files of exactly one
+       other world size m are, all m of them: rank ``rank % m``'s of that world (every
+       state in it holds the replicated part every rank had: moments, counters, options).
+    3. Otherwise ``FileNotFoundError`` naming the files found.
+    """
+    own = path_of(directory, rank, world_size)
+    if own.exists():
+        return own
+    worlds: dict[int, set[int]] = {}
+    for file in Path(directory).glob("compcoll-rank*-of-*.pt"):
+        found = _RANK_FILE.fullmatch(file.name)
+        if found:
+            worlds.setdefault(int(found[2]), set()).add(int(found[1]))
+    complete = [m for m, ranks in worlds.items() if ranks == set(range(m))]
+    if world_size not in worlds and len(complete) == 1 and len(worlds) == 1:
+        return path_of(directory, rank % complete[0], complete[0])
+    names = sorted(p.name for p in Path(directory).glob("compcoll-rank*-of-*.pt"))
+    raise FileNotFoundError(
+        f"no checkpoint file {own.name} in {directory} (found: {', '.join(names) or 'none'}): resume with the world "
+        f"size that saved it, or from a directory that holds every file of one other world size (then error "
+        f"feedback restarts at zero)")
+
+
+_RANK_FILE = re.compile(r"compcoll-rank(\d+)-of-(\d+)\.pt")
+"""The name ``path_of`` gives a rank's file: its rank and world size."""
 
 
 def _communicator(states: tuple[Stateful, ...], comm: Communicator | None) -> Communicator:

@@ -10,6 +10,7 @@ import torch
 import compcoll
 import compcoll.checkpoint
 from tests.optim.optim_workers import STEPS, _tensors, build, flat_params, train, whole_state
+from tests.warned import warned
 
 
 def per_rank_files_resume_exactly(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
@@ -77,3 +78,35 @@ def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str)
     else:
         raise AssertionError(f"rank {comm.rank} loaded without its peer's file")
     assert opt2.steps == 0
+
+
+def save_every_rank(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
+    """Train ``at`` steps, then save rank 0's model and every rank's file (``compcoll.checkpoint.save``): the first
+    half of an elastic restart."""
+    model, opt = build(comm, name)
+    train(comm, model, opt, range(at))
+    if comm.rank == 0:
+        torch.save(model.state_dict(), Path(directory) / "model.pt")
+    compcoll.checkpoint.save(directory, opt)
+
+
+def resume_on_another_world_size(comm: compcoll.Communicator, name: str, at: int, directory: str, saved_size: int
+                                 ) -> None:
+    """An elastic restart: a world of another size loads the files ``save_every_rank`` wrote. Each rank loads the
+    file of rank ``rank % saved_size`` (moments, counters and, for Birder, that rank's local moments exactly), warns
+    once that its error buffers restart at zero, and the replicas train on identically."""
+    model, opt = build(comm, name)
+    model.load_state_dict(torch.load(Path(directory) / "model.pt", weights_only=True))
+    said = warned(compcoll.checkpoint.load, directory, opt)
+    expected = (f"loaded the state of rank {comm.rank % saved_size} of {saved_size} on rank {comm.rank} of {comm.size}"
+                f": counters resume exactly")
+    assert len(said) == 1 and expected in said[0] and "needs the world size that saved it" in said[0], said
+    source = compcoll.checkpoint.path_of(directory, comm.rank % saved_size, saved_size)
+    saved = whole_state(opt, torch.load(source, weights_only=True)[0])
+    loaded = whole_state(opt)
+    assert opt.steps == at and loaded["steps"] == saved["steps"]
+    for key, value in saved["buffers"].items():
+        assert torch.equal(loaded["buffers"][key], value), f"{name}: buffer {key} not loaded"
+    assert not any(bool(t.any()) for t in _tensors(loaded.get("error_feedback"))), "error feedback did not restart"
+    train(comm, model, opt, range(at, STEPS))  # asserts identical replicas after every synchronised step
+    assert opt.steps == STEPS

@@ -18,7 +18,7 @@ from .inputs import (check_disjoint, check_error_buffer, check_length, check_lev
                      check_tensor)
 from .launch import settle_device
 from .pipeline import agree_pieces, serve_in_pieces
-from .plan import Plan, cached_plan, check_owner
+from .plan import Plan, cached_plan, owned
 from .reduce_scatter import block_statistics, float32_target, scatter_rows
 
 @accepts_arrays
@@ -548,10 +548,12 @@ class CompressedAllreduce:
             "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved (same world size and rank); keys are rebuilt from it (new plans: calls
-        in flight finish on the buffers they started with, and the next calls start from the loaded ones)."""
-        check_owner(state, self.comm.rank, self.comm.size)
+    def load_state_dict(self, state: dict[str, Any], what: str = "CompressedAllreduce") -> bool:
+        """Restore what ``state_dict()`` saved; keys are rebuilt from it (new plans: calls in flight finish on the
+        buffers they started with, and the next calls start from the loaded ones). Another rank's or world size's
+        state (``plan.owned``: a warning naming ``what``, the state that holds this one) gives the options only:
+        every key's error buffers restart at zero. Returns whether the state was this rank's own."""
+        own = owned(state, self.comm.rank, self.comm.size, what)
         check_protocol("CompressedAllreduce checkpoint", state["protocol"])
         self.protocol = state["protocol"]
         self.scale = state.get("scale", "l2")
@@ -561,10 +563,11 @@ class CompressedAllreduce:
         self.bits = state.get("bits", 1)
         check_bits("CompressedAllreduce checkpoint", self.bits)
         plans = {}
-        for key, saved in state["buffers"].items():
+        for key, saved in state["buffers"].items() if own else ():
             worker = saved["worker_error"]
             plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol, None, self.scale,
                             self.block_size, self.bits)
             plan.error_feedback.load_state_dict(saved)
             plans[key] = plan
         self.plans = plans
+        return own

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
@@ -28,6 +29,24 @@ def check_owner(state: dict[str, Any], rank: int, world_size: int) -> None:
             f"this is rank {rank} of {world_size}: server errors belong to per-rank "
             f"chunks, so resume with the same world size and each rank's own state"
         )
+
+
+def owned(state: dict[str, Any], rank: int, world_size: int, what: str) -> bool:
+    """Whether a checkpoint holding error feedback (``state["rank"]``, ``state["world_size"]``) is this rank's own;
+    where it is not, warn that ``what``'s error buffers restart at zero (``foreign_state``)."""
+    if (state["world_size"], state["rank"]) == (world_size, rank):
+        return True
+    warnings.warn(foreign_state(what, state, rank, world_size, "its error buffers restart at zero"), stacklevel=3)
+    return False
+
+
+def foreign_state(what: str, state: dict[str, Any], rank: int, world_size: int, lost: str) -> str:
+    """The warning of a state loaded from another rank or world size: what resumes, what is ``lost`` (one rank's
+    own), and how to resume exactly."""
+    how = ("an exact resume needs the world size that saved it" if state["world_size"] != world_size else
+           "for an exact resume save and load every rank's state with compcoll.checkpoint.save / load")
+    return (f"{what}: loaded the state of rank {state['rank']} of {state['world_size']} on rank {rank} of "
+            f"{world_size}: counters resume exactly, but {lost} (one rank's own); {how}")
 
 
 class ErrorFeedback:

@@ -214,12 +214,15 @@ class OneBitState:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
-        self.allreduce.load_state_dict(state["error_feedback"])
-        if state["ranks_per_node"] != self.ranks_per_node:
+        """Restore what ``state_dict()`` saved: the schedule, the buckets the error buffers are kept for (DDP's,
+        alike on every rank of any world size) and, from this rank's own state (same rank of a same-size world), the
+        error buffers; from another rank's or world size's (an elastic restart), a warning, and they restart at
+        zero."""
+        own = self.allreduce.load_state_dict(state["error_feedback"], "OneBitState")
+        if own and state["ranks_per_node"] != self.ranks_per_node:
             raise ValueError(f"OneBitState: the checkpoint is for ranks_per_node={state['ranks_per_node']}, this "
                              f"state has {self.ranks_per_node}")
-        self.node_buffers = {k: (w.clone(), e.clone()) for k, (w, e) in state["node_buffers"].items()}
+        self.node_buffers = {k: (w.clone(), e.clone()) for k, (w, e) in state["node_buffers"].items()} if own else {}
         self.schedule = Schedule(state["start_iter"], state["min_compress_numel"])
         self.schedule.iteration = state["iteration"]
         self.layouts = {k: [list(s) for s in v] for k, v in state["layouts"].items()}

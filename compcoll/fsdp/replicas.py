@@ -100,8 +100,9 @@ class ReplicaState:
                 "error_feedback": self.allreduce.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
-        self.allreduce.load_state_dict(state["error_feedback"])
+        """Restore what ``state_dict()`` saved: options and step counts, and this rank's own error buffers (another
+        rank's or world size's restart at zero, with a warning)."""
+        self.allreduce.load_state_dict(state["error_feedback"], "ReplicaState")
         self.start_step = state["start_step"]
         self.steps = dict(state["steps"])
 

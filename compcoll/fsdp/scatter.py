@@ -12,7 +12,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.inputs import check_scale
-from ..algorithms.plan import check_owner
+from ..algorithms.plan import owned
 from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 from ..comm.torchdist import own_comm
 from ..errors import NonFiniteError
@@ -134,13 +134,14 @@ class ReduceScatterState:
                 "errors": {k: e.clone() for k, e in self.errors.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what ``state_dict()`` saved (same world size, each rank its own)."""
-        check_owner(state, self.comm.rank, self.comm.size)
+        """Restore what ``state_dict()`` saved: options, step counts and, from this rank's own state, its error
+        buffers; another rank's or world size's (``plan.owned``: a warning) restarts them at zero."""
+        own = owned(state, self.comm.rank, self.comm.size, "ReduceScatterState")
         self.bits, self.block_size, self.scale = state["bits"], state["block_size"], state["scale"]
         self.start_step = state["start_step"]
         self.error_dtype = getattr(torch, state["error_dtype"])
         self.steps = dict(state["steps"])
-        self.errors = {k: e.clone() for k, e in state["errors"].items()}
+        self.errors = {k: e.clone() for k, e in state["errors"].items()} if own else {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the ``state_dict()`` and the timeout; the process group is not picklable."""

@@ -12,6 +12,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from .. import codecs
 from ..algorithms.agreement import Option, Step, agree, checked
 from ..algorithms.exact import exact_average
+from ..algorithms.plan import foreign_state
 from ..algorithms.inputs import check_protocol, check_scale
 from ..comm import Communicator, get_default
 from ..errors import NonFiniteError
@@ -467,11 +468,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         if not own and (self._channel is not None or self._rank_own):
             lost = ["the error-feedback buffers restart at zero"] if self._channel is not None else []
             lost += [f"{', '.join(self._rank_own)} are that rank's"] if self._rank_own else []
-            warnings.warn(
-                f"{name}: loaded the state of rank {state['rank']} of {state['world_size']} on rank "
-                f"{self.comm.rank} of {self.comm.size}: counters resume exactly, but {' and '.join(lost)} (one rank's "
-                f"own); for an exact resume save and load every rank's state with compcoll.checkpoint.save / load",
-                stacklevel=2)
+            warnings.warn(foreign_state(name, state, self.comm.rank, self.comm.size, " and ".join(lost)), stacklevel=2)
         for key, saved in state["buffers"].items():
             self._buffers[key].copy_(saved)
         if local is not None:

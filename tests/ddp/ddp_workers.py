@@ -17,6 +17,7 @@ import compcoll.ddp
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from tests.shared import world_once
+from tests.warned import warned
 
 BUCKET_MB = 0.5
 """Small buckets, so that the 1.6 MiB model spans several (DDP's first bucket holds up to 1 MiB)."""
@@ -168,6 +169,40 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
             warnings.simplefilter("error")
             got = _train(resumed, opt, rank, range(5, 9))
         assert torch.equal(got, expected), f"resumed ({how}) run differs"
+
+
+def onebit_saves_every_rank(comm: compcoll.Communicator, directory: str) -> None:
+    """5 steps under the hook, then rank 0's model and every rank's hook state (``compcoll.checkpoint.save``)."""
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    _train(model, torch.optim.SGD(model.parameters(), lr=0.05), comm.rank, range(5))
+    if comm.rank == 0:
+        torch.save(model.module.state_dict(), f"{directory}/model.pt")
+    compcoll.checkpoint.save(directory, state)
+
+
+def onebit_resumes_on_another_world_size(comm: compcoll.Communicator, directory: str, saved_size: int) -> None:
+    """An elastic restart of the hook: a world of another size loads the files ``onebit_saves_every_rank`` wrote.
+    One warning a rank (its error buffers restart at zero); the schedule resumes at iteration 5; the buckets
+    are compressed from the first step, with no other warning, and the replicas stay identical."""
+    module = make_model()
+    module.load_state_dict(torch.load(f"{directory}/model.pt", weights_only=True))
+    model = DDP(module, bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    said = warned(compcoll.checkpoint.load, directory, state)
+    expected = (f"OneBitState: loaded the state of rank {comm.rank % saved_size} of {saved_size} on rank {comm.rank} "
+                f"of {comm.size}: counters resume exactly, but its error buffers restart at zero")
+    assert len(said) == 1 and said[0].startswith(expected) and "needs the world size that saved it" in said[0], said
+    assert state.schedule.iteration == 5 and not state.allreduce.plans and state.layouts
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(5, 9):
+            step(model, opt, comm.rank, i)
+            assert_replicas_equal(model)
+    assert state.comm.bytes_sent > 0 and state.allreduce.plans, "no bucket went compressed"
 
 
 def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
@@ -326,7 +361,7 @@ def rewrapped_model(comm: compcoll.Communicator) -> None:
         assert_same(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
         return state.comm.bytes_sent - sent
 
-    for stage, (change, warned) in enumerate(((None, False), (None, False), ("unfreeze", True))):
+    for stage, (change, warns) in enumerate(((None, False), (None, False), ("unfreeze", True))):
         if change == "unfreeze":
             net[0].requires_grad_(True)
         model = DDP(net)  # one bucket (DDP's 25 MiB): the unfrozen layer joins bucket 0, which no known one tiles
@@ -336,7 +371,7 @@ def rewrapped_model(comm: compcoll.Communicator) -> None:
             train(model, 10 * stage, 3)
         said = [str(w.message) for w in caught if "DDP's buckets now hold other parameters" in str(w.message)]
         if on_processes:
-            assert bool(said) == warned and len(said) <= 1, (stage, said)
+            assert bool(said) == warns and len(said) <= 1, (stage, said)
         assert train(model, 10 * stage + 3, 2) > 0, f"stage {stage}: the buckets went uncompressed"
         assert state.layouts and all(state.layouts.values())
 

@@ -52,6 +52,13 @@ def test_hierarchical_resume_is_exact() -> None:
     on("threads", "onebit_resumes_exactly", 4, 2)
 
 
+def test_another_world_size_resumes_with_fresh_error_buffers(tmp_path) -> None:
+    """An elastic restart: the hook state saved by 3 Gloo ranks loads on 2 and on 4."""
+    run(f"{WORKERS}:onebit_saves_every_rank", 3, "gloo", args=(str(tmp_path),))
+    for size in (2, 4):
+        run(f"{WORKERS}:onebit_resumes_on_another_world_size", size, "gloo", args=(str(tmp_path), 3))
+
+
 @pytest.mark.parametrize("backend", ["threads", "gloo"])
 def test_a_nan_skips_the_step_on_every_rank(backend: str) -> None:
     on(backend, "nan_skips_on_every_rank", 3)

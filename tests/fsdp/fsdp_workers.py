@@ -21,6 +21,7 @@ from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
 from compcoll.fsdp.units import fsdp_units, reduce_op
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
+from tests.warned import warned
 
 
 def model(mesh=None, mp: MixedPrecisionPolicy | None = None) -> torch.nn.Module:
@@ -309,3 +310,22 @@ def compress_twice_warns(comm: compcoll.Communicator) -> None:
     assert len(said) == 1 and "3 of the model's 3 FSDP units" in said[0], said
     _train(net, opt, range(1), rank)
     assert second.errors and not first.errors, (len(second.errors), len(first.errors))
+
+
+def another_ranks_state_restarts_errors(comm: compcoll.Communicator) -> None:
+    """Every rank loads the next rank's ``ReduceScatterState`` (its error buffers are that rank's shards): one
+    warning, the step counts resume, the error buffers restart at zero, and training goes on compressed."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    state = compcoll.fsdp.compress(net)
+    _train(net, opt, range(2), rank)
+    states = [None] * n
+    dist.all_gather_object(states, state.state_dict())
+    other = states[(rank + 1) % n]
+    said = warned(state.load_state_dict, other)
+    assert len(said) == 1 and said[0].startswith(
+        f"ReduceScatterState: loaded the state of rank {(rank + 1) % n} of {n} on rank {rank} of {n}"), said
+    assert state.steps == other["steps"] and not state.errors
+    _train(net, opt, range(2, 3), rank)
+    assert len(state.errors) == 3, "the step after the load did not compress"

@@ -34,3 +34,7 @@ def test_states_with_different_start_steps_fail_at_construction() -> None:
 
 def test_compressing_a_model_twice_warns_that_the_first_state_is_left_behind() -> None:
     run(f"{WORKERS}:compress_twice_warns", 2, "gloo")
+
+
+def test_another_ranks_state_loads_with_its_error_buffers_restarted() -> None:
+    run(f"{WORKERS}:another_ranks_state_restarts_errors", 2, "gloo")

@@ -15,6 +15,7 @@ from ..algorithms.exact import exact_average
 from ..algorithms.plan import foreign_state
 from ..algorithms.inputs import check_protocol, check_scale
 from ..comm import Communicator, get_default
+from ..eager import eager
 from ..errors import NonFiniteError
 from ..spec import CHANNEL_PROTOCOLS
 from ..workspace import Workspace
@@ -228,6 +229,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
             yield group, slice(start, stop)
 
     @torch.no_grad()
+    @eager
     def step(self, closure: Callable[[], float] | None = None):
         """One optimization step on the local gradients; all communication happens here.
 

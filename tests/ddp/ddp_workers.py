@@ -205,6 +205,19 @@ def onebit_resumes_on_another_world_size(comm: compcoll.Communicator, directory:
     assert state.comm.bytes_sent > 0 and state.allreduce.plans, "no bucket went compressed"
 
 
+def compiled_model_keeps_the_hook(comm: compcoll.Communicator) -> None:
+    """``torch.compile`` over a hooked DDP model (Dynamo's DDPOptimizer splits the graph at the buckets; the
+    reducer still calls the hook): the buckets go compressed and the replicas stay identical."""
+    model = torch.compile(DDP(make_model()), backend="eager")  # DDPOptimizer wants its first bucket the smallest
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for i in range(5):
+        step(model, opt, comm.rank, i)
+        assert_replicas_equal(model)
+    assert state.comm.bytes_sent > 0 and state.allreduce.plans, "no bucket went compressed"
+
+
 def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
     """A NaN in the last rank's gradients at a compressed step: every rank gets NaN buckets, a GradScaler skips the
     step and halves its scale on every rank, the error buffers are unchanged, and the steps after it equal a run in

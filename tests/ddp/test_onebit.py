@@ -59,6 +59,10 @@ def test_another_world_size_resumes_with_fresh_error_buffers(tmp_path) -> None:
         run(f"{WORKERS}:onebit_resumes_on_another_world_size", size, "gloo", args=(str(tmp_path), 3))
 
 
+def test_a_compiled_model_keeps_the_hook() -> None:
+    run(f"{WORKERS}:compiled_model_keeps_the_hook", 2, "gloo")
+
+
 @pytest.mark.parametrize("backend", ["threads", "gloo"])
 def test_a_nan_skips_the_step_on_every_rank(backend: str) -> None:
     on(backend, "nan_skips_on_every_rank", 3)

@@ -12,6 +12,7 @@ from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
+from ..eager import eager
 from ..spec import PROTOCOLS, SCALES, check_block_size, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, Step, checked
@@ -37,6 +38,7 @@ def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) 
     return full // ranks_per_node, full // world_size
 
 
+@eager
 @accepts_arrays
 def hierarchical_allreduce(
     tensor: torch.Tensor,
@@ -207,6 +209,7 @@ def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor
     codecs.decode_framed(gathered.view(n, -1), out)
 
 
+@eager
 @accepts_arrays
 def hierarchical_compressed_allreduce(
     tensor: torch.Tensor,

@@ -10,6 +10,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
+from ..eager import eager
 from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_bits, check_block_size, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, Step, checked
@@ -21,6 +22,7 @@ from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, owned
 from .reduce_scatter import block_statistics, float32_target, scatter_rows
 
+@eager
 @accepts_arrays
 def compressed_allreduce(
     tensor: torch.Tensor,
@@ -514,6 +516,7 @@ class CompressedAllreduce:
             )
         return plan
 
+    @eager
     def __call__(
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
     ) -> torch.Tensor | Work:

@@ -9,6 +9,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
+from ..eager import eager
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
 from ..workspace import Workspace
 from .agreement import Option, checked
@@ -26,6 +27,7 @@ def row_elements(numel: int, n: int) -> int:
     return -(-(numel // n) // 8) * 8
 
 
+@eager
 def compressed_reduce_scatter(
     tensor: torch.Tensor,
     out: torch.Tensor,

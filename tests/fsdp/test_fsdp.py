@@ -38,3 +38,7 @@ def test_compressing_a_model_twice_warns_that_the_first_state_is_left_behind() -
 
 def test_another_ranks_state_loads_with_its_error_buffers_restarted() -> None:
     run(f"{WORKERS}:another_ranks_state_restarts_errors", 2, "gloo")
+
+
+def test_a_compiled_model_compresses_with_the_eager_bits() -> None:
+    run(f"{WORKERS}:compiled_model_compresses", 2, "gloo")

@@ -129,17 +129,26 @@ class TorchComm(Communicator):
         return TorchWork(self, "barrier", [dist.barrier(group=self.group, async_op=True)], None)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "TorchComm":
-        """Every rank builds every color's group (torch requires all ranks in new_group).
+        """This rank's color's group of torch.distributed.
 
+        1. On a group of every rank, every rank builds every color's group (``new_group`` is
+           a collective of the default group).
+        2. On a subgroup (a data-parallel group of a 2-D job), whose peers outside it do not
+           take part, each rank builds its own color's group with that color's ranks alone
+           (``use_local_synchronization``: the colors are disjoint, and built in the same
+           order on every member). Before 2026-11-30 the subgroup's ranks called the default
+           group's collective without the others, and waited forever.
         torch.distributed orders a group's ranks by global rank, so a ``key`` that would
         order them otherwise is refused.
         """
+        local = self.size != dist.get_world_size()
         mine = None
         for c, members in groups.items():
             if members != sorted(members):
                 raise ValueError("TorchComm.split keeps rank order; a key that reorders ranks is not supported")
-            ranks = [self.global_ranks[r] for r in members]
-            group = dist.new_group(ranks=ranks)
+            if local and c != color:
+                continue
+            group = dist.new_group(ranks=[self.global_ranks[r] for r in members], use_local_synchronization=local)
             if c == color:
                 mine = group
         return TorchComm(mine, self.timeout)

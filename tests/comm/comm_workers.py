@@ -13,8 +13,11 @@ import time
 import weakref
 
 import torch
+import torch.distributed as dist
 
 import compcoll
+from compcoll.comm.torchdist import TorchComm
+from compcoll.optim import OneBitAdam
 
 
 def _use_and_drop(comm: compcoll.Communicator) -> weakref.ref:
@@ -308,3 +311,32 @@ def dead_rank(comm: compcoll.Communicator, before: str) -> None:
     assert quiet < 2.0, f"raised {quiet:.2f} s after the peer left"
     assert expected in str(exc), exc
     time.sleep(2.0)
+
+
+def subgroups_split_alone(comm: compcoll.Communicator) -> None:
+    """A 2-D job: data-parallel groups {0, 2} and {1, 3}. A TorchComm over each splits (``topology``, which a 1-bit
+    Adam builds) with its own ranks alone, into groups of their own: the two groups' splits are not one torch group
+    name (the default group's ``new_group``, called by each group's ranks for their own members, named both alike,
+    so their rendezvous could cross, and waited forever when the two groups' calls differed). A 1-bit Adam on each
+    keeps its group's replicas identical while the two groups train apart."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    data_parallel = TorchComm(groups[rank % 2])
+    half = data_parallel.split(0)
+    assert (half.size, half.rank) == (2, rank // 2)
+    names = [None] * 4
+    dist.all_gather_object(names, half.group.group_name)
+    assert names[rank] == names[(rank + 2) % 4] != names[(rank + 1) % 4], names
+    torch.manual_seed(rank % 2)
+    net = torch.nn.Linear(13, 5)
+    opt = OneBitAdam(net.parameters(), lr=1e-2, freeze_step=2, comm=data_parallel)
+    for step in range(4):
+        opt.zero_grad()
+        x = torch.randn(4, 13, generator=torch.Generator().manual_seed(10 * step + rank))
+        net(x).square().mean().backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    table = [torch.empty_like(flat) for _ in range(4)]
+    dist.all_gather(table, flat)
+    assert torch.equal(table[rank], table[(rank + 2) % 4]), "a data-parallel group's replicas differ"
+    assert not torch.equal(table[rank], table[(rank + 1) % 4]), "the two data-parallel groups trained alike"

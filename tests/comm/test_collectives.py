@@ -25,6 +25,10 @@ def test_started_collectives(backend: str, world_size: int) -> None:
     run("tests.comm.comm_workers:started_collectives", world_size, backend)
 
 
+def test_a_data_parallel_subgroup_splits_without_the_other_groups() -> None:
+    run("tests.comm.comm_workers:subgroups_split_alone", 4, "gloo", timeout=60)
+
+
 @pytest.mark.parametrize("backend", ["threads", *BACKENDS])
 def test_dropped_communicators_are_freed(backend: str) -> None:
     run("tests.comm.comm_workers:dropped_communicators_are_freed", 2, backend)

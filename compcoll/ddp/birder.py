@@ -9,7 +9,7 @@ from ..algorithms.agreement import agree_settings
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm.topology import topology
 from ..comm.torchdist import own_comm
-from .buckets import Schedule, plain_allreduce, settle
+from .buckets import Schedule, check_bucket, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
 
 
@@ -87,6 +87,7 @@ def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Fu
     Returns:
         A future of the averaged flat buffer.
     """
+    check_bucket("birder_hook", bucket)
     schedule = state.schedule
     if schedule.compress(bucket):
         buffer = bucket.buffer()

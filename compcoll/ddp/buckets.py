@@ -1,14 +1,26 @@
-"""What the DDP hooks share: the warm-up schedule, plain allreduce and non-finite buckets."""
+"""What the DDP hooks share: the warm-up schedule, plain allreduce, non-finite buckets, and what a bucket must be."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from ..comm.work import Work
 from ..errors import NonFiniteError
+
+
+def check_bucket(hook: str, bucket: Any) -> None:
+    """Refuse what is not a DDP bucket: ``torch.compile``'s Python reducer (``optimize_ddp = "python_reducer"``
+    with compiled autograd) calls hooks on one ``(gradient, parameter)`` pair at a time, which leaves no bucket to
+    compress and no future to complete; every rank meets it at the same call, so every rank raises alike."""
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(
+            f"compcoll.ddp.{hook}: DDP passed a {type(bucket).__name__}, not a GradBucket: torch.compile's Python "
+            f"reducer (torch._dynamo.config.optimize_ddp = 'python_reducer') calls hooks per parameter; keep "
+            f"optimize_ddp at its default (DDPOptimizer, which keeps DDP's buckets and compcoll's hooks), or use a "
+            f"compcoll optimizer with local_hook")
 
 
 def plain_allreduce(buffer: torch.Tensor, group: dist.ProcessGroup | None) -> torch.futures.Future:

@@ -16,11 +16,17 @@ def local_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torc
     ``model.register_comm_hook(None, compcoll.ddp.local_hook)``.
 
     1. Return a completed future holding the bucket's own buffer (no communication).
+    2. Under ``torch.compile``'s Python reducer (``torch._dynamo.config.optimize_ddp =
+       "python_reducer"`` with compiled autograd), DDP calls its hooks on one
+       ``(gradient, parameter)`` pair at a time and uses no result: leave the gradient as
+       it is and return None.
 
     Args:
         state: unused (DDP passes what was registered; ``None`` will do).
-        bucket: the DDP gradient bucket.
+        bucket: the DDP gradient bucket, or the Python reducer's ``(gradient, parameter)``.
     """
+    if isinstance(bucket, tuple):
+        return None
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future

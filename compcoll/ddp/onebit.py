@@ -13,7 +13,7 @@ from ..algorithms.onebit import CompressedAllreduce
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from ..comm.torchdist import own_comm
-from .buckets import Schedule, gather, plain_allreduce, settle
+from .buckets import Schedule, check_bucket, gather, plain_allreduce, settle
 from .one_model import OneModel
 
 BLOCK_SIZE = 64
@@ -264,6 +264,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     Returns:
         A future of the averaged flat buffer.
     """
+    check_bucket("onebit_hook", bucket)
     schedule = state.schedule
     segments = state.segments(bucket) if schedule.started() else None
     buffer = bucket.buffer()

@@ -218,6 +218,39 @@ def compiled_model_keeps_the_hook(comm: compcoll.Communicator) -> None:
     assert state.comm.bytes_sent > 0 and state.allreduce.plans, "no bucket went compressed"
 
 
+def python_reducer(comm: compcoll.Communicator) -> None:
+    """torch.compile's Python reducer (``optimize_ddp = "python_reducer"`` under compiled autograd) calls hooks on
+    one (gradient, parameter) pair at a time: ``local_hook`` leaves each gradient local and a 1-bit Adam trains with
+    identical replicas; ``onebit_hook`` raises a TypeError naming the mode on every rank (it failed with an
+    AttributeError on the pair)."""
+    import torch._dynamo
+    from torch._dynamo import compiled_autograd
+
+    from compcoll.optim import OneBitAdam
+
+    before = torch._dynamo.config.optimize_ddp
+    torch._dynamo.config.optimize_ddp = "python_reducer"
+    try:
+        for hook in (compcoll.ddp.local_hook, compcoll.ddp.onebit_hook):
+            net = make_model()
+            model = torch.compile(DDP(net), backend="eager")
+            state = None if hook is compcoll.ddp.local_hook else compcoll.ddp.OneBitState(min_compress_numel=1000)
+            model.register_comm_hook(state, hook)
+            opt = (OneBitAdam(net.parameters(), lr=1e-3, freeze_step=2, comm=compcoll.init()) if state is None
+                   else torch.optim.SGD(net.parameters(), lr=0.05))
+            try:
+                with compiled_autograd._enable(torch.compile(backend="eager")):
+                    for i in range(4):
+                        step(model, opt, comm.rank, i)
+            except TypeError as exc:
+                assert state is not None and "optimize_ddp = 'python_reducer'" in str(exc), exc
+                continue
+            assert state is None and opt.steps == 4, "onebit_hook took the Python reducer's pairs"
+            assert_replicas_equal(net)
+    finally:
+        torch._dynamo.config.optimize_ddp = before
+
+
 def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
     """A NaN in the last rank's gradients at a compressed step: every rank gets NaN buckets, a GradScaler skips the
     step and halves its scale on every rank, the error buffers are unchanged, and the steps after it equal a run in

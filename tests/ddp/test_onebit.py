@@ -63,6 +63,10 @@ def test_a_compiled_model_keeps_the_hook() -> None:
     run(f"{WORKERS}:compiled_model_keeps_the_hook", 2, "gloo")
 
 
+def test_the_python_reducer_takes_local_hook_and_refuses_onebit_hook() -> None:
+    run(f"{WORKERS}:python_reducer", 2, "gloo")
+
+
 @pytest.mark.parametrize("backend", ["threads", "gloo"])
 def test_a_nan_skips_the_step_on_every_rank(backend: str) -> None:
     on(backend, "nan_skips_on_every_rank", 3)

@@ -22,6 +22,7 @@ from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, owned
 from .reduce_scatter import block_statistics, float32_target, scatter_rows
 
+
 @eager
 @accepts_arrays
 def compressed_allreduce(

@@ -6,9 +6,9 @@ import warnings
 from typing import Any, Callable
 
 
-def warned(fn: Callable[..., Any], *args: Any) -> list[str]:
-    """``fn(*args)``'s warnings' messages, every one of them (none filtered out or shown once)."""
+def warned(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[str]:
+    """``fn(*args, **kwargs)``'s warnings' messages, every one of them (none filtered out or shown once)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fn(*args)
+        fn(*args, **kwargs)
     return [str(w.message) for w in caught]

@@ -17,6 +17,7 @@ import compcoll
 import compcoll.optim
 from compcoll.integrations import huggingface
 from compcoll.optim import OneBitAdam
+from tests.warned import warned
 
 STEPS = 60
 CONTEXT = 32
@@ -175,6 +176,19 @@ def accelerate_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     assert state.schedule.iteration == 12 and state.allreduce.state_dict(), state.schedule
     results["SGD, onebit_hook"] = digest(model)
     (Path(output_dir) / f"rank{comm.rank}.json").write_text(json.dumps(results))
+
+
+def trainer_resumes_on_another_world_size(comm: compcoll.Communicator, output_dir: str) -> None:
+    """An elastic restart: ``trainer_runs``' default checkpoint of 2 ranks resumed on ``comm.size`` ranks. Each rank
+    warns once that its error buffers restart (it loads rank ``rank % 2``'s file), the run ends at step 60 in 1-bit
+    Adam's compressed phase with identical replicas, and records its eval loss."""
+    resumed = _trainer(huggingface.Trainer, f"{output_dir}/elastic")
+    said = warned(resumed.train, resume_from_checkpoint=f"{output_dir}/default/checkpoint-{STEPS // 2}")
+    said = [s for s in said if "loaded the state" in s]
+    assert len(said) == 1 and f"of 2 on rank {comm.rank} of {comm.size}" in said[0], said
+    opt = resumed.optimizer.optimizer
+    assert opt.steps == STEPS and opt.compressing, opt.steps
+    _record(output_dir, comm.rank, f"default, resumed at 30 on {comm.size} ranks", resumed)
 
 
 def trainer_refuses_deepspeed(comm: compcoll.Communicator, output_dir: str) -> None:

@@ -18,7 +18,7 @@ def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
     the same bits as the run it interrupted; a 1-bit Adam passed in, with gradient accumulation and bf16, and SGD
     through onebit_hook train, SGD's resume (the hook's error buffers) exact too; under a torch GradScaler (what
     Accelerate's fp16 makes on GPUs) the ranks skip and back off alike; every run ends with identical replicas (and
-    loss scales)."""
+    loss scales); the default run's checkpoint resumes on 3 ranks (an elastic restart: error buffers at zero)."""
     run("tests.integrations.huggingface_workers:trainer_runs", 2, "gloo", args=(str(tmp_path),), timeout=900)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     print(json.dumps(ranks[0], indent=1))
@@ -35,6 +35,12 @@ def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
     scaled = runs["OneBitAdam given, a loss scaler from 2^66"]
     assert scaled["skipped"] > 0 and scaled["scale"] < 2.0 ** 66 and scaled["loss"] < 1.10 * adamw, scaled
     assert runs["SGD, onebit_hook, resumed at 30"] == runs["SGD, onebit_hook"], runs
+
+    run("tests.integrations.huggingface_workers:trainer_resumes_on_another_world_size", 3, "gloo",
+        args=(str(tmp_path),), timeout=900)
+    elastic = [json.loads((tmp_path / f"rank{r}.json").read_text())["default, resumed at 30 on 3 ranks"]
+               for r in range(3)]
+    assert elastic[0] == elastic[1] == elastic[2] and elastic[0]["loss"] < 1.05 * adamw, elastic
 
 
 def test_accelerate_hook_accumulates_and_resumes_exactly(tmp_path) -> None:

@@ -69,6 +69,13 @@ class FlatParams:
                              f"(requires_grad=False: frozen), so it has nothing to train")
         trained = [params[i] for i in self.trained]
         device = _checked(trained, what)
+        if _built_by_zero():
+            raise ValueError(
+                f"{what}: built by torch's ZeroRedundancyOptimizer, which gives each rank its own shard of the "
+                f"parameters: where the shards are alike in shape, the ranks would average different parameters' "
+                f"gradients and rank 0's shard would overwrite the others' at construction, with nothing said. "
+                f"compcoll's optimizers hold every parameter on every rank (as DeepSpeed's 1-bit optimizers need ZeRO "
+                f"off): use the optimizer itself (under DDP with compcoll.ddp.local_hook, or without DDP)")
         self.shapes = [tuple(p.shape) for p in trained]
         self.dtypes = [str(p.dtype) for p in trained]
         self.segments: list[Segment] = []
@@ -249,6 +256,19 @@ def _checked(params: list[torch.Tensor], what: str) -> torch.device:
                 f"average different parameters' values); compcoll's optimizers take unsharded parameters: use "
                 f"them under DDP, or FSDP2's fully_shard with AdamW and compcoll.fsdp.compress (docs/guides/fsdp.md)")
     return _one_device(params, what)
+
+
+def _built_by_zero() -> bool:
+    """Whether torch's ``ZeroRedundancyOptimizer`` is building the optimizer (as its local optimizer, over this
+    rank's shard): a calling frame's ``self`` is one. None can exist before its module is imported, so it is not
+    imported here; the walk runs once, at construction."""
+    module = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    frame = sys._getframe(1) if module is not None else None
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), module.ZeroRedundancyOptimizer):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _is_dtensor(p: torch.Tensor) -> bool:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from compcoll.optim.flat import FlatParams
+from tests.pool import run
 
 
 def _groups():
@@ -148,3 +149,7 @@ def test_frozen_parameters_stay_out_of_the_buffer() -> None:
         flat.rebind([a, b, c, odd], "test")
     with pytest.raises(ValueError, match="none of its 2 parameters requires a gradient"):
         FlatParams([{"params": [b, c]}], "test")
+
+
+def test_torchs_zero_redundancy_optimizer_is_refused() -> None:
+    run("tests.optim.flat_workers:zero_redundancy_is_refused", 2, "gloo")

@@ -148,9 +148,10 @@ class OneBitMixin:
         scaler."""
         model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
         agree_on_overflows(self.accelerator, self.optimizer)
-        if isinstance(model, DistributedDataParallel) and self._hook and model is not self._hooked:
-            model.register_comm_hook(self.hook_state, self._hook)
-            self._hooked = model
+        ddp = _ddp(model)
+        if ddp is not None and self._hook and ddp is not self._hooked:
+            ddp.register_comm_hook(self.hook_state, self._hook)
+            self._hooked = ddp
         return model, train_dataloader
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
@@ -193,6 +194,13 @@ class Trainer(OneBitMixin, transformers.Trainer):
     """``transformers.Trainer`` that trains with 1-bit communication (``OneBitMixin``): change the import, nothing else."""
 
 
+def _ddp(model: torch.nn.Module) -> DistributedDataParallel | None:
+    """The DDP of a prepared model, also where ``torch.compile`` wrapped it (``torch_compile=True``, Accelerate's
+    ``dynamo_backend``: an ``OptimizedModule`` whose ``_orig_mod`` is the DDP); None for a model without DDP."""
+    model = getattr(model, "_orig_mod", model)
+    return model if isinstance(model, DistributedDataParallel) else None
+
+
 def register_hook(model: torch.nn.Module, optimizer: Any = None, accelerator: Any = None,
                   **options: Any) -> OneBitState | None:
     """Register compcoll's DDP hook on the model ``accelerator.prepare`` returned (Accelerate takes no custom hook).
@@ -206,7 +214,7 @@ def register_hook(model: torch.nn.Module, optimizer: Any = None, accelerator: An
        warns: raw 1-bit gradients break their variance; use ``compcoll.optim.OneBitAdam``.
 
     Args:
-        model: what ``accelerator.prepare`` returned.
+        model: what ``accelerator.prepare`` returned (a compiled one too).
         optimizer: the optimizer it returned, or None.
         accelerator: the Accelerator (for its loss scaler), or None.
         options: ``OneBitState``'s options.
@@ -214,7 +222,8 @@ def register_hook(model: torch.nn.Module, optimizer: Any = None, accelerator: An
     Returns:
         The hook's state, or None where step 1 or 2 applied.
     """
-    if not isinstance(model, DistributedDataParallel):
+    model = _ddp(model)
+    if model is None:
         return None
     inner = _inner(optimizer)
     if isinstance(inner, CompressedOptimizer):

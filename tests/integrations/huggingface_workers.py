@@ -191,6 +191,33 @@ def trainer_resumes_on_another_world_size(comm: compcoll.Communicator, output_di
     _record(output_dir, comm.rank, f"default, resumed at 30 on {comm.size} ranks", resumed)
 
 
+def trainer_compiles(comm: compcoll.Communicator, output_dir: str) -> None:
+    """``torch_compile=True`` (Dynamo's "eager" backend): the Trainer compiles the DDP-wrapped model, compcoll's
+    Trainer still registers ``local_hook`` on that DDP, and 1-bit Adam takes its 12 steps; each rank records its
+    digest."""
+    compiled = _trainer(huggingface.Trainer, f"{output_dir}/compiled", torch_compile=True,
+                        torch_compile_backend="eager", max_steps=12, save_strategy="no")
+    compiled.train()
+    opt = compiled.optimizer.optimizer
+    assert isinstance(opt, OneBitAdam) and opt.steps == 12, (type(opt), opt.steps)
+    assert compiled._hooked is not None, "local_hook not registered under torch_compile"
+    _record(output_dir, comm.rank, "compiled", compiled)
+
+
+def accelerate_compiles(comm: compcoll.Communicator) -> None:
+    """Accelerate's ``dynamo_backend``: ``prepare`` returns the DDP compiled (an OptimizedModule), and
+    ``register_hook`` still gives that DDP ``local_hook`` (it took the compiled model for one without DDP, so DDP
+    averaged every gradient before 1-bit Adam averaged it again); 1-bit Adam takes its steps."""
+    accelerate.state.AcceleratorState._reset_state(True)
+    accelerator = accelerate.Accelerator(cpu=True, dynamo_backend="eager")
+    model, opt = accelerator.prepare(gpt2(), OneBitAdam(gpt2().parameters(), lr=1e-3, freeze_step=2))
+    assert not isinstance(model, torch.nn.parallel.DistributedDataParallel), type(model)
+    huggingface.register_hook(model, opt, accelerator)
+    assert model._orig_mod._get_ddp_logging_data().get("comm_hook") == "local_hook"
+    _micro_steps(accelerator, model, opt, comm, range(4))
+    assert opt.optimizer.steps == 4, opt.optimizer.steps
+
+
 def trainer_refuses_deepspeed(comm: compcoll.Communicator, output_dir: str) -> None:
     """compcoll's Trainer under DeepSpeed (``--deepspeed``: its engine averages the gradients and owns the optimizer,
     so a config with an optimizer trained without compcoll, with nothing said): a ValueError naming it, on every rank,

@@ -43,6 +43,15 @@ def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
     assert elastic[0] == elastic[1] == elastic[2] and elastic[0]["loss"] < 1.05 * adamw, elastic
 
 
+def test_a_compiled_model_gets_its_hook(tmp_path) -> None:
+    """The Trainer's ``torch_compile=True`` and Accelerate's ``dynamo_backend``: the compiled model's DDP gets
+    ``local_hook`` and 1-bit Adam trains; identical replicas."""
+    run("tests.integrations.huggingface_workers:trainer_compiles", 2, "gloo", args=(str(tmp_path),), timeout=900)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())["compiled"] for r in range(2)]
+    assert ranks[0] == ranks[1], ranks
+    run("tests.integrations.huggingface_workers:accelerate_compiles", 2, "gloo", timeout=900)
+
+
 def test_accelerate_hook_accumulates_and_resumes_exactly(tmp_path) -> None:
     """Accelerate (gradient accumulation 2, bf16) with ``register_hook``: 1-bit Adam resumed through
     ``accelerator.load_state`` and ``compcoll.checkpoint.load`` ends with the uninterrupted run's bits; SGD through

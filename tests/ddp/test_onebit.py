@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from compcoll import launcher
+
 from tests.ddp import ddp_workers
 from tests.ddp.threaded_group import run_threaded_group
 from tests.pool import run
@@ -64,7 +66,9 @@ def test_a_compiled_model_keeps_the_hook() -> None:
 
 
 def test_the_python_reducer_takes_local_hook_and_refuses_onebit_hook() -> None:
-    run(f"{WORKERS}:python_reducer", 2, "gloo")
+    """On processes of its own: compiled autograd, once a hook raised under it, leaves a process where a later
+    compiled model's forward lost its inputs (a pooled rank's next case failed)."""
+    launcher.run(f"{WORKERS}:python_reducer", 2, "gloo", timeout=180)
 
 
 @pytest.mark.parametrize("backend", ["threads", "gloo"])

@@ -109,15 +109,13 @@ def saved_file(directory: str | os.PathLike, rank: int, world_size: int) -> Path
     own = path_of(directory, rank, world_size)
     if own.exists():
         return own
+    names = sorted(p.name for p in Path(directory).glob("compcoll-rank*-of-*.pt"))
     worlds: dict[int, set[int]] = {}
-    for file in Path(directory).glob("compcoll-rank*-of-*.pt"):
-        found = _RANK_FILE.fullmatch(file.name)
-        if found:
-            worlds.setdefault(int(found[2]), set()).add(int(found[1]))
+    for found in filter(None, map(_RANK_FILE.fullmatch, names)):
+        worlds.setdefault(int(found[2]), set()).add(int(found[1]))
     complete = [m for m, ranks in worlds.items() if ranks == set(range(m))]
     if world_size not in worlds and len(complete) == 1 and len(worlds) == 1:
         return path_of(directory, rank % complete[0], complete[0])
-    names = sorted(p.name for p in Path(directory).glob("compcoll-rank*-of-*.pt"))
     raise FileNotFoundError(
         f"no checkpoint file {own.name} in {directory} (found: {', '.join(names) or 'none'}): resume with the world "
         f"size that saved it, or from a directory that holds every file of one other world size (then error "

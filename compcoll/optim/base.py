@@ -12,8 +12,8 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from .. import codecs
 from ..algorithms.agreement import Option, Step, agree, checked
 from ..algorithms.exact import exact_average
-from ..algorithms.plan import foreign_state
 from ..algorithms.inputs import check_protocol, check_scale
+from ..algorithms.plan import foreign_state
 from ..comm import Communicator, get_default
 from ..eager import eager
 from ..errors import NonFiniteError

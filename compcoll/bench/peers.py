@@ -95,7 +95,7 @@ def ddp_hook_step(comm: Communicator, x: torch.Tensor, name: str, rank: int = 1)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     model = DistributedDataParallel(
         _Weight(matrix_shape(x.numel())).to(device), process_group=group,
-        bucket_cap_mb=x.numel() * 4 / (1 << 20) + 1, init_sync=False,
+        bucket_cap_mb=x.numel() * 4 / (1 << 20) + 1,
     )
     if name == "fp16":
         model.register_comm_hook(group, default_hooks.fp16_compress_hook)

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.inputs import check_scale
@@ -19,6 +18,13 @@ from ..errors import NonFiniteError
 from ..spec import check_bits, check_block_size
 from .replicas import ReplicaState
 from .units import check_start_step, fsdp_units, reduce_op, shard_group
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+except ImportError as missing:
+    raise ImportError(f"compcoll.fsdp needs torch 2.9 or newer, whose FSDP2 takes a custom reduce-scatter "
+                      f"(FSDPModule.set_custom_reduce_scatter); this is torch {torch.__version__}. The rest of "
+                      "compcoll (collectives, optimizers, DDP hooks) runs on torch 2.6 and newer") from missing
 
 ERROR_DTYPES = (torch.float32, torch.bfloat16)
 BITS = 3

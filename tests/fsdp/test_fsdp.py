@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tests.pool import run
+from tests.versions import NEEDS_FSDP_HOOK
 
+pytestmark = NEEDS_FSDP_HOOK
 WORKERS = "tests.fsdp.fsdp_workers"
 
 

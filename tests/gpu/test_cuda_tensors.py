@@ -19,6 +19,7 @@ from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
 from compcoll.launcher import run
 from compcoll.workspace import Workspace
 from tests.optim.follow_workers import CHANGES
+from tests.versions import NEEDS_FSDP_HOOK
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 WORKERS = "tests.gpu.gpu_workers"
@@ -243,6 +244,7 @@ def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_
         args=(3, protocol, "l2", "auto", 1, block_size, "cuda"))
 
 
+@NEEDS_FSDP_HOOK
 def test_fsdp_reduce_scatters_on_cuda_match_the_reference_two_ranks_sharing_the_gpu() -> None:
     """FSDP2 on the GPU (the model where FSDP2's default mesh puts it): every compressed reduce-scatter equals the
     reference, for every op and precision of the CPU test. Two ranks over Gloo, as ``compcoll.init`` picks where a

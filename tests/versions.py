@@ -1,0 +1,11 @@
+"""What the installed torch offers, for the tests of what needs more than pyproject's floor (torch 2.6)."""
+
+from __future__ import annotations
+
+import pytest
+from torch.distributed.fsdp._fully_shard import _fsdp_api
+
+FSDP_COMPRESSES = hasattr(_fsdp_api, "ReduceScatter")
+"""Whether FSDP2 takes a custom reduce-scatter (torch 2.9 and newer), which ``compcoll.fsdp`` needs."""
+NEEDS_FSDP_HOOK = pytest.mark.skipif(not FSDP_COMPRESSES, reason="compcoll.fsdp needs torch 2.9 or newer")
+"""The mark of a test of ``compcoll.fsdp``."""

@@ -18,7 +18,7 @@ if [ -z "$python" ]; then
     echo "oldest: no Python 3.10 here; the oldest torch, numpy and numba under $($python --version)"
 fi
 [ -x .venv-oldest/bin/python ] || "$python" -m venv .venv-oldest
-.venv-oldest/bin/python -m pip install -q -r requirements-oldest.txt
+.venv-oldest/bin/python -m pip install -q --no-cache-dir -r requirements-oldest.txt
 .venv-oldest/bin/python -m pip install -q --no-deps -e .
 .venv-oldest/bin/python -c 'import sys, torch, numpy, numba; print("oldest: Python", sys.version.split()[0],
     "torch", torch.__version__, "numpy", numpy.__version__, "numba", numba.__version__)'

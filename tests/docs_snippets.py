@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.versions import FSDP_COMPRESSES
+from tests.versions import FSDP_COMPRESSES, WHY_NO_FSDP
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
@@ -99,7 +99,7 @@ CONTEXTS: dict[str, Context] = {
               "model.blocks = torch.nn.ModuleList(torch.nn.Linear(13, 13) for _ in range(2))\n",
         after="x = torch.randn(4, 13)\nfor block in model.blocks:\n    x = block(x)\nx.sum().backward()\n"
               "assert all(p.grad is not None for p in model.parameters())\n",
-        skip=not FSDP_COMPRESSES, why="compcoll.fsdp needs torch 2.9 or newer"),
+        skip=not FSDP_COMPRESSES, why=WHY_NO_FSDP),
     "mesh = init_device_mesh(\"cuda\", (nodes, gpus_per_node), mesh_dim_names=(\"replicate\", \"shard\"))": Context(
         skip=True, why="HSDP's mesh needs 2 x 2 ranks; tests/fsdp/test_fsdp.py makes it on 4 Gloo ranks"),
     "from compcoll.integrations.huggingface import Trainer": Context(

@@ -7,5 +7,7 @@ from torch.distributed.fsdp._fully_shard import _fsdp_api
 
 FSDP_COMPRESSES = hasattr(_fsdp_api, "ReduceScatter")
 """Whether FSDP2 takes a custom reduce-scatter (torch 2.9 and newer), which ``compcoll.fsdp`` needs."""
-NEEDS_FSDP_HOOK = pytest.mark.skipif(not FSDP_COMPRESSES, reason="compcoll.fsdp needs torch 2.9 or newer")
+WHY_NO_FSDP = "compcoll.fsdp needs torch 2.9 or newer"
+"""Why a test or a doc block of ``compcoll.fsdp`` is skipped where ``FSDP_COMPRESSES`` is False."""
+NEEDS_FSDP_HOOK = pytest.mark.skipif(not FSDP_COMPRESSES, reason=WHY_NO_FSDP)
 """The mark of a test of ``compcoll.fsdp``."""

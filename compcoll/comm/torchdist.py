@@ -246,6 +246,13 @@ def _all_gather_single(recv, send, **kwargs):
     return gather(recv, send, **kwargs)
 
 
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, **kwargs):
+    """torch.distributed's flat reduce-scatter: reduce_scatter_single from torch 2.13, reduce_scatter_tensor
+    before."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, input, **kwargs)
+
+
 def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:
     """A TorchComm on a new group of the same ranks and backend as ``process_group`` (None: the default group).
 

@@ -13,7 +13,7 @@ from ..algorithms.agreement import agree_settings
 from ..algorithms.inputs import check_scale
 from ..algorithms.plan import owned
 from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
-from ..comm.torchdist import own_comm
+from ..comm.torchdist import own_comm, reduce_scatter_single
 from ..errors import NonFiniteError
 from ..spec import check_bits, check_block_size
 from .replicas import ReplicaState
@@ -82,13 +82,14 @@ class ReduceScatterState:
         self._scratch: torch.Tensor | None = None
 
     def reduce_scatter(self, key: int, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
-                       op: Any) -> None:
+                       op: Any, unit: Any = None) -> None:
         """Reduce-scatter unit ``key``'s gradients as FSDP2 hands them over, into ``output``.
 
         1. Before ``start_step`` calls of this unit: FSDP's own reduce-scatter on ``group``.
         2. Otherwise ``compressed_reduce_scatter`` with the unit's error buffer (created as
            zeros on first use; a float32 scratch copy of it when kept in bfloat16), ``op``
-           as FSDP gives it (AVG, SUM or PREMUL_SUM).
+           as FSDP gives it (AVG, SUM or PREMUL_SUM, its factor read with ``unit``'s help
+           before torch 2.13: ``units.reduce_op``).
         3. NaN / Inf in any rank's gradients: every rank's ``output`` is NaN, as FSDP's
            own reduce-scatter would give, and no error buffer changes.
         """
@@ -98,9 +99,9 @@ class ReduceScatterState:
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1
         if step < self.start_step:
-            dist.reduce_scatter_single(output=output, input=input, group=group, op=op)
+            reduce_scatter_single(output, input, group=group, op=op)
             return
-        kind, factor = reduce_op(op)
+        kind, factor = reduce_op(op, unit)
         stored = self._error(key, input)
         error = stored if stored.dtype == torch.float32 else self._float32(stored)
         try:
@@ -163,11 +164,15 @@ class ReduceScatterState:
 
 
 class CompressedReduceScatter(ReduceScatter):
-    """FSDP2's ``ReduceScatter`` for one unit: ``ReduceScatterState.reduce_scatter`` under the unit's key."""
+    """FSDP2's ``ReduceScatter`` for one unit: ``ReduceScatterState.reduce_scatter`` under the unit's key.
 
-    def __init__(self, state: ReduceScatterState, key: int) -> None:
+    It holds the unit weakly (the unit holds it): what a PREMUL_SUM's factor is read from before torch 2.13.
+    """
+
+    def __init__(self, state: ReduceScatterState, key: int, unit: torch.nn.Module) -> None:
         self.state = state
         self.key = key
+        self.unit = weakref.ref(unit)
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A new tensor from torch's allocator, as FSDP's default."""
@@ -176,7 +181,7 @@ class CompressedReduceScatter(ReduceScatter):
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op: Any, async_op: bool = False) -> None:
         """Run the unit's compressed reduce-scatter (blocking: FSDP2 waits on its stream, not on a Work)."""
-        self.state.reduce_scatter(self.key, output_tensor, input_tensor, group, op)
+        self.state.reduce_scatter(self.key, output_tensor, input_tensor, group, op, self.unit())
 
 
 def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = None, **options: Any):
@@ -212,7 +217,7 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
     if replicas is None:
         state: Any = ReduceScatterState(shard_group(units), **options)
         for key, unit in enumerate(units):
-            unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key))
+            unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key, unit))
     else:
         state = ReplicaState(replicas, **options)
         for key, unit in enumerate(units):

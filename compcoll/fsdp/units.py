@@ -44,24 +44,57 @@ def shard_group(units: list[FSDPModule]) -> dist.ProcessGroup:
     return next(iter(groups.values()))
 
 
-def reduce_op(op: Any) -> tuple[str, float]:
-    """FSDP2's reduce-scatter op as compcoll's (op, factor): AVG, SUM or PREMUL_SUM(factor)."""
+def reduce_op(op: Any, unit: FSDPModule | None = None) -> tuple[str, float]:
+    """FSDP2's reduce-scatter op as compcoll's (op, factor): AVG, SUM or PREMUL_SUM(factor).
+
+    PREMUL_SUM's factor is the op's own (``ReduceOp.factor``, torch 2.13 and newer). Before
+    2.13 FSDP2 makes the op with ``_make_nccl_premul_sum(1 / f)``, which keeps the factor
+    from Python, for a ``unit`` with a gradient divide factor f of its own: then it is
+    ``1 / f``, the same float.
+
+    Raises:
+        ValueError: another op, or a PREMUL_SUM whose factor neither the op nor ``unit`` tells.
+    """
     kind = getattr(op, "op", op)
     if kind == ReduceOp.AVG:
         return "avg", 1.0
     if kind == ReduceOp.SUM:
         return "sum", 1.0
     if kind == ReduceOp.PREMUL_SUM:
-        return "premul_sum", float(op.factor)
+        factor = getattr(op, "factor", None)
+        return "premul_sum", float(factor) if factor is not None else 1 / divide_factor(unit)
     raise ValueError(f"compcoll.fsdp: FSDP asked for a reduce-scatter with {kind}; AVG, SUM and PREMUL_SUM are "
                      f"supported")
 
 
+def param_groups(unit: FSDPModule) -> list[Any]:
+    """The unit's FSDP2 parameter groups (private state): ``_fsdp_param_groups`` from torch 2.12, before it the one
+    ``_fsdp_param_group`` (None for a unit with no parameters of its own)."""
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    return [] if state._fsdp_param_group is None else [state._fsdp_param_group]
+
+
+def divide_factor(unit: FSDPModule | None) -> float:
+    """The gradient divide factor ``unit`` was given (``set_gradient_divide_factor``, alike on its groups).
+
+    Raises:
+        ValueError: no unit, or it has no factor of its own.
+    """
+    factors = {group.gradient_divide_factor for group in param_groups(unit)} if unit is not None else set()
+    if len(factors) != 1 or None in factors:
+        raise ValueError(f"compcoll.fsdp: FSDP asked for a PREMUL_SUM reduce-scatter whose factor this torch "
+                         f"({torch.__version__}) does not tell, and the unit's gradient divide factors are "
+                         f"{sorted(map(str, factors))}")
+    return float(factors.pop())
+
+
 def divides_itself(unit: FSDPModule) -> bool:
     """Whether the unit has its own gradient divide factor (``set_gradient_divide_factor``), after which FSDP2 sums
-    across replicas instead of averaging; read from the unit's parameter groups (torch 2.13's private state)."""
-    groups = unit._get_fsdp_state()._fsdp_param_groups
-    return any(group.gradient_divide_factor is not None for group in groups)
+    across replicas instead of averaging; read from the unit's parameter groups."""
+    return any(group.gradient_divide_factor is not None for group in param_groups(unit))
 
 
 def check_start_step(what: str, start_step: int) -> None:

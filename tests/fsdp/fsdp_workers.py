@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import compcoll
 import compcoll.fsdp
 from compcoll.fsdp.replicas import ReplicaState
 from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
-from compcoll.fsdp.units import fsdp_units, reduce_op
+from compcoll.fsdp.units import divides_itself, fsdp_units, param_groups, reduce_op
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from tests.warned import warned
@@ -59,14 +60,14 @@ def digest(net: torch.nn.Module) -> str:
 class Recording(CompressedReduceScatter):
     """A unit's compressed reduce-scatter that keeps what it was given and what it gave."""
 
-    def __init__(self, state: ReduceScatterState, key: int, log: list) -> None:
-        super().__init__(state, key)
+    def __init__(self, state: ReduceScatterState, key: int, unit: torch.nn.Module, log: list) -> None:
+        super().__init__(state, key, unit)
         self.log = log
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False) -> None:
         given = input_tensor.clone()
         super().__call__(output_tensor, input_tensor, group, op, async_op)
-        self.log.append((self.key, given.float().cpu().numpy(), str(input_tensor.dtype), reduce_op(op),
+        self.log.append((self.key, given.float().cpu().numpy(), str(input_tensor.dtype), reduce_op(op, self.unit()),
                          output_tensor.clone().float().cpu().numpy()))
 
 
@@ -112,7 +113,7 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int) -> None:
         state = ReduceScatterState(error_dtype=case.get("error_dtype", torch.bfloat16), bits=case.get("bits", 3))
         log: list = []
         for key, unit in enumerate(fsdp_units(net)):
-            unit.set_custom_reduce_scatter(Recording(state, key, log))
+            unit.set_custom_reduce_scatter(Recording(state, key, unit, log))
         opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
         micro = case.get("micro", 1)
         for step in range(steps):
@@ -348,3 +349,29 @@ def compiled_model_compresses(comm: compcoll.Communicator) -> None:
         assert len(state.errors) == 3 and all(count == 3 for count in state.steps.values()), state.steps
         digests.append(digest(net))
     assert digests[0] == digests[1], f"rank {rank}: the compiled model's parameters differ from the eager run's"
+
+
+def reduce_ops_as_each_torch_gives_them(comm: compcoll.Communicator) -> None:
+    """FSDP2's reduce-scatter ops read as compcoll's, with the factor of a PREMUL_SUM from the op (torch 2.13) or,
+    where the op does not tell it (an op as torch 2.9-2.12 passes it, ``op`` alone), from the unit's divide factor;
+    a unit with none refuses such an op, naming its factors."""
+    net = model()
+    units = fsdp_units(net)
+    plain = units[0]
+    assert param_groups(plain) and not divides_itself(plain), "a unit's parameter groups or its factor misread"
+    for unit in units[1:]:
+        unit.set_gradient_divide_factor(5.0)
+    unit = units[1]
+    assert divides_itself(unit) and len(param_groups(unit)) >= 1
+    made = dist._make_nccl_premul_sum(1 / 5.0)  # as FSDP2 makes it for a unit divided by 5
+    assert reduce_op(made, unit) == ("premul_sum", 1 / 5.0)
+    untold = SimpleNamespace(op=dist.ReduceOp.PREMUL_SUM)  # what reduce_op reads of an op that keeps its factor
+    assert reduce_op(untold, unit) == ("premul_sum", 1 / 5.0), "the factor was not read from the unit"
+    assert reduce_op(dist.ReduceOp.AVG, plain) == ("avg", 1.0) and reduce_op(dist.ReduceOp.SUM) == ("sum", 1.0)
+    for without in (plain, None):
+        try:
+            reduce_op(untold, without)
+        except ValueError as exc:
+            assert "does not tell" in str(exc) and "divide factors are" in str(exc), str(exc)
+        else:
+            raise AssertionError("a PREMUL_SUM with no factor to read was taken")

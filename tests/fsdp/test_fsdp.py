@@ -26,6 +26,10 @@ def test_replicas_form_on_two_by_two_ranks() -> None:
     run(f"{WORKERS}:replicas", 4, "gloo", args=(5,))
 
 
+def test_reduce_ops_read_as_each_torch_gives_them() -> None:
+    run(f"{WORKERS}:reduce_ops_as_each_torch_gives_them", 2, "gloo")
+
+
 def test_the_optimizers_refuse_sharded_parameters() -> None:
     run(f"{WORKERS}:optimizers_refuse_sharded_parameters", 2, "gloo")
 

@@ -48,9 +48,9 @@ def reduce_op(op: Any, unit: FSDPModule | None = None) -> tuple[str, float]:
     """FSDP2's reduce-scatter op as compcoll's (op, factor): AVG, SUM or PREMUL_SUM(factor).
 
     PREMUL_SUM's factor is the op's own (``ReduceOp.factor``, torch 2.13 and newer). Before
-    2.13 FSDP2 makes the op with ``_make_nccl_premul_sum(1 / f)``, which keeps the factor
-    from Python, for a ``unit`` with a gradient divide factor f of its own: then it is
-    ``1 / f``, the same float.
+    2.13 FSDP2 makes the op with ``_make_nccl_premul_sum(1 / f)``, whose factor Python cannot
+    read, for a ``unit`` with a gradient divide factor f of its own: then it is ``1 / f``
+    from the unit, the same float.
 
     Raises:
         ValueError: another op, or a PREMUL_SUM whose factor neither the op nor ``unit`` tells.

@@ -82,7 +82,7 @@ class ReduceScatterState:
         self._scratch: torch.Tensor | None = None
 
     def reduce_scatter(self, key: int, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
-                       op: Any, unit: Any = None) -> None:
+                       op: Any, unit: torch.nn.Module | None = None) -> None:
         """Reduce-scatter unit ``key``'s gradients as FSDP2 hands them over, into ``output``.
 
         1. Before ``start_step`` calls of this unit: FSDP's own reduce-scatter on ``group``.

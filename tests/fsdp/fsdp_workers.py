@@ -365,7 +365,7 @@ def reduce_ops_as_each_torch_gives_them(comm: compcoll.Communicator) -> None:
     assert divides_itself(unit) and len(param_groups(unit)) >= 1
     made = dist._make_nccl_premul_sum(1 / 5.0)  # as FSDP2 makes it for a unit divided by 5
     assert reduce_op(made, unit) == ("premul_sum", 1 / 5.0)
-    untold = SimpleNamespace(op=dist.ReduceOp.PREMUL_SUM)  # what reduce_op reads of an op that keeps its factor
+    untold = SimpleNamespace(op=dist.ReduceOp.PREMUL_SUM)  # what reduce_op reads of an op that hides its factor
     assert reduce_op(untold, unit) == ("premul_sum", 1 / 5.0), "the factor was not read from the unit"
     assert reduce_op(dist.ReduceOp.AVG, plain) == ("avg", 1.0) and reduce_op(dist.ReduceOp.SUM) == ("sum", 1.0)
     for without in (plain, None):

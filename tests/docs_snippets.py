@@ -120,6 +120,14 @@ CONTEXTS: dict[str, Context] = {
         setup="import compcoll\nfrom compcoll.optim import OneBitAdam\n" + MODEL + BATCH + TRAINED
               + "opt = OneBitAdam(model.parameters(), comm=compcoll.init())\nopt.step()\npath = 'dcp'\n",
         after="assert opt.steps == 1\n"),
+    "from compcoll.optim.dcp import ElasticLoadPlanner": Context(
+        setup="import compcoll\nimport torch.distributed.checkpoint as dcp\n"
+              "from torch.distributed.checkpoint.state_dict import get_state_dict\n"
+              "from compcoll.optim import OneBitAdam\n"
+              + MODEL + BATCH + TRAINED + "opt = OneBitAdam(model.parameters(), comm=compcoll.init())\nopt.step()\n"
+              "path = 'dcp-elastic'\nmodel_sd, opt_sd = get_state_dict(model, opt)\n"
+              "dcp.save({'model': model_sd, 'optim': opt_sd}, checkpoint_id=path)\n",
+        after="assert opt_sd['param_groups'][0]['compcoll']['steps'] == 1\n"),
     "from compcoll.optim import GradScaler": Context(
         setup="import compcoll\nfrom compcoll.optim import OneBitAdam\n" + MODEL + BATCH
               + "opt = OneBitAdam(model.parameters(), comm=compcoll.init())\n",

@@ -68,6 +68,17 @@ def test_a_torch_optimizers_state_is_refused() -> None:
         opt.load_state_dict(adam.state_dict())
 
 
-@pytest.mark.parametrize("name, at", [("OneBitAdam", 9), ("OneBitLamb", 9), ("ZeroOneAdam", 11), ("Birder", 9)])
-def test_torch_distributed_checkpoint_resumes_exactly(name: str, at: int, tmp_path) -> None:
-    run(f"{WORKERS}:distributed_checkpoint_resumes_exactly", 2, "gloo", args=(name, at, str(tmp_path)))
+@pytest.mark.parametrize("name, at, elastic", [("OneBitAdam", 9, False), ("OneBitLamb", 9, True),
+                                               ("ZeroOneAdam", 11, True), ("Birder", 9, False)])
+def test_torch_distributed_checkpoint_resumes_exactly(name: str, at: int, elastic: bool, tmp_path) -> None:
+    run(f"{WORKERS}:distributed_checkpoint_resumes_exactly", 2, "gloo", args=(name, at, str(tmp_path), elastic))
+
+
+@pytest.mark.parametrize("name, at, saved_by, loaded_by", [("OneBitAdam", 9, 2, 3), ("Birder", 9, 2, 3),
+                                                           ("ZeroOneAdam", 11, 3, 2)])
+def test_torch_distributed_checkpoint_resumes_on_another_world_size(name: str, at: int, saved_by: int,
+                                                                    loaded_by: int, tmp_path) -> None:
+    """``ElasticLoadPlanner``: a grown or shrunk world resumes from ``dcp.save``'s checkpoint as from
+    ``compcoll.checkpoint``'s files (an elastic restart)."""
+    run(f"{WORKERS}:saved_for_another_world", saved_by, "gloo", args=(name, at, str(tmp_path)))
+    run(f"{WORKERS}:resumed_on_another_world", loaded_by, "gloo", args=(name, at, str(tmp_path), saved_by))

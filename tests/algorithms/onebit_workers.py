@@ -152,7 +152,7 @@ def in_place_and_stateful(comm: compcoll.Communicator) -> None:
     state = resumed.state_dict()
     state["world_size"] = n + 1
     other = compcoll.CompressedAllreduce(comm, protocol="allgather")
-    # with one warning a rank (checked on processes in tests/ddp: an elastic restart)
+    # with one warning a rank (counted on thread ranks by the test; on processes in tests/ddp: an elastic restart)
     assert other.load_state_dict(state) is False, "a checkpoint from another world size was taken as this rank's"
     assert not other.plans and other.protocol == "gather_scatter", "another world size's error buffers were loaded"
 

@@ -38,7 +38,14 @@ def test_a_state_dict_waits_for_the_calls_in_flight(backend: str, world_size: in
 
 @pytest.mark.parametrize("backend, world_size", worlds((2, 3, 4), mpi=3, gloo=2))
 def test_in_place_and_stateful_resume(backend: str, world_size: int) -> None:
-    run(f"{WORKERS}:in_place_and_stateful", world_size, backend)
+    """Thread ranks warn in this process: one warning a rank for the other world's state (processes' go to their
+    stderr; tests/ddp checks them there)."""
+    if backend != "threads":
+        run(f"{WORKERS}:in_place_and_stateful", world_size, backend)
+        return
+    with pytest.warns(UserWarning, match="CompressedAllreduce: loaded the state of rank") as caught:
+        run(f"{WORKERS}:in_place_and_stateful", world_size, backend)
+    assert sum("CompressedAllreduce: loaded the state" in str(w.message) for w in caught) == world_size
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -52,7 +52,10 @@ class ElasticLoadPlanner(DefaultLoadPlanner):
 
 
 def _sections(value: Any, path: KeyPath) -> list[tuple[KeyPath, dict[str, Any]]]:
-    """(path, section) of every optimizer state in ``value`` whose first parameter group holds ``SECTION``."""
+    """(path, section) of every optimizer state in ``value`` (nested in dicts and lists) whose first parameter group
+    holds ``SECTION``."""
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in _sections(item, path + (index,))]
     if not isinstance(value, dict):
         return []
     groups = value.get("param_groups")

@@ -46,25 +46,31 @@ def distributed_checkpoint_resumes_exactly(comm: compcoll.Communicator, name: st
         f"{name} resumed through torch.distributed.checkpoint at step {at} differs from the uninterrupted run"
 
 
-def saved_for_another_world(comm: compcoll.Communicator, name: str, at: int, directory: str) -> None:
+def _to_save(model: torch.nn.Module, opt: compcoll.optim.CompressedOptimizer, listed: bool) -> dict:
+    """What ``dcp.save`` / ``dcp.load`` take: the model's and optimizer's states, the latter in a list if ``listed``."""
+    model_state, opt_state = get_state_dict(model, opt)
+    return {"model": model_state, "optim": [opt_state] if listed else opt_state}
+
+
+def saved_for_another_world(comm: compcoll.Communicator, name: str, at: int, directory: str, listed: bool) -> None:
     """Train ``at`` steps, then save the model and optimizer through ``dcp.save`` (``directory/dcp``) and the
     optimizer's per-rank files through ``compcoll.checkpoint.save`` (``directory/files``)."""
     model, opt = build(comm, name)
     train(comm, model, opt, range(at))
     opt.synchronize()
     opt.zero_grad()
-    model_state, opt_state = get_state_dict(model, opt)
-    dcp.save({"model": model_state, "optim": opt_state}, checkpoint_id=f"{directory}/dcp")
+    dcp.save(_to_save(model, opt, listed), checkpoint_id=f"{directory}/dcp")
     compcoll.checkpoint.save(f"{directory}/files", opt)
 
 
-def resumed_on_another_world(comm: compcoll.Communicator, name: str, at: int, directory: str, saved_by: int) -> None:
+def resumed_on_another_world(comm: compcoll.Communicator, name: str, at: int, directory: str, listed: bool,
+                             saved_by: int) -> None:
     """A checkpoint of ``saved_for_another_world`` by ``saved_by`` ranks loaded by a world of another size:
     ``dcp.load`` with ``ElasticLoadPlanner`` resumes (the default planner raises on every rank where this world is
     larger), with one warning a rank, and trains on with the bits of the same optimizer loaded through
     ``compcoll.checkpoint.load`` (rank r takes saved rank r % m's own part either way), its replicas identical."""
     model, opt = build(comm, name)
-    loaded = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+    loaded = _to_save(model, opt, listed)
     if comm.size > saved_by:
         try:
             dcp.load(loaded, checkpoint_id=f"{directory}/dcp")
@@ -72,11 +78,12 @@ def resumed_on_another_world(comm: compcoll.Communicator, name: str, at: int, di
             assert "Missing key in checkpoint state_dict" in str(exc) and ".compcoll.rank" in str(exc), exc
         else:
             raise AssertionError("the default planner loaded a smaller world's optimizer state")
-        loaded = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+        loaded = _to_save(model, opt, listed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dcp.load(loaded, checkpoint_id=f"{directory}/dcp", planner=ElasticLoadPlanner())
-        set_state_dict(model, opt, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+        opt_state = loaded["optim"][0] if listed else loaded["optim"]
+        set_state_dict(model, opt, model_state_dict=loaded["model"], optim_state_dict=opt_state)
     mine = [str(w.message) for w in caught if str(w.message).startswith(f"{name}: loaded the state of rank")]
     assert len(mine) == 1 and f"rank {comm.rank % saved_by} of {saved_by} on rank {comm.rank}" in mine[0], \
         [str(w.message) for w in caught]

@@ -74,11 +74,12 @@ def test_torch_distributed_checkpoint_resumes_exactly(name: str, at: int, elasti
     run(f"{WORKERS}:distributed_checkpoint_resumes_exactly", 2, "gloo", args=(name, at, str(tmp_path), elastic))
 
 
-@pytest.mark.parametrize("name, at, saved_by, loaded_by", [("OneBitAdam", 9, 2, 3), ("Birder", 9, 2, 3),
-                                                           ("ZeroOneAdam", 11, 3, 2)])
+@pytest.mark.parametrize("name, at, saved_by, loaded_by, listed", [
+    ("OneBitAdam", 9, 2, 3, False), ("Birder", 9, 2, 3, True), ("ZeroOneAdam", 11, 3, 2, False)])
 def test_torch_distributed_checkpoint_resumes_on_another_world_size(name: str, at: int, saved_by: int,
-                                                                    loaded_by: int, tmp_path) -> None:
+                                                                    loaded_by: int, listed: bool, tmp_path) -> None:
     """``ElasticLoadPlanner``: a grown or shrunk world resumes from ``dcp.save``'s checkpoint as from
-    ``compcoll.checkpoint``'s files (an elastic restart)."""
-    run(f"{WORKERS}:saved_for_another_world", saved_by, "gloo", args=(name, at, str(tmp_path)))
-    run(f"{WORKERS}:resumed_on_another_world", loaded_by, "gloo", args=(name, at, str(tmp_path), saved_by))
+    ``compcoll.checkpoint``'s files (an elastic restart); the optimizer's state in a dict or (``listed``) a list."""
+    args = (name, at, str(tmp_path), listed)
+    run(f"{WORKERS}:saved_for_another_world", saved_by, "gloo", args=args)
+    run(f"{WORKERS}:resumed_on_another_world", loaded_by, "gloo", args=args + (saved_by,))

@@ -25,7 +25,9 @@ class ZeroOneAdam(CompressedOptimizer):
        DeepSpeed's). Then v = max(v, m^2 (1-b2)/(1-b1)^2) (the
        variance floor: no step beyond Adam's largest, (1-b1)/sqrt(1-b2), however stale v
        is; ``moments.floor_variance``) and p -= lr*(m/(sqrt(v)+eps) + wd*p).
-    2. Local phase (s > var_freeze_step; v frozen): m = b1*m + (1-b1)*g with the local
+    2. Local phase (s > var_freeze_step; v frozen): at the first local step after a
+       synchronisation (or the variance phase, or a load) p_sync = p, the parameters as they
+       are then; m = b1*m + (1-b1)*g with the local
        gradient; p -= lr*u_s and the accumulator a += lr*u_s, u_s = m/(sqrt(v)+eps) + wd*p;
        no vector is sent. Every ``local_interval`` steps the ranks synchronise: the
        accumulated step a (``"update"``) or a*d (``"momentum"``) goes through C (error
@@ -188,11 +190,12 @@ class ZeroOneAdam(CompressedOptimizer):
                 self.var_counter, self.var_interval = 0, self.var_interval * 2
         if s == self.var_freeze_step:
             self.channel.reset()
-            self.synced_params.copy_(self.flat.data)
 
     def _local_phase_step(self, grad: torch.Tensor, s: int) -> None:
         self._check_finite(grad)
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
+        if not self.pending:
+            self.synced_params.copy_(p)
         silent = v == 0
         t, k = self._bias_steps(s)
         denom = preconditioner(self, v, variance_steps=k)

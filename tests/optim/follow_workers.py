@@ -225,3 +225,26 @@ def frozen_equals_left_out(comm: compcoll.Communicator) -> None:
             runs.append((model, opt))
         _same(runs[0], runs[1], f"{name} with frozen parameters on rank {comm.rank} of {comm.size}")
         assert_same_on_all_ranks(comm, runs[0][1].flat.data)
+
+
+def zero_one_adam_takes_weights_loaded_in_its_local_phase(comm: compcoll.Communicator) -> None:
+    """0/1 Adam in its local phase, at a synchronisation (its replicas agree): weights loaded then (the same on every
+    rank, 10 away from the trained ones) are where its next steps start, on every rank alike. Before 2026-11-30 its
+    next synchronisation rebuilt the parameters from those of the last one, undoing the load."""
+    with seeded(100 + comm.rank):
+        model = Net()
+    cls, kwargs = CONFIGS["ZeroOneAdam"]
+    opt = cls(model.parameters(), comm=comm, **kwargs)
+    step = 0
+    while step <= kwargs["var_freeze_step"] or not opt.synchronized:
+        _step(comm, model, opt, step)
+        step += 1
+    loaded = {key: value + 10.0 for key, value in model.state_dict().items()}
+    model.load_state_dict(loaded)
+    for _ in range(3):
+        _step(comm, model, opt, step)
+        step += 1
+    assert opt.synchronized, "the schedule should end on a synchronisation"
+    moved = max(float((p.detach() - loaded[key]).abs().max()) for key, p in model.named_parameters())
+    assert moved < 1.0, f"3 steps after the load the parameters are {moved:.3f} from the loaded weights"
+    assert_same_on_all_ranks(comm, opt.flat.data)

@@ -37,3 +37,8 @@ def test_changes_that_cannot_be_followed_raise_on_every_rank(change: str, world_
 @pytest.mark.parametrize("world_size, backend", [(1, "threads"), (3, "threads"), (2, "mpi"), (2, "gloo")])
 def test_frozen_parameters_are_left_alone_as_if_left_out(world_size: int, backend: str) -> None:
     run(f"{WORKERS}:frozen_equals_left_out", world_size, backend)
+
+
+@pytest.mark.parametrize("world_size, backend", [(2, "threads"), (2, "mpi")])
+def test_zero_one_adam_takes_weights_loaded_in_its_local_phase(world_size: int, backend: str) -> None:
+    run(f"{WORKERS}:zero_one_adam_takes_weights_loaded_in_its_local_phase", world_size, backend)

@@ -151,6 +151,9 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     _carried: tuple[str, ...] = ()
     """The per-parameter moments another optimizer's state carries in, named as torch's Adam and DeepSpeed's 1-bit
     optimizers name them (``carry.carry``); none: such a state does not carry over."""
+    _carried_schedule: dict[str, str] = {}
+    """The schedule counters DeepSpeed keeps per parameter (its key -> this optimizer's scalar) that a carried state
+    sets (``carry.carry``): 0/1 Adam's intervals and counters."""
     _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
@@ -356,6 +359,9 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
 
     def synchronize(self) -> None:
         """Make the replicas identical now (a collective: every rank calls it); a no-op when they are."""
+
+    def _drop_local_steps(self) -> None:
+        """Forget the steps taken since the replicas last agreed (0/1 Adam's local steps; none elsewhere)."""
 
     def _update(self, grad: torch.Tensor) -> None:
         """The algorithm: read ``grad`` (this rank's, flat), update ``self.flat.data`` and the state."""

@@ -23,18 +23,23 @@ that holds each (its ``state_dict`` key is DeepSpeed's name)."""
 def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], groups: list[dict[str, Any]],
           source: str) -> None:
     """Copy a torch-layout optimizer state (``state`` per parameter key, ``groups`` listing the keys) into
-    ``optimizer``, a ``OneBitAdam`` or ``OneBitLamb`` (its ``_carried`` moments) over the same parameters in the
-    same groups.
+    ``optimizer``, a ``OneBitAdam``, ``OneBitLamb`` or ``ZeroOneAdam`` (its ``_carried`` moments) over the same
+    parameters in the same groups.
 
     1. Check that the groups, parameter count and every trained shape match the optimizer's
-       and that every trained parameter with state is at one step (ValueError naming the
-       first that differs, ``source`` first; nothing changes). A parameter the optimizer
-       keeps frozen needs no state; nor, into a ``OneBitAdam``, one the other optimizer never
-       stepped (torch's Adam keeps no state for a parameter that had no gradient yet): its
-       moments start at zero, as they would have there.
+       and that every trained parameter with state is at one step, and for 0/1 Adam at one
+       point of its schedule (``_carried_schedule``) (ValueError naming the first that
+       differs, ``source`` first; nothing changes). A parameter the optimizer keeps frozen
+       needs no state; nor, into a ``OneBitAdam`` or ``ZeroOneAdam``, one the other optimizer
+       never stepped (torch's Adam keeps no state for a parameter that had no gradient yet):
+       its moments start at zero, as they would have there.
     2. Copy each trained parameter's moments (``_carried``) into the flat buffers and, for
        1-bit LAMB, its floats (``LAYER_SCALARS``) into the per-layer buffers; set the step
-       count, so the phase follows from ``freeze_step``. The error buffers restart at zero.
+       count, so the phase follows from ``freeze_step`` (``var_freeze_step``), and 0/1 Adam's
+       intervals and counters, so its refreshes and synchronisations keep their schedule.
+       The error buffers restart at zero, and so do 0/1 Adam's local steps since its last
+       synchronisation (DeepSpeed's accumulated momentum: its own load drops it too, and the
+       model's weights hold the saving rank's steps), with a warning where there were some.
     The hyperparameters stay the optimizer's own.
     """
     moments = optimizer._carried
@@ -65,6 +70,7 @@ def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], grou
         raise ValueError(f"{source}: parameters at different steps {sorted(steps)}" if steps else
                          f"{source}: no trained parameter has state (a run that never stepped?)")
     layers = _layer_scalars([state[key] for key in order], source) if lamb else {}
+    schedule = _schedule([state[key] for key in order if key in state], optimizer._carried_schedule, source)
     for target, saved in copies:
         if saved is None:
             target.zero_()
@@ -76,9 +82,19 @@ def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], grou
         if values is not None:
             getattr(optimizer, LAYER_SCALARS[name]).copy_(torch.tensor(values, dtype=torch.float64))
     optimizer.steps = steps.pop()
+    for name, value in schedule.items():
+        setattr(optimizer, name, value)
+    if any(float(state[key].get("lrs", 0.0)) for key in order if key in state):
+        log.warning("%s: the local steps since 0/1 Adam's last synchronisation are not carried (the model's "
+                    "weights hold the saving rank's), as DeepSpeed's own load drops them", source)
+    optimizer._drop_local_steps()
     optimizer.channel.reset()
+    if hasattr(optimizer, "var_freeze_step"):
+        phase = "local" if optimizer.steps >= optimizer.var_freeze_step else "variance"
+    else:
+        phase = "compression" if optimizer.steps >= optimizer.freeze_step else "warmup"
     log.info("%s: %s at step %d (%s phase); error buffers restart at zero", source, type(optimizer).__name__,
-             optimizer.steps, "compression" if optimizer.steps >= optimizer.freeze_step else "warmup")
+             optimizer.steps, phase)
 
 
 def _layer_scalars(entries: list[dict[str, Any]], source: str) -> dict[str, list[float] | None]:
@@ -95,6 +111,20 @@ def _layer_scalars(entries: list[dict[str, Any]], source: str) -> dict[str, list
     if any(scaled) and not all(scaled):
         raise ValueError(f"{source}: scaling_coeff for some parameters and not others")
     found["scaling_coeff"] = [float(entry["scaling_coeff"]) for entry in entries] if all(scaled) else None
+    return found
+
+
+def _schedule(entries: list[dict[str, Any]], names: dict[str, str], source: str) -> dict[str, int]:
+    """The schedule counters ``names`` (DeepSpeed's key -> the optimizer's scalar) of the trained parameters'
+    ``entries``, which must all hold each, alike (ValueError naming the first that does not)."""
+    found = {}
+    for key, name in names.items():
+        values = [entry.get(key) for entry in entries]
+        if None in values:
+            raise ValueError(f"{source}: no {key} for trained parameter {values.index(None)} (a ZeroOneAdam's?)")
+        if len(set(map(int, values))) != 1:
+            raise ValueError(f"{source}: parameters at different {key} {sorted(set(map(int, values)))}")
+        found[name] = int(values[0])
     return found
 
 
@@ -119,7 +149,7 @@ def load_torch_adam_state(optimizer: CompressedOptimizer, state_dict: dict[str, 
     torch's Adam adds its own to the gradient).
     """
     source = "torch Adam state"
-    if optimizer._carried != ADAM_MOMENTS:
+    if optimizer._carried != ADAM_MOMENTS or optimizer._carried_schedule:
         raise ValueError(f"{source}: carries into a OneBitAdam, got a {type(optimizer).__name__} (its state holds "
                          f"more than Adam's moments)")
     state, groups = state_dict.get("state"), state_dict.get("param_groups")
@@ -141,7 +171,7 @@ def torch_adam_state(optimizer: CompressedOptimizer) -> dict[str, Any]:
        ``OneBitAdam``'s is). Frozen parameters have no state, as in torch's.
     The error buffers stay behind: what the compression had not sent yet is dropped.
     """
-    if optimizer._carried != ADAM_MOMENTS:
+    if optimizer._carried != ADAM_MOMENTS or optimizer._carried_schedule:
         raise ValueError(f"torch_adam_state: takes a OneBitAdam, got a {type(optimizer).__name__} (its state holds "
                          f"more than Adam's moments)")
     optimizer._follow_parameters()

@@ -218,7 +218,8 @@ CHECKPOINT_FILE = "mp_rank_00_model_states.pt"
 
 def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[str, Any] | str | os.PathLike,
                               *, allow: Iterable[str] = ()) -> dict[str, Any]:
-    """Carry a DeepSpeed 0.19.6 OneBitAdam or OneBitLamb checkpoint's optimizer state into compcoll's ``optimizer``.
+    """Carry a DeepSpeed 0.19.6 OneBitAdam, OneBitLamb or ZeroOneAdam checkpoint's optimizer state into compcoll's
+    ``optimizer``.
 
     1. Find the file: ``checkpoint`` itself, ``<dir>/<tag>/mp_rank_00_model_states.pt``
        with the tag read from ``<dir>/latest`` (``engine.save_checkpoint``'s layout), or
@@ -231,15 +232,21 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
        (``MOMENTS``: ``exp_avg``, ``exp_avg_sq``; 1-bit LAMB's ``exp_avg_sq_fresh`` too) and
        ``step``; 1-bit LAMB's ``lamb_coeff_freeze``, ``last_factor`` and, once its compression
        started, ``scaling_coeff`` (none needed for a parameter the optimizer keeps frozen,
-       which DeepSpeed's skips too). Check that the groups, parameter count and every trained
-       shape match the optimizer's (ValueError naming the first that differs; nothing changes).
+       which DeepSpeed's skips too); 0/1 Adam's ``var_interval``, ``var_counter``,
+       ``local_step_interval`` and ``local_step_counter``. Check that the groups, parameter
+       count and every trained shape match the optimizer's (ValueError naming the first that
+       differs; nothing changes).
     4. Copy them into the optimizer's flat buffers (1-bit LAMB's floats into its per-layer
-       buffers) and set its step count, so its phase follows from ``freeze_step`` as in
-       DeepSpeed. The error buffers restart at zero, as DeepSpeed's own load does (it saves
-       one rank's only).
+       buffers) and set its step count, so its phase follows from ``freeze_step``
+       (``var_freeze_step``) as in DeepSpeed, and 0/1 Adam's schedule. The error buffers
+       restart at zero, as DeepSpeed's own load does (it saves one rank's only), and so do
+       0/1 Adam's local steps since its last synchronisation (its accumulated momentum),
+       which DeepSpeed's own load drops too. Unlike DeepSpeed's load, whose first step in a
+       new process restarts 0/1 Adam's intervals at 1, the schedule goes on where it was.
 
     Args:
-        optimizer: a compcoll ``OneBitAdam`` or ``OneBitLamb`` over the same parameters, in the same groups.
+        optimizer: a compcoll ``OneBitAdam``, ``OneBitLamb`` or ``ZeroOneAdam`` over the same parameters, in the
+            same groups.
         checkpoint: the checkpoint's file or folder, or its loaded dict.
         allow: "module.Name" of each further global the file may unpickle.
 
@@ -247,8 +254,8 @@ def load_deepspeed_checkpoint(optimizer: CompressedOptimizer, checkpoint: dict[s
         The checkpoint's dict: load the model's weights from its ``"module"``.
     """
     if not optimizer._carried:
-        raise ValueError(f"load_deepspeed_checkpoint carries OneBitAdam's and OneBitLamb's state; got "
-                         f"{type(optimizer).__name__} (ZeroOneAdam's local-step intervals are not carried yet)")
+        raise ValueError(f"load_deepspeed_checkpoint carries OneBitAdam's, OneBitLamb's and ZeroOneAdam's state; "
+                         f"got {type(optimizer).__name__}")
     loaded = checkpoint if isinstance(checkpoint, dict) else _read_checkpoint(Path(checkpoint), tuple(allow))
     carry(optimizer, *_optimizer_state(loaded), "DeepSpeed checkpoint")
     return loaded

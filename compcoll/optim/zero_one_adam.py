@@ -81,6 +81,9 @@ class ZeroOneAdam(CompressedOptimizer):
     """
 
     _scalar_names = ("var_interval", "var_counter", "local_interval", "local_counter", "pending")
+    _carried = ("exp_avg", "exp_avg_sq")
+    _carried_schedule = {"var_interval": "var_interval", "var_counter": "var_counter",
+                         "local_step_interval": "local_interval", "local_step_counter": "local_counter"}
     exp_avg = StateBuffer()
     exp_avg_sq = StateBuffer()
     accumulator = StateBuffer("momentum_accumulator")
@@ -149,6 +152,12 @@ class ZeroOneAdam(CompressedOptimizer):
         if self.pending:
             self._synchronize(self.exp_avg_sq == 0, self.steps)
             self.flat.write_back()
+
+    def _drop_local_steps(self) -> None:
+        """Forget the local steps taken since the last synchronisation: their accumulated update and lr sums."""
+        self.accumulator.zero_()
+        self.lr_sums.zero_()
+        self.pending = 0
 
     def _bias_steps(self, s: int, refresh: bool = False) -> tuple[int, int]:
         """(t, k) for ``moments``' bias corrections at step s: (s, the refreshes v has had with this step's), or

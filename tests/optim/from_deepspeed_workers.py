@@ -1,4 +1,4 @@
-"""Rank-side body of the test that a checkpoint DeepSpeed 0.19.6 wrote resumes in compcoll's OneBitAdam."""
+"""Rank-side bodies of the tests that checkpoints DeepSpeed 0.19.6 wrote resume in compcoll's optimizers."""
 
 from __future__ import annotations
 
@@ -49,6 +49,25 @@ def resume_deepspeed_checkpoint(comm: compcoll.Communicator, folder: str) -> Non
     _resumed_alike(comm, folder, CONFIG, "compcoll", theirs, ("exp_avg", "exp_avg_sq"), {}, {})
 
 
+ZERO_ONE_CONFIG = {**CONFIG, "optimizer": {"type": "ZeroOneAdam", "params": {
+    "lr": 1e-2, "var_freeze_step": 3, "var_update_scaler": 2, "local_step_scaler": 2, "local_step_clipper": 4,
+    "comm_backend_name": "compressed"}}}
+"""DeepSpeed's ZeroOneAdam on the same two ranks and backend: past its variance phase by ``SAVED_AT``, its
+synchronisation interval doubled once."""
+
+
+def resume_deepspeed_zero_one_checkpoint(comm: compcoll.Communicator, folder: str) -> None:
+    """``resume_deepspeed_checkpoint`` for 0/1 Adam: every parameter's moments are DeepSpeed's, its variance and
+    synchronisation intervals and counters DeepSpeed's, and ``AFTER`` more steps equal those of a ZeroOneAdam given
+    the same state through its own ``load_state_dict``."""
+    theirs = _deepspeed_trained(comm, folder, ZERO_ONE_CONFIG)
+    schedule = {"var_interval": theirs[0]["var_interval"], "var_counter": theirs[0]["var_counter"],
+                "local_interval": theirs[0]["local_step_interval"],
+                "local_counter": theirs[0]["local_step_counter"], "pending": 0}
+    assert schedule["local_interval"] == 2 and schedule["var_interval"] > 1, schedule
+    _resumed_alike(comm, folder, ZERO_ONE_CONFIG, "compcoll", theirs, ("exp_avg", "exp_avg_sq"), {}, schedule)
+
+
 def _deepspeed_trained(comm: compcoll.Communicator, folder: str, config: dict) -> list[dict]:
     """Step 1: DeepSpeed's engine trains ``SAVED_AT`` steps under ``config`` and saves into ``folder``; each
     parameter's optimizer state, copied."""
@@ -82,7 +101,10 @@ def _resumed_alike(comm: compcoll.Communicator, folder: str, config: dict, numer
             assert torch.equal(got, entry[key].reshape(-1)), f"rank {comm.rank}: {key}"
     for key, attribute in floats.items():
         assert getattr(ours, attribute).tolist() == [float(entry[key]) for entry in theirs], key
-    assert ours.steps == theirs[0]["step"] == SAVED_AT and ours.compressing
+    assert ours.steps == theirs[0]["step"] == SAVED_AT
+    assert ours.compressing if hasattr(ours, "compressing") else ours.steps > ours.var_freeze_step
+    if hasattr(ours, "var_interval"):
+        assert whole_state(ours)["scalars"] == scalars, (whole_state(ours)["scalars"], scalars)
 
     ref_model.load_state_dict(loaded["module"])
     start = ours.flat.data.clone()
@@ -97,6 +119,8 @@ def _resumed_alike(comm: compcoll.Communicator, folder: str, config: dict, numer
             opt.zero_grad()
             _loss(model_, comm.rank, step).backward()
             opt.step()
+    for opt in (ours, ref):
+        opt.synchronize()  # 0/1 Adam: its local steps since the last synchronisation; the others: nothing
     assert torch.equal(ours.flat.data, ref.flat.data) and torch.equal(ours.exp_avg, ref.exp_avg)
     assert not torch.equal(ours.flat.data, start), "the steps after the load changed nothing"
     assert_same_on_all_ranks(comm, ours.flat.data)

@@ -12,7 +12,8 @@ import torch
 
 import compcoll
 from compcoll.launcher import run
-from compcoll.optim import OneBitAdam, OneBitLamb, ZeroOneAdam, from_deepspeed_config, load_deepspeed_checkpoint
+from compcoll.optim import (Birder, OneBitAdam, OneBitLamb, ZeroOneAdam, from_deepspeed_config,
+                            load_deepspeed_checkpoint)
 from tests.optim.optim_workers import Net
 
 TUTORIALS = {
@@ -175,8 +176,52 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing(tmp_path:
     saved["param_groups"] = [{"params": [0]}, {"params": list(saved["state"])[1:]}]
     with pytest.raises(ValueError, match="parameter groups"):
         load_deepspeed_checkpoint(opt, {"optimizer": saved})
-    with pytest.raises(ValueError, match="carries OneBitAdam's and OneBitLamb's state; got ZeroOneAdam"):
-        load_deepspeed_checkpoint(ZeroOneAdam(Net().parameters(), comm=compcoll.SingleComm()), {"optimizer": saved})
+    with pytest.raises(ValueError, match="carries OneBitAdam's, OneBitLamb's and ZeroOneAdam's state; got Birder"):
+        load_deepspeed_checkpoint(Birder(Net().parameters(), comm=compcoll.SingleComm()), {"optimizer": saved})
+
+
+def _zero_one_state(model: torch.nn.Module, step: int, lrs: float) -> dict:
+    """A ZeroOneAdam state laid out as DeepSpeed 0.19.6's saves it: the moments, its schedule's counters per
+    parameter, and what its own load drops (error buffers, the accumulated momentum and its lr sum ``lrs``)."""
+    saved = _deepspeed_state(model, step)
+    for entry in saved["state"].values():
+        entry.update(var_interval=4, var_counter=1, local_step_interval=2, local_step_counter=1, lrs=lrs,
+                     momentum_accumulator=torch.ones_like(entry["exp_avg"]), worker_error=torch.ones(8),
+                     server_error=torch.ones(8), tensor_size=entry["exp_avg"].numel())
+    return saved
+
+
+def test_a_zero_one_adam_checkpoint_lands_its_moments_and_schedule(caplog) -> None:
+    """DeepSpeed's ZeroOneAdam state: each parameter's moments land in its slice, the step count and the variance and
+    synchronisation intervals and counters are DeepSpeed's (its own load restarts them at 1 in a new process), the
+    local steps since the last synchronisation start afresh (with a warning where DeepSpeed had some); counters
+    that differ between parameters, or are missing, are refused by name with nothing changed."""
+    model = Net()
+    opt = ZeroOneAdam(model.parameters(), var_freeze_step=3, comm=compcoll.SingleComm())
+    saved = _zero_one_state(model, 6, 0.0)
+    bad = _zero_one_state(model, 6, 0.0)
+    bad["state"][2]["var_interval"] = 8
+    with pytest.raises(ValueError, match=r"parameters at different var_interval \[4, 8\]"):
+        load_deepspeed_checkpoint(opt, {"optimizer": bad})
+    del bad["state"][2]["var_interval"]
+    with pytest.raises(ValueError, match="no var_interval for trained parameter 2"):
+        load_deepspeed_checkpoint(opt, {"optimizer": bad})
+    assert opt.steps == 0 and not opt.exp_avg.any() and opt.var_interval == 1
+    with caplog.at_level(logging.INFO, logger="compcoll.optim.carry"):
+        load_deepspeed_checkpoint(opt, {"optimizer": saved})
+    for (segment, _), i in zip(opt.flat.views(opt.exp_avg), range(len(saved["state"]))):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(getattr(opt, key)[segment.start:segment.stop], saved["state"][i][key].reshape(-1))
+    assert (opt.steps, opt.var_interval, opt.var_counter, opt.local_interval, opt.local_counter) == (6, 4, 1, 2, 1)
+    assert opt.synchronized and "(local phase)" in caplog.text and "not carried" not in caplog.text
+
+    opt._local_phase_step(torch.zeros_like(opt.flat.data), 7)
+    assert not opt.synchronized and opt.accumulator.any()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="compcoll.optim.carry"):
+        load_deepspeed_checkpoint(opt, {"optimizer": _zero_one_state(model, 6, 0.03)})
+    assert opt.synchronized and not opt.accumulator.any() and not opt.lr_sums.any()
+    assert "the local steps since 0/1 Adam's last synchronisation are not carried" in caplog.text
 
 
 def test_a_file_that_needs_more_than_weights_is_refused_unless_named(tmp_path: Path) -> None:
@@ -205,6 +250,14 @@ def test_a_onebit_lamb_checkpoint_deepspeed_wrote_resumes_in_compcoll_on_two_glo
     momentum scaling read, bit for bit; the next steps equal those of a OneBitLamb given the same state."""
     pytest.importorskip("deepspeed")
     run("tests.optim.from_deepspeed_workers:resume_deepspeed_lamb_checkpoint", 2, "gloo", args=(str(tmp_path),),
+        timeout=300)
+
+
+def test_a_zero_one_adam_checkpoint_deepspeed_wrote_resumes_in_compcoll_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """The same for DeepSpeed's ZeroOneAdam past its variance phase: moments, step and its schedule's intervals and
+    counters bit for bit, and the next steps equal those of a ZeroOneAdam given the same state."""
+    pytest.importorskip("deepspeed")
+    run("tests.optim.from_deepspeed_workers:resume_deepspeed_zero_one_checkpoint", 2, "gloo", args=(str(tmp_path),),
         timeout=300)
 
 

@@ -9,7 +9,8 @@ ranks, and the others wait for the next case. A thread world runs with ``one_cpu
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
 its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
-starts a new one. ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case.
+starts a new one. ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
+(``versions.GLOO_POOLS``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from compcoll import launcher
 from compcoll.launcher import WorkerFailure
+from tests.versions import GLOO_POOLS
 
 POOLED_BACKENDS = ("mpi", "gloo")
 POOL_RANKS = 6
@@ -197,7 +199,7 @@ def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (),
     if backend == "threads":
         return launcher.run_threads(target, world_size, args=args, timeout=timeout, env=env, one_cpu=True)
     pooled = (backend in POOLED_BACKENDS and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
-              and os.environ.get(POOL_ENV, "1") != "0")
+              and os.environ.get(POOL_ENV, "1") != "0" and (backend != "gloo" or GLOO_POOLS))
     if not pooled:
         return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
     pool = _pool(backend, world_size)

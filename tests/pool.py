@@ -193,13 +193,18 @@ def close_all() -> None:
         _POOLS.popitem()[1].close()
 
 
+def pools(backend: str) -> bool:
+    """Whether ``backend``'s cases go to a pool: MPI's, and Gloo's from torch 2.8 (``versions.GLOO_POOLS``)."""
+    return backend in POOLED_BACKENDS and (backend != "gloo" or GLOO_POOLS)
+
+
 def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (), timeout: float = 180.0,
         env: dict[str, str] | None = None, **placement) -> str:
     """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring)."""
     if backend == "threads":
         return launcher.run_threads(target, world_size, args=args, timeout=timeout, env=env, one_cpu=True)
-    pooled = (backend in POOLED_BACKENDS and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
-              and os.environ.get(POOL_ENV, "1") != "0" and (backend != "gloo" or GLOO_POOLS))
+    pooled = (pools(backend) and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
+              and os.environ.get(POOL_ENV, "1") != "0")
     if not pooled:
         return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
     pool = _pool(backend, world_size)

@@ -13,10 +13,9 @@ import pytest
 
 from compcoll.launcher import BACKENDS, WorkerFailure
 from tests import pool
-from tests.versions import GLOO_POOLS
 
 POOLING = [pytest.param(backend, marks=pytest.mark.skipif(
-    backend == "gloo" and not GLOO_POOLS, reason="Gloo's cases are not pooled before torch 2.8 (tests/versions.py)"))
+    not pool.pools(backend), reason="Gloo's cases are not pooled before torch 2.8 (tests/versions.py)"))
     for backend in BACKENDS]
 """The backends whose cases the pool runs, each a test parameter (Gloo's skipped where it does not pool them)."""
 
@@ -119,7 +118,7 @@ os._exit(0)
 def _killed_owner() -> dict[str, list[str]]:
     """One test process that starts a pool of each backend and exits without its atexit: each pool's folder and
     processes, by backend."""
-    backends = [backend for backend in BACKENDS if backend != "gloo" or GLOO_POOLS]
+    backends = [backend for backend in BACKENDS if pool.pools(backend)]
     done = subprocess.run([sys.executable, "-c", _KILLED_OWNER.format(backends=backends)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=True)
     return {backend: rest for backend, *rest in (line.split() for line in done.stdout.splitlines())}

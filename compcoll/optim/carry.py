@@ -65,12 +65,13 @@ def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], grou
                 found = "none" if saved is None else tuple(saved.shape)
                 raise ValueError(f"{source}: parameter {key}'s {name} is {found}, expected shape {shape}")
             copies.append((getattr(optimizer, name)[segment.start:segment.stop], saved))
-    steps = {int(state[key]["step"]) for key in order if key in state}
+    stepped = [state[key] for key in order if key in state]
+    steps = {int(entry["step"]) for entry in stepped}
     if len(steps) != 1:
         raise ValueError(f"{source}: parameters at different steps {sorted(steps)}" if steps else
                          f"{source}: no trained parameter has state (a run that never stepped?)")
-    layers = _layer_scalars([state[key] for key in order], source) if lamb else {}
-    schedule = _schedule([state[key] for key in order if key in state], optimizer._carried_schedule, source)
+    layers = _layer_scalars(stepped, source) if lamb else {}
+    schedule = _schedule(stepped, optimizer._carried_schedule, source)
     for target, saved in copies:
         if saved is None:
             target.zero_()
@@ -84,7 +85,7 @@ def carry(optimizer: CompressedOptimizer, state: dict[Any, dict[str, Any]], grou
     optimizer.steps = steps.pop()
     for name, value in schedule.items():
         setattr(optimizer, name, value)
-    if any(float(state[key].get("lrs", 0.0)) for key in order if key in state):
+    if any(float(entry.get("lrs", 0.0)) for entry in stepped):
         log.warning("%s: the local steps since 0/1 Adam's last synchronisation are not carried (the model's "
                     "weights hold the saving rank's), as DeepSpeed's own load drops them", source)
     optimizer._drop_local_steps()
@@ -103,10 +104,7 @@ def _layer_scalars(entries: list[dict[str, Any]], source: str) -> dict[str, list
     have and some not)."""
     found: dict[str, list[float] | None] = {}
     for key in ("lamb_coeff_freeze", "last_factor"):
-        missing = [i for i, entry in enumerate(entries) if key not in entry]
-        if missing:
-            raise ValueError(f"{source}: no {key} for trained parameter {missing[0]} (a OneBitLamb's?)")
-        found[key] = [float(entry[key]) for entry in entries]
+        found[key] = [float(value) for value in _each(entries, key, source, "OneBitLamb")]
     scaled = ["scaling_coeff" in entry for entry in entries]
     if any(scaled) and not all(scaled):
         raise ValueError(f"{source}: scaling_coeff for some parameters and not others")
@@ -119,13 +117,19 @@ def _schedule(entries: list[dict[str, Any]], names: dict[str, str], source: str)
     ``entries``, which must all hold each, alike (ValueError naming the first that does not)."""
     found = {}
     for key, name in names.items():
-        values = [entry.get(key) for entry in entries]
-        if None in values:
-            raise ValueError(f"{source}: no {key} for trained parameter {values.index(None)} (a ZeroOneAdam's?)")
-        if len(set(map(int, values))) != 1:
-            raise ValueError(f"{source}: parameters at different {key} {sorted(set(map(int, values)))}")
-        found[name] = int(values[0])
+        values = set(map(int, _each(entries, key, source, "ZeroOneAdam")))
+        if len(values) != 1:
+            raise ValueError(f"{source}: parameters at different {key} {sorted(values)}")
+        found[name] = values.pop()
     return found
+
+
+def _each(entries: list[dict[str, Any]], key: str, source: str, owner: str) -> list[Any]:
+    """Every entry's ``key``; ValueError naming the first trained parameter without it (``owner``'s state holds it)."""
+    missing = [i for i, entry in enumerate(entries) if key not in entry]
+    if missing:
+        raise ValueError(f"{source}: no {key} for trained parameter {missing[0]} (a {owner}'s?)")
+    return [entry[key] for entry in entries]
 
 
 def is_torch_adam_state(state_dict: dict[str, Any]) -> bool:

@@ -1,5 +1,7 @@
 """compcoll: compressed collectives (error-compensated and hierarchical 1-bit allreduce, low-bit reduce-scatter) for data-parallel training."""
 
+import importlib
+
 from .algorithms.hierarchical import (
     hierarchical_allreduce,
     hierarchical_compressed_allreduce,
@@ -45,9 +47,23 @@ __all__ = [
 ]
 
 
+SUBPACKAGES = ("algorithms", "bench", "checkpoint", "codecs", "comm", "ddp", "eager", "errors", "fsdp",
+               "integrations", "kernels", "launcher", "optim", "spec", "warmup", "workspace")
+"""What ``compcoll.<name>`` reaches after a plain ``import compcoll`` (``__getattr__``)."""
+
+
 def __getattr__(name: str):
+    """``MPIComm`` and ``TorchComm``, and every subpackage (``compcoll.ddp.onebit_hook``, ``compcoll.optim``, ...) as
+    ``import torch; torch.distributed`` reaches torch's: each imported at its first use, so ``import compcoll`` stays
+    as quick as before (``compcoll.fsdp`` needs torch 2.9 and says so then)."""
     if name in ("MPIComm", "TorchComm"):
         from . import comm
 
         return getattr(comm, name)
+    if name in SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'compcoll' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(SUBPACKAGES) | {"MPIComm", "TorchComm"})

@@ -82,6 +82,10 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
        ``RankMismatchError`` on every rank otherwise) and broadcast the buffer from rank 0,
        so replicas start identical.
 
+    ``add_param_group`` (a collective once built) adds a group to train from the next step
+    on, while the algorithm can still give new parameters a variance (in the warm-up; any
+    time for Birder): Lightning's ``BaseFinetuning`` unfreezes layers so.
+
     ``step()``:
     1. Follow the parameters (``_follow_parameters``): whatever a framework or the caller
        did to them since the last step (``model.to(device)``, ``param.data = ...``, an
@@ -178,22 +182,81 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self._warned_scaler = False
         self._probed = False
         self._buffers: dict[str, torch.Tensor] = {}
+        self._buffer_kinds: dict[str, tuple[str, float]] = {}
         self._channel: Channel | None = None
+        self._channel_args: tuple = ()
         self.workspace = Workspace()
         self._built = True
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if getattr(self, "_built", False):
-            raise RuntimeError(
-                f"{type(self).__name__}: parameter groups are fixed at construction (they share one "
-                f"flat buffer); build a new optimizer with all groups"
-            )
-        super().add_param_group(param_group)
+        """Add a group of parameters to train from the next step on, as ``torch.optim.Optimizer``'s does (Lightning's
+        ``BaseFinetuning.unfreeze_and_add_param_group`` calls it). Once built, a collective: every rank adds the same
+        group at the same point, as every rank built the optimizer.
 
-    def _buffer(self, name: str, numel: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A zero state buffer kept in ``state_dict`` (``numel`` defaults to the parameter count)."""
-        buf = torch.zeros(self.flat.numel if numel is None else numel, dtype=dtype, device=self.flat.device)
+        1. Refuse (RuntimeError, nothing changed) where the algorithm could not train new
+           parameters now (``_growth_refused``: 1-bit Adam and 1-bit LAMB once their variance
+           froze, 0/1 Adam once its variance phase ended, since a coordinate without variance
+           then never moves).
+        2. Append the group (torch's checks and defaults) and lay the parameters out again
+           (``FlatParams``): the new group's trained parameters go after the others', whose
+           masters keep their bits.
+        3. Agree on the layout and every group's hyperparameters (``RankMismatchError`` on
+           every rank otherwise, and the group is taken back), then broadcast the new
+           parameters from rank 0, so replicas stay identical.
+        4. Grow every state buffer: the old values where they were, the buffer's initial
+           value for the new parameters (moments at zero, as torch's optimizers start a
+           parameter's state at its first step). The 1-bit channel is built again for the
+           longer vector, its error feedback at zero.
+        """
+        if not getattr(self, "_built", False):
+            super().add_param_group(param_group)
+            return
+        name = type(self).__name__
+        refused = self._growth_refused()
+        if refused:
+            raise RuntimeError(f"{name}: add_param_group at step {self.step_index}: {refused}")
+        self._follow_parameters()
+        old, groups = self.flat, len(self.param_groups)
+        try:
+            flat = checked(self.comm, f"{name}.add_param_group", lambda: self._laid_out_with(param_group))
+            agree(self.comm, f"{name}.add_param_group", flat.data, None,
+                  (Option("parameter layouts (groups and shapes)", flat.layout_code()),), step=self._tag())
+        except BaseException:
+            del self.param_groups[groups:]
+            raise
+        flat.data[:old.numel].copy_(old.data)
+        self.comm.bcast(flat.data[old.numel:], 0)
+        flat.write_back()
+        self.flat = flat
+        sizes = {"element": (old.numel, flat.numel), "layer": (len(old.segments), len(flat.segments)),
+                 "group": (len(self.param_groups) - 1, len(self.param_groups))}
+        for key, (per, fill) in self._buffer_kinds.items():
+            before, after = sizes[per]
+            grown = torch.full((after,), fill, dtype=self._buffers[key].dtype, device=flat.device)
+            grown[:before].copy_(self._buffers[key])
+            self._buffers[key] = grown
+        if self._channel is not None:
+            self._error_feedback(*self._channel_args)
+        self.workspace = Workspace()
+        self._publish()
+
+    def _laid_out_with(self, param_group: dict[str, Any]) -> FlatParams:
+        """Append ``param_group`` (torch's checks and defaults) and lay out every group's parameters anew."""
+        super().add_param_group(param_group)
+        return FlatParams(self.param_groups, type(self).__name__)
+
+    def _growth_refused(self) -> str:
+        """Why new parameters cannot join now (``add_param_group``), or "" where they can."""
+        return ""
+
+    def _buffer(self, name: str, per: str = "element", dtype: torch.dtype = torch.float32,
+                fill: float = 0.0) -> torch.Tensor:
+        """A state buffer kept in ``state_dict``, of ``fill`` (its initial value) per trained element, per trained
+        parameter (``per="layer"``) or per parameter group (``per="group"``); ``add_param_group`` grows it."""
+        numel = {"element": self.flat.numel, "layer": len(self.flat.segments), "group": len(self.param_groups)}[per]
+        buf = torch.full((numel,), fill, dtype=dtype, device=self.flat.device)
         self._buffers[name] = buf
+        self._buffer_kinds[name] = (per, fill)
         self._publish()
         return buf
 
@@ -216,7 +279,8 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     def _error_feedback(self, ranks_per_node: int | str | None, hierarchical: bool | None, scale: str = "l2",
                         protocol: str = "auto", by_layer: bool = False) -> Channel:
         """The 1-bit channel for the flat vector, with one scale for it or (``by_layer``) one per parameter;
-        ``state_dict`` saves its error buffers (the channel owns them)."""
+        ``state_dict`` saves its error buffers (the channel owns them); ``add_param_group`` builds it again."""
+        self._channel_args = (ranks_per_node, hierarchical, scale, protocol, by_layer)
         if by_layer:
             layers = [(seg.start, seg.stop) for seg in self.flat.segments]
             self._channel = LayeredChannel(self.comm, layers, ranks_per_node, hierarchical, scale, self.flat.device,
@@ -512,6 +576,14 @@ def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.numel() <= 16:
         return tuple(value.detach().cpu().reshape(-1).tolist())
     return None
+
+
+def variance_frozen(setting: str, step: int) -> str:
+    """Why an optimizer whose variance froze at ``step`` (its ``setting``) takes no new parameters
+    (``CompressedOptimizer._growth_refused``)."""
+    return (f"its variance froze at step {step} ({setting}), and its 1-bit steps leave a coordinate without variance "
+            f"where it is, so new parameters would never train; add groups before step {step}, or build a new "
+            f"optimizer with every group (its warm-up runs again)")
 
 
 def warmup_steps(what: str, name: str, value: int | float, total_steps: int | None, least: int = 0) -> int:

@@ -45,7 +45,9 @@ class FlatParams:
     4. ``rebind`` follows what a framework (or the caller) did to the parameters since the
        last step (moved them, assigned ``param.data``, loaded or wrote values in place,
        changed their dtype), so the next step trains them as they are; a parameter frozen
-       or unfrozen since is refused, as the buffer's layout cannot change.
+       or unfrozen since is refused, as the buffer's layout cannot change between steps
+       (parameters the optimizer does not hold join through its ``add_param_group``, which
+       lays them out anew).
 
     Attributes:
         data: the flat parameter buffer (the master weights).
@@ -155,7 +157,8 @@ class FlatParams:
                 raise ValueError(
                     f"{what}: parameter {index} (shape {tuple(p.shape)}) was {was} when the optimizer was built and "
                     f"is {now} now (requires_grad={p.requires_grad}); the parameters it trains are fixed when it is "
-                    f"built (one flat buffer holds them): set requires_grad back, or build a new optimizer")
+                    f"built (one flat buffer holds them): set requires_grad back, or build a new optimizer (parameters "
+                    f"left out of it can join later through add_param_group, in every rank's same call)")
         params = self.trained_params
         for index, p, shape in zip(self.trained, params, self.shapes):
             if tuple(p.shape) != shape:

@@ -9,7 +9,7 @@ import torch
 
 from ..comm import Communicator
 from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
-                   compression_options, warmup_steps)
+                   compression_options, variance_frozen, warmup_steps)
 from .carry import ADAM_MOMENTS, is_torch_adam_state, load_torch_adam_state
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 
@@ -139,6 +139,9 @@ class OneBitAdam(CompressedOptimizer):
     def compressing(self) -> bool:
         """Whether the next step communicates 1-bit momentum (warmup is over)."""
         return self.steps >= self.freeze_step
+
+    def _growth_refused(self) -> str:
+        return variance_frozen("freeze_step", self.freeze_step) if self.compressing else ""
 
     def _update(self, grad: torch.Tensor) -> None:
         m, v = self.exp_avg, self.exp_avg_sq

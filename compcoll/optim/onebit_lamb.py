@@ -9,7 +9,8 @@ import torch
 from .. import codecs
 from ..algorithms.agreement import Option
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, warmup_steps
+from .base import (CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, variance_frozen,
+                   warmup_steps)
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
 
 TRUST_RATIOS = ("fresh", "frozen")
@@ -160,13 +161,12 @@ class OneBitLamb(CompressedOptimizer):
         self.coeff_beta, self.factor_max, self.factor_min = coeff_beta, factor_max, factor_min
         self.factor_threshold = factor_threshold
         self.variance_refresh = variance_refresh
-        layers = len(self.flat.segments)
         self._buffer("exp_avg")
         self._buffer("exp_avg_sq")
         self._buffer("exp_avg_sq_fresh")
-        self._buffer("lamb_coeff_freeze", layers, torch.float64)
-        self._buffer("last_factor", layers, torch.float64).fill_(1.0)
-        self._buffer("scaling_coeff", layers, torch.float64)
+        self._buffer("lamb_coeff_freeze", "layer", torch.float64)
+        self._buffer("last_factor", "layer", torch.float64, fill=1.0)
+        self._buffer("scaling_coeff", "layer", torch.float64)
         self.scaled = False
         self._lengths: torch.Tensor | None = None
         self.lamb_coeffs: list[float] = []
@@ -182,6 +182,9 @@ class OneBitLamb(CompressedOptimizer):
         """Whether the next step is a compression-phase step that refreshes v exactly (``variance_refresh``)."""
         k = self.variance_refresh
         return self.compressing and k > 0 and (self.steps - self.freeze_step) % k == k - 1
+
+    def _growth_refused(self) -> str:
+        return variance_frozen("freeze_step", self.freeze_step) if self.compressing else ""
 
     def _update(self, grad: torch.Tensor) -> None:
         if self.compressing and not self.refreshing:

@@ -7,7 +7,7 @@ import torch
 from .. import codecs
 from ..comm import Communicator
 from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
-                   compression_options, warmup_steps)
+                   compression_options, variance_frozen, warmup_steps)
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
 
 
@@ -135,7 +135,7 @@ class ZeroOneAdam(CompressedOptimizer):
         self._buffer("exp_avg_sq")
         self._buffer("momentum_accumulator")
         self._buffer("synced_params")
-        self._buffer("lr_sums", len(self.param_groups), torch.float64)
+        self._buffer("lr_sums", "group", torch.float64)
         self._error_feedback(ranks_per_node, hierarchical, scale, protocol)
 
     @property
@@ -166,6 +166,10 @@ class ZeroOneAdam(CompressedOptimizer):
         if not self.bias_correction:
             return 0, 0
         return s, (self.var_interval.bit_length() - 1) * self.var_update_scaler + self.var_counter + refresh
+
+    def _growth_refused(self) -> str:
+        frozen = self.steps >= self.var_freeze_step
+        return variance_frozen("var_freeze_step", self.var_freeze_step) if frozen else ""
 
     def _update(self, grad: torch.Tensor) -> None:
         if self.steps + 1 <= self.var_freeze_step:

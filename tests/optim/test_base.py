@@ -8,6 +8,7 @@ import torch
 import compcoll
 from compcoll.optim import Birder, OneBitAdam, OneBitLamb, ZeroOneAdam
 from tests.optim.optim_workers import _tensors, whole_state
+from tests.pool import run
 
 ALL = [OneBitAdam, OneBitLamb, ZeroOneAdam, Birder]
 
@@ -99,14 +100,29 @@ def test_checkpoints_of_another_model_are_refused_of_another_rank_loaded(cls) ->
         other(_model().parameters(), comm=comm).load_state_dict(state)
 
 
-def test_groups_are_fixed_and_hyperparameters_restored() -> None:
+def test_hyperparameters_restored() -> None:
     comm = compcoll.SingleComm()
     model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Linear(4, 2))
     opt = OneBitAdam([{"params": model[0].parameters()}, {"params": model[1].parameters(), "lr": 0.5}], comm=comm)
-    with pytest.raises(RuntimeError, match="fixed at construction"):
-        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
     state = opt.state_dict()
     opt.param_groups[1]["lr"] = 0.1
     opt.load_state_dict(state)
     assert opt.param_groups[1]["lr"] == 0.5 and opt.param_groups[0]["lr"] == 1e-3
     assert opt.synchronized
+
+
+ALL_NAMES = ["OneBitAdam", "OneBitAdam bc", "OneBitLamb", "OneBitLamb layers", "OneBitLamb frozen", "ZeroOneAdam",
+             "Birder"]
+
+
+@pytest.mark.parametrize("world_size, backend, names", [
+    (1, "threads", ALL_NAMES), (3, "threads", ALL_NAMES), (2, "mpi", ALL_NAMES),
+    (2, "gloo", ["OneBitLamb layers", "Birder"])])
+def test_a_group_added_in_the_warmup_trains_as_if_there_from_the_start(world_size: int, backend: str,
+                                                                          names: list[str]) -> None:
+    run("tests.optim.base_workers:grown_equals_built_with_every_group", world_size, backend, args=(names,))
+
+
+@pytest.mark.parametrize("world_size, backend", [(2, "threads"), (3, "mpi"), (2, "gloo")])
+def test_a_group_added_out_of_turn_raises_on_every_rank(world_size: int, backend: str) -> None:
+    run("tests.optim.base_workers:growth_refused_everywhere", world_size, backend)

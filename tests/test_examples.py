@@ -151,3 +151,19 @@ def test_lightning_trains_one_bit_adam_on_cpus_with_the_hook_registered_at_train
     assert done.returncode == 0, done.stdout + done.stderr
     assert "replicas bit-identical on 2 ranks" in done.stdout, done.stdout
     assert ("every rank handed the optimizer the same gradient" in done.stderr) != hook, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("optimizer, warmup", [("adam", 40), ("zeroone", 40), ("birder", 0), ("lamb", 4)])
+def test_lightning_base_finetuning_adds_the_unfrozen_backbone(optimizer: str, warmup: int) -> None:
+    """examples/lightning_finetuning.py under Lightning's own launcher (2 Gloo ranks), where Lightning is installed:
+    BaseFinetuning unfreezes the backbone at epoch 1 (step 8) through add_param_group, which trains it with
+    replicas bit-identical; 1-bit LAMB past its 4-step warm-up refuses it on both ranks, naming the step."""
+    pytest.importorskip("lightning")
+    done = subprocess.run([sys.executable, "examples/lightning_finetuning.py", "--devices", "2", "--optimizer",
+                           optimizer, "--warmup", str(warmup)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if optimizer == "lamb":
+        assert done.returncode != 0 and done.stderr.count("add_param_group at step 8: its variance froze") == 2, \
+            done.stderr[-3000:]
+        return
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 groups, the backbone moved" in done.stdout and "bit-identical on 2 ranks" in done.stdout, done.stdout

@@ -148,8 +148,12 @@ class FlatParams:
             self._read_float32()
             return False
         if len(params) != len(self.params) or any(p is not q for p, q in zip(params, self.params)):
+            more = len(params) > len(self.params) and all(p is q for p, q in zip(params, self.params))
             raise ValueError(f"{what}: its parameter groups no longer hold the parameters it was built with (one "
-                             f"flat buffer holds them); build a new optimizer for the new parameters")
+                             f"flat buffer holds them); " + (
+                                 "parameters join through add_param_group, not by assigning param_groups (as "
+                                 "Lightning's BaseFinetuning does when it resumes)" if more else
+                                 "build a new optimizer for the new parameters"))
         trained = set(self.trained)
         for index, p in enumerate(params):
             if p.requires_grad != (index in trained):

@@ -113,8 +113,10 @@ def test_rebind_follows_replaced_storage_and_leaves_the_rest() -> None:
         half.copy_(torch.tensor([8.0, 9.0, 10.0]))
     flat.rebind([half, full], "test")
     assert flat.data[:3].tolist() == [8.0, 9.0, 10.0]
-    with pytest.raises(ValueError, match="no longer hold the parameters"):
+    with pytest.raises(ValueError, match="no longer hold the parameters.*build a new optimizer"):
         flat.rebind([full, half], "test")
+    with pytest.raises(ValueError, match="join through add_param_group, not by assigning param_groups"):
+        flat.rebind([half, full, torch.nn.Parameter(torch.zeros(2))], "test")
     full.data = torch.zeros(3)
     with pytest.raises(ValueError, match=r"parameter 1 changed shape from \(2,\) to \(3,\)"):
         flat.rebind([half, full], "test")

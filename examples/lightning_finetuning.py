@@ -7,7 +7,7 @@ Lightning's ``BaseFinetuning`` callback freezes the backbone before training, so
 ``--unfreeze-epoch`` it unfreezes the backbone and calls ``optimizer.add_param_group`` on every
 rank, which lays the backbone into the optimizer's flat buffer from rank 0's values. 1-bit Adam,
 1-bit LAMB and 0/1 Adam take new parameters in their warm-up only (``--warmup`` steps here; later
-they raise RuntimeError on every rank, naming the step), Birder at any time. At the end every
+they raise ValueError on every rank, naming the step), Birder at any time. At the end every
 rank checks its parameters are bit-identical to rank 0's, and that the backbone trained.
 """
 

@@ -193,13 +193,15 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         ``BaseFinetuning.unfreeze_and_add_param_group`` calls it). Once built, a collective: every rank adds the same
         group at the same point, as every rank built the optimizer.
 
-        1. Refuse (RuntimeError, nothing changed) where the algorithm could not train new
-           parameters now (``_growth_refused``: 1-bit Adam and 1-bit LAMB once their variance
-           froze, 0/1 Adam once its variance phase ended, since a coordinate without variance
-           then never moves).
-        2. Append the group (torch's checks and defaults) and lay the parameters out again
-           (``FlatParams``): the new group's trained parameters go after the others', whose
-           masters keep their bits.
+        1. Refuse where the algorithm could not train new parameters now
+           (``_growth_refused``: 1-bit Adam and 1-bit LAMB once their variance froze, 0/1 Adam
+           once its variance phase ended, since a coordinate without variance then never
+           moves).
+        2. Follow the parameters (``_follow_parameters``), append the group (torch's checks
+           and defaults) and lay the parameters out again (``FlatParams``): the new group's
+           trained parameters go after the others', whose masters keep their bits. Steps 1
+           and 2 are this rank's (``checked``): where they raise ValueError or TypeError, the
+           other ranks raise ``RemoteError`` naming it, and nothing changed anywhere.
         3. Agree on the layout and every group's hyperparameters (``RankMismatchError`` on
            every rank otherwise, and the group is taken back), then broadcast the new
            parameters from rank 0, so replicas stay identical.
@@ -212,10 +214,6 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
             super().add_param_group(param_group)
             return
         name = type(self).__name__
-        refused = self._growth_refused()
-        if refused:
-            raise RuntimeError(f"{name}: add_param_group at step {self.step_index}: {refused}")
-        self._follow_parameters()
         old, groups = self.flat, len(self.param_groups)
         try:
             flat = checked(self.comm, f"{name}.add_param_group", lambda: self._laid_out_with(param_group))
@@ -241,9 +239,15 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self._publish()
 
     def _laid_out_with(self, param_group: dict[str, Any]) -> FlatParams:
-        """Append ``param_group`` (torch's checks and defaults) and lay out every group's parameters anew."""
+        """``add_param_group``'s local part: ValueError where the algorithm takes no new parameters now; else follow
+        the parameters, append ``param_group`` (torch's checks and defaults) and lay out every group's anew."""
+        name = type(self).__name__
+        refused = self._growth_refused()
+        if refused:
+            raise ValueError(f"{name}: add_param_group at step {self.step_index}: {refused}")
+        self._follow_parameters()
         super().add_param_group(param_group)
-        return FlatParams(self.param_groups, type(self).__name__)
+        return FlatParams(self.param_groups, name)
 
     def _growth_refused(self) -> str:
         """Why new parameters cannot join now (``add_param_group``), or "" where they can."""

@@ -63,9 +63,10 @@ def grown_equals_built_with_every_group(comm: compcoll.Communicator, names: list
 
 
 def growth_refused_everywhere(comm: compcoll.Communicator) -> None:
-    """``add_param_group`` called out of turn: after 1-bit Adam's variance froze (RuntimeError, every rank); with
-    another shape on the last rank (RankMismatchError, every rank); with a float64 parameter on the last rank
-    (TypeError there, RemoteError on the others); a parameter it already trains (torch's ValueError). Each time the
+    """``add_param_group`` called out of turn: with another shape on the last rank (RankMismatchError, every rank);
+    with a float64 parameter on the last rank (TypeError there, RemoteError on the others); a parameter it already
+    trains (torch's ValueError); on a last rank that froze a trained parameter since the last step (ValueError
+    there, RemoteError on the others); after 1-bit Adam's variance froze (ValueError, every rank). Each time the
     groups stay as they were and training goes on, replicas identical."""
     with seeded(100 + comm.rank):
         model = Net()
@@ -78,22 +79,26 @@ def growth_refused_everywhere(comm: compcoll.Communicator) -> None:
         "dtype": (torch.nn.Parameter(torch.zeros(3, dtype=torch.float64 if last else torch.float32)), TypeError,
                   compcoll.RemoteError, "float64"),
         "twice": (model.hidden.bias, ValueError, ValueError, "more than one parameter group"),
+        "frozen since": (torch.nn.Parameter(torch.zeros(3)), ValueError, compcoll.RemoteError,
+                         "was trained when the optimizer was built and is frozen now"),
     }
     for what, (param, mine, others, said) in wrong.items():
+        model.hidden.bias.requires_grad_(not (what == "frozen since" and last))
         try:
             opt.add_param_group({"params": [param]})
         except (mine if last else others) as exc:
             assert said in str(exc), f"{what}: {exc}"
         else:
             raise AssertionError(f"{what}: no error on rank {comm.rank}")
+        model.hidden.bias.requires_grad_(True)
         assert len(opt.param_groups) == 1 and opt.flat.numel == 20 * 4 + 7 * 5 + 5
         _step(comm, model, opt, 0)
     while not opt.compressing:
         _step(comm, model, opt, opt.steps)
     try:
         opt.add_param_group({"params": list(model.out.parameters())})
-    except RuntimeError as exc:
-        assert "variance froze at step 4 (freeze_step)" in str(exc), exc
+    except ValueError as exc:
+        assert "add_param_group at step 4: its variance froze at step 4 (freeze_step)" in str(exc), exc
     else:
         raise AssertionError("add_param_group after the freeze")
     assert len(opt.param_groups) == 1

@@ -195,8 +195,8 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
 
         1. Refuse where the algorithm could not train new parameters now
            (``_growth_refused``: 1-bit Adam and 1-bit LAMB once their variance froze, 0/1 Adam
-           once its variance phase ended, since a coordinate without variance then never
-           moves).
+           once no variance refresh is left in its variance phase, since a coordinate without
+           variance then never moves).
         2. Follow the parameters (``_follow_parameters``), append the group (torch's checks
            and defaults) and lay the parameters out again (``FlatParams``): the new group's
            trained parameters go after the others', whose masters keep their bits. Steps 1
@@ -582,12 +582,12 @@ def _plain(value: Any) -> Any:
     return None
 
 
-def variance_frozen(setting: str, step: int) -> str:
-    """Why an optimizer whose variance froze at ``step`` (its ``setting``) takes no new parameters
-    (``CompressedOptimizer._growth_refused``)."""
-    return (f"its variance froze at step {step} ({setting}), and its 1-bit steps leave a coordinate without variance "
-            f"where it is, so new parameters would never train; add groups before step {step}, or build a new "
-            f"optimizer with every group (its warm-up runs again)")
+def variance_frozen(setting: str, step: int, why: str = "") -> str:
+    """Why an optimizer whose variance freezes at ``step`` (its ``setting``) takes no new parameters now
+    (``CompressedOptimizer._growth_refused``): ``why`` (default: it froze already)."""
+    why = why or f"its variance froze at step {step} ({setting})"
+    return (f"{why}, and its 1-bit steps leave a coordinate without variance where it is, so new parameters would "
+            f"never train; add groups earlier, or build a new optimizer with every group (its warm-up runs again)")
 
 
 def warmup_steps(what: str, name: str, value: int | float, total_steps: int | None, least: int = 0) -> int:

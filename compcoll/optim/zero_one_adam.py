@@ -168,8 +168,16 @@ class ZeroOneAdam(CompressedOptimizer):
         return s, (self.var_interval.bit_length() - 1) * self.var_update_scaler + self.var_counter + refresh
 
     def _growth_refused(self) -> str:
-        frozen = self.steps >= self.var_freeze_step
-        return variance_frozen("var_freeze_step", self.var_freeze_step) if frozen else ""
+        """Past the variance phase, or where its last refresh is behind (the next, at the first multiple of
+        ``var_interval`` after this step, falls after ``var_freeze_step``): new parameters would get no variance."""
+        if self.steps >= self.var_freeze_step:
+            return variance_frozen("var_freeze_step", self.var_freeze_step)
+        refresh = -(-(self.steps + 1) // self.var_interval) * self.var_interval
+        if refresh > self.var_freeze_step:
+            return variance_frozen("var_freeze_step", self.var_freeze_step,
+                                   f"its variance is refreshed next at step {refresh} (every {self.var_interval} steps "
+                                   f"now), after it freezes at step {self.var_freeze_step} (var_freeze_step)")
+        return ""
 
     def _update(self, grad: torch.Tensor) -> None:
         if self.steps + 1 <= self.var_freeze_step:

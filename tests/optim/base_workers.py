@@ -66,8 +66,9 @@ def growth_refused_everywhere(comm: compcoll.Communicator) -> None:
     """``add_param_group`` called out of turn: with another shape on the last rank (RankMismatchError, every rank);
     with a float64 parameter on the last rank (TypeError there, RemoteError on the others); a parameter it already
     trains (torch's ValueError); on a last rank that froze a trained parameter since the last step (ValueError
-    there, RemoteError on the others); after 1-bit Adam's variance froze (ValueError, every rank). Each time the
-    groups stay as they were and training goes on, replicas identical."""
+    there, RemoteError on the others); after 1-bit Adam's variance froze, or where 0/1 Adam's next variance refresh
+    comes after its variance phase (ValueError, every rank). Each time the groups stay as they were and training goes
+    on, replicas identical."""
     with seeded(100 + comm.rank):
         model = Net()
     cls, kwargs = CONFIGS["OneBitAdam"]
@@ -84,23 +85,31 @@ def growth_refused_everywhere(comm: compcoll.Communicator) -> None:
     }
     for what, (param, mine, others, said) in wrong.items():
         model.hidden.bias.requires_grad_(not (what == "frozen since" and last))
-        try:
-            opt.add_param_group({"params": [param]})
-        except (mine if last else others) as exc:
-            assert said in str(exc), f"{what}: {exc}"
-        else:
-            raise AssertionError(f"{what}: no error on rank {comm.rank}")
+        _refused(opt, [param], mine if last else others, said)
         model.hidden.bias.requires_grad_(True)
-        assert len(opt.param_groups) == 1 and opt.flat.numel == 20 * 4 + 7 * 5 + 5
+        assert opt.flat.numel == 20 * 4 + 7 * 5 + 5
         _step(comm, model, opt, 0)
     while not opt.compressing:
         _step(comm, model, opt, opt.steps)
-    try:
-        opt.add_param_group({"params": list(model.out.parameters())})
-    except ValueError as exc:
-        assert "add_param_group at step 4: its variance froze at step 4 (freeze_step)" in str(exc), exc
-    else:
-        raise AssertionError("add_param_group after the freeze")
-    assert len(opt.param_groups) == 1
+    _refused(opt, list(model.out.parameters()), ValueError,
+             "add_param_group at step 4: its variance froze at step 4 (freeze_step)")
     _step(comm, model, opt, opt.steps)
     assert_same_on_all_ranks(comm, opt.flat.data)
+    zero_one = CONFIGS["ZeroOneAdam"][0]([*model.emb.parameters(), *model.hidden.parameters()], comm=comm,
+                                         var_freeze_step=7, var_update_scaler=2)
+    for step in range(6):  # refreshes at steps 1, 2, 4, 6: every 4 steps now, the next at 8
+        _step(comm, model, zero_one, step)
+    _refused(zero_one, list(model.out.parameters()), ValueError,
+             "refreshed next at step 8 (every 4 steps now), after it freezes at step 7")
+
+
+def _refused(opt, params: list[torch.Tensor], error: type, said: str) -> None:
+    """``opt.add_param_group`` of ``params`` raises ``error`` saying ``said``, and the groups stay as they were."""
+    groups = len(opt.param_groups)
+    try:
+        opt.add_param_group({"params": params})
+    except error as exc:
+        assert said in str(exc), exc
+    else:
+        raise AssertionError(f"no {error.__name__} on rank {opt.comm.rank}: {said}")
+    assert len(opt.param_groups) == groups

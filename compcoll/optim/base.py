@@ -226,17 +226,12 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self.comm.bcast(flat.data[old.numel:], 0)
         flat.write_back()
         self.flat = flat
-        sizes = {"element": (old.numel, flat.numel), "layer": (len(old.segments), len(flat.segments)),
-                 "group": (len(self.param_groups) - 1, len(self.param_groups))}
-        for key, (per, fill) in self._buffer_kinds.items():
-            before, after = sizes[per]
-            grown = torch.full((after,), fill, dtype=self._buffers[key].dtype, device=flat.device)
-            grown[:before].copy_(self._buffers[key])
-            self._buffers[key] = grown
+        for key, (per, fill) in list(self._buffer_kinds.items()):
+            before = self._buffers[key]
+            self._buffer(key, per, before.dtype, fill)[:before.numel()].copy_(before)
         if self._channel is not None:
             self._error_feedback(*self._channel_args)
         self.workspace = Workspace()
-        self._publish()
 
     def _laid_out_with(self, param_group: dict[str, Any]) -> FlatParams:
         """``add_param_group``'s local part: ValueError where the algorithm takes no new parameters now; else follow

@@ -192,7 +192,7 @@ class FlatPlan(Plan):
             serve_in_pieces(tensor, worker_error, server_error, self.comm, scale, scalars[0], self.pieces, result,
                             self.workspace, self.scale)
             return result
-        return self.finish_flat(tensor, worker_error, server_error, scalars, result)
+        return self.replays.run("finish_flat", self.finish_flat, tensor, worker_error, server_error, scalars, result)
 
     def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: Step | None = None
                    ) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
@@ -233,7 +233,7 @@ class FlatPlan(Plan):
         sums = self.agree_blocks(tensor, worker_error, step)
         if self.numel == 0:
             return result
-        return self.finish_blocks(tensor, worker_error, server_error, sums, result)
+        return self.replays.run("finish_blocks", self.finish_blocks, tensor, worker_error, server_error, sums, result)
 
     def agree_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: Step | None = None
                      ) -> torch.Tensor:

@@ -16,6 +16,7 @@ from ..spec import padded_numel
 from ..workspace import Workspace
 from .agreement import Agreement, Option
 from .launch import launch
+from .replay import Replays
 
 MAX_CACHED_PLANS = 64
 """Plans kept per communicator for the functional calls (least recently used dropped first)."""
@@ -138,6 +139,7 @@ class Plan(ABC):
         self.options = options
         self.full = padded_numel(numel, comm.size)
         self.workspace = Workspace()
+        self.replays = Replays()
         self._agreements: dict[tuple[tuple[int, ...], torch.dtype], Agreement] = {}
         self._error_feedback: ErrorFeedback | None = None
 
@@ -171,6 +173,7 @@ class Plan(ABC):
         """
         self.device = torch.device(device)
         self.workspace = Workspace()
+        self.replays = Replays()
         if self._error_feedback is not None:
             self._error_feedback.to(self.device)
 

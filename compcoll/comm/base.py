@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CommunicatorBroken
+from ..recording import current
 from ..spec import GATHERED_AGREEMENT_RANKS, allreduce_shares
 from .ordering import Ordering
 from .work import Work
@@ -197,8 +198,17 @@ class Communicator(ABC):
         """Start a transport operation in its turn: check, count its bytes, start; wait unless ``async_op``.
 
         A communicator already broken raises at once, before queueing behind calls still in flight (one that
-        timed out in ``wait(timeout)`` may run on for its whole timeout).
+        timed out in ``wait(timeout)`` may run on for its whole timeout). While the thread records a call's device
+        part (``recording``), the operation is one of its steps.
         """
+        recording = current()
+        if recording is not None:
+            return recording.collective(self._issue_now, what, count, start, async_op)
+        return self._issue_now(what, count, start, async_op)
+
+    def _issue_now(self, what: str, count: Callable[[], None], start: Callable[[], Work], async_op: bool
+                   ) -> Work | None:
+        """``_issue``, unrecorded."""
         self._check()
 
         def begin() -> Work:

@@ -40,6 +40,8 @@ from functools import lru_cache
 import numpy as np
 from numba import config
 
+from ..recording import NO_CONTEXT, Recording, current
+
 LAUNCHER_ENV = "COMPCOLL_CUDA_LAUNCHER"
 SIMULATE_ENV = "COMPCOLL_CUDA_ON_CPU"
 SIMULATED_DEVICE = 0
@@ -211,19 +213,55 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
     """
     with _LOCK:
         COUNTS.launches += 1
+    recording = current()
     if stream is TRACED:
         if launcher() == "numba":
             with _LOCK:
                 COUNTS.wraps += sum(map(_wrapped, args))
+        if recording is not None:
+            recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), NO_CONTEXT), [])
         return
     if launcher() == "bound":
-        core_kernel, flatteners = _bound(kernel, device_of(stream), tuple(map(_key, args)))
+        device = device_of(stream)
+        core_kernel, flatteners = _bound(kernel, device, tuple(map(_key, args)))
         flat = []
         for flatten, arg in zip(flatteners, args):
             flatten(arg, flat)
-        _core_launch(_core_stream(stream), _config(grid, block), core_kernel, *flat)
+        core_stream, config = _core_stream(stream), _config(grid, block)
+        _core_launch(core_stream, config, core_kernel, *flat)
+        if recording is not None:
+            recording.launch((_replay_launch, (core_stream, config, core_kernel, *flat), device),
+                             _owners(recording, args))
         return
     kernel[grid, block, stream](*(_wrap(a) for a in args))
+    if recording is not None:
+        recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), device_of(stream)), [])
+
+
+def _replay_launch(stream, config, kernel, *flat) -> None:
+    """A bound launch replayed from its recording (``recording``): counted, its arguments flattened already."""
+    with _LOCK:
+        COUNTS.launches += 1
+    _core_launch(stream, config, kernel, *flat)
+
+
+def _owners(recording: Recording, args: tuple) -> list:
+    """The tensors a recorded launch's ``args`` point into that the recording keeps alive: all but the call's own
+    (``Recording.keyed_memory``), which each replayed call brings."""
+    return [arg.owner for arg in args if isinstance(arg, DeviceArray) and arg.owner is not None
+            and not recording.keyed_memory(arg.ptr)]
+
+
+def _unkept(recording: Recording, args: tuple) -> tuple:
+    """``args`` for a launch replayed through ``launch`` itself: each view of the call's own tensors without its
+    tensor (``_KEYED`` in its place, so that it still counts as wrapped), every other view as it is (kept alive)."""
+    return tuple(DeviceArray(a.ptr, a.shape, a.strides, a.dtype, _KEYED)
+                 if isinstance(a, DeviceArray) and a.owner is not None and recording.keyed_memory(a.ptr) else a
+                 for a in args)
+
+
+_KEYED = object()
+"""The owner of a recorded view of a call's own tensor (``_unkept``)."""
 
 
 def _wrapped(arg) -> bool:
@@ -258,6 +296,9 @@ def read_first(values, stream) -> float:
     """values[0] on the host: waits for the stream (counted); on the ``TRACED`` stream, the stand-in 1.0."""
     with _LOCK:
         COUNTS.waits += 1
+    recording = current()
+    if recording is not None:
+        recording.refuse("a value read to the host")
     if stream is TRACED:
         return 1.0
     if isinstance(values, DeviceArray):

@@ -236,6 +236,14 @@ def test_nccl_at_world_size_one() -> None:
     run(f"{WORKERS}:cuda_numerics", 1, "nccl", args=(SHAPES, 2))
 
 
+@pytest.mark.parametrize("backend, world_size", [("nccl", 1), ("mpi", 2)])
+def test_replayed_calls_match_the_reference(backend: str, world_size: int) -> None:
+    """Calls whose device part is replayed (``algorithms.replay``) give the reference's bits on CUDA tensors: NCCL's
+    collectives recorded and issued again, and MPI's (two ranks sharing the GPU)."""
+    run("tests.algorithms.replay_workers:replayed_matches_reference", world_size, backend,
+        args=([37, 100003], 6, "cuda"))
+
+
 @pytest.mark.parametrize("protocol, block_size", [("gather_scatter", None), ("allgather", 64)])
 def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_size: int | None) -> None:
     """DDP on the GPU (NCCL, one rank): each bucket through ``onebit_hook`` equals the reference, error buffers

@@ -36,6 +36,7 @@ WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
     "blocks": [(ALGORITHMS + "onebit_workers:blockwise", 3, ([[1], [37], [1001]], 2)),
                (ALGORITHMS + "onebit_workers:levels", 3, ([[1], [37], [1001]], 2)),
                (ALGORITHMS + "reduce_scatter_workers:numerics", 3, ([1, 37, 1000], 2))],
+    "replay": [(ALGORITHMS + "replay_workers:replayed_matches_reference", 2, ([37], 4))],
     "hierarchical": [(ALGORITHMS + "hierarchical_workers:numerics", 4, (2, SMALL, 2)),
                      (ALGORITHMS + "hierarchical_workers:compensated_blocks", 4, (2, [[37], [1001]], 2)),
                      (ALGORITHMS + "hierarchical_workers:compensated_allgather", 4, (2, [[37], [1001]], 2))],

@@ -1,0 +1,111 @@
+"""A plan's device parts recorded once and replayed: the same launches and collectives, none of the Python that
+issued them (issue 39's host time per call; docs/architecture.md, "Replays")."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+
+from .. import codecs
+from ..kernels.launch import context_for, launcher
+from ..recording import NO_CONTEXT, Recording, record
+from ..workspace import current_stream
+
+REPLAY_ENV = "COMPCOLL_REPLAY"
+"""``0`` turns replays off (every call runs its Python); read at import, then ``enable``."""
+KEPT = 16
+"""Recordings a plan keeps (least recently used dropped first): one per bucket of a size, per stream."""
+_ENABLED = [os.environ.get(REPLAY_ENV, "1") != "0"]
+
+
+def enabled() -> bool:
+    """Whether plans replay their recorded device parts."""
+    return _ENABLED[0]
+
+
+def enable(on: bool) -> None:
+    """Turn replays on or off for the process (``COMPCOLL_REPLAY=0`` sets off at import)."""
+    _ENABLED[0] = bool(on)
+
+
+class Replays:
+    """One plan's recordings of its device parts, keyed by the tensors they are called on.
+
+    A device part is a function of tensors that issues kernel launches and collectives and nothing else: it reads
+    no host value, allocates nothing once warm, computes nothing with torch, and keeps no host state (the plans'
+    ``finish_*``). ``run(name, part, *args)`` calls it:
+    1. On the CPU, or with replays off: ``part(*args)``.
+    2. Its key: ``name``, the launcher, the current stream, and every tensor argument's address, dtype, shape and
+       strides (tuples of tensors flattened). The memory of everything else the steps touch (workspace buffers,
+       kernels' temporaries, tables) the recording keeps alive; so the same key means the same launches on the same
+       memory.
+    3. A key seen once before: ``part(*args)`` is recorded (``recording.record``) while it runs. A recording that
+       saw anything but launches and collectives (``Recording.void``) is kept as void, and such calls run their
+       Python each time.
+    4. A key recorded: its steps run again in order, each launch in its GPU's context, the collectives through the
+       communicator's own issue (counted, ordered, timed as any); returns the argument ``part`` returned.
+    Launch counts are the same either way (``kernels.launch.COUNTS``).
+    """
+
+    def __init__(self) -> None:
+        self._recorded: OrderedDict[tuple, tuple[Recording, int]] = OrderedDict()
+        self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self.replayed = 0
+        """Calls replayed (for tests and reports)."""
+
+    def run(self, name: str, part: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+        """``part(*args)``, replayed where it was recorded (see the class)."""
+        tensors = [t for a in args for t in (a if isinstance(a, tuple) else (a,)) if isinstance(t, torch.Tensor)]
+        first = tensors[0]
+        if not enabled() or codecs.on_host(first):
+            return part(*args)
+        stream = current_stream(first.device.index) if first.is_cuda else first.device.type
+        key = (name, launcher(), stream, *((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
+        found = self._recorded.get(key)
+        if found is not None:
+            recording, returned = found
+            if recording.void is not None:
+                return part(*args)
+            self._recorded.move_to_end(key)
+            _replay(recording)
+            self.replayed += 1
+            return args[returned]
+        if key not in self._seen:
+            self._keep(self._seen, key, None)
+            return part(*args)
+        del self._seen[key]
+        keyed = tuple((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+        recording = Recording(keyed)
+        result = record(recording, lambda: part(*args))
+        returned = next((i for i, a in enumerate(args) if a is result), None)
+        if returned is None:
+            recording.refuse("a result that is not one of its arguments")
+        self._keep(self._recorded, key, (recording, returned))
+        return result
+
+    @staticmethod
+    def _keep(table: OrderedDict, key: tuple, value: Any) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        if len(table) > KEPT:
+            table.popitem(last=False)
+
+
+def _replay(recording: Recording) -> None:
+    """Run ``recording``'s steps in order: consecutive launches of one GPU in its context, once."""
+    steps, i = recording.steps, 0
+    while i < len(steps):
+        device = steps[i][2]
+        if device is NO_CONTEXT:
+            fn, args, _ = steps[i]
+            fn(*args)
+            i += 1
+            continue
+        with context_for(device):
+            while i < len(steps) and steps[i][2] == device:
+                fn, args, _ = steps[i]
+                fn(*args)
+                i += 1

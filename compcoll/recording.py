@@ -30,6 +30,9 @@ class Recording:
 
     def __init__(self, keyed: tuple[tuple[int, int], ...]) -> None:
         self.steps: list[Step] = []
+        self.signature: list[tuple] = []
+        """What each step did, comparable between two recordings: its kernel, grid and every argument's value
+        (a view's address, shape, strides and dtype), or its collective."""
         self.keep: list[Any] = []
         self.void: str | None = None
         self.keyed = keyed
@@ -39,9 +42,11 @@ class Recording:
         """Whether ``address`` lies in one of the call's own tensors."""
         return any(first <= address < last for first, last in self.keyed)
 
-    def launch(self, step: Step, owners: list[Any]) -> None:
-        """Add a kernel launch; keep ``owners`` (the tensors whose memory its arguments point into) alive."""
+    def launch(self, step: Step, signature: tuple, owners: list[Any]) -> None:
+        """Add a kernel launch and its ``signature``; keep ``owners`` (the tensors whose memory its arguments point
+        into) alive."""
         self.steps.append(step)
+        self.signature.append(signature)
         self.keep.extend(owners)
 
     def collective(self, issue: Callable[..., Any], *args: Any) -> Any:
@@ -55,6 +60,7 @@ class Recording:
         finally:
             self._quiet -= 1
         self.steps.append((issue, args, NO_CONTEXT))
+        self.signature.append((issue, args[0]))
         return done
 
     def refuse(self, why: str) -> None:

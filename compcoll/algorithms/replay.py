@@ -19,6 +19,7 @@ REPLAY_ENV = "COMPCOLL_REPLAY"
 KEPT = 16
 """Recordings a plan keeps (least recently used dropped first): one per bucket of a size, per stream."""
 _ENABLED = [os.environ.get(REPLAY_ENV, "1") != "0"]
+_UNSEEN = object()
 
 
 def enabled() -> bool:
@@ -36,15 +37,17 @@ class Replays:
 
     A device part is a function of tensors that issues kernel launches and collectives and nothing else: it reads
     no host value, allocates nothing once warm, computes nothing with torch, and keeps no host state (the plans'
-    ``finish_*``). ``run(name, part, *args)`` calls it:
+    ``finish_*``); step 3 checks the first three where it can. ``run(name, part, *args)`` calls it:
     1. On the CPU, or with replays off: ``part(*args)``.
     2. Its key: ``name``, the launcher, the current stream, and every tensor argument's address, dtype, shape and
        strides (tuples of tensors flattened). The memory of everything else the steps touch (workspace buffers,
        kernels' temporaries, tables) the recording keeps alive; so the same key means the same launches on the same
        memory.
-    3. A key seen once before: ``part(*args)`` is recorded (``recording.record``) while it runs. A recording that
-       saw anything but launches and collectives (``Recording.void``) is kept as void, and such calls run their
-       Python each time.
+    3. The second and third calls with a key: ``part(*args)`` is recorded (``recording.record``) while it runs.
+       The second recording is kept where both are the same launches (every argument's value: a host value that
+       changes from call to call, a seed or a step, makes them differ) and the same collectives. One that saw
+       anything but launches and collectives (``Recording.void``), or differs from the first, is kept as void, and
+       such calls run their Python each time.
     4. A key recorded: its steps run again in order, each launch in its GPU's context, the collectives through the
        communicator's own issue (counted, ordered, timed as any); returns the argument ``part`` returned.
     Launch counts are the same either way (``kernels.launch.COUNTS``).
@@ -52,7 +55,7 @@ class Replays:
 
     def __init__(self) -> None:
         self._recorded: OrderedDict[tuple, tuple[Recording, int]] = OrderedDict()
-        self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self._seen: OrderedDict[tuple, Recording | None] = OrderedDict()
         self.replayed = 0
         """Calls replayed (for tests and reports)."""
 
@@ -73,16 +76,24 @@ class Replays:
             _replay(recording)
             self.replayed += 1
             return args[returned]
-        if key not in self._seen:
+        earlier = self._seen.get(key, _UNSEEN)
+        if earlier is _UNSEEN:
             self._keep(self._seen, key, None)
             return part(*args)
-        del self._seen[key]
         keyed = tuple((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
         recording = Recording(keyed)
         result = record(recording, lambda: part(*args))
         returned = next((i for i, a in enumerate(args) if a is result), None)
         if returned is None:
             recording.refuse("a result that is not one of its arguments")
+        if earlier is None:
+            self._keep(self._seen, key, recording)
+            return result
+        del self._seen[key]
+        if earlier.void is not None:
+            recording.refuse(earlier.void)
+        elif earlier.signature != recording.signature:
+            recording.refuse("launches or collectives that differ from one call to the next")
         self._keep(self._recorded, key, (recording, returned))
         return result
 

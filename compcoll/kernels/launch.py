@@ -219,7 +219,8 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
             with _LOCK:
                 COUNTS.wraps += sum(map(_wrapped, args))
         if recording is not None:
-            recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), NO_CONTEXT), [])
+            recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), NO_CONTEXT),
+                             _signature(kernel, grid, block, args), [])
         return
     if launcher() == "bound":
         device = device_of(stream)
@@ -231,11 +232,19 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
         _core_launch(core_stream, config, core_kernel, *flat)
         if recording is not None:
             recording.launch((_replay_launch, (core_stream, config, core_kernel, *flat), device),
-                             _owners(recording, args))
+                             _signature(kernel, grid, block, args), _owners(recording, args))
         return
     kernel[grid, block, stream](*(_wrap(a) for a in args))
     if recording is not None:
-        recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), device_of(stream)), [])
+        recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), device_of(stream)),
+                         _signature(kernel, grid, block, args), [])
+
+
+def _signature(kernel, grid: int, block: int, args: tuple) -> tuple:
+    """What a launch did, comparable between two recordings: the kernel, its grid, and each argument's value (a
+    view's address, shape, byte strides and dtype; a scalar's type and value)."""
+    return (kernel, grid, block, *((a.ptr, a.shape, a.strides, a.dtype) if isinstance(a, DeviceArray) else
+                                   (type(a), a) for a in args))
 
 
 def _replay_launch(stream, config, kernel, *flat) -> None:

@@ -30,17 +30,17 @@ def _plan(comm: compcoll.Communicator):
     return plan
 
 
-def test_a_steady_call_replays_from_its_third_call_and_launches_and_waits_the_same(replays_on) -> None:
+def test_a_steady_call_replays_from_its_fourth_call_and_launches_and_waits_the_same(replays_on) -> None:
     """Each protocol of ``bench.launches.PROTOCOLS`` on meta tensors: the counts of every call from the second are
-    the same, the second recording and the later ones replaying where the form replays."""
+    the same, the second and third recording and the later ones replaying where the form replays."""
     calls = protocol_calls(torch.empty(4097, device=META), compcoll.SingleComm())
     for name in PROTOCOLS:
         counts = []
-        for _ in range(4):
+        for _ in range(5):
             COUNTS.reset()
             calls[name]()
             counts.append((COUNTS.launches, COUNTS.wraps, COUNTS.waits))
-        assert counts[1] == counts[2] == counts[3], (name, counts)
+        assert counts[1] == counts[2] == counts[3] == counts[4], (name, counts)
 
 
 @pytest.mark.parametrize("options, replays", [({}, 2), ({"protocol": "allgather"}, 2), ({"block_size": 64}, 2),
@@ -49,7 +49,7 @@ def test_which_forms_replay(replays_on, options: dict, replays: int) -> None:
     """One scale and block scales replay; levels, whose device part divides with torch, run their Python."""
     comm, x = compcoll.SingleComm(), torch.empty(1000, device=META)
     we, se, out = torch.zeros(1000, device=META), torch.zeros(1000, device=META), torch.empty(1000, device=META)
-    for _ in range(4):
+    for _ in range(5):
         assert compcoll.compressed_allreduce(x, we, se, comm, out=out, **options) is out
     assert _plan(comm).replays.replayed == replays
 
@@ -58,7 +58,7 @@ def test_replays_off_run_every_call(replays_on) -> None:
     replay.enable(False)
     comm, x = compcoll.SingleComm(), torch.empty(1000, device=META)
     we, se = torch.zeros(1000, device=META), torch.zeros(1000, device=META)
-    for _ in range(4):
+    for _ in range(5):
         compcoll.compressed_allreduce(x, we, se, comm)
     assert _plan(comm).replays.replayed == 0
 
@@ -66,16 +66,17 @@ def test_replays_off_run_every_call(replays_on) -> None:
 def test_cpu_tensors_are_never_recorded(replays_on) -> None:
     comm, x = compcoll.SingleComm(), torch.randn(1000)
     we, se, out = torch.zeros(1000), torch.zeros(1000), torch.empty(1000)
-    for _ in range(4):
+    for _ in range(5):
         compcoll.compressed_allreduce(x, we, se, comm, out=out)
     replays = _plan(comm).replays
     assert replays.replayed == 0 and not replays._recorded
 
 
-def _launches(out: torch.Tensor, count: list[int]) -> torch.Tensor:
-    """A device part of one counted launch of meta tensors (through ``codecs``), returning ``out``."""
+def _launches(out: torch.Tensor, count: list[int], scale: float = 1.0) -> torch.Tensor:
+    """A device part of one counted launch of meta tensors (through ``codecs``, its scale a host value), returning
+    ``out``."""
     count[0] += 1
-    compcoll.codecs.compensate_encode(None, out, 1.0, _BITS[:out.numel() // 8])
+    compcoll.codecs.compensate_encode(None, out, scale, _BITS[:out.numel() // 8])
     return out
 
 
@@ -96,32 +97,45 @@ def test_a_recording_is_void_where_its_part_does_more_than_launch_and_communicat
         extra(out)
         return _launches(out, ran)
 
-    for _ in range(4):
+    for _ in range(5):
         assert replays.run("part", part, out) is out
     ((recording, returned),) = replays._recorded.values()
     assert recording.void is None if why is None else why in recording.void
-    assert (ran[0], replays.replayed) == ((2, 2) if why is None else (4, 0))
+    assert (ran[0], replays.replayed) == ((3, 2) if why is None else (5, 0))
     if why is None:
         assert returned == 0 and len(recording.steps) == 1
 
 
 def test_a_part_that_returns_a_new_tensor_is_not_replayed(replays_on) -> None:
     replays, out = Replays(), torch.empty(64, device=META)
-    for _ in range(4):
+    for _ in range(5):
         replays.run("part", lambda out: _launches(out, [0]).view(-1), out)
     assert replays.replayed == 0 and "not one of its arguments" in next(iter(replays._recorded.values()))[0].void
 
 
 def test_each_key_records_apart_and_the_least_recently_used_goes(replays_on) -> None:
-    """Another output is another key, recorded at its own second call; past ``KEPT`` keys the oldest is dropped."""
+    """Another output is another key, recorded at its own second and third calls; past ``KEPT`` keys the oldest is
+    dropped."""
     replays, ran = Replays(), [0]
     outs = [torch.empty(64 + i, device=META) for i in range(KEPT + 1)]
-    for out in outs[:2] * 3:
+    for out in outs[:2] * 4:
         replays.run("part", lambda out: _launches(out, ran), out)
-    assert (ran[0], replays.replayed) == (4, 2)
-    for out in outs[2:] * 2:
+    assert (ran[0], replays.replayed) == (6, 2)
+    for out in outs[2:] * 3:
         replays.run("part", lambda out: _launches(out, ran), out)
     assert len(replays._recorded) == KEPT
     before = ran[0]
     replays.run("part", lambda out: _launches(out, ran), outs[0])
     assert ran[0] == before + 1
+
+
+def test_launches_that_differ_from_one_call_to_the_next_are_not_replayed(replays_on) -> None:
+    """A host value in a launch (here the scale) that changes from call to call, as a seed or a step would: the two
+    recordings differ, and every call runs its Python; the same value every call replays."""
+    for scales, replayed in (([1.0, 2.0, 3.0, 4.0, 5.0], 0), ([2.0] * 5, 2)):
+        replays, out, ran = Replays(), torch.empty(64, device=META), [0]
+        for scale in scales:
+            replays.run("part", lambda out: _launches(out, ran, scale), out)
+        assert (ran[0], replays.replayed) == (5 - replayed, replayed)
+        if not replayed:
+            assert "differ from one call to the next" in next(iter(replays._recorded.values()))[0].void

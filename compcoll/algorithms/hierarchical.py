@@ -365,22 +365,41 @@ class CompensatedPlan(_NodePlan):
         if b is not None:
             sums = block_statistics(average, worker_error, b, self.scale, 1, layout.nodes, ws)
             agreement.check(codecs.all_finite(sums, summable=True))
-            rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
-            gathered = ws.get("all_rows", k * rows.numel(), torch.uint8, self.device)
-            layout.intra.allgather(rows.view(-1), gathered)
-            codecs.decode_framed_blocks(gathered.view(n, -1), -(-sub // b), b, result)
-            return result
+            return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
+                                    result)
         total = codecs.compensated_sum(average, worker_error, self.scale)
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)
-        bits = ws.get("bits", shard // 8, torch.uint8, self.device)
         senders = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
-        weights, mine = device_scalars(scales[senders], nodes, scale, self.device, ws)
+        scalars = device_scalars(scales[senders], nodes, scale, self.device, ws)
+        return self.replays.run("finish_flat", self.finish_flat, average, worker_error, server_error, scalars, result)
+
+    def finish_flat(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
+                    scalars: tuple[torch.Tensor, torch.Tensor], result: torch.Tensor) -> torch.Tensor:
+        """Steps 3-5 with one scale, once the ranks agreed: encode the node's ``average`` with this rank's s_w read
+        from the device (``scalars``: the weights, then s_w), then serve between nodes and gather within the node
+        (``_gather_decode``), or the allgather protocol's exchange (``_allgather_between_nodes``). Kernels and the
+        wire only, into workspace buffers: the device part a plan replays (``replay.Replays``)."""
+        weights, mine = scalars
+        layout, ws = self.layout, self.workspace
+        bits = ws.get("bits", average.numel() // 8, torch.uint8, self.device)
         codecs.compensate_encode(average, worker_error, mine, bits)
         if self.protocol == "allgather":
-            return _allgather_between_nodes(bits, weights, layout, numel, result, ws)
+            return _allgather_between_nodes(bits, weights, layout, self.numel, result, ws)
         _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
+        return result
+
+    def finish_blocks(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
+                      sums: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+        """Steps 3-5 with block scales, once the ranks agreed on the block ``sums``: serve between nodes
+        (``onebit.serve_blocks``), gather the rows within the node and decode them. Kernels and the wire only: the
+        device part a plan replays."""
+        layout, ws, b = self.layout, self.workspace, self.block_size
+        rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)
+        gathered = ws.get("all_rows", layout.ranks_per_node * rows.numel(), torch.uint8, self.device)
+        layout.intra.allgather(rows.view(-1), gathered)
+        codecs.decode_framed_blocks(gathered.view(self.comm.size, -1), -(-server_error.numel() // b), b, result)
         return result
 
 

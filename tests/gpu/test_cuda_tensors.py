@@ -236,12 +236,13 @@ def test_nccl_at_world_size_one() -> None:
     run(f"{WORKERS}:cuda_numerics", 1, "nccl", args=(SHAPES, 2))
 
 
-@pytest.mark.parametrize("backend, world_size", [("nccl", 1), ("mpi", 2)])
-def test_replayed_calls_match_the_reference(backend: str, world_size: int) -> None:
+@pytest.mark.parametrize("backend, world_size, ranks_per_node", [("nccl", 1, None), ("mpi", 2, None), ("mpi", 2, 1)])
+def test_replayed_calls_match_the_reference(backend: str, world_size: int, ranks_per_node: int | None) -> None:
     """Calls whose device part is replayed (``algorithms.replay``) give the reference's bits on CUDA tensors: NCCL's
-    collectives recorded and issued again, and MPI's (two ranks sharing the GPU)."""
+    collectives recorded and issued again, and MPI's (two ranks sharing the GPU; flat, and the hierarchical forms
+    on two nodes of one rank)."""
     run("tests.algorithms.replay_workers:replayed_matches_reference", world_size, backend,
-        args=([37, 100003], 6, "cuda"))
+        args=([37, 100003], 6, "cuda", ranks_per_node))
 
 
 @pytest.mark.parametrize("protocol, block_size", [("gather_scatter", None), ("allgather", 64)])

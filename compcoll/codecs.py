@@ -244,7 +244,7 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
     """values /= divisor in place, correctly rounded on every device (the divisor rounded to the values' dtype).
 
     torch's CUDA division by a Python number multiplies by its reciprocal (1/3 is not
-    exact), so the divisor goes in as a 0-dim tensor on the device, which takes the IEEE
+    exact), so the divisor goes in as a 0-dim tensor on the device (``device_scalar``), which takes the IEEE
     division the CPU and the numpy reference do; on the CPU numpy divides, correctly
     rounded too (as torch's CPU division by a Python number).
     """
@@ -252,7 +252,22 @@ def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:
         array = values.numpy()
         np.divide(array, array.dtype.type(divisor), out=array)
         return values
-    return values.div_(torch.full((), divisor, dtype=values.dtype, device=values.device))
+    return values.div_(device_scalar(values, divisor))
+
+
+def device_scalar(like: torch.Tensor, value: float) -> torch.Tensor:
+    """A 0-dim tensor of ``like``'s dtype on its device holding ``value`` (rounded to that dtype), to divide or
+    multiply by on the device: this thread's one for that dtype, device and stream, filled now (allocated at its
+    first use only; the fill is queued on the stream before whatever reads it, and the next fill after)."""
+    kept = getattr(_THREAD, "scalars", None)
+    if kept is None:
+        kept = _THREAD.scalars = {}
+    stream = current_stream(like.device.index) if like.is_cuda else 0
+    key = (like.dtype, like.device, stream)
+    slot = kept.get(key)
+    if slot is None:
+        slot = kept[key] = torch.empty((), dtype=like.dtype, device=like.device)
+    return slot.fill_(value)
 
 
 def to_device(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

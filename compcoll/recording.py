@@ -8,11 +8,14 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 Step = tuple[Callable[..., Any], tuple, Any]
 """One recorded step: a function, its arguments, and the GPU whose context its launch needs (``NO_CONTEXT``: none, a
-collective or a counted launch of meta tensors)."""
+collective or a counted launch of meta tensors; ``CALL_TENSORS``: a torch operator, which takes the call's tensors
+first)."""
 NO_CONTEXT = None
+CALL_TENSORS = "call tensors"
 _UNISSUED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, torch.ops.aten.alias.default}
 """Operators that issue no work, besides views."""
 
@@ -20,15 +23,19 @@ _UNISSUED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, t
 class Recording:
     """The device work one run of a call's device part issued, in order, or why it cannot be replayed.
 
-    A replay runs ``steps`` again and nothing else, so the recording is void where the run did anything else:
-    a torch operator that computes or allocates (``Guard``), a value read to the host, or an asynchronous collective.
+    A replay runs ``steps`` again and nothing else, so the recording is void where the run did anything else: a
+    torch operator that allocates or returns a new tensor (``Guard``; one that writes into its arguments, a copy or
+    an in-place division, is a step), a value read to the host, or an asynchronous collective.
 
     Args:
         keyed: the (first, last) byte addresses of the call's own tensors (the replay's key): a launch argument in
-            them is not kept alive by the recording, whose next call brings those tensors itself.
+            them is not kept alive by the recording, whose next call brings those tensors itself; a torch operator
+            gets its views of them made anew from the next call's tensors (``_Keyed``).
     """
 
-    def __init__(self, keyed: tuple[tuple[int, int], ...]) -> None:
+    def __init__(self, keyed: tuple[tuple[int, int], ...], sizes: tuple[int, ...] = ()) -> None:
+        self.sizes = sizes
+        """The element size of each call tensor of ``keyed``."""
         self.steps: list[Step] = []
         self.signature: list[tuple] = []
         """What each step did, comparable between two recordings: its kernel, grid and every argument's value
@@ -63,6 +70,42 @@ class Recording:
         self.signature.append((issue, args[0]))
         return done
 
+    def operator(self, func, args: tuple, kwargs: dict) -> None:
+        """Add a torch operator that wrote into its arguments: the call's own tensors among them as ``_Keyed`` views
+        (the others, workspace buffers, kept alive)."""
+        leaves, spec = tree_flatten((args, kwargs))
+        template, signature = [], []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                index = None if leaf.is_meta else self._keyed_index(leaf)
+                if index is not None:
+                    leaf = self._keyed_view(index, leaf)
+                    if leaf is None:
+                        return
+                    signature.append(("call tensor", index, leaf.dtype, leaf.shape, leaf.stride, leaf.offset))
+                else:
+                    signature.append((leaf.data_ptr(), leaf.shape, leaf.stride(), leaf.dtype))
+            else:
+                signature.append((type(leaf), leaf))
+            template.append(leaf)
+        self.steps.append((_run_operator, (func, spec, tuple(template)), CALL_TENSORS))
+        self.signature.append((func, spec, *signature))
+
+    def _keyed_index(self, tensor: torch.Tensor) -> int | None:
+        """Which call tensor ``tensor`` lies in (an empty one: starts in or just past), or None."""
+        ptr, empty = tensor.data_ptr(), tensor.numel() == 0
+        return next((i for i, (first, last) in enumerate(self.keyed)
+                     if first <= ptr < last or (empty and ptr == last)), None)
+
+    def _keyed_view(self, index: int, tensor: torch.Tensor) -> _Keyed | None:
+        """``tensor``, in call tensor ``index``'s memory, as a view to make from the call's tensors; None (and void)
+        where its element size is not that tensor's."""
+        if tensor.element_size() != self.sizes[index]:
+            self.refuse("a torch operator on a view of a call tensor with another element size")
+            return None
+        offset = (tensor.data_ptr() - self.keyed[index][0]) // tensor.element_size()
+        return _Keyed(index, tensor.dtype, tuple(tensor.shape), tensor.stride(), offset)
+
     def refuse(self, why: str) -> None:
         """Make the recording void (the first reason is kept)."""
         if self.void is None:
@@ -74,18 +117,46 @@ class Recording:
         return self._quiet > 0
 
 
+class _Keyed:
+    """A torch operator's argument in a call tensor's memory: a view of call tensor ``index`` as ``dtype`` (of its
+    element size), ``shape`` and ``stride`` from element ``offset``, made from each replayed call's own tensor."""
+
+    __slots__ = ("index", "dtype", "shape", "stride", "offset")
+
+    def __init__(self, index: int, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...],
+                 offset: int) -> None:
+        self.index, self.dtype, self.shape, self.stride, self.offset = index, dtype, shape, stride, offset
+
+    def of(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The view of this call's tensor ``index``."""
+        base = tensors[self.index]
+        base = base if base.dtype == self.dtype else base.view(self.dtype)
+        return base.as_strided(self.shape, self.stride, base.storage_offset() + self.offset)
+
+
+def _run_operator(tensors: list[torch.Tensor], func, spec, template: tuple) -> None:
+    """A recorded torch operator run again, its views of the call's tensors made from ``tensors``."""
+    args, kwargs = tree_unflatten([leaf.of(tensors) if type(leaf) is _Keyed else leaf for leaf in template], spec)
+    func(*args, **kwargs)
+
+
 class Guard(TorchDispatchMode):
-    """Voids ``recording`` at a torch operator that computes or allocates outside a collective: work a replay of
-    its steps would not do."""
+    """Adds to ``recording`` each torch operator outside a collective that writes into its arguments
+    (``Recording.operator``), and voids it at one that allocates or returns a new tensor: work a replay of its steps
+    would not do (views and detaches are nothing to replay)."""
 
     def __init__(self, recording: Recording) -> None:
         super().__init__()
         self.recording = recording
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        done = func(*args, **(kwargs or {}))
         if not (self.recording.quiet or func.is_view or func in _UNISSUED):
-            self.recording.refuse(f"the torch operator {func}")
-        return func(*args, **(kwargs or {}))
+            if func._schema.is_mutable:
+                self.recording.operator(func, args, kwargs or {})
+            else:
+                self.recording.refuse(f"the torch operator {func}")
+        return done
 
 
 _THREAD = threading.local()

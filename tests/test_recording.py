@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compcoll.recording import NO_CONTEXT, Recording, current, record
+from compcoll.recording import CALL_TENSORS, NO_CONTEXT, Recording, current, record
 
 
 def test_keyed_memory_is_the_call_tensors_bytes() -> None:
@@ -13,16 +13,42 @@ def test_keyed_memory_is_the_call_tensors_bytes() -> None:
     assert [recording.keyed_memory(a) for a in (99, 100, 163, 164, 300)] == [False, True, True, False, False]
 
 
-def test_the_guard_voids_at_an_operator_that_computes_or_allocates_and_passes_views() -> None:
+def test_the_guard_voids_at_an_operator_that_allocates_or_returns_a_new_tensor_and_passes_views() -> None:
     x = torch.zeros(8)
     viewed = Recording(())
     record(viewed, lambda: x.view(2, 4)[1].detach().reshape(-1))
     assert viewed.void is None and viewed.steps == []
-    for work, name in ((lambda: x.add_(1.0), "aten.add_"), (lambda: torch.empty(3), "aten.empty"),
+    for work, name in ((lambda: x.add(1.0), "aten.add.Tensor"), (lambda: torch.empty(3), "aten.empty"),
                        (lambda: x.clone(), "aten.clone")):
         voided = Recording(())
         record(voided, work)
         assert name in voided.void
+
+
+def _keyed(*tensors: torch.Tensor) -> Recording:
+    """A recording whose call tensors are ``tensors``."""
+    return Recording(tuple((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors),
+                     tuple(t.element_size() for t in tensors))
+
+
+def test_an_operator_in_place_is_a_step_run_on_the_next_calls_tensors() -> None:
+    """``out.view(2, 4)[1, 1:3].copy_(src)`` with ``out`` a call tensor and ``src`` a buffer of the plan's: replayed
+    on another call's ``out`` (its views made from it), ``src`` read as kept; a view of another element size of a
+    call tensor voids."""
+    out, src = torch.zeros(8), torch.tensor([1.0, 2.0])
+    recording = _keyed(out)
+    record(recording, lambda: out.view(2, 4)[1, 1:3].copy_(src))
+    assert recording.void is None and out.tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
+    ((run, args, context),) = recording.steps
+    assert context == CALL_TENSORS and recording.signature[0][0] is torch.ops.aten.copy_.default
+    other = torch.full((8,), 9.0)
+    src.mul_(10)
+    run([other], *args)
+    assert other.tolist() == [9, 9, 9, 9, 9, 10, 20, 9] and out.tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
+    halves = torch.zeros(4, dtype=torch.bfloat16)
+    recording = _keyed(out, halves)
+    record(recording, lambda: out.view(torch.int16)[:2].zero_())
+    assert "another element size" in recording.void
 
 
 def test_a_collective_is_a_step_and_its_own_operators_are_its_part() -> None:

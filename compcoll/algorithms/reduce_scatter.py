@@ -150,6 +150,13 @@ class ScatterPlan(Plan):
         self.agreement(tensor).check(codecs.all_finite(stats, summable=True))
         if self.numel == 0:
             return result
+        return self.replays.run("finish", self.finish, rows, worker_error, stats, result)
+
+    def finish(self, rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, result: torch.Tensor
+               ) -> torch.Tensor:
+        """Steps 3-5 once the ranks agreed on the block statistics ``stats``: ``scatter_rows`` into float32 (scratch
+        for a 16-bit ``result``, copied into it). Kernels, the wire and in-place torch operators only, into workspace
+        buffers: the device part a plan replays (``replay.Replays``)."""
         target = float32_target(result, self.row, self.workspace)
         scatter_rows(rows, worker_error, stats, self.comm, self.workspace, self.block_size, self.scale, self.bits,
                      self._weigh, target, self.row)
@@ -162,7 +169,7 @@ class ScatterPlan(Plan):
         if self.op == "avg":
             codecs.divide_(scales, self.comm.size)
         elif self.op == "premul_sum":
-            scales.mul_(torch.tensor(self.factor, dtype=torch.float32, device=scales.device))
+            scales.mul_(codecs.device_scalar(scales, self.factor))
         return scales
 
 

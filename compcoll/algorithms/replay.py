@@ -4,6 +4,7 @@ issued them (issue 39's host time per call; docs/architecture.md, "Replays")."""
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -11,7 +12,7 @@ import torch
 
 from .. import codecs
 from ..kernels.launch import context_for, launcher
-from ..recording import NO_CONTEXT, Recording, record
+from ..recording import CALL_TENSORS, NO_CONTEXT, Recording, record
 from ..workspace import current_stream
 
 REPLAY_ENV = "COMPCOLL_REPLAY"
@@ -39,10 +40,10 @@ class Replays:
     no host value, allocates nothing once warm, computes nothing with torch, and keeps no host state (the plans'
     ``finish_*``); step 3 checks the first three where it can. ``run(name, part, *args)`` calls it:
     1. On the CPU, or with replays off: ``part(*args)``.
-    2. Its key: ``name``, the launcher, the current stream, and every tensor argument's address, dtype, shape and
-       strides (tuples of tensors flattened). The memory of everything else the steps touch (workspace buffers,
-       kernels' temporaries, tables) the recording keeps alive; so the same key means the same launches on the same
-       memory.
+    2. Its key: ``name``, the launcher, the current stream, the thread, and every tensor argument's address, dtype,
+       shape and strides (tuples of tensors flattened). The memory of everything else the steps touch (workspace
+       buffers, the thread's kernel temporaries and device scalars, tables) the recording keeps alive; so the same
+       key means the same launches on the same memory, and only the thread whose temporaries they are queues them.
     3. The second and third calls with a key: ``part(*args)`` is recorded (``recording.record``) while it runs.
        The second recording is kept where both are the same launches (every argument's value: a host value that
        changes from call to call, a seed or a step, makes them differ) and the same collectives. One that saw
@@ -66,14 +67,15 @@ class Replays:
         if not enabled() or codecs.on_host(first):
             return part(*args)
         stream = current_stream(first.device.index) if first.is_cuda else first.device.type
-        key = (name, launcher(), stream, *((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
+        key = (name, launcher(), stream, threading.get_ident(),
+               *((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in tensors))
         found = self._recorded.get(key)
         if found is not None:
             recording, returned = found
             if recording.void is not None:
                 return part(*args)
             self._recorded.move_to_end(key)
-            _replay(recording)
+            _replay(recording, tensors)
             self.replayed += 1
             return args[returned]
         earlier = self._seen.get(key, _UNSEEN)
@@ -81,7 +83,7 @@ class Replays:
             self._keep(self._seen, key, None)
             return part(*args)
         keyed = tuple((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
-        recording = Recording(keyed)
+        recording = Recording(keyed, tuple(t.element_size() for t in tensors))
         result = record(recording, lambda: part(*args))
         returned = next((i for i, a in enumerate(args) if a is result), None)
         if returned is None:
@@ -105,14 +107,14 @@ class Replays:
             table.popitem(last=False)
 
 
-def _replay(recording: Recording) -> None:
-    """Run ``recording``'s steps in order: consecutive launches of one GPU in its context, once."""
+def _replay(recording: Recording, tensors: list[torch.Tensor]) -> None:
+    """Run ``recording``'s steps in order on this call's ``tensors``: consecutive launches of one GPU in its context,
+    once; torch operators with their views of ``tensors``."""
     steps, i = recording.steps, 0
     while i < len(steps):
-        device = steps[i][2]
-        if device is NO_CONTEXT:
-            fn, args, _ = steps[i]
-            fn(*args)
+        fn, args, device = steps[i]
+        if device is NO_CONTEXT or device is CALL_TENSORS:
+            fn(*args) if device is NO_CONTEXT else fn(tensors, *args)
             i += 1
             continue
         with context_for(device):

@@ -6,7 +6,10 @@ import numpy as np
 import torch
 
 import compcoll
-from compcoll.algorithms.plan import PLANS, Plan
+from compcoll.algorithms.hierarchical import CompensatedPlan
+from compcoll.algorithms.onebit import FlatPlan
+from compcoll.algorithms.plan import PLANS
+from compcoll.algorithms.reduce_scatter import ScatterPlan, row_elements
 from compcoll.kernels import reference
 from tests.algorithms.onebit_workers import assert_errors_match, assert_matches_reference, world_inputs
 from tests.shared import world_once
@@ -14,24 +17,28 @@ from tests.shared import world_once
 FORMS = ({}, {"protocol": "allgather"}, {"block_size": 64}, {"block_size": 64, "protocol": "allgather"},
          {"block_size": 64, "bits": 4})
 """The forms of ``compressed_allreduce``: one scale (both protocols), a scale per 64 elements (both), 4-bit levels
-(whose device part divides with torch: never replayed)."""
+(whose device part divides in place with torch: a recorded operator)."""
 NODE_FORMS = ({}, {"protocol": "allgather"}, {"block_size": 64})
 """The forms of ``hierarchical_compressed_allreduce``: one scale (both protocols between nodes), a scale per 64."""
+SCATTER_FORMS = ({"op": "avg"}, {"op": "premul_sum", "factor": 0.37, "bits": 4}, {"op": "sum", "block_size": 8})
+"""The forms of ``compressed_reduce_scatter`` (FSDP2's): each op, 1 bit and 4-bit levels."""
 
 
-def replayed(options: dict, dtype: torch.dtype) -> bool:
-    """Whether calls of a form on ``dtype`` replay: all but the levels, and the allgather protocol's only into float32
-    (a 16-bit output is a torch copy of its float32 average)."""
-    return options.get("bits", 1) == 1 and (options.get("protocol") != "allgather" or dtype == torch.float32)
-
-
-def _plan(comm: compcoll.Communicator, numel: int, device: torch.device, options: dict) -> Plan:
-    """The one cached plan of ``numel`` elements on ``device`` with ``options``' protocol, block size and bits."""
+def _replays(comm: compcoll.Communicator, numel: int, device: torch.device, kind: type, **fields) -> int:
+    """The replays of the one cached plan of ``kind`` on ``numel`` elements on ``device`` with ``fields``."""
     (plan,) = [p for p in comm.attached[PLANS].values()
-               if (p.numel, p.device, p.protocol, p.block_size, getattr(p, "bits", 1)) ==
-               (numel, device, options.get("protocol", "gather_scatter"), options.get("block_size"),
-                options.get("bits", 1))]
-    return plan
+               if type(p) is kind and (p.numel, p.device) == (numel, device)
+               and all(getattr(p, name) == value for name, value in fields.items())]
+    return plan.replays.replayed
+
+
+def _expected(steps: int, phase: int) -> int:
+    """Replays at the end of ``phase`` (0: one output; 1: then two alternating) of ``steps`` calls each: from each
+    key's fourth call."""
+    half = steps // 2
+    return steps - 3 + phase * (half + max(0, half - 3))
+
+
 
 
 def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], steps: int, device: str = "cpu",
@@ -47,14 +54,17 @@ def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], s
     for options in (FORMS if k is None else NODE_FORMS):
         for dtype in (torch.float32, torch.bfloat16):
             for numel in numels:
+                fields = {"protocol": options.get("protocol", "gather_scatter"), "block_size":
+                          options.get("block_size")}
                 if k is None:
                     full = compcoll.padded_numel(numel, n)
                     lengths, call, per_node = (full, full // n), compcoll.compressed_allreduce, {}
-                    expect_of, nodes = reference.compressed_allreduce, ()
+                    expect_of, nodes, kind = reference.compressed_allreduce, (), FlatPlan
+                    fields["bits"] = options.get("bits", 1)
                 else:
                     lengths = compcoll.hierarchical_error_numels(numel, n, k)
                     call, per_node = compcoll.hierarchical_compressed_allreduce, {"ranks_per_node": k}
-                    expect_of, nodes = reference.hierarchical_compressed_allreduce, (k,)
+                    expect_of, nodes, kind = reference.hierarchical_compressed_allreduce, (k,), CompensatedPlan
                 x, outs = (torch.empty(numel, dtype=dtype, device=device),
                            [torch.empty(numel, dtype=dtype, device=device) for _ in range(2)])
                 we, se = (torch.zeros(length, device=device) for length in lengths)
@@ -62,7 +72,7 @@ def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], s
                 ref_se = [np.zeros(lengths[1], np.float32) for _ in range(n)]
                 for step in range(3 * steps):
                     if step == 1:
-                        before = _plan(comm, numel, x.device, options).replays.replayed
+                        before = _replays(comm, numel, x.device, kind, **fields)
                     phase, where = step // steps, f"{k} {options} {dtype} {numel} step {step}"
                     out = (outs[0], outs[step % 2], torch.empty(numel, dtype=dtype, device=device))[phase]
                     xs = world_inputs(comm, step, (numel,), dtype)
@@ -74,7 +84,36 @@ def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], s
                     assert_matches_reference(out.cpu(), expected[rank], where)
                     assert_errors_match(we.cpu(), se.cpu(), ref_we[rank], ref_se[rank], where)
                     if step in (steps - 1, 2 * steps - 1):
-                        replays = _plan(comm, numel, x.device, options).replays.replayed - before
-                        half = steps // 2
-                        expect = steps - 3 + phase * (half + max(0, half - 3)) if replayed(options, dtype) else 0
-                        assert replays == expect, f"{replays} replays, expected {expect} ({where})"
+                        replays = _replays(comm, numel, x.device, kind, **fields) - before
+                        assert replays == _expected(steps, phase), f"{replays} replays ({where})"
+
+
+def scatter_replayed_matches_reference(comm: compcoll.Communicator, row: int, steps: int, device: str = "cpu"
+                                       ) -> None:
+    """``compressed_reduce_scatter`` (``SCATTER_FORMS``, float32 and bfloat16) as ``replayed_matches_reference``:
+    ``steps`` calls into one output, then ``steps`` alternating between two; the output and the worker error the
+    reference's at every step, replayed from each key's fourth call."""
+    n, rank = comm.size, comm.rank
+    for options in SCATTER_FORMS:
+        block, bits = options.get("block_size", 64), options.get("bits", 1)
+        for dtype in (torch.float32, torch.bfloat16):
+            x, outs = (torch.empty(n * row, dtype=dtype, device=device),
+                       [torch.empty(row, dtype=dtype, device=device) for _ in range(2)])
+            error = torch.zeros(n * row_elements(n * row, n), device=device)
+            ref_errors = [np.zeros(error.numel(), np.float32) for _ in range(n)]
+            for step in range(2 * steps):
+                if step == 1:
+                    before = _replays(comm, n * row, x.device, ScatterPlan, op=options["op"], bits=bits)
+                phase, where = step // steps, f"{options} {dtype} {row} step {step}"
+                out = outs[0] if phase == 0 else outs[step % 2]
+                xs = world_inputs(comm, step, (n * row,), dtype)
+                x.copy_(xs[rank])
+                compcoll.compressed_reduce_scatter(x, out, error, comm, **{"block_size": block, **options})
+                expected, ref_errors, _ = world_once(comm, reference.compressed_reduce_scatter,
+                                                     [v.float().numpy() for v in xs], ref_errors, block, "l2",
+                                                     options["op"], options.get("factor", 1.0), bits)
+                assert_matches_reference(out.cpu(), expected[rank], where)
+                assert np.array_equal(error.cpu().numpy(), ref_errors[rank]), f"worker error ({where})"
+                if step in (steps - 1, 2 * steps - 1):
+                    replays = _replays(comm, n * row, x.device, ScatterPlan, op=options["op"], bits=bits) - before
+                    assert replays == _expected(steps, phase), f"{replays} replays ({where})"

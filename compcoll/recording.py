@@ -1,5 +1,4 @@
-"""The thread's recording of device work: what kernel launches and collectives report while a call's device part is
-recorded for replay (``algorithms.replay``; docs/architecture.md, "Replays")."""
+"""The thread's recording of a call's device work for replay (algorithms.replay; docs/architecture.md, "Replays")."""
 
 from __future__ import annotations
 
@@ -15,7 +14,9 @@ Step = tuple[Callable[..., Any], tuple, Any]
 collective or a counted launch of meta tensors; ``CALL_TENSORS``: a torch operator, which takes the call's tensors
 first)."""
 NO_CONTEXT = None
+"""A step's context: none (a collective; a launch of meta tensors, which only counts)."""
 CALL_TENSORS = "call tensors"
+"""A step's context: a torch operator, run with the replayed call's tensors."""
 _UNISSUED = {torch.ops.aten.detach.default, torch.ops.aten.lift_fresh.default, torch.ops.aten.alias.default}
 """Operators that issue no work, besides views."""
 

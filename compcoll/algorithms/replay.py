@@ -1,5 +1,4 @@
-"""A plan's device parts recorded once and replayed: the same launches and collectives, none of the Python that
-issued them (issue 39's host time per call; docs/architecture.md, "Replays")."""
+"""A plan's device parts recorded once and replayed without their Python (docs/architecture.md, "Replays")."""
 
 from __future__ import annotations
 
@@ -36,9 +35,9 @@ def enable(on: bool) -> None:
 class Replays:
     """One plan's recordings of its device parts, keyed by the tensors they are called on.
 
-    A device part is a function of tensors that issues kernel launches and collectives and nothing else: it reads
-    no host value, allocates nothing once warm, computes nothing with torch, and keeps no host state (the plans'
-    ``finish_*``); step 3 checks the first three where it can. ``run(name, part, *args)`` calls it:
+    A device part is a function of tensors that issues kernel launches, collectives and torch operators in place,
+    and nothing else: it reads no host value, allocates nothing once warm, and keeps no host state (the plans'
+    ``finish_*``); step 3 checks the first two where it can. ``run(name, part, *args)`` calls it:
     1. On the CPU, or with replays off: ``part(*args)``.
     2. Its key: ``name``, the launcher, the current stream, the thread, and every tensor argument's address, dtype,
        shape and strides (tuples of tensors flattened). The memory of everything else the steps touch (workspace
@@ -46,11 +45,12 @@ class Replays:
        key means the same launches on the same memory, and only the thread whose temporaries they are queues them.
     3. The second and third calls with a key: ``part(*args)`` is recorded (``recording.record``) while it runs.
        The second recording is kept where both are the same launches (every argument's value: a host value that
-       changes from call to call, a seed or a step, makes them differ) and the same collectives. One that saw
-       anything but launches and collectives (``Recording.void``), or differs from the first, is kept as void, and
-       such calls run their Python each time.
+       changes from call to call, a seed or a step, makes them differ), collectives and operators. One that saw
+       anything else (``Recording.void``), or differs from the first, is kept as void, and such calls run their
+       Python each time.
     4. A key recorded: its steps run again in order, each launch in its GPU's context, the collectives through the
-       communicator's own issue (counted, ordered, timed as any); returns the argument ``part`` returned.
+       communicator's own issue (counted, ordered, timed as any), the operators on this call's tensors; returns the
+       argument ``part`` returned.
     Launch counts are the same either way (``kernels.launch.COUNTS``).
     """
 

@@ -180,9 +180,7 @@ def _numba_stream(device: int, handle: int):
 def _temporaries(device: torch.device, stream):
     """The kernels' allocator for one call on ``stream``: (size, numpy dtype, stream) -> a device view of the next
     of this thread's ``Temporaries`` of that stream (made at its first call)."""
-    kept = getattr(_THREAD, "temporaries", None)
-    if kept is None:
-        kept = _THREAD.temporaries = {}
+    kept = _thread_table("temporaries")
     temporaries = kept.get((device, stream))
     if temporaries is None:
         temporaries = kept[(device, stream)] = Temporaries(device)
@@ -195,7 +193,16 @@ def _temporaries(device: torch.device, stream):
 
 
 _THREAD = threading.local()
-"""Each thread's ``Temporaries`` per (device, stream) (``_temporaries``)."""
+"""Each thread's tables (``_thread_table``): its ``Temporaries`` per (device, stream), its device scalars."""
+
+
+def _thread_table(name: str) -> dict:
+    """This thread's table ``name`` (made empty at its first use)."""
+    table = getattr(_THREAD, name, None)
+    if table is None:
+        table = {}
+        setattr(_THREAD, name, table)
+    return table
 
 
 def all_finite(tensor: torch.Tensor, summable: bool = False) -> bool:
@@ -259,9 +266,7 @@ def device_scalar(like: torch.Tensor, value: float) -> torch.Tensor:
     """A 0-dim tensor of ``like``'s dtype on its device holding ``value`` (rounded to that dtype), to divide or
     multiply by on the device: this thread's one for that dtype, device and stream, filled now (allocated at its
     first use only; the fill is queued on the stream before whatever reads it, and the next fill after)."""
-    kept = getattr(_THREAD, "scalars", None)
-    if kept is None:
-        kept = _THREAD.scalars = {}
+    kept = _thread_table("scalars")
     stream = current_stream(like.device.index) if like.is_cuda else 0
     key = (like.dtype, like.device, stream)
     slot = kept.get(key)

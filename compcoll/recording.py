@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,26 +29,28 @@ class Recording:
     an in-place division, is a step), a value read to the host, or an asynchronous collective.
 
     Args:
-        keyed: the (first, last) byte addresses of the call's own tensors (the replay's key): a launch argument in
-            them is not kept alive by the recording, whose next call brings those tensors itself; a torch operator
+        tensors: the call's own tensors (the replay's key), of which it keeps only where they lie: a launch argument
+            in them is not kept alive by the recording, whose next call brings those tensors itself; a torch operator
             gets its views of them made anew from the next call's tensors (``_Keyed``).
     """
 
-    def __init__(self, keyed: tuple[tuple[int, int], ...], sizes: tuple[int, ...] = ()) -> None:
-        self.sizes = sizes
-        """The element size of each call tensor of ``keyed``."""
+    def __init__(self, tensors: Sequence[torch.Tensor] = ()) -> None:
+        self.keyed = tuple((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+        """The (first, last) byte addresses of each call tensor."""
+        self.sizes = tuple(t.element_size() for t in tensors)
+        """The element size of each call tensor."""
         self.steps: list[Step] = []
         self.signature: list[tuple] = []
         """What each step did, comparable between two recordings: its kernel, grid and every argument's value
         (a view's address, shape, strides and dtype), or its collective."""
         self.keep: list[Any] = []
         self.void: str | None = None
-        self.keyed = keyed
         self._quiet = 0
 
-    def keyed_memory(self, address: int) -> bool:
-        """Whether ``address`` lies in one of the call's own tensors."""
-        return any(first <= address < last for first, last in self.keyed)
+    def keyed_index(self, address: int, empty: bool = False) -> int | None:
+        """Which call tensor ``address`` lies in (that of an ``empty`` view: in or just past it), or None."""
+        return next((i for i, (first, last) in enumerate(self.keyed)
+                     if first <= address < last or (empty and address == last)), None)
 
     def launch(self, step: Step, signature: tuple, owners: list[Any]) -> None:
         """Add a kernel launch and its ``signature``; keep ``owners`` (the tensors whose memory its arguments point
@@ -78,7 +80,7 @@ class Recording:
         template, signature = [], []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
-                index = None if leaf.is_meta else self._keyed_index(leaf)
+                index = None if leaf.is_meta else self.keyed_index(leaf.data_ptr(), leaf.numel() == 0)
                 if index is not None:
                     leaf = self._keyed_view(index, leaf)
                     if leaf is None:
@@ -91,12 +93,6 @@ class Recording:
             template.append(leaf)
         self.steps.append((_run_operator, (func, spec, tuple(template)), CALL_TENSORS))
         self.signature.append((func, spec, *signature))
-
-    def _keyed_index(self, tensor: torch.Tensor) -> int | None:
-        """Which call tensor ``tensor`` lies in (an empty one: starts in or just past), or None."""
-        ptr, empty = tensor.data_ptr(), tensor.numel() == 0
-        return next((i for i, (first, last) in enumerate(self.keyed)
-                     if first <= ptr < last or (empty and ptr == last)), None)
 
     def _keyed_view(self, index: int, tensor: torch.Tensor) -> _Keyed | None:
         """``tensor``, in call tensor ``index``'s memory, as a view to make from the call's tensors; None (and void)

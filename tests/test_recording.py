@@ -9,26 +9,23 @@ from compcoll.recording import CALL_TENSORS, NO_CONTEXT, Recording, current, rec
 
 
 def test_keyed_memory_is_the_call_tensors_bytes() -> None:
-    recording = Recording(((100, 164), (300, 300)))
-    assert [recording.keyed_memory(a) for a in (99, 100, 163, 164, 300)] == [False, True, True, False, False]
+    """Addresses in a call tensor's 64 bytes are its; an empty view may start just past them."""
+    a = torch.zeros(16)
+    recording, p = Recording((torch.zeros(3), a)), a.data_ptr()
+    assert [recording.keyed_index(x) for x in (p - 1, p, p + 63, p + 64)] == [None, 1, 1, None]
+    assert recording.keyed_index(p + 64, empty=True) == 1
 
 
 def test_the_guard_voids_at_an_operator_that_allocates_or_returns_a_new_tensor_and_passes_views() -> None:
     x = torch.zeros(8)
-    viewed = Recording(())
+    viewed = Recording()
     record(viewed, lambda: x.view(2, 4)[1].detach().reshape(-1))
     assert viewed.void is None and viewed.steps == []
     for work, name in ((lambda: x.add(1.0), "aten.add.Tensor"), (lambda: torch.empty(3), "aten.empty"),
                        (lambda: x.clone(), "aten.clone")):
-        voided = Recording(())
+        voided = Recording()
         record(voided, work)
         assert name in voided.void
-
-
-def _keyed(*tensors: torch.Tensor) -> Recording:
-    """A recording whose call tensors are ``tensors``."""
-    return Recording(tuple((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors),
-                     tuple(t.element_size() for t in tensors))
 
 
 def test_an_operator_in_place_is_a_step_run_on_the_next_calls_tensors() -> None:
@@ -36,7 +33,7 @@ def test_an_operator_in_place_is_a_step_run_on_the_next_calls_tensors() -> None:
     on another call's ``out`` (its views made from it), ``src`` read as kept; a view of another element size of a
     call tensor voids."""
     out, src = torch.zeros(8), torch.tensor([1.0, 2.0])
-    recording = _keyed(out)
+    recording = Recording((out,))
     record(recording, lambda: out.view(2, 4)[1, 1:3].copy_(src))
     assert recording.void is None and out.tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
     ((run, args, context),) = recording.steps
@@ -46,13 +43,13 @@ def test_an_operator_in_place_is_a_step_run_on_the_next_calls_tensors() -> None:
     run([other], *args)
     assert other.tolist() == [9, 9, 9, 9, 9, 10, 20, 9] and out.tolist() == [0, 0, 0, 0, 0, 1, 2, 0]
     halves = torch.zeros(4, dtype=torch.bfloat16)
-    recording = _keyed(out, halves)
+    recording = Recording((out, halves))
     record(recording, lambda: out.view(torch.int16)[:2].zero_())
     assert "another element size" in recording.void
 
 
 def test_a_collective_is_a_step_and_its_own_operators_are_its_part() -> None:
-    recording, x = Recording(()), torch.zeros(4)
+    recording, x = Recording(), torch.zeros(4)
 
     def issue(tensor: torch.Tensor, async_op: bool) -> str:
         tensor.add_(1.0)
@@ -65,7 +62,7 @@ def test_a_collective_is_a_step_and_its_own_operators_are_its_part() -> None:
 
 
 def test_the_recording_is_the_threads_only_during_its_call() -> None:
-    recording = Recording(())
+    recording = Recording()
     seen = []
     record(recording, lambda: seen.append(current()))
     assert seen == [recording] and current() is None

@@ -256,16 +256,17 @@ def _replay_launch(stream, config, kernel, *flat) -> None:
 
 def _owners(recording: Recording, args: tuple) -> list:
     """The tensors a recorded launch's ``args`` point into that the recording keeps alive: all but the call's own
-    (``Recording.keyed_memory``), which each replayed call brings."""
+    (``Recording.keyed_index``), which each replayed call brings."""
     return [arg.owner for arg in args if isinstance(arg, DeviceArray) and arg.owner is not None
-            and not recording.keyed_memory(arg.ptr)]
+            and recording.keyed_index(arg.ptr) is None]
 
 
 def _unkept(recording: Recording, args: tuple) -> tuple:
     """``args`` for a launch replayed through ``launch`` itself: each view of the call's own tensors without its
     tensor (``_KEYED`` in its place, so that it still counts as wrapped), every other view as it is (kept alive)."""
     return tuple(DeviceArray(a.ptr, a.shape, a.strides, a.dtype, _KEYED)
-                 if isinstance(a, DeviceArray) and a.owner is not None and recording.keyed_memory(a.ptr) else a
+                 if isinstance(a, DeviceArray) and a.owner is not None and recording.keyed_index(a.ptr) is not None
+                 else a
                  for a in args)
 
 

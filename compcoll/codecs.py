@@ -22,7 +22,7 @@ import torch
 from . import spec
 from .kernels import cpu as cpu_kernels
 from .kernels.launch import SIMULATED_DEVICE, TRACED, DeviceArray, context_for, read_first, simulating, stream_on
-from .spec import BLOCK, LANES, SCALE_BYTES, STAGES, stream_key
+from .spec import BLOCK, LANES, SCALE_BYTES
 from .workspace import Temporaries, current_stream
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -515,20 +515,40 @@ def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor |
     return out
 
 
-def randomized_encode(
-    source: torch.Tensor, scales: torch.Tensor, seed: int, step: int, stage: str, rank: int, start: int,
-    rows: torch.Tensor,
-) -> None:
+def randomized_encode(source: torch.Tensor, scales: torch.Tensor, key: int | torch.Tensor, start: int,
+                      rows: torch.Tensor) -> None:
     """Wire row r <- scales[r] at its head (as ``frame``), then Birder's binary randomization of row r of
     ``source`` (zero-padded) with that scale, in one kernel.
 
-    The random stream is the one of (seed, step, stage, rank); element i of ``source``
-    draws the threshold of index start + i. ``rows`` is (n, SCALE_BYTES + row_bytes).
+    The random stream is ``key`` (``spec.stream_key`` of (seed, step, stage, rank)); element i of ``source``
+    draws the threshold of index start + i. ``rows`` is (n, SCALE_BYTES + row_bytes). ``key`` is an int, or one
+    element of the int64 tensor ``stream_keys`` wrote on ``source``'s device, which a device's kernel reads there
+    (so a replayed launch draws each call's own stream); an int on a device is copied there first.
     """
     src, lut = _source(source)
-    key = np.uint64(stream_key(seed, step, STAGES[stage], rank))
     scales = scales.to(device=source.device, dtype=torch.float32)
-    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), key, start, _array(rows))
+    if on_host(source):
+        bits = key if isinstance(key, int) else int(key.numpy().view(np.uint64)[0])
+        _run("randomized_encode", source, src, lut, source.numel(), _array(scales), np.uint64(bits), start,
+             _array(rows))
+        return
+    if isinstance(key, int):
+        key = stream_keys([key], torch.empty(1, dtype=torch.int64, device=source.device))
+    memory = DeviceArray(key.data_ptr(), (1,), (8,), np.dtype(np.uint64), key)
+    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), memory, start, _array(rows))
+
+
+def stream_keys(keys: list[int], out: torch.Tensor, staging: torch.Tensor | None = None) -> torch.Tensor:
+    """out[j] <- the 64 bits of ``keys[j]`` (``spec.stream_key``s, below 2^64) as int64, for ``randomized_encode``;
+    returns ``out``.
+
+    1. Written into ``staging`` (host int64, as long as ``out``; a new one where None), or into ``out`` itself on
+       the host.
+    2. On a device, copied into ``out`` with no host wait (``to_device``).
+    """
+    host = out if out.is_cpu else (torch.empty(out.numel(), dtype=torch.int64) if staging is None else staging)
+    host.numpy().view(np.uint64)[:] = keys
+    return out if host is out else to_device(host, out)
 
 
 def frame(rows: torch.Tensor, scales: torch.Tensor | float) -> torch.Tensor:

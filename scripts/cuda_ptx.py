@@ -87,7 +87,7 @@ def variants() -> dict[str, tuple]:
         found[f"max |x| of rows (lanes), table={lut}"] = (kernels._absmax_lanes(lut).py_func,
                                                           (src, F32, I64, I64, I64, F32))
         found[f"randomized encode, table={lut}"] = (kernels._randomized_encode(lut).py_func,
-                                                    (src, F32, I64, F32, t.uint64, I64, wire))
+                                                    (src, F32, I64, F32, t.Array(t.uint64, 1, "C"), I64, wire))
         for p in (1, 2):
             found[f"block sums of |x|^{p}, table={lut}"] = (kernels._block_power_sums(lut, p).py_func,
                                                             (src, F32, F32, I64, I64, I64, F64))
@@ -170,8 +170,9 @@ def example_arguments(types: tuple) -> list:
 
     from compcoll.kernels.launch import DeviceArray
 
-    viewed = {"uint16": torch.int16, "uint32": torch.float32}
-    """Kernel dtypes the codecs view tensors of another dtype as (16-bit sources, a float32 output's bits)."""
+    viewed = {"uint16": torch.int16, "uint32": torch.float32, "uint64": torch.int64}
+    """Kernel dtypes the codecs view tensors of another dtype as (16-bit sources, a float32 output's bits, Birder's
+    stream keys)."""
     made = []
     for ty in types:
         if isinstance(ty, t.Array):

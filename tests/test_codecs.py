@@ -189,11 +189,15 @@ def test_randomized_encode_matches_the_reference(dtype: torch.dtype, data, rows:
     scales = codecs.row_absmax(x, rows, length)
     assert _same(scales.numpy(), reference.absmax_rows(padded, rows))
     wire = torch.empty(rows, codecs.SCALE_BYTES + length // rows // 8, dtype=torch.uint8)
-    codecs.randomized_encode(x, scales, 17, step, "inter", rank, 0, wire)
     key = stream_key(17, step, STAGES["inter"], rank)
+    codecs.randomized_encode(x, scales, key, 0, wire)
     heads, bits = codecs.unframe(wire)
     assert torch.equal(heads, scales)
     assert np.array_equal(bits.numpy(), reference.binarize(padded, scales.numpy(), key, 0))
+    keys = codecs.stream_keys([stream_key(17, step, STAGES["node"], rank), key], torch.empty(2, dtype=torch.int64))
+    from_memory = torch.zeros_like(wire)
+    codecs.randomized_encode(x, scales, keys[1:], 0, from_memory)
+    assert torch.equal(from_memory, wire), "the key read from an int64 tensor of stream_keys"
 
 
 def test_scale_codes_match_the_reference() -> None:

@@ -13,7 +13,7 @@ from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
 from ..eager import eager
-from ..spec import PROTOCOLS, SCALES, check_block_size, padded_numel
+from ..spec import PROTOCOLS, SCALES, STAGES, check_block_size, padded_numel, stream_key
 from ..workspace import Workspace
 from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
@@ -24,6 +24,8 @@ from .plan import Plan, cached_plan
 from .reduce_scatter import block_statistics, float32_target
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
+BIRDER_STAGES = ("node", "inter", "server")
+"""Birder's three binarizations (``spec.STAGES``), in the order of a call's stream keys (``BirderPlan.finish``)."""
 
 
 def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) -> tuple[int, int]:
@@ -138,35 +140,49 @@ class BirderPlan(_NodePlan):
 
     def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor, *,
              seed: int = 0, step: int | None = None) -> torch.Tensor:
-        """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn."""
-        comm, n, full, ws = self.comm, self.comm.size, self.full, self.workspace
-        maxima = codecs.row_absmax(tensor, n, full, ws.get("maxima", n, torch.float32, self.device))
+        """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn: the row maxima and the
+        agreement (the call's one host wait), this call's three random streams' keys on the device, then
+        ``finish`` (replayed on a device: ``Replays``)."""
+        comm, ws = self.comm, self.workspace
+        maxima = codecs.row_absmax(tensor, comm.size, self.full, ws.get("maxima", comm.size, torch.float32,
+                                                                           self.device))
         self.agreement(tensor).check(codecs.all_finite(maxima))
-        layout = self.layout
         if step is None:
             step = _steps.get(comm, 0)
             _steps[comm] = step + 1
         if self.numel == 0:
             return result
+        keys = codecs.stream_keys([stream_key(seed, step, STAGES[stage], comm.rank) for stage in BIRDER_STAGES],
+                                  ws.get("keys", len(BIRDER_STAGES), torch.int64, self.device),
+                                  ws.get("keys.host", len(BIRDER_STAGES), torch.int64, torch.device("cpu")))
+        return self.replays.run("finish", self.finish, tensor, maxima, keys, result)
 
+    def finish(self, tensor: torch.Tensor, maxima: torch.Tensor, keys: torch.Tensor, result: torch.Tensor
+               ) -> torch.Tensor:
+        """Steps 2-4 of ``hierarchical_allreduce`` once the ranks agreed, with the row ``maxima`` and the stages'
+        stream ``keys`` (``BIRDER_STAGES``' order) on the device.
+
+        1. Intra-node exchange of the binarized shards (scales: each node's largest row maximum).
+        2. Inter-node exchange of the binarized node averages.
+        3. The server row binarized, all-gathered between nodes, then within the node, and every row decoded into
+           ``result``.
+        Kernels, the wire and torch operators into workspace buffers, reading no host value: no host wait.
+        """
+        n, full, ws, layout = self.comm.size, self.full, self.workspace, self.layout
         k, nodes = layout.ranks_per_node, layout.nodes
         shard, sub = full // k, full // n
         base = layout.local_rank * shard
-        node_scales = torch.amax(maxima.view(k, nodes), dim=1, out=ws.get("node.scales", k, torch.float32, self.device))
-        shard_average = _binarize_exchange(
-            tensor, node_scales, layout.intra, (seed, step, "node", comm.rank, 0), shard,
-            ws, "node",
-        )
+        node_scales = torch.amax(maxima.view(k, nodes), dim=1,
+                                 out=ws.get("node.scales", k, torch.float32, self.device))
+        shard_average = _binarize_exchange(tensor, node_scales, layout.intra, keys[0:1], 0, shard, ws, "node")
         sub_average = _binarize_exchange(
             shard_average, codecs.row_absmax(shard_average, nodes, shard,
                                              ws.get("inter.scales", nodes, torch.float32, self.device)), layout.inter,
-            (seed, step, "inter", comm.rank, base), sub, ws, "inter",
+            keys[1:2], base, sub, ws, "inter",
         )
         row = ws.get("server", codecs.SCALE_BYTES + sub // 8, torch.uint8, self.device)
         own_scale = codecs.row_absmax(sub_average, 1, sub, ws.get("server.scale", 1, torch.float32, self.device))
-        codecs.randomized_encode(
-            sub_average, own_scale, seed, step, "server", comm.rank, base + layout.inter.rank * sub, row.view(1, -1)
-        )
+        codecs.randomized_encode(sub_average, own_scale, keys[2:3], base + layout.inter.rank * sub, row.view(1, -1))
         shard_rows = ws.get("shard_rows", nodes * row.numel(), torch.uint8, self.device)
         layout.inter.allgather(row, shard_rows)
         _gather_decode(shard_rows, layout, result, ws)
@@ -174,24 +190,23 @@ class BirderPlan(_NodePlan):
 
 
 def _binarize_exchange(
-    source: torch.Tensor, scales: torch.Tensor, group: Communicator, stream: tuple, length: int,
+    source: torch.Tensor, scales: torch.Tensor, group: Communicator, key: torch.Tensor, start: int, length: int,
     workspace: Workspace, name: str,
 ) -> torch.Tensor:
     """Binarize ``source`` into ``group.size`` framed rows, all-to-all them, average what comes back.
 
-    1. Row r (``length`` elements, scale scales[r]) is binarized with the random stream
-       (seed, step, stage, rank), element i drawing index start + i, and framed.
+    1. Row r (``length`` elements, scale scales[r]) is binarized with the random stream ``key`` (one int64 of
+       ``codecs.stream_keys``), element i drawing index start + i, and framed.
     2. All-to-all: rank r of ``group`` receives row r of every member.
     3. The received rows are decoded and averaged with weights float32(s / size), in
        member order.
 
     Returns the float32 average (a buffer of ``workspace`` named ``name``).
     """
-    seed, step, stage, rank, start = stream
     size = group.size
     width = codecs.SCALE_BYTES + length // 8
     wire = workspace.get(name + ".send", size * width, torch.uint8, source.device).view(size, width)
-    codecs.randomized_encode(source, scales, seed, step, stage, rank, start, wire)
+    codecs.randomized_encode(source, scales, key, start, wire)
     received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
     group.alltoall(wire.view(-1), received)
     weights, rows = codecs.unframe(received.view(size, width), size,

@@ -846,6 +846,7 @@ def _randomized_encode(with_lut: bool):
         lane = cuda.threadIdx.x
         n, width = rows.shape
         row_bytes = width - SCALE_BYTES
+        stream_key = key[0]
         for r in range(cuda.grid(1), n, cuda.gridsize(1)):
             _write_head(rows, r, scales[r], head)
         total = n * row_bytes
@@ -860,7 +861,7 @@ def _randomized_encode(with_lut: bool):
                 if i < total * 8:
                     r, first = _row_of(i, r, first, row_len)
                     x = np.float64(look_up(lut, src[i])) if i < n_src else 0.0
-                    signs[e] = 1 if x > _threshold(key, start + i) * np.float64(scales[r]) else 0
+                    signs[e] = 1 if x > _threshold(stream_key, start + i) * np.float64(scales[r]) else 0
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
@@ -875,11 +876,15 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
     """Wire row r <- scales[r] at its head, then Birder's binary randomization of row r of x: bit i set when
     x_i > t_i * scale_r, as the CPU kernel (the head written by the kernel: no copy by torch).
 
+    ``key`` is a one-element uint64 device array holding the stream's key, which the kernel reads from there (the
+    CPU kernel takes it as a value): a launch replayed with the next call's key in that memory draws that call's
+    thresholds (``codecs.stream_keys``).
+
     Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the row of
     its last element (and of its last byte) and divides only when it leaves it.
     """
     launch(_randomized_encode(lut is not None), _grid(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
-           stream, src, _table(lut, stream), n_src, scales, np.uint64(key), start, rows)
+           stream, src, _table(lut, stream), n_src, scales, key, start, rows)
 
 
 STAGE = 8

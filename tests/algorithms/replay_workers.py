@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import compcoll
-from compcoll.algorithms.hierarchical import CompensatedPlan
+from compcoll.algorithms.hierarchical import BirderPlan, CompensatedPlan
 from compcoll.algorithms.onebit import FlatPlan
 from compcoll.algorithms.plan import PLANS
 from compcoll.algorithms.reduce_scatter import ScatterPlan, row_elements
@@ -117,3 +117,25 @@ def scatter_replayed_matches_reference(comm: compcoll.Communicator, row: int, st
                 if step in (steps - 1, 2 * steps - 1):
                     replays = _replays(comm, n * row, x.device, ScatterPlan, op=options["op"], bits=bits) - before
                     assert replays == _expected(steps, phase), f"{replays} replays ({where})"
+
+
+def birder_replayed_matches_reference(comm: compcoll.Communicator, numel: int, steps: int, device: str = "cpu",
+                                      ranks_per_node: int = 1) -> None:
+    """``hierarchical_allreduce`` (Birder's) on float32 and bfloat16, on nodes of ``ranks_per_node``: ``steps`` calls
+    on fresh inputs into one input and output, each with its own seed and step, give the reference's bits at every
+    step, its device part replayed from the fourth call on with each call's random streams."""
+    rank, k = comm.rank, ranks_per_node
+    for dtype in (torch.float32, torch.bfloat16):
+        x, out = torch.empty(numel, dtype=dtype, device=device), torch.empty(numel, dtype=dtype, device=device)
+        for call in range(steps):
+            if call == 1:
+                before = _replays(comm, numel, x.device, BirderPlan)
+            seed, step, where = 11 + call % 3, 5 * call + 2, f"{k} {dtype} {numel} call {call}"
+            xs = world_inputs(comm, call, (numel,), dtype)
+            x.copy_(xs[rank])
+            assert compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, seed=seed, step=step, out=out) is out
+            expected, _ = world_once(comm, reference.hierarchical_allreduce, [v.float().numpy() for v in xs], k,
+                                     seed, step)
+            assert_matches_reference(out.cpu(), expected[rank], where)
+        replays = _replays(comm, numel, x.device, BirderPlan) - before
+        assert replays == steps - 3, f"{replays} replays of {steps} calls ({k} {dtype} {numel})"

@@ -55,6 +55,18 @@ def test_every_form_replays(replays_on, options: dict, dtype: torch.dtype) -> No
     assert _plan(comm).replays.replayed == 2
 
 
+@pytest.mark.parametrize("ranks_per_node", [1, None])
+def test_birder_replays_with_each_calls_own_seed_and_step(replays_on, ranks_per_node: int | None) -> None:
+    """Birder's seed and step reach its kernels through device memory (``codecs.stream_keys``), so calls that each
+    draw other random streams still replay, from the fourth; ``step=None`` takes the communicator's count."""
+    comm, x = compcoll.SingleComm(), torch.empty(1000, device=META)
+    out = torch.empty_like(x)
+    for call in range(6):
+        step = None if call % 2 else 7 * call
+        compcoll.hierarchical_allreduce(x, comm, ranks_per_node=ranks_per_node, seed=call, step=step, out=out)
+    assert _plan(comm).replays.replayed == 3
+
+
 def test_replays_off_run_every_call(replays_on) -> None:
     replay.enable(False)
     comm, x = compcoll.SingleComm(), torch.empty(1000, device=META)

@@ -24,10 +24,10 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 worker's rows and the server's, allgather its one row)."""
 EXPECTED = {
     False: {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
-            "birder": (14, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
+            "birder": (14, 1, 7, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
             "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (4, 1, 6, 1)},
     True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
-           "birder": (16, 1, 6, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
+           "birder": (16, 1, 7, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
            "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (5, 1, 6, 1)},
 }
 """(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are
@@ -42,7 +42,9 @@ include the transport's copies: gather-scatter's 3 are its 2 and the weights' co
 in it; the server's scale goes into its frame head in the launch that sums it, and the decode reads the heads).
 Birder's three encodes write their scales into the frame heads themselves (``codecs.randomized_encode``), and its
 two exchanges read their weights s / size from the heads in one launch each (``codecs.unframe`` with a divisor),
-where torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28). The block sums'
+where torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28); one of its 7 is the
+copy of the call's three random streams' keys to the device (``codecs.stream_keys``, since 2026-11-30: its kernels
+read them there, so that its calls replay). The block sums'
 finite check is their one float64 sum (``codecs.all_finite``, ``summable``: the sums of float32 squares cannot
 overflow it), not two operators. The allocations: the result's alone (no ``out`` here). The kernels' temporaries,
 and the sums nobody reads back (the total behind a device scale, the allgather protocol's and Birder's), come from

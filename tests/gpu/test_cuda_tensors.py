@@ -17,6 +17,7 @@ from compcoll.bench.clocks import QueuedClock, idle_seconds
 from compcoll.bench.launches import call_counts
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
 from compcoll.launcher import run
+from compcoll.spec import STAGES, stream_key
 from compcoll.workspace import Workspace
 from tests.optim.follow_workers import CHANGES
 from tests.versions import NEEDS_FSDP_HOOK
@@ -51,7 +52,7 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
         codecs.decode(rows, torch.tensor([1.5, 2.5, 3.5]), out)
         maxima = codecs.row_absmax(xd, 3, full)
         wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8, device=device)
-        codecs.randomized_encode(xd, maxima, 7, 2, "node", 1, 0, wire)
+        codecs.randomized_encode(xd, maxima, stream_key(7, 2, STAGES["node"], 1), 0, wire)
         torch.cuda.synchronize()
         results[device] = (total, absolute, squares, bits.cpu(), ed.cpu(), acc.cpu(), out.cpu(), maxima.cpu(), wire.cpu())
     for name, a, b in zip(("sumsq", "sum |x|", "accumulate sumsq", "bits", "error", "accumulate", "decode", "absmax", "wire"),

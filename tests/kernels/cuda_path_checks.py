@@ -23,6 +23,7 @@ from compcoll import SingleComm, codecs
 from compcoll.bench.launches import PROTOCOLS, call_counts
 from compcoll.kernels import cuda
 from compcoll.kernels.launch import COUNTS, simulate, simulating
+from compcoll.spec import STAGES, stream_key
 from compcoll.launcher import run_threads
 from tests.kernels import simulator
 
@@ -38,7 +39,8 @@ WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
                (ALGORITHMS + "reduce_scatter_workers:numerics", 3, ([1, 37, 1000], 2))],
     "replay": [(ALGORITHMS + "replay_workers:replayed_matches_reference", 2, ([37], 4)),
                (ALGORITHMS + "replay_workers:replayed_matches_reference", 4, ([37], 4, "cpu", 2)),
-               (ALGORITHMS + "replay_workers:scatter_replayed_matches_reference", 2, (37, 4))],
+               (ALGORITHMS + "replay_workers:scatter_replayed_matches_reference", 2, (37, 4)),
+               (ALGORITHMS + "replay_workers:birder_replayed_matches_reference", 4, (37, 5, "cpu", 2))],
     "hierarchical": [(ALGORITHMS + "hierarchical_workers:numerics", 4, (2, SMALL, 2)),
                      (ALGORITHMS + "hierarchical_workers:compensated_blocks", 4, (2, [[37], [1001]], 2)),
                      (ALGORITHMS + "hierarchical_workers:compensated_allgather", 4, (2, [[37], [1001]], 2))],
@@ -90,7 +92,7 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.decode(rows, torch.tensor([1.5, 2.5, 3.5]), out)
         maxima = codecs.row_absmax(x, 3, full)
         wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8)
-        codecs.randomized_encode(x, maxima, 7, 2, "node", 1, 0, wire)
+        codecs.randomized_encode(x, maxima, stream_key(7, 2, STAGES["node"], 1), 0, wire)
         decoded = torch.empty(full)
         codecs.decode_framed(wire, decoded)
         decoded_as = torch.empty(full, dtype=dtype)  # a 16-bit output's scales rounded first

@@ -128,7 +128,8 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     assert np.array_equal(framed[:, :codecs.SCALE_BYTES].copy().view(np.float32).reshape(-1), maxima,
                           equal_nan=True), "randomized_encode's heads"
     d_framed = cuda.cuda.to_device(np.zeros((world, width), np.uint8))
-    cuda.randomized_encode(d_src, d_lut, numel, cuda.cuda.to_device(maxima), key, 11, d_framed)
+    d_key = cuda.cuda.to_device(np.array([key], np.uint64))
+    cuda.randomized_encode(d_src, d_lut, numel, cuda.cuda.to_device(maxima), d_key, 11, d_framed)
     assert np.array_equal(d_framed.copy_to_host(), framed), "randomized_encode"
     padded = np.zeros(full, np.float32)
     padded[:numel] = values

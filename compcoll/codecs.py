@@ -220,9 +220,23 @@ def all_finite(tensor: torch.Tensor, summable: bool = False) -> bool:
     """
     if on_host(tensor):
         return bool(torch.isfinite(tensor).all())
-    exact = summable or tensor.dtype != torch.float64
-    total = tensor.sum(dtype=torch.float64) if exact else tensor.mul(0).sum()
-    return math.isfinite(read_first(_array(total.view(1)), _stream(tensor)))
+    return math.isfinite(host_value(finite_sum(tensor, torch.empty(1, dtype=torch.float64, device=tensor.device),
+                                               summable)))
+
+
+def finite_sum(tensor: torch.Tensor, out: torch.Tensor, summable: bool = False) -> torch.Tensor:
+    """out[0] (one float64) <- a value finite exactly when every element of ``tensor`` is, with no host wait
+    (``host_value`` reads it; ``all_finite`` is the two); returns ``out``.
+
+    On the host 0 or NaN. On a device the float64 sum of ``tensor`` (of ``tensor * 0`` for float64 that is not
+    ``summable``: see ``all_finite``), reduced into ``out`` by torch in place (no allocation, so a replayed call
+    runs it again: ``recording.Guard``).
+    """
+    if on_host(tensor):
+        out.numpy()[0] = 0.0 if bool(torch.isfinite(tensor).all()) else math.nan
+        return out
+    source = tensor if summable or tensor.dtype != torch.float64 else tensor.mul(0)
+    return torch.sum(source.reshape(1, -1), 1, dtype=torch.float64, out=out)
 
 
 def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
@@ -238,9 +252,16 @@ def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
     return float(spec.scale_from(float(total), numel, scale))
 
 
-def _sum(kernel: str, tensor: torch.Tensor, read: bool, *args) -> float | None:
+def _sum(kernel: str, tensor: torch.Tensor, read: bool, *args, out: torch.Tensor | None = None) -> float | None:
     """Run a kernel that ends in a float64 sum: to the host as a float, or, not ``read`` on a device, left in one of
-    the kernel's temporaries (no host round trip, no allocation) and None returned."""
+    the kernel's temporaries (no host round trip, no allocation) and None returned; or into ``out`` (a one-element
+    float64 tensor on ``tensor``'s device, read later by ``host_value``: no host wait) and None returned."""
+    if out is not None:
+        if on_host(tensor):
+            out.numpy()[0] = _run(kernel, tensor, *args)
+        else:
+            _run(kernel, tensor, *args, into=_array(out))
+        return None
     if not read and not on_host(tensor):
         _run(kernel, tensor, *args, into=_UNREAD)
         return None
@@ -296,13 +317,23 @@ def average_rows(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2", read: bool = True
-                    ) -> float | None:
+def compensated_sum(tensor: torch.Tensor, error: torch.Tensor, scale: str = "l2", read: bool = True,
+                    out: torch.Tensor | None = None) -> float | None:
     """Sum of |x|^p of x = ``error + pad(tensor)``, p the power of ``scale`` (``spec.SCALES``); reads both, writes
-    nothing. ``read=False``: on a device the sum is not read back (no host wait) and None is returned, so the
-    kernel's device time can be measured queued behind other work (``bench/gpu_suite.py``)."""
+    nothing but ``out``. ``read=False``: on a device the sum is not read back (no host wait) and None is returned, so
+    the kernel's device time can be measured queued behind other work (``bench/gpu_suite.py``). ``out``: a
+    one-element float64 tensor on the device the sum goes into, None returned (``host_value`` reads it)."""
     src, lut = _source(tensor)
-    return _sum("compensated_power_sum", tensor, read, src, lut, _array(error), tensor.numel(), spec.SCALES[scale])
+    return _sum("compensated_power_sum", tensor, read, src, lut, _array(error), tensor.numel(), spec.SCALES[scale],
+                out=out)
+
+
+def host_value(values: torch.Tensor) -> float:
+    """values[0] as a Python float: on a device the host waits for it (``kernels.launch.read_first``, counted; meta
+    tensors: the stand-in 1.0)."""
+    if on_host(values):
+        return float(values.numpy()[0])
+    return read_first(_array(values), _stream(values))
 
 
 def sumsq(tensor: torch.Tensor) -> float:

@@ -91,7 +91,13 @@ class Recording:
             else:
                 signature.append((type(leaf), leaf))
             template.append(leaf)
-        self.steps.append((_run_operator, (func, spec, tuple(template)), CALL_TENSORS))
+        made_args, made_kwargs = tree_unflatten(template, spec)
+        at = tuple(i for i, a in enumerate(made_args) if type(a) is _Keyed)
+        keys = tuple(k for k, v in made_kwargs.items() if type(v) is _Keyed)
+        if sum(type(leaf) is _Keyed for leaf in template) == len(at) + len(keys):
+            self.steps.append((_run_operator, (func, tuple(made_args), made_kwargs, at, keys), CALL_TENSORS))
+        else:
+            self.steps.append((_run_nested_operator, (func, spec, tuple(template)), CALL_TENSORS))
         self.signature.append((func, spec, *signature))
 
     def _keyed_view(self, index: int, tensor: torch.Tensor) -> _Keyed | None:
@@ -131,8 +137,23 @@ class _Keyed:
         return base.as_strided(self.shape, self.stride, base.storage_offset() + self.offset)
 
 
-def _run_operator(tensors: list[torch.Tensor], func, spec, template: tuple) -> None:
-    """A recorded torch operator run again, its views of the call's tensors made from ``tensors``."""
+def _run_operator(tensors: list[torch.Tensor], func, args: tuple, kwargs: dict, at: tuple[int, ...],
+                  keys: tuple[str, ...]) -> None:
+    """A recorded torch operator run again, its views of the call's tensors (arguments ``at`` and keyword arguments
+    ``keys``, ``_Keyed``) made from ``tensors``."""
+    if at:
+        args = list(args)
+        for i in at:
+            args[i] = args[i].of(tensors)
+    if keys:
+        kwargs = dict(kwargs)
+        for k in keys:
+            kwargs[k] = kwargs[k].of(tensors)
+    func(*args, **kwargs)
+
+
+def _run_nested_operator(tensors: list[torch.Tensor], func, spec, template: tuple) -> None:
+    """``_run_operator`` for an operator with a view of the call's tensors inside a list (``aten.cat``'s)."""
     args, kwargs = tree_unflatten([leaf.of(tensors) if type(leaf) is _Keyed else leaf for leaf in template], spec)
     func(*args, **kwargs)
 

@@ -44,18 +44,28 @@ def test_unsupported_device() -> None:
 
 
 def test_a_device_sum_left_unread_makes_no_host_wait() -> None:
-    """``compensated_sum(read=False)``: on meta tensors (the CUDA path, traced) the launches of a read sum without
-    its wait, and None; on the host the sum all the same."""
+    """``compensated_sum(read=False)`` and ``compensated_sum(out=...)``: on meta tensors (the CUDA path, traced) the
+    launches of a read sum without its wait, and None, ``host_value`` then the one wait; on the host the sum all the
+    same, ``out`` holding it."""
     x, err = torch.empty(100003, device="meta"), torch.empty(100003, device="meta")
+    total = torch.empty(1, dtype=torch.float64, device="meta")
     COUNTS.reset()
     assert codecs.compensated_sum(x, err, read=False) is None
     unread = (COUNTS.launches, COUNTS.waits)
     COUNTS.reset()
+    assert codecs.compensated_sum(x, err, out=total) is None
+    into = (COUNTS.launches, COUNTS.waits)
+    codecs.host_value(total)
+    into_read = (COUNTS.launches, COUNTS.waits)
+    COUNTS.reset()
     codecs.compensated_sum(x, err)
-    assert unread == (COUNTS.launches, 0) and COUNTS.waits == 1
+    assert unread == into == (COUNTS.launches, 0) and into_read == (COUNTS.launches, 1) and COUNTS.waits == 1
     gen = torch.Generator().manual_seed(7)
     x, err = torch.randn(100003, generator=gen), torch.randn(100003, generator=gen)
+    total = torch.empty(1, dtype=torch.float64)
+    assert codecs.compensated_sum(x, err, "l1", out=total) is None
     assert codecs.compensated_sum(x, err, read=False) == codecs.compensated_sum(x, err) > 0
+    assert codecs.host_value(total) == codecs.compensated_sum(x, err, "l1") > 0
 
 
 def test_sumsq_matches_the_reference_order() -> None:

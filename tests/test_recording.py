@@ -48,6 +48,23 @@ def test_an_operator_in_place_is_a_step_run_on_the_next_calls_tensors() -> None:
     assert "another element size" in recording.void
 
 
+def test_operators_with_call_tensors_as_keywords_or_in_lists_replay_on_the_next_calls_tensors() -> None:
+    """A call tensor as a keyword argument (``torch.sum``'s ``out``) and inside a list argument (``torch.cat``'s
+    tensors: the nested way) is made anew from the next call's tensors."""
+    x, total, joined = torch.tensor([1.0, 2.0]), torch.zeros(1, dtype=torch.float64), torch.zeros(4)
+    kept = torch.tensor([5.0, 6.0])
+    recording = Recording((x, total, joined))
+    record(recording, lambda: (torch.sum(x.view(1, -1), 1, dtype=torch.float64, out=total),
+                               torch.cat([kept, x], out=joined)))
+    assert recording.void is None and total.item() == 3.0 and joined.tolist() == [5, 6, 1, 2]
+    other = (torch.tensor([10.0, 20.0]), torch.zeros(1, dtype=torch.float64), torch.zeros(4))
+    for run, args, context in recording.steps:
+        assert context == CALL_TENSORS
+        run(list(other), *args)
+    assert other[1].item() == 30.0 and other[2].tolist() == [5, 6, 10, 20]
+    assert total.item() == 3.0 and joined.tolist() == [5, 6, 1, 2]
+
+
 def test_a_collective_is_a_step_and_its_own_operators_are_its_part() -> None:
     recording, x = Recording(), torch.zeros(4)
 

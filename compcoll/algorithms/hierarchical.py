@@ -19,9 +19,9 @@ from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
-from .onebit import device_scalars, serve, serve_blocks
+from .onebit import device_scalars, serve, serve_blocks, sum_into
 from .plan import Plan, cached_plan
-from .reduce_scatter import block_statistics, float32_target
+from .reduce_scatter import finite_statistics, float32_target
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 BIRDER_STAGES = ("node", "inter", "server")
@@ -144,9 +144,8 @@ class BirderPlan(_NodePlan):
         agreement (the call's one host wait), this call's three random streams' keys on the device, then
         ``finish`` (replayed on a device: ``Replays``)."""
         comm, ws = self.comm, self.workspace
-        maxima = codecs.row_absmax(tensor, comm.size, self.full, ws.get("maxima", comm.size, torch.float32,
-                                                                           self.device))
-        self.agreement(tensor).check(codecs.all_finite(maxima))
+        maxima = ws.get("maxima", comm.size, torch.float32, self.device)
+        self.agreement(tensor).check(math.isfinite(self.read("maxima", _maxima_into, tensor, maxima, self.full)))
         if step is None:
             step = _steps.get(comm, 0)
             _steps[comm] = step + 1
@@ -187,6 +186,14 @@ class BirderPlan(_NodePlan):
         layout.inter.allgather(row, shard_rows)
         _gather_decode(shard_rows, layout, result, ws)
         return result
+
+
+def _maxima_into(tensor: torch.Tensor, maxima: torch.Tensor, length: int, total: torch.Tensor) -> torch.Tensor:
+    """maxima <- the largest |x| of each of the ``maxima.numel()`` rows of ``tensor`` zero-padded to ``length``
+    (``codecs.row_absmax``), total[0] <- a float64 finite exactly when they all are (``codecs.finite_sum``), with no
+    host wait; returns ``total``: Birder's device part before its agreement (``Plan.read``)."""
+    codecs.row_absmax(tensor, maxima.numel(), length, maxima)
+    return codecs.finite_sum(maxima, total)
 
 
 def _binarize_exchange(
@@ -378,11 +385,11 @@ class CompensatedPlan(_NodePlan):
 
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
-            sums = block_statistics(average, worker_error, b, self.scale, 1, layout.nodes, ws)
-            agreement.check(codecs.all_finite(sums, summable=True))
+            sums, finite = finite_statistics(self, average, worker_error, b, self.scale, 1, layout.nodes)
+            agreement.check(finite)
             return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
                                     result)
-        total = codecs.compensated_sum(average, worker_error, self.scale)
+        total = self.read("sum", sum_into, average, worker_error, self.scale)
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
         scales = agreement.check(finite, scale)

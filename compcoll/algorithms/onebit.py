@@ -20,7 +20,7 @@ from .inputs import (check_disjoint, check_error_buffer, check_length, check_lev
 from .launch import settle_device
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, owned
-from .reduce_scatter import block_statistics, float32_target, scatter_rows
+from .reduce_scatter import finite_statistics, float32_target, scatter_rows
 
 
 @eager
@@ -202,7 +202,7 @@ class FlatPlan(Plan):
         Returns:
             s_w, and the (weights, s_w) views of the device buffer, which ``finish_flat`` takes.
         """
-        total = codecs.compensated_sum(tensor, worker_error, self.scale)
+        total = self.read("sum", sum_into, tensor, worker_error, self.scale)
         finite = math.isfinite(total)
         scale = codecs.scale_from(total, self.full, self.scale) if finite and self.full else 0.0
         scales = self.agreement(tensor).check(finite, scale, step)
@@ -244,8 +244,8 @@ class FlatPlan(Plan):
             The statistics (a workspace buffer), which ``finish_blocks`` takes.
         """
         rows = self.comm.size if self.protocol == "gather_scatter" else 1
-        sums = block_statistics(tensor, worker_error, self.block_size, self.scale, self.bits, rows, self.workspace)
-        self.agreement(tensor).check(codecs.all_finite(sums, summable=True), step=step)
+        sums, finite = finite_statistics(self, tensor, worker_error, self.block_size, self.scale, self.bits, rows)
+        self.agreement(tensor).check(finite, step=step)
         return sums
 
     def finish_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
@@ -302,6 +302,14 @@ class FlatPlan(Plan):
         if average is not flat:
             flat.copy_(average)
         return out
+
+
+def sum_into(tensor: torch.Tensor, worker_error: torch.Tensor, scale: str, total: torch.Tensor) -> torch.Tensor:
+    """total[0] <- the float64 sum of |x|^p of x = tensor + worker_error, p the power of ``scale``
+    (``codecs.compensated_sum``), with no host wait; returns ``total``: the worker scale's device part, which
+    ``Plan.read`` replays and reads."""
+    codecs.compensated_sum(tensor, worker_error, scale, out=total)
+    return total
 
 
 def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: torch.device, workspace: Workspace

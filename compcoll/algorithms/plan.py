@@ -10,6 +10,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from .. import codecs
 from ..comm import Communicator
 from ..comm.work import Work
 from ..spec import padded_numel
@@ -151,6 +152,18 @@ class Plan(ABC):
             found = Agreement(self.comm, self.what, self.numel, tensor.shape, tensor.dtype, self.options)
             self._agreements[key] = found
         return found
+
+    def read(self, name: str, part: Callable[..., torch.Tensor], *args: Any) -> float:
+        """The float64 that a call's device part before its agreement writes (a sum, or a finiteness test), on the
+        host: the call's one host wait.
+
+        1. ``part(*args, total)`` writes it into total[0] (``total``: this plan's one-element float64 workspace
+           buffer "<name>.total") with no host wait, and returns ``total``; it runs through ``self.replays`` under
+           ``name``, so a steady call replays its launches without their Python.
+        2. The host reads total[0] (``codecs.host_value``).
+        """
+        total = self.workspace.get(name + ".total", 1, torch.float64, self.device)
+        return codecs.host_value(self.replays.run(name, part, *args, total))
 
     @property
     def error_feedback(self) -> ErrorFeedback:

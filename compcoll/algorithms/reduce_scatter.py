@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -145,9 +146,9 @@ class ScatterPlan(Plan):
         """Steps 1-5 of ``compressed_reduce_scatter`` on checked arguments, in this rank's turn."""
         (worker_error,) = errors or (self.error_feedback.worker_error,)
         rows = self._rows(tensor)
-        stats = block_statistics(rows, worker_error, self.block_size, self.scale, self.bits, self.comm.size,
-                                 self.workspace)
-        self.agreement(tensor).check(codecs.all_finite(stats, summable=True))
+        stats, finite = finite_statistics(self, rows, worker_error, self.block_size, self.scale, self.bits,
+                                          self.comm.size)
+        self.agreement(tensor).check(finite)
         if self.numel == 0:
             return result
         return self.replays.run("finish", self.finish, rows, worker_error, stats, result)
@@ -182,17 +183,28 @@ def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> t
     return workspace.get("blocks.decoded", length, torch.float32, result.device)
 
 
-def block_statistics(rows: torch.Tensor, worker_error: torch.Tensor, block_size: int, scale: str, bits: int,
-                     n: int, workspace: Workspace) -> torch.Tensor:
-    """What each block's scale comes from, for x = rows + worker_error cut into n rows: 1 bit, the float64 sums of
-    |x|^p (``scale``'s power); levels, the float32 maxima of |x|; in ``workspace``'s "blocks.stats". Non-finite
-    where x is; writes nothing else."""
-    blocks = n * -(-(worker_error.numel() // n) // block_size)
-    dtype = torch.float64 if bits == 1 else torch.float32
-    stats = workspace.get("blocks.stats", blocks, dtype, worker_error.device)
+def statistics_into(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, block_size: int,
+                    scale: str, bits: int, n: int, total: torch.Tensor) -> torch.Tensor:
+    """What each block's scale comes from, for x = rows + worker_error cut into n rows, into ``stats``: 1 bit, the
+    float64 sums of |x|^p (``scale``'s power); levels, the float32 maxima of |x| (non-finite where x is). Then
+    total[0] <- a float64 finite exactly when every statistic is (``codecs.finite_sum``: their sum, which finite
+    ones cannot overflow). No host wait; returns ``total``: the device part before the agreement (``Plan.read``)."""
     if bits == 1:
-        return codecs.block_sums(rows, worker_error, block_size, scale, n, stats)
-    return codecs.block_absmax(rows, worker_error, block_size, n, stats)
+        codecs.block_sums(rows, worker_error, block_size, scale, n, stats)
+    else:
+        codecs.block_absmax(rows, worker_error, block_size, n, stats)
+    return codecs.finite_sum(stats, total, summable=True)
+
+
+def finite_statistics(plan: Plan, rows: torch.Tensor, worker_error: torch.Tensor, block_size: int, scale: str,
+                      bits: int, n: int) -> tuple[torch.Tensor, bool]:
+    """``statistics_into`` through ``plan.read`` (replayed on a steady call): the block statistics (the plan's
+    workspace buffer "blocks.stats": a float64 sum per block for 1 bit, a float32 maximum for levels) and whether
+    they are all finite, read on the host (the call's one host wait)."""
+    blocks = n * -(-(worker_error.numel() // n) // block_size)
+    stats = plan.workspace.get("blocks.stats", blocks, torch.float64 if bits == 1 else torch.float32, plan.device)
+    total = plan.read("statistics", statistics_into, rows, worker_error, stats, block_size, scale, bits, n)
+    return stats, math.isfinite(total)
 
 
 def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, comm: Communicator,
@@ -201,7 +213,7 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
     """Steps 3-5 of ``compressed_reduce_scatter``: out[:count] <- the weighted sum of every rank's row for this rank.
 
     1. The block scales (1 bit: ``scale`` of each block; levels: the step over its largest)
-       from ``stats`` (``block_statistics``), coded per row; encode x = rows + worker_error
+       from ``stats`` (``statistics_into``), coded per row; encode x = rows + worker_error
        with the decoded scales into n framed wire rows (worker_error <- x - value).
     2. All-to-all of the rows.
     3. ``weigh`` turns the received rows' decoded scales into their weights; out[:count] <- sum

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Callable
 
 import torch
@@ -43,6 +43,8 @@ class Replays:
        shape and strides (tuples of tensors flattened). The memory of everything else the steps touch (workspace
        buffers, the thread's kernel temporaries and device scalars, tables) the recording keeps alive; so the same
        key means the same launches on the same memory, and only the thread whose temporaries they are queues them.
+       Arguments that are not tensors are not in the key: they are the plan's own settings (a scale's name, a block
+       size); a host value that changes from call to call reaches the device part in a tensor (Birder's keys).
     3. The second and third calls with a key: ``part(*args)`` is recorded (``recording.record``) while it runs.
        The second recording is kept where both are the same launches (every argument's value: a host value that
        changes from call to call, a seed or a step, makes them differ), collectives and operators. One that saw
@@ -57,8 +59,13 @@ class Replays:
     def __init__(self) -> None:
         self._recorded: OrderedDict[tuple, tuple[Recording, int]] = OrderedDict()
         self._seen: OrderedDict[tuple, Recording | None] = OrderedDict()
-        self.replayed = 0
-        """Calls replayed (for tests and reports)."""
+        self.counts: Counter[str] = Counter()
+        """Calls replayed, by part name (for tests and reports)."""
+
+    @property
+    def replayed(self) -> int:
+        """Calls replayed, all parts together."""
+        return sum(self.counts.values())
 
     def run(self, name: str, part: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
         """``part(*args)``, replayed where it was recorded (see the class)."""
@@ -76,7 +83,7 @@ class Replays:
                 return part(*args)
             self._recorded.move_to_end(key)
             _replay(recording, tensors)
-            self.replayed += 1
+            self.counts[name] += 1
             return args[returned]
         earlier = self._seen.get(key, _UNSEEN)
         if earlier is _UNSEEN:

@@ -25,11 +25,12 @@ SCATTER_FORMS = ({"op": "avg"}, {"op": "premul_sum", "factor": 0.37, "bits": 4},
 
 
 def _replays(comm: compcoll.Communicator, numel: int, device: torch.device, kind: type, **fields) -> int:
-    """The replays of the one cached plan of ``kind`` on ``numel`` elements on ``device`` with ``fields``."""
+    """The replays of the device part after the agreement (``finish_flat``, ``finish_blocks``, ``finish``) of the one
+    cached plan of ``kind`` on ``numel`` elements on ``device`` with ``fields``."""
     (plan,) = [p for p in comm.attached[PLANS].values()
                if type(p) is kind and (p.numel, p.device) == (numel, device)
                and all(getattr(p, name) == value for name, value in fields.items())]
-    return plan.replays.replayed
+    return sum(count for part, count in plan.replays.counts.items() if part.startswith("finish"))
 
 
 def _expected(steps: int, phase: int) -> int:

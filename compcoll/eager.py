@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from typing import Any, Callable, TypeVar
 
@@ -17,7 +18,10 @@ def eager(fn: F) -> F:
     1. While ``torch._dynamo`` is not imported, no compile can be running: call ``fn``.
     2. Otherwise call it through ``torch._dynamo.disable(fn)`` (made once per function): a
        compiled caller breaks its graph there and calls ``fn`` eagerly, and
-       ``torch.compile(fn)`` runs it as it is.
+       ``torch.compile(fn)`` runs it as it is. The module is taken through the import system,
+       which waits while another thread is still importing it (torch imports it lazily, at a
+       thread's first dispatch mode: a replay's recording, ``recording.Guard``); read from
+       ``sys.modules`` then, it lacked ``disable`` and the call failed.
     """
     disabled: list[Callable[..., Any]] = []
 
@@ -26,7 +30,7 @@ def eager(fn: F) -> F:
         if "torch._dynamo" not in sys.modules:
             return fn(*args, **kwargs)
         if not disabled:
-            disabled.append(sys.modules["torch._dynamo"].disable(fn))
+            disabled.append(importlib.import_module("torch._dynamo").disable(fn))
         return disabled[0](*args, **kwargs)
 
     return call  # type: ignore[return-value]

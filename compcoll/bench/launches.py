@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -168,3 +171,30 @@ def host_microseconds(x: torch.Tensor, comm: Communicator, runs: int = 9, calls:
     a GPU, comparable between two versions of compcoll measured side by side on one machine.
     """
     return {name: per_call_us(call, calls, runs) for name, call in protocol_calls(x, comm).items()}
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+"""compcoll's own source folder: the functions ``python_calls`` counts."""
+
+
+def python_calls(x: torch.Tensor, comm: Communicator, calls: int = 20) -> dict[str, float]:
+    """``{protocol: calls}``: the calls of compcoll's own Python functions one steady call of each protocol makes.
+
+    1. Call each protocol 5 times (plan, agreement, compilation, replays recorded).
+    2. Count, with ``cProfile``, the calls of functions defined in compcoll's source in ``calls`` more calls.
+    A count, not a time: the same on any machine, however busy (torch's operators and the transport are outside
+    it), so two versions compare exactly where ``host_microseconds`` is noisy.
+    """
+    found = {}
+    for name, call in protocol_calls(x, comm).items():
+        for _ in range(5):
+            call()
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(calls):
+            call()
+        profile.disable()
+        own = sum(count for (where, _, _), (_, count, _, _, _) in pstats.Stats(profile).stats.items()
+                  if where.startswith(_PACKAGE))
+        found[name] = own / calls
+    return found

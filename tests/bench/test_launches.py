@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from compcoll import SingleComm, codecs
+from compcoll.algorithms.replay import REPLAY_ENV
 from compcoll.bench.launches import PROTOCOLS, call_counts, world_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.cuda import CODE_SCALES_PER_THREAD, CODE_THREADS, TAIL
@@ -129,3 +131,18 @@ def test_the_script_adds_host_microseconds_with_time() -> None:
     out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout
     counts = json.loads(out)
     assert tuple(counts) == PROTOCOLS and all(c["host_us"] > 0 for c in counts.values()), counts
+
+
+def test_the_script_adds_compcolls_python_calls_and_replays_cut_them() -> None:
+    """``--python`` adds each protocol's calls of compcoll's own Python functions a steady call: a count, so the
+    same in two runs; replays make every protocol's fewer than replays off."""
+    command = [sys.executable, "scripts/cuda_launches.py", "--numel", "4096", "--json", "--python"]
+
+    def calls(flag: str) -> dict[str, float]:
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300,
+                             env={**os.environ, REPLAY_ENV: flag}).stdout
+        return {name: c["python"] for name, c in json.loads(out).items()}
+
+    on, off = calls("1"), calls("0")
+    assert calls("1") == on
+    assert tuple(on) == PROTOCOLS and all(0 < on[p] < off[p] for p in PROTOCOLS), (on, off)

@@ -246,6 +246,14 @@ def test_replayed_calls_match_the_reference(backend: str, world_size: int, ranks
         args=([37, 100003], 6, "cuda", ranks_per_node))
 
 
+@pytest.mark.parametrize("backend, world_size", [("nccl", 1), ("mpi", 2)])
+def test_birder_replayed_with_each_calls_keys_matches_the_reference(backend: str, world_size: int) -> None:
+    """Birder's replayed calls on CUDA tensors, each with its own seed and step: the encoding kernel reads its
+    stream's key from device memory (``codecs.stream_keys``), so the bits are the reference's at every call."""
+    run("tests.algorithms.replay_workers:birder_replayed_matches_reference", world_size, backend,
+        args=(100003, 6, "cuda", 1))
+
+
 @pytest.mark.parametrize("protocol, block_size", [("gather_scatter", None), ("allgather", 64)])
 def test_ddp_buckets_on_cuda_match_the_reference_over_nccl(protocol: str, block_size: int | None) -> None:
     """DDP on the GPU (NCCL, one rank): each bucket through ``onebit_hook`` equals the reference, error buffers

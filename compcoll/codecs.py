@@ -559,14 +559,12 @@ def randomized_encode(source: torch.Tensor, scales: torch.Tensor, key: int | tor
     src, lut = _source(source)
     scales = scales.to(device=source.device, dtype=torch.float32)
     if on_host(source):
-        bits = key if isinstance(key, int) else int(key.numpy().view(np.uint64)[0])
-        _run("randomized_encode", source, src, lut, source.numel(), _array(scales), np.uint64(bits), start,
-             _array(rows))
-        return
-    if isinstance(key, int):
-        key = stream_keys([key], torch.empty(1, dtype=torch.int64, device=source.device))
-    memory = DeviceArray(key.data_ptr(), (1,), (8,), np.dtype(np.uint64), key)
-    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), memory, start, _array(rows))
+        stream = np.uint64(key if isinstance(key, int) else int(key.numpy().view(np.uint64)[0]))
+    else:
+        if isinstance(key, int):
+            key = stream_keys([key], torch.empty(1, dtype=torch.int64, device=source.device))
+        stream = DeviceArray(key.data_ptr(), (1,), (8,), np.dtype(np.uint64), key)
+    _run("randomized_encode", source, src, lut, source.numel(), _array(scales), stream, start, _array(rows))
 
 
 def stream_keys(keys: list[int], out: torch.Tensor, staging: torch.Tensor | None = None) -> torch.Tensor:

@@ -10,7 +10,9 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    bytes it must move (e.g. compensate + encode reads the input and the error, writes the error and the bits:
    12.125 bytes per element), as GB/s and as a fraction of the copy's, both from the device's time queued
    (``compcoll.bench.clocks.QueuedClock``: the kernel's own time, as inside a busy training step), beside its time
-   from an idle device (the host's launch time included: the clock of the runs before 2026-11-29);
+   from an idle device (the host's launch time included: the clock of the runs before 2026-11-29); the
+   accumulate also without the last block that ends its sum (fence, block count, tree: "lanes only"), to tell the
+   two costs apart (``flat_kernels``, which also run on CPU tensors: tests/bench/test_gpu_scripts.py);
 3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per
@@ -45,6 +47,7 @@ from compcoll.bench.clocks import QueuedClock, host_seconds, idle_seconds, timed
 from compcoll.bench.launches import call_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.launch import LAUNCHER_ENV
+from compcoll.spec import STAGES, stream_key
 from compcoll.workspace import Workspace
 
 
@@ -79,6 +82,39 @@ def block_kernels(x: torch.Tensor, err: torch.Tensor, out: torch.Tensor) -> dict
     }
 
 
+def flat_kernels(x: torch.Tensor, err: torch.Tensor, bits: torch.Tensor, out: torch.Tensor) -> dict[str, tuple]:
+    """The one-scale form's kernels on ``x`` and ``err`` (any device; ``bits`` holds x.numel() / 8 bytes, ``out``
+    x.numel() floats): name -> (function, bytes it moves per element, the function with its sum read back to the host
+    (a wait) or None), then the DDP hook's default form's (``block_kernels``)."""
+    numel, dev = x.numel(), x.device
+    rows, one = bits.view(1, -1), torch.ones(1, device=dev)
+    scales = torch.ones(8, device=dev)
+    wire = torch.empty(8, codecs.SCALE_BYTES + numel // 64, dtype=torch.uint8, device=dev)
+    key = stream_key(1, 2, STAGES["node"], 0)
+    lanes = torch.empty(codecs.lane_count(numel), dtype=torch.float64, device=dev)
+
+    def accumulate(read: bool):
+        return lambda: codecs.accumulate_signs(rows, one, None, out, numel, read=read)
+
+    return {
+        "sum of squares (x + err)": (lambda: codecs.compensated_sum(x, err, read=False), 8.0,
+                                     lambda: codecs.compensated_sum(x, err)),
+        "compensate + encode": (lambda: codecs.compensate_encode(x, err, 0.5, bits), 12.125, None),
+        "accumulate signs (1 row)": (accumulate(False), 4.125, accumulate(True)),
+        "accumulate, lanes only": (lambda: codecs.accumulate_lanes(rows, one, None, out, numel, lanes), 4.125, None),
+        "decode": (lambda: codecs.decode(rows, one, out), 4.125, None),
+        "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0, None),
+        "randomized encode": (lambda: codecs.randomized_encode(x, scales, key, 0, wire), 4.125, None),
+        **block_kernels(x, err, out),
+    }
+
+
+def fused_worker(x: torch.Tensor, err: torch.Tensor, bits: torch.Tensor, read: bool = False) -> None:
+    """The fused worker step: the sum of squares (read back to the host where ``read``), then compensate + encode."""
+    codecs.compensated_sum(x, err, read=read)
+    codecs.compensate_encode(x, err, 0.5, bits)
+
+
 def measure(numel: int, runs: int) -> dict:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(numel)
@@ -87,10 +123,7 @@ def measure(numel: int, runs: int) -> dict:
     bits = torch.empty(numel // 8, dtype=torch.uint8, device=dev)
     out = torch.empty(numel, device=dev)
     dst = torch.empty_like(x)
-    rows = bits.view(1, -1)
     one = torch.ones(1, device=dev)
-    scales = torch.ones(8, device=dev)
-    wire = torch.empty(8, codecs.SCALE_BYTES + numel // 64, dtype=torch.uint8, device=dev)
     clocks = {"queued": QueuedClock(), "idle": idle_seconds}
 
     def both(fn, read=None) -> dict[str, float]:
@@ -108,19 +141,7 @@ def measure(numel: int, runs: int) -> dict:
 
     copy = both(lambda: dst.copy_(x))
     copy_bw = 8 * numel / copy["queued"]
-    def accumulate(read: bool):
-        return lambda: codecs.accumulate_signs(rows, one, None, out, numel, read=read)
-
-    kernels = {
-        "sum of squares (x + err)": (lambda: codecs.compensated_sum(x, err, read=False), 8.0,
-                                     lambda: codecs.compensated_sum(x, err)),
-        "compensate + encode": (lambda: codecs.compensate_encode(x, err, 0.5, bits), 12.125, None),
-        "accumulate signs (1 row)": (accumulate(False), 4.125, accumulate(True)),
-        "decode": (lambda: codecs.decode(rows, one, out), 4.125, None),
-        "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0, None),
-        "randomized encode": (lambda: codecs.randomized_encode(x, scales, 1, 2, "node", 0, 0, wire), 4.125, None),
-        **block_kernels(x, err, out),
-    }
+    kernels = flat_kernels(x, err, bits, out)
     result = {"numel": numel, "copy_s": copy["queued"], "copy_idle_s": copy["idle"], "copy_GBps": copy_bw / 1e9,
               "kernels": {}}
     for name, (fn, per_element, read) in kernels.items():
@@ -128,8 +149,7 @@ def measure(numel: int, runs: int) -> dict:
         bandwidth = per_element * numel / seconds["queued"]
         result["kernels"][name] = {"s": seconds["queued"], "idle_s": seconds["idle"], "GBps": bandwidth / 1e9,
                                    "of_copy": bandwidth / copy_bw}
-    fused = both(lambda: (codecs.compensated_sum(x, err, read=False), codecs.compensate_encode(x, err, 0.5, bits)),
-                 lambda: (codecs.compensated_sum(x, err), codecs.compensate_encode(x, err, 0.5, bits)))
+    fused = both(lambda: fused_worker(x, err, bits), lambda: fused_worker(x, err, bits, read=True))
     baseline = both(lambda: deepspeed_style_worker(x, err))
     result["worker_step"] = {"fused_s": fused["queued"], "deepspeed_style_s": baseline["queued"],
                              "speedup": baseline["queued"] / fused["queued"], "fused_idle_s": fused["idle"],

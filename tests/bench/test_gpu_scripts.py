@@ -14,12 +14,21 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["gpu_suite", "gpu_graphs", "gpu_host_profile"])
-def test_the_gpu_benchmarks_import_without_a_gpu(name: str) -> None:
+def _bench(name: str):
+    """The module of ``bench/<name>.py``."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert callable(module.main)
+    return module
+
+
+def _suite():
+    return _bench("gpu_suite")
+
+
+@pytest.mark.parametrize("name", ["gpu_suite", "gpu_graphs", "gpu_host_profile"])
+def test_the_gpu_benchmarks_import_without_a_gpu(name: str) -> None:
+    assert callable(_bench(name).main)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the suite would run")
@@ -32,9 +41,7 @@ def test_the_gpu_suite_says_it_needs_a_gpu(tmp_path: Path) -> None:
 def test_the_suites_block_kernels_are_one_call_in_turn() -> None:
     """``gpu_suite.block_kernels`` on CPU tensors (the codecs' CPU kernels): run in order they are one call's steps
     on one framed row, so the accumulate's result (+-weights) and the decode's (+-decoded scales) are the same."""
-    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "bench" / "gpu_suite.py")
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
+    suite = _suite()
     gen = torch.Generator().manual_seed(3)
     x, err, out = torch.randn(4160, generator=gen), torch.randn(4160, generator=gen), torch.empty(4160)
     steps = suite.block_kernels(x, err, out)
@@ -44,3 +51,23 @@ def test_the_suites_block_kernels_are_one_call_in_turn() -> None:
         if name == "accumulate, block weights":
             accumulated = out.clone()
     assert torch.equal(accumulated, out) and bool((out != 0).all())
+
+
+def test_the_suites_flat_kernels_and_worker_step_run_on_cpu_tensors() -> None:
+    """Every call ``gpu_suite.flat_kernels`` and ``fused_worker`` time runs on CPU tensors (the codecs' CPU kernels),
+    so a codec's changed signature fails here rather than on a lent GPU machine; the read-back variants return the
+    sum the queued ones leave on the device (on the CPU, the same float)."""
+    suite = _suite()
+    gen = torch.Generator().manual_seed(5)
+    x, err = torch.randn(8200, generator=gen), torch.randn(8200, generator=gen)
+    bits, out = torch.empty(8200 // 8, dtype=torch.uint8), torch.empty(8200)
+    kernels = suite.flat_kernels(x, err, bits, out)
+    assert {"sum of squares (x + err)", "compensate + encode", "accumulate, lanes only",
+            "randomized encode"} <= set(kernels)
+    for name, (fn, per_element, read) in kernels.items():
+        fn()
+        assert per_element > 0
+        if read is not None:
+            assert read() == fn()
+    suite.fused_worker(x, err, bits, read=True)
+    assert bool((bits != 0).any())

@@ -1,5 +1,6 @@
-"""bench/gpu_suite.py, gpu_graphs.py and gpu_host_profile.py, the GPU run's benchmarks: they import without a GPU (so
-a broken import shows here, not on a lent GPU machine), and the suite refuses to run without one."""
+"""bench/gpu_suite.py, gpu_graphs.py and gpu_host_profile.py, the GPU run's benchmarks: they import without a GPU,
+their calls of the codecs and plans run on CPU tensors (so a broken import or a changed signature shows here, not on
+a lent GPU machine), and the suite refuses to run without one."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import compcoll
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,3 +74,23 @@ def test_the_suites_flat_kernels_and_worker_step_run_on_cpu_tensors() -> None:
             assert read() == fn()
     suite.fused_worker(x, err, bits, read=True)
     assert bool((bits != 0).any())
+
+
+@pytest.mark.parametrize("block_size", [None, 64])
+def test_the_graphs_call_parts_make_a_whole_call_on_cpu_tensors(block_size: int | None) -> None:
+    """``gpu_graphs.call_parts`` (a plan's agreement part, then its device part, which the GPU run captures in a CUDA
+    graph) on CPU tensors gives ``compressed_allreduce``'s result and error buffers bit for bit, over three calls: the
+    benchmark keeps up with the plans' methods without a GPU."""
+    graphs = _bench("gpu_graphs")
+    gen = torch.Generator().manual_seed(7)
+    numel = 4160
+    errors = [torch.zeros(numel) for _ in range(4)]
+    comm = compcoll.SingleComm()
+    for _ in range(3):
+        x = torch.randn(numel, generator=gen)
+        out, expected = torch.empty(numel), torch.empty(numel)
+        agree, finish = graphs.call_parts(x, errors[0], comm, block_size)
+        finish(x, errors[0], errors[1], agree(), out)
+        compcoll.compressed_allreduce(x, errors[2], errors[3], comm, out=expected, block_size=block_size, pieces=1)
+        assert torch.equal(out, expected) and bool((out != 0).all())
+        assert all(torch.equal(a, b) for a, b in zip(errors[:2], errors[2:]))

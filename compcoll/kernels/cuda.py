@@ -116,14 +116,22 @@ def _scale_value(total, d, root_d, l2):
 def _last_block(counter):
     """Whether this block is the grid's last to finish, every block's global writes made visible first.
 
-    1. Every thread fences its writes; the block waits for all of them.
-    2. Thread 0 counts the block in ``counter[0]``; the block that counts last is the last.
+    The pattern of CUDA's cooperative-groups grid barrier: one fence a block, not one a thread (a fence is
+    ``membar.gl``, PTX's ``fence.sc.gpu``, and each warp that runs one waits for its own stores to reach the GPU).
+    1. The block waits for all its threads' writes (a barrier orders them before thread 0's next steps).
+    2. Thread 0 fences (the block's writes, ordered before it by the barrier, are made visible to the GPU with
+       it) and counts the block in ``counter[0]``; the block that counts last is the last.
+    3. There, thread 0 fences again, so that the block's reads after the next barrier see what every other block
+       made visible before it counted.
     """
     done = cuda.shared.array(1, np.int32)
-    cuda.threadfence()
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
-        done[0] = 1 if cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1 else 0
+        cuda.threadfence()
+        last = cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1
+        if last:
+            cuda.threadfence()
+        done[0] = 1 if last else 0
     cuda.syncthreads()
     return done[0] == 1
 

@@ -397,10 +397,12 @@ def _checked_kernel(body: str):
     "past the end" (the next thread's: the last one's is past the array), "unwritten" (its element of a second
     shared array, which no thread writes), "global race" (writes out[o], then reads the next thread's), "divergent"
     (half the threads wait at one barrier, half at another), "unfenced" (writes out[o], then thread 0 counts in
-    ``counter``), "unordered" (the same with a fence, but no barrier), "same elements" (each block writes
-    out[thread]), "unpublished" (writes out[o], then reads the other block's). Right: "read neighbour", "own" (its
-    own shared element), "published" (out[o], the fence, a barrier, the count; the block that counts last adds the
-    other block's out[o] to its own after a barrier)."""
+    ``counter``), "unordered" (the same with a fence, but no barrier), "fenced by one before the barrier" (writes
+    out[o], thread 0 fences, a barrier, thread 0 counts), "same elements" (each block writes out[thread]),
+    "unpublished" (writes out[o], then reads the other block's). Right: "read neighbour", "own" (its own shared
+    element), "published" (out[o], the fence, a barrier, the count; the block that counts last adds the other block's
+    out[o] to its own after a barrier), "published by one" (out[o], a barrier, then thread 0 fences, counts, and in
+    the last block fences again: ``_last_block``'s form)."""
 
     @numba_cuda.jit
     def kernel(out, counter):
@@ -438,6 +440,20 @@ def _checked_kernel(body: str):
         elif body == "unpublished":
             out[o] = s[t]
             out[o] += out[(o + 32) % 64]
+        elif body in ("published by one", "fenced by one before the barrier"):
+            out[o] = s[t]
+            if body == "fenced by one before the barrier" and t == 0:
+                numba_cuda.threadfence()
+            numba_cuda.syncthreads()
+            if t == 0:
+                if body == "published by one":
+                    numba_cuda.threadfence()
+                last[0] = numba_cuda.atomic.add(counter, 0, 1) % 2
+                if last[0] == 1:
+                    numba_cuda.threadfence()
+            numba_cuda.syncthreads()
+            if last[0] == 1:
+                out[o] += out[(o + 32) % 64]
         else:
             out[o] = s[t]
             if body != "unfenced":
@@ -468,6 +484,7 @@ def check_race_checks() -> None:
             ("divergent", 1, simulator.DivergentBarrier, "waits at the barrier"),
             ("unfenced", 1, simulator.UnpublishedWrites, "thread"),
             ("unordered", 1, simulator.UnpublishedWrites, "with no barrier after"),
+            ("fenced by one before the barrier", 1, simulator.UnpublishedWrites, "is not fenced"),
             ("same elements", 2, simulator.DataRace, "no count orders the two blocks"),
             ("unpublished", 2, simulator.DataRace, "no count orders the two blocks")):
         try:
@@ -478,10 +495,11 @@ def check_race_checks() -> None:
             raise AssertionError(f"a kernel with {body!r} passed the simulator's checks")
     counter = cuda.cuda.to_device(np.zeros(1, np.int32))
     for body, want in (("read neighbour", (np.arange(64) + 1) % 32), ("own", np.arange(64) % 32),
-                       ("published", np.arange(64) % 32 * np.repeat([1, 2], 32))):
+                       ("published", np.arange(64) % 32 * np.repeat([1, 2], 32)),
+                       ("published by one", np.arange(64) % 32 * np.repeat([1, 2], 32))):
         _checked_kernel(body)[2, 32](out, counter)
         assert np.array_equal(out.copy_to_host(), want), (body, out.copy_to_host())
-    assert counter.copy_to_host()[0] == 2, "each block counted once"
+    assert counter.copy_to_host()[0] == 4, "each block counted once in each of the two counting bodies"
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid", "races")

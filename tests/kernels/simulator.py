@@ -253,7 +253,10 @@ def check_global_memory() -> None:
     1. Reads and writes of one element of a kernel's array argument are checked by its address
        (views of one buffer alias) against the block's other threads, and against the other
        blocks of the launch (``_note_grid``).
-    2. A thread's global write is pending until it calls ``cuda.threadfence``.
+    2. A thread's global write is pending until a fence publishes it: its own thread's
+       ``cuda.threadfence``, or any thread's of its block after a barrier that followed the write
+       (the barrier orders the write before that fence, which makes it visible with its own: the
+       pattern of CUDA's cooperative-groups grid barrier, where one thread fences for the block).
     3. An atomic add is the count by which a block learns it is the grid's last to finish. It
        raises ``UnpublishedWrites`` where a thread of the block has a pending write, or another
        thread fenced in the count's own barrier generation; so does another thread's write or
@@ -293,7 +296,7 @@ def check_global_memory() -> None:
             lane = threading.current_thread()
             if not lane.atomic:
                 frame = sys._getframe(1)
-                lane.pending = (frame.f_code.co_name, frame.f_lineno)
+                lane.pending = (frame.f_code.co_name, frame.f_lineno, lane._manager.generation)
                 if lane._manager.counted is not None:
                     after_count(lane, f"writes global memory at {_at(lane.pending)}")
         own_set(self, key, value)
@@ -302,8 +305,16 @@ def check_global_memory() -> None:
         lane = threading.current_thread()
         here = _where(sys._getframe(1))
         after_count(lane, f"fences at {here}")
-        if lane.pending is not None:
-            lane.pending, lane.fenced = None, (lane._manager.generation, here)
+        generation = lane._manager.generation
+        published = False
+        for other in lane._manager.lanes:
+            pending = other.pending  # read once: the other thread may write again meanwhile, in this generation
+            if pending is not None and (other is lane or pending[2] < generation):
+                published = True
+                if other.pending is pending:
+                    other.pending = None
+        if published:
+            lane.fenced = (generation, here)
 
     def add(self, array, index, value):
         lane = threading.current_thread()

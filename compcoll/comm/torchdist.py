@@ -57,8 +57,8 @@ class TorchComm(Communicator):
         """
         if recv.device.type == self.device.type and (send is None or send.device.type == self.device.type):
             return TorchWork(self, what, _list(op(send, recv)), recv, sources=sources)
-        moved_send = None if send is None else send.to(self.device)
-        moved_recv = recv.to(self.device) if send is None else torch.empty_like(recv, device=self.device)
+        moved_send = None if send is None else _moved(send, self.device)
+        moved_recv = _moved(recv, self.device) if send is None else torch.empty_like(recv, device=self.device)
         return TorchWork(self, what, _list(op(moved_send, moved_recv)), recv, lambda: recv.copy_(moved_recv), sources)
 
     def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
@@ -234,6 +234,19 @@ def _poll(work, deadline: float) -> None:
         time.sleep(pause)
         pause = min(2 * pause, 1e-3)
     work.wait()
+
+
+def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` copied to ``device`` for a collective there (NCCL's: a host tensor, as every agreement round's).
+
+    A host tensor bound for a CUDA device goes through pinned memory from torch's caching host allocator (which
+    keeps the block until the copy has run) and is copied on the current stream with no host wait, ahead of the
+    collective, which NCCL queues behind that stream's work; a pageable copy would wait for the stream first. Any
+    other move is ``tensor.to(device)``.
+    """
+    if tensor.is_cpu and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _list(work) -> list:

@@ -113,6 +113,29 @@ def test_one_call_synchronizes_once(block_size: int | None) -> None:
     assert waits == ["cudaStreamSynchronize"], waits
 
 
+def test_an_nccl_call_synchronizes_twice() -> None:
+    """On a one-rank NCCL group a gather-scatter call's CUDA synchronizations (torch.profiler) are two: the worker
+    sum's read and the agreement table's. The agreement's record goes up through pinned memory with no wait
+    (``comm.torchdist._moved``); its pageable ``.to(device)`` added a third, ahead of the collective."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = compcoll.TorchComm()
+        x = torch.randn(100003, device="cuda")
+        we, se = torch.zeros(compcoll.padded_numel(x.numel(), 1), device="cuda"), torch.zeros(100008, device="cuda")
+        compressed_allreduce(x, we, se, comm)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            compressed_allreduce(x, we, se, comm)
+        waits = [e.name for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                             "cudaEventSynchronize", "cuStreamSynchronize")]
+        assert waits == ["cudaStreamSynchronize"] * 2, waits
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("numel", [4096, 1 << 24])
 def test_a_steady_sum_allocates_no_device_memory(numel: int) -> None:
     """A compensated sum's lane sums, tree level and total come from the thread's ``Temporaries`` of the stream:

@@ -15,14 +15,13 @@ same pairwise tree in the same launch: the grid's last block to finish (an atomi
 sum and, where asked, its float32 scale. Past ``TAIL`` lane sums one more launch
 (``_collapse``) takes the tree's wide levels first. Only the final float64 crosses to the
 host, or none where the caller keeps it on the device (``into``, ``scale``, a scale read
-from memory). The encoders
-read and write elements coalesced and stage a tile's signs in shared memory before each
-thread packs one byte; decoding goes row by row, one thread per element. 16-bit inputs
-arrive as raw uint16 with the 65536-entry float32 table, as on the CPU. No per-element 64-bit division (dozens of
-instructions a thread): a block size, a power of two, is a shift, and a thread walking rows keeps the row of its
-last element (and a frame's head) and divides (and reads the head) only when it leaves it. No kernel takes a
-None argument: each is built per variant (with or without a table, with or without a base
-vector, power 1 or 2) and cached.
+from memory). The encoders read and write elements coalesced and stage a tile's signs in shared memory
+before each thread packs one byte; decoding goes row by row, a thread loading several elements' sign bytes
+before it stores them. 16-bit inputs arrive as raw uint16 with the 65536-entry float32 table, as on the CPU.
+No per-element 64-bit division (dozens of instructions a thread): a block size, a power of two, is a shift,
+and a thread walking rows keeps the row of its last element (and a frame's head) and divides (and reads the
+head) only when it leaves it. No kernel takes a None argument: each is built per variant (with or without a
+table, with or without a base vector, power 1 or 2) and cached.
 """
 
 from __future__ import annotations
@@ -493,23 +492,47 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_de
     return _summed(slots, into, scale, stream)
 
 
+DECODED = 8
+"""Elements a decoding thread takes per round of its grid-stride loop (``_select_row``), their sign bytes loaded
+before any of them is stored."""
+
+
+@cuda.jit(device=True)
+def _select_row(bits, r, first, count, high, low, out, lo):
+    """out[lo + k] <- high where bit k of row r of ``bits`` (its bytes from column ``first``) is set, else low, for
+    k < count.
+
+    Each thread takes ``DECODED`` elements a grid stride apart per round (neighbouring threads, neighbouring
+    elements): it loads their ``DECODED`` sign bytes first, then stores them. The compiler cannot move a load above
+    a store to another array (numba's arrays may alias), so one element at a time left a single load in flight per
+    thread, each behind the previous element's store.
+    """
+    step = cuda.gridsize(1)
+    signs = cuda.local.array(DECODED, np.uint8)
+    for k in range(cuda.grid(1), count, DECODED * step):
+        for u in range(DECODED):
+            j = k + u * step
+            signs[u] = bits[r, first + (j >> 3)] if j < count else 0
+        for u in range(DECODED):
+            j = k + u * step
+            if j < count:
+                out[lo + j] = high if (signs[u] >> (7 - (j & 7))) & 1 else low
+
+
 @cuda.jit
 def _select_decode(bits, positive, negative, out, n_out):
     rows, row_bytes = bits.shape
     row_len = row_bytes * 8
     for r in range(rows):
         lo = r * row_len
-        hi = min(lo + row_len, n_out)
-        high, low = positive[r], negative[r]
-        for k in range(cuda.grid(1), hi - lo, cuda.gridsize(1)):
-            out[lo + k] = high if (bits[r, k >> 3] >> (7 - (k & 7))) & 1 else low
+        _select_row(bits, r, 0, min(lo + row_len, n_out) - lo, positive[r], negative[r], out, lo)
 
 
 def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out.
 
-    Row by row, one thread per element of the row, so that neighbouring threads write
-    neighbouring elements and no thread divides to find its row.
+    Row by row, each thread taking ``DECODED`` elements of the row a grid stride apart (``_select_row``), so that
+    neighbouring threads write neighbouring elements and no thread divides to find its row.
     """
     launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8)), THREADS, stream, bits, positive, negative, out, n_out)
 
@@ -752,12 +775,9 @@ def _decode_framed(dtype: str):
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         for r in range(n):
             lo = r * row_len
-            hi = min(lo + row_len, n_out)
             _read_head(rows, r, head)
             high = rounded(np.int64(head.view(np.uint32)[0]))
-            low = high ^ sign
-            for k in range(cuda.grid(1), hi - lo, cuda.gridsize(1)):
-                out[lo + k] = high if (rows[r, SCALE_BYTES + (k >> 3)] >> (7 - (k & 7))) & 1 else low
+            _select_row(rows, r, SCALE_BYTES, min(lo + row_len, n_out) - lo, high, high ^ sign, out, lo)
 
     return kernel
 
@@ -771,7 +791,7 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
     1. Each row's head bytes make the scale's float32 bits; ``dtype``'s rounding (float16,
        bfloat16: to nearest even, as torch's) makes +s_r, and its sign bit flipped -s_r (what
        rounding the negated float32 gives).
-    2. Row by row, one thread per element of the row, as ``select_decode``.
+    2. Row by row, as ``select_decode`` (``_select_row``).
     """
     launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8)), THREADS, stream,
            rows, out, n_out)

@@ -532,9 +532,11 @@ def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out.
 
     Row by row, each thread taking ``DECODED`` elements of the row a grid stride apart (``_select_row``), so that
-    neighbouring threads write neighbouring elements and no thread divides to find its row.
+    neighbouring threads write neighbouring elements and no thread divides to find its row; a thread for every
+    ``DECODED`` elements of a row (at most ``MAX_BLOCKS`` blocks), so that each has all its loads in flight at once.
     """
-    launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8)), THREADS, stream, bits, positive, negative, out, n_out)
+    launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8), DECODED * THREADS), THREADS, stream, bits,
+           positive, negative, out, n_out)
 
 
 @cuda.jit
@@ -793,8 +795,8 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
        rounding the negated float32 gives).
     2. Row by row, as ``select_decode`` (``_select_row``).
     """
-    launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8)), THREADS, stream,
-           rows, out, n_out)
+    launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8), DECODED * THREADS),
+           THREADS, stream, rows, out, n_out)
 
 
 @lru_cache(maxsize=None)

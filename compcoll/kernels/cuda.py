@@ -116,7 +116,8 @@ def _last_block(counter):
     """Whether this block is the grid's last to finish, every block's global writes made visible first.
 
     The pattern of CUDA's cooperative-groups grid barrier: one fence a block, not one a thread (a fence is
-    ``membar.gl``, PTX's ``fence.sc.gpu``, and each warp that runs one waits for its own stores to reach the GPU).
+    ``membar.gl``, PTX's ``fence.sc.gpu``: in the sm_90 build ``MEMBAR.SC.GPU`` and an invalidation of the SM's L1,
+    run by every warp that reaches it).
     1. The block waits for all its threads' writes (a barrier orders them before thread 0's next steps).
     2. Thread 0 fences (the block's writes, ordered before it by the barrier, are made visible to the GPU with
        it) and counts the block in ``counter[0]``; the block that counts last is the last.

@@ -4,7 +4,6 @@ a lent GPU machine), and the suite refuses to run without one."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -13,25 +12,12 @@ import pytest
 import torch
 
 import compcoll
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench(name: str):
-    """The module of ``bench/<name>.py``."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _suite():
-    return _bench("gpu_suite")
+from tests.bench import ROOT, bench_script
 
 
 @pytest.mark.parametrize("name", ["gpu_suite", "gpu_graphs", "gpu_host_profile"])
 def test_the_gpu_benchmarks_import_without_a_gpu(name: str) -> None:
-    assert callable(_bench(name).main)
+    assert callable(bench_script(f"{name}.py").main)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the suite would run")
@@ -44,7 +30,7 @@ def test_the_gpu_suite_says_it_needs_a_gpu(tmp_path: Path) -> None:
 def test_the_suites_block_kernels_are_one_call_in_turn() -> None:
     """``gpu_suite.block_kernels`` on CPU tensors (the codecs' CPU kernels): run in order they are one call's steps
     on one framed row, so the accumulate's result (+-weights) and the decode's (+-decoded scales) are the same."""
-    suite = _suite()
+    suite = bench_script("gpu_suite.py")
     gen = torch.Generator().manual_seed(3)
     x, err, out = torch.randn(4160, generator=gen), torch.randn(4160, generator=gen), torch.empty(4160)
     steps = suite.block_kernels(x, err, out)
@@ -60,7 +46,7 @@ def test_the_suites_flat_kernels_and_worker_step_run_on_cpu_tensors() -> None:
     """Every call ``gpu_suite.flat_kernels`` and ``fused_worker`` time runs on CPU tensors (the codecs' CPU kernels),
     so a codec's changed signature fails here rather than on a lent GPU machine; the read-back variants return the
     sum the queued ones leave on the device (on the CPU, the same float)."""
-    suite = _suite()
+    suite = bench_script("gpu_suite.py")
     gen = torch.Generator().manual_seed(5)
     x, err = torch.randn(8200, generator=gen), torch.randn(8200, generator=gen)
     bits, out = torch.empty(8200 // 8, dtype=torch.uint8), torch.empty(8200)
@@ -81,7 +67,7 @@ def test_the_graphs_call_parts_make_a_whole_call_on_cpu_tensors(block_size: int 
     """``gpu_graphs.call_parts`` (a plan's agreement part, then its device part, which the GPU run captures in a CUDA
     graph) on CPU tensors gives ``compressed_allreduce``'s result and error buffers bit for bit, over three calls: the
     benchmark keeps up with the plans' methods without a GPU."""
-    graphs = _bench("gpu_graphs")
+    graphs = bench_script("gpu_graphs.py")
     gen = torch.Generator().manual_seed(7)
     numel = 4160
     errors = [torch.zeros(numel) for _ in range(4)]

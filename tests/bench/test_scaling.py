@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench import bench_script
 
 
 @pytest.fixture(scope="module")
 def scale():
     """The benchmark script as a module (it puts bench/convergence on the path, whose ``run`` lists the runs)."""
-    spec = importlib.util.spec_from_file_location("scaling_bench", ROOT / "bench" / "scaling" / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("scaling/scale.py", "scaling_bench")
 
 
 def test_birders_exact_baseline_trains_at_every_n_and_adams_once(scale) -> None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,12 +17,12 @@ from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
 from compcoll.launcher import run
 from compcoll.spec import STAGES, stream_key
 from compcoll.workspace import Workspace
+from tests.bench import bench_script
 from tests.optim.follow_workers import CHANGES
 from tests.versions import NEEDS_FSDP_HOOK
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 WORKERS = "tests.gpu.gpu_workers"
-ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [[1], [37], [3, 7, 11], [100003]]
 
 
@@ -156,21 +154,13 @@ def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monk
     assert call_counts(torch.empty(numel, device="meta"), SingleComm()) == on_gpu
 
 
-def _bench(name: str):
-    """The module of ``bench/<name>.py``."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("block_size", [None, 64])
 @pytest.mark.parametrize("numel", [4096, 100003])
 def test_a_call_replayed_from_a_cuda_graph_gives_the_eager_bits(numel: int, block_size: int | None) -> None:
     """Issue 39, item 4: ``bench/gpu_graphs.py`` replays ``FlatPlan.finish_flat`` / ``finish_blocks`` from a CUDA
     graph after an eager agreement; over 4 calls on fresh inputs its results and error buffers equal eager calls' bit
     for bit."""
-    assert _bench("gpu_graphs").measure(numel, steps=4, calls=3, runs=1, block_size=block_size)["same_bits"]
+    assert bench_script("gpu_graphs.py").measure(numel, steps=4, calls=3, runs=1, block_size=block_size)["same_bits"]
 
 
 def test_the_queued_clock_times_the_device_alone_and_refuses_a_wait() -> None:

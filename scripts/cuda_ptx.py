@@ -52,7 +52,8 @@ def variants() -> dict[str, tuple]:
     F32, F64, U8, U16, I16 = (t.Array(d, 1, "C") for d in (t.float32, t.float64, t.uint8, t.uint16, t.int16))
     I64 = t.int64
     FINISH = (t.Array(t.int32, 1, "C"), F64, I64, t.float64, I64, F32)
-    """What ends a sum on the device: the block counter, the total, d, sqrt(d), the scale's mode and slot."""
+    """What ends a sum on the device: the block counts, the total, d, sqrt(d), the scale's mode and slot (the
+    lane-sum kernels take their groups before it, 0 for none)."""
     found: dict[str, tuple] = {
         "tree: collapse to one block's width, then the last block": (kernels._collapse.py_func,
                                                                     (F64, I64, F64, *FINISH)),
@@ -79,7 +80,7 @@ def variants() -> dict[str, tuple]:
         src = U16 if lut else F32
         for p in (1, 2):
             found[f"sum of |x|^{p}, table={lut}"] = (kernels._power_lanes(lut, p).py_func,
-                                                     (src, F32, F32, I64, F64, t.boolean, *FINISH))
+                                                     (src, F32, F32, I64, F64, I64, *FINISH))
         for in_memory in (False, True):
             found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
                 kernels._compensate_encode(lut, in_memory).py_func,
@@ -112,7 +113,7 @@ def variants() -> dict[str, tuple]:
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (
                 kernels._accumulate_lanes(base, p).py_func,
-                (rows(t.uint8), F32, F32, F32, I64, F64, t.boolean, *FINISH))
+                (rows(t.uint8), F32, F32, F32, I64, F64, I64, *FINISH))
         found[f"accumulate with block weights, base={base}"] = (
             kernels._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64))
     return found

@@ -12,9 +12,9 @@ elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (a thread block stag
 in shared memory first, all its threads loading neighbouring elements at once, then ``LANES`` threads add the
 lanes), then the block-major lane sums are combined by the
 same pairwise tree in the same launch: the grid's last block to finish (an atomic count) adds them, and writes the
-sum and, where asked, its float32 scale. Past ``TAIL`` lane sums one more launch
-(``_collapse``) takes the tree's wide levels first. Only the final float64 crosses to the
-host, or none where the caller keeps it on the device (``into``, ``scale``, a scale read
+sum and, where asked, its float32 scale. Past ``TAIL`` lane sums the last block of each group of blocks first adds
+its group's part of the tree's wide levels, and the last group the rest (``_finish_lanes``). Only the final float64
+crosses to the host, or none where the caller keeps it on the device (``into``, ``scale``, a scale read
 from memory). The encoders read and write elements coalesced and stage a tile's signs in shared memory
 before each thread packs one byte; decoding goes row by row, a thread loading several elements' sign bytes
 before it stores them. 16-bit inputs arrive as raw uint16 with the 65536-entry float32 table, as on the CPU.
@@ -39,7 +39,8 @@ from .launch import device_of, device_zeros, launch, read_first
 THREADS = 128
 MAX_BLOCKS = 4096
 TAIL = 4096
-"""Lane sums up to which the last block of the kernel that wrote them adds them all itself (``_finish_sum``)."""
+"""Lane sums up to which the last block of the kernel that wrote them adds them all itself (``_finish_sum``); past
+it, the width of the tree's level that the last blocks of its ``TAIL // LANES`` groups write (``_finish_lanes``)."""
 COLLAPSED = 32768
 """The width ``_collapse`` takes the tree down to before its last block adds the rest."""
 COLLAPSE_THREADS = 1024
@@ -112,15 +113,17 @@ def _scale_value(total, d, root_d, l2):
 
 
 @cuda.jit(device=True)
-def _last_block(counter):
-    """Whether this block is the grid's last to finish, every block's global writes made visible first.
+def _last_block(counter, slot, expected):
+    """Whether this block is the last of ``expected`` blocks to count in counter[slot], every counted block's global
+    writes made visible first.
 
     The pattern of CUDA's cooperative-groups grid barrier: one fence a block, not one a thread (a fence is
     ``membar.gl``, PTX's ``fence.sc.gpu``: in the sm_90 build ``MEMBAR.SC.GPU`` and an invalidation of the SM's L1,
     run by every warp that reaches it).
     1. The block waits for all its threads' writes (a barrier orders them before thread 0's next steps).
     2. Thread 0 fences (the block's writes, ordered before it by the barrier, are made visible to the GPU with
-       it) and counts the block in ``counter[0]``; the block that counts last is the last.
+       it) and counts the block in ``counter[slot]``; the block that counts ``expected``-th is the last, and zeroes
+       the count again for the stream's next launch.
     3. There, thread 0 fences again, so that the block's reads after the next barrier see what every other block
        made visible before it counted.
     """
@@ -128,8 +131,9 @@ def _last_block(counter):
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         cuda.threadfence()
-        last = cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1
+        last = cuda.atomic.add(counter, slot, 1) == expected - 1
         if last:
+            counter[slot] = 0
             cuda.threadfence()
         done[0] = 1 if last else 0
     cuda.syncthreads()
@@ -154,27 +158,25 @@ def _tree_in_block(values, size):
 
 
 @cuda.jit(device=True)
-def _finish_sum(values, size, counter, total, d, root_d, mode, scale_out):
-    """The last block of the grid: the tree of values[:size] into total[0], and (mode 1: l2, 2: l1) the float32
-    scale of ``d`` elements from it into scale_out[0]; then ``counter`` is zero again for the stream's next launch."""
-    if _last_block(counter):
+def _finish_sum(values, size, counter, expected, total, d, root_d, mode, scale_out):
+    """The last of ``expected`` blocks to count in counter[0]: the tree of values[:size] into total[0], and (mode 1:
+    l2, 2: l1) the float32 scale of ``d`` elements from it into scale_out[0]."""
+    if _last_block(counter, 0, expected):
         _tree_in_block(values, size)
         if cuda.threadIdx.x == 0:
             t = values[0]
             total[0] = t
             if mode != 0:
                 scale_out[0] = _scale_value(t, d, root_d, mode == 1)
-            counter[0] = 0
 
 
-@cuda.jit
-def _collapse(partial, width, values, counter, total, d, root_d, mode, scale_out):
-    """values[i] <- the tree's value at index i once it is ``width`` wide (i < width), then ``_finish_sum``.
+@cuda.jit(device=True)
+def _strided_tree(partial, i, width):
+    """The pairwise tree's value at index i once it is ``width`` wide: the tree of partial[i + m * width], m < M
+    (zero past the end, M the padded length over ``width``), whose first level pairs m with m + M/2.
 
-    Element i at that level is the pairwise tree of partial[i + m * width], m < M (zero past the end),
-    whose first level pairs m with m + M/2: the same tree taken over m in bit-reversed order,
-    adjacent pairs first. Each thread walks it with a stack of partial trees (a binary counter),
-    reading partial coalesced (neighbouring threads, neighbouring i).
+    That is the same tree taken over m in bit-reversed order, adjacent pairs first: the thread walks it with a
+    stack of partial trees (a binary counter), one value of ``partial`` at a time.
     """
     n = partial.size
     stride = 1
@@ -184,29 +186,88 @@ def _collapse(partial, width, values, counter, total, d, root_d, mode, scale_out
     while (1 << levels) < stride:
         levels += 1
     stack = cuda.local.array(64, np.float64)
+    for j in range(stride):
+        m = 0
+        for b in range(levels):
+            m |= ((j >> b) & 1) << (levels - 1 - b)
+        k = i + m * width
+        x = partial[k] if k < n else 0.0
+        level = 0
+        carry = j
+        while carry & 1:
+            x = stack[level] + x
+            level += 1
+            carry >>= 1
+        stack[level] = x
+    return stack[levels]
+
+
+@cuda.jit
+def _collapse(partial, width, values, counter, total, d, root_d, mode, scale_out):
+    """values[i] <- the tree's value at index i once it is ``width`` wide (``_strided_tree``, i < width, neighbouring
+    threads on neighbouring i: ``partial`` read coalesced), then ``_finish_sum``."""
     for i in range(cuda.grid(1), width, cuda.gridsize(1)):
-        for j in range(stride):
-            m = 0
-            for b in range(levels):
-                m |= ((j >> b) & 1) << (levels - 1 - b)
-            k = i + m * width
-            x = partial[k] if k < n else 0.0
-            level = 0
-            carry = j
-            while carry & 1:
-                x = stack[level] + x
-                level += 1
-                carry >>= 1
-            stack[level] = x
-        values[i] = stack[levels]
-    _finish_sum(values, width, counter, total, d, root_d, mode, scale_out)
+        values[i] = _strided_tree(partial, i, width)
+    _finish_sum(values, width, counter, cuda.gridDim.x, total, d, root_d, mode, scale_out)
+
+
+SUBTREES = 8
+"""Threads that share one value of a lane-sum kernel's group tree (``_finish_lanes``), each walking every
+``SUBTREES``-th of the lane sums under it."""
+SUBTREE_VALUES = SUBTREES * LANES
+"""A group's values in ``_finish_lanes``' shared memory (numba sizes a shared array by one constant)."""
+
+
+@cuda.jit(device=True)
+def _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out):
+    """The end of a lane-sum kernel: the pairwise tree of its lane sums partial[:n] into total[0] (and the scale, as
+    ``_finish_sum``), by the last blocks to finish, in the same launch.
+
+    1. Up to W = ``groups`` x ``LANES`` lane sums: the grid's last block adds them all (``_finish_sum``).
+    2. More: the tree's level W wide holds at index j the tree of partial[j + m W] (``_strided_tree``), and the
+       grid is a multiple of ``groups`` blocks, so the blocks b = g mod ``groups`` stage exactly the summation
+       blocks whose lane sums those are for the ``LANES`` indices j of group g. The last of them to count in
+       counter[1 + g] computes them: ``SUBTREES`` threads an index each walk every ``SUBTREES``-th value (the
+       tree's level ``SUBTREES`` x W wide), then add theirs by the tree's next levels in shared memory, and write
+       it into partial[j] (which no other group reads).
+    3. The last of the ``groups`` groups to count in counter[0] adds partial[:W] (``_finish_sum``).
+    """
+    n = partial.size
+    width = groups * LANES
+    if n <= width:
+        _finish_sum(partial, n, counter, cuda.gridDim.x, total, d, root_d, mode, scale_out)
+        return
+    g = cuda.blockIdx.x % groups
+    if not _last_block(counter, 1 + g, cuda.gridDim.x // groups):
+        return
+    padded = width
+    while padded < n:
+        padded *= 2
+    share = min(SUBTREES, cuda.blockDim.x // LANES, padded // width)
+    sub = cuda.shared.array(SUBTREE_VALUES, np.float64)
+    lane = cuda.threadIdx.x % LANES
+    r = cuda.threadIdx.x // LANES
+    j = g * LANES + lane
+    if r < share:
+        sub[r * LANES + lane] = _strided_tree(partial, j + r * width, share * width)
+    cuda.syncthreads()
+    half = share // 2
+    while half > 0:
+        if r < half:
+            sub[r * LANES + lane] += sub[(r + half) * LANES + lane]
+        cuda.syncthreads()
+        half //= 2
+    if r == 0:
+        partial[j] = sub[lane]
+    _finish_sum(partial, width, counter, groups, total, d, root_d, mode, scale_out)
 
 
 @lru_cache(maxsize=None)
-def _counter(device: int, stream) -> object:
-    """The zeroed block counter of ``_last_block`` for kernels in ``stream`` on GPU ``device`` (each last block
-    zeroes it again; kernels of one stream run one after another)."""
-    return device_zeros(device, 1, np.int32)
+def _counter(device: int, stream, size: int) -> object:
+    """The ``size`` zeroed block counts of ``_last_block`` for kernels in ``stream`` on GPU ``device`` (each last
+    block zeroes its count again; kernels of one stream run one after another): the grid's, then one a group
+    (``_finish_lanes``)."""
+    return device_zeros(device, size, np.int32)
 
 
 @lru_cache(maxsize=None)
@@ -222,11 +283,25 @@ def _sum_slots(stream, empty, into, scale) -> tuple:
     float32 scale of d elements written into ``out`` beside it (mode 1 for power 2, 2 for power 1), or None.
     """
     device = device_of(stream)
+    counter = _counter(device, stream, 1 + _groups())
     total = into if into is not None else empty(1, np.float64, stream)
     if scale is None:
-        return _counter(device, stream), total, 0, 0.0, 0, _stand_in(device, np.float32)
+        return counter, total, 0, 0.0, 0, _stand_in(device, np.float32)
     d, power, out = scale
-    return _counter(device, stream), total, d, math.sqrt(d), 1 if power == 2 else 2, out
+    return counter, total, d, math.sqrt(d), 1 if power == 2 else 2, out
+
+
+def _groups() -> int:
+    """Groups of a lane-sum kernel's grid (``_finish_lanes``): ``TAIL`` lane sums, ``LANES`` a group."""
+    return TAIL // LANES
+
+
+def _lane_grid(lanes: int) -> int:
+    """Blocks of a lane-sum kernel over ``lanes`` lane sums: one a summation block up to ``MAX_BLOCKS``; past
+    ``TAIL`` lane sums a multiple of ``_groups()`` (``_finish_lanes``)."""
+    blocks = _grid(lanes, LANES)
+    groups = _groups()
+    return blocks if lanes <= TAIL else max(groups, blocks // groups * groups)
 
 
 def _summed(slots, into, scale, stream) -> float | None:
@@ -246,18 +321,12 @@ def tree_sum(partial, stream=0, empty=_device_empty, into=None, scale=None) -> f
     device too (``into``, or a temporary), and None is returned.
     """
     slots = _sum_slots(stream, empty, into, scale)
-    _finish_lanes(partial, stream, empty, slots)
-    return _summed(slots, into, scale, stream)
-
-
-def _finish_lanes(partial, stream, empty, slots) -> None:
-    """The tree of ``partial`` into ``slots`` by ``_collapse``: down to half its padded length or ``COLLAPSED``
-    values, whichever is fewer, then its last block."""
     padded = 1 << max(0, math.ceil(math.log2(max(1, partial.size))))
     width = min(COLLAPSED, max(1, padded // 2))
     values = empty(width, np.float64, stream)
     launch(_collapse, max(1, -(-width // COLLAPSE_THREADS)), COLLAPSE_THREADS, stream, partial, width, values,
            *slots)
+    return _summed(slots, into, scale, stream)
 
 
 @cuda.jit(device=True)
@@ -284,7 +353,7 @@ def _power_lanes(with_lut: bool, p: int):
     look_up = _LOOKUPS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, partial, finish, counter, total, d, root_d, mode, scale_out):
+    def kernel(src, lut, err, n_src, partial, groups, counter, total, d, root_d, mode, scale_out):
         staged = cuda.shared.array(BLOCK, np.float32)
         n = err.size
         for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
@@ -296,8 +365,8 @@ def _power_lanes(with_lut: bool, p: int):
             cuda.syncthreads()
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
-        if finish:
-            _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
+        if groups:
+            _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out)
 
     return kernel
 
@@ -309,17 +378,14 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=_device_e
 
     1. A thread block stages a summation block's elements; lane l of it is summed by its thread l
        in float64 (``_power_lanes``).
-    2. Up to ``TAIL`` lane sums, the grid's last block adds them by the pairwise tree in the same
-       launch; more go to one ``_collapse`` launch.
+    2. The last blocks to finish add the lane sums by the pairwise tree in the same launch
+       (``_finish_lanes``).
     """
     nblocks = max(1, -(-err.size // BLOCK))
     partial = empty(nblocks * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
-    finish = partial.size <= TAIL
-    launch(_power_lanes(lut is not None, int(power)), _grid(partial.size, LANES), LANE_THREADS, stream,
-           src, _table(lut, stream), err, n_src, partial, finish, *slots)
-    if not finish:
-        _finish_lanes(partial, stream, empty, slots)
+    launch(_power_lanes(lut is not None, int(power)), _lane_grid(partial.size), LANE_THREADS, stream,
+           src, _table(lut, stream), err, n_src, partial, _groups(), *slots)
     return _summed(slots, into, scale, stream)
 
 
@@ -440,7 +506,7 @@ def _accumulate_lanes(with_base: bool, p: int):
     of them add their lanes' |out|^p in k order (``_add_lanes``).
     """
     @cuda.jit
-    def kernel(bits, weights, base, out, n_out, partial, finish, counter, total, d, root_d, mode, scale_out):
+    def kernel(bits, weights, base, out, n_out, partial, groups, counter, total, d, root_d, mode, scale_out):
         staged = cuda.shared.array(BLOCK, np.float32)
         nranks = bits.shape[0]
         for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
@@ -461,35 +527,34 @@ def _accumulate_lanes(with_base: bool, p: int):
             cuda.syncthreads()
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
-        if finish:
-            _finish_sum(partial, partial.size, counter, total, d, root_d, mode, scale_out)
+        if groups:
+            _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out)
 
     return kernel
 
 
-def _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots) -> None:
-    launch(_accumulate_lanes(base is not None, int(power)), _grid(lanes.size, LANES), LANE_THREADS, stream,
-           bits, weights, out if base is None else base, out, n_out, lanes, finish, *slots)
+def _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, groups, slots) -> None:
+    """The ``_accumulate_lanes`` launch; ``groups`` 0 leaves the lane sums unadded, else ``_groups()``."""
+    launch(_accumulate_lanes(base is not None, int(power)), _lane_grid(lanes.size) if groups else
+           _grid(lanes.size, LANES), LANE_THREADS, stream, bits, weights, out if base is None else base, out, n_out,
+           lanes, groups, *slots)
 
 
 def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) -> None:
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
     (block, lane) sums of its |out|^power, as the CPU kernel of the same name."""
     device = device_of(stream)
-    slots = (_counter(device, stream), _stand_in(device, np.float64), 0, 0.0, 0, _stand_in(device, np.float32))
-    _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, False, slots)
+    slots = (_counter(device, stream, 1), _stand_in(device, np.float64), 0, 0.0, 0, _stand_in(device, np.float32))
+    _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, 0, slots)
 
 
 def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_device_empty, into=None, scale=None
                      ) -> float | None:
-    """``accumulate_lanes``, then the sum of |out|^power: to the host, or ``into`` (and ``scale``, as ``tree_sum``);
-    up to ``TAIL`` lane sums in the same launch (its last block), more by one ``_collapse``."""
+    """``accumulate_lanes``, then the sum of |out|^power: to the host, or ``into`` (and ``scale``, as ``tree_sum``),
+    added by the last blocks to finish in the same launch (``_finish_lanes``)."""
     lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
-    finish = lanes.size <= TAIL
-    _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, finish, slots)
-    if not finish:
-        _finish_lanes(lanes, stream, empty, slots)
+    _launch_accumulate(bits, weights, base, out, n_out, lanes, power, stream, _groups(), slots)
     return _summed(slots, into, scale, stream)
 
 

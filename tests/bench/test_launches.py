@@ -18,21 +18,18 @@ from compcoll.kernels.cuda import CODE_SCALES_PER_THREAD, CODE_THREADS, TAIL
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
 from compcoll.spec import BLOCK, LANES
 
-COLLAPSING = TAIL // LANES * BLOCK
-"""Elements (1M) past which a sum's lane sums exceed ``TAIL``, so each sum takes one more launch (``_collapse``)."""
+GROUPED = TAIL // LANES * BLOCK
+"""Elements (1M) past which a sum's lane sums exceed ``TAIL``, so that its last blocks add them in groups
+(``kernels.cuda._finish_lanes``), in the same launch: each sum took one more launch (``_collapse``) until
+2026-12-01."""
 SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 """Elements of a row (131072 at one rank) past which its block scales are coded by several blocks in two launches
 (``kernels.cuda.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter codes the
 worker's rows and the server's, allgather its one row)."""
-EXPECTED = {
-    False: {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
+EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
             "birder": (14, 1, 7, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
-            "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (4, 1, 6, 1)},
-    True: {"gather_scatter": (7, 1, 3, 1), "allgather": (5, 1, 2, 1), "hierarchical": (8, 1, 7, 1),
-           "birder": (16, 1, 7, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
-           "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (5, 1, 6, 1)},
-}
-"""(launches, waits, torch operators, device allocations) per protocol below and past ``COLLAPSING``. The launches are
+            "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (4, 1, 6, 1)}
+"""(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
 kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the
 waits, but for Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each
@@ -62,14 +59,14 @@ CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierar
 """Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 
 
-@pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, COLLAPSING, COLLAPSING + 1,
+@pytest.mark.parametrize("numel", [1, 4096, 100003, SPLITTING, SPLITTING + 1, GROUPED, GROUPED + 1,
                                    3 * (1 << 26) + 5])
 def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> None:
-    """Issue 39's aim for flat gather-scatter, at most 5 launches and 1 host wait a call, holds up to
-    ``COLLAPSING`` elements; past it two collapses make 7. The block forms take one more launch per coding of
+    """Issue 39's aim for flat gather-scatter, at most 5 launches and 1 host wait a call, holds at every length
+    (past ``GROUPED`` two collapses made 7 until 2026-12-01). The block forms take one more launch per coding of
     their scales past ``SPLITTING``."""
     counts = call_counts(torch.empty(numel, device="meta"), SingleComm())
-    expected = dict(EXPECTED[numel > COLLAPSING])
+    expected = dict(EXPECTED)
     if numel > SPLITTING:
         for protocol, codings in (("gather_scatter_blocks", 2), ("allgather_blocks", 1), ("gather_scatter_levels", 2)):
             launches, waits, operators, allocations = expected[protocol]
@@ -85,7 +82,7 @@ def test_a_16_bit_call_makes_a_float32_calls_launches_and_operators(dtype: torch
     ``CAST_16_BIT`` alone are cast, once each)."""
     counts = call_counts(torch.empty(4096, device="meta", dtype=dtype), SingleComm())
     expected = {p: {"launches": n, "wraps": 0, "waits": w, "torch": t + (p in CAST_16_BIT), "allocations": a}
-                for p, (n, w, t, a) in EXPECTED[False].items()}
+                for p, (n, w, t, a) in EXPECTED.items()}
     assert counts == expected
 
 
@@ -96,7 +93,7 @@ def test_a_rank_of_a_world_makes_the_launches_and_waits_of_one_rank(ranks: int, 
     hierarchical allgather's average one a shard, until 2026-11-29."""
     counts = world_counts(4096, ranks, ranks_per_node)
     assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
-        p: (n, w) for p, (n, w, _, _) in EXPECTED[False].items()}
+        p: (n, w) for p, (n, w, _, _) in EXPECTED.items()}
     assert all(c["wraps"] == 0 for c in counts.values()), counts
 
 

@@ -13,7 +13,7 @@ from numba import cuda as numba_cuda
 from compcoll import codecs, spec
 from compcoll.kernels import cpu, cuda, reference
 from compcoll.kernels.launch import COUNTS
-from compcoll.spec import BLOCK, LANES, SCALES
+from compcoll.spec import SCALES
 from tests.kernels import simulator
 
 
@@ -43,11 +43,11 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         total = cpu.compensated_power_sum(src, lut, err, numel, power)
         COUNTS.reset()
         assert cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, power) == total, power
-        assert (COUNTS.launches, COUNTS.waits) == (sum_launches(full), 1), (full, COUNTS)
+        assert (COUNTS.launches, COUNTS.waits) == (1, 1), (full, COUNTS)
     slot, held = cuda.cuda.device_array(1, np.float64), cuda.cuda.device_array(1, np.float32)
     COUNTS.reset()
     cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, 2, into=slot, scale=(full, 2, held))
-    assert (COUNTS.launches, COUNTS.waits) == (sum_launches(full), 0), (full, COUNTS)
+    assert (COUNTS.launches, COUNTS.waits) == (1, 0), (full, COUNTS)
     assert slot.copy_to_host()[0] == total, "sum of squares into a device slot"
     assert held.copy_to_host()[0].tobytes() == spec.scale_from(total, full, "l2").tobytes(), "the scale beside it"
     scale = np.float32(np.sqrt(total) / np.sqrt(full))
@@ -353,6 +353,16 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torc
             assert got == want and np.array_equal(d_out.copy_to_host(), out), ("accumulated lanes' order", power)
 
 
+def check_group_sums() -> None:
+    """Past ``TAIL`` lane sums the last block of each group of thread blocks adds its part of the tree's wide levels,
+    and the last group the rest (``kernels.cuda._finish_lanes``), in the reference's order: with several groups, a
+    group of several thread blocks, one thread walking several lane sums, and threads sharing one value of the
+    tree (``SUBTREES``) in shared memory."""
+    for blocks, tail, threads, numel in ((4, 64, 32, 30011), (8, 64, 256, 40011)):
+        cuda.MAX_BLOCKS, cuda.TAIL, cuda.LANE_THREADS = blocks, tail, threads
+        check_lane_sums((numel,), (torch.float32,), (2,))
+
+
 def check_segment_sums(sizes: tuple[int, ...] = (0, 1, 37, 8193, 5, 300)) -> None:
     """Every segment's sum of squares (``segment_sumsq``): CUDA = CPU = ``sumsq`` of the segment alone, on inputs
     whose sums depend on the order, over empty segments, one past a summation block and a tail past the last."""
@@ -369,11 +379,6 @@ def check_segment_sums(sizes: tuple[int, ...] = (0, 1, 37, 8193, 5, 300)) -> Non
                        d_out)
     each = [cpu.compensated_power_sum(x[:0], None, x[lo:hi], 0, 2) for lo, hi in zip(bounds[:-1], bounds[1:])]
     assert np.array_equal(want, each) and np.array_equal(d_out.copy_to_host(), want), "segment_sumsq"
-
-
-def sum_launches(numel: int) -> int:
-    """Launches of a fused sum over ``numel`` elements: the lanes kernel, and ``_collapse`` past TAIL lanes."""
-    return 1 + (max(1, -(-numel // BLOCK)) * LANES > cuda.TAIL)
 
 
 def check_scale_of() -> None:
@@ -399,10 +404,13 @@ def _checked_kernel(body: str):
     (half the threads wait at one barrier, half at another), "unfenced" (writes out[o], then thread 0 counts in
     ``counter``), "unordered" (the same with a fence, but no barrier), "fenced by one before the barrier" (writes
     out[o], thread 0 fences, a barrier, thread 0 counts), "same elements" (each block writes out[thread]),
-    "unpublished" (writes out[o], then reads the other block's). Right: "read neighbour", "own" (its own shared
-    element), "published" (out[o], the fence, a barrier, the count; the block that counts last adds the other block's
-    out[o] to its own after a barrier), "published by one" (out[o], a barrier, then thread 0 fences, counts, and in
-    the last block fences again: ``_last_block``'s form)."""
+    "unpublished" (writes out[o], then reads the other block's), "ordered by another count" (each block counts
+    alone in a count of its own, as the last block of a group, then reads the other block's out[o]). Right: "read
+    neighbour", "own" (its own shared element), "published" (out[o], the fence, a barrier, the count; the block that
+    counts last adds the other block's out[o] to its own after a barrier), "published by one" (out[o], a barrier,
+    then thread 0 fences, counts, and in the last block fences again: ``_last_block``'s form), "counted in groups"
+    (each block counts as the last of its group in counter[1 + its block], adds 1 to out[o], then counts in
+    counter[0]; the last adds the other's: ``_finish_lanes``' form)."""
 
     @numba_cuda.jit
     def kernel(out, counter):
@@ -440,6 +448,27 @@ def _checked_kernel(body: str):
         elif body == "unpublished":
             out[o] = s[t]
             out[o] += out[(o + 32) % 64]
+        elif body in ("counted in groups", "ordered by another count"):
+            out[o] = s[t]
+            numba_cuda.syncthreads()
+            if t == 0:
+                numba_cuda.threadfence()
+                numba_cuda.atomic.add(counter, 1 + numba_cuda.blockIdx.x, 1)
+                numba_cuda.threadfence()
+            numba_cuda.syncthreads()
+            out[o] += 1
+            if body == "counted in groups":
+                numba_cuda.syncthreads()
+                if t == 0:
+                    numba_cuda.threadfence()
+                    last[0] = numba_cuda.atomic.add(counter, 0, 1) % 2
+                    if last[0] == 1:
+                        numba_cuda.threadfence()
+                numba_cuda.syncthreads()
+                if last[0] == 1:
+                    out[o] += out[(o + 32) % 64]
+            elif numba_cuda.blockIdx.x == 1:
+                out[o] += out[(o + 32) % 64]
         elif body in ("published by one", "fenced by one before the barrier"):
             out[o] = s[t]
             if body == "fenced by one before the barrier" and t == 0:
@@ -474,7 +503,7 @@ def check_race_checks() -> None:
     with their error naming it, and pass the right ones with their results (on two blocks, which also share the
     simulator's shared arrays, one after the other)."""
     assert config.ENABLE_CUDASIM, "the race checks are the simulator's (compute-sanitizer's on a GPU)"
-    out, counter = cuda.cuda.device_array(64, np.float32), cuda.cuda.to_device(np.zeros(1, np.int32))
+    out, counter = cuda.cuda.device_array(64, np.float32), cuda.cuda.to_device(np.zeros(3, np.int32))
     for body, blocks, error, words in (
             ("write, read neighbour", 1, simulator.DataRace, "with no barrier between"),
             ("read neighbour, write", 1, simulator.DataRace, "with no barrier between"),
@@ -486,7 +515,8 @@ def check_race_checks() -> None:
             ("unordered", 1, simulator.UnpublishedWrites, "with no barrier after"),
             ("fenced by one before the barrier", 1, simulator.UnpublishedWrites, "is not fenced"),
             ("same elements", 2, simulator.DataRace, "no count orders the two blocks"),
-            ("unpublished", 2, simulator.DataRace, "no count orders the two blocks")):
+            ("unpublished", 2, simulator.DataRace, "no count orders the two blocks"),
+            ("ordered by another count", 2, simulator.DataRace, "no count orders the two blocks")):
         try:
             _checked_kernel(body)[blocks, 32](out, counter)
         except error as exc:
@@ -500,6 +530,10 @@ def check_race_checks() -> None:
         _checked_kernel(body)[2, 32](out, counter)
         assert np.array_equal(out.copy_to_host(), want), (body, out.copy_to_host())
     assert counter.copy_to_host()[0] == 4, "each block counted once in each of the two counting bodies"
+    counter = cuda.cuda.to_device(np.zeros(3, np.int32))
+    _checked_kernel("counted in groups")[2, 32](out, counter)
+    assert np.array_equal(out.copy_to_host(), (np.arange(64) % 32 + 1) * np.repeat([1, 2], 32)), out.copy_to_host()
+    assert counter.copy_to_host().tolist() == [2, 1, 1], "each block counted in its group's count and the grid's"
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid", "races")
@@ -546,12 +580,13 @@ def _run_part(part: str, lengths: list[int]) -> None:
                                                  (203, 2, torch.float16, 16, 8), (99, 3, torch.float32, 256, 4)):
             check_levels(numel, world, dtype, block, bits)
     elif part == "grid":
-        kept = (cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED)
-        cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = 2, 32, 16  # past TAIL: _collapse, several values a thread
-        try:
+        kept = (cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED, cuda.LANE_THREADS)
+        cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = 2, 32, 16  # past TAIL: one group; _collapse walks several
+        try:  # values a thread
             check(max(lengths), 3, torch.float16)
             check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
             # stages a second over the first
+            check_group_sums()
             check_segment_sums((8193, 3, 0, 5))  # 5 summation blocks and 4 segments on 2 thread blocks
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
@@ -567,7 +602,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
             finally:
                 cuda.CODE_SCALES_PER_THREAD = per_thread
         finally:
-            cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = kept
+            cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED, cuda.LANE_THREADS = kept
     elif part == "races":
         check_race_checks()
     else:

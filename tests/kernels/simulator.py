@@ -181,16 +181,18 @@ def _note_grid(manager, place: tuple, write: bool, block: tuple, here: tuple[str
     """Check a global element access against the other blocks' in the same launch (the simulator runs blocks in
     turn; a GPU runs them at once); return the other block's access it races with, else None.
 
-    1. Per element the launch keeps its last write and each block's first read: the block,
-       whether the access came after that block's count (``check_global_memory``), where.
-    2. An access after this block's count is ordered after another block's access that came
-       before that block's count (the fence, barrier and count publish it); nothing else
-       orders two blocks.
+    1. Per element the launch keeps its last write and each block's last read: the block, how
+       many counts that block had made before it (``check_global_memory``), where.
+    2. An access is ordered after another block's access if this block counted in some count
+       (an atomic's element), with a barrier since, that the other block counted in after its
+       access (the fence, barrier and count publish it; the simulator runs blocks in turn, so the
+       other block's counts are all known): the last block of a grid, or of a group of blocks
+       with a count of its own (``kernels.cuda._finish_lanes``). Nothing else orders two blocks.
     3. A write unordered with another block's write or read, or a read unordered with another
        block's write, is a race (``_note`` raises ``DataRace``).
     """
-    counted = manager.counted
-    after = counted is not None and counted[0] < manager.generation
+    mine = {count for count, generation in manager.counts if generation < manager.generation}
+    counts_of = manager.launch.counts_of
     entry = manager.launch.grid_seen.get(place)
     if entry is None:
         entry = manager.launch.grid_seen[place] = [None, None]
@@ -198,14 +200,15 @@ def _note_grid(manager, place: tuple, write: bool, block: tuple, here: tuple[str
     if write and entry[1] is not None:
         earlier += entry[1].values()
     for other in earlier:
-        if other[0] != block and not (after and not other[1] and other[0] in manager.launch.counted_blocks):
+        if other[0] != block and mine.isdisjoint(counts_of.get(other[0], [])[other[1]:]):
             return other
+    access = (block, len(manager.counts), here, write)
     if write:
-        entry[0] = (block, after, here, True)
+        entry[0] = access
     else:
         if entry[1] is None:
             entry[1] = {}
-        entry[1].setdefault(block, (block, after, here, False))
+        entry[1][block] = access
     return None
 
 
@@ -257,11 +260,12 @@ def check_global_memory() -> None:
        ``cuda.threadfence``, or any thread's of its block after a barrier that followed the write
        (the barrier orders the write before that fence, which makes it visible with its own: the
        pattern of CUDA's cooperative-groups grid barrier, where one thread fences for the block).
-    3. An atomic add is the count by which a block learns it is the grid's last to finish. It
-       raises ``UnpublishedWrites`` where a thread of the block has a pending write, or another
-       thread fenced in the count's own barrier generation; so does another thread's write or
-       fence after the count in that generation (whichever comes second in the simulator's
-       order, the pair is caught).
+    3. An atomic add is the count by which a block learns it is the last of the grid (or of its
+       group) to finish: the block's counts, by the atomic's element, order its later accesses
+       after the other blocks' (``_note_grid``). It raises ``UnpublishedWrites`` where a thread
+       of the block has a pending write, or another thread fenced in the count's own barrier
+       generation; so does another thread's write or fence after the count in that generation
+       (whichever comes second in the simulator's order, the pair is caught).
     """
     from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
     from numba.cuda.simulator.kernelapi import FakeCUDAAtomic, FakeCUDAModule
@@ -320,7 +324,9 @@ def check_global_memory() -> None:
         lane = threading.current_thread()
         manager, here = lane._manager, _where(sys._getframe(1))
         manager.counted = (manager.generation, lane.thread_id, here)
-        manager.launch.counted_blocks.add(lane.block)
+        count = place(array, index)
+        manager.counts.append((count, manager.generation))
+        manager.launch.counts_of.setdefault(lane.block, []).append(count)
         for other in manager.lanes:
             if other.pending is not None:
                 raise UnpublishedWrites(f"thread {lane.thread_id} counts at {here} while thread {other.thread_id}'s "
@@ -424,10 +430,10 @@ def run_blocks_on_a_barrier(check: bool) -> None:
 
     def run(self: BlockManager, grid_point, *args) -> None:
         self.turn, self.blocked, self.generation, self.failed = threading.Condition(), 0, 0, None
-        self.seen, self.seen_lock, self.counted = {}, threading.Lock(), None
+        self.seen, self.seen_lock, self.counted, self.counts = {}, threading.Lock(), None, []
         self.launch = simulated._kernel_context  # the launch's FakeCUDAModule: one BlockManager a block
         if not hasattr(self.launch, "grid_seen"):
-            self.launch.grid_seen, self.launch.counted_blocks = {}, set()
+            self.launch.grid_seen, self.launch.counts_of = {}, {}
         points = list(np.ndindex(*self._block_dim))
         with idle_lock:
             self.lanes = [idle.pop() for _ in range(min(len(idle), len(points)))]

@@ -448,34 +448,26 @@ def _checked_kernel(body: str):
         elif body == "unpublished":
             out[o] = s[t]
             out[o] += out[(o + 32) % 64]
-        elif body in ("counted in groups", "ordered by another count"):
+        elif body in ("published by one", "fenced by one before the barrier", "counted in groups",
+                      "ordered by another count"):
             out[o] = s[t]
-            numba_cuda.syncthreads()
-            if t == 0:
-                numba_cuda.threadfence()
-                numba_cuda.atomic.add(counter, 1 + numba_cuda.blockIdx.x, 1)
-                numba_cuda.threadfence()
-            numba_cuda.syncthreads()
-            out[o] += 1
-            if body == "counted in groups":
+            if body in ("counted in groups", "ordered by another count"):
                 numba_cuda.syncthreads()
                 if t == 0:
                     numba_cuda.threadfence()
-                    last[0] = numba_cuda.atomic.add(counter, 0, 1) % 2
-                    if last[0] == 1:
-                        numba_cuda.threadfence()
+                    numba_cuda.atomic.add(counter, 1 + numba_cuda.blockIdx.x, 1)
+                    numba_cuda.threadfence()
                 numba_cuda.syncthreads()
-                if last[0] == 1:
-                    out[o] += out[(o + 32) % 64]
-            elif numba_cuda.blockIdx.x == 1:
-                out[o] += out[(o + 32) % 64]
-        elif body in ("published by one", "fenced by one before the barrier"):
-            out[o] = s[t]
+                if body == "ordered by another count":
+                    if numba_cuda.blockIdx.x == 1:
+                        out[o] += out[(o + 32) % 64]
+                    return
+                out[o] += 1
             if body == "fenced by one before the barrier" and t == 0:
                 numba_cuda.threadfence()
             numba_cuda.syncthreads()
             if t == 0:
-                if body == "published by one":
+                if body != "fenced by one before the barrier":
                     numba_cuda.threadfence()
                 last[0] = numba_cuda.atomic.add(counter, 0, 1) % 2
                 if last[0] == 1:

@@ -46,8 +46,16 @@ COLLAPSED = 32768
 COLLAPSE_THREADS = 1024
 """Threads per block of ``_collapse``: its last block adds up to ``COLLAPSED`` values alone."""
 LANE_THREADS = 256
-"""Threads of a lane-sum kernel's block: together they stage one summation block's ``BLOCK`` elements in shared
-memory (all their loads in flight at once), then ``LANES`` of them add the lanes in order."""
+"""Threads of a lane-sum kernel's block (a multiple of ``LANES``): together they stage one summation block's
+``BLOCK`` elements in shared memory (all their loads in flight at once), then ``LANES`` of them add the lanes in
+order."""
+IN_FLIGHT = 8
+"""Elements a decoding thread takes per round (``_select_row``): their loads are all issued before any of them is
+stored. The compiler cannot move a load above a store to another array (numba's arrays may alias), so one element at
+a time leaves a single load in flight per thread, each behind the previous element's store."""
+ACCUMULATED = 4
+"""Elements an accumulating thread takes per round (``_accumulate_lanes``), as ``IN_FLIGHT`` for the decoders: 4
+keep the kernel at 70 registers (8 took 96 in the sm_90 build, and so a multiprocessor two of its blocks, not 3)."""
 TILE = 8 * THREADS
 """Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 
@@ -502,28 +510,49 @@ def _accumulate_lanes(with_base: bool, p: int):
     ``_power_lanes``'s, of |out|^p.
 
     A thread block takes summation block b: its threads compute its elements' out (neighbouring
-    threads, neighbouring elements), write them and stage them in shared memory; then ``LANES``
-    of them add their lanes' |out|^p in k order (``_add_lanes``).
+    threads, neighbouring elements), ``ACCUMULATED`` elements a thread per round, write them and stage them in shared
+    memory; then ``LANES`` of them add their lanes' |out|^p in k order (``_add_lanes``). A round:
+    1. for each rank r in order: load the round's sign bytes of row r, then add +-weights[r] to each element's
+       float32 sum (its elements are ``LANE_THREADS`` apart, a multiple of 8, so each takes the same bit of its
+       byte);
+    2. with a base, load the round's base values, then add each to its sum;
+    3. store the sums into ``out`` and ``staged``.
     """
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial, groups, counter, total, d, root_d, mode, scale_out):
         staged = cuda.shared.array(BLOCK, np.float32)
         nranks = bits.shape[0]
+        step = cuda.blockDim.x
+        acc = cuda.local.array(ACCUMULATED, np.float32)
+        held = cuda.local.array(ACCUMULATED, np.uint8)
+        added = cuda.local.array(ACCUMULATED, np.float32)
         for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
             first = b * BLOCK
             count = min(BLOCK, n_out - first)
-            for e in range(cuda.threadIdx.x, count, cuda.blockDim.x):
-                i = first + e
-                acc = np.float32(0)
+            for k in range(cuda.threadIdx.x, count, ACCUMULATED * step):
+                col = (first + k) >> 3
+                shift = 7 - (k & 7)
+                for u in range(ACCUMULATED):
+                    acc[u] = np.float32(0)
                 for r in range(nranks):
-                    if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
-                        acc += weights[r]
-                    else:
-                        acc -= weights[r]
+                    w = weights[r]
+                    for u in range(ACCUMULATED):
+                        held[u] = bits[r, col + u * (step >> 3)] if k + u * step < count else 0
+                    for u in range(ACCUMULATED):
+                        if (held[u] >> shift) & 1:
+                            acc[u] += w
+                        else:
+                            acc[u] -= w
                 if with_base:
-                    acc = acc + base[i]
-                out[i] = acc
-                staged[e] = acc
+                    for u in range(ACCUMULATED):
+                        added[u] = base[first + k + u * step] if k + u * step < count else np.float32(0)
+                    for u in range(ACCUMULATED):
+                        acc[u] = acc[u] + added[u]
+                for u in range(ACCUMULATED):
+                    e = k + u * step
+                    if e < count:
+                        out[first + e] = acc[u]
+                        staged[e] = acc[u]
             cuda.syncthreads()
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
@@ -558,28 +587,21 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=_de
     return _summed(slots, into, scale, stream)
 
 
-DECODED = 8
-"""Elements a decoding thread takes per round of its grid-stride loop (``_select_row``), their sign bytes loaded
-before any of them is stored."""
-
-
 @cuda.jit(device=True)
 def _select_row(bits, r, first, count, high, low, out, lo):
     """out[lo + k] <- high where bit k of row r of ``bits`` (its bytes from column ``first``) is set, else low, for
     k < count.
 
-    Each thread takes ``DECODED`` elements a grid stride apart per round (neighbouring threads, neighbouring
-    elements): it loads their ``DECODED`` sign bytes first, then stores them. The compiler cannot move a load above
-    a store to another array (numba's arrays may alias), so one element at a time left a single load in flight per
-    thread, each behind the previous element's store.
+    Each thread takes ``IN_FLIGHT`` elements a grid stride apart per round (neighbouring threads, neighbouring
+    elements): it loads their ``IN_FLIGHT`` sign bytes first, then stores them.
     """
     step = cuda.gridsize(1)
-    signs = cuda.local.array(DECODED, np.uint8)
-    for k in range(cuda.grid(1), count, DECODED * step):
-        for u in range(DECODED):
+    signs = cuda.local.array(IN_FLIGHT, np.uint8)
+    for k in range(cuda.grid(1), count, IN_FLIGHT * step):
+        for u in range(IN_FLIGHT):
             j = k + u * step
             signs[u] = bits[r, first + (j >> 3)] if j < count else 0
-        for u in range(DECODED):
+        for u in range(IN_FLIGHT):
             j = k + u * step
             if j < count:
                 out[lo + j] = high if (signs[u] >> (7 - (j & 7))) & 1 else low
@@ -597,11 +619,11 @@ def _select_decode(bits, positive, negative, out, n_out):
 def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
     """out[i] = positive[r] if element i's bit is set, else negative[r] (row r of ``bits``), cut to n_out.
 
-    Row by row, each thread taking ``DECODED`` elements of the row a grid stride apart (``_select_row``), so that
+    Row by row, each thread taking ``IN_FLIGHT`` elements of the row a grid stride apart (``_select_row``), so that
     neighbouring threads write neighbouring elements and no thread divides to find its row; a thread for every
-    ``DECODED`` elements of a row (at most ``MAX_BLOCKS`` blocks), so that each has all its loads in flight at once.
+    ``IN_FLIGHT`` elements of a row (at most ``MAX_BLOCKS`` blocks), so that each has all its loads in flight at once.
     """
-    launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8), DECODED * THREADS), THREADS, stream, bits,
+    launch(_select_decode, _grid(min(n_out, bits.shape[1] * 8), IN_FLIGHT * THREADS), THREADS, stream, bits,
            positive, negative, out, n_out)
 
 
@@ -861,7 +883,7 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
        rounding the negated float32 gives).
     2. Row by row, as ``select_decode`` (``_select_row``).
     """
-    launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8), DECODED * THREADS),
+    launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8), IN_FLIGHT * THREADS),
            THREADS, stream, rows, out, n_out)
 
 

@@ -16,11 +16,12 @@ sum and, where asked, its float32 scale. Past ``TAIL`` lane sums the last block 
 its group's part of the tree's wide levels, and the last group the rest (``_finish_lanes``). Only the final float64
 crosses to the host, or none where the caller keeps it on the device (``into``, ``scale``, a scale read
 from memory). The encoders read and write elements coalesced and stage a tile's signs in shared memory
-before each thread packs one byte; decoding goes row by row, a thread loading several elements' sign bytes
-before it stores them. 16-bit inputs arrive as raw uint16 with the 65536-entry float32 table, as on the CPU.
-No per-element 64-bit division (dozens of instructions a thread): a block size, a power of two, is a shift,
-and a thread walking rows keeps the row of its last element (and a frame's head) and divides (and reads the
-head) only when it leaves it. No kernel takes a None argument: each is built per variant (with or without a
+before each thread packs one byte; the framed decoders are tiled the other way (a thread unpacks one byte into
+shared memory, then the tile is stored coalesced), and ``select_decode`` goes row by row, a thread loading several
+elements' sign bytes before it stores them. 16-bit inputs arrive as raw uint16 with the 65536-entry float32
+table, as on the CPU. No per-element 64-bit division (dozens of instructions a thread): a block size, a power of
+two, is a shift, and a thread walking rows keeps the row of its last element (and a frame's head) and divides (and
+reads the head) only when it leaves it. No kernel takes a None argument: each is built per variant (with or without a
 table, with or without a base vector, power 1 or 2) and cached.
 """
 
@@ -854,20 +855,55 @@ _ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 <<
 bit."""
 
 
+DECODE_TILE = TILE + TILE // 32
+"""Words of a tiled decoder's shared array (``_stage_byte``): a tile's ``TILE`` elements, one word of padding after
+every 32."""
+
+
+@cuda.jit(device=True)
+def _stage_byte(staged, byte, high, low):
+    """The thread's 8 elements of the tile from its sign byte: high where the bit is set, else low, into ``staged``
+    at 8 x its index (the first element in the most significant bit). With a word of padding after every 32, the 32
+    threads of a warp write 32 different banks."""
+    for u in range(8):
+        e = 8 * cuda.threadIdx.x + u
+        staged[e + (e >> 5)] = high if (byte >> (7 - u)) & 1 else low
+
+
+@cuda.jit(device=True)
+def _store_tile(staged, out, base, n_out):
+    """out[base + e] <- the tile's staged element e, for e < ``TILE`` and base + e < n_out: neighbouring threads on
+    neighbouring elements (coalesced), between the barriers that order them after the staging and before the next."""
+    cuda.syncthreads()
+    for j in range(8):
+        e = j * THREADS + cuda.threadIdx.x
+        if base + e < n_out:
+            out[base + e] = staged[e + (e >> 5)]
+    cuda.syncthreads()
+
+
 @lru_cache(maxsize=None)
 def _decode_framed(dtype: str):
     rounded, sign = _ROUNDINGS[dtype]
 
     @cuda.jit
     def kernel(rows, out, n_out):
-        n, width = rows.shape
-        row_len = (width - SCALE_BYTES) * 8
+        staged = cuda.shared.array(DECODE_TILE, np.uint32)
         head = cuda.local.array(SCALE_BYTES, np.uint8)
-        for r in range(n):
-            lo = r * row_len
-            _read_head(rows, r, head)
-            high = rounded(np.int64(head.view(np.uint32)[0]))
-            _select_row(rows, r, SCALE_BYTES, min(lo + row_len, n_out) - lo, high, high ^ sign, out, lo)
+        n, width = rows.shape
+        row_bytes = width - SCALE_BYTES
+        total = min(n * row_bytes, (n_out + 7) // 8)
+        r, first, high = -1, -row_bytes, np.int64(0)
+        for tile in range(cuda.blockIdx.x, (total + THREADS - 1) // THREADS, cuda.gridDim.x):
+            t = tile * THREADS + cuda.threadIdx.x
+            if t < total:
+                row, first = _row_of(t, r, first, row_bytes)
+                if row != r:
+                    r = row
+                    _read_head(rows, r, head)
+                    high = rounded(np.int64(head.view(np.uint32)[0]))
+                _stage_byte(staged, rows[r, SCALE_BYTES + t - first], high, high ^ sign)
+            _store_tile(staged, out, tile * TILE, n_out)
 
     return kernel
 
@@ -878,12 +914,15 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
     ``select_decode`` reading its scales from the frames, so nothing reads, rounds, negates or copies them first.
 
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16).
-    1. Each row's head bytes make the scale's float32 bits; ``dtype``'s rounding (float16,
-       bfloat16: to nearest even, as torch's) makes +s_r, and its sign bit flipped -s_r (what
-       rounding the negated float32 gives).
-    2. Row by row, as ``select_decode`` (``_select_row``).
+    Tiled over the rows' sign bytes, ``TILE`` elements (``THREADS`` bytes) a tile:
+    1. Each thread takes one byte: the row's head bytes make the scale's float32 bits (read when the thread's row
+       changes); ``dtype``'s rounding (float16, bfloat16: to nearest even, as torch's) makes +s_r, and its sign bit
+       flipped -s_r (what rounding the negated float32 gives); the byte's 8 elements go to shared memory
+       (``_stage_byte``).
+    2. The tile's elements are stored coalesced (``_store_tile``).
+    One byte load serves 8 elements, and the stores wait only for the tile's loads.
     """
-    launch(_decode_framed(dtype), _grid(min(n_out, (rows.shape[1] - SCALE_BYTES) * 8), IN_FLIGHT * THREADS),
+    launch(_decode_framed(dtype), _grid(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES), -(-n_out // 8))),
            THREADS, stream, rows, out, n_out)
 
 
@@ -1236,20 +1275,25 @@ def _decode_framed_blocks(dtype: str):
 
     @cuda.jit
     def kernel(rows, steps, per_row, shift, out, n_out):
-        row_len = (rows.shape[1] - SCALE_BYTES - per_row) * 8
-        signs = SCALE_BYTES + per_row
+        staged = cuda.shared.array(DECODE_TILE, np.uint32)
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         value = cuda.local.array(1, np.float32)
-        r, first, ref = -1, -row_len, 0.0
-        for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-            row, first = _row_of(i, r, first, row_len)
-            if row != r:
-                r = row
-                ref = _row_ref(rows, r, head)
-            k = i - first
-            value[0] = _code_value(ref, rows, r, k >> shift, steps)
-            high = rounded(np.int64(value.view(np.uint32)[0]))
-            out[i] = high if (rows[r, signs + (k >> 3)] >> (7 - (k & 7))) & 1 else high ^ sign
+        row_bytes = rows.shape[1] - SCALE_BYTES - per_row
+        signs = SCALE_BYTES + per_row
+        total = min(rows.shape[0] * row_bytes, (n_out + 7) // 8)
+        r, first, ref = -1, -row_bytes, 0.0
+        for tile in range(cuda.blockIdx.x, (total + THREADS - 1) // THREADS, cuda.gridDim.x):
+            t = tile * THREADS + cuda.threadIdx.x
+            if t < total:
+                row, first = _row_of(t, r, first, row_bytes)
+                if row != r:
+                    r = row
+                    ref = _row_ref(rows, r, head)
+                c = t - first
+                value[0] = _code_value(ref, rows, r, (8 * c) >> shift, steps)
+                high = rounded(np.int64(value.view(np.uint32)[0]))
+                _stage_byte(staged, rows[r, signs + c], high, high ^ sign)
+            _store_tile(staged, out, tile * TILE, n_out)
 
     return kernel
 
@@ -1257,12 +1301,14 @@ def _decode_framed_blocks(dtype: str):
 def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, stream=0) -> None:
     """out[i] = +-s for element k of row r, cut to n_out, where s = float32(float64(ref_r) * steps[code]) from its
     block's code behind the row's head (its largest scale's 4 bytes), rounded to ``dtype`` (as ``decode_framed``),
-    and its sign behind the codes: the block scales' decode and the elements' in one launch, one thread per
-    element (which keeps the row of its last element, and its head, and divides and reads a head only when it
-    leaves it; k // block a shift).
+    and its sign behind the codes: the block scales' decode and the elements' in one launch, tiled as
+    ``decode_framed``: a thread takes a sign byte, whose 8 elements share a block (a block size is a power of two
+    from 8), so one code and its step make their value (a thread keeps the row of its last byte, and its head, and
+    divides and reads a head only when it leaves it; k // block a shift).
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
-    launch(_decode_framed_blocks(dtype), _grid(n_out), THREADS, stream, rows, steps, per_row, _shift(block), out,
-           n_out)
+    launch(_decode_framed_blocks(dtype), _grid(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES - per_row),
+                                                   -(-n_out // 8))), THREADS, stream, rows, steps, per_row,
+           _shift(block), out, n_out)
 
 
 @lru_cache(maxsize=None)

@@ -74,8 +74,8 @@ def variants() -> dict[str, tuple]:
     found["decode block codes"] = (kernels._decode_codes.py_func, (wire, F64, I64, coded))
     found["weights from the frame heads"] = (kernels._head_weights.py_func, (rows(t.uint8), I64, F32))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
-        found[f"decode to {name} with the scales in the frames"] = (kernels._decode_framed(name).py_func,
-                                                                    (rows(t.uint8), t.Array(raw, 1, "C"), I64))
+        found[f"decode to {name} with the scales in the frames"] = (
+            kernels._decode_framed(name, False).py_func, (rows(t.uint8), F64, I64, I64, t.Array(raw, 1, "C"), I64))
     for lut in (False, True):
         src = U16 if lut else F32
         for p in (1, 2):
@@ -100,7 +100,7 @@ def variants() -> dict[str, tuple]:
                                                 (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the block scales in the frames"] = (
-            kernels._decode_framed_blocks(name).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
+            kernels._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
     found["accumulate levels"] = (kernels._accumulate_levels.py_func,
                                   (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
     found["decode levels"] = (kernels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))

@@ -883,26 +883,32 @@ def _store_tile(staged, out, base, n_out):
 
 
 @lru_cache(maxsize=None)
-def _decode_framed(dtype: str):
+def _decode_framed(dtype: str, blocks: bool):
+    """The tiled decoder of wire rows into a ``dtype`` output's raw bits: one scale a row (its head), or with
+    ``blocks`` a scale a block (the head times the block's code's step; ``per_row`` codes behind the head, a block
+    2^``shift`` elements)."""
     rounded, sign = _ROUNDINGS[dtype]
 
     @cuda.jit
-    def kernel(rows, out, n_out):
+    def kernel(rows, steps, per_row, shift, out, n_out):
         staged = cuda.shared.array(DECODE_TILE, np.uint32)
         head = cuda.local.array(SCALE_BYTES, np.uint8)
-        n, width = rows.shape
-        row_bytes = width - SCALE_BYTES
-        total = min(n * row_bytes, (n_out + 7) // 8)
-        r, first, high = -1, -row_bytes, np.int64(0)
+        value = cuda.local.array(1, np.float32)
+        row_bytes = rows.shape[1] - SCALE_BYTES - per_row
+        signs = SCALE_BYTES + per_row
+        total = min(rows.shape[0] * row_bytes, (n_out + 7) // 8)
+        r, first, ref = -1, -row_bytes, 0.0
         for tile in range(cuda.blockIdx.x, (total + THREADS - 1) // THREADS, cuda.gridDim.x):
             t = tile * THREADS + cuda.threadIdx.x
             if t < total:
                 row, first = _row_of(t, r, first, row_bytes)
                 if row != r:
                     r = row
-                    _read_head(rows, r, head)
-                    high = rounded(np.int64(head.view(np.uint32)[0]))
-                _stage_byte(staged, rows[r, SCALE_BYTES + t - first], high, high ^ sign)
+                    ref = _row_ref(rows, r, head)
+                c = t - first
+                value[0] = _code_value(ref, rows, r, (8 * c) >> shift, steps) if blocks else np.float32(ref)
+                high = rounded(np.int64(value.view(np.uint32)[0]))
+                _stage_byte(staged, rows[r, signs + c], high, high ^ sign)
             _store_tile(staged, out, tile * TILE, n_out)
 
     return kernel
@@ -922,8 +928,8 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
     2. The tile's elements are stored coalesced (``_store_tile``).
     One byte load serves 8 elements, and the stores wait only for the tile's loads.
     """
-    launch(_decode_framed(dtype), _grid(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES), -(-n_out // 8))),
-           THREADS, stream, rows, out, n_out)
+    launch(_decode_framed(dtype, False), _grid(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES), -(-n_out // 8))),
+           THREADS, stream, rows, _stand_in(device_of(stream), np.float64), 0, 0, out, n_out)
 
 
 @lru_cache(maxsize=None)
@@ -1269,35 +1275,6 @@ def accumulate_groups(bits, weights, out, n_out, stream=0) -> None:
     launch(_accumulate_groups, _grid(n_out), THREADS, stream, bits, weights, out, n_out)
 
 
-@lru_cache(maxsize=None)
-def _decode_framed_blocks(dtype: str):
-    rounded, sign = _ROUNDINGS[dtype]
-
-    @cuda.jit
-    def kernel(rows, steps, per_row, shift, out, n_out):
-        staged = cuda.shared.array(DECODE_TILE, np.uint32)
-        head = cuda.local.array(SCALE_BYTES, np.uint8)
-        value = cuda.local.array(1, np.float32)
-        row_bytes = rows.shape[1] - SCALE_BYTES - per_row
-        signs = SCALE_BYTES + per_row
-        total = min(rows.shape[0] * row_bytes, (n_out + 7) // 8)
-        r, first, ref = -1, -row_bytes, 0.0
-        for tile in range(cuda.blockIdx.x, (total + THREADS - 1) // THREADS, cuda.gridDim.x):
-            t = tile * THREADS + cuda.threadIdx.x
-            if t < total:
-                row, first = _row_of(t, r, first, row_bytes)
-                if row != r:
-                    r = row
-                    ref = _row_ref(rows, r, head)
-                c = t - first
-                value[0] = _code_value(ref, rows, r, (8 * c) >> shift, steps)
-                high = rounded(np.int64(value.view(np.uint32)[0]))
-                _stage_byte(staged, rows[r, signs + c], high, high ^ sign)
-            _store_tile(staged, out, tile * TILE, n_out)
-
-    return kernel
-
-
 def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, stream=0) -> None:
     """out[i] = +-s for element k of row r, cut to n_out, where s = float32(float64(ref_r) * steps[code]) from its
     block's code behind the row's head (its largest scale's 4 bytes), rounded to ``dtype`` (as ``decode_framed``),
@@ -1306,7 +1283,7 @@ def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, st
     from 8), so one code and its step make their value (a thread keeps the row of its last byte, and its head, and
     divides and reads a head only when it leaves it; k // block a shift).
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
-    launch(_decode_framed_blocks(dtype), _grid(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES - per_row),
+    launch(_decode_framed(dtype, True), _grid(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES - per_row),
                                                    -(-n_out // 8))), THREADS, stream, rows, steps, per_row,
            _shift(block), out, n_out)
 

@@ -77,6 +77,25 @@ def test_segment_sums_on_cuda_equal_cpu(launcher: str, monkeypatch: pytest.Monke
     assert torch.equal(sums["cpu"], sums["cuda"]), (sums["cpu"] - sums["cuda"]).abs().max()
 
 
+@pytest.mark.parametrize("numel", [(1 << 20) + 7, (1 << 22) + 7, (1 << 24) + 7])
+def test_sums_past_4096_lane_sums_on_cuda_equal_cpu(numel: int) -> None:
+    """Past 4096 lane sums (1M elements) the last block of each of 128 groups adds its part of the tree's wide levels
+    and the last group the rest (``kernels.cuda._finish_lanes``): here 1, 4 and 16 blocks a group, and up to 4 lane
+    sums a thread walks. The sums of squares and of |x|, and the accumulate's values and sum, give the CPU's bits on
+    values whose sums depend on the order."""
+    gen = torch.Generator().manual_seed(numel)
+    x = torch.randn(numel, generator=gen) * torch.exp2(torch.randint(-20, 21, (numel,), generator=gen).float())
+    err = torch.randn(numel, generator=gen) * 1e-3
+    rows = torch.randint(0, 256, (2, -(-numel // 8)), dtype=torch.uint8, generator=gen)
+    found = {}
+    for device in ("cpu", "cuda"):
+        xd, ed, acc = x.to(device), err.to(device), torch.empty(numel, device=device)
+        squares = codecs.accumulate_signs(rows.to(device), torch.tensor([0.7, 0.3]), xd, acc, numel)
+        found[device] = (codecs.compensated_sum(xd, ed), codecs.compensated_sum(xd, ed, "l1"), squares, acc.cpu())
+    for name, a, b in zip(("sumsq", "sum |x|", "accumulate sumsq", "accumulate"), found["cpu"], found["cuda"]):
+        assert (a == b) if isinstance(a, float) else torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("launcher, wraps", [("bound", False), ("numba", True)])
 def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:

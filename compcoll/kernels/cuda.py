@@ -56,7 +56,8 @@ stored. The compiler cannot move a load above a store to another array (numba's 
 a time leaves a single load in flight per thread, each behind the previous element's store."""
 ACCUMULATED = 4
 """Elements an accumulating thread takes per round (``_accumulate_lanes``), as ``IN_FLIGHT`` for the decoders: 4
-keep the kernel at 70 registers (8 took 96 in the sm_90 build, and so a multiprocessor two of its blocks, not 3)."""
+keep the kernel at 71-72 registers in the sm_90 build (8 took 96, so that a multiprocessor would hold two of its
+blocks, not three)."""
 TILE = 8 * THREADS
 """Elements of an encode kernel's tile: a block packs THREADS bytes at a time."""
 

@@ -51,9 +51,10 @@ LANE_THREADS = 256
 ``BLOCK`` elements in shared memory (all their loads in flight at once), then ``LANES`` of them add the lanes in
 order."""
 IN_FLIGHT = 8
-"""Elements a decoding thread takes per round (``_select_row``): their loads are all issued before any of them is
-stored. The compiler cannot move a load above a store to another array (numba's arrays may alias), so one element at
-a time leaves a single load in flight per thread, each behind the previous element's store."""
+"""Elements a thread loads per round before it uses them: a decoding thread (``_select_row``) before any of them is
+stored (the compiler cannot move a load above a store to another array, as numba's arrays may alias, so one element
+at a time leaves a single load in flight per thread, each behind the previous element's store); a row maximum's lane
+(``_absmax_lanes``) before it compares them in order (the compiler unrolled that loop 4 deep)."""
 ACCUMULATED = 4
 """Elements an accumulating thread takes per round (``_accumulate_lanes``), as ``IN_FLIGHT`` for the decoders: 4
 keep the kernel at 71-72 registers in the sm_90 build (8 took 96, so that a multiprocessor would hold two of its
@@ -939,6 +940,7 @@ def _absmax_lanes(with_lut: bool):
 
     @cuda.jit
     def kernel(src, lut, n_src, row_len, per_row, partial):
+        held = cuda.local.array(IN_FLIGHT, np.float32)
         for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
             lane = t % LANES
             piece = t // LANES
@@ -950,12 +952,16 @@ def _absmax_lanes(with_lut: bool):
             if n_src < hi:
                 hi = n_src
             m = np.float32(0)
-            for i in range(lo + lane, hi, LANES):
-                a = look_up(lut, src[i])
-                if a < 0:
-                    a = -a
-                if a > m or a != a:
-                    m = a
+            for first in range(lo + lane, hi, IN_FLIGHT * LANES):
+                for u in range(IN_FLIGHT):
+                    i = first + u * LANES
+                    held[u] = look_up(lut, src[i]) if i < hi else np.float32(0)
+                for u in range(IN_FLIGHT):
+                    a = held[u]
+                    if a < 0:
+                        a = -a
+                    if a > m or a != a:
+                        m = a
             partial[t] = m
 
     return kernel

@@ -111,10 +111,12 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         cuda.decode_framed(cuda.cuda.to_device(framed), d_bits, numel, kind)
         assert np.array_equal(d_bits.copy_to_host(), out), f"decode_framed to {kind}, scale {heads[-1]!r}"
 
-    poisoned = src.copy()
-    if numel > 5 and lut is None:
+    poisoned, next_row = src.copy(), src.copy()  # a NaN in row 0; one at the start of row 1, which row 0's lanes
+    if numel > 5 and lut is None:  # must not read
         poisoned[5] = np.nan
-    for source in (src, poisoned):
+    if full // world < numel and lut is None:
+        next_row[full // world] = np.nan
+    for source in (src, poisoned, next_row):
         maxima = np.empty(world, np.float32)
         cpu.row_absmax(source, lut, numel, full // world, maxima)
         d_max = cuda.cuda.device_array(world, np.float32)

@@ -277,7 +277,8 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
 def dead_rank(comm: compcoll.Communicator, before: str) -> None:
     """The last rank dies (SIGKILL) before a call or before an all-gather of Gloo's ring: the others raise at once.
 
-    Before a call, its first exchange (point to point) names the dead rank. Gloo's
+    Before a call, its first exchange (point to point) names the dead rank: posting a send to it fails, or, where
+    Gloo had not yet seen the reset when the send was posted, waiting for its part does (CI saw both). Gloo's
     ring all-gather cannot say which peer dropped its connection; the error says a peer
     did. The others stay a moment after their error: a rank that got there after a peer
     had left would name that peer instead (it did leave). Over Gloo the last rank dies
@@ -296,7 +297,7 @@ def dead_rank(comm: compcoll.Communicator, before: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if before == "call":
         exc, quiet = _calls_until_error(comm, 1000, 4 * comm.timeout)
-        expected = f"rank {comm.size - 1} die"
+        expected = (f"did rank {last} die", f"receiving from rank {last}: did it die")
     else:
         numel = 2 * compcoll.comm.base.PAIRWISE_BYTES  # floats: past the point-to-point exchange
         send, recv = torch.randn(numel), torch.empty(numel * comm.size)
@@ -307,9 +308,9 @@ def dead_rank(comm: compcoll.Communicator, before: str) -> None:
             exc, quiet = raised, time.monotonic() - start
         else:
             raise AssertionError("the all-gather completed without its dead peer")
-        expected = "a peer dropped its connection"
+        expected = ("a peer dropped its connection",)
     assert quiet < 2.0, f"raised {quiet:.2f} s after the peer left"
-    assert expected in str(exc), exc
+    assert any(words in str(exc) for words in expected), exc
     time.sleep(2.0)
 
 

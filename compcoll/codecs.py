@@ -21,7 +21,8 @@ import torch
 
 from . import spec
 from .kernels import cpu as cpu_kernels
-from .kernels.launch import SIMULATED_DEVICE, TRACED, DeviceArray, context_for, read_first, simulating, stream_on
+from .kernels.launch import (SIMULATED_DEVICE, TRACED, DeviceArray, context_for, read_first, read_values, simulating,
+                             stream_on)
 from .spec import BLOCK, LANES, SCALE_BYTES
 from .workspace import Temporaries, current_stream
 
@@ -334,6 +335,34 @@ def host_value(values: torch.Tensor) -> float:
     if on_host(values):
         return float(values.numpy()[0])
     return read_first(_array(values), _stream(values))
+
+
+def host_values(values: torch.Tensor) -> list[float] | None:
+    """Every element of the 1-D ``values`` as Python floats, in one copy: on a device the host waits for them
+    (``kernels.launch.read_values``, counted); meta tensors: None (nothing ran)."""
+    if on_host(values):
+        return values.tolist()
+    return read_values(_array(values), _stream(values))
+
+
+def agreement_record(total: torch.Tensor, signature: float, d: int, scale: str | None, record: torch.Tensor
+                     ) -> torch.Tensor:
+    """record[:3] <- (``signature``, finite?, value) of the float64 sum in total[0], on total's device with no host
+    wait: an agreement round's own record (``algorithms.agreement.Agreement.check_record``); returns ``record``.
+
+    1. finite? is 1.0 where total[0] is finite, else 0.0.
+    2. value is the float32 scale of ``d`` elements from it (``scale_from``'s bits), as a float64, where it is
+       finite and ``scale`` ("l2" or "l1") is given; else 0.0.
+    """
+    if on_host(total):
+        t = float(total.numpy()[0])
+        finite = math.isfinite(t)
+        value = float(spec.scale_from(t, d, scale)) if finite and scale is not None else 0.0
+        record.numpy()[:3] = (signature, float(finite), value)
+        return record
+    _run("agreement_record", total, _array(total), float(signature), d, 0 if scale is None else spec.SCALES[scale],
+         _array(record))
+    return record
 
 
 def sumsq(tensor: torch.Tensor) -> float:

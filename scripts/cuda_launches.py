@@ -2,7 +2,7 @@
 
 Usage:
     python scripts/cuda_launches.py [--numel 1048576] [--json] [--time [--runs 9] [--calls 200]] [--python]
-    python scripts/cuda_launches.py --ranks 64 [--ranks-per-node 8] [--numel N] [--json]
+    python scripts/cuda_launches.py --ranks 64 [--ranks-per-node 8] [--on-device] [--numel N] [--json]
 
 The calls run at one rank (``SingleComm``) on meta tensors, which take the CUDA path with
 every launch and host wait counted and none run (``kernels.launch.TRACED``); the counts
@@ -19,7 +19,8 @@ compare exactly where ``--time`` is noisy).
 ``--ranks N`` counts one rank's launches, wraps and waits in an in-process world of N ranks
 (``--ranks-per-node``, default 1, for the hierarchical forms' nodes) on meta tensors
 (``compcoll.bench.launches.world_counts``): what each rank of an N-rank job makes, which
-should not grow with N (the torch operators and allocations are not counted there).
+should not grow with N (the torch operators and allocations are not counted there). ``--on-device`` runs
+the world's agreement rounds on the device, as NCCL's do (``Communicator.agrees_on_device``).
 """
 
 from __future__ import annotations
@@ -43,14 +44,18 @@ def main() -> int:
     p.add_argument("--python", action="store_true", help="add the calls of compcoll's own Python functions a call")
     p.add_argument("--ranks", type=int, default=1, help="ranks of an in-process world (default 1)")
     p.add_argument("--ranks-per-node", type=int, default=1, help="--ranks: ranks a node (default 1)")
+    p.add_argument("--on-device", action="store_true",
+                   help="--ranks: agreement rounds on the device, as over NCCL (Communicator.agrees_on_device)")
     args = p.parse_args()
     if args.ranks < 1 or args.ranks_per_node < 1 or args.ranks % args.ranks_per_node:
         p.error("--ranks must be a positive multiple of --ranks-per-node")
     if args.ranks > 1 and (args.time or args.python):
         p.error("--time and --python measure one rank; leave out --ranks")
+    if args.on_device and args.ranks == 1:
+        p.error("--on-device counts a rank of a world: give --ranks")
     x = torch.empty(args.numel, device="meta")
     if args.ranks > 1:
-        counts = world_counts(args.numel, args.ranks, args.ranks_per_node)
+        counts = world_counts(args.numel, args.ranks, args.ranks_per_node, on_device=args.on_device)
     else:
         counts = call_counts(x, SingleComm())
     if args.time:

@@ -8,7 +8,7 @@ from typing import Callable, NoReturn, Sequence, TypeVar
 
 import torch
 
-from .. import spec
+from .. import codecs, spec
 from ..comm import Communicator
 from ..errors import NonFiniteError, RankMismatchError, RemoteError
 
@@ -143,10 +143,44 @@ class Agreement:
             self._value.numpy()[0] = value
             self.comm.allgather(self._value, self._values)
             return self._values
-        table = _statuses(self.comm, signature, finite, mine, self._record)
+        return self._judged(_statuses(self.comm, signature, finite, mine, self._record), signature, value is not None)
+
+    def on_device(self) -> bool:
+        """Whether this agreement's round runs on the device (``check_record``): the communicator's transport
+        carries device tensors (``Communicator.agrees_on_device``: NCCL's) and the round is an all-gather."""
+        return self.comm.agrees_on_device and not summed(self.comm)
+
+    def check_record(self, total: torch.Tensor, buffers: tuple[torch.Tensor, torch.Tensor], d: int,
+                     scale: str | None, step: Step | None = None) -> torch.Tensor | None:
+        """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
+        float64 sum in total[0], a one-element tensor on the device, with one host wait, where ``on_device``.
+
+        1. Write this rank's record (signature, finite?, value) beside the sum, from it, with no host wait
+           (``codecs.agreement_record``), into ``buffers``' first tensor (``RECORD`` float64s on total's device).
+        2. All-gather the records into the second (every rank's, by rank) on the device.
+        3. Read that table to the host (the call's one host wait: ``codecs.host_values``) and judge it as
+           ``check`` does: the same errors on every rank. A rank that refused its call (``refuse``) takes part
+           with a host record of the same size. Meta tensors (nothing ran) stand in every rank's record with this
+           rank's of a sum of 1.0, as ``codecs.host_value`` stands in 1.0 for a sum.
+        Returns every rank's value (float64, by rank), or None without ``scale``; reused by the next call.
+        """
+        self._step = step
+        signature = self.signature if step is None else step.mixed(self.signature)
+        record, table = buffers
+        codecs.agreement_record(total, signature, d, scale, record)
+        self.comm.allgather(record, table)
+        values = codecs.host_values(table)
+        if values is None:
+            values = [signature, 1.0, 0.0 if scale is None else float(spec.scale_from(1.0, d, scale))] * self.comm.size
+        rows = [values[r * RECORD:(r + 1) * RECORD] for r in range(self.comm.size)]
+        return self._judged(rows, signature, scale is not None)
+
+    def _judged(self, table: list[list[float]], signature: float, valued: bool) -> torch.Tensor | None:
+        """Steps 2-4 of a gathered round's status ``table`` where a rank failed (``_fail``); else every rank's value
+        (``valued``) or None."""
         if any(row[0] != signature or not row[1] for row in table):
             self._fail(table, signature)
-        if value is None:
+        if not valued:
             return None
         self._values.numpy()[:] = [row[2] for row in table]
         return self._values

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 
 import torch
@@ -21,7 +20,7 @@ from .exact import shard_average
 from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
 from .onebit import device_scalars, serve, serve_blocks, sum_into
 from .plan import Plan, cached_plan
-from .reduce_scatter import finite_statistics, float32_target
+from .reduce_scatter import agreed_statistics, float32_target
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 BIRDER_STAGES = ("node", "inter", "server")
@@ -145,7 +144,7 @@ class BirderPlan(_NodePlan):
         ``finish`` (replayed on a device: ``Replays``)."""
         comm, ws = self.comm, self.workspace
         maxima = ws.get("maxima", comm.size, torch.float32, self.device)
-        self.agreement(tensor).check(math.isfinite(self.read("maxima", _maxima_into, tensor, maxima, self.full)))
+        self.agreed(self.agreement(tensor), "maxima", _maxima_into, tensor, maxima, self.full)
         if step is None:
             step = _steps.get(comm, 0)
             _steps[comm] = step + 1
@@ -191,7 +190,7 @@ class BirderPlan(_NodePlan):
 def _maxima_into(tensor: torch.Tensor, maxima: torch.Tensor, length: int, total: torch.Tensor) -> torch.Tensor:
     """maxima <- the largest |x| of each of the ``maxima.numel()`` rows of ``tensor`` zero-padded to ``length``
     (``codecs.row_absmax``), total[0] <- a float64 finite exactly when they all are (``codecs.finite_sum``), with no
-    host wait; returns ``total``: Birder's device part before its agreement (``Plan.read``)."""
+    host wait; returns ``total``: Birder's device part before its agreement (``Plan.agreed``)."""
     codecs.row_absmax(tensor, maxima.numel(), length, maxima)
     return codecs.finite_sum(maxima, total)
 
@@ -385,14 +384,11 @@ class CompensatedPlan(_NodePlan):
 
         average = shard_average(tensor, layout.intra, shard, ws, "node")
         if b is not None:
-            sums, finite = finite_statistics(self, average, worker_error, b, self.scale, 1, layout.nodes)
-            agreement.check(finite)
+            sums = agreed_statistics(self, agreement, average, worker_error, b, self.scale, 1, layout.nodes)
             return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
                                     result)
-        total = self.read("sum", sum_into, average, worker_error, self.scale)
-        finite = math.isfinite(total)
-        scale = codecs.scale_from(total, shard, self.scale) if finite else 0.0
-        scales = agreement.check(finite, scale)
+        scale, scales = self.agreed(agreement, "sum", sum_into, average, worker_error, self.scale,
+                                    scale=(shard, self.scale))
         senders = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
         scalars = device_scalars(scales[senders], nodes, scale, self.device, ws)
         return self.replays.run("finish_flat", self.finish_flat, average, worker_error, server_error, scalars, result)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Hashable
 
 import torch
@@ -20,7 +19,7 @@ from .inputs import (check_disjoint, check_error_buffer, check_length, check_lev
 from .launch import settle_device
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan, owned
-from .reduce_scatter import finite_statistics, float32_target, scatter_rows
+from .reduce_scatter import agreed_statistics, float32_target, scatter_rows
 
 
 @eager
@@ -202,10 +201,8 @@ class FlatPlan(Plan):
         Returns:
             s_w, and the (weights, s_w) views of the device buffer, which ``finish_flat`` takes.
         """
-        total = self.read("sum", sum_into, tensor, worker_error, self.scale)
-        finite = math.isfinite(total)
-        scale = codecs.scale_from(total, self.full, self.scale) if finite and self.full else 0.0
-        scales = self.agreement(tensor).check(finite, scale, step)
+        scale, scales = self.agreed(self.agreement(tensor), "sum", sum_into, tensor, worker_error, self.scale,
+                                    scale=(self.full, self.scale), step=step)
         return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
@@ -244,9 +241,8 @@ class FlatPlan(Plan):
             The statistics (a workspace buffer), which ``finish_blocks`` takes.
         """
         rows = self.comm.size if self.protocol == "gather_scatter" else 1
-        sums, finite = finite_statistics(self, tensor, worker_error, self.block_size, self.scale, self.bits, rows)
-        self.agreement(tensor).check(finite, step=step)
-        return sums
+        return agreed_statistics(self, self.agreement(tensor), tensor, worker_error, self.block_size, self.scale,
+                                 self.bits, rows, step)
 
     def finish_blocks(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                       sums: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
@@ -307,7 +303,7 @@ class FlatPlan(Plan):
 def sum_into(tensor: torch.Tensor, worker_error: torch.Tensor, scale: str, total: torch.Tensor) -> torch.Tensor:
     """total[0] <- the float64 sum of |x|^p of x = tensor + worker_error, p the power of ``scale``
     (``codecs.compensated_sum``), with no host wait; returns ``total``: the worker scale's device part, which
-    ``Plan.read`` replays and reads."""
+    ``Plan.agreed`` replays and reads."""
     codecs.compensated_sum(tensor, worker_error, scale, out=total)
     return total
 

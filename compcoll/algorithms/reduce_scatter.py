@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -13,7 +12,7 @@ from ..comm.work import Work
 from ..eager import eager
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
 from ..workspace import Workspace
-from .agreement import Option, checked
+from .agreement import Agreement, Option, Step, checked
 from .inputs import check_disjoint, check_error_buffer, check_length, check_scale
 from .plan import Plan, cached_plan
 
@@ -146,9 +145,8 @@ class ScatterPlan(Plan):
         """Steps 1-5 of ``compressed_reduce_scatter`` on checked arguments, in this rank's turn."""
         (worker_error,) = errors or (self.error_feedback.worker_error,)
         rows = self._rows(tensor)
-        stats, finite = finite_statistics(self, rows, worker_error, self.block_size, self.scale, self.bits,
-                                          self.comm.size)
-        self.agreement(tensor).check(finite)
+        stats = agreed_statistics(self, self.agreement(tensor), rows, worker_error, self.block_size, self.scale,
+                                  self.bits, self.comm.size)
         if self.numel == 0:
             return result
         return self.replays.run("finish", self.finish, rows, worker_error, stats, result)
@@ -188,7 +186,7 @@ def statistics_into(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch
     """What each block's scale comes from, for x = rows + worker_error cut into n rows, into ``stats``: 1 bit, the
     float64 sums of |x|^p (``scale``'s power); levels, the float32 maxima of |x| (non-finite where x is). Then
     total[0] <- a float64 finite exactly when every statistic is (``codecs.finite_sum``: their sum, which finite
-    ones cannot overflow). No host wait; returns ``total``: the device part before the agreement (``Plan.read``)."""
+    ones cannot overflow). No host wait; returns ``total``: the device part before the agreement (``Plan.agreed``)."""
     if bits == 1:
         codecs.block_sums(rows, worker_error, block_size, scale, n, stats)
     else:
@@ -196,15 +194,16 @@ def statistics_into(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch
     return codecs.finite_sum(stats, total, summable=True)
 
 
-def finite_statistics(plan: Plan, rows: torch.Tensor, worker_error: torch.Tensor, block_size: int, scale: str,
-                      bits: int, n: int) -> tuple[torch.Tensor, bool]:
-    """``statistics_into`` through ``plan.read`` (replayed on a steady call): the block statistics (the plan's
-    workspace buffer "blocks.stats": a float64 sum per block for 1 bit, a float32 maximum for levels) and whether
-    they are all finite, read on the host (the call's one host wait)."""
+def agreed_statistics(plan: Plan, agreement: Agreement, rows: torch.Tensor, worker_error: torch.Tensor,
+                      block_size: int, scale: str, bits: int, n: int, step: Step | None = None) -> torch.Tensor:
+    """``statistics_into`` through ``plan.agreed`` (replayed on a steady call): the block statistics (the plan's
+    workspace buffer "blocks.stats": a float64 sum per block for 1 bit, a float32 maximum for levels), which every
+    rank agrees are all finite in the call's one host wait (at the caller's ``step``); returns them."""
     blocks = n * -(-(worker_error.numel() // n) // block_size)
     stats = plan.workspace.get("blocks.stats", blocks, torch.float64 if bits == 1 else torch.float32, plan.device)
-    total = plan.read("statistics", statistics_into, rows, worker_error, stats, block_size, scale, bits, n)
-    return stats, math.isfinite(total)
+    plan.agreed(agreement, "statistics", statistics_into, rows, worker_error, stats, block_size, scale, bits, n,
+                step=step)
+    return stats
 
 
 def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, comm: Communicator,

@@ -109,10 +109,11 @@ def call_counts(x: torch.Tensor, comm: Communicator, synchronize: Callable[[], N
     return found
 
 
-def world_counts(numel: int, ranks: int, ranks_per_node: int, protocols: tuple[str, ...] = PROTOCOLS
-                 ) -> dict[str, dict[str, int]]:
+def world_counts(numel: int, ranks: int, ranks_per_node: int, protocols: tuple[str, ...] = PROTOCOLS,
+                 on_device: bool = False) -> dict[str, dict[str, int]]:
     """``{protocol: {"launches": N, "wraps": N, "waits": N}}`` of one rank's steady call of each of ``protocols`` on
-    ``numel`` float32 elements, in an in-process world of ``ranks`` ranks on nodes of ``ranks_per_node``.
+    ``numel`` float32 elements, in an in-process world of ``ranks`` ranks on nodes of ``ranks_per_node``, its
+    agreement rounds on the device where ``on_device`` (``Communicator.agrees_on_device``: NCCL's).
 
     The world carries meta tensors (``Communicator.carries_meta``), so every rank's calls take the CUDA path with
     every launch and wait counted and none run: what each rank of such a job launches and waits for on a GPU.
@@ -126,6 +127,7 @@ def world_counts(numel: int, ranks: int, ranks_per_node: int, protocols: tuple[s
     totals: dict[str, dict[str, int]] = {}
 
     def rank(comm: Communicator) -> None:
+        comm.agrees_on_device = on_device
         calls = protocol_calls(torch.empty(numel, device="meta"), comm, ranks_per_node)
         for name in protocols:
             calls[name]()

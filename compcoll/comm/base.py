@@ -86,6 +86,13 @@ class Communicator(ABC):
     path with every kernel launch and host wait counted and none run (``kernels.launch.TRACED``;
     ``scripts/cuda_launches.py``). One rank and the in-process world do; MPI and torch.distributed do not."""
 
+    agrees_on_device = False
+    """Whether a call's agreement round runs where its tensors are (``Agreement.check_record``): the record written
+    on the device beside the call's sum, all-gathered there, the table read back in the call's one host wait. True
+    where the transport moves device tensors itself (NCCL's ``TorchComm``); elsewhere the sum is read first and the
+    round runs on host tensors. A transport of host tensors may set it (the in-process world's tests do): the same
+    rounds, on host tensors."""
+
     def __init__(self, rank: int, size: int, timeout: float | None = None) -> None:
         self.rank = rank
         self.size = size

@@ -42,6 +42,7 @@ class TorchComm(Communicator):
         self.group = dist.group.WORLD if group is None else group
         self.backend = dist.get_backend(self.group)
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        self.agrees_on_device = self.backend == "nccl"
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
         self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
         self.polled = False  # set once this group's works refuse a finite timeout: waits poll them then

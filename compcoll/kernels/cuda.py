@@ -507,6 +507,24 @@ def scale_of(total, d, power, out, stream=0) -> None:
     launch(_scale_of, 1, 1, stream, total, d, math.sqrt(d), power == 2, out)
 
 
+@cuda.jit
+def _agreement_record(total, signature, d, root_d, mode, record):
+    if cuda.grid(1) == 0:
+        t = total[0]
+        finite = not (math.isinf(t) or math.isnan(t))
+        record[0] = signature
+        record[1] = 1.0 if finite else 0.0
+        record[2] = np.float64(_scale_value(t, d, root_d, mode == 1)) if finite and mode != 0 else 0.0
+
+
+def agreement_record(total, signature, d, power, record, stream=0) -> None:
+    """record[:3] <- (signature, 1.0 if total[0] is finite else 0.0, the float32 scale of ``d`` elements from
+    total[0] as ``scale_of`` gives it, or 0.0 where it is not finite or ``power`` is 0): an agreement round's record
+    written where the sum is, so that a transport on the device exchanges it with no host wait. One thread."""
+    mode = 0 if power == 0 else 1 if power == 2 else 2
+    launch(_agreement_record, 1, 1, stream, total, np.float64(signature), d, math.sqrt(d), mode, record)
+
+
 @lru_cache(maxsize=None)
 def _accumulate_lanes(with_base: bool, p: int):
     """out[i] = sum over ranks r of +-weights[r] by bit i of row r, in r order in float32 (+ base[i]); partial as

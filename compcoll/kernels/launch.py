@@ -304,19 +304,31 @@ def _simulated(arg: DeviceArray):
 
 def read_first(values, stream) -> float:
     """values[0] on the host: waits for the stream (counted); on the ``TRACED`` stream, the stand-in 1.0."""
+    found = _read(values, stream, 1)
+    return 1.0 if found is None else found[0]
+
+
+def read_values(values, stream) -> list[float] | None:
+    """Every element of the 1-D ``values`` on the host, in one copy: waits for the stream (counted); on the
+    ``TRACED`` stream, None (nothing ran)."""
+    return _read(values, stream, None)
+
+
+def _read(values, stream, count: int | None) -> list[float] | None:
+    """values[:count] (None: all) on the host, counted as a wait; None on the ``TRACED`` stream."""
     with _LOCK:
         COUNTS.waits += 1
     recording = current()
     if recording is not None:
         recording.refuse("a value read to the host")
     if stream is TRACED:
-        return 1.0
+        return None
     if isinstance(values, DeviceArray):
-        return float(values.owner.view(-1)[0])
-    host = values[:1].copy_to_host(stream=stream)
+        return values.owner.view(-1)[:count].tolist()
+    host = values[:count].copy_to_host(stream=stream)
     if stream:
         stream.synchronize()
-    return float(host[0])
+    return host.tolist()
 
 
 _STREAM_DEVICES: dict = {TRACED: TRACED_DEVICE}

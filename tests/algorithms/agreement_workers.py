@@ -1,11 +1,14 @@
-"""Rank-side bodies of the agreement round's tests: every call's checks with the round as an allreduce."""
+"""Rank-side bodies of the agreement round's tests: every call's checks with the round as an allreduce, and with
+the round's record written and gathered where the call's tensors are."""
 
 from __future__ import annotations
 
+import torch
+
 import compcoll
 from compcoll import spec
-from compcoll.algorithms.agreement import summed
-from tests.algorithms import hierarchical_workers, onebit_workers
+from compcoll.algorithms.agreement import Agreement, summed
+from tests.algorithms import hierarchical_workers, onebit_workers, reduce_scatter_workers
 
 
 def summed_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, forced: bool) -> None:
@@ -31,3 +34,21 @@ def run_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: in
     onebit_workers.blockwise(comm, shapes, steps)
     if comm.size % 2 == 0:
         hierarchical_workers.numerics(comm, 2, shapes, steps)
+
+
+def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, errors: bool = True) -> None:
+    """The round on the device (``Communicator.agrees_on_device``, NCCL's, set here on a transport of host tensors):
+    every call's record is written beside its sum and all-gathered with it (``Agreement.check_record``), and
+    outputs, error buffers and bytes equal the reference's, with one scale, block scales, the hierarchical forms and
+    Birder's; every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking part with
+    a host record (``errors``: the errors too)."""
+    comm.agrees_on_device = True
+    try:
+        assert Agreement(comm, "x", 1, (1,), torch.float32).on_device(), "the round is not on the device"
+        run_numerics(comm, shapes, steps)
+        if errors:
+            onebit_workers.bad_inputs(comm)
+            reduce_scatter_workers.bad_inputs(comm)
+            hierarchical_workers.bad_inputs(comm, 1)
+    finally:
+        comm.agrees_on_device = False

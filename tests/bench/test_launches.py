@@ -97,6 +97,17 @@ def test_a_rank_of_a_world_makes_the_launches_and_waits_of_one_rank(ranks: int, 
     assert all(c["wraps"] == 0 for c in counts.values()), counts
 
 
+@pytest.mark.parametrize("ranks, ranks_per_node", [(2, 1), (8, 2)])
+def test_a_round_on_the_device_trades_the_sums_wait_for_a_launch(ranks: int, ranks_per_node: int) -> None:
+    """With the agreement round on the device (NCCL's: ``Communicator.agrees_on_device``) every protocol's call
+    still waits once, now for the round's table, and launches once more (the record beside the sum:
+    ``codecs.agreement_record``). Before 2026-12-01 an NCCL call read its sum and then the table: two waits, the
+    second uncounted (the transport's copy back of a host round)."""
+    counts = world_counts(4096, ranks, ranks_per_node, on_device=True)
+    assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
+        p: (n + 1, w) for p, (n, w, _, _) in EXPECTED.items()}
+
+
 def test_numbas_dispatcher_wraps_each_tensor_argument(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``COMPCOLL_CUDA_LAUNCHER=numba`` each launch's tensors are wrapped: more wraps than launches."""
     monkeypatch.setenv(LAUNCHER_ENV, "numba")

@@ -130,10 +130,11 @@ def test_one_call_synchronizes_once(block_size: int | None) -> None:
     assert waits == ["cudaStreamSynchronize"], waits
 
 
-def test_an_nccl_call_synchronizes_twice() -> None:
-    """On a one-rank NCCL group a gather-scatter call's CUDA synchronizations (torch.profiler) are two: the worker
-    sum's read and the agreement table's. The agreement's record goes up through pinned memory with no wait
-    (``comm.torchdist._moved``); its pageable ``.to(device)`` added a third, ahead of the collective."""
+def test_an_nccl_call_synchronizes_once() -> None:
+    """On a one-rank NCCL group a gather-scatter call's CUDA synchronizations (torch.profiler) are one: the
+    agreement table's read (its record written on the device beside the sum, ``Agreement.check_record``). Until
+    2026-12-01 the worker sum's read came first (two); before that the record's pageable ``.to(device)`` made a
+    third."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
@@ -148,7 +149,8 @@ def test_an_nccl_call_synchronizes_twice() -> None:
             compressed_allreduce(x, we, se, comm)
         waits = [e.name for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                              "cudaEventSynchronize", "cuStreamSynchronize")]
-        assert waits == ["cudaStreamSynchronize"] * 2, waits
+        assert comm.agrees_on_device
+        assert waits == ["cudaStreamSynchronize"], waits
     finally:
         dist.destroy_process_group()
 

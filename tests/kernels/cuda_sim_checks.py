@@ -397,6 +397,24 @@ def check_scale_of() -> None:
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
 
+def check_agreement_record() -> None:
+    """An agreement round's device record: the signature's float64 bits, finite?, and the scale of ``scale_of`` (0
+    where the sum is not finite or no scale is asked: power 0), over sums of many magnitudes, Inf and NaN."""
+    rng = np.random.default_rng(6)
+    totals = np.concatenate([[0.0, 1.0, 1e-300, 5e-324, 1e300, np.inf, -np.inf, np.nan],
+                             rng.random(50) * 10.0 ** rng.integers(-30, 30, 50)])
+    record = cuda.cuda.to_device(np.full(3, 7.0))
+    for name, power in (*SCALES.items(), (None, 0)):
+        for d in (0, 1, 37, 8200, 2 ** 40 + 3):
+            for total in totals:
+                signature = float(rng.integers(0, 2 ** 32))
+                cuda.agreement_record(cuda.cuda.to_device(np.array([total])), signature, d, power, record)
+                finite = bool(np.isfinite(total))
+                value = float(spec.scale_from(float(total), d, name)) if finite and name else 0.0
+                want = np.array([signature, float(finite), value])
+                assert record.copy_to_host().tobytes() == want.tobytes(), (name, d, total)
+
+
 def _checked_kernel(body: str):
     """A kernel of blocks of 32 threads: each thread writes its element of a shared array, the block meets at a
     barrier, then each does ``body``; a thread's element of ``out`` is o = 32 x its block + its thread. Wrong: "write,
@@ -561,6 +579,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
         check_segment_sums()
     elif part == "scale":
         check_scale_of()
+        check_agreement_record()
     elif part in DTYPES:
         for numel in lengths:
             for world in (1, 3):

@@ -42,6 +42,14 @@ def summed_agreement(n: int) -> bool:
     return n > GATHERED_AGREEMENT_RANKS
 
 
+def summed_fields(signature: float, finite: bool) -> list[float]:
+    """A rank's ``SUMMED_AGREEMENT_FIELDS`` float64s in a summed agreement round: the signature's four bytes b,
+    lowest first (0s for a negative signature: a rank that refused its call), their squares b^2, refused? (the
+    signature negative), not finite?."""
+    digits = [float((int(signature) >> shift) & 0xFF) for shift in (0, 8, 16, 24)] if signature >= 0 else [0.0] * 4
+    return digits + [b * b for b in digits] + [float(signature < 0), float(not finite)]
+
+
 def agreement_shares(n: int, rank: int, value: bool) -> list[int]:
     """Bytes one agreement round (``check``) sends from ``rank`` to each rank (0 to itself) on n ranks.
 

@@ -14,6 +14,9 @@ from ..errors import NonFiniteError, RankMismatchError, RemoteError
 
 RECORD = spec.AGREEMENT_FIELDS
 SUMMED = spec.SUMMED_AGREEMENT_FIELDS
+DEVICE_RECORD = SUMMED + 2
+"""Float64s of a round's record on the device (``Agreement.check_record``): a summed round's, then this rank's
+value and finite?; a gathered round's ``RECORD`` first."""
 MAX_OPTIONS = 6
 REFUSED = -1.0
 """The signature of a rank that refuses its call (signatures are CRC-32s, never negative)."""
@@ -50,11 +53,14 @@ def _sums_agree(comm: Communicator, signature: float, finite: bool) -> bool:
     Every rank reads the same sums (small integers, exact in float64 in any order), so every
     rank takes the same branch.
     """
-    digits = [(int(signature) >> shift) & 0xFF for shift in (0, 8, 16, 24)] if signature >= 0 else [0] * 4
-    record = torch.tensor(digits + [d * d for d in digits] + [float(signature == REFUSED), float(not finite)],
-                          dtype=torch.float64)
+    record = torch.tensor(spec.summed_fields(signature, finite), dtype=torch.float64)
     comm.allreduce(record)
-    sums, n = record.tolist(), comm.size
+    return _sums_fine(record.tolist(), comm.size)
+
+
+def _sums_fine(sums: list[float], n: int) -> bool:
+    """Whether a summed round's ``SUMMED`` sums over ``n`` ranks say all is well: every byte b of the signatures
+    with n * sum(b^2) == sum(b)^2 (all equal), and no rank refused or not finite."""
     return all(n * sums[4 + i] == sums[i] * sums[i] for i in range(4)) and sums[8] == 0 and sums[9] == 0
 
 
@@ -147,33 +153,53 @@ class Agreement:
 
     def on_device(self) -> bool:
         """Whether this agreement's round runs on the device (``check_record``): the communicator's transport
-        carries device tensors (``Communicator.agrees_on_device``: NCCL's) and the round is an all-gather."""
-        return self.comm.agrees_on_device and not summed(self.comm)
+        carries device tensors (``Communicator.agrees_on_device``: NCCL's)."""
+        return self.comm.agrees_on_device
 
     def check_record(self, total: torch.Tensor, buffers: tuple[torch.Tensor, torch.Tensor], d: int,
                      scale: str | None, step: Step | None = None) -> torch.Tensor | None:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
-        float64 sum in total[0], a one-element tensor on the device, with one host wait, where ``on_device``.
+        float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
+        ``buffers``: this rank's record and the table (``DEVICE_RECORD`` and n * ``RECORD`` float64s on total's
+        device). Gathered rounds (up to ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
         1. Write this rank's record (signature, finite?, value) beside the sum, from it, with no host wait
-           (``codecs.agreement_record``), into ``buffers``' first tensor (``RECORD`` float64s on total's device).
-        2. All-gather the records into the second (every rank's, by rank) on the device.
-        3. Read that table to the host (the call's one host wait: ``codecs.host_values``) and judge it as
-           ``check`` does: the same errors on every rank. A rank that refused its call (``refuse``) takes part
-           with a host record of the same size. Meta tensors (nothing ran) stand in every rank's record with this
-           rank's of a sum of 1.0, as ``codecs.host_value`` stands in 1.0 for a sum.
+           (``codecs.agreement_record``).
+        2. All-gather the records into the table on the device.
+        3. Read the table to the host (the call's one host wait: ``codecs.host_values``) and judge it as
+           ``check`` does: the same errors on every rank.
+        Summed rounds (above): the record is the summed round's ``SUMMED`` float64s (the signature's bytes, their
+        squares, refused? = 0, not finite?) and then this rank's value and finite?; the first ``SUMMED`` are
+        allreduced on the device and read back with the rest (the one wait); where all is well and a value is
+        asked, the values are all-gathered on the device and read (a second wait); where not, every rank goes on
+        into ``check``'s all-gather of the statuses.
+        A rank that refused its call (``refuse``) takes part with host numbers of the same sizes. Meta tensors
+        (nothing ran) stand in every rank's record with this rank's of a sum of 1.0, as ``codecs.host_value``
+        stands in 1.0 for a sum.
         Returns every rank's value (float64, by rank), or None without ``scale``; reused by the next call.
         """
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
         record, table = buffers
-        codecs.agreement_record(total, signature, d, scale, record)
-        self.comm.allgather(record, table)
-        values = codecs.host_values(table)
-        if values is None:
-            values = [signature, 1.0, 0.0 if scale is None else float(spec.scale_from(1.0, d, scale))] * self.comm.size
-        rows = [values[r * RECORD:(r + 1) * RECORD] for r in range(self.comm.size)]
-        return self._judged(rows, signature, scale is not None)
+        n, valued = self.comm.size, scale is not None
+        stand_in = float(spec.scale_from(1.0, d, scale)) if valued else 0.0
+        is_summed = summed(self.comm)
+        codecs.agreement_record(total, signature, d, scale, record, is_summed)
+        if not is_summed:
+            self.comm.allgather(record[:RECORD], table)
+            values = codecs.host_values(table) or [signature, 1.0, stand_in] * n
+            return self._judged([values[r * RECORD:(r + 1) * RECORD] for r in range(n)], signature, valued)
+        self.comm.allreduce(record[:SUMMED])
+        found = codecs.host_values(record) or [n * v for v in spec.summed_fields(signature, True)] + [stand_in, 1.0]
+        value, finite = found[SUMMED], bool(found[SUMMED + 1])
+        if not _sums_fine(found[:SUMMED], n):
+            self._fail(_statuses(self.comm, signature, finite, value), signature)
+        if not valued:
+            return None
+        self.comm.allgather(record[SUMMED:SUMMED + 1], table[:n])
+        values = codecs.host_values(table[:n]) or [stand_in] * n
+        self._values.numpy()[:] = values
+        return self._values
 
     def _judged(self, table: list[list[float]], signature: float, valued: bool) -> torch.Tensor | None:
         """Steps 2-4 of a gathered round's status ``table`` where a rank failed (``_fail``); else every rank's value

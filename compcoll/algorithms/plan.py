@@ -16,7 +16,7 @@ from ..comm import Communicator
 from ..comm.work import Work
 from ..spec import padded_numel
 from ..workspace import Workspace
-from .agreement import RECORD, Agreement, Option, Step
+from .agreement import DEVICE_RECORD, RECORD, Agreement, Option, Step
 from .launch import launch
 from .replay import Replays
 
@@ -177,7 +177,7 @@ class Plan(ABC):
         d, kind = scale if scale is not None else (0, None)
         if agreement.on_device():
             n = self.comm.size
-            buffers = (self.workspace.get("agreement.record", RECORD, torch.float64, self.device),
+            buffers = (self.workspace.get("agreement.record", DEVICE_RECORD, torch.float64, self.device),
                        self.workspace.get("agreement.table", n * RECORD, torch.float64, self.device))
             values = agreement.check_record(total, buffers, d, kind, step)
             return (0.0 if values is None else float(values.numpy()[self.comm.rank])), values

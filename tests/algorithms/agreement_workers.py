@@ -36,14 +36,19 @@ def run_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: in
         hierarchical_workers.numerics(comm, 2, shapes, steps)
 
 
-def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, errors: bool = True) -> None:
+def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, errors: bool = True,
+                  forced: bool = False) -> None:
     """The round on the device (``Communicator.agrees_on_device``, NCCL's, set here on a transport of host tensors):
     every call's record is written beside its sum and all-gathered with it (``Agreement.check_record``), and
     outputs, error buffers and bytes equal the reference's, with one scale, block scales, the hierarchical forms and
     Birder's; every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking part with
-    a host record (``errors``: the errors too)."""
+    a host record (``errors``: the errors too). ``forced``: the rounds are allreduces (``summed_rounds``)."""
     comm.agrees_on_device = True
+    gathered = spec.GATHERED_AGREEMENT_RANKS
+    if forced:
+        spec.GATHERED_AGREEMENT_RANKS = 0
     try:
+        assert summed(comm) == forced
         assert Agreement(comm, "x", 1, (1,), torch.float32).on_device(), "the round is not on the device"
         run_numerics(comm, shapes, steps)
         if errors:
@@ -52,3 +57,4 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
             hierarchical_workers.bad_inputs(comm, 1)
     finally:
         comm.agrees_on_device = False
+        spec.GATHERED_AGREEMENT_RANKS = gathered

@@ -21,12 +21,13 @@ def test_summed_rounds_match_reference_and_fail_alike(backend: str, world_size: 
     run(f"{WORKERS}:summed_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2, True))
 
 
+@pytest.mark.parametrize("forced", [False, True], ids=["gathered", "summed"])
 @pytest.mark.parametrize("backend, world_size", worlds((1, 3, 4), mpi=2, gloo=4))
-def test_rounds_on_the_device_match_reference_and_fail_alike(backend: str, world_size: int) -> None:
-    """The round NCCL runs (the record written beside the call's sum, gathered where it is, read back in the call's
-    one wait), on host tensors here, on threads and on real MPI and Gloo: the reference's bits and bytes, and every
-    error (tests/gpu runs it on NCCL)."""
-    run(f"{WORKERS}:device_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2))
+def test_rounds_on_the_device_match_reference_and_fail_alike(backend: str, world_size: int, forced: bool) -> None:
+    """The rounds NCCL runs (the record written beside the call's sum, gathered or summed where it is, read back
+    in the call's wait), on host tensors here, on threads and on real MPI and Gloo, as all-gathers and forced to
+    allreduces: the reference's bits and bytes, and every error (tests/gpu runs them on NCCL)."""
+    run(f"{WORKERS}:device_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2, True, forced))
 
 
 @background.job(AT_72_RANKS.make)

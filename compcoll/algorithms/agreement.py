@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Callable, NoReturn, Sequence, TypeVar
@@ -129,6 +130,7 @@ class Agreement:
         self._value = torch.empty(1, dtype=torch.float64)
         self._values = torch.empty(comm.size, dtype=torch.float64)
         self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def check(self, finite: bool | None = None, value: float | None = None, step: Step | None = None
               ) -> torch.Tensor | None:
@@ -156,13 +158,35 @@ class Agreement:
         carries device tensors (``Communicator.agrees_on_device``: NCCL's)."""
         return self.comm.agrees_on_device
 
-    def check_record(self, total: torch.Tensor, buffers: tuple[torch.Tensor, torch.Tensor], d: int,
-                     scale: str | None, step: Step | None = None) -> torch.Tensor | None:
+    def check_total(self, total: torch.Tensor, d: int = 0, scale: str | None = None, step: Step | None = None
+                    ) -> tuple[float, torch.Tensor | None]:
+        """The round of a call whose device part wrote a float64 into total[0] (a one-element tensor; a sum, or a
+        finiteness test, finite exactly where the call's input is): the call's one host wait.
+
+        1. Where the round runs on the device (``on_device``): ``check_record``.
+        2. Elsewhere the host reads total[0] (``codecs.host_value``: the wait) and ``check`` agrees on whether it
+           is finite, and, where ``scale`` ("l2" or "l1") is given, on the float32 scale of ``d`` elements from it
+           (``codecs.scale_from``; 0.0 where it is not finite).
+        ``step`` is the caller's (``check``).
+
+        Returns:
+            This rank's value (0.0 without ``scale``), and every rank's values by rank (None without ``scale``).
+        """
+        if self.on_device():
+            values = self.check_record(total, d, scale, step)
+            return (0.0 if values is None else float(values.numpy()[self.comm.rank])), values
+        value = codecs.host_value(total)
+        finite = math.isfinite(value)
+        mine = float(codecs.scale_from(value, d, scale)) if finite and scale is not None else 0.0
+        return mine, self.check(finite, None if scale is None else mine, step)
+
+    def check_record(self, total: torch.Tensor, d: int, scale: str | None, step: Step | None = None
+                     ) -> torch.Tensor | None:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
         float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
-        ``buffers``: this rank's record and the table (``DEVICE_RECORD`` and n * ``RECORD`` float64s on total's
-        device). Gathered rounds (up to ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
+        Its buffers, this rank's record and the table (``DEVICE_RECORD`` and n * ``RECORD`` float64s), live on
+        total's device, kept from call to call. Gathered rounds (up to ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
         1. Write this rank's record (signature, finite?, value) beside the sum, from it, with no host wait
            (``codecs.agreement_record``).
         2. All-gather the records into the table on the device.
@@ -180,8 +204,11 @@ class Agreement:
         """
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
-        record, table = buffers
         n, valued = self.comm.size, scale is not None
+        if self._buffers is None or self._buffers[0].device != total.device:
+            self._buffers = (torch.empty(DEVICE_RECORD, dtype=torch.float64, device=total.device),
+                             torch.empty(n * RECORD, dtype=torch.float64, device=total.device))
+        record, table = self._buffers
         stand_in = float(spec.scale_from(1.0, d, scale)) if valued else 0.0
         is_summed = summed(self.comm)
         codecs.agreement_record(total, signature, d, scale, record, is_summed)

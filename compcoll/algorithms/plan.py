@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import warnings
 from abc import ABC, abstractmethod
@@ -11,12 +10,11 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from .. import codecs
 from ..comm import Communicator
 from ..comm.work import Work
 from ..spec import padded_numel
 from ..workspace import Workspace
-from .agreement import DEVICE_RECORD, RECORD, Agreement, Option, Step
+from .agreement import Agreement, Option, Step
 from .launch import launch
 from .replay import Replays
 
@@ -162,29 +160,16 @@ class Plan(ABC):
         1. ``part(*args, total)`` writes it into total[0] (``total``: this plan's one-element float64 workspace
            buffer "<name>.total") with no host wait, and returns ``total``; it runs through ``self.replays`` under
            ``name``, so a steady call replays its launches without their Python.
-        2. Where the round runs on the device (``Agreement.on_device``), ``agreement.check_record`` writes this
-           rank's record beside it and reads every rank's back (the wait; workspace buffers "agreement.record"
-           and "agreement.table"). Elsewhere the host reads total[0] (``codecs.host_value``: the wait), and
-           ``agreement.check`` agrees on whether it is finite and on its value.
-        ``scale`` = (d, "l2" or "l1") makes the value the float32 scale of d elements from the sum
-        (``codecs.scale_from``; 0.0 where it is not finite); ``step`` is the caller's (``Agreement.check``).
+        2. ``agreement.check_total``: on the device where the transport runs the round there (NCCL's), else on
+           the host after reading total[0]; ``scale`` = (d, "l2" or "l1") makes the value agreed on the float32
+           scale of d elements from the sum; ``step`` is the caller's.
 
         Returns:
             This rank's value (0.0 without ``scale``), and every rank's values by rank (None without ``scale``).
         """
         total = self.workspace.get(name + ".total", 1, torch.float64, self.device)
-        self.replays.run(name, part, *args, total)
         d, kind = scale if scale is not None else (0, None)
-        if agreement.on_device():
-            n = self.comm.size
-            buffers = (self.workspace.get("agreement.record", DEVICE_RECORD, torch.float64, self.device),
-                       self.workspace.get("agreement.table", n * RECORD, torch.float64, self.device))
-            values = agreement.check_record(total, buffers, d, kind, step)
-            return (0.0 if values is None else float(values.numpy()[self.comm.rank])), values
-        value = codecs.host_value(total)
-        finite = math.isfinite(value)
-        mine = float(codecs.scale_from(value, d, kind)) if finite and kind is not None else 0.0
-        return mine, agreement.check(finite, None if kind is None else mine, step)
+        return agreement.check_total(self.replays.run(name, part, *args, total), d, kind, step)
 
     @property
     def error_feedback(self) -> ErrorFeedback:

@@ -9,6 +9,7 @@ import compcoll
 from compcoll import spec
 from compcoll.algorithms.agreement import Agreement, summed
 from tests.algorithms import hierarchical_workers, onebit_workers, reduce_scatter_workers
+from tests.optim import optim_workers
 
 
 def summed_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, forced: bool) -> None:
@@ -41,8 +42,9 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     """The round on the device (``Communicator.agrees_on_device``, NCCL's, set here on a transport of host tensors):
     every call's record is written beside its sum and all-gathered with it (``Agreement.check_record``), and
     outputs, error buffers and bytes equal the reference's, with one scale, block scales, the hierarchical forms and
-    Birder's; every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking part with
-    a host record (``errors``: the errors too). ``forced``: the rounds are allreduces (``summed_rounds``)."""
+    Birder's; with ``errors``, 1-bit LAMB by layer equals its reference (its round on the whole vector's
+    finiteness), and every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking
+    part with a host record. ``forced``: the rounds are allreduces (``summed_rounds``)."""
     comm.agrees_on_device = True
     gathered = spec.GATHERED_AGREEMENT_RANKS
     if forced:
@@ -52,6 +54,7 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
         assert Agreement(comm, "x", 1, (1,), torch.float32).on_device(), "the round is not on the device"
         run_numerics(comm, shapes, steps)
         if errors:
+            optim_workers.onebit_lamb_reference(comm, 6, layer_scales=True)
             onebit_workers.bad_inputs(comm)
             reduce_scatter_workers.bad_inputs(comm)
             hierarchical_workers.bad_inputs(comm, 1)

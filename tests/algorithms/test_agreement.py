@@ -23,10 +23,14 @@ def test_summed_rounds_match_reference_and_fail_alike(backend: str, world_size: 
 
 @pytest.mark.parametrize("forced", [False, True], ids=["gathered", "summed"])
 @pytest.mark.parametrize("backend, world_size", worlds((1, 3, 4), mpi=2, gloo=4))
-def test_rounds_on_the_device_match_reference_and_fail_alike(backend: str, world_size: int, forced: bool) -> None:
+def test_rounds_on_the_device_match_reference_and_fail_alike(backend: str, world_size: int, forced: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The rounds NCCL runs (the record written beside the call's sum, gathered or summed where it is, read back
     in the call's wait), on host tensors here, on threads and on real MPI and Gloo, as all-gathers and forced to
-    allreduces: the reference's bits and bytes, and every error (tests/gpu runs them on NCCL)."""
+    allreduces (here too, before the threads start: they share the module): the reference's bits and bytes, and
+    every error (tests/gpu runs them on NCCL)."""
+    if forced:
+        monkeypatch.setattr(spec, "GATHERED_AGREEMENT_RANKS", 0)
     run(f"{WORKERS}:device_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2, True, forced))
 
 

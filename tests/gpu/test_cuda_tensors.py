@@ -130,27 +130,34 @@ def test_one_call_synchronizes_once(block_size: int | None) -> None:
     assert waits == ["cudaStreamSynchronize"], waits
 
 
-def test_an_nccl_call_synchronizes_once() -> None:
+@pytest.mark.parametrize("summed, block_size, expected", [(False, None, 1), (False, 64, 1), (True, 64, 1),
+                                                           (True, None, 2)])
+def test_an_nccl_call_synchronizes_once(summed: bool, block_size: int | None, expected: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """On a one-rank NCCL group a gather-scatter call's CUDA synchronizations (torch.profiler) are one: the
-    agreement table's read (its record written on the device beside the sum, ``Agreement.check_record``). Until
-    2026-12-01 the worker sum's read came first (two); before that the record's pageable ``.to(device)`` made a
-    third."""
+    agreement table's read (its record written on the device beside the sum, ``Agreement.check_record``); with
+    summed rounds (forced here at one rank; above 64 ranks) the sums' read, and for one scale a second, the scales'.
+    Until 2026-12-01 the worker sum's read came first (two; three summed with one scale); before that the record's
+    pageable ``.to(device)`` made one more."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
+    if summed:
+        monkeypatch.setattr(compcoll.spec, "GATHERED_AGREEMENT_RANKS", 0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:
         comm = compcoll.TorchComm()
         x = torch.randn(100003, device="cuda")
         we, se = torch.zeros(compcoll.padded_numel(x.numel(), 1), device="cuda"), torch.zeros(100008, device="cuda")
-        compressed_allreduce(x, we, se, comm)
+        want = compressed_allreduce(x, we.clone(), se.clone(), SingleComm(), block_size=block_size)
+        assert torch.equal(compressed_allreduce(x, we, se, comm, block_size=block_size), want)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            compressed_allreduce(x, we, se, comm)
+            compressed_allreduce(x, we, se, comm, block_size=block_size)
         waits = [e.name for e in prof.events() if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                              "cudaEventSynchronize", "cuStreamSynchronize")]
         assert comm.agrees_on_device
-        assert waits == ["cudaStreamSynchronize"], waits
+        assert waits == ["cudaStreamSynchronize"] * expected, waits
     finally:
         dist.destroy_process_group()
 

@@ -10,7 +10,8 @@ warm). ``graphed_step`` runs the first eagerly and replays a CUDA graph of the s
 its own. Both forms: one scale (``flat``, the default call) and a scale per ``ddp.onebit.BLOCK_SIZE`` elements
 (``blocks``, the DDP hook's default). On one rank, over each of ``--comms`` (``single``: ``SingleComm``, whose wire
 is device copies; ``nccl``: a one-rank NCCL group through ``compcoll.init``, whose collectives the graph must capture
-too), at each size:
+too; ``nccl-host``: that group with its agreement rounds on host numbers, as NCCL's were until 2026-12-01, beside it),
+at each size:
 1. The bits: from zeroed error buffers, ``--steps`` calls on fresh random inputs each way, eager and graphed; the
    results and both error buffers must be equal, bit for bit.
 2. The host microseconds per call in a loop of ``--calls`` (median of ``--runs``; ``compcoll.bench.launches``):
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 import compcoll
 from compcoll.algorithms.onebit import FlatPlan
@@ -112,14 +114,17 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def communicator(kind: str) -> Communicator:
-    """A one-rank communicator: ``SingleComm`` ("single") or a one-rank NCCL group ("nccl", torchrun's variables set
-    where absent)."""
+    """A one-rank communicator: ``SingleComm`` ("single"), a one-rank NCCL group ("nccl", torchrun's variables set
+    where absent), or the same group with its agreement rounds on host numbers ("nccl-host": NCCL's rounds until
+    2026-12-01, the sum read first and the record copied up and back: ``Communicator.agrees_on_device`` off)."""
     if kind == "single":
         return compcoll.SingleComm()
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", "29533"), ("COMPCOLL_TORCH_BACKEND", "nccl")):
         os.environ.setdefault(name, value)
-    return compcoll.init("torch")
+    comm = compcoll.init("torch") if kind == "nccl" or not dist.is_initialized() else compcoll.TorchComm()
+    comm.agrees_on_device = kind == "nccl"
+    return comm
 
 
 def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | None = None,
@@ -158,15 +163,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--comms", default="single,nccl")
+    parser.add_argument("--comms", default="single,nccl,nccl-host")
     parser.add_argument("--forms", default="flat,blocks")
     parser.add_argument("--out", default="bench/results/gpu_graphs")
     args = parser.parse_args()
     rows: list[dict] = []
     comms: dict[str, Communicator] = {}
-    for kind in args.comms.split(","):
-        for form in args.forms.split(","):
-            for n in args.sizes.split(","):
+    for form in args.forms.split(","):
+        for n in args.sizes.split(","):
+            for kind in args.comms.split(","):
                 row = {"comm": kind, "form": form, "numel": int(n)}
                 try:
                     if kind not in comms:
@@ -184,10 +189,10 @@ def write(rows: list[dict], args: argparse.Namespace) -> str:
     name = torch.cuda.get_device_name()
     lines = [f"# bench/gpu_graphs.py on {name}: compressed_allreduce on one rank, one scale (flat) or one per "
              f"{BLOCK_SIZE} elements (blocks); host us per call in a loop of {args.calls}, median of {args.runs}",
-             f"{'comm':>6} {'form':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} "
+             f"{'comm':>9} {'form':>6} {'elements':>11} {'eager us':>9} {'graphed us':>10} {'ratio':>6} "
              f"{'device part us':>14} same bits"]
     for r in rows:
-        head = f"{r['comm']:>6} {r['form']:>6} {r['numel']:>11}"
+        head = f"{r['comm']:>9} {r['form']:>6} {r['numel']:>11}"
         if "error" in r:
             lines.append(f"{head} failed: {r['error']}")
             continue

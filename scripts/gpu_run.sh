@@ -49,8 +49,10 @@ echo "== bench/gpu_suite.py"
 timeout "${SUITE_S:-200}" $py bench/gpu_suite.py --runs "${SUITE_RUNS:-20}" ${SUITE_SIZES:+--sizes "$SUITE_SIZES"} \
     ${SUITE_LAUNCHERS:+--launchers "$SUITE_LAUNCHERS"} \
     --out "$out/gpu_kernels" 2>&1 | tail -12
-echo "== bench/gpu_graphs.py: the hook's default call, its device part replayed from a CUDA graph"
-timeout "${GRAPHS_S:-60}" $py bench/gpu_graphs.py --calls 50 --runs 5 --out "$out/gpu_graphs" 2>&1 | tail -10
+echo "== bench/gpu_graphs.py: the hook's default call, its device part replayed from a CUDA graph; NCCL's rounds on"
+echo "   the device and on host numbers side by side"
+timeout "${GRAPHS_S:-60}" $py bench/gpu_graphs.py --calls 50 --runs 5 --sizes 4096,1048576,16777216 \
+    --out "$out/gpu_graphs" 2>&1 | tail -10
 echo "== scripts/cuda_launches.py: the same counts on meta tensors (tests/gpu checks that they are equal), and the meta"
 echo "   proxy's host time on this machine's CPU, to set beside gpu_suite's host time of the same calls"
 $py scripts/cuda_launches.py --numel 4096 --time 2>&1 | tee "$out/cuda_launches.txt"

@@ -10,7 +10,7 @@ import torch
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .. import codecs
-from ..algorithms.agreement import Option, Step, agree, checked
+from ..algorithms.agreement import Agreement, Option, Step, agree, checked
 from ..algorithms.exact import exact_average
 from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.plan import foreign_state
@@ -181,6 +181,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self.skipped_steps = 0
         self._warned_scaler = False
         self._probed = False
+        self._step_rounds: dict[tuple[tuple[int, ...], torch.dtype], Agreement] = {}
         self._buffers: dict[str, torch.Tensor] = {}
         self._buffer_kinds: dict[str, tuple[str, float]] = {}
         self._channel: Channel | None = None
@@ -453,18 +454,34 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         Without ``values``, at the first ``PROBED_STEPS`` steps on several ranks, the round
         carries a fingerprint of each rank's gradient instead (``replicated.fingerprint``):
         the same on every rank means the gradients were averaged before the step or every
-        rank trains on the same batches, and a warning says so, once.
+        rank trains on the same batches, and a warning says so, once. Past those, a round on the
+        finiteness alone reads it from the device where the transport's rounds run there (NCCL's:
+        ``Agreement.check_total``, one wait), and on the host elsewhere.
 
         Returns the (size, len(values)) table of every rank's values.
         """
-        finite = codecs.all_finite(grad)
         probe = not values and not self._probed and self.comm.size > 1 and self.step_index < PROBED_STEPS
+        if not values and not probe:
+            total = codecs.finite_sum(grad, self.workspace.get("optim.finite", 1, torch.float64, grad.device))
+            self._step_round(grad).check_total(total, step=self._tag())
+            return torch.empty(self.comm.size, 0, dtype=torch.float64)
+        finite = codecs.all_finite(grad)
         carried = (fingerprint(grad),) if probe else values
         table = agree(self.comm, f"{type(self).__name__}.step", grad, finite, (), carried, self._tag())
         if probe and same_everywhere(table[:, 0].tolist()):
             self._probed = True
             warnings.warn(warning(type(self).__name__, self.step_index), stacklevel=4)
         return table[:, :len(values)]
+
+    def _step_round(self, grad: torch.Tensor) -> Agreement:
+        """The agreement of a step's round on ``grad`` alone (``_check_finite`` without values), kept per shape and
+        dtype: ``agree``'s, whose round runs on the device where the transport's does (NCCL's)."""
+        key = (tuple(grad.shape), grad.dtype)
+        found = self._step_rounds.get(key)
+        if found is None:
+            found = Agreement(self.comm, f"{type(self).__name__}.step", grad.numel(), grad.shape, grad.dtype)
+            self._step_rounds[key] = found
+        return found
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state, laid out as torch's optimizers lay theirs out (``saved.torch_layout``).

@@ -42,8 +42,9 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     """The round on the device (``Communicator.agrees_on_device``, NCCL's, set here on a transport of host tensors):
     every call's record is written beside its sum and all-gathered with it (``Agreement.check_record``), and
     outputs, error buffers and bytes equal the reference's, with one scale, block scales, the hierarchical forms and
-    Birder's; with ``errors``, 1-bit LAMB by layer equals its reference (its round on the whole vector's
-    finiteness), and every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking
+    Birder's; with ``errors``, 1-bit LAMB by layer and 0/1 Adam equal their references (rounds on a vector's
+    finiteness: the layered channel's, 0/1 Adam's local steps'), a NaN in a local step skips it on every rank, ranks at different steps fail alike, and
+    every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking
     part with a host record. ``forced``: the rounds are allreduces (``summed_rounds``)."""
     comm.agrees_on_device = True
     gathered = spec.GATHERED_AGREEMENT_RANKS
@@ -55,6 +56,10 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
         run_numerics(comm, shapes, steps)
         if errors:
             optim_workers.onebit_lamb_reference(comm, 6, layer_scales=True)
+            optim_workers.zero_one_adam_reference(comm, 8)
+            optim_workers.nonfinite(comm, "ZeroOneAdam", 11, "skip")
+            if comm.size > 1:
+                optim_workers.step_mismatch(comm, "ZeroOneAdam", "resume")
             onebit_workers.bad_inputs(comm)
             reduce_scatter_workers.bad_inputs(comm)
             hierarchical_workers.bad_inputs(comm, 1)

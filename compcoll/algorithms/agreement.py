@@ -65,6 +65,24 @@ def _sums_fine(sums: list[float], n: int) -> bool:
     return all(n * sums[4 + i] == sums[i] * sums[i] for i in range(4)) and sums[8] == 0 and sums[9] == 0
 
 
+def _stand_in(d: int, scale: str | None) -> float:
+    """A meta round's stand-in value (nothing ran): the scale of ``d`` elements from a sum of 1.0, as
+    ``codecs.host_value`` stands in 1.0 for a sum; 0.0 without ``scale``."""
+    return 0.0 if scale is None else float(spec.scale_from(1.0, d, scale))
+
+
+def kept(agreements: dict[tuple[tuple[int, ...], torch.dtype], "Agreement"], comm: Communicator, what: str,
+         numel: int, tensor: torch.Tensor, options: tuple[Option, ...] = ()) -> "Agreement":
+    """The agreement of ``what`` on ``numel`` elements for ``tensor``'s shape and dtype, kept in ``agreements``
+    (built on first use)."""
+    key = (tuple(tensor.shape), tensor.dtype)
+    found = agreements.get(key)
+    if found is None:
+        found = Agreement(comm, what, numel, tensor.shape, tensor.dtype, options)
+        agreements[key] = found
+    return found
+
+
 def _statuses(comm: Communicator, signature: float, finite: bool, value: float,
               buffers: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[float]]:
     """Every rank's (signature or ``REFUSED``, finite?, value): an all-gather of ``RECORD`` float64s, through
@@ -209,22 +227,22 @@ class Agreement:
             self._buffers = (torch.empty(DEVICE_RECORD, dtype=torch.float64, device=total.device),
                              torch.empty(n * RECORD, dtype=torch.float64, device=total.device))
         record, table = self._buffers
-        stand_in = float(spec.scale_from(1.0, d, scale)) if valued else 0.0
         is_summed = summed(self.comm)
         codecs.agreement_record(total, signature, d, scale, record, is_summed)
         if not is_summed:
             self.comm.allgather(record[:RECORD], table)
-            values = codecs.host_values(table) or [signature, 1.0, stand_in] * n
+            values = codecs.host_values(table) or [signature, 1.0, _stand_in(d, scale)] * n
             return self._judged([values[r * RECORD:(r + 1) * RECORD] for r in range(n)], signature, valued)
         self.comm.allreduce(record[:SUMMED])
-        found = codecs.host_values(record) or [n * v for v in spec.summed_fields(signature, True)] + [stand_in, 1.0]
+        found = (codecs.host_values(record) or
+                 [n * v for v in spec.summed_fields(signature, True)] + [_stand_in(d, scale), 1.0])
         value, finite = found[SUMMED], bool(found[SUMMED + 1])
         if not _sums_fine(found[:SUMMED], n):
             self._fail(_statuses(self.comm, signature, finite, value), signature)
         if not valued:
             return None
         self.comm.allgather(record[SUMMED:SUMMED + 1], table[:n])
-        values = codecs.host_values(table[:n]) or [stand_in] * n
+        values = codecs.host_values(table[:n]) or [_stand_in(d, scale)] * n
         self._values.numpy()[:] = values
         return self._values
 

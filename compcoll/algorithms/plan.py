@@ -14,7 +14,7 @@ from ..comm import Communicator
 from ..comm.work import Work
 from ..spec import padded_numel
 from ..workspace import Workspace
-from .agreement import Agreement, Option, Step
+from .agreement import Agreement, Option, Step, kept
 from .launch import launch
 from .replay import Replays
 
@@ -145,12 +145,7 @@ class Plan(ABC):
 
     def agreement(self, tensor: torch.Tensor) -> Agreement:
         """The agreement for ``tensor``'s shape and dtype (built on first use)."""
-        key = (tuple(tensor.shape), tensor.dtype)
-        found = self._agreements.get(key)
-        if found is None:
-            found = Agreement(self.comm, self.what, self.numel, tensor.shape, tensor.dtype, self.options)
-            self._agreements[key] = found
-        return found
+        return kept(self._agreements, self.comm, self.what, self.numel, tensor, self.options)
 
     def agreed(self, agreement: Agreement, name: str, part: Callable[..., torch.Tensor], *args: Any,
                scale: tuple[int, str] | None = None, step: Step | None = None) -> tuple[float, torch.Tensor | None]:

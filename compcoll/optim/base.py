@@ -10,7 +10,7 @@ import torch
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .. import codecs
-from ..algorithms.agreement import Agreement, Option, Step, agree, checked
+from ..algorithms.agreement import Agreement, Option, Step, agree, checked, kept
 from ..algorithms.exact import exact_average
 from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.plan import foreign_state
@@ -463,7 +463,8 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         probe = not values and not self._probed and self.comm.size > 1 and self.step_index < PROBED_STEPS
         if not values and not probe:
             total = codecs.finite_sum(grad, self.workspace.get("optim.finite", 1, torch.float64, grad.device))
-            self._step_round(grad).check_total(total, step=self._tag())
+            kept(self._step_rounds, self.comm, f"{type(self).__name__}.step", grad.numel(), grad).check_total(
+                total, step=self._tag())
             return torch.empty(self.comm.size, 0, dtype=torch.float64)
         finite = codecs.all_finite(grad)
         carried = (fingerprint(grad),) if probe else values
@@ -472,16 +473,6 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
             self._probed = True
             warnings.warn(warning(type(self).__name__, self.step_index), stacklevel=4)
         return table[:, :len(values)]
-
-    def _step_round(self, grad: torch.Tensor) -> Agreement:
-        """The agreement of a step's round on ``grad`` alone (``_check_finite`` without values), kept per shape and
-        dtype: ``agree``'s, whose round runs on the device where the transport's does (NCCL's)."""
-        key = (tuple(grad.shape), grad.dtype)
-        found = self._step_rounds.get(key)
-        if found is None:
-            found = Agreement(self.comm, f"{type(self).__name__}.step", grad.numel(), grad.shape, grad.dtype)
-            self._step_rounds[key] = found
-        return found
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state, laid out as torch's optimizers lay theirs out (``saved.torch_layout``).

@@ -122,16 +122,17 @@ class Pool:
                 os.close(pipe)
 
     def _ended(self) -> str:
-        """What has ended, or "": a process the pool started (by index), or a rank's own process (by rank, from
-        the pid it wrote: under one mpiexec, whose launcher may see a rank's end late or, rarely, not at all)."""
-        procs = [i for i, p in enumerate(self.procs) if p.poll() is not None]
-        if procs:
-            return f"process(es) {procs} ended"
+        """What has ended, or "": a rank's own process (by rank, from the pid it wrote), else a process the pool
+        started (by index). Ranks first: under one mpiexec the pool's one process is the launcher, which ends
+        when a rank does (or sees a rank's end late or, rarely, not at all), and its index names no rank."""
         for rank in range(self.size):
             if rank not in self.pids and (self.folder / f"pid.{rank}").exists():
                 self.pids[rank] = int((self.folder / f"pid.{rank}").read_text())
         ranks = [rank for rank, pid in sorted(self.pids.items()) if not _running(pid)]
-        return f"rank process(es) {ranks} ended" if ranks else ""
+        if ranks:
+            return f"rank process(es) {ranks} ended"
+        procs = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+        return f"process(es) {procs} ended" if procs else ""
 
     @property
     def alive(self) -> bool:

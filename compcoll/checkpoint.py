@@ -1,4 +1,4 @@
-"""Per-rank checkpoints: every rank saves and loads its own share of optimizers' and DDP hooks' state, all or none."""
+"""Per-process checkpoints: every rank saves and loads its own share of optimizers' and hooks' state, all or none."""
 
 from __future__ import annotations
 
@@ -24,16 +24,17 @@ class Stateful(Protocol):
 
 
 def path_of(directory: str | os.PathLike, rank: int, world_size: int) -> Path:
-    """The file that holds rank ``rank``'s share of a checkpoint taken by ``world_size`` ranks."""
+    """The file that holds process ``rank``'s share of a checkpoint taken by a job of ``world_size`` processes."""
     return Path(directory) / f"compcoll-rank{rank}-of-{world_size}.pt"
 
 
 def save(directory: str | os.PathLike, *states: Stateful, comm: Communicator | None = None) -> Path:
     """Save this rank's state of every object in ``states`` (in order); every rank calls it.
 
-    1. Write ``[s.state_dict() for s in states]`` to this rank's file in ``directory``
-       (``path_of``), through a temporary file renamed into place, so a crash leaves the
-       previous checkpoint whole.
+    1. Write ``[s.state_dict() for s in states]`` to this process's file in ``directory``
+       (``path_of`` its rank in the whole job, ``comm.job_rank`` of ``comm.job_size``: the
+       ranks of a subgroup, such as HSDP's replica groups, repeat in every group), through a
+       temporary file renamed into place, so a crash leaves the previous checkpoint whole.
     2. Agree on the outcome (``agree_outcome``): if any rank could not save, every rank
        raises, the failing ones their own error, the others ``RemoteError`` naming them.
 
@@ -44,10 +45,10 @@ def save(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
             optimizer's, a hook state's own group), else ``compcoll.get_default()``.
 
     Returns:
-        This rank's file.
+        This process's file.
     """
     comm = _communicator(states, comm)
-    path = path_of(directory, comm.rank, comm.size)
+    path = path_of(directory, comm.job_rank, comm.job_size)
     error = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,13 +64,14 @@ def save(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
 def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | None = None) -> None:
     """Load this rank's share of a checkpoint that ``save`` wrote into ``states`` (same objects, same order).
 
-    1. Find this rank's file (``saved_file``): its own, from a world of the same size; or,
-       where the directory holds only the complete files of a world of another size m
-       (an elastic restart), the file of rank ``rank % m`` of that world.
+    1. Find this process's file (``saved_file``, by its rank in the job as ``save`` names it):
+       its own, from a job of the same size; or, where the directory holds only the complete
+       files of a job of another size m (an elastic restart), the file of process
+       ``rank % m`` of that job.
     2. Read it and check it holds one state per object. Agree on the outcome: if any
        rank's file is missing or unreadable, every rank raises before any object changes.
     3. ``load_state_dict`` each object (each checks its own layout, and from another
-       world's file loads the replicated part, warns, and restarts what was that rank's
+       process's file loads the replicated part, warns, and restarts what was that rank's
        own: error feedback at zero), then agree again: a rank whose objects refused their
        state makes every rank raise (reload before training on).
 
@@ -82,7 +84,7 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
     saved: list[dict[str, Any]] = []
     error = None
     try:
-        path = saved_file(directory, comm.rank, comm.size)
+        path = saved_file(directory, comm.job_rank, comm.job_size)
         saved = torch.load(path, map_location="cpu", weights_only=True)
         if len(saved) != len(states):
             raise ValueError(f"{path} holds {len(saved)} states, {len(states)} objects were given to load")
@@ -98,11 +100,11 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
 
 
 def saved_file(directory: str | os.PathLike, rank: int, world_size: int) -> Path:
-    """The file rank ``rank`` of ``world_size`` loads from ``directory``.
+    """The file process ``rank`` of a job of ``world_size`` loads from ``directory``.
 
     1. Its own (``path_of``), where it exists.
-    2. Otherwise, where no file of this world size is there and the files of exactly one
-       other world size m are, all m of them: rank ``rank % m``'s of that world (every
+    2. Otherwise, where no file of this job size is there and the files of exactly one
+       other job size m are, all m of them: process ``rank % m``'s of that job (every
        state in it holds the replicated part every rank had: moments, counters, options).
     3. Otherwise ``FileNotFoundError`` naming the files found.
     """

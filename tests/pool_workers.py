@@ -124,7 +124,8 @@ def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll
     """The communicator of case ``case`` over ``comm``'s first ``size`` ranks, as a fresh launch of ``size``
     ranks would make it; None on the ranks beyond them.
 
-    MPI: every rank splits ``comm``. Gloo: those ranks start the default process group of ``size`` ranks (what
+    MPI: every rank splits ``comm``, and the split is the job (``job_rank``, ``job_size``, which a fresh launch
+    reads from ``COMM_WORLD``). Gloo: those ranks start the default process group of ``size`` ranks (what
     DDP and compcoll's states use when given no group) on the launch's store, under the case's prefix, and pass a
     barrier on it: a rank's ``init_process_group`` can return while a peer is still connecting to it, and a case
     that sends nothing would then destroy the group under that peer ("Connection closed by peer").
@@ -134,7 +135,11 @@ def _fresh(comm: compcoll.Communicator, size: int, store, case: int) -> compcoll
         from mpi4py import MPI
 
         split = comm.mpi_comm.Split(0 if member else MPI.UNDEFINED, comm.rank)
-        return compcoll.MPIComm(split) if member else None
+        if not member:
+            return None
+        fresh = compcoll.MPIComm(split)
+        fresh.job_rank, fresh.job_size = fresh.rank, fresh.size
+        return fresh
     if not member:
         return None
     import torch.distributed as dist

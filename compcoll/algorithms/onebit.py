@@ -538,7 +538,8 @@ class CompressedAllreduce:
         self.plans.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's protocol, scale, block size and every key's error buffers (save one per rank), as they are
+        """This rank's protocol, scale, block size and every key's error buffers (save one per rank), with whose they
+        are (the rank of the group and the process of the job: ``plan.owned``), as they are
         once every call issued before it has run: it takes its turn in the communicator's order (``Communicator.run``)
         behind asynchronous calls still in flight, which would otherwise be copied half written."""
         return self.comm.run(self._state_dict, "CompressedAllreduce.state_dict")
@@ -553,6 +554,7 @@ class CompressedAllreduce:
             "bits": self.bits,
             "world_size": self.comm.size,
             "rank": self.comm.rank,
+            "job": [self.comm.job_rank, self.comm.job_size],
             "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
         }
 
@@ -561,7 +563,7 @@ class CompressedAllreduce:
         buffers they started with, and the next calls start from the loaded ones). Another rank's or world size's
         state (``plan.owned``: a warning naming ``what``, the state that holds this one) gives the options only:
         every key's error buffers restart at zero. Returns whether the state was this rank's own."""
-        own = owned(state, self.comm.rank, self.comm.size, what)
+        own = owned(state, self.comm, what)
         check_protocol("CompressedAllreduce checkpoint", state["protocol"])
         self.protocol = state["protocol"]
         self.scale = state.get("scale", "l2")

@@ -32,22 +32,34 @@ def check_owner(state: dict[str, Any], rank: int, world_size: int) -> None:
         )
 
 
-def owned(state: dict[str, Any], rank: int, world_size: int, what: str) -> bool:
-    """Whether a checkpoint holding error feedback (``state["rank"]``, ``state["world_size"]``) is this rank's own;
-    where it is not, warn that ``what``'s error buffers restart at zero (``foreign_state``)."""
-    if (state["world_size"], state["rank"]) == (world_size, rank):
+def owned(state: dict[str, Any], comm: Communicator, what: str) -> bool:
+    """Whether a checkpoint holding error feedback is this rank's own: saved by rank ``comm.rank`` of a group of
+    ``comm.size`` (``state["rank"]``, ``state["world_size"]``) and, where the state says (``state["job"]``, saved
+    since 2026-12-01), by process ``comm.job_rank`` of a job of ``comm.job_size``: every HSDP replica group has a
+    rank 0, each of another shard. Where it is not, warn that ``what``'s error buffers restart at zero
+    (``foreign_state``)."""
+    job = [comm.job_rank, comm.job_size]
+    if (state["world_size"], state["rank"], list(state.get("job", job))) == (comm.size, comm.rank, job):
         return True
-    warnings.warn(foreign_state(what, state, rank, world_size, "its error buffers restart at zero"), stacklevel=3)
+    warnings.warn(foreign_state(what, state, comm.rank, comm.size, "its error buffers restart at zero", job),
+                  stacklevel=3)
     return False
 
 
-def foreign_state(what: str, state: dict[str, Any], rank: int, world_size: int, lost: str) -> str:
-    """The warning of a state loaded from another rank or world size: what resumes, what is ``lost`` (one rank's
-    own), and how to resume exactly."""
-    how = ("an exact resume needs the world size that saved it" if state["world_size"] != world_size else
+def foreign_state(what: str, state: dict[str, Any], rank: int, world_size: int, lost: str,
+                  job: list[int] | None = None) -> str:
+    """The warning of a state loaded from another rank or world size (or, given this process's ``job`` = [rank, size]
+    where the state holds its own, another process of the job): what resumes, what is ``lost`` (one rank's own), and
+    how to resume exactly."""
+    saved, here = f"rank {state['rank']} of {state['world_size']}", f"rank {rank} of {world_size}"
+    saved_job = list(state.get("job", job or [])) or None
+    if saved == here and job is not None and saved_job != job:
+        saved += f" (process {saved_job[0]} of {saved_job[1]})"
+        here += f" (process {job[0]} of {job[1]})"
+    resized = state["world_size"] != world_size or (job is not None and saved_job[1] != job[1])
+    how = ("an exact resume needs the world size that saved it" if resized else
            "for an exact resume save and load every rank's state with compcoll.checkpoint.save / load")
-    return (f"{what}: loaded the state of rank {state['rank']} of {state['world_size']} on rank {rank} of "
-            f"{world_size}: counters resume exactly, but {lost} (one rank's own); {how}")
+    return f"{what}: loaded the state of {saved} on {here}: counters resume exactly, but {lost} (one rank's own); {how}"
 
 
 class ErrorFeedback:

@@ -72,6 +72,12 @@ class Communicator(ABC):
     ``CollectiveTimeout`` and leaves the communicator unusable (``CommunicatorBroken``
     afterwards), since a half-done collective cannot be taken back.
 
+    ``job_rank`` and ``job_size`` are this process's rank among all the job's processes and
+    their number (torch.distributed's global rank and world size, MPI's ``COMM_WORLD``), for a
+    communicator over a subgroup too: what names a process's checkpoint file, where the group
+    ranks of HSDP's replica groups or of data-parallel groups repeat. A communicator made by
+    ``split`` keeps its parent's.
+
     ``attached`` holds, by name, what the layers above keep for this communicator (its
     plans, its topologies): the communicator owns it, so it ends with the communicator
     instead of keeping it alive from a module's table (a Gloo group's threads and sockets
@@ -96,6 +102,8 @@ class Communicator(ABC):
     def __init__(self, rank: int, size: int, timeout: float | None = None) -> None:
         self.rank = rank
         self.size = size
+        self.job_rank = rank
+        self.job_size = size
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self.bytes_sent = 0
         self.bytes_sent_to = [0] * size
@@ -172,6 +180,7 @@ class Communicator(ABC):
             child = self._guard(self._split, int(color), groups)
             child._parent = self
             child._parent_ranks = groups[int(color)]
+            child.job_rank, child.job_size = self.job_rank, self.job_size
             child._ordering = self._ordering
             return child
 

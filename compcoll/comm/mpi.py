@@ -69,6 +69,7 @@ class MPIComm(Communicator):
         self.cuda_aware = detect_cuda_aware() if cuda_aware is None else bool(cuda_aware)
         self.staged_bytes = 0
         super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
+        self.job_rank, self.job_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
     def describe(self) -> str:
         return "MPI"

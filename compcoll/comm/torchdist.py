@@ -45,6 +45,7 @@ class TorchComm(Communicator):
         self.agrees_on_device = self.backend == "nccl"
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
         self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
+        self.job_rank, self.job_size = dist.get_rank(), dist.get_world_size()
         self.polled = False  # set once this group's works refuse a finite timeout: waits poll them then
 
     def describe(self) -> str:

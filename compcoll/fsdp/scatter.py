@@ -134,16 +134,18 @@ class ReduceScatterState:
         return buffers + (0 if self._scratch is None else self._scratch.numel() * 4)
 
     def state_dict(self) -> dict[str, Any]:
-        """The options, each unit's step count and this rank's error buffers (save one per rank)."""
-        return {"world_size": self.comm.size, "rank": self.comm.rank, "bits": self.bits, "block_size": self.block_size,
-                "scale": self.scale, "error_dtype": str(self.error_dtype).replace("torch.", ""),
-                "start_step": self.start_step, "steps": dict(self.steps),
+        """The options, each unit's step count and this rank's error buffers (save one per rank), with whose they are:
+        the rank of the group and the process of the job (``plan.owned``)."""
+        return {"world_size": self.comm.size, "rank": self.comm.rank, "job": [self.comm.job_rank, self.comm.job_size],
+                "bits": self.bits, "block_size": self.block_size, "scale": self.scale,
+                "error_dtype": str(self.error_dtype).replace("torch.", ""), "start_step": self.start_step,
+                "steps": dict(self.steps),
                 "errors": {k: e.clone() for k, e in self.errors.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved: options, step counts and, from this rank's own state, its error
         buffers; another rank's or world size's (``plan.owned``: a warning) restarts them at zero."""
-        own = owned(state, self.comm.rank, self.comm.size, "ReduceScatterState")
+        own = owned(state, self.comm, "ReduceScatterState")
         self.bits, self.block_size, self.scale = state["bits"], state["block_size"], state["scale"]
         self.start_step = state["start_step"]
         self.error_dtype = getattr(torch, state["error_dtype"])

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import compcoll
+import compcoll.checkpoint
 from compcoll.comm.torchdist import TorchComm
 from compcoll.optim import OneBitAdam
 
@@ -85,6 +86,7 @@ def collectives(comm: compcoll.Communicator) -> None:
 
     half = comm.split(rank % 2)
     assert half.size == (n + 1 - rank % 2) // 2 and half.rank == rank // 2
+    assert (comm.job_rank, comm.job_size) == (half.job_rank, half.job_size) == (rank, n), "a split lost the job's rank"
     total = torch.tensor([float(rank)])
     before, before_to = comm.bytes_sent, list(comm.bytes_sent_to)
     half.allreduce(torch.zeros(3 * half.size))
@@ -319,24 +321,47 @@ def subgroups_split_alone(comm: compcoll.Communicator) -> None:
     Adam builds) with its own ranks alone, into groups of their own: the two groups' splits are not one torch group
     name (the default group's ``new_group``, called by each group's ranks for their own members, named both alike,
     so their rendezvous could cross, and waited forever when the two groups' calls differed). A 1-bit Adam on each
-    keeps its group's replicas identical while the two groups train apart."""
+    keeps its group's replicas identical while the two groups train apart. ``compcoll.checkpoint`` names each
+    process's file by its rank in the job (by the group's rank, the two groups' ranks 0 wrote one file, and one
+    group resumed with the other's error buffers, with nothing said): 4 files, and each optimizer resumes its own
+    state, the next step with the bits of the run that went on."""
     rank = dist.get_rank()
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     data_parallel = TorchComm(groups[rank % 2])
     half = data_parallel.split(0)
     assert (half.size, half.rank) == (2, rank // 2)
+    assert (data_parallel.job_rank, data_parallel.job_size) == (half.job_rank, half.job_size) == (rank, 4)
     names = [None] * 4
     dist.all_gather_object(names, half.group.group_name)
     assert names[rank] == names[(rank + 2) % 4] != names[(rank + 1) % 4], names
     torch.manual_seed(rank % 2)
     net = torch.nn.Linear(13, 5)
     opt = OneBitAdam(net.parameters(), lr=1e-2, freeze_step=2, comm=data_parallel)
-    for step in range(4):
-        opt.zero_grad()
-        x = torch.randn(4, 13, generator=torch.Generator().manual_seed(10 * step + rank))
-        net(x).square().mean().backward()
-        opt.step()
-    flat = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+    def train(net: torch.nn.Module, opt: OneBitAdam, steps: range) -> torch.Tensor:
+        for step in steps:
+            opt.zero_grad()
+            x = torch.randn(4, 13, generator=torch.Generator().manual_seed(10 * step + rank))
+            net(x).square().mean().backward()
+            opt.step()
+        return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+    train(net, opt, range(4))
+    folder = [tempfile.mkdtemp() if rank == 0 else None]
+    dist.broadcast_object_list(folder)
+    compcoll.checkpoint.save(folder[0], opt)
+    model = {key: value.clone() for key, value in net.state_dict().items()}
+    flat = train(net, opt, range(4, 5))
+    dist.barrier()
+    assert sorted(os.listdir(folder[0])) == [f"compcoll-rank{r}-of-4.pt" for r in range(4)], os.listdir(folder[0])
+    resumed = torch.nn.Linear(13, 5)
+    resumed.load_state_dict(model)
+    opt = OneBitAdam(resumed.parameters(), lr=1e-2, freeze_step=2, comm=data_parallel)
+    compcoll.checkpoint.load(folder[0], opt)
+    assert torch.equal(train(resumed, opt, range(4, 5)), flat), "a data-parallel group resumed another's state"
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(folder[0])
     table = [torch.empty_like(flat) for _ in range(4)]
     dist.all_gather(table, flat)
     assert torch.equal(table[rank], table[(rank + 2) % 4]), "a data-parallel group's replicas differ"

@@ -16,6 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 import compcoll
+import compcoll.checkpoint
 import compcoll.fsdp
 from compcoll.fsdp.replicas import ReplicaState
 from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
@@ -154,12 +155,17 @@ def _saved(net: torch.nn.Module, opt: torch.optim.Optimizer, state: Any) -> byte
     return buffer.getvalue()
 
 
-def _resumed(saved: bytes, build) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+def _resumed(saved: bytes, build, folder: str | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    """Model, optimizer and state from what ``_saved`` wrote, the state from ``compcoll.checkpoint``'s files in
+    ``folder`` where given."""
     net, opt, state = build()
     loaded = torch.load(io.BytesIO(saved), weights_only=False)
     net.load_state_dict(loaded["model"])
     opt.load_state_dict(loaded["optim"])
-    state.load_state_dict(loaded["compcoll"])
+    if folder is None:
+        state.load_state_dict(loaded["compcoll"])
+    else:
+        compcoll.checkpoint.load(folder, state)
     return net, opt, state
 
 
@@ -202,11 +208,14 @@ def training(comm: compcoll.Communicator, steps: int) -> None:
     assert len(late.errors) == 3, "start_step=2: the third step did not compress"
 
 
-def replicas(comm: compcoll.Communicator, steps: int) -> None:
+def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     """HSDP by hand on 2 x 2 ranks: FSDP inside each pair, ``compress(model, replicas=...)`` across them. Each
     hook's output equals the reference compressed allreduce of both replicas' shards, with error buffers across
-    steps; replicas of a shard hold the same bits; resume is exact; a NaN on one rank reaches every rank;
-    ``start_step`` sends plain allreduces first."""
+    steps; replicas of a shard hold the same bits; resume is exact, from ``state_dict`` and from
+    ``compcoll.checkpoint``'s files in the shared ``folder`` (one a process: both replica groups have a rank 0,
+    whose files had one name, so a shard resumed with the other shard's error buffers, with nothing said); the
+    state of the process of the same replica rank in the other group warns that its buffers restart at zero; a NaN
+    on one rank reaches every rank; ``start_step`` sends plain allreduces first."""
     rank = comm.rank
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     group = mesh.get_group("replicate")
@@ -245,6 +254,9 @@ def replicas(comm: compcoll.Communicator, steps: int) -> None:
     net, opt, state = build()
     _train(net, opt, range(2), rank)
     saved = _saved(net, opt, state)
+    compcoll.checkpoint.save(folder, state)
+    states = [None] * 4
+    dist.all_gather_object(states, state.state_dict())
     finite = _train(net, opt, range(2, 3), rank, nan_at=2, nan_rank=3)
     assert finite == [False], f"rank {rank}: a NaN on rank 3 did not reach every rank"
     _train(net, opt, range(3, steps), rank)
@@ -252,6 +264,13 @@ def replicas(comm: compcoll.Communicator, steps: int) -> None:
     net, opt, state = _resumed(saved, build)
     _train(net, opt, range(3, steps), rank)
     assert digest(net) == whole, "the resumed HSDP run differs from the uninterrupted one"
+    net, opt, state = _resumed(saved, build, folder)
+    _train(net, opt, range(3, steps), rank)
+    assert digest(net) == whole, "the HSDP run resumed from compcoll.checkpoint's files differs"
+    said = warned(state.load_state_dict, states[rank ^ 1])
+    assert len(said) == 1 and said[0].startswith(
+        f"ReplicaState: loaded the state of rank {rank // 2} of 2 (process {rank ^ 1} of 4) on rank {rank // 2} of 2 "
+        f"(process {rank} of 4): counters resume exactly, but its error buffers restart at zero"), said
 
     net = model(mesh=mesh["shard"])
     late = compcoll.fsdp.compress(net, replicas=group, start_step=2)

@@ -22,8 +22,8 @@ def test_compress_resumes_exactly_and_a_nan_reaches_every_rank(world_size: int) 
     run(f"{WORKERS}:training", world_size, "gloo", args=(6,))
 
 
-def test_replicas_form_on_two_by_two_ranks() -> None:
-    run(f"{WORKERS}:replicas", 4, "gloo", args=(5,))
+def test_replicas_form_on_two_by_two_ranks(tmp_path) -> None:
+    run(f"{WORKERS}:replicas", 4, "gloo", args=(5, str(tmp_path)))
 
 
 def test_reduce_ops_read_as_each_torch_gives_them() -> None:

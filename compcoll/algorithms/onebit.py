@@ -506,19 +506,25 @@ class CompressedAllreduce:
     def plan(self, key: Hashable, tensor: torch.Tensor) -> FlatPlan:
         """The plan of ``key`` (built for ``tensor``, a checked input, on first use).
 
-        Raises ValueError when ``key`` was used before with another number of elements
-        or device.
+        1. A key used before with another number of elements: ValueError.
+        2. A key whose buffers are on another device than ``tensor`` (loaded from
+           ``compcoll.checkpoint``'s files, which map to the CPU, or the model moved): its
+           buffers follow ``tensor`` there, values kept, in this rank's turn (behind calls in
+           flight on them). Before 2026-12-01 this raised ValueError, so a GPU run resumed
+           from ``compcoll.checkpoint`` failed at its first compressed call.
         """
         plan = self.plans.get(key)
         if plan is None:
             plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, None, self.scale,
                             self.block_size, self.bits)
             self.plans[key] = plan
-        elif (plan.numel, plan.device) != (tensor.numel(), tensor.device):
+        elif plan.numel != tensor.numel():
             raise ValueError(
-                f"CompressedAllreduce: key {key!r} holds buffers for {plan.numel} elements on {plan.device}, "
-                f"but this tensor has {tensor.numel()} on {tensor.device}; use a new key for it"
+                f"CompressedAllreduce: key {key!r} holds buffers for {plan.numel} elements, but this tensor has "
+                f"{tensor.numel()}; use a new key for it"
             )
+        elif plan.device != tensor.device:
+            self.comm.run(lambda: plan.to(tensor.device), "CompressedAllreduce.to")
         return plan
 
     @eager

@@ -293,6 +293,9 @@ def _compress(state: OneBitState, key: int, piece: torch.Tensor) -> torch.future
     if buffers is None or (buffers[0].numel(), buffers[1].numel()) != lengths:
         buffers = tuple(torch.zeros(length, device=piece.device) for length in lengths)
         state.node_buffers[key] = buffers
+    elif buffers[0].device != piece.device:  # loaded from compcoll.checkpoint's files (on the CPU): values kept
+        buffers = tuple(buffer.to(piece.device) for buffer in buffers)
+        state.node_buffers[key] = buffers
     work = hierarchical_compressed_allreduce(piece, *buffers, state.comm, ranks_per_node=state.layout_request,
                                              out=piece, async_op=True, scale=state.allreduce.scale, block_size=block)
     return settle(work, piece)

@@ -114,11 +114,16 @@ class ReduceScatterState:
             stored.copy_(error)
 
     def _error(self, key: int, input: torch.Tensor) -> torch.Tensor:
-        """Unit ``key``'s stored error buffer (zeros in ``error_dtype`` on first use)."""
+        """Unit ``key``'s stored error buffer: zeros in ``error_dtype`` on first use; on ``input``'s device, values
+        kept, where it is on another (loaded from ``compcoll.checkpoint``'s files, which map to the CPU: before
+        2026-12-01 a GPU run resumed from them restarted every error buffer at zero, with nothing said)."""
         length = self.comm.size * row_elements(input.numel(), self.comm.size)
         error = self.errors.get(key)
-        if error is None or error.numel() != length or error.device != input.device:
+        if error is None or error.numel() != length:
             error = torch.zeros(length, dtype=self.error_dtype, device=input.device)
+            self.errors[key] = error
+        elif error.device != input.device:
+            error = error.to(input.device)
             self.errors[key] = error
         return error
 

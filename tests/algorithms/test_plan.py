@@ -24,6 +24,18 @@ def test_a_key_keeps_one_plan_and_its_buffers() -> None:
         allreduce(torch.randn(500), key="w")
 
 
+def test_a_keys_buffers_follow_its_tensor_to_another_device() -> None:
+    """A key whose buffers are on another device than the call's tensor (loaded from ``compcoll.checkpoint``'s files,
+    which map to the CPU, on a GPU run) moves them there and calls on; it raised ValueError before 2026-12-01. The
+    other device a CPU-only torch has is meta (``tests/gpu``: on CUDA, with the bits of the run that went on)."""
+    allreduce = CompressedAllreduce(SingleComm())
+    allreduce(torch.randn(100), key="w")
+    plan = allreduce.plans["w"]
+    out = allreduce(torch.empty(100, device="meta"), key="w")
+    assert out.device.type == "meta" and allreduce.plans["w"] is plan and plan.device.type == "meta"
+    assert {buffer.device.type for buffer in plan.error_feedback.buffers()} == {"meta"}
+
+
 def test_round_trip_through_torch_save() -> None:
     allreduce = CompressedAllreduce(SingleComm())
     x = torch.randn(37)

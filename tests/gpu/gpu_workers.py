@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import compcoll
 from compcoll.kernels import reference
@@ -218,3 +219,28 @@ def ddp_on_a_stream_of_its_own(comm: compcoll.Communicator, steps: int) -> None:
     finally:
         codecs.decode_framed = decode_framed
     assert compressed > 0, "no bucket went compressed"
+
+
+def checkpoint_files_on_cuda(comm: compcoll.Communicator, folder: str, device: str = "cuda") -> None:
+    """``compcoll.checkpoint`` maps its files to the CPU: a ``CompressedAllreduce`` and a ``ReduceScatterState``
+    loaded from them on a GPU run move their error buffers to the tensors' device at the next call, values kept, and
+    go on with the bits of the run that went on (the allreduce raised ValueError there before 2026-12-01, the
+    reduce-scatter restarted its buffers at zero, with nothing said)."""
+    import compcoll.checkpoint
+    from compcoll.fsdp.scatter import ReduceScatterState
+
+    xs = [torch.randn(5003, generator=torch.Generator().manual_seed(step)).to(device) for step in range(2)]
+    outs = [torch.empty(5003, device=device) for _ in range(2)]
+    allreduce, scatter = compcoll.CompressedAllreduce(comm), ReduceScatterState()
+    allreduce(xs[0], key="w")
+    scatter.reduce_scatter(0, outs[0], xs[0], None, dist.ReduceOp.AVG)
+    compcoll.checkpoint.save(folder, allreduce, scatter)
+    went_on = allreduce(xs[1], key="w").cpu()
+    scatter.reduce_scatter(0, outs[0], xs[1], None, dist.ReduceOp.AVG)
+    resumed, resumed_scatter = compcoll.CompressedAllreduce(comm), ReduceScatterState()
+    compcoll.checkpoint.load(folder, resumed, resumed_scatter)
+    assert resumed.plans["w"].device.type == resumed_scatter.errors[0].device.type == "cpu"
+    assert torch.equal(resumed(xs[1], key="w").cpu(), went_on), "the resumed allreduce differs"
+    resumed_scatter.reduce_scatter(0, outs[1], xs[1], None, dist.ReduceOp.AVG)
+    assert torch.equal(outs[1], outs[0]), "the resumed reduce-scatter differs"
+    assert resumed.plans["w"].device.type == resumed_scatter.errors[0].device.type == device

@@ -401,3 +401,8 @@ def test_a_state_dict_on_cuda_waits_for_the_calls_in_flight() -> None:
         work.wait()
     torch.cuda.synchronize()
     assert torch.equal(during, stateful.state_dict()["buffers"]["w"]["worker_error"])
+
+
+
+def test_buffers_loaded_from_checkpoint_files_follow_cuda_tensors(tmp_path) -> None:
+    run(f"{WORKERS}:checkpoint_files_on_cuda", 1, "gloo", args=(str(tmp_path),))

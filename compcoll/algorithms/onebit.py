@@ -18,6 +18,7 @@ from .inputs import (check_disjoint, check_error_buffer, check_length, check_lev
                      check_tensor)
 from .launch import settle_device
 from .pipeline import agree_pieces, serve_in_pieces
+from .parts import packed, unpacked
 from .plan import Plan, cached_plan, owned
 from .reduce_scatter import agreed_statistics, float32_target, scatter_rows
 
@@ -544,8 +545,9 @@ class CompressedAllreduce:
         self.plans.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's protocol, scale, block size and every key's error buffers (save one per rank), with whose they
-        are (the rank of the group and the process of the job: ``plan.owned``), as they are
+        """This rank's protocol, scale, block size and every key's error buffers (save one per process), with whose
+        they are (the rank of the group and the process of the job: ``plan.owned``), the buffers and the rank packed
+        under the process's key (``parts.packed``: ``torch.distributed.checkpoint`` keeps every process's), as they are
         once every call issued before it has run: it takes its turn in the communicator's order (``Communicator.run``)
         behind asynchronous calls still in flight, which would otherwise be copied half written."""
         return self.comm.run(self._state_dict, "CompressedAllreduce.state_dict")
@@ -553,7 +555,7 @@ class CompressedAllreduce:
     def _state_dict(self) -> dict[str, Any]:
         for plan in self.plans.values():
             settle_device(plan.device)
-        return {
+        return packed({
             "protocol": self.protocol,
             "scale": self.scale,
             "block_size": self.block_size,
@@ -562,13 +564,15 @@ class CompressedAllreduce:
             "rank": self.comm.rank,
             "job": [self.comm.job_rank, self.comm.job_size],
             "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
-        }
+        }, ("rank", "buffers"))
 
     def load_state_dict(self, state: dict[str, Any], what: str = "CompressedAllreduce") -> bool:
         """Restore what ``state_dict()`` saved; keys are rebuilt from it (new plans: calls in flight finish on the
         buffers they started with, and the next calls start from the loaded ones). Another rank's or world size's
         state (``plan.owned``: a warning naming ``what``, the state that holds this one) gives the options only:
-        every key's error buffers restart at zero. Returns whether the state was this rank's own."""
+        every key's error buffers restart at zero. Returns whether the state was this rank's own. A state of the
+        layout before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too."""
+        state = unpacked(state)
         own = owned(state, self.comm, what)
         check_protocol("CompressedAllreduce checkpoint", state["protocol"])
         self.protocol = state["protocol"]

@@ -10,6 +10,7 @@ from ..algorithms.agreement import agree_settings
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.onebit import CompressedAllreduce
+from ..algorithms.parts import packed, unpacked
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from ..comm.torchdist import own_comm
@@ -202,22 +203,27 @@ class OneBitState:
         return segments if not any(unused.values()) else None
 
     def state_dict(self) -> dict[str, Any]:
-        """The iteration, the options and this rank's error buffers per bucket (save one per rank)."""
-        return {
+        """The iteration, the options, the buckets' layouts (as (bucket, shapes) pairs) and this rank's error buffers
+        per bucket (save one per process): the allreduce's (``CompressedAllreduce.state_dict``) and the hierarchical
+        form's, packed under the process's key (``parts.packed``: ``torch.distributed.checkpoint`` keeps every
+        process's)."""
+        return packed({
             "iteration": self.schedule.iteration,
             "start_iter": self.schedule.start_iter,
             "min_compress_numel": self.schedule.min_compress_numel,
-            "layouts": {k: [list(s) for s in v] for k, v in self.layouts.items()},
+            "layouts": sorted((k, [list(s) for s in v]) for k, v in self.layouts.items()),
             "error_feedback": self.allreduce.state_dict(),
             "ranks_per_node": self.ranks_per_node,
+            "job": [self.comm.job_rank, self.comm.job_size],
             "node_buffers": {k: (w.clone(), e.clone()) for k, (w, e) in self.node_buffers.items()},
-        }
+        }, ("node_buffers",))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved: the schedule, the buckets the error buffers are kept for (DDP's,
         alike on every rank of any world size) and, from this rank's own state (same rank of a same-size world), the
         error buffers; from another rank's or world size's (an elastic restart), a warning, and they restart at
-        zero."""
+        zero. A state of the layout before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too."""
+        state = unpacked(state)
         own = self.allreduce.load_state_dict(state["error_feedback"], "OneBitState")
         if own and state["ranks_per_node"] != self.ranks_per_node:
             raise ValueError(f"OneBitState: the checkpoint is for ranks_per_node={state['ranks_per_node']}, this "
@@ -225,7 +231,7 @@ class OneBitState:
         self.node_buffers = {k: (w.clone(), e.clone()) for k, (w, e) in state["node_buffers"].items()} if own else {}
         self.schedule = Schedule(state["start_iter"], state["min_compress_numel"])
         self.schedule.iteration = state["iteration"]
-        self.layouts = {k: [list(s) for s in v] for k, v in state["layouts"].items()}
+        self.layouts = {k: [list(s) for s in v] for k, v in dict(state["layouts"]).items()}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the ``state_dict()`` and the timeout; the process group is not picklable (PowerSGD drops it too)."""

@@ -95,8 +95,9 @@ class ReplicaState:
         return sum(sum(b.numel() * 4 for b in plan.error_feedback.buffers()) for plan in self.allreduce.plans.values())
 
     def state_dict(self) -> dict[str, Any]:
-        """The options, each unit's step count and this rank's error buffers (save one per rank)."""
-        return {"start_step": self.start_step, "steps": dict(self.steps),
+        """The options, each unit's step count (as (unit, count) pairs) and this rank's error buffers (save one per
+        process; ``CompressedAllreduce.state_dict``)."""
+        return {"start_step": self.start_step, "steps": sorted(self.steps.items()),
                 "error_feedback": self.allreduce.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.inputs import check_scale
+from ..algorithms.parts import packed, unpacked
 from ..algorithms.plan import owned
 from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 from ..comm.torchdist import own_comm, reduce_scatter_single
@@ -139,17 +140,22 @@ class ReduceScatterState:
         return buffers + (0 if self._scratch is None else self._scratch.numel() * 4)
 
     def state_dict(self) -> dict[str, Any]:
-        """The options, each unit's step count and this rank's error buffers (save one per rank), with whose they are:
-        the rank of the group and the process of the job (``plan.owned``)."""
-        return {"world_size": self.comm.size, "rank": self.comm.rank, "job": [self.comm.job_rank, self.comm.job_size],
-                "bits": self.bits, "block_size": self.block_size, "scale": self.scale,
-                "error_dtype": str(self.error_dtype).replace("torch.", ""), "start_step": self.start_step,
-                "steps": dict(self.steps),
-                "errors": {k: e.clone() for k, e in self.errors.items()}}
+        """The options, each unit's step count (as (unit, count) pairs) and this rank's error buffers (save one per
+        process), with whose they are: the rank of the group and the process of the job (``plan.owned``); the buffers
+        and the rank packed under the process's key (``parts.packed``: ``torch.distributed.checkpoint`` keeps every
+        process's)."""
+        return packed({"world_size": self.comm.size, "rank": self.comm.rank,
+                       "job": [self.comm.job_rank, self.comm.job_size], "bits": self.bits,
+                       "block_size": self.block_size, "scale": self.scale,
+                       "error_dtype": str(self.error_dtype).replace("torch.", ""), "start_step": self.start_step,
+                       "steps": sorted(self.steps.items()), "errors": {k: e.clone() for k, e in self.errors.items()}},
+                      ("rank", "errors"))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what ``state_dict()`` saved: options, step counts and, from this rank's own state, its error
-        buffers; another rank's or world size's (``plan.owned``: a warning) restarts them at zero."""
+        buffers; another rank's or world size's (``plan.owned``: a warning) restarts them at zero. A state of the layout
+        before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too."""
+        state = unpacked(state)
         own = owned(state, self.comm, "ReduceScatterState")
         self.bits, self.block_size, self.scale = state["bits"], state["block_size"], state["scale"]
         self.start_step = state["start_step"]

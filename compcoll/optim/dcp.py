@@ -1,4 +1,4 @@
-"""A ``torch.distributed.checkpoint`` load planner that resumes compcoll optimizers on another number of ranks."""
+"""A ``torch.distributed.checkpoint`` load planner that resumes compcoll's optimizers and hook states on other ranks."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from ..algorithms.parts import OWN_PART
 from .saved import SECTION
 
 __all__ = ["ElasticLoadPlanner"]
@@ -18,28 +19,33 @@ KeyPath = tuple[Any, ...]
 
 
 class ElasticLoadPlanner(DefaultLoadPlanner):
-    """``dcp.load``'s default planner, plus compcoll optimizers' state saved by another number of ranks.
+    """``dcp.load``'s default planner, plus compcoll's states saved by another number of ranks.
 
     A compcoll optimizer's ``state_dict()`` keeps what is rank r's own (its error feedback, Birder's
     local moments) under ``"rank{r}"`` of its first group's ``"compcoll"`` entry, so that
-    ``dcp.save`` keeps every rank's. Loaded by as many ranks, each reads its own and the run
-    continues bit for bit. Loaded by a world of another size, rank r asks for a ``"rank{r}"``
-    that a checkpoint of m <= r ranks lacks, or holds error buffers of another world's shapes,
-    and ``DefaultLoadPlanner`` raises ("Missing key in checkpoint state_dict", "Size mismatch")
-    on every rank. Before planning the reads, this planner:
+    ``dcp.save`` keeps every rank's. The hooks' states (``OneBitState``, FSDP's states,
+    ``CompressedAllreduce``) keep theirs under ``"rank{r}"`` too, r the process's rank in the
+    job, beside the job's size (``algorithms.parts.packed``). Loaded by as many ranks, each
+    reads its own and the run continues bit for bit. Loaded by a world of another size, rank r
+    asks for a ``"rank{r}"`` that a checkpoint of m <= r ranks lacks, or holds error buffers of
+    another world's shapes, and ``DefaultLoadPlanner`` raises ("Missing key in checkpoint
+    state_dict", "Size mismatch") on every rank. Before planning the reads, this planner:
 
     1. finds each compcoll section of the state_dict being loaded (a ``"param_groups"`` list
-       whose first group holds ``SECTION``) and the ranks whose own parts the checkpoint holds
-       under it;
-    2. where those are the m ranks of a world other than the section's own ``world_size``,
-       renames this rank's own part ``"rank{r % m}"`` (the part ``compcoll.checkpoint.load``
-       takes on an elastic restart), each of its tensors shaped as that saved rank's (shapes
-       and dtypes from the checkpoint's metadata);
+       whose first group holds ``SECTION``; a dict holding ``"job_size"`` and one process's
+       part) and the ranks whose own parts the checkpoint holds under it;
+    2. where those are the m ranks of a world other than the section's own (its
+       ``"job_size"``, else its ``"world_size"``), renames this rank's own part
+       ``"rank{r % m}"`` (the part ``compcoll.checkpoint.load`` takes on an elastic restart),
+       each of its tensors shaped as that saved rank's (shapes and dtypes from the
+       checkpoint's metadata; a hook state's part is one value);
     3. plans the reads as ``DefaultLoadPlanner`` does (its options pass through).
 
     The optimizer's ``load_state_dict`` (``set_state_dict``) then loads another world's state:
     the replicated part whole, the error buffers at zero and Birder's local moments rank
-    ``r % m``'s, with a warning. A checkpoint of the same world size loads exactly as without it.
+    ``r % m``'s, with a warning; a hook state's loads its counters and options, its error
+    buffers at zero, with a warning. A checkpoint of the same world size loads exactly as
+    without it.
     """
 
     def set_up_planner(self, state_dict: dict[str, Any], metadata: Metadata | None = None,
@@ -53,7 +59,7 @@ class ElasticLoadPlanner(DefaultLoadPlanner):
 
 def _sections(value: Any, path: KeyPath) -> list[tuple[KeyPath, dict[str, Any]]]:
     """(path, section) of every optimizer state in ``value`` (nested in dicts and lists) whose first parameter group
-    holds ``SECTION``."""
+    holds ``SECTION``, and of every hook state's dict that holds one process's part (``parts.packed``)."""
     if isinstance(value, list):
         return [found for index, item in enumerate(value) for found in _sections(item, path + (index,))]
     if not isinstance(value, dict):
@@ -62,7 +68,8 @@ def _sections(value: Any, path: KeyPath) -> list[tuple[KeyPath, dict[str, Any]]]
     if isinstance(groups, list) and groups and isinstance(groups[0], dict) and isinstance(groups[0].get(SECTION),
                                                                                           dict):
         return [(path + ("param_groups", 0, SECTION), groups[0][SECTION])]
-    return [found for key, item in value.items() for found in _sections(item, path + (key,))]
+    own = "job_size" in value and sum(bool(OWN_PART.fullmatch(str(key))) for key in value) == 1
+    return [(path, value)] * own + [found for key, item in value.items() for found in _sections(item, path + (key,))]
 
 
 def _take_saved_part(section: dict[str, Any], path: KeyPath, metadata: Metadata) -> None:
@@ -74,8 +81,8 @@ def _take_saved_part(section: dict[str, Any], path: KeyPath, metadata: Metadata)
         found = pattern.match(fqn)
         if found:
             saved.setdefault(int(found[1]), []).append(fqn)
-    own = [key for key in section if re.fullmatch(r"rank\d+", key)]
-    world = section.get("world_size")
+    own = [key for key in section if OWN_PART.fullmatch(str(key))]
+    world = section.get("job_size", section.get("world_size"))
     if len(own) != 1 or not saved or set(saved) != set(range(len(saved))) or len(saved) == world:
         return
     rank = int(own[0][4:])

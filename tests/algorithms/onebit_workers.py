@@ -12,6 +12,7 @@ import torch
 import compcoll
 from compcoll import spec
 from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, Step, agree, summed
+from compcoll.algorithms.parts import unpacked
 from compcoll.algorithms.pipeline import PIECES_FIELDS
 from compcoll.kernels import reference
 from compcoll.spec import PROTOCOLS, SCALES
@@ -398,12 +399,12 @@ def state_behind_calls(comm: compcoll.Communicator) -> None:
     xs = [make_input(comm.rank, step, (1_000_003,), torch.float32) for step in range(4)]
     stateful(xs[0], key="w")
     works = [stateful(x, key="w", async_op=True) for x in xs[1:3]]
-    during = stateful.state_dict()
+    during = unpacked(stateful.state_dict())
     for work in works:
         work.wait()
     after = stateful.state_dict()
-    assert torch.equal(during["buffers"]["w"]["worker_error"], after["buffers"]["w"]["worker_error"]) and \
-        torch.equal(during["buffers"]["w"]["server_error"], after["buffers"]["w"]["server_error"]), \
+    assert torch.equal(during["buffers"]["w"]["worker_error"], unpacked(after)["buffers"]["w"]["worker_error"]) and \
+        torch.equal(during["buffers"]["w"]["server_error"], unpacked(after)["buffers"]["w"]["server_error"]), \
         f"rank {comm.rank} of {n}: a state_dict taken during the calls is not the state after them"
     expected = compcoll.CompressedAllreduce(comm)
     expected.load_state_dict(after)

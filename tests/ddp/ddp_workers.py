@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import compcoll
@@ -16,6 +18,7 @@ import compcoll.checkpoint
 import compcoll.ddp
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
+from compcoll.optim.dcp import ElasticLoadPlanner
 from tests.shared import world_once
 from tests.warned import warned
 
@@ -133,8 +136,9 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
 
 def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1) -> None:
     """Checkpoint model, optimizer and hook state after 5 steps; a fresh DDP resumed from it (state pickled whole,
-    through state_dict, and through compcoll.checkpoint's per-rank files) ends the next 4 steps with the bits of
-    the run that went on."""
+    through state_dict, through compcoll.checkpoint's per-process files, and in ``torch.distributed.checkpoint``'s
+    dictionary, which keeps one copy of what every rank saves under one key: each process's buffers under its own)
+    ends the next 4 steps with the bits of the run that went on."""
     rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
@@ -146,9 +150,10 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
     hook_dict = state.state_dict()
     directory = gather(tempfile.mkdtemp() if rank == 0 else None)[0]
     compcoll.checkpoint.save(directory, state)
+    dcp.save({"hook": state}, checkpoint_id=f"{directory}/dcp")
     expected = _train(model, opt, rank, range(5, 9))
 
-    for how in ("pickled", "state_dict", "compcoll.checkpoint"):
+    for how in ("pickled", "state_dict", "compcoll.checkpoint", "dcp"):
         saved.seek(0)
         checkpoint = torch.load(saved, weights_only=False)
         module = make_model()
@@ -160,6 +165,8 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
             hook_state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
             if how == "state_dict":
                 hook_state.load_state_dict(hook_dict)
+            elif how == "dcp":
+                dcp.load({"hook": hook_state}, checkpoint_id=f"{directory}/dcp")
             else:
                 compcoll.checkpoint.load(directory, hook_state)
         resumed.register_comm_hook(hook_state, compcoll.ddp.onebit_hook)
@@ -172,7 +179,8 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
 
 
 def onebit_saves_every_rank(comm: compcoll.Communicator, directory: str) -> None:
-    """5 steps under the hook, then rank 0's model and every rank's hook state (``compcoll.checkpoint.save``)."""
+    """5 steps under the hook, then rank 0's model and every rank's hook state (``compcoll.checkpoint.save``, and
+    ``dcp.save`` in ``directory/dcp``)."""
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.OneBitState(min_compress_numel=211500)
     model.register_comm_hook(state, compcoll.ddp.onebit_hook)
@@ -180,12 +188,15 @@ def onebit_saves_every_rank(comm: compcoll.Communicator, directory: str) -> None
     if comm.rank == 0:
         torch.save(model.module.state_dict(), f"{directory}/model.pt")
     compcoll.checkpoint.save(directory, state)
+    dcp.save({"hook": state}, checkpoint_id=f"{directory}/dcp")
 
 
 def onebit_resumes_on_another_world_size(comm: compcoll.Communicator, directory: str, saved_size: int) -> None:
     """An elastic restart of the hook: a world of another size loads the files ``onebit_saves_every_rank`` wrote.
     One warning a rank (its error buffers restart at zero); the schedule resumes at iteration 5; the buckets
-    are compressed from the first step, with no other warning, and the replicas stay identical."""
+    are compressed from the first step, with no other warning, and the replicas stay identical. From its
+    ``dcp.save``: ``ElasticLoadPlanner`` loads the same (the default planner raises on a larger world, on every
+    rank)."""
     module = make_model()
     module.load_state_dict(torch.load(f"{directory}/model.pt", weights_only=True))
     model = DDP(module, bucket_cap_mb=BUCKET_MB)
@@ -195,6 +206,17 @@ def onebit_resumes_on_another_world_size(comm: compcoll.Communicator, directory:
                 f"of {comm.size}: counters resume exactly, but its error buffers restart at zero")
     assert len(said) == 1 and said[0].startswith(expected) and "needs the world size that saved it" in said[0], said
     assert state.schedule.iteration == 5 and not state.allreduce.plans and state.layouts
+    from_dcp = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    if comm.size > saved_size:
+        try:
+            dcp.load({"hook": from_dcp}, checkpoint_id=f"{directory}/dcp")
+        except CheckpointException as exc:
+            assert "Missing key in checkpoint state_dict: hook." in str(exc) and ".rank" in str(exc), exc
+        else:
+            raise AssertionError("the default planner loaded a smaller world's hook state")
+    said = warned(dcp.load, {"hook": from_dcp}, checkpoint_id=f"{directory}/dcp", planner=ElasticLoadPlanner())
+    assert len(said) == 1 and said[0].startswith(expected), said
+    assert (from_dcp.schedule.iteration, from_dcp.layouts, from_dcp.allreduce.plans) == (5, state.layouts, {})
     model.register_comm_hook(state, compcoll.ddp.onebit_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with warnings.catch_warnings():

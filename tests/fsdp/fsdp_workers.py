@@ -6,11 +6,12 @@ import hashlib
 import io
 import pickle
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -155,24 +156,35 @@ def _saved(net: torch.nn.Module, opt: torch.optim.Optimizer, state: Any) -> byte
     return buffer.getvalue()
 
 
-def _resumed(saved: bytes, build, folder: str | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
-    """Model, optimizer and state from what ``_saved`` wrote, the state from ``compcoll.checkpoint``'s files in
-    ``folder`` where given."""
+def _resumed(saved: bytes, build, load: Callable[[Any], None] | None = None
+             ) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
+    """Model, optimizer and state from what ``_saved`` wrote; the state by ``load(state)`` where given (from
+    ``compcoll.checkpoint``'s files, from ``dcp.save``'s checkpoint)."""
     net, opt, state = build()
     loaded = torch.load(io.BytesIO(saved), weights_only=False)
     net.load_state_dict(loaded["model"])
     opt.load_state_dict(loaded["optim"])
-    if folder is None:
+    if load is None:
         state.load_state_dict(loaded["compcoll"])
     else:
-        compcoll.checkpoint.load(folder, state)
+        load(state)
     return net, opt, state
 
 
-def training(comm: compcoll.Communicator, steps: int) -> None:
+def _saved_apart(folder: str, state: Any) -> dict[str, Callable[[Any], None]]:
+    """Save ``state`` with ``compcoll.checkpoint`` (``folder``) and ``dcp.save`` (``folder/dcp``, in the dictionary
+    beside what a job saves there); how each loads it back."""
+    compcoll.checkpoint.save(folder, state)
+    dcp.save({"compcoll": state}, checkpoint_id=f"{folder}/dcp")
+    return {"compcoll.checkpoint": lambda fresh: compcoll.checkpoint.load(folder, fresh),
+            "dcp": lambda fresh: dcp.load({"compcoll": fresh}, checkpoint_id=f"{folder}/dcp")}
+
+
+def training(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     """``compress(model)`` with its defaults: a NaN on one rank makes every rank's gradients NaN with no error
-    buffer changed; a resume from ``state_dict`` ends with the uninterrupted run's bits; a pickled state keeps its
-    buffers and counts; ``start_step`` sends FSDP's own reduce-scatters first."""
+    buffer changed; a resume from ``state_dict``, from ``compcoll.checkpoint``'s files and from ``dcp.save``'s
+    checkpoint (in the shared ``folder``) ends with the uninterrupted run's bits; a pickled state keeps its buffers
+    and counts; ``start_step`` sends FSDP's own reduce-scatters first."""
     rank, n = comm.rank, comm.size
 
     def build():
@@ -184,6 +196,7 @@ def training(comm: compcoll.Communicator, steps: int) -> None:
     half = steps // 2
     _train(net, opt, range(half), rank)
     saved, pickled, counted = _saved(net, opt, state), pickle.dumps(state), dict(state.steps)
+    loads = _saved_apart(folder, state)
     before = {k: e.clone() for k, e in state.errors.items()}
     finite = _train(net, opt, range(half, half + 1), rank, nan_at=half, nan_rank=n - 1)
     assert finite == [False], f"rank {rank}: a NaN on rank {n - 1} did not reach every rank's gradients"
@@ -191,9 +204,10 @@ def training(comm: compcoll.Communicator, steps: int) -> None:
     _train(net, opt, range(half + 1, steps), rank)
     whole = digest(net)
 
-    net, opt, state = _resumed(saved, build)
-    _train(net, opt, range(half + 1, steps), rank)
-    assert digest(net) == whole, f"rank {rank}: the resumed run's parameters differ from the uninterrupted run's"
+    for how, load in [("state_dict", None), *loads.items()]:
+        net, opt, state = _resumed(saved, build, load)
+        _train(net, opt, range(half + 1, steps), rank)
+        assert digest(net) == whole, f"rank {rank}: the run resumed ({how}) differs from the uninterrupted run"
     restored = pickle.loads(pickled)
     assert restored.steps == counted, "the pickled state lost its step counts"
     assert all(torch.equal(restored.errors[k], before[k]) for k in before), "the pickled state lost its buffers"
@@ -211,9 +225,10 @@ def training(comm: compcoll.Communicator, steps: int) -> None:
 def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     """HSDP by hand on 2 x 2 ranks: FSDP inside each pair, ``compress(model, replicas=...)`` across them. Each
     hook's output equals the reference compressed allreduce of both replicas' shards, with error buffers across
-    steps; replicas of a shard hold the same bits; resume is exact, from ``state_dict`` and from
+    steps; replicas of a shard hold the same bits; resume is exact, from ``state_dict``, from
     ``compcoll.checkpoint``'s files in the shared ``folder`` (one a process: both replica groups have a rank 0,
-    whose files had one name, so a shard resumed with the other shard's error buffers, with nothing said); the
+    whose files had one name, so a shard resumed with the other shard's error buffers, with nothing said) and from
+    ``dcp.save``'s checkpoint (each process's buffers under its rank in the job); the
     state of the process of the same replica rank in the other group warns that its buffers restart at zero; a NaN
     on one rank reaches every rank; ``start_step`` sends plain allreduces first."""
     rank = comm.rank
@@ -254,19 +269,17 @@ def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     net, opt, state = build()
     _train(net, opt, range(2), rank)
     saved = _saved(net, opt, state)
-    compcoll.checkpoint.save(folder, state)
+    loads = _saved_apart(folder, state)
     states = [None] * 4
     dist.all_gather_object(states, state.state_dict())
     finite = _train(net, opt, range(2, 3), rank, nan_at=2, nan_rank=3)
     assert finite == [False], f"rank {rank}: a NaN on rank 3 did not reach every rank"
     _train(net, opt, range(3, steps), rank)
     whole = digest(net)
-    net, opt, state = _resumed(saved, build)
-    _train(net, opt, range(3, steps), rank)
-    assert digest(net) == whole, "the resumed HSDP run differs from the uninterrupted one"
-    net, opt, state = _resumed(saved, build, folder)
-    _train(net, opt, range(3, steps), rank)
-    assert digest(net) == whole, "the HSDP run resumed from compcoll.checkpoint's files differs"
+    for how, load in [("state_dict", None), *loads.items()]:
+        net, opt, state = _resumed(saved, build, load)
+        _train(net, opt, range(3, steps), rank)
+        assert digest(net) == whole, f"the HSDP run resumed ({how}) differs from the uninterrupted one"
     said = warned(state.load_state_dict, states[rank ^ 1])
     assert len(said) == 1 and said[0].startswith(
         f"ReplicaState: loaded the state of rank {rank // 2} of 2 (process {rank ^ 1} of 4) on rank {rank // 2} of 2 "
@@ -346,7 +359,7 @@ def another_ranks_state_restarts_errors(comm: compcoll.Communicator) -> None:
     said = warned(state.load_state_dict, other)
     assert len(said) == 1 and said[0].startswith(
         f"ReduceScatterState: loaded the state of rank {(rank + 1) % n} of {n} on rank {rank} of {n}"), said
-    assert state.steps == other["steps"] and not state.errors
+    assert state.steps == dict(other["steps"]) and not state.errors
     _train(net, opt, range(2, 3), rank)
     assert len(state.errors) == 3, "the step after the load did not compress"
 

@@ -18,8 +18,8 @@ def test_reduce_scatter_matches_reference_for_every_op_and_precision(world_size:
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_compress_resumes_exactly_and_a_nan_reaches_every_rank(world_size: int) -> None:
-    run(f"{WORKERS}:training", world_size, "gloo", args=(6,))
+def test_compress_resumes_exactly_and_a_nan_reaches_every_rank(world_size: int, tmp_path) -> None:
+    run(f"{WORKERS}:training", world_size, "gloo", args=(6, str(tmp_path)))
 
 
 def test_replicas_form_on_two_by_two_ranks(tmp_path) -> None:

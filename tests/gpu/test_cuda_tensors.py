@@ -11,6 +11,7 @@ import torch
 import compcoll
 from compcoll import SingleComm, codecs, compressed_allreduce
 from compcoll.algorithms.onebit import serve
+from compcoll.algorithms.parts import unpacked
 from compcoll.bench.clocks import QueuedClock, idle_seconds
 from compcoll.bench.launches import call_counts
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
@@ -396,11 +397,11 @@ def test_a_state_dict_on_cuda_waits_for_the_calls_in_flight() -> None:
     xs = [torch.randn(1 << 22, generator=torch.Generator().manual_seed(step)).cuda() for step in range(3)]
     stateful(xs[0], key="w")
     works = [stateful(x, key="w", async_op=True) for x in xs[1:]]
-    during = stateful.state_dict()["buffers"]["w"]["worker_error"]
+    during = unpacked(stateful.state_dict())["buffers"]["w"]["worker_error"]
     for work in works:
         work.wait()
     torch.cuda.synchronize()
-    assert torch.equal(during, stateful.state_dict()["buffers"]["w"]["worker_error"])
+    assert torch.equal(during, unpacked(stateful.state_dict())["buffers"]["w"]["worker_error"])
 
 
 

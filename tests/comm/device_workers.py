@@ -18,8 +18,10 @@ class HostAsDevice(MPIComm):
 
 
 def device_paths(comm: compcoll.Communicator, cuda_aware: bool) -> None:
-    """Every collective, and compressed_allreduce against the reference, through the device path."""
+    """Every collective, and compressed_allreduce against the reference, through the device path (over the case's
+    communicator, which is the job: ``tests.pool_workers._fresh``)."""
     device = HostAsDevice(comm.mpi_comm, cuda_aware=cuda_aware)
+    device.job_rank, device.job_size = comm.job_rank, comm.job_size
     collectives(device)
     numerics(device, [[37], [3, 7, 11], [12289]], 2)
     assert (device.staged_bytes > 0) != cuda_aware, f"staged {device.staged_bytes} bytes (cuda_aware={cuda_aware})"

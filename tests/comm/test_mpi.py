@@ -25,3 +25,21 @@ def test_asynchronous_calls_refuse_an_mpi_without_thread_support() -> None:
     done = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "refused" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_communicator_over_a_subgroup_knows_the_process_in_the_job() -> None:
+    """Launched by mpiexec on 3 processes: an ``MPIComm`` over half of them and its split hold each process's rank in
+    ``COMM_WORLD`` and its size (what names a checkpoint file), where their own ranks repeat across the halves."""
+    script = (
+        "import compcoll\n"
+        "from mpi4py import MPI\n"
+        "rank = MPI.COMM_WORLD.Get_rank()\n"
+        "half = compcoll.MPIComm(MPI.COMM_WORLD.Split(rank % 2, rank))\n"
+        "alone = half.split(half.rank)\n"
+        "assert (half.rank, alone.rank) == (rank // 2, 0)\n"
+        "assert (half.job_rank, half.job_size) == (alone.job_rank, alone.job_size) == (rank, 3)\n"
+        "print('job', rank)\n"
+    )
+    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.count("job") == 3, done.stdout + done.stderr

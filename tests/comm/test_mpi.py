@@ -8,6 +8,12 @@ import sys
 from compcoll.launcher import mpiexec
 
 
+def _launched(processes: int, script: str) -> subprocess.CompletedProcess:
+    """``script`` run by mpiexec on ``processes`` processes of their own (a fresh job, not the test pool's)."""
+    return subprocess.run([mpiexec(), "-n", str(processes), sys.executable, "-c", script], capture_output=True,
+                          text=True, timeout=120)
+
+
 def test_asynchronous_calls_refuse_an_mpi_without_thread_support() -> None:
     """Under MPI_THREAD_FUNNELED an asynchronous call raises a clear error at once; blocking calls still work."""
     script = (
@@ -22,8 +28,7 @@ def test_asynchronous_calls_refuse_an_mpi_without_thread_support() -> None:
         "    assert 'MPI_THREAD_FUNNELED' in str(exc) and 'SERIALIZED' in str(exc), exc\n"
         "    print('refused')\n"
     )
-    done = subprocess.run([mpiexec(), "-n", "1", sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    done = _launched(1, script)
     assert done.returncode == 0 and "refused" in done.stdout, done.stdout + done.stderr
 
 
@@ -40,6 +45,5 @@ def test_a_communicator_over_a_subgroup_knows_the_process_in_the_job() -> None:
         "assert (half.job_rank, half.job_size) == (alone.job_rank, alone.job_size) == (rank, 3)\n"
         "print('job', rank)\n"
     )
-    done = subprocess.run([mpiexec(), "-n", "3", sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    done = _launched(3, script)
     assert done.returncode == 0 and done.stdout.count("job") == 3, done.stdout + done.stderr

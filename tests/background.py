@@ -3,10 +3,10 @@ the session's tests are collected, one job after another, so that they use the c
 the tests that own a job run last and collect its outcome.
 
 A test marks itself with ``@job(make, ...)``, where ``make(folder)`` returns the job's commands (run side by side)
-and their environment, given a new folder of the job's own for its files; ``tests/conftest.py`` queues the jobs of
-the collected tests and moves their tests to the end of the session, and a test calls ``results(make)``, which
-starts its job at once if it has not started (a test run on its own, or a queue that has not reached it) and waits
-for it. Several tests may read one job's outcome.
+and the variables they need set over the session's environment as collected (``environment()``), given a new folder
+of the job's own for its files; ``tests/conftest.py`` queues the jobs of the collected tests and moves their tests to
+the end of the session, and a test calls ``results(make)``, which starts its job at once if it has not started (a
+test run on its own, or a queue that has not reached it) and waits for it. Several tests may read one job's outcome.
 
 A job must not move bytes between processes: tests that count what a network interface carries
 (``tests/bench/test_peers.py``, on the loopback) would count its traffic too.
@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+_SESSION_ENV = dict(os.environ)
+"""The environment as it was when the tests were collected, before any test ran: a job starts while other tests run,
+and a test may change ``os.environ`` for a while (``monkeypatch.setenv``); a job that copied it then ran under that
+test's ``COMPCOLL_RANKS_PER_NODE=3``, and its 2-rank cases failed (2026-12-01)."""
 Maker = Callable[[Path], tuple[list[list[str]], dict[str, str]]]
+"""A job's maker: given its folder, its commands and the variables they need over ``environment()``."""
 
 
 class Outcome(NamedTuple):
@@ -35,6 +40,11 @@ class Outcome(NamedTuple):
     returncode: int
     output: str
     errors: str
+
+
+def environment() -> dict[str, str]:
+    """A copy of the session's environment as collected (``_SESSION_ENV``), for a job's maker to read from."""
+    return dict(_SESSION_ENV)
 
 
 class Finished(NamedTuple):
@@ -53,7 +63,8 @@ class _Job:
     def __init__(self, make: Maker) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="compcoll-job-"))
         atexit.register(shutil.rmtree, self.folder, ignore_errors=True)
-        commands, self.env = make(self.folder)
+        commands, variables = make(self.folder)
+        self.env = {**_SESSION_ENV, **variables}
         self.files = [(tempfile.TemporaryFile(mode="w+"), tempfile.TemporaryFile(mode="w+")) for _ in commands]
         self.processes = [subprocess.Popen(["nice", "-n", "19", *command], cwd=ROOT, env=self.env, text=True,
                                            stdout=out, stderr=err, start_new_session=True)

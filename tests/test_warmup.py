@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -44,7 +43,7 @@ print(json.dumps({"new": {name: sorted(after[name] - warmed[name]) for name in a
 
 def warmup_then_first_calls(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
     """One process: ``compcoll.warmup.warm``, loading the session's cache, then a job's first calls."""
-    return [[sys.executable, "-c", _FIRST_CALLS]], dict(os.environ)
+    return [[sys.executable, "-c", _FIRST_CALLS]], {}
 
 
 @background.job(warmup_then_first_calls)

@@ -46,7 +46,7 @@ class Batch:
         def make(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
             """One process running every case of the batch (``main``), each within ``timeout`` seconds."""
             return ([[sys.executable, "-m", "tests.thread_jobs", str(timeout), json.dumps(self.cases)]],
-                    dict(os.environ))
+                    {})
 
         self.make: background.Maker = make
 

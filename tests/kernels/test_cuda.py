@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ def simulator_runs(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
     """The two simulator processes (``GROUPS``), on lengths 1, 37, 1000 and 8200."""
     command = [sys.executable, "-m", "tests.kernels.cuda_sim_checks", "1", "37", "1000", "8200"]
     return ([command + [f"--part={part}" for part in group] for group in GROUPS],
-            {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"})
+            {"NUMBA_ENABLE_CUDASIM": "1"})
 
 
 def test_the_groups_cover_every_part() -> None:

@@ -3,7 +3,6 @@ kernels under numba's simulator (in subprocesses: the simulator must precede num
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ def path_runs(folder: Path) -> tuple[list[list[str]], dict[str, str]]:
     """The two processes (``GROUPS``), CPU tensors on the CUDA path."""
     command = [sys.executable, "-m", "tests.kernels.cuda_path_checks"]
     return ([command + [f"--part={part}" for part in group] for group in GROUPS],
-            {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", SIMULATE_ENV: "1"})
+            {"NUMBA_ENABLE_CUDASIM": "1", SIMULATE_ENV: "1"})
 
 
 def test_the_groups_cover_every_part() -> None:

@@ -27,10 +27,10 @@ def _command() -> tuple[list[str], dict[str, str]] | None:
     script = [sys.executable, str(ROOT / "scripts" / "cuda_ptx.py")]
     if COMPILER.is_dir():
         nvrtc = COMPILER / "nvidia" / "cuda_nvrtc" / "lib"  # found by the dynamic loader, not a site folder
-        library_path = os.pathsep.join(filter(None, [str(nvrtc), os.environ.get("LD_LIBRARY_PATH")]))
-        return script + ["--site", str(COMPILER)], {**os.environ, "LD_LIBRARY_PATH": library_path}
+        library_path = os.pathsep.join(filter(None, [str(nvrtc), background.environment().get("LD_LIBRARY_PATH")]))
+        return script + ["--site", str(COMPILER)], {"LD_LIBRARY_PATH": library_path}
     if importlib.util.find_spec("numba_cuda") is not None:
-        return script, dict(os.environ)
+        return script, {}
     return None
 
 

@@ -26,17 +26,25 @@ BUCKET_MB = 0.5
 """Small buckets, so that the 1.6 MiB model spans several (DDP's first bucket holds up to 1 MiB)."""
 
 
-def make_model() -> torch.nn.Module:
-    """423,107 parameters in 6 tensors; lengths that are multiples of nothing in particular."""
+SMALL_BUCKET_MB = 0.004
+"""``make_model(small=True)``'s buckets: two, of 2,298 and 2,201 elements."""
+SMALL_COMPRESS_NUMEL = 2250
+"""``onebit_matches_reference(small=True)``'s ``min_compress_numel``: its larger bucket compresses, its smaller not."""
+
+
+def make_model(small: bool = False) -> torch.nn.Module:
+    """423,107 parameters in 6 tensors (``small``: 4,499, for numba's simulator, whose every CUDA thread is a Python
+    one); lengths that are multiples of nothing in particular."""
+    inputs, hidden, narrow = (30, 71, 29) if small else (300, 701, 299)
     with seeded(0):
-        return torch.nn.Sequential(torch.nn.Linear(300, 701), torch.nn.Tanh(), torch.nn.Linear(701, 299),
-                                   torch.nn.Tanh(), torch.nn.Linear(299, 7))
+        return torch.nn.Sequential(torch.nn.Linear(inputs, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, narrow),
+                                   torch.nn.Tanh(), torch.nn.Linear(narrow, 7))
 
 
-def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's fresh random batch of a step (every rank's differs)."""
+def batch(rank: int, step: int, inputs: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's fresh random batch of a step (every rank's differs), of ``inputs`` features."""
     gen = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 300, generator=gen), torch.randn(16, 7, generator=gen)
+    return torch.randn(16, inputs, generator=gen), torch.randn(16, 7, generator=gen)
 
 
 def recording(hook, records: dict[int, tuple]):
@@ -56,8 +64,8 @@ def recording(hook, records: dict[int, tuple]):
 
 def step(model: DDP, opt: torch.optim.Optimizer, rank: int, i: int, poison: bool = False) -> None:
     """One training step on this rank's batch, on the model's device (``poison``: the loss times NaN)."""
-    device = next(model.parameters()).device
-    x, y = (t.to(device) for t in batch(rank, i))
+    first = next(model.parameters())
+    x, y = (t.to(first.device) for t in batch(rank, i, first.shape[1]))
     loss = torch.nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     (loss * float("nan") if poison else loss).backward()
@@ -80,17 +88,18 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
                              ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None,
-                             device: str = "cpu") -> None:
+                             device: str = "cpu", small: bool = False) -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
     ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
     steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
     bits on every rank; the final error buffers equal the reference's. ``device="cuda"``: the model on this
-    rank's GPU (NCCL)."""
+    rank's GPU (NCCL). ``small``: ``make_model(small=True)`` in buckets of ``SMALL_BUCKET_MB``."""
     n, rank = comm.size, comm.rank
     on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
-    model = DDP(make_model().to(on), bucket_cap_mb=BUCKET_MB, device_ids=[on.index] if on.type == "cuda" else None)
-    state = compcoll.ddp.OneBitState(min_compress_numel=211500, protocol=protocol, scale=scale,
-                                     ranks_per_node=ranks_per_node, block_size=block_size)
+    model = DDP(make_model(small).to(on), bucket_cap_mb=SMALL_BUCKET_MB if small else BUCKET_MB,
+                device_ids=[on.index] if on.type == "cuda" else None)
+    state = compcoll.ddp.OneBitState(min_compress_numel=SMALL_COMPRESS_NUMEL if small else 211500, protocol=protocol,
+                                     scale=scale, ranks_per_node=ranks_per_node, block_size=block_size)
     k = state.ranks_per_node
     assert k == (nodes_of if ranks_per_node == "auto" else ranks_per_node), f"ranks per node {k}"
     records: dict[int, tuple] = {}

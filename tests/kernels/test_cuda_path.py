@@ -14,7 +14,7 @@ from compcoll.kernels.launch import SIMULATE_ENV, simulate, simulating
 from tests import background
 from tests.kernels.cuda_path_checks import PARTS
 
-GROUPS = (("flat", "hierarchical", "codecs", "replay"), ("blocks", "optimizers", "counts", "ddp"))
+GROUPS = (("flat", "codecs", "replay", "optimizers"), ("blocks", "counts", "ddp", "hierarchical"))
 """``cuda_path_checks``' parts in two processes of about equal time, run side by side on two cores."""
 
 

@@ -9,7 +9,7 @@ ranks, and the others wait for the next case. A thread world runs with ``one_cpu
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
 its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
-starts a new one. ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
+starts a new one. So does a Gloo case that breaks a communicator (``pool_workers.serve``, step 4). ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
 (``versions.GLOO_POOLS``).
 """
 
@@ -67,7 +67,7 @@ class Pool:
            pool and raises ``WorkerFailure`` with the ranks' log.
         3. Raise ``WorkerFailure`` with each failed rank's traceback, and the ranks still running
            past the grace (closing the pool: a failed case may leave operations pending), or
-           return the output.
+           return the output, closing the pool first where a rank says it should retire.
         """
         case, self.cases = self.cases, self.cases + 1
         staged = self.folder / f"{case}.tmp"
@@ -104,6 +104,8 @@ class Pool:
                      f"pool was ended, as a failed rank ends an MPI job") if absent else ""
             details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
             raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed{still}\n{details[-20000:]}")
+        if any(result.get("retire") for result in results.values()):
+            self.close()
         return "\n".join(results[r]["output"] for r in range(size))
 
     def _wake(self) -> None:

@@ -10,10 +10,12 @@ import json
 import os
 import select
 import shutil
+import time
 import traceback
 from pathlib import Path
 
 import compcoll
+from compcoll.comm.base import BROKEN
 
 WAKE_S = 1.0
 """How often an idle rank, asleep on its wake-up pipe, looks whether the test process has ended."""
@@ -34,7 +36,11 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
     4. Make the launch's communicator the default again, release the case's communicator
        if the case passed (after a failure the test process ends the pool), collect the
        garbage (``_collect``), write ``<k>.<rank>.result`` (JSON: the traceback or None,
-       the output), and go on to case k + 1.
+       the output, and whether the pool should retire: the case broke a Gloo communicator), and go on to case k + 1.
+       A broken communicator is kept for the life of the process (``comm.base.BROKEN``), and a Gloo one keeps its
+       sockets and event loop: once a peer closed its end, that loop could spin on a core for the rest of the
+       session (a whole run took 22.6 min, 19.5 of them system CPU, where it takes 10.5: one thread had spun since
+       a ``stalled_rank`` case, 2026-12-01).
     5. If the test process ended without stopping the pool, rank 0 removes the folder, which that process
        would have removed.
     """
@@ -51,7 +57,7 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
         saved = {key: os.environ.get(key) for key in request["env"]}
         os.environ.update(request["env"])
         fresh = _fresh(comm, request["size"], store, case)
-        error, output = None, io.StringIO()
+        error, output, broken = None, io.StringIO(), len(BROKEN)
         if fresh is not None:
             compcoll.set_default(fresh)
             try:
@@ -71,7 +77,8 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
             fresh = None
             _collect()
             written = base / f"{case}.{comm.rank}.tmp"
-            written.write_text(json.dumps({"error": error, "output": output.getvalue()}))
+            written.write_text(json.dumps({"error": error, "output": output.getvalue(),
+                                           "retire": store is not None and len(BROKEN) > broken}))
             written.rename(base / f"{case}.{comm.rank}.result")
         case += 1
     if comm.rank == 0 and not (base / "stop").exists():
@@ -204,6 +211,19 @@ def ends_a_rank(comm: compcoll.Communicator) -> None:
     """The last rank's process ends (``tests/test_pool.py``)."""
     if comm.rank == comm.size - 1:
         os._exit(3)
+
+
+def breaks_its_communicator(comm: compcoll.Communicator) -> None:
+    """Rank 0's barrier times out, which breaks its communicator, and it prints so; rank 1 comes after that timeout
+    and leaves without the barrier (``tests/test_pool.py``)."""
+    if comm.rank == 0:
+        comm.timeout = 0.5
+        try:
+            comm.barrier()
+        except compcoll.CollectiveTimeout:
+            print("timed out")
+        return
+    time.sleep(2.0)
 
 
 def says_its_timeout(comm: compcoll.Communicator) -> None:

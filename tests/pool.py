@@ -9,7 +9,8 @@ ranks, and the others wait for the next case. A thread world runs with ``one_cpu
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
 its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
-starts a new one. So does a Gloo case that breaks a communicator (``pool_workers.serve``, step 4). ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
+starts a new one. So does a Gloo case that breaks a communicator (``pool_workers.serve``, step 4).
+``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
 (``versions.GLOO_POOLS``).
 """
 

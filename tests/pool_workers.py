@@ -36,7 +36,8 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
     4. Make the launch's communicator the default again, release the case's communicator
        if the case passed (after a failure the test process ends the pool), collect the
        garbage (``_collect``), write ``<k>.<rank>.result`` (JSON: the traceback or None,
-       the output, and whether the pool should retire: the case broke a Gloo communicator), and go on to case k + 1.
+       the output, and whether the pool should retire: the case broke a Gloo communicator), and go on to case
+       k + 1.
        A broken communicator is kept for the life of the process (``comm.base.BROKEN``), and a Gloo one keeps its
        sockets and event loop: once a peer closed its end, that loop could spin on a core for the rest of the
        session (a whole run took 22.6 min, 19.5 of them system CPU, where it takes 10.5: one thread had spun since

@@ -35,7 +35,7 @@ import compcoll
 from compcoll import codecs
 from compcoll.bench.launches import per_call_us
 from compcoll.ddp.onebit import BLOCK_SIZE
-from compcoll.kernels import cuda as cuda_kernels
+from compcoll.kernels.cuda import records
 from compcoll.kernels import launch as launching
 
 
@@ -49,7 +49,7 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
     handle = torch.cuda.current_stream(dev).cuda_stream
     stream = codecs._numba_stream(dev.index, handle)
     args = (launching.DeviceArray.of(total), 4096, 64.0, True, launching.DeviceArray.of(out))
-    kernel = cuda_kernels._scale_of
+    kernel = records._scale_of
     core_kernel, flatteners = launching._bound(kernel, launching._device_id(), tuple(map(launching._key, args)))
     flat: list = []
     for flatten, arg in zip(flatteners, args):

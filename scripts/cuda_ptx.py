@@ -44,7 +44,7 @@ def variants() -> dict[str, tuple]:
     """Every kernel variant the codecs launch: name -> (Python function, argument types)."""
     from numba import types as t
 
-    from compcoll.kernels import cuda as kernels
+    from compcoll.kernels.cuda import blocks, frames, levels, randomized, records, scales, signs, sums
 
     def rows(dtype) -> t.Array:
         return t.Array(dtype, 2, "A")
@@ -55,69 +55,68 @@ def variants() -> dict[str, tuple]:
     """What ends a sum on the device: the block counts, the total, d, sqrt(d), the scale's mode and slot (the
     lane-sum kernels take their groups before it, 0 for none)."""
     found: dict[str, tuple] = {
-        "tree: collapse to one block's width, then the last block": (kernels._collapse.py_func,
-                                                                    (F64, I64, F64, *FINISH)),
-        "scale of a device sum": (kernels._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32)),
-        "an agreement round's record of a device sum": (kernels._agreement_record.py_func,
-                                                       (F64, t.float64, I64, t.float64, I64, t.boolean, F64)),
-        "max |x| of rows (reduce)": (kernels._absmax_rows.py_func, (F32, I64, F32)),
+        "tree: collapse to one block's width, then the last block": (sums._collapse.py_func, (F64, I64, F64, *FINISH)),
+        "scale of a device sum": (records._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32)),
+        "an agreement round's record of a device sum": (records._agreement_record.py_func,
+                                                        (F64, t.float64, I64, t.float64, I64, t.boolean, F64)),
+        "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32)),
     }
     for out in (F32, I16):
-        found[f"decode to {out.dtype}"] = (kernels._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
-    found["average of rows"] = (kernels._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32))
+        found[f"decode to {out.dtype}"] = (signs._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
+    found["average of rows"] = (signs._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32))
     wire, coded = t.Array(t.uint8, 2, "C"), t.Array(t.float32, 2, "C")
     for power, src in ((0, F32), (2, F64), (1, F64)):
-        found[f"code block scales, power {power}"] = (kernels._code_blocks(power).py_func,
-                                                     (src, I64, I64, F64, wire, coded))
+        found[f"code block scales, power {power}"] = (scales._code_blocks(power).py_func,
+                                                      (src, I64, I64, F64, wire, coded))
         found[f"long rows' block scales and their parts' maxima, power {power}"] = (
-            kernels._part_maxima(power).py_func, (src, I64, I64, I64, coded, F32))
-    found["code long rows' block scales from their parts' maxima"] = (kernels._code_parts.py_func,
+            scales._part_maxima(power).py_func, (src, I64, I64, I64, coded, F32))
+    found["code long rows' block scales from their parts' maxima"] = (scales._code_parts.py_func,
                                                                       (F64, I64, F32, wire, coded))
-    found["decode block codes"] = (kernels._decode_codes.py_func, (wire, F64, I64, coded))
-    found["weights from the frame heads"] = (kernels._head_weights.py_func, (rows(t.uint8), I64, F32))
+    found["decode block codes"] = (scales._decode_codes.py_func, (wire, F64, I64, coded))
+    found["weights from the frame heads"] = (frames._head_weights.py_func, (rows(t.uint8), I64, F32))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the scales in the frames"] = (
-            kernels._decode_framed(name, False).py_func, (rows(t.uint8), F64, I64, I64, t.Array(raw, 1, "C"), I64))
+            frames._decode_framed(name, False).py_func, (rows(t.uint8), F64, I64, I64, t.Array(raw, 1, "C"), I64))
     for lut in (False, True):
         src = U16 if lut else F32
         for p in (1, 2):
-            found[f"sum of |x|^{p}, table={lut}"] = (kernels._power_lanes(lut, p).py_func,
+            found[f"sum of |x|^{p}, table={lut}"] = (sums._power_lanes(lut, p).py_func,
                                                      (src, F32, F32, I64, F64, I64, *FINISH))
         for in_memory in (False, True):
             found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
-                kernels._compensate_encode(lut, in_memory).py_func,
+                signs._compensate_encode(lut, in_memory).py_func,
                 (src, F32, F32, I64, F32 if in_memory else t.float32, U8))
-        found[f"max |x| of rows (lanes), table={lut}"] = (kernels._absmax_lanes(lut).py_func,
+        found[f"max |x| of rows (lanes), table={lut}"] = (randomized._absmax_lanes(lut).py_func,
                                                           (src, F32, I64, I64, I64, F32))
-        found[f"randomized encode, table={lut}"] = (kernels._randomized_encode(lut).py_func,
+        found[f"randomized encode, table={lut}"] = (randomized._randomized_encode(lut).py_func,
                                                     (src, F32, I64, F32, t.Array(t.uint64, 1, "C"), I64, wire))
         for p in (1, 2):
-            found[f"block sums of |x|^{p}, table={lut}"] = (kernels._block_power_sums(lut, p).py_func,
+            found[f"block sums of |x|^{p}, table={lut}"] = (blocks._block_power_sums(lut, p).py_func,
                                                             (src, F32, F32, I64, I64, I64, F64))
-        found[f"encode with block scales, table={lut}"] = (kernels._encode_blocks(lut).py_func,
+        found[f"encode with block scales, table={lut}"] = (blocks._encode_blocks(lut).py_func,
                                                            (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
-        found[f"block max |x|, table={lut}"] = (kernels._block_absmax(lut).py_func,
+        found[f"block max |x|, table={lut}"] = (blocks._block_absmax(lut).py_func,
                                                 (src, F32, F32, I64, I64, I64, F32))
-        found[f"encode levels, table={lut}"] = (kernels._encode_levels(lut).py_func,
+        found[f"encode levels, table={lut}"] = (levels._encode_levels(lut).py_func,
                                                 (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the block scales in the frames"] = (
-            kernels._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
-    found["accumulate levels"] = (kernels._accumulate_levels.py_func,
+            frames._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
+    found["accumulate levels"] = (levels._accumulate_levels.py_func,
                                   (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
-    found["decode levels"] = (kernels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))
-    found["accumulate groups of rows into their segments"] = (kernels._accumulate_groups.py_func,
+    found["decode levels"] = (levels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))
+    found["accumulate groups of rows into their segments"] = (blocks._accumulate_groups.py_func,
                                                               (wire, coded, F32, I64))
     offsets = t.Array(t.int64, 1, "C")
-    found["sums of squares by segment: lanes"] = (kernels._segment_lanes.py_func, (F32, offsets, offsets, F64))
-    found["sums of squares by segment: trees"] = (kernels._segment_trees.py_func, (F64, offsets, F64))
+    found["sums of squares by segment: lanes"] = (sums._segment_lanes.py_func, (F32, offsets, offsets, F64))
+    found["sums of squares by segment: trees"] = (sums._segment_trees.py_func, (F64, offsets, F64))
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (
-                kernels._accumulate_lanes(base, p).py_func,
+                sums._accumulate_lanes(base, p).py_func,
                 (rows(t.uint8), F32, F32, F32, I64, F64, I64, *FINISH))
         found[f"accumulate with block weights, base={base}"] = (
-            kernels._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64))
+            blocks._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64))
     return found
 
 

@@ -14,18 +14,19 @@ from compcoll import SingleComm, codecs, spec
 from compcoll.algorithms.replay import REPLAY_ENV
 from compcoll.bench.launches import PROTOCOLS, call_counts, world_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
-from compcoll.kernels.cuda import CODE_SCALES_PER_THREAD, CODE_THREADS, TAIL
+from compcoll.kernels.cuda.scales import CODE_SCALES_PER_THREAD, CODE_THREADS
+from compcoll.kernels.cuda.sums import TAIL
 from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
 from compcoll.spec import BLOCK, LANES
 
 GROUPED = TAIL // LANES * BLOCK
 """Elements (1M) past which a sum's lane sums exceed ``TAIL``, so that its last blocks add them in groups
-(``kernels.cuda._finish_lanes``), in the same launch: each sum took one more launch (``_collapse``) until
+(``kernels.cuda.sums.finish_lanes``), in the same launch: each sum took one more launch (``_collapse``) until
 2026-12-01."""
 SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 """Elements of a row (131072 at one rank) past which its block scales are coded by several blocks in two launches
-(``kernels.cuda.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter codes the
-worker's rows and the server's, allgather its one row)."""
+(``kernels.cuda.scales.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter
+codes the worker's rows and the server's, allgather its one row)."""
 EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
             "birder": (14, 1, 7, 1), "gather_scatter_blocks": (9, 1, 3, 1), "allgather_blocks": (5, 1, 2, 1),
             "gather_scatter_levels": (10, 1, 7, 1), "hierarchical_allgather": (4, 1, 6, 1)}
@@ -77,7 +78,7 @@ def test_each_protocol_makes_the_launches_and_waits_of_the_gpu(numel: int) -> No
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_16_bit_call_makes_a_float32_calls_launches_and_operators(dtype: torch.dtype) -> None:
-    """The decodes round their scales to the output's dtype in their own launch (``kernels.cuda.decode_framed``,
+    """The decodes round their scales to the output's dtype in their own launch (``kernels.cuda.frames.decode_framed``,
     ``decode_framed_blocks``): no torch operator reads, rounds or negates a scale (the float32 averages of
     ``CAST_16_BIT`` alone are cast, once each)."""
     counts = call_counts(torch.empty(4096, device="meta", dtype=dtype), SingleComm())

@@ -166,15 +166,15 @@ def run_part(part: str) -> list[str]:
                 check_codecs(numel, dtype)
         lines.append("codecs: 1, 37, 1000 elements, three dtypes")
     if part == "counts":
-        kept = cuda.TAIL
+        kept = cuda.sums.TAIL
         flat = tuple(p for p in PROTOCOLS if not p.endswith(("_blocks", "_levels")))  # block scales and steps: the
         check_counts(37)  # same counts at any length, and seconds a launch of their coder (CODE_THREADS threads)
         check_counts(4096, flat)
-        cuda.TAIL = 32  # past TAIL lane sums, each sum's last blocks add them in groups (_finish_lanes)
+        cuda.sums.TAIL = 32  # past TAIL lane sums, each sum's last blocks add them in groups (sums.finish_lanes)
         try:
             check_counts(8200, flat)
         finally:
-            cuda.TAIL = kept
+            cuda.sums.TAIL = kept
         lines.append("counts: 37 elements, 4096 and 8200 past the tail (without block scales or levels)")
     return lines
 
@@ -186,10 +186,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     assert config.ENABLE_CUDASIM and simulating(), "set NUMBA_ENABLE_CUDASIM=1 and COMPCOLL_CUDA_ON_CPU=1"
     simulator.install(check=False)  # the kernels' races: cuda_sim_checks, on the GPU's thread counts
-    cuda.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024 threads
-    cuda.CODE_THREADS = 32  # and 256 a block-scale coder's launch (seconds each)
-    cuda.LANE_THREADS = cuda.FOLD_THREADS = 32  # and their barriers, 2 a summation block or a block kernel's round
-    cuda.STAGE, cuda._STAGED = 64, (cuda.THREADS, 65)  # one round a block of 64 (cuda_sim_checks: the GPU's 8)
+    cuda.sums.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024
+    cuda.scales.CODE_THREADS = 32  # threads, and 256 a block-scale coder's launch (seconds each)
+    cuda.sums.LANE_THREADS = cuda.blocks.FOLD_THREADS = 32  # and their barriers, 2 a summation block or a block
+    # kernel's round; one round a block of 64 (cuda_sim_checks: the GPU's 8)
+    cuda.blocks.STAGE, cuda.blocks._STAGED = 64, (cuda.common.THREADS, 65)
     parts = args.part or list(PARTS)
     for part in parts:
         for line in run_part(part):

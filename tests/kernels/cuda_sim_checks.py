@@ -37,24 +37,24 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     full = reference.padded_numel(numel, world)
     rng = np.random.default_rng(numel)
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
-    d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
+    d_src, d_lut = numba_cuda.to_device(src), None if lut is None else numba_cuda.to_device(lut)
 
     for power in (1, 2):
         total = cpu.compensated_power_sum(src, lut, err, numel, power)
         COUNTS.reset()
-        assert cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, power) == total, power
+        assert cuda.compensated_power_sum(d_src, d_lut, numba_cuda.to_device(err), numel, power) == total, power
         assert (COUNTS.launches, COUNTS.waits) == (1, 1), (full, COUNTS)
-    slot, held = cuda.cuda.device_array(1, np.float64), cuda.cuda.device_array(1, np.float32)
+    slot, held = numba_cuda.device_array(1, np.float64), numba_cuda.device_array(1, np.float32)
     COUNTS.reset()
-    cuda.compensated_power_sum(d_src, d_lut, cuda.cuda.to_device(err), numel, 2, into=slot, scale=(full, 2, held))
+    cuda.compensated_power_sum(d_src, d_lut, numba_cuda.to_device(err), numel, 2, into=slot, scale=(full, 2, held))
     assert (COUNTS.launches, COUNTS.waits) == (1, 0), (full, COUNTS)
     assert slot.copy_to_host()[0] == total, "sum of squares into a device slot"
     assert held.copy_to_host()[0].tobytes() == spec.scale_from(total, full, "l2").tobytes(), "the scale beside it"
     scale = np.float32(np.sqrt(total) / np.sqrt(full))
     cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
     cpu.compensate_encode(src, lut, cpu_err, numel, scale, cpu_bits)
-    d_err, d_bits = cuda.cuda.to_device(err), cuda.cuda.device_array(full // 8, np.uint8)
-    held = scale if world == 1 else cuda.cuda.to_device(np.array([scale], np.float32))  # a number, or in device memory
+    d_err, d_bits = numba_cuda.to_device(err), numba_cuda.device_array(full // 8, np.uint8)
+    held = scale if world == 1 else numba_cuda.to_device(np.array([scale], np.float32))  # a number, or in device memory
     cuda.compensate_encode(d_src, d_lut, d_err, numel, held, d_bits)
     assert np.array_equal(d_bits.copy_to_host(), cpu_bits), "encoded bits"
     assert np.array_equal(d_err.copy_to_host(), cpu_err), "worker error"
@@ -65,11 +65,11 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     for power, base in ((2, None), (1, None), (2, (rng.standard_normal(chunk) * 0.1).astype(np.float32))):
         out = np.empty(chunk, np.float32)
         want = cpu.accumulate_signs(rows[:, :chunk // 8].copy(), weights, base, out, chunk, power)
-        d_out = cuda.cuda.device_array(chunk, np.float32)
-        slot = None if base is None else cuda.cuda.device_array(1, np.float64)  # the sum kept on the device
-        held = None if base is None else cuda.cuda.device_array(1, np.float32)  # with its scale beside it
-        got = cuda.accumulate_signs(cuda.cuda.to_device(rows[:, :chunk // 8].copy()), cuda.cuda.to_device(weights),
-                                    None if base is None else cuda.cuda.to_device(base), d_out, chunk, power,
+        d_out = numba_cuda.device_array(chunk, np.float32)
+        slot = None if base is None else numba_cuda.device_array(1, np.float64)  # the sum kept on the device
+        held = None if base is None else numba_cuda.device_array(1, np.float32)  # with its scale beside it
+        got = cuda.accumulate_signs(numba_cuda.to_device(rows[:, :chunk // 8].copy()), numba_cuda.to_device(weights),
+                                    None if base is None else numba_cuda.to_device(base), d_out, chunk, power,
                                     into=slot, scale=None if base is None else (chunk, power, held))
         got = got if slot is None else slot.copy_to_host()[0]
         assert got == want and np.array_equal(d_out.copy_to_host(), out), "accumulate_signs"
@@ -79,8 +79,8 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     positive, negative = weights, -weights
     out = np.empty(numel, np.float32)
     cpu.select_decode(rows, positive, negative, out, numel)
-    d_out = cuda.cuda.device_array(numel, np.float32)
-    cuda.select_decode(cuda.cuda.to_device(rows), cuda.cuda.to_device(positive), cuda.cuda.to_device(negative),
+    d_out = numba_cuda.device_array(numel, np.float32)
+    cuda.select_decode(numba_cuda.to_device(rows), numba_cuda.to_device(positive), numba_cuda.to_device(negative),
                        d_out, numel)
     assert np.array_equal(d_out.copy_to_host(), out), "select_decode"
     groups = np.concatenate([rows, rows[:, ::-1]])  # 2 groups of world rows, into 2 segments of a chunk, cut short
@@ -88,15 +88,15 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     count = min(numel, 2 * chunk - 3)
     out = np.empty(count, np.float32)
     cpu.accumulate_groups(groups, group_weights, out, count)
-    d_out = cuda.cuda.device_array(count, np.float32)
-    cuda.accumulate_groups(cuda.cuda.to_device(groups), cuda.cuda.to_device(group_weights), d_out, count)
+    d_out = numba_cuda.device_array(count, np.float32)
+    cuda.accumulate_groups(numba_cuda.to_device(groups), numba_cuda.to_device(group_weights), d_out, count)
     assert np.array_equal(d_out.copy_to_host(), out), "accumulate_groups"
     sums = (rng.standard_normal((world + 1, numel)) * 10.0 ** rng.integers(-3, 4, (world + 1, numel))).astype(
         np.float32)
     averaged = np.empty(numel, np.float32)
     cpu.average_rows(sums, averaged)
-    d_averaged = cuda.cuda.device_array(numel, np.float32)
-    cuda.average_rows(cuda.cuda.to_device(sums), d_averaged)
+    d_averaged = numba_cuda.device_array(numel, np.float32)
+    cuda.average_rows(numba_cuda.to_device(sums), d_averaged)
     assert np.array_equal(d_averaged.copy_to_host(), averaged), "average_rows"
     for k, (kind, raw) in enumerate((("float32", np.uint32), ("float16", np.uint16), ("bfloat16", np.uint16))):
         heads = weights.copy()
@@ -107,8 +107,8 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
                               for v in (rounded, (-torch.from_numpy(heads)).to(rounded.dtype)))
         out = np.empty(numel, raw)
         cpu.select_decode(rows, positive, negative, out, numel)
-        d_bits = cuda.cuda.device_array(numel, raw)
-        cuda.decode_framed(cuda.cuda.to_device(framed), d_bits, numel, kind)
+        d_bits = numba_cuda.device_array(numel, raw)
+        cuda.decode_framed(numba_cuda.to_device(framed), d_bits, numel, kind)
         assert np.array_equal(d_bits.copy_to_host(), out), f"decode_framed to {kind}, scale {heads[-1]!r}"
 
     poisoned, next_row = src.copy(), src.copy()  # a NaN in row 0; one at the start of row 1, which row 0's lanes
@@ -119,8 +119,8 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     for source in (src, poisoned, next_row):
         maxima = np.empty(world, np.float32)
         cpu.row_absmax(source, lut, numel, full // world, maxima)
-        d_max = cuda.cuda.device_array(world, np.float32)
-        cuda.row_absmax(cuda.cuda.to_device(source), d_lut, numel, full // world, d_max)
+        d_max = numba_cuda.device_array(world, np.float32)
+        cuda.row_absmax(numba_cuda.to_device(source), d_lut, numel, full // world, d_max)
         assert np.array_equal(d_max.copy_to_host(), maxima, equal_nan=True), "row_absmax"
 
     key = reference.stream_key(7, 3, reference.STAGES["inter"], 1)
@@ -129,9 +129,9 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cpu.randomized_encode(src, lut, numel, maxima, np.uint64(key), 11, framed)
     assert np.array_equal(framed[:, :codecs.SCALE_BYTES].copy().view(np.float32).reshape(-1), maxima,
                           equal_nan=True), "randomized_encode's heads"
-    d_framed = cuda.cuda.to_device(np.zeros((world, width), np.uint8))
-    d_key = cuda.cuda.to_device(np.array([key], np.uint64))
-    cuda.randomized_encode(d_src, d_lut, numel, cuda.cuda.to_device(maxima), d_key, 11, d_framed)
+    d_framed = numba_cuda.to_device(np.zeros((world, width), np.uint8))
+    d_key = numba_cuda.to_device(np.array([key], np.uint64))
+    cuda.randomized_encode(d_src, d_lut, numel, numba_cuda.to_device(maxima), d_key, 11, d_framed)
     assert np.array_equal(d_framed.copy_to_host(), framed), "randomized_encode"
     padded = np.zeros(full, np.float32)
     padded[:numel] = values
@@ -147,15 +147,15 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
     blocks = -(-chunk // block)
     rng = np.random.default_rng(numel + world)
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
-    d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
+    d_src, d_lut = numba_cuda.to_device(src), None if lut is None else numba_cuda.to_device(lut)
     padded = np.zeros(full, np.float32)
     padded[:numel] = values
     for power in (1, 2):
         sums = np.empty(world * blocks, np.float64)
         cpu.block_power_sums(src, lut, err, numel, block, chunk, power, sums)
         assert np.array_equal(sums, reference.block_sums(padded + err, block, power, world)), ("cpu block sums", power)
-        d_sums = cuda.cuda.device_array(world * blocks, np.float64)
-        cuda.block_power_sums(d_src, d_lut, cuda.cuda.to_device(err), numel, block, chunk, power, d_sums)
+        d_sums = numba_cuda.device_array(world * blocks, np.float64)
+        cuda.block_power_sums(d_src, d_lut, numba_cuda.to_device(err), numel, block, chunk, power, d_sums)
         assert np.array_equal(d_sums.copy_to_host(), sums), ("block sums", power)
         _check_codes(sums, block, chunk, power, world, rng)
     _check_codes(rng.random(world * blocks).astype(np.float32), block, chunk, 0, world, rng)
@@ -165,8 +165,8 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
     cpu_err = err.copy()
     cpu.encode_blocks(src, lut, cpu_err, numel, scales, block, framed[:, heads:])
     assert np.array_equal(framed[:, heads:].reshape(-1), want_bits) and np.array_equal(cpu_err, want_err), "cpu encode"
-    d_framed, d_err = cuda.cuda.to_device(np.zeros_like(framed)), cuda.cuda.to_device(err)
-    cuda.encode_blocks(d_src, d_lut, d_err, numel, cuda.cuda.to_device(scales), block, d_framed[:, heads:])
+    d_framed, d_err = numba_cuda.to_device(np.zeros_like(framed)), numba_cuda.to_device(err)
+    cuda.encode_blocks(d_src, d_lut, d_err, numel, numba_cuda.to_device(scales), block, d_framed[:, heads:])
     assert np.array_equal(d_framed.copy_to_host(), framed) and np.array_equal(d_err.copy_to_host(), cpu_err), "encode"
 
     weights = (rng.random((world, blocks)) + 0.5).astype(np.float32)
@@ -179,9 +179,9 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
             lengths = reference.block_lengths(chunk, block)
             want = (want + np.repeat(weights[r], lengths) * reference.unpack(rows[r].copy(), chunk)).astype(np.float32)
         assert np.array_equal(out, want if base is None else (want + base).astype(np.float32)), "cpu accumulate"
-        d_out = cuda.cuda.device_array(chunk, np.float32)
-        cuda.accumulate_blocks(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block,
-                               None if base is None else cuda.cuda.to_device(base), d_out, chunk)
+        d_out = numba_cuda.device_array(chunk, np.float32)
+        cuda.accumulate_blocks(numba_cuda.to_device(framed)[:, heads:], numba_cuda.to_device(weights), block,
+                               None if base is None else numba_cuda.to_device(base), d_out, chunk)
         assert np.array_equal(d_out.copy_to_host(), out), "accumulate_blocks"
 
     out = np.empty(numel, np.float32)
@@ -200,8 +200,8 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
         sign = raw(1 << (8 * np.dtype(raw).itemsize - 1))
         out = np.empty(numel, raw)
         cpu.decode_blocks(rows, rounded, block, sign, out, numel)
-        d_out = cuda.cuda.device_array(numel, raw)
-        cuda.decode_framed_blocks(cuda.cuda.to_device(wire), cuda.cuda.to_device(spec.SCALE_STEPS), blocks, block,
+        d_out = numba_cuda.device_array(numel, raw)
+        cuda.decode_framed_blocks(numba_cuda.to_device(wire), numba_cuda.to_device(spec.SCALE_STEPS), blocks, block,
                                   d_out, numel, kind)
         assert np.array_equal(d_out.copy_to_host(), out), ("decode_framed_blocks", kind)
 
@@ -240,16 +240,16 @@ def _check_codes(src: np.ndarray, block: int, row_len: int, power: int, world: i
     rows, got = wire.copy(), np.empty((world, m), np.float32)
     cpu.code_blocks(src, block, row_len, power, spec.SCALE_STEPS, rows, got)
     assert np.array_equal(rows, want) and np.array_equal(got, decoded), ("cpu code_blocks", power)
-    d_rows, d_got = cuda.cuda.to_device(wire), cuda.cuda.device_array((world, m), np.float32)
-    d_steps = cuda.cuda.to_device(spec.SCALE_STEPS)
-    cuda.code_blocks(cuda.cuda.to_device(src), block, row_len, power, d_steps, d_rows, d_got)
+    d_rows, d_got = numba_cuda.to_device(wire), numba_cuda.device_array((world, m), np.float32)
+    d_steps = numba_cuda.to_device(spec.SCALE_STEPS)
+    cuda.code_blocks(numba_cuda.to_device(src), block, row_len, power, d_steps, d_rows, d_got)
     assert np.array_equal(d_rows.copy_to_host(), want) and np.array_equal(d_got.copy_to_host(), decoded), (
         "code_blocks", power)
     for divisor in (1, world + 2):
         weights = np.empty((world, m), np.float32)
         cpu.decode_codes(want, spec.SCALE_STEPS, divisor, weights)
         assert np.array_equal(weights, decoded / np.float32(divisor)), ("cpu decode_codes", divisor)
-        back = cuda.cuda.device_array((world, m), np.float32)
+        back = numba_cuda.device_array((world, m), np.float32)
         cuda.decode_codes(d_rows, d_steps, divisor, back)
         assert np.array_equal(back.copy_to_host(), weights), ("decode_codes", power, divisor)
 
@@ -262,14 +262,14 @@ def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: i
     blocks = -(-row // block)
     rng = np.random.default_rng(numel + world + bits)
     err = (rng.standard_normal(full) * 0.3).astype(np.float32)
-    d_src, d_lut = cuda.cuda.to_device(src), None if lut is None else cuda.cuda.to_device(lut)
+    d_src, d_lut = numba_cuda.to_device(src), None if lut is None else numba_cuda.to_device(lut)
     padded = np.zeros(full, np.float32)
     padded[:numel] = values
     top = np.empty(world * blocks, np.float32)
     cpu.block_absmax(src, lut, err, numel, block, row, top)
     assert np.array_equal(top, reference.block_absmax(padded + err, block, world)), "cpu block max"
-    d_top = cuda.cuda.device_array(world * blocks, np.float32)
-    cuda.block_absmax(d_src, d_lut, cuda.cuda.to_device(err), numel, block, row, d_top)
+    d_top = numba_cuda.device_array(world * blocks, np.float32)
+    cuda.block_absmax(d_src, d_lut, numba_cuda.to_device(err), numel, block, row, d_top)
     assert np.array_equal(d_top.copy_to_host(), top), "block_absmax"
     want_planes, steps, want_err = reference.compress_levels(padded, err, block, bits, world)
     heads = codecs.SCALE_BYTES + blocks
@@ -277,22 +277,22 @@ def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: i
     cpu_err = err.copy()
     cpu.encode_levels(src, lut, cpu_err, numel, steps, block, bits, framed[:, heads:])
     assert np.array_equal(framed[:, heads:], want_planes) and np.array_equal(cpu_err, want_err), "cpu levels"
-    d_framed, d_err = cuda.cuda.to_device(np.zeros_like(framed)), cuda.cuda.to_device(err)
-    cuda.encode_levels(d_src, d_lut, d_err, numel, cuda.cuda.to_device(steps), block, bits, d_framed[:, heads:])
+    d_framed, d_err = numba_cuda.to_device(np.zeros_like(framed)), numba_cuda.to_device(err)
+    cuda.encode_levels(d_src, d_lut, d_err, numel, numba_cuda.to_device(steps), block, bits, d_framed[:, heads:])
     assert np.array_equal(d_framed.copy_to_host(), framed), "encode_levels planes"
     assert np.array_equal(d_err.copy_to_host(), cpu_err), "encode_levels error"
     weights = (rng.random((world, blocks)) + 0.5).astype(np.float32)
     out = np.empty(row - 3, np.float32)
     cpu.accumulate_levels(framed[:, heads:], weights, block, bits, out, out.size)
-    d_out = cuda.cuda.device_array(out.size, np.float32)
-    cuda.accumulate_levels(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, bits, d_out,
+    d_out = numba_cuda.device_array(out.size, np.float32)
+    cuda.accumulate_levels(numba_cuda.to_device(framed)[:, heads:], numba_cuda.to_device(weights), block, bits, d_out,
                            out.size)
     assert np.array_equal(d_out.copy_to_host(), out), "accumulate_levels"
     weights[-1, 0] = 0.0  # a negative level over a zero step: +0, as accumulating from 0
     out = np.empty(full - 5, np.float32)
     cpu.decode_levels(framed[:, heads:], weights, block, bits, out, out.size)
-    d_out = cuda.cuda.device_array(out.size, np.float32)
-    cuda.decode_levels(cuda.cuda.to_device(framed)[:, heads:], cuda.cuda.to_device(weights), block, bits, d_out,
+    d_out = numba_cuda.device_array(out.size, np.float32)
+    cuda.decode_levels(numba_cuda.to_device(framed)[:, heads:], numba_cuda.to_device(weights), block, bits, d_out,
                        out.size)
     assert np.array_equal(d_out.copy_to_host().view(np.uint32), out.view(np.uint32)), "decode_levels"
 
@@ -301,12 +301,12 @@ def check_tree_sum() -> None:
     """The device pairwise tree adds like the reference's, within one block and across the collapse to it, in one
     launch; the scale it can write beside the sum has ``spec.scale_from``'s bits."""
     rng = np.random.default_rng(3)
-    kept = cuda.COLLAPSED
+    kept = cuda.sums.COLLAPSED
     try:  # narrower than on a GPU (the simulator runs a Python thread per value): 16 gives 512 values a thread
-        for cuda.COLLAPSED in (1024, 16):
+        for cuda.sums.COLLAPSED in (1024, 16):
             _check_tree_sums(rng)
     finally:
-        cuda.COLLAPSED = kept
+        cuda.sums.COLLAPSED = kept
 
 
 def _check_tree_sums(rng: np.random.Generator) -> None:
@@ -314,12 +314,12 @@ def _check_tree_sums(rng: np.random.Generator) -> None:
         values = rng.standard_normal(size) * 10.0 ** rng.integers(-8, 8, size)
         values[::7] = -0.0
         COUNTS.reset()
-        assert cuda.tree_sum(cuda.cuda.to_device(values)) == reference.tree_sum(values), f"tree_sum of {size}"
+        assert cuda.tree_sum(numba_cuda.to_device(values)) == reference.tree_sum(values), f"tree_sum of {size}"
         assert (COUNTS.launches, COUNTS.waits) == (1, 1), (size, COUNTS)
-        slots = cuda.cuda.to_device(np.full(3, np.nan))
-        scale = cuda.cuda.to_device(np.full(2, np.nan, np.float32))
+        slots = numba_cuda.to_device(np.full(3, np.nan))
+        scale = numba_cuda.to_device(np.full(2, np.nan, np.float32))
         COUNTS.reset()
-        assert cuda.tree_sum(cuda.cuda.to_device(values), into=slots[1:2], scale=(size, 1, scale[1:])) is None
+        assert cuda.tree_sum(numba_cuda.to_device(values), into=slots[1:2], scale=(size, 1, scale[1:])) is None
         assert (COUNTS.launches, COUNTS.waits) == (1, 0), (size, COUNTS)
         assert slots.copy_to_host()[1] == reference.tree_sum(values), f"tree_sum of {size} into a device slot"
         want = spec.scale_from(reference.tree_sum(values), size, "l1")
@@ -338,30 +338,30 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torc
         for dtype in dtypes:
             src = x.numpy() if dtype == torch.float32 else x.to(dtype).view(torch.int16).numpy().view(np.uint16)
             lut = None if dtype == torch.float32 else codecs._lookup_table(dtype)
-            d_lut = None if lut is None else cuda.cuda.to_device(lut)
+            d_lut = None if lut is None else numba_cuda.to_device(lut)
             for power in powers:
                 want = cpu.compensated_power_sum(src, lut, err, numel - 5, power)
-                got = cuda.compensated_power_sum(cuda.cuda.to_device(src), d_lut, cuda.cuda.to_device(err),
+                got = cuda.compensated_power_sum(numba_cuda.to_device(src), d_lut, numba_cuda.to_device(err),
                                                  numel - 5, power)
                 assert got == want, ("the lane sums' order", numel, dtype, power)
         rows = rng.integers(0, 256, (3, -(-numel // 8)), dtype=np.uint8)
         weights = (rng.standard_normal(3) * np.exp2(rng.integers(-20, 21, 3))).astype(np.float32)
         base = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
         for power in powers:
-            out, d_out = np.empty(numel, np.float32), cuda.cuda.device_array(numel, np.float32)
+            out, d_out = np.empty(numel, np.float32), numba_cuda.device_array(numel, np.float32)
             want = cpu.accumulate_signs(rows, weights, base, out, numel, power)
-            got = cuda.accumulate_signs(cuda.cuda.to_device(rows), cuda.cuda.to_device(weights),
-                                        cuda.cuda.to_device(base), d_out, numel, power)
+            got = cuda.accumulate_signs(numba_cuda.to_device(rows), numba_cuda.to_device(weights),
+                                        numba_cuda.to_device(base), d_out, numel, power)
             assert got == want and np.array_equal(d_out.copy_to_host(), out), ("accumulated lanes' order", power)
 
 
 def check_group_sums() -> None:
     """Past ``TAIL`` lane sums the last block of each group of thread blocks adds its part of the tree's wide levels,
-    and the last group the rest (``kernels.cuda._finish_lanes``), in the reference's order: with several groups, a
+    and the last group the rest (``kernels.cuda.sums.finish_lanes``), in the reference's order: with several groups, a
     group of several thread blocks, one thread walking several lane sums, and threads sharing one value of the
     tree (``SUBTREES``) in shared memory."""
     for blocks, tail, threads, numel in ((4, 64, 32, 30011), (8, 64, 256, 40011)):
-        cuda.MAX_BLOCKS, cuda.TAIL, cuda.LANE_THREADS = blocks, tail, threads
+        cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.LANE_THREADS = blocks, tail, threads
         check_lane_sums((numel,), (torch.float32,), (2,))
 
 
@@ -376,8 +376,8 @@ def check_segment_sums(sizes: tuple[int, ...] = (0, 1, 37, 8193, 5, 300)) -> Non
     bounds, firsts = tables.numpy()
     want = np.empty(len(sizes))
     cpu.segment_sumsq(x, bounds, firsts, blocks, want)
-    d_out = cuda.cuda.device_array(len(sizes), np.float64)
-    cuda.segment_sumsq(cuda.cuda.to_device(x), cuda.cuda.to_device(bounds), cuda.cuda.to_device(firsts), blocks,
+    d_out = numba_cuda.device_array(len(sizes), np.float64)
+    cuda.segment_sumsq(numba_cuda.to_device(x), numba_cuda.to_device(bounds), numba_cuda.to_device(firsts), blocks,
                        d_out)
     each = [cpu.compensated_power_sum(x[:0], None, x[lo:hi], 0, 2) for lo, hi in zip(bounds[:-1], bounds[1:])]
     assert np.array_equal(want, each) and np.array_equal(d_out.copy_to_host(), want), "segment_sumsq"
@@ -388,11 +388,11 @@ def check_scale_of() -> None:
     rng = np.random.default_rng(5)
     totals = np.concatenate([[0.0, 1.0, 2.0, 3.0, 1e-300, 5e-324, 1e300, np.inf, np.nan],
                              rng.random(200) * 10.0 ** rng.integers(-30, 30, 200)])
-    out = cuda.cuda.device_array(1, np.float32)
+    out = numba_cuda.device_array(1, np.float32)
     for name, power in SCALES.items():
         for d in (0, 1, 3, 8, 37, 8200, 12345678, 2 ** 40 + 3):
             for total in totals:
-                cuda.scale_of(cuda.cuda.to_device(np.array([total])), d, power, out)
+                cuda.scale_of(numba_cuda.to_device(np.array([total])), d, power, out)
                 got, want = out.copy_to_host()[0], spec.scale_from(float(total), d, name)
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
@@ -405,7 +405,7 @@ def check_agreement_record() -> None:
     rng = np.random.default_rng(6)
     totals = np.concatenate([[0.0, 1.0, 1e-300, 5e-324, 1e300, np.inf, -np.inf, np.nan],
                              rng.random(50) * 10.0 ** rng.integers(-30, 30, 50)])
-    record = cuda.cuda.to_device(np.full(12, 7.0))
+    record = numba_cuda.to_device(np.full(12, 7.0))
     for name, power in (*SCALES.items(), (None, 0)):
         for d in (0, 1, 37, 8200, 2 ** 40 + 3):
             for i, total in enumerate(totals):
@@ -413,7 +413,7 @@ def check_agreement_record() -> None:
                 finite = bool(np.isfinite(total))
                 value = float(spec.scale_from(float(total), d, name)) if finite and name else 0.0
                 for summed in (False, True):
-                    cuda.agreement_record(cuda.cuda.to_device(np.array([total])), signature, d, power, summed, record)
+                    cuda.agreement_record(numba_cuda.to_device(np.array([total])), signature, d, power, summed, record)
                     want = ([*spec.summed_fields(signature, finite), value, float(finite)] if summed else
                             [signature, float(finite), value])
                     got = record.copy_to_host()[:len(want)]
@@ -435,7 +435,7 @@ def _checked_kernel(body: str):
     counts last adds the other block's out[o] to its own after a barrier), "published by one" (out[o], a barrier,
     then thread 0 fences, counts, and in the last block fences again: ``_last_block``'s form), "counted in groups"
     (each block counts as the last of its group in counter[1 + its block], adds 1 to out[o], then counts in
-    counter[0]; the last adds the other's: ``_finish_lanes``' form)."""
+    counter[0]; the last adds the other's: ``finish_lanes``' form)."""
 
     @numba_cuda.jit
     def kernel(out, counter):
@@ -520,7 +520,7 @@ def check_race_checks() -> None:
     with their error naming it, and pass the right ones with their results (on two blocks, which also share the
     simulator's shared arrays, one after the other)."""
     assert config.ENABLE_CUDASIM, "the race checks are the simulator's (compute-sanitizer's on a GPU)"
-    out, counter = cuda.cuda.device_array(64, np.float32), cuda.cuda.to_device(np.zeros(3, np.int32))
+    out, counter = numba_cuda.device_array(64, np.float32), numba_cuda.to_device(np.zeros(3, np.int32))
     for body, blocks, error, words in (
             ("write, read neighbour", 1, simulator.DataRace, "with no barrier between"),
             ("read neighbour, write", 1, simulator.DataRace, "with no barrier between"),
@@ -540,14 +540,14 @@ def check_race_checks() -> None:
             assert words in str(exc), (body, str(exc))
         else:
             raise AssertionError(f"a kernel with {body!r} passed the simulator's checks")
-    counter = cuda.cuda.to_device(np.zeros(1, np.int32))
+    counter = numba_cuda.to_device(np.zeros(1, np.int32))
     for body, want in (("read neighbour", (np.arange(64) + 1) % 32), ("own", np.arange(64) % 32),
                        ("published", np.arange(64) % 32 * np.repeat([1, 2], 32)),
                        ("published by one", np.arange(64) % 32 * np.repeat([1, 2], 32))):
         _checked_kernel(body)[2, 32](out, counter)
         assert np.array_equal(out.copy_to_host(), want), (body, out.copy_to_host())
     assert counter.copy_to_host()[0] == 4, "each block counted once in each of the two counting bodies"
-    counter = cuda.cuda.to_device(np.zeros(3, np.int32))
+    counter = numba_cuda.to_device(np.zeros(3, np.int32))
     _checked_kernel("counted in groups")[2, 32](out, counter)
     assert np.array_equal(out.copy_to_host(), (np.arange(64) % 32 + 1) * np.repeat([1, 2], 32)), out.copy_to_host()
     assert counter.copy_to_host().tolist() == [2, 1, 1], "each block counted in its group's count and the grid's"
@@ -567,14 +567,14 @@ def run_part(part: str, lengths: list[int]) -> None:
     """One part of ``PARTS``: the device tree and scale, one dtype's kernels at every length and world 1 and 3,
     the block-scale kernels, the level kernels, or the grid-stride loops (several tiles and lanes per block, and
     sums of more lane sums than one block adds)."""
-    threads = cuda.COLLAPSE_THREADS
+    threads = cuda.sums.COLLAPSE_THREADS
     if config.ENABLE_CUDASIM:  # a Python thread per CUDA thread; the tree's order does not depend on the block
-        cuda.COLLAPSE_THREADS = 128
+        cuda.sums.COLLAPSE_THREADS = 128
         simulator.check_accesses(part not in UNCHECKED)
     try:
         _run_part(part, lengths)
     finally:
-        cuda.COLLAPSE_THREADS = threads
+        cuda.sums.COLLAPSE_THREADS = threads
 
 
 def _run_part(part: str, lengths: list[int]) -> None:
@@ -598,9 +598,9 @@ def _run_part(part: str, lengths: list[int]) -> None:
                                                  (203, 2, torch.float16, 16, 8), (99, 3, torch.float32, 256, 4)):
             check_levels(numel, world, dtype, block, bits)
     elif part == "grid":
-        kept = (cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED, cuda.LANE_THREADS)
-        cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED = 2, 32, 16  # past TAIL: one group; _collapse walks several
-        try:  # values a thread
+        kept = (cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS)
+        cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED = 2, 32, 16  # past TAIL: one group; _collapse
+        try:  # walks several values a thread
             check(max(lengths), 3, torch.float16)
             check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
             # stages a second over the first
@@ -611,16 +611,16 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check_levels(8200, 3, torch.float32, 8, 4)
             rng = np.random.default_rng(5)  # more scales a row than CODE_THREADS, more rows than blocks
             _check_codes(rng.random(3 * 700) * 10.0, 8, 8 * 700 - 3, 2, 3, rng)
-            per_thread, cuda.CODE_SCALES_PER_THREAD = cuda.CODE_SCALES_PER_THREAD, 1
+            per_thread, cuda.scales.CODE_SCALES_PER_THREAD = cuda.scales.CODE_SCALES_PER_THREAD, 1
             try:  # rows split over 3 blocks, their largest in the last part of one and the first of another
                 scales = rng.random((3, 700)) * 10.0
                 scales[0, 699], scales[2, 3] = 20.0, 30.0
                 _check_codes(scales.reshape(-1), 8, 8 * 700 - 3, 2, 3, rng)
                 _check_codes(scales.reshape(-1).astype(np.float32), 8, 8 * 700, 0, 3, rng)
             finally:
-                cuda.CODE_SCALES_PER_THREAD = per_thread
+                cuda.scales.CODE_SCALES_PER_THREAD = per_thread
         finally:
-            cuda.MAX_BLOCKS, cuda.TAIL, cuda.COLLAPSED, cuda.LANE_THREADS = kept
+            cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS = kept
     elif part == "races":
         check_race_checks()
     else:
@@ -633,10 +633,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("lengths", type=int, nargs="*", default=[1, 37, 1000, 8200])
     parser.add_argument("--part", action="append", choices=PARTS, help="one part (repeatable); default: all")
     args = parser.parse_args(argv)
-    assert cuda.cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
+    assert numba_cuda.is_available(), "no CUDA device and no simulator (set NUMBA_ENABLE_CUDASIM=1)"
     if config.ENABLE_CUDASIM:
         simulator.install()
-        cuda.CODE_THREADS = 32  # a Python thread per CUDA thread; rows of more scales than threads all the same
+        cuda.scales.CODE_THREADS = 32  # a Python thread per CUDA thread; rows of more scales than threads all the same
     else:
         simulator.quiet_warnings()
     parts = args.part or [part for part in PARTS if config.ENABLE_CUDASIM or part != "races"]

@@ -4,8 +4,10 @@ before its writes are published."""
 
 from __future__ import annotations
 
+import importlib
 import linecache
 import operator
+import pkgutil
 import sys
 import threading
 import warnings
@@ -187,7 +189,7 @@ def _note_grid(manager, place: tuple, write: bool, block: tuple, here: tuple[str
        (an atomic's element), with a barrier since, that the other block counted in after its
        access (the fence, barrier and count publish it; the simulator runs blocks in turn, so the
        other block's counts are all known): the last block of a grid, or of a group of blocks
-       with a count of its own (``kernels.cuda._finish_lanes``). Nothing else orders two blocks.
+       with a count of its own (``kernels.cuda.sums.finish_lanes``). Nothing else orders two blocks.
     3. A write unordered with another block's write or read, or a read unordered with another
        block's write, is a race (``_note`` raises ``DataRace``).
     """
@@ -469,6 +471,7 @@ def quiet_warnings() -> None:
     1. Every module with kernel or device-function code gets its registry now.
     2. The wrap-around warnings are ignored.
     """
-    for module in (scalar, cuda):
+    names = [f"{cuda.__name__}.{module.name}" for module in pkgutil.iter_modules(cuda.__path__)]
+    for module in (scalar, *map(importlib.import_module, names)):
         module.__dict__.setdefault("__warningregistry__", {})
     warnings.filterwarnings("ignore", message="overflow encountered", category=RuntimeWarning)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -37,8 +38,29 @@ def test_cuda_kernels_match_cpu_kernels_under_the_simulator() -> None:
 def test_a_block_size_is_a_shift_and_only_a_power_of_two_is_taken() -> None:
     """The kernels shift by log2 of the block size where they would divide by it: a size that is not a power of two
     (``spec`` refuses one first) would shift to other blocks, so it is refused here too."""
-    from compcoll.kernels.cuda import _shift
+    from compcoll.kernels.cuda.common import shift_of
 
-    assert [_shift(b) for b in (1, 8, 64, 8192)] == [0, 3, 6, 13]
+    assert [shift_of(b) for b in (1, 8, 64, 8192)] == [0, 3, 6, 13]
     with pytest.raises(ValueError, match="block size 48 is not a power of two"):
-        _shift(48)
+        shift_of(48)
+
+
+def test_device_functions_that_read_cuda_are_called_only_from_their_own_module() -> None:
+    """numba's simulator swaps its stand-in for ``cuda`` into another module's globals only for each device call,
+    and back when that call ends, while the launch's other threads may still be inside it: a device function that
+    reads ``cuda`` (threads, barriers, shared memory) and is imported by another kernel module fails there
+    ("module 'numba.cuda' has no attribute 'threadIdx'"), as a first split of ``kernels/cuda`` did. So none is.
+
+    1. Each module's device functions whose bodies read ``cuda``, found in its syntax tree.
+    2. Every ``from .module import ...`` of the package's modules: none of those names.
+    """
+    package = Path(__file__).parents[2] / "compcoll" / "kernels" / "cuda"
+    trees = {path.stem: ast.parse(path.read_text()) for path in package.glob("*.py")}
+    device = [(name, node) for name, tree in trees.items() for node in tree.body if isinstance(node, ast.FunctionDef)
+              and any("device=True" in ast.unparse(d) for d in node.decorator_list)]
+    reading = {(name, node.name) for name, node in device
+               if any(isinstance(n, ast.Name) and n.id == "cuda" for n in ast.walk(ast.Module(node.body, [])))}
+    assert ("sums", "_finish_lanes") in reading and ("common", "row_of") not in reading
+    imported = [(node.module, alias.name) for tree in trees.values() for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module for alias in node.names]
+    assert ("common", "row_of") in imported and not [pair for pair in imported if pair in reading]

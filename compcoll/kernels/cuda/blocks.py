@@ -1,0 +1,238 @@
+"""The block forms' kernels: a scale a block of elements, its sums and maxima, the encode by bit planes, the sums."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ..launch import launch
+from .common import LOOKUPS, THREADS, TILE, grid_for, row_of, shift_of, table_arg, to_power
+
+STAGE = 8
+"""Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
+``STAGE`` elements, read coalesced into shared memory), which each thread then takes in order."""
+FOLD_THREADS = THREADS
+"""Threads of a block kernel's thread block, a summation block each (at most ``THREADS``; the simulator's checks
+take fewer: a Python thread per CUDA thread)."""
+_STAGED = (THREADS, STAGE + 1)
+"""Shape of the shared array of staged elements: a row per summation block, one column of padding so that a warp's
+threads reading their rows' j-th elements touch 32 different banks."""
+
+
+@cuda.jit(device=True)
+def _block_span(b, total, shift, per_row, row_len):
+    """(first element, length) of block b of rows of ``row_len`` (``per_row`` blocks a row, of 2^shift elements, the
+    last of a row shorter where needed); (0, 0) past the ``total`` blocks."""
+    if b >= total:
+        return 0, 0
+    r = b // per_row
+    first = r * row_len + ((b - r * per_row) << shift)
+    return first, min(1 << shift, (r + 1) * row_len - first)
+
+
+def _staged_fold(look_up, fold, zero):
+    """A kernel out[b] = ``fold`` over block b's elements x = err + src (float32) in order, from ``zero``.
+
+    1. A thread block takes ``FOLD_THREADS`` summation blocks, a thread each (their spans in
+       shared memory).
+    2. Round by round their next ``STAGE`` elements are read into shared memory, a warp's load
+       reading 4 blocks' 8 consecutive elements each (a thread reading its own block's made it
+       touch 32 sectors for 32 elements).
+    3. Each thread folds its block's staged elements in order: the order and the bits are one
+       element at a time's.
+    """
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, shift, row_len, out):
+        staged = cuda.shared.array(_STAGED, np.float32)
+        firsts = cuda.shared.array(THREADS, np.int64)
+        lengths = cuda.shared.array(THREADS, np.int64)
+        lane = cuda.threadIdx.x
+        width = cuda.blockDim.x
+        per_row = (row_len + (1 << shift) - 1) >> shift
+        total = out.size
+        for group in range(cuda.blockIdx.x, -(-total // width), cuda.gridDim.x):
+            b = group * width + lane
+            first, length = _block_span(b, total, shift, per_row, row_len)
+            firsts[lane] = first
+            lengths[lane] = length
+            cuda.syncthreads()
+            acc = zero
+            for start in range(0, 1 << shift, STAGE):
+                for m in range(STAGE):
+                    q = m * width + lane
+                    t = q // STAGE
+                    j = q - t * STAGE
+                    if start + j < lengths[t]:
+                        i = firsts[t] + start + j
+                        staged[t, j] = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
+                cuda.syncthreads()
+                for j in range(STAGE):
+                    if start + j < length:
+                        acc = fold(acc, staged[lane, j])
+                cuda.syncthreads()
+            if b < total:
+                out[b] = acc
+
+    return kernel
+
+
+@cuda.jit(device=True)
+def _larger_magnitude(top, x):
+    """max(top, |x|), NaN kept once seen (``top``'s order of a block's elements, as the CPU kernel)."""
+    a = abs(x)
+    return a if a > top or a != a else top
+
+
+@lru_cache(maxsize=None)
+def _block_power_sums(with_lut: bool, p: int):
+    """sums[b] = sum over block b's elements, in order, of |float64(x)|^p (``_staged_fold``)."""
+    @cuda.jit(device=True)
+    def add_power(acc, x):
+        return acc + to_power(np.float64(x), p)
+
+    return _staged_fold(LOOKUPS[with_lut], add_power, 0.0)
+
+
+def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
+    """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
+    CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``)."""
+    launch(_block_power_sums(lut is not None, int(power)), grid_for(sums.size, FOLD_THREADS), FOLD_THREADS, stream,
+           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, sums)
+
+
+def tiled_block_encoder(look_up, code_of, one_plane: bool):
+    """A kernel coding x = err + src element by element with its block's value (a scale, or a level step) and
+    packing the codes' ``nbits`` bit planes into (rows, nbits * row_bytes) ``planes``, tiled as
+    ``compensate_encode``.
+
+    1. A block takes a tile of ``TILE`` elements: thread l codes elements l, l + THREADS, ...
+       (coalesced reads and writes; ``code_of``: the code and the new error), keeping the codes
+       in shared memory.
+    2. Thread l packs byte l of the tile from elements 8l..8l+7 into each plane, the ``nbits``
+       plane bytes in one 64-bit register (byte j: plane j), not a local array, which a plane
+       index known only at run time would put in local memory.
+    A thread keeps the row of its last element (and of its last byte) and divides only when it
+    leaves it; an element's block is a shift. ``one_plane``: ``nbits`` is 1, known when compiled.
+    """
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, values, shift, nbits, planes):
+        codes = cuda.shared.array(TILE, np.uint8)
+        lane = cuda.threadIdx.x
+        count = 1 if one_plane else nbits
+        rows = planes.shape[0]
+        row_bytes = planes.shape[1] // count
+        row_len = 8 * row_bytes
+        total = rows * row_bytes
+        per_row = (row_len + (1 << shift) - 1) >> shift
+        r, first = 0, 0
+        byte_row, first_byte = 0, 0
+        for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
+            base = tile * TILE
+            for m in range(8):
+                e = m * THREADS + lane
+                i = base + e
+                if i < total * 8:
+                    r, first = row_of(i, r, first, row_len)
+                    x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
+                    code, left = code_of(x, values[r * per_row + ((i - first) >> shift)], nbits)
+                    err[i] = left
+                    codes[e] = code
+            cuda.syncthreads()
+            t = tile * THREADS + lane
+            if t < total:
+                byte_row, first_byte = row_of(t, byte_row, first_byte, row_bytes)
+                packed = np.uint64(0)
+                for e in range(8):
+                    code = np.uint64(codes[8 * lane + e])
+                    for j in range(count):
+                        packed |= ((code >> np.uint64(j)) & np.uint64(1)) << np.uint64(8 * j + 7 - e)
+                for j in range(count):
+                    planes[byte_row, j * row_bytes + t - first_byte] = (packed >> np.uint64(8 * j)) & np.uint64(255)
+            cuda.syncthreads()
+
+    return kernel
+
+
+@cuda.jit(device=True)
+def _sign_code(x, scale, nbits):
+    """1 bit: (1, x - scale) where x >= 0, else (0, x + scale), in float32, as ``compensate_encode``."""
+    if x >= 0:
+        return np.uint8(1), x - scale
+    return np.uint8(0), x + scale
+
+
+@lru_cache(maxsize=None)
+def _encode_blocks(with_lut: bool):
+    return tiled_block_encoder(LOOKUPS[with_lut], _sign_code, True)
+
+
+def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
+    """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
+    row_bytes) ``bits`` (possibly strided), as the CPU kernel: ``tiled_block_encoder`` with one bit plane."""
+    launch(_encode_blocks(lut is not None), grid_for(bits.shape[0] * bits.shape[1]), THREADS, stream,
+           src, table_arg(lut, stream), err, n_src, scales, shift_of(block), 1, bits)
+
+
+@lru_cache(maxsize=None)
+def _accumulate_blocks(with_base: bool):
+    @cuda.jit
+    def kernel(bits, weights, shift, base, out, n_out):
+        nranks = bits.shape[0]
+        for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+            acc = np.float32(0)
+            k = i >> shift
+            for r in range(nranks):
+                if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
+                    acc += weights[r, k]
+                else:
+                    acc -= weights[r, k]
+            if with_base:
+                acc = acc + base[i]
+            out[i] = acc
+
+    return kernel
+
+
+def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
+    """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
+    one thread per element (i // block a shift)."""
+    launch(_accumulate_blocks(base is not None), grid_for(n_out), THREADS, stream,
+           bits, weights, shift_of(block), out if base is None else base, out, n_out)
+
+
+@cuda.jit
+def _accumulate_groups(bits, weights, out, n_out):
+    members = weights.shape[1]
+    seg = bits.shape[1] * 8
+    j, first = -1, -seg
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        j, first = row_of(i, j, first, seg)
+        t = i - first
+        acc = np.float32(0)
+        for r in range(members):
+            w = weights[j, r]
+            acc += w if (bits[j * members + r, t >> 3] >> (7 - (t & 7))) & 1 else -w
+        out[i] = acc
+
+
+def accumulate_groups(bits, weights, out, n_out, stream=0) -> None:
+    """Group j's rows into segment j of out, as the CPU kernel: one thread per element (its group kept, ``row_of``),
+    rank by rank in float32."""
+    launch(_accumulate_groups, grid_for(n_out), THREADS, stream, bits, weights, out, n_out)
+
+
+@lru_cache(maxsize=None)
+def _block_absmax(with_lut: bool):
+    """out[b] = max |x| over block b's elements (``_staged_fold``)."""
+    return _staged_fold(LOOKUPS[with_lut], _larger_magnitude, np.float32(0))
+
+
+def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
+    """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
+    a thread per block, its elements staged in shared memory (``_staged_fold``)."""
+    launch(_block_absmax(lut is not None), grid_for(out.size, FOLD_THREADS), FOLD_THREADS, stream,
+           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, out)

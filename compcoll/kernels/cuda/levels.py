@@ -1,0 +1,81 @@
+"""The level codec's kernels: ``nbits`` levels an element by its block's step, encoded, accumulated, decoded."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from ..launch import launch
+from .blocks import tiled_block_encoder
+from .common import LOOKUPS, THREADS, grid_for, row_of, shift_of, table_arg
+
+
+@cuda.jit(device=True)
+def _level_code(x, step, nbits):
+    """``nbits`` levels, as the CPU kernel: c = floor(float32(x / step) + 2^(nbits - 1)) clamped to [0, 2^nbits - 1]
+    (0 where step is 0), and x - float32((c - (2^nbits - 1) / 2) * step) in float64."""
+    top = np.float64((1 << nbits) - 1)
+    q = np.float32(x / step) if step > 0 else np.float32(0)
+    c = min(max(math.floor(np.float32(q + np.float32(1 << (nbits - 1)))), 0.0), top)
+    return np.uint8(c), x - np.float32(np.float64(c - top / 2.0) * np.float64(step))
+
+
+@lru_cache(maxsize=None)
+def _encode_levels(with_lut: bool):
+    return tiled_block_encoder(LOOKUPS[with_lut], _level_code, False)
+
+
+def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:
+    """The CPU kernel's levels, errors and bit planes: ``tiled_block_encoder`` with ``nbits`` planes."""
+    launch(_encode_levels(lut is not None), grid_for(planes.shape[0] * (planes.shape[1] // nbits)), THREADS, stream,
+           src, table_arg(lut, stream), err, n_src, steps, shift_of(block), nbits, planes)
+
+
+@cuda.jit(device=True)
+def _level_of(planes, r, row_bytes, k, nbits):
+    """The level of element k of row r of bit planes (``encode_levels``' layout): bit j from plane j."""
+    code = 0
+    for j in range(nbits):
+        code |= ((planes[r, j * row_bytes + (k >> 3)] >> (7 - (k & 7))) & 1) << j
+    return code
+
+
+@cuda.jit
+def _accumulate_levels(planes, weights, shift, nbits, out, n_out):
+    nranks = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    half = ((1 << nbits) - 1) / 2.0
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        acc = np.float32(0)
+        k = i >> shift
+        for r in range(nranks):
+            acc = acc + np.float32((_level_of(planes, r, row_bytes, i, nbits) - half) * np.float64(weights[r, k]))
+        out[i] = acc
+
+
+def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> None:
+    """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel: one thread
+    per element (i // block a shift)."""
+    launch(_accumulate_levels, grid_for(n_out), THREADS, stream, planes, weights, shift_of(block), nbits, out, n_out)
+
+
+@cuda.jit
+def _decode_levels(planes, steps, shift, nbits, out, n_out):
+    row_bytes = planes.shape[1] // nbits
+    row_len = row_bytes * 8
+    half = ((1 << nbits) - 1) / 2.0
+    r, first = -1, -row_len
+    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
+        r, first = row_of(i, r, first, row_len)
+        k = i - first
+        out[i] = np.float32(0) + np.float32((_level_of(planes, r, row_bytes, k, nbits) - half)
+                                            * np.float64(steps[r, k >> shift]))
+
+
+def decode_levels(planes, steps, block, nbits, out, n_out, stream=0) -> None:
+    """Row r's levels into out[r * row_len:], as the CPU kernel: one thread per element (its row kept, ``row_of``;
+    k // block a shift)."""
+    launch(_decode_levels, grid_for(n_out), THREADS, stream, planes, steps, shift_of(block), nbits, out, n_out)

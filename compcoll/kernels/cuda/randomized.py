@@ -1,0 +1,139 @@
+"""Birder's kernels on the device: the rows' largest magnitudes, and the binary randomized encode."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numba import cuda
+
+from .. import scalar
+from ...spec import BLOCK, LANES, SCALE_BYTES
+from ..launch import launch
+from .common import IN_FLIGHT, LOOKUPS, THREADS, TILE, device_empty, grid_for, pack, row_of, table_arg
+from .frames import write_head
+
+_threshold = cuda.jit(device=True)(scalar.threshold)
+
+
+@lru_cache(maxsize=None)
+def _absmax_lanes(with_lut: bool):
+    look_up = LOOKUPS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, n_src, row_len, per_row, partial):
+        held = cuda.local.array(IN_FLIGHT, np.float32)
+        for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
+            lane = t % LANES
+            piece = t // LANES
+            row = piece // per_row
+            lo = row * row_len + (piece % per_row) * BLOCK
+            hi = lo + BLOCK
+            if (row + 1) * row_len < hi:
+                hi = (row + 1) * row_len
+            if n_src < hi:
+                hi = n_src
+            m = np.float32(0)
+            for first in range(lo + lane, hi, IN_FLIGHT * LANES):
+                for u in range(IN_FLIGHT):
+                    i = first + u * LANES
+                    held[u] = look_up(lut, src[i]) if i < hi else np.float32(0)
+                for u in range(IN_FLIGHT):
+                    a = held[u]
+                    if a < 0:
+                        a = -a
+                    if a > m or a != a:
+                        m = a
+            partial[t] = m
+
+    return kernel
+
+
+@cuda.jit
+def _absmax_rows(partial, per_row, out):
+    """Block r: out[r] = the maximum of row r's partial maxima (threads stride, then a shared-memory tree)."""
+    best = cuda.shared.array(THREADS, np.float32)
+    r = cuda.blockIdx.x
+    lane = cuda.threadIdx.x
+    m = np.float32(0)
+    for t in range(r * per_row * LANES + lane, (r + 1) * per_row * LANES, THREADS):
+        a = partial[t]
+        if a > m or a != a:
+            m = a
+    best[lane] = m
+    cuda.syncthreads()
+    width = THREADS // 2
+    while width > 0:
+        if lane < width:
+            a = best[lane + width]
+            if a > best[lane] or a != a:
+                best[lane] = a
+        cuda.syncthreads()
+        width //= 2
+    if lane == 0:
+        out[r] = best[0]
+
+
+def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty) -> None:
+    """out[r] = max |x| over row r of x (src zero-padded beyond n_src); NaN if the row holds one.
+
+    The maximum does not depend on the order, so lanes take partial maxima in parallel,
+    then one block per row reduces them.
+    """
+    per_row = max(1, -(-row_len // BLOCK))
+    partial = empty(out.size * per_row * LANES, np.float32, stream)
+    launch(_absmax_lanes(lut is not None), grid_for(partial.size), THREADS, stream,
+           src, table_arg(lut, stream), n_src, row_len, per_row, partial)
+    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out)
+
+
+@lru_cache(maxsize=None)
+def _randomized_encode(with_lut: bool):
+    look_up = LOOKUPS[with_lut]
+
+    @cuda.jit
+    def kernel(src, lut, n_src, scales, key, start, rows):
+        signs = cuda.shared.array(TILE, np.uint8)
+        head = cuda.local.array(1, np.float32)
+        lane = cuda.threadIdx.x
+        n, width = rows.shape
+        row_bytes = width - SCALE_BYTES
+        stream_key = key[0]
+        for r in range(cuda.grid(1), n, cuda.gridsize(1)):
+            write_head(rows, r, scales[r], head)
+        total = n * row_bytes
+        row_len = row_bytes * 8
+        r, first = 0, 0
+        byte_row, first_byte = 0, 0
+        for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
+            base = tile * TILE
+            for j in range(8):
+                e = j * THREADS + lane
+                i = base + e
+                if i < total * 8:
+                    r, first = row_of(i, r, first, row_len)
+                    x = np.float64(look_up(lut, src[i])) if i < n_src else 0.0
+                    signs[e] = 1 if x > _threshold(stream_key, start + i) * np.float64(scales[r]) else 0
+            cuda.syncthreads()
+            t = tile * THREADS + lane
+            if t < total:
+                byte_row, first_byte = row_of(t, byte_row, first_byte, row_bytes)
+                rows[byte_row, SCALE_BYTES + t - first_byte] = pack(signs, 8 * lane)
+            cuda.syncthreads()
+
+    return kernel
+
+
+def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> None:
+    """Wire row r <- scales[r] at its head, then Birder's binary randomization of row r of x: bit i set when
+    x_i > t_i * scale_r, as the CPU kernel (the head written by the kernel: no copy by torch).
+
+    ``key`` is a one-element uint64 device array holding the stream's key, which the kernel reads from there (the
+    CPU kernel takes it as a value): a launch replayed with the next call's key in that memory draws that call's
+    thresholds (``codecs.stream_keys``).
+
+    Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the row of
+    its last element (and of its last byte) and divides only when it leaves it.
+    """
+    launch(_randomized_encode(lut is not None), grid_for(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
+           stream, src, table_arg(lut, stream), n_src, scales, key, start, rows)

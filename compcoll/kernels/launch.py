@@ -88,7 +88,8 @@ _SIMULATING = [False]
 """The one flag ``simulating`` reads (``simulate`` sets it; ``COMPCOLL_CUDA_ON_CPU=1`` at import)."""
 _SIMULATOR = threading.RLock()
 """One kernel call at a time under numba's simulator (``context_for``): a simulated launch swaps the ``cuda`` of its
-kernel's module for a fake, which a kernel built meanwhile in another thread would meet."""
+kernel's module for a fake (and of a device function's module, for each call of it), which a kernel built meanwhile
+in another thread would meet."""
 
 
 simulate(os.environ.get(SIMULATE_ENV) == "1")

@@ -106,7 +106,7 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0
 def tiled_block_encoder(look_up, code_of, one_plane: bool):
     """A kernel coding x = err + src element by element with its block's value (a scale, or a level step) and
     packing the codes' ``nbits`` bit planes into (rows, nbits * row_bytes) ``planes``, tiled as
-    ``compensate_encode``.
+    ``signs.compensate_encode``.
 
     1. A block takes a tile of ``TILE`` elements: thread l codes elements l, l + THREADS, ...
        (coalesced reads and writes; ``code_of``: the code and the new error), keeping the codes
@@ -159,7 +159,7 @@ def tiled_block_encoder(look_up, code_of, one_plane: bool):
 
 @cuda.jit(device=True)
 def _sign_code(x, scale, nbits):
-    """1 bit: (1, x - scale) where x >= 0, else (0, x + scale), in float32, as ``compensate_encode``."""
+    """1 bit: (1, x - scale) where x >= 0, else (0, x + scale), in float32, as ``signs.compensate_encode``."""
     if x >= 0:
         return np.uint8(1), x - scale
     return np.uint8(0), x + scale
@@ -171,7 +171,7 @@ def _encode_blocks(with_lut: bool):
 
 
 def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
-    """``compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
+    """``signs.compensate_encode`` with the scale of element k of row r at scales[r * m + k // block], into (rows,
     row_bytes) ``bits`` (possibly strided), as the CPU kernel: ``tiled_block_encoder`` with one bit plane."""
     launch(_encode_blocks(lut is not None), grid_for(bits.shape[0] * bits.shape[1]), THREADS, stream,
            src, table_arg(lut, stream), err, n_src, scales, shift_of(block), 1, bits)

@@ -133,7 +133,7 @@ def _decode_framed(dtype: str, blocks: bool):
 def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
     """out[i] = +s_r if element i's bit is set, else -s_r, cut to n_out, where s_r is the float32 scale at the
     head of wire row r (``SCALE_BYTES`` little-endian bytes, then the packed signs), rounded to ``dtype``:
-    ``select_decode`` reading its scales from the frames, so nothing reads, rounds, negates or copies them first.
+    ``signs.select_decode`` reading its scales from the frames, so nothing reads, rounds, negates or copies them first.
 
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16).
     Tiled over the rows' sign bytes, ``TILE`` elements (``THREADS`` bytes) a tile:

@@ -132,8 +132,8 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
     CPU kernel takes it as a value): a launch replayed with the next call's key in that memory draws that call's
     thresholds (``codecs.stream_keys``).
 
-    Tiled as ``compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the row of
-    its last element (and of its last byte) and divides only when it leaves it.
+    Tiled as ``signs.compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the
+    row of its last element (and of its last byte) and divides only when it leaves it.
     """
     launch(_randomized_encode(lut is not None), grid_for(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
            stream, src, table_arg(lut, stream), n_src, scales, key, start, rows)

@@ -96,7 +96,8 @@ def select_decode(bits, positive, negative, out, n_out, stream=0) -> None:
 
     Row by row, each thread taking ``IN_FLIGHT`` elements of the row a grid stride apart (``_select_row``), so that
     neighbouring threads write neighbouring elements and no thread divides to find its row; a thread for every
-    ``IN_FLIGHT`` elements of a row (at most ``MAX_BLOCKS`` blocks), so that each has all its loads in flight at once.
+    ``IN_FLIGHT`` elements of a row (at most ``common.MAX_BLOCKS`` blocks), so that each has all its loads in flight
+    at once.
     """
     launch(_select_decode, grid_for(min(n_out, bits.shape[1] * 8), IN_FLIGHT * THREADS), THREADS, stream, bits,
            positive, negative, out, n_out)

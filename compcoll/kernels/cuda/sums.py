@@ -36,8 +36,8 @@ LANE_THREADS = 256
 ``BLOCK`` elements in shared memory (all their loads in flight at once), then ``LANES`` of them add the lanes in
 order."""
 ACCUMULATED = 4
-"""Elements an accumulating thread takes per round (``_accumulate_lanes``), as ``IN_FLIGHT`` for the decoders: 4
-keep the kernel at 71-72 registers in the sm_90 build (8 took 96, so that a multiprocessor would hold two of its
+"""Elements an accumulating thread takes per round (``_accumulate_lanes``), as ``common.IN_FLIGHT`` for the decoders:
+4 keep the kernel at 71-72 registers in the sm_90 build (8 took 96, so that a multiprocessor would hold two of its
 blocks, not three)."""
 
 
@@ -222,8 +222,8 @@ def _groups() -> int:
 def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None) -> None:
     """Launch lane-sum ``kernel`` (its ``args``, then ``partial``, its groups and the sum's slots) in ``stream``.
 
-    1. ``slots`` None: the lane sums are left in ``partial``, one block a summation block (at most ``MAX_BLOCKS``),
-       no groups and stand-in slots.
+    1. ``slots`` None: the lane sums are left in ``partial``, one block a summation block (at most
+       ``common.MAX_BLOCKS``), no groups and stand-in slots.
     2. Otherwise (``_sum_slots``): the last blocks to finish add them (``_finish_lanes``), ``_lane_grid`` blocks in
        ``_groups()`` groups.
     """
@@ -236,7 +236,7 @@ def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None) -> 
 
 
 def _lane_grid(lanes: int) -> int:
-    """Blocks of a lane-sum kernel over ``lanes`` lane sums: one a summation block up to ``MAX_BLOCKS``; past
+    """Blocks of a lane-sum kernel over ``lanes`` lane sums: one a summation block up to ``common.MAX_BLOCKS``; past
     ``TAIL`` lane sums a multiple of ``_groups()`` (``_finish_lanes``)."""
     blocks = grid_for(lanes, LANES)
     groups = _groups()
@@ -256,7 +256,7 @@ def tree_sum(partial, stream=0, empty=device_empty, into=None, scale=None) -> fl
     length) in registers, then the grid's last block adds the rest. The value is read back
     to the host, or, when ``into`` (a one-element float64 device array) is given, left there
     (no host wait; returns None). ``scale`` = (d, power, out) also writes the float32 scale
-    of d elements into ``out`` (``scale_of``'s bits) in the same launch; the sum then stays on the
+    of d elements into ``out`` (``records.scale_of``'s bits) in the same launch; the sum then stays on the
     device too (``into``, or a temporary), and None is returned.
     """
     slots = _sum_slots(stream, empty, into, scale)

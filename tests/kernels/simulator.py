@@ -44,13 +44,70 @@ def install(check: bool = True) -> None:
     2. Blocks run on kept threads meeting at a condition-variable barrier
        (``run_blocks_on_a_barrier``); with ``check`` it refuses a divergent barrier, and global
        memory's element accesses, fences and atomics are checked too (``check_global_memory``).
-    3. Warnings are made thread-safe (``quiet_warnings``).
+    3. A device function's call is a plain Python call (``call_device_functions_directly``), and an array's
+       attribute is found without listing the array's (``find_array_attributes_by_set``).
+    4. Warnings are made thread-safe (``quiet_warnings``).
+    5. A thread keeps the GIL for up to ``SWITCH_INTERVAL`` seconds, not Python's 5 ms.
     """
     lock_shared_arrays(check)
     run_blocks_on_a_barrier(check)
     if check:
         check_global_memory()
+    call_device_functions_directly()
+    find_array_attributes_by_set()
     quiet_warnings()
+    sys.setswitchinterval(SWITCH_INTERVAL)
+
+
+SWITCH_INTERVAL = 0.1
+"""Seconds a simulated thread keeps the GIL before Python makes it pass it on (``sys.setswitchinterval``).
+
+The threads of a block pass it among themselves anyway, at every barrier, lock and condition they wait on. A switch
+forced every 5 ms (Python's default) can land inside a short critical section, the race checks' lock (``_note``)
+among them, and the threads that take the GIL next then only queue on that lock. What the checks find does not
+depend on the order the threads run in: they keep every access between two barriers, and catch a racing pair in
+either order. ``test_cuda``'s two processes side by side on a quiet 2-core VM: 94.4 and 91.3 s of wall time at
+5 ms, 73.1 and 74.1 s at 0.1 s."""
+
+
+def find_array_attributes_by_set() -> None:
+    """Make a kernel's ``array.size`` (``.shape``, ``.view``, ...) look the name up in a set of numpy's array
+    attributes, made once.
+
+    numba's simulator answers an attribute of a kernel's array (``FakeWithinKernelCUDAArray.__getattr__``) by
+    building ``dir()`` of the numpy array behind it, every time, and looking the name up in that list: a name of
+    the array is the array's attribute, another a field of a record. A numpy array has no attributes of its own
+    (no ``__dict__``), so ``dir(numpy.ndarray)`` holds the same names; a name outside it goes to numba's own lookup.
+    """
+    from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
+
+    own = FakeWithinKernelCUDAArray.__getattr__
+    names = frozenset(dir(np.ndarray))
+
+    def attribute(self: FakeWithinKernelCUDAArray, name: str):
+        return getattr(self._item._ary, name) if name in names else own(self, name)
+
+    FakeWithinKernelCUDAArray.__getattr__ = attribute
+
+
+def call_device_functions_directly() -> None:
+    """Make the call of a device function a plain Python call, without numba's swap of ``cuda`` in its module.
+
+    numba's simulator makes every device call under ``swapped_cuda_module``: a context manager that walks the
+    function's module globals for the ``cuda`` module, puts the launch's stand-in there, and walks them again to put
+    it back when the call returns. A launch has already swapped its kernel's module for its whole length, and a
+    device function that reads ``cuda`` is called only by kernels of its own module (``kernels.cuda``'s rule,
+    ``test_cuda``'s syntax check), so its calls need no swap of their own. One that broke the rule would meet numba's
+    real module on every call here, and fail at once, where numba's swap makes it fail now and then.
+    """
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    own = FakeCUDAKernel.__call__
+
+    def call(self: FakeCUDAKernel, *args):
+        return self.fn(*args) if self._device else own(self, *args)
+
+    FakeCUDAKernel.__call__ = call
 
 
 def lock_shared_arrays(check: bool) -> None:
@@ -466,7 +523,7 @@ def quiet_warnings() -> None:
     intended). Python's ``warnings.warn`` adds ``__warningregistry__`` to the warning
     frame's module globals on the first warning, whatever the filters, while another
     simulator thread may be iterating those globals (numba's ``swapped_cuda_module``
-    does on every device call): "dictionary changed size during iteration" (CI saw it
+    does at every launch): "dictionary changed size during iteration" (CI saw it
     once). So:
     1. Every module with kernel or device-function code gets its registry now.
     2. The wrap-around warnings are ignored.

@@ -21,7 +21,7 @@ from compcoll.spec import BLOCK, LANES
 
 GROUPED = TAIL // LANES * BLOCK
 """Elements (1M) past which a sum's lane sums exceed ``TAIL``, so that its last blocks add them in groups
-(``kernels.cuda.sums.finish_lanes``), in the same launch: each sum took one more launch (``_collapse``) until
+(``kernels.cuda.sums._finish_lanes``), in the same launch: each sum took one more launch (``_collapse``) until
 2026-12-01."""
 SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 """Elements of a row (131072 at one rank) past which its block scales are coded by several blocks in two launches

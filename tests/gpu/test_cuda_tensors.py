@@ -81,7 +81,7 @@ def test_segment_sums_on_cuda_equal_cpu(launcher: str, monkeypatch: pytest.Monke
 @pytest.mark.parametrize("numel", [(1 << 20) + 7, (1 << 22) + 7, (1 << 24) + 7])
 def test_sums_past_4096_lane_sums_on_cuda_equal_cpu(numel: int) -> None:
     """Past 4096 lane sums (1M elements) the last block of each of 128 groups adds its part of the tree's wide levels
-    and the last group the rest (``kernels.cuda.sums.finish_lanes``): here 1, 4 and 16 blocks a group, and up to 4 lane
+    and the last group the rest (``kernels.cuda.sums._finish_lanes``): here 1, 4 and 16 blocks a group, and up to 4 lane
     sums a thread walks. The sums of squares and of |x|, and the accumulate's values and sum, give the CPU's bits on
     values whose sums depend on the order."""
     gen = torch.Generator().manual_seed(numel)

@@ -170,7 +170,7 @@ def run_part(part: str) -> list[str]:
         flat = tuple(p for p in PROTOCOLS if not p.endswith(("_blocks", "_levels")))  # block scales and steps: the
         check_counts(37)  # same counts at any length, and seconds a launch of their coder (CODE_THREADS threads)
         check_counts(4096, flat)
-        cuda.sums.TAIL = 32  # past TAIL lane sums, each sum's last blocks add them in groups (sums.finish_lanes)
+        cuda.sums.TAIL = 32  # past TAIL lane sums, each sum's last blocks add them in groups (sums._finish_lanes)
         try:
             check_counts(8200, flat)
         finally:

@@ -357,7 +357,7 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torc
 
 def check_group_sums() -> None:
     """Past ``TAIL`` lane sums the last block of each group of thread blocks adds its part of the tree's wide levels,
-    and the last group the rest (``kernels.cuda.sums.finish_lanes``), in the reference's order: with several groups, a
+    and the last group the rest (``kernels.cuda.sums._finish_lanes``), in the reference's order: with several groups, a
     group of several thread blocks, one thread walking several lane sums, and threads sharing one value of the
     tree (``SUBTREES``) in shared memory."""
     for blocks, tail, threads, numel in ((4, 64, 32, 30011), (8, 64, 256, 40011)):
@@ -435,7 +435,7 @@ def _checked_kernel(body: str):
     counts last adds the other block's out[o] to its own after a barrier), "published by one" (out[o], a barrier,
     then thread 0 fences, counts, and in the last block fences again: ``_last_block``'s form), "counted in groups"
     (each block counts as the last of its group in counter[1 + its block], adds 1 to out[o], then counts in
-    counter[0]; the last adds the other's: ``finish_lanes``' form)."""
+    counter[0]; the last adds the other's: ``_finish_lanes``' form)."""
 
     @numba_cuda.jit
     def kernel(out, counter):

@@ -246,7 +246,7 @@ def _note_grid(manager, place: tuple, write: bool, block: tuple, here: tuple[str
        (an atomic's element), with a barrier since, that the other block counted in after its
        access (the fence, barrier and count publish it; the simulator runs blocks in turn, so the
        other block's counts are all known): the last block of a grid, or of a group of blocks
-       with a count of its own (``kernels.cuda.sums.finish_lanes``). Nothing else orders two blocks.
+       with a count of its own (``kernels.cuda.sums._finish_lanes``). Nothing else orders two blocks.
     3. A write unordered with another block's write or read, or a read unordered with another
        block's write, is a race (``_note`` raises ``DataRace``).
     """

@@ -48,15 +48,31 @@ def summed(comm: Communicator) -> bool:
     return spec.summed_agreement(comm.size)
 
 
-def _sums_agree(comm: Communicator, signature: float, finite: bool) -> bool:
-    """A summed round: allreduce the signature's bytes, their squares, refused? and not finite?; whether all is well.
+def _sums(comm: Communicator, signature: float, finite: bool) -> list[float]:
+    """A summed round's first collective: the allreduce of the signature's bytes, their squares, refused? and not
+    finite? (``SUMMED``); the sums.
 
     Every rank reads the same sums (small integers, exact in float64 in any order), so every
     rank takes the same branch.
     """
     record = torch.tensor(spec.summed_fields(signature, finite), dtype=torch.float64)
     comm.allreduce(record)
-    return _sums_fine(record.tolist(), comm.size)
+    return record.tolist()
+
+
+def _gather_value(comm: Communicator, value: float, buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> torch.Tensor:
+    """A summed round's second collective: the all-gather of one float64 a rank (its ``value``), through
+    ``buffers`` (this rank's and the table: host float64 tensors an ``Agreement`` keeps) or new ones; the table.
+
+    A call that agrees on a value makes it right after the allreduce, before it reads the sums; every other rank
+    makes it once it reads that the round failed (a refusing rank always), so that all ranks of a failed round
+    meet in it and then in the statuses' all-gather.
+    """
+    mine, table = buffers or (torch.empty(1, dtype=torch.float64), torch.empty(comm.size, dtype=torch.float64))
+    mine.numpy()[0] = value
+    comm.allgather(mine, table)
+    return table
 
 
 def _sums_fine(sums: list[float], n: int) -> bool:
@@ -105,9 +121,10 @@ class Agreement:
        (signature, finite?, value): ``RECORD`` float64s. Above, allreduce
        ``SUMMED`` float64s (the signature's bytes, their squares, refused?, not finite?),
        whose bytes per rank do not grow with the ranks: the signatures agree where
-       n * sum(b^2) == sum(b)^2 for each byte b, and the flags must sum to 0; only a
-       failed round all-gathers the statuses, and a call that agrees on a value all-gathers
-       that one float64.
+       n * sum(b^2) == sum(b)^2 for each byte b, and the flags must sum to 0. A call that
+       agrees on a value all-gathers that one float64 right after the allreduce, before it
+       reads the sums (both in one wait on the device); only a failed round all-gathers the
+       statuses, after the values' all-gather, which every rank of it makes (``_fail_summed``).
     2. Some rank refused its call (``refuse``: its own arguments were bad): a fixed-size
        all-gather of the refusing ranks' messages, and ``RemoteError`` naming them on every
        other rank.
@@ -148,7 +165,7 @@ class Agreement:
         self._value = torch.empty(1, dtype=torch.float64)
         self._values = torch.empty(comm.size, dtype=torch.float64)
         self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._space: torch.Tensor | None = None
 
     def check(self, finite: bool | None = None, value: float | None = None, step: Step | None = None
               ) -> torch.Tensor | None:
@@ -162,13 +179,11 @@ class Agreement:
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
         if summed(self.comm):
-            if not _sums_agree(self.comm, signature, finite):
-                self._fail(_statuses(self.comm, signature, finite, mine), signature)
-            if value is None:
-                return None
-            self._value.numpy()[0] = value
-            self.comm.allgather(self._value, self._values)
-            return self._values
+            sums = _sums(self.comm, signature, finite)
+            values = None if value is None else _gather_value(self.comm, value, (self._value, self._values))
+            if not _sums_fine(sums, self.comm.size):
+                self._fail_summed(signature, finite, mine, values is not None)
+            return values
         return self._judged(_statuses(self.comm, signature, finite, mine, self._record), signature, value is not None)
 
     def on_device(self) -> bool:
@@ -203,8 +218,9 @@ class Agreement:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
         float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
-        Its buffers, this rank's record and the table (``DEVICE_RECORD`` and n * ``RECORD`` float64s), live on
-        total's device, kept from call to call. Gathered rounds (up to ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
+        Its buffer lives on total's device, kept from call to call: this rank's record (``DEVICE_RECORD``
+        float64s), then the table (n * ``RECORD``), so that one copy reads both. Gathered rounds (up to
+        ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
         1. Write this rank's record (signature, finite?, value) beside the sum, from it, with no host wait
            (``codecs.agreement_record``).
         2. All-gather the records into the table on the device.
@@ -212,9 +228,9 @@ class Agreement:
            ``check`` does: the same errors on every rank.
         Summed rounds (above): the record is the summed round's ``SUMMED`` float64s (the signature's bytes, their
         squares, refused? = 0, not finite?) and then this rank's value and finite?; the first ``SUMMED`` are
-        allreduced on the device and read back with the rest (the one wait); where all is well and a value is
-        asked, the values are all-gathered on the device and read (a second wait); where not, every rank goes on
-        into ``check``'s all-gather of the statuses.
+        allreduced on the device and, where a value is asked, the values all-gathered into the table's first n
+        float64s, both before the one read of the record and those n values (the one wait); where the sums say
+        the round failed, every rank goes on into the statuses' all-gather (``_fail_summed``).
         A rank that refused its call (``refuse``) takes part with host numbers of the same sizes. Meta tensors
         (nothing ran) stand in every rank's record with this rank's of a sum of 1.0, as ``codecs.host_value``
         stands in 1.0 for a sum.
@@ -223,10 +239,9 @@ class Agreement:
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
         n, valued = self.comm.size, scale is not None
-        if self._buffers is None or self._buffers[0].device != total.device:
-            self._buffers = (torch.empty(DEVICE_RECORD, dtype=torch.float64, device=total.device),
-                             torch.empty(n * RECORD, dtype=torch.float64, device=total.device))
-        record, table = self._buffers
+        if self._space is None or self._space.device != total.device:
+            self._space = torch.empty(DEVICE_RECORD + n * RECORD, dtype=torch.float64, device=total.device)
+        record, table = self._space[:DEVICE_RECORD], self._space[DEVICE_RECORD:]
         is_summed = summed(self.comm)
         codecs.agreement_record(total, signature, d, scale, record, is_summed)
         if not is_summed:
@@ -234,17 +249,26 @@ class Agreement:
             values = codecs.host_values(table) or [signature, 1.0, _stand_in(d, scale)] * n
             return self._judged([values[r * RECORD:(r + 1) * RECORD] for r in range(n)], signature, valued)
         self.comm.allreduce(record[:SUMMED])
-        found = (codecs.host_values(record) or
-                 [n * v for v in spec.summed_fields(signature, True)] + [_stand_in(d, scale), 1.0])
+        if valued:
+            self.comm.allgather(record[SUMMED:SUMMED + 1], table[:n])
+        found = (codecs.host_values(self._space[:DEVICE_RECORD + (n if valued else 0)]) or
+                 [n * v for v in spec.summed_fields(signature, True)] + [_stand_in(d, scale), 1.0] +
+                 [_stand_in(d, scale)] * (n if valued else 0))
         value, finite = found[SUMMED], bool(found[SUMMED + 1])
         if not _sums_fine(found[:SUMMED], n):
-            self._fail(_statuses(self.comm, signature, finite, value), signature)
+            self._fail_summed(signature, finite, value, valued)
         if not valued:
             return None
-        self.comm.allgather(record[SUMMED:SUMMED + 1], table[:n])
-        values = codecs.host_values(table[:n]) or [_stand_in(d, scale)] * n
-        self._values.numpy()[:] = values
+        self._values.numpy()[:] = found[DEVICE_RECORD:]
         return self._values
+
+    def _fail_summed(self, signature: float, finite: bool, value: float, gathered: bool) -> NoReturn:
+        """A summed round whose sums say it failed: the values' all-gather where this call has not made it
+        (``gathered``: one that agrees on a value made it with the allreduce), then the statuses' all-gather, and
+        the error every rank raises (``_fail``)."""
+        if not gathered:
+            _gather_value(self.comm, 0.0)
+        self._fail(_statuses(self.comm, signature, finite, value), signature)
 
     def _judged(self, table: list[list[float]], signature: float, valued: bool) -> torch.Tensor | None:
         """Steps 2-4 of a gathered round's status ``table`` where a rank failed (``_fail``); else every rank's value
@@ -406,15 +430,17 @@ def refuse(comm: Communicator, error: Exception) -> NoReturn:
     """Take this rank's part in a call whose own arguments failed their checks, then raise ``error``.
 
     1. Take part in the peers' agreement round with signature ``REFUSED``: the status
-       all-gather (after a summed round that says a rank refused, where the round is an
-       allreduce), so the rounds pair up and every rank sees the refusal.
+       all-gather (where the round is summed, after its allreduce, which says a rank refused,
+       and the values' all-gather that every rank of a failed summed round makes), so the
+       rounds pair up and every rank sees the refusal.
     2. All-gather the error's message (``_messages``); every other rank raises
        ``RemoteError`` with it, and ranks that refused too raise their own errors.
     3. Raise ``error``. Nothing was changed on any rank; the communicator is still usable.
     Must run in this rank's turn (``checked``).
     """
     if summed(comm):
-        _sums_agree(comm, REFUSED, True)
+        _sums(comm, REFUSED, True)
+        _gather_value(comm, 0.0)
     _messages(comm, f"{type(error).__name__}: {error}", _refused(_statuses(comm, REFUSED, True, 0.0)))
     raise error
 

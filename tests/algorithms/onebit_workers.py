@@ -197,7 +197,8 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     _expect(ValueError, "worker_error and server_error share memory", car, x, we, we[-(full // n):], comm)
     shifted = torch.randn(numel + 1)
     _expect(ValueError, "out overlaps tensor without being it", car, shifted[1:], we, se, comm, out=shifted[:-1])
-    summed_round = sum(spec.allreduce_shares(n, rank, 8 * spec.SUMMED_AGREEMENT_FIELDS)) if summed(comm) else 0
+    # a failed summed round: the allreduce and the values' all-gather (as a call's that agrees on a value) first
+    summed_round = sum(spec.agreement_shares(n, rank, True)) if summed(comm) else 0
     refusal = summed_round + (n - 1) * (8 * RECORD + MESSAGE_BYTES)
     refused = 14 + (not comm.carries_meta)
     assert comm.bytes_sent - sent == refused * refusal, "a refused call sent more than its fixed-size rounds"

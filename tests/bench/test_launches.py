@@ -109,19 +109,17 @@ def test_a_round_on_the_device_trades_the_sums_wait_for_a_launch(ranks: int, ran
         p: (n + 1, w) for p, (n, w, _, _) in EXPECTED.items()}
 
 
-VALUED = {"gather_scatter", "allgather", "hierarchical", "hierarchical_allgather"}
-"""Calls whose agreement carries a value (the worker's scale): the others' scales travel in their frames."""
-
-
-def test_a_summed_round_on_the_device_waits_once_more_for_a_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rounds that are allreduces (above 64 ranks; forced here at 2) on the device: the sums and this rank's
-    record are read in one wait, and a call that agrees on a value all-gathers the values on the device and reads
-    them (a second wait). On a transport of host tensors the sum's read stays the only wait; over NCCL until
-    2026-12-01 that read came with two more, uncounted (the host allreduce's and the values' copies back)."""
+def test_a_summed_round_on_the_device_waits_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds that are allreduces (above 64 ranks; forced here at 2) on the device: the sums, this rank's record
+    and, for a call that agrees on a value (the worker's scale), the values all-gathered on the device are read in
+    one wait. Until the evening of 2026-12-01 the values' all-gather came after the sums' read: a second wait for
+    the calls with one scale (gather-scatter, allgather, both hierarchical forms). On a transport of host tensors
+    the sum's read stays the only wait; over NCCL until 2026-12-01 that read came with two more, uncounted (the
+    host allreduce's and the values' copies back)."""
     monkeypatch.setattr(spec, "GATHERED_AGREEMENT_RANKS", 0)
     counts = world_counts(4096, 2, 1, on_device=True)
     assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
-        p: (n + 1, w + (p in VALUED)) for p, (n, w, _, _) in EXPECTED.items()}
+        p: (n + 1, w) for p, (n, w, _, _) in EXPECTED.items()}
     assert {p: c["waits"] for p, c in world_counts(4096, 2, 1).items()} == {p: 1 for p in EXPECTED}
 
 

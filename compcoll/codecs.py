@@ -345,31 +345,6 @@ def host_values(values: torch.Tensor) -> list[float] | None:
     return read_values(_array(values), _stream(values))
 
 
-def agreement_record(total: torch.Tensor, signature: float, d: int, scale: str | None, record: torch.Tensor,
-                     summed: bool = False) -> torch.Tensor:
-    """This rank's record of an agreement round from the float64 sum in total[0], on total's device with no host
-    wait (``algorithms.agreement.Agreement.check_record``); returns ``record``.
-
-    1. finite? is 1.0 where total[0] is finite, else 0.0.
-    2. value is the float32 scale of ``d`` elements from it (``scale_from``'s bits), as a float64, where it is
-       finite and ``scale`` ("l2" or "l1") is given; else 0.0.
-    3. A gathered round: record[:3] <- (``signature``, finite?, value). A ``summed`` round (``spec.summed_agreement``):
-       record[:12] <- ``spec.summed_fields`` (the signature's 4 bytes, their squares, refused?, not finite?), then
-       value and finite?.
-    """
-    if on_host(total):
-        t = float(total.numpy()[0])
-        finite = math.isfinite(t)
-        value = float(spec.scale_from(t, d, scale)) if finite and scale is not None else 0.0
-        fields = ([*spec.summed_fields(signature, finite), value, float(finite)] if summed else
-                  [signature, float(finite), value])
-        record.numpy()[:len(fields)] = fields
-        return record
-    _run("agreement_record", total, _array(total), float(signature), d, 0 if scale is None else spec.SCALES[scale],
-         summed, _array(record))
-    return record
-
-
 def sumsq(tensor: torch.Tensor) -> float:
     """Float64 sum of squares of a 1-D float32 tensor, in an order fixed by its length alone.
 

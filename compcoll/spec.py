@@ -110,6 +110,18 @@ def scale_from(total: float, d: int, scale: str) -> np.float32:
     return np.float32(total / d)
 
 
+def scales_from(totals: np.ndarray, d: int, scale: str) -> np.ndarray:
+    """``scale_from`` of each float64 of ``totals``, as a float32 array, in one pass: the same IEEE operations
+    (numpy's sqrt and division are correctly rounded as math's), so the same bits, NaN for a negative or NaN total
+    under "l2"."""
+    if d == 0:
+        return np.zeros(len(totals), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if scale == "l2":
+            return (np.sqrt(totals) / math.sqrt(d)).astype(np.float32)
+        return (totals / d).astype(np.float32)
+
+
 CODES_PER_OCTAVE = 8
 """Block scales travel as 8-bit codes: code k < 255 is the row's largest scale times 2^(-k / 8), code 255 is zero."""
 SCALE_STEPS = np.concatenate([np.exp2(-np.arange(255) / CODES_PER_OCTAVE), [0.0]])

@@ -57,8 +57,6 @@ def variants() -> dict[str, tuple]:
     found: dict[str, tuple] = {
         "tree: collapse to one block's width, then the last block": (sums._collapse.py_func, (F64, I64, F64, *FINISH)),
         "scale of a device sum": (records._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32)),
-        "an agreement round's record of a device sum": (records._agreement_record.py_func,
-                                                        (F64, t.float64, I64, t.float64, I64, t.boolean, F64)),
         "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32)),
     }
     for out in (F32, I16):

@@ -1,4 +1,4 @@
-"""Spec layer: the random streams' keys, on one Python int as on arrays."""
+"""Spec layer: the random streams' keys and the scales of sums, on one Python value as on arrays."""
 
 from __future__ import annotations
 
@@ -24,3 +24,19 @@ def test_stream_keys_keep_their_bits() -> None:
     assert spec.stream_key(2**64 + 5, -1, 1, 1023) == 14542435304196912688
     assert spec.stream_key(1, 2**40, 2, 7) == 11762434316285941107
     assert spec.stream_key(np.int64(17), np.int64(5), 2, 3) == spec.stream_key(17, 5, 2, 3)
+
+
+def test_scales_of_an_array_are_each_sums_bits() -> None:
+    """``scales_from`` (a device agreement round's every rank's scale, from every rank's sum, on the host) =
+    ``scale_from`` of each sum, bit for bit where it is a number, NaN where it is NaN: sums of many magnitudes,
+    zeros, subnormals, the largest, Inf, NaN and negatives, over lengths up to past 2^40, both scales."""
+    rng = np.random.default_rng(6)
+    totals = np.concatenate([[0.0, 1.0, 1e-300, 5e-324, 1e300, np.finfo(np.float64).max, np.inf, -np.inf, np.nan,
+                              -1.0], rng.random(200) * 10.0 ** rng.integers(-300, 300, 200)])
+    for scale in spec.SCALES:
+        for d in (0, 1, 37, 8200, 2**40 + 3):
+            got = spec.scales_from(totals, d, scale)
+            want = np.array([spec.scale_from(float(t), d, scale) for t in totals], np.float32)
+            nan = np.isnan(want)
+            assert got.dtype == np.float32 and np.array_equal(np.isnan(got), nan), (scale, d)
+            assert got[~nan].tobytes() == want[~nan].tobytes(), (scale, d)

@@ -7,6 +7,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, NoReturn, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 from .. import codecs, spec
@@ -15,9 +16,9 @@ from ..errors import NonFiniteError, RankMismatchError, RemoteError
 
 RECORD = spec.AGREEMENT_FIELDS
 SUMMED = spec.SUMMED_AGREEMENT_FIELDS
-DEVICE_RECORD = SUMMED + 2
-"""Float64s of a round's record on the device (``Agreement.check_record``): a summed round's, then this rank's
-value and finite?; a gathered round's ``RECORD`` first."""
+SUM = RECORD - 1
+"""The field of a gathered round's record on the device that holds the rank's float64 sum itself
+(``Agreement.check_record``: (signature, 1.0, sum), where a host round's holds the value)."""
 MAX_OPTIONS = 6
 REFUSED = -1.0
 """The signature of a rank that refuses its call (signatures are CRC-32s, never negative)."""
@@ -81,10 +82,13 @@ def _sums_fine(sums: list[float], n: int) -> bool:
     return all(n * sums[4 + i] == sums[i] * sums[i] for i in range(4)) and sums[8] == 0 and sums[9] == 0
 
 
-def _stand_in(d: int, scale: str | None) -> float:
-    """A meta round's stand-in value (nothing ran): the scale of ``d`` elements from a sum of 1.0, as
-    ``codecs.host_value`` stands in 1.0 for a sum; 0.0 without ``scale``."""
-    return 0.0 if scale is None else float(spec.scale_from(1.0, d, scale))
+def _finite_values(sums: np.ndarray, d: int, scale: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's finite? and value from its float64 sum: the float32 scale of ``d`` elements from it
+    (``spec.scales_from``, as a float64) where it is finite and ``scale`` is given, else 0.0."""
+    finite = np.isfinite(sums)
+    if scale is None:
+        return finite, np.zeros(len(sums))
+    return finite, np.where(finite, spec.scales_from(np.where(finite, sums, 0.0), d, scale), 0.0)
 
 
 def kept(agreements: dict[tuple[tuple[int, ...], torch.dtype], "Agreement"], comm: Communicator, what: str,
@@ -166,6 +170,8 @@ class Agreement:
         self._values = torch.empty(comm.size, dtype=torch.float64)
         self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
         self._space: torch.Tensor | None = None
+        self._slot: torch.Tensor | None = None
+        self._written: float | None = None
 
     def check(self, finite: bool | None = None, value: float | None = None, step: Step | None = None
               ) -> torch.Tensor | None:
@@ -190,6 +196,20 @@ class Agreement:
         """Whether this agreement's round runs on the device (``check_record``): the communicator's transport
         carries device tensors (``Communicator.agrees_on_device``: NCCL's)."""
         return self.comm.agrees_on_device
+
+    def slot(self, device: torch.device) -> torch.Tensor | None:
+        """Where a call's device part writes the float64 this round agrees on (a one-element tensor on ``device``),
+        where the round runs on the device (``on_device``): the sum's field of this rank's record, so that the round
+        launches nothing of its own (``check_record``); None where the round runs on the host."""
+        if not self.on_device():
+            return None
+        if self._space is None or self._space.device != torch.device(device):
+            n = self.comm.size
+            length = 2 * SUMMED + n if summed(self.comm) else RECORD * (n + 1)
+            self._space = torch.empty(length, dtype=torch.float64, device=device)
+            at = SUMMED - 1 if summed(self.comm) else SUM
+            self._slot, self._written = self._space[at:at + 1], None
+        return self._slot
 
     def check_total(self, total: torch.Tensor, d: int = 0, scale: str | None = None, step: Step | None = None
                     ) -> tuple[float, torch.Tensor | None]:
@@ -218,48 +238,64 @@ class Agreement:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
         float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
-        Its buffer lives on total's device, kept from call to call: this rank's record (``DEVICE_RECORD``
-        float64s), then the table (n * ``RECORD``), so that one copy reads both. Gathered rounds (up to
+        Its buffer lives on total's device, kept from call to call (``slot``): this rank's record, then the table,
+        so that one copy reads both. The record's fields but the sum depend on the signature alone: they are
+        copied from the host (queued, no wait) only when the signature changes (a caller's ``step`` changes it
+        every call). The sum is ``slot``, where the call's device part wrote it (copied there on the device where
+        it wrote elsewhere). Every rank's finiteness and value come from every rank's sum, computed on the host
+        (``spec.scales_from``: the same bits on every rank). Gathered rounds (up to
         ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
-        1. Write this rank's record (signature, finite?, value) beside the sum, from it, with no host wait
-           (``codecs.agreement_record``).
+        1. The record is (signature, 1.0, sum): ``RECORD`` float64s, as a host round's (a refusing rank's host
+           record, (``REFUSED``, 1.0, 0.0), pairs with it).
         2. All-gather the records into the table on the device.
         3. Read the table to the host (the call's one host wait: ``codecs.host_values``) and judge it as
            ``check`` does: the same errors on every rank.
-        Summed rounds (above): the record is the summed round's ``SUMMED`` float64s (the signature's bytes, their
-        squares, refused? = 0, not finite?) and then this rank's value and finite?; the first ``SUMMED`` are
-        allreduced on the device and, where a value is asked, the values all-gathered into the table's first n
-        float64s, both before the one read of the record and those n values (the one wait); where the sums say
-        the round failed, every rank goes on into the statuses' all-gather (``_fail_summed``).
+        Summed rounds (above): the record is the summed round's first ``SUMMED - 1`` fields (the signature's
+        bytes, their squares, refused? = 0), then the sum where a host round has not finite? (the allreduce's
+        total of the sums is finite exactly where every rank's is). A copy of it behind it is allreduced on the
+        device (the record keeps its fields for the next call, and the rank's own sum) and, where a value is
+        asked, the sums all-gathered into the table behind that, both before the one read of the three (the one
+        wait); where the sums say the round failed, every rank goes on into the statuses' all-gather
+        (``_fail_summed``).
         A rank that refused its call (``refuse``) takes part with host numbers of the same sizes. Meta tensors
-        (nothing ran) stand in every rank's record with this rank's of a sum of 1.0, as ``codecs.host_value``
-        stands in 1.0 for a sum.
+        (nothing ran) stand in a sum of 1.0 for every rank, as ``codecs.host_value`` does.
         Returns every rank's value (float64, by rank), or None without ``scale``; reused by the next call.
         """
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
         n, valued = self.comm.size, scale is not None
-        if self._space is None or self._space.device != total.device:
-            self._space = torch.empty(DEVICE_RECORD + n * RECORD, dtype=torch.float64, device=total.device)
-        record, table = self._space[:DEVICE_RECORD], self._space[DEVICE_RECORD:]
+        slot = self.slot(total.device)
+        space = self._space
+        if total is not slot:
+            slot.copy_(total)
         is_summed = summed(self.comm)
-        codecs.agreement_record(total, signature, d, scale, record, is_summed)
+        if self._written != signature:
+            head = spec.summed_fields(signature, True)[:SUMMED - 1] if is_summed else [signature, 1.0]
+            codecs.to_device(torch.tensor(head, dtype=torch.float64), space[:len(head)])
+            self._written = signature
         if not is_summed:
-            self.comm.allgather(record[:RECORD], table)
-            values = codecs.host_values(table) or [signature, 1.0, _stand_in(d, scale)] * n
-            return self._judged([values[r * RECORD:(r + 1) * RECORD] for r in range(n)], signature, valued)
-        self.comm.allreduce(record[:SUMMED])
+            self.comm.allgather(space[:RECORD], space[RECORD:])
+            found = codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n
+            rows = [found[r * RECORD:(r + 1) * RECORD] for r in range(n)]
+            sums = np.array([row[SUM] for row in rows])
+            finite, values = _finite_values(sums, d, scale)
+            table = [[row[0], float(ok), value] for row, ok, value in zip(rows, finite, values)]
+            return self._judged(table, signature, valued)
+        reduced = space[SUMMED:2 * SUMMED].copy_(space[:SUMMED])
+        self.comm.allreduce(reduced)
         if valued:
-            self.comm.allgather(record[SUMMED:SUMMED + 1], table[:n])
-        found = (codecs.host_values(self._space[:DEVICE_RECORD + (n if valued else 0)]) or
-                 [n * v for v in spec.summed_fields(signature, True)] + [_stand_in(d, scale), 1.0] +
-                 [_stand_in(d, scale)] * (n if valued else 0))
-        value, finite = found[SUMMED], bool(found[SUMMED + 1])
-        if not _sums_fine(found[:SUMMED], n):
-            self._fail_summed(signature, finite, value, valued)
+            self.comm.allgather(slot, space[2 * SUMMED:])
+        head = spec.summed_fields(signature, True)[:SUMMED - 1]
+        found = (codecs.host_values(space[:2 * SUMMED + (n if valued else 0)]) or
+                 head + [1.0] + [n * v for v in head] + [float(n)] + [1.0] * (n if valued else 0))
+        mine, overall = found[SUMMED - 1], found[2 * SUMMED - 1]
+        finite, values = _finite_values(np.array([mine, overall] + found[2 * SUMMED:]), d, scale)
+        sums = found[SUMMED:2 * SUMMED - 1] + [0.0 if finite[1] else 1.0]
+        if not _sums_fine(sums, n):
+            self._fail_summed(signature, bool(finite[0]), float(values[0]), valued)
         if not valued:
             return None
-        self._values.numpy()[:] = found[DEVICE_RECORD:]
+        self._values.numpy()[:] = values[2:]
         return self._values
 
     def _fail_summed(self, signature: float, finite: bool, value: float, gathered: bool) -> NoReturn:

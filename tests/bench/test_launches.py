@@ -99,14 +99,15 @@ def test_a_rank_of_a_world_makes_the_launches_and_waits_of_one_rank(ranks: int, 
 
 
 @pytest.mark.parametrize("ranks, ranks_per_node", [(2, 1), (8, 2)])
-def test_a_round_on_the_device_trades_the_sums_wait_for_a_launch(ranks: int, ranks_per_node: int) -> None:
+def test_a_round_on_the_device_waits_once_and_launches_nothing_of_its_own(ranks: int, ranks_per_node: int) -> None:
     """With the agreement round on the device (NCCL's: ``Communicator.agrees_on_device``) every protocol's call
-    still waits once, now for the round's table, and launches once more (the record beside the sum:
-    ``codecs.agreement_record``). Before 2026-12-01 an NCCL call read its sum and then the table: two waits, the
-    second uncounted (the transport's copy back of a host round)."""
+    still waits once, now for the round's table, and launches what one rank's call launches on a transport of host
+    tensors: the call's device part writes its sum into the record's own field (``Agreement.slot``). Until the
+    evening of 2026-12-01 one more launch wrote the record beside the sum; before 2026-12-01 an NCCL call read its
+    sum and then the table: two waits, the second uncounted (the transport's copy back of a host round)."""
     counts = world_counts(4096, ranks, ranks_per_node, on_device=True)
     assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
-        p: (n + 1, w) for p, (n, w, _, _) in EXPECTED.items()}
+        p: (n, w) for p, (n, w, _, _) in EXPECTED.items()}
 
 
 def test_a_summed_round_on_the_device_waits_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,7 +120,7 @@ def test_a_summed_round_on_the_device_waits_once(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(spec, "GATHERED_AGREEMENT_RANKS", 0)
     counts = world_counts(4096, 2, 1, on_device=True)
     assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
-        p: (n + 1, w) for p, (n, w, _, _) in EXPECTED.items()}
+        p: (n, w) for p, (n, w, _, _) in EXPECTED.items()}
     assert {p: c["waits"] for p, c in world_counts(4096, 2, 1).items()} == {p: 1 for p in EXPECTED}
 
 

@@ -136,7 +136,7 @@ def test_one_call_synchronizes_once(block_size: int | None) -> None:
 def test_an_nccl_call_synchronizes_once(summed: bool, block_size: int | None, monkeypatch: pytest.MonkeyPatch
                                         ) -> None:
     """On a one-rank NCCL group a gather-scatter call's CUDA synchronizations (torch.profiler) are one: the
-    agreement table's read (its record written on the device beside the sum, ``Agreement.check_record``); with
+    agreement table's read (the sum written into its record on the device, ``Agreement.check_record``); with
     summed rounds (forced here at one rank; above 64 ranks) the sums' read, with the scales' all-gathered before
     it for one scale (a second read until the evening of 2026-12-01). Until 2026-12-01 the worker sum's read came
     first (two; three summed with one scale); before that the record's pageable ``.to(device)`` made one more."""

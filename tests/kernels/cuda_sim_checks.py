@@ -397,29 +397,6 @@ def check_scale_of() -> None:
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
 
-def check_agreement_record() -> None:
-    """An agreement round's device record, gathered (the signature's float64 bits, finite?, value) and summed
-    (``spec.summed_fields``, then value and finite?): value is the scale of ``scale_of`` (0 where the sum is not
-    finite or no scale is asked: power 0), over sums of many magnitudes, Inf and NaN, and signatures of every
-    byte."""
-    rng = np.random.default_rng(6)
-    totals = np.concatenate([[0.0, 1.0, 1e-300, 5e-324, 1e300, np.inf, -np.inf, np.nan],
-                             rng.random(50) * 10.0 ** rng.integers(-30, 30, 50)])
-    record = numba_cuda.to_device(np.full(12, 7.0))
-    for name, power in (*SCALES.items(), (None, 0)):
-        for d in (0, 1, 37, 8200, 2 ** 40 + 3):
-            for i, total in enumerate(totals):
-                signature = float(rng.integers(0, 2 ** 32)) if i else float(2 ** 32 - 1)
-                finite = bool(np.isfinite(total))
-                value = float(spec.scale_from(float(total), d, name)) if finite and name else 0.0
-                for summed in (False, True):
-                    cuda.agreement_record(numba_cuda.to_device(np.array([total])), signature, d, power, summed, record)
-                    want = ([*spec.summed_fields(signature, finite), value, float(finite)] if summed else
-                            [signature, float(finite), value])
-                    got = record.copy_to_host()[:len(want)]
-                    assert got.tobytes() == np.array(want).tobytes(), (name, d, total, summed)
-
-
 def _checked_kernel(body: str):
     """A kernel of blocks of 32 threads: each thread writes its element of a shared array, the block meets at a
     barrier, then each does ``body``; a thread's element of ``out`` is o = 32 x its block + its thread. Wrong: "write,
@@ -584,7 +561,6 @@ def _run_part(part: str, lengths: list[int]) -> None:
         check_segment_sums()
     elif part == "scale":
         check_scale_of()
-        check_agreement_record()
     elif part in DTYPES:
         for numel in lengths:
             for world in (1, 3):

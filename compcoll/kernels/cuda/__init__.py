@@ -21,7 +21,7 @@ The modules, one job each:
 * ``common``: launch geometry, element lookups, row walking, sign packing;
 * ``sums``: float64 sums in the CPU's order, finished on the device by the last blocks' pairwise tree (of the
   input, and of the server's accumulated signs);
-* ``records``: a device sum's scale, and an agreement round's record of it;
+* ``records``: a device sum's scale;
 * ``signs``: the 1-bit codec's encode and decodes, and the exact average of rows;
 * ``frames``: a wire row's head scale, and the tiled decoders of framed rows;
 * ``scales``: the block forms' scales, coded against each row's largest;
@@ -35,13 +35,13 @@ from .frames import decode_framed, decode_framed_blocks, head_weights
 from .levels import accumulate_levels, decode_levels, encode_levels
 from .randomized import randomized_encode, row_absmax
 from .scales import code_blocks, decode_codes
-from .records import agreement_record, scale_of
+from .records import scale_of
 from .signs import average_rows, compensate_encode, select_decode
 from .sums import accumulate_lanes, accumulate_signs, compensated_power_sum, segment_sumsq, tree_sum
 
 __all__ = [
     "accumulate_blocks", "accumulate_groups", "accumulate_lanes", "accumulate_levels", "accumulate_signs",
-    "agreement_record", "average_rows", "block_absmax", "block_power_sums", "code_blocks", "compensate_encode",
+    "average_rows", "block_absmax", "block_power_sums", "code_blocks", "compensate_encode",
     "compensated_power_sum", "decode_codes", "decode_framed", "decode_framed_blocks", "decode_levels",
     "encode_blocks", "encode_levels", "head_weights", "randomized_encode", "row_absmax", "scale_of",
     "segment_sumsq", "select_decode", "tree_sum",

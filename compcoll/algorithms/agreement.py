@@ -84,11 +84,13 @@ def _sums_fine(sums: list[float], n: int) -> bool:
 
 def _finite_values(sums: np.ndarray, d: int, scale: str | None) -> tuple[np.ndarray, np.ndarray]:
     """Each rank's finite? and value from its float64 sum: the float32 scale of ``d`` elements from it
-    (``spec.scales_from``, as a float64) where it is finite and ``scale`` is given, else 0.0."""
+    (``spec.scales_from``) where it is finite and ``scale`` is given, else 0.0."""
     finite = np.isfinite(sums)
     if scale is None:
-        return finite, np.zeros(len(sums))
-    return finite, np.where(finite, spec.scales_from(np.where(finite, sums, 0.0), d, scale), 0.0)
+        return finite, np.zeros(len(sums), np.float32)
+    if finite.all():
+        return finite, spec.scales_from(sums, d, scale)
+    return finite, np.where(finite, spec.scales_from(np.where(finite, sums, 0.0), d, scale), np.float32(0.0))
 
 
 def kept(agreements: dict[tuple[tuple[int, ...], torch.dtype], "Agreement"], comm: Communicator, what: str,
@@ -275,12 +277,14 @@ class Agreement:
             self._written = signature
         if not is_summed:
             self.comm.allgather(space[:RECORD], space[RECORD:])
-            found = codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n
-            rows = [found[r * RECORD:(r + 1) * RECORD] for r in range(n)]
-            sums = np.array([row[SUM] for row in rows])
-            finite, values = _finite_values(sums, d, scale)
-            table = [[row[0], float(ok), value] for row, ok, value in zip(rows, finite, values)]
-            return self._judged(table, signature, valued)
+            rows = np.array(codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n).reshape(n, RECORD)
+            finite, values = _finite_values(rows[:, SUM], d, scale)
+            if (rows[:, 0] != signature).any() or not finite.all():
+                self._fail(np.column_stack([rows[:, 0], finite, values]).tolist(), signature)
+            if not valued:
+                return None
+            self._values.numpy()[:] = values
+            return self._values
         reduced = space[SUMMED:2 * SUMMED].copy_(space[:SUMMED])
         self.comm.allreduce(reduced)
         if valued:

@@ -199,19 +199,23 @@ class Agreement:
         carries device tensors (``Communicator.agrees_on_device``: NCCL's)."""
         return self.comm.agrees_on_device
 
-    def slot(self, device: torch.device) -> torch.Tensor | None:
-        """Where a call's device part writes the float64 this round agrees on (a one-element tensor on ``device``),
-        where the round runs on the device (``on_device``): the sum's field of this rank's record, so that the round
-        launches nothing of its own (``check_record``); None where the round runs on the host."""
-        if not self.on_device():
-            return None
+    def slot(self, device: torch.device) -> torch.Tensor:
+        """Where a call's device part writes the float64 this round agrees on (a one-element tensor on ``device``,
+        kept from call to call), which ``check_total`` takes: where the round runs on the device (``on_device``),
+        the sum's field of this rank's record, so that the round launches nothing of its own (``check_record``);
+        elsewhere a buffer of its own, which the host reads."""
         if self._space is None or self._space.device != torch.device(device):
-            n = self.comm.size
-            length = 2 * SUMMED + n if summed(self.comm) else RECORD * (n + 1)
+            n, is_summed = self.comm.size, summed(self.comm)
+            length = (2 * SUMMED + n if is_summed else RECORD * (n + 1)) if self.on_device() else 1
             self._space = torch.empty(length, dtype=torch.float64, device=device)
-            at = SUMMED - 1 if summed(self.comm) else SUM
+            at = (SUMMED - 1 if is_summed else SUM) if self.on_device() else 0
             self._slot, self._written = self._space[at:at + 1], None
         return self._slot
+
+    def _head(self, signature: float, is_summed: bool) -> list[float]:
+        """The fields of this rank's device record before its sum: the signature's bytes, their squares and
+        refused? = 0 in a summed round, else the signature and 1.0."""
+        return spec.summed_fields(signature, True)[:SUMMED - 1] if is_summed else [signature, 1.0]
 
     def check_total(self, total: torch.Tensor, d: int = 0, scale: str | None = None, step: Step | None = None
                     ) -> tuple[float, torch.Tensor | None]:
@@ -272,7 +276,7 @@ class Agreement:
             slot.copy_(total)
         is_summed = summed(self.comm)
         if self._written != signature:
-            head = spec.summed_fields(signature, True)[:SUMMED - 1] if is_summed else [signature, 1.0]
+            head = self._head(signature, is_summed)
             codecs.to_device(torch.tensor(head, dtype=torch.float64), space[:len(head)])
             self._written = signature
         if not is_summed:
@@ -289,9 +293,8 @@ class Agreement:
         self.comm.allreduce(reduced)
         if valued:
             self.comm.allgather(slot, space[2 * SUMMED:])
-        head = spec.summed_fields(signature, True)[:SUMMED - 1]
         found = (codecs.host_values(space[:2 * SUMMED + (n if valued else 0)]) or
-                 head + [1.0] + [n * v for v in head] + [float(n)] + [1.0] * (n if valued else 0))
+                 self._stand_in(signature, valued))
         mine, overall = found[SUMMED - 1], found[2 * SUMMED - 1]
         finite, values = _finite_values(np.array([mine, overall] + found[2 * SUMMED:]), d, scale)
         sums = found[SUMMED:2 * SUMMED - 1] + [0.0 if finite[1] else 1.0]
@@ -301,6 +304,13 @@ class Agreement:
             return None
         self._values.numpy()[:] = values[2:]
         return self._values
+
+    def _stand_in(self, signature: float, valued: bool) -> list[float]:
+        """What a summed device round reads on meta tensors (nothing ran): every rank's record with a sum of 1.0,
+        as ``codecs.host_value`` stands in 1.0 for a sum; the sums of the n records; the n sums of 1.0 where
+        ``valued``."""
+        head, n = self._head(signature, True), self.comm.size
+        return head + [1.0] + [n * v for v in head] + [float(n)] + [1.0] * (n if valued else 0)
 
     def _fail_summed(self, signature: float, finite: bool, value: float, gathered: bool) -> NoReturn:
         """A summed round whose sums say it failed: the values' all-gather where this call has not made it

@@ -164,10 +164,10 @@ class Plan(ABC):
         """A call's agreement round on the float64 that its device part writes (a sum, or a finiteness test): the
         call's one host wait.
 
-        1. ``part(*args, total)`` writes it into total[0] with no host wait, and returns ``total``: the sum's
-           field of the agreement's record on the device where its round runs there (``Agreement.slot``), else
-           this plan's one-element float64 workspace buffer "<name>.total"; it runs through ``self.replays`` under
-           ``name``, so a steady call replays its launches without their Python.
+        1. ``part(*args, total)`` writes it into total[0] with no host wait, and returns ``total``
+           (``Agreement.slot``: the sum's field of the agreement's record on the device where its round runs
+           there); it runs through ``self.replays`` under ``name``, so a steady call replays its launches without
+           their Python.
         2. ``agreement.check_total``: on the device where the transport runs the round there (NCCL's), else on
            the host after reading total[0]; ``scale`` = (d, "l2" or "l1") makes the value agreed on the float32
            scale of d elements from the sum; ``step`` is the caller's.
@@ -176,8 +176,6 @@ class Plan(ABC):
             This rank's value (0.0 without ``scale``), and every rank's values by rank (None without ``scale``).
         """
         total = agreement.slot(self.device)
-        if total is None:
-            total = self.workspace.get(name + ".total", 1, torch.float64, self.device)
         d, kind = scale if scale is not None else (0, None)
         return agreement.check_total(self.replays.run(name, part, *args, total), d, kind, step)
 

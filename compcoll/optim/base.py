@@ -463,10 +463,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         probe = not values and not self._probed and self.comm.size > 1 and self.step_index < PROBED_STEPS
         if not values and not probe:
             rounds = kept(self._step_rounds, self.comm, f"{type(self).__name__}.step", grad.numel(), grad)
-            slot = rounds.slot(grad.device)
-            total = codecs.finite_sum(grad, self.workspace.get("optim.finite", 1, torch.float64, grad.device)
-                                      if slot is None else slot)
-            rounds.check_total(total, step=self._tag())
+            rounds.check_total(codecs.finite_sum(grad, rounds.slot(grad.device)), step=self._tag())
             return torch.empty(self.comm.size, 0, dtype=torch.float64)
         finite = codecs.all_finite(grad)
         carried = (fingerprint(grad),) if probe else values

@@ -188,10 +188,7 @@ class LayeredChannel(Channel):
     def __call__(self, tensor: torch.Tensor, out: torch.Tensor, step: Step | None = None) -> torch.Tensor:
         """Steps 1-2: the 1-bit estimate of the average of ``tensor`` over ranks, layer by layer, into ``out``
         (step 1's agreement checks ``step``)."""
-        slot = self.agreement.slot(tensor.device)
-        finite = codecs.finite_sum(tensor, torch.empty(1, dtype=torch.float64, device=tensor.device)
-                                   if slot is None else slot)
-        self.agreement.check_total(finite, step=step)
+        self.agreement.check_total(codecs.finite_sum(tensor, self.agreement.slot(tensor.device)), step=step)
         for (start, stop), channel in zip(self.layers, self.channels):
             channel(tensor[start:stop], out[start:stop])
         return out

@@ -47,7 +47,7 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
     total = torch.ones(1, dtype=torch.float64, device=dev)
     out = torch.empty(1, dtype=torch.float32, device=dev)
     handle = torch.cuda.current_stream(dev).cuda_stream
-    stream = codecs._numba_stream(dev.index, handle)
+    stream = codecs.dispatch.numba_stream(dev.index, handle)
     args = (launching.DeviceArray.of(total), 4096, 64.0, True, launching.DeviceArray.of(out))
     kernel = records._scale_of
     core_kernel, flatteners = launching._bound(kernel, launching._device_id(), tuple(map(launching._key, args)))
@@ -70,12 +70,12 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
 
     cases = {
         "torch.cuda.current_stream(dev).cuda_stream": lambda: torch.cuda.current_stream(dev).cuda_stream,
-        "codecs._numba_stream (cached)": lambda: codecs._numba_stream(dev.index, handle),
+        "codecs.dispatch.numba_stream (cached)": lambda: codecs.dispatch.numba_stream(dev.index, handle),
         "with cuda.gpus[i] (numba context)": context,
         "launch._device_id()": launching._device_id,
         "launch.launcher()": launching.launcher,
         "DeviceArray.of(tensor)": lambda: launching.DeviceArray.of(total),
-        "codecs._array(tensor) (detach + view)": lambda: codecs._array(total),
+        "codecs.dispatch.view(tensor) (detach + view)": lambda: codecs.dispatch.view(total),
         "torch.empty(1, device)": lambda: torch.empty(1, dtype=torch.float32, device=dev),
         "argument keys (5 args)": lambda: tuple(map(launching._key, args)),
         "launch._bound lookup (cached)": lambda: launching._bound(kernel, 0, keys),

@@ -58,7 +58,7 @@ def test_each_thread_and_stream_has_temporaries_of_its_own():
     seen = []
 
     def ask() -> None:
-        empty = codecs._temporaries(device, TRACED)
+        empty = codecs.dispatch.temporaries(device, TRACED)
         seen.append(empty(16, "float64", TRACED).owner)
 
     threads = [threading.Thread(target=ask) for _ in range(2)]
@@ -68,7 +68,7 @@ def test_each_thread_and_stream_has_temporaries_of_its_own():
         thread.join()
     ask()
     assert len({id(t) for t in seen}) == 3
-    assert codecs._temporaries(device, 0)(16, "float64", 0).owner is not seen[-1]
+    assert codecs.dispatch.temporaries(device, 0)(16, "float64", 0).owner is not seen[-1]
 
 
 def test_a_workspaces_parts_are_views_of_its_buffer_kept_while_it_stands():

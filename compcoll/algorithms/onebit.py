@@ -64,7 +64,7 @@ def compressed_allreduce(
     With ``block_size`` B every compression (steps 1, 3 and 5) takes one scale per block of B
     elements instead of one per vector or chunk: blocks start at each chunk's start (the whole
     vector's for allgather), the last one of a chunk shorter where B does not divide it; the
-    scale of a block is the same formula over its elements (``codecs.block_scales``), each
+    scale of a block is the same formula over its elements (``codecs.block_sums``, ``spec.block_scales_from``), each
     block's float64 sum taken sequentially. The agreement carries no scale. Each packed chunk travels
     behind its largest block scale (float32) and one 8-bit code per block: the chunk's largest
     scale times 2^(-k/8), or 0 (``spec.code_scales``: the nearest of 255 values over 32

@@ -24,7 +24,7 @@ def _source(numel: int, dtype: torch.dtype, seed: int) -> tuple[np.ndarray, np.n
     x = x.to(dtype)
     if dtype == torch.float32:
         return x.numpy(), None, x.numpy()
-    return x.view(torch.int16).numpy().view(np.uint16), codecs._lookup_table(dtype), x.float().numpy()
+    return x.view(torch.int16).numpy().view(np.uint16), codecs.dispatch.lookup_table(dtype), x.float().numpy()
 
 
 _SPECIAL_SCALES = np.array([65519.0, 65520.0, 1e-6, 2.0 ** -25, 1e-40, -0.0, 1 + 2.0 ** -8, 3.0e38], np.float32)
@@ -337,7 +337,7 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torc
         err = (rng.standard_normal(numel) * 1e-3).astype(np.float32)
         for dtype in dtypes:
             src = x.numpy() if dtype == torch.float32 else x.to(dtype).view(torch.int16).numpy().view(np.uint16)
-            lut = None if dtype == torch.float32 else codecs._lookup_table(dtype)
+            lut = None if dtype == torch.float32 else codecs.dispatch.lookup_table(dtype)
             d_lut = None if lut is None else numba_cuda.to_device(lut)
             for power in powers:
                 want = cpu.compensated_power_sum(src, lut, err, numel - 5, power)
@@ -371,8 +371,8 @@ def check_segment_sums(sizes: tuple[int, ...] = (0, 1, 37, 8193, 5, 300)) -> Non
     rng = np.random.default_rng(17)
     numel = sum(sizes) + 3
     x = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
-    tables, blocks = codecs._segment_tables(tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
-                                            torch.device("cpu"))
+    tables, blocks = codecs.sums._segment_tables(tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
+                                                 torch.device("cpu"))
     bounds, firsts = tables.numpy()
     want = np.empty(len(sizes))
     cpu.segment_sumsq(x, bounds, firsts, blocks, want)

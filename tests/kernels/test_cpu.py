@@ -254,8 +254,8 @@ def test_segment_sumsq(sizes: tuple[int, ...]) -> None:
     rng = _rng(sum(sizes))
     numel = sum(sizes) + 3
     x = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
-    tables, blocks = codecs._segment_tables(tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
-                                            torch.device("cpu"))
+    tables, blocks = codecs.sums._segment_tables(tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist()),
+                                                 torch.device("cpu"))
     bounds, firsts = tables.numpy()
     want = reference.segment_sumsq(x, bounds)
     assert want.tolist() == [cpu.compensated_power_sum(x[:0], None, x[lo:hi], 0, 2)

@@ -27,4 +27,4 @@ fi
 # process group (tests/README.md, "Versions")
 export COMPCOLL_TEST_POOL=${COMPCOLL_TEST_POOL:-0}
 .venv-oldest/bin/python -m pytest -p no:cacheprovider "$@" tests/comm tests/ddp tests/optim tests/fsdp \
-    tests/algorithms/test_onebit.py tests/test_checkpoint.py tests/test_eager.py tests/test_codecs.py
+    tests/algorithms/test_onebit.py tests/test_checkpoint.py tests/test_eager.py tests/codecs

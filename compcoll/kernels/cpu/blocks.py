@@ -1,0 +1,165 @@
+"""The CPU kernels of the block forms (a scale per block of elements): the blocks' sums and maxima, the encode,
+the accumulation of signs (and of groups of rows), and the decode on raw bits."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ...spec import BLOCK
+from .common import load, pack, power_of, segment_task, threaded, unpack
+
+
+@threaded
+def block_power_sums(src, lut, err, n_src, block, row_len, power, sums):
+    """sums[r * m + b] = sum of |x_i|^power over block b of row r, x = err + src (rows of row_len elements).
+
+    A row's blocks are ``block`` elements from its start, m = ceil(row_len / block) of them,
+    the last one shorter where needed; src is zero beyond n_src. Each block is summed
+    sequentially in float64 (every |x| and square exact), as ``reference.block_sums``;
+    blocks in parallel, BLOCK elements' worth of them per task.
+    """
+    per_row = (row_len + block - 1) // block
+    per_task = max(1, BLOCK // block)
+    for t in prange((sums.size + per_task - 1) // per_task):
+        for b in range(t * per_task, min(sums.size, (t + 1) * per_task)):
+            r = b // per_row
+            first = r * row_len + (b - r * per_row) * block
+            last = min(first + block, (r + 1) * row_len)
+            acc = 0.0
+            for i in range(first, last):
+                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                acc += power_of(np.float64(x), power)
+            sums[b] = acc
+
+
+@threaded
+def encode_blocks(src, lut, err, n_src, scales, block, bits):
+    """``compensate_encode`` with one scale per block: err[i] = x - (+-scales[r * m + k // block]).
+
+    ``bits`` is (rows, row_bytes), possibly a strided view (rows behind their scales): row r
+    holds elements [r * 8 * row_bytes, (r + 1) * 8 * row_bytes); element k of the row is in
+    its block k // block, m = ceil(8 * row_bytes / block) blocks per row. Each task takes up
+    to BLOCK elements of one row, writes their bits as bytes 0/1, then packs them.
+    """
+    rows, row_bytes = bits.shape
+    per_row = (8 * row_bytes + block - 1) // block
+    per_task = BLOCK // 8
+    tasks_per_row = (row_bytes + per_task - 1) // per_task
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * per_task
+        hi = min(row_bytes, lo + per_task)
+        first = (r * row_bytes + lo) * 8
+        count = (hi - lo) * 8
+        flags = np.empty(count, np.uint8)
+        for k in range((count + block - 1) // block):
+            s = scales[r * per_row + lo * 8 // block + k]
+            for e in range(k * block, min(count, (k + 1) * block)):
+                i = first + e
+                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                flags[e] = x >= 0
+                err[i] = x - s if x >= 0 else x + s
+        pack(flags, bits[r, lo:hi])
+
+
+@threaded
+def accumulate_blocks(bits, weights, block, base, out, n_out):
+    """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32.
+
+    ``bits`` is (n, row_bytes), row r the packed signs of the same n_out elements from rank
+    r (possibly a strided view); ``weights`` is (n, blocks); ``base`` as in
+    ``accumulate_lanes`` (it may be ``out``). Every product is exact, so each step is
+    acc +- w, as ``reference.average_block_signs``.
+    """
+    nranks = bits.shape[0]
+    ntasks = (n_out + BLOCK - 1) // BLOCK
+    for t in prange(ntasks):
+        lo = t * BLOCK
+        count = min(BLOCK, n_out - lo)
+        flags = np.empty(BLOCK, np.uint8)
+        acc = np.zeros(count, np.float32)
+        for r in range(nranks):
+            unpack(bits[r, lo // 8:(lo + count + 7) // 8], flags)
+            for k in range((count + block - 1) // block):
+                w = weights[r, lo // block + k]
+                for e in range(k * block, min(count, (k + 1) * block)):
+                    acc[e] += w if flags[e] else -w
+        if base is not None:
+            block_base = base[lo:lo + count]
+            for e in range(count):
+                acc[e] = acc[e] + block_base[e]
+        block_out = out[lo:lo + count]
+        for e in range(count):
+            block_out[e] = acc[e]
+
+
+@threaded
+def accumulate_groups(bits, weights, out, n_out):
+    """out[j * seg + t] = sum_r weights[j, r] * signs(bits[j * m + r])[t], rank by rank in float32 from 0, for
+    j * seg + t < n_out (seg = 8 * row_bytes, m = weights.shape[1]): group j's m rows summed into segment j of
+    ``out``, each element as ``accumulate_lanes`` sums it (acc +- w, every product exact). Each task takes up to
+    BLOCK elements of one segment."""
+    groups, members = weights.shape
+    seg = 8 * bits.shape[1]
+    tasks_per_group = (seg + BLOCK - 1) // BLOCK
+    for t in prange(groups * tasks_per_group):
+        j, lo, first, count = segment_task(t, tasks_per_group, seg, n_out)
+        if count > 0:
+            flags = np.empty(BLOCK, np.uint8)
+            acc = np.zeros(count, np.float32)
+            for r in range(members):
+                w = weights[j, r]
+                unpack(bits[j * members + r, lo // 8:(lo + count + 7) // 8], flags)
+                for e in range(count):
+                    acc[e] += w if flags[e] else -w
+            for e in range(count):
+                out[first + e] = acc[e]
+
+
+@threaded
+def decode_blocks(bits, scales, block, sign, out, n_out):
+    """out[i] = +-scales[r, k // block] for element k of row r of ``bits`` (set bit: +), cut to n_out, on raw bits.
+
+    ``bits`` is (rows, row_bytes) (possibly strided); ``scales`` (rows, 8 * row_bytes / block) and ``out`` hold
+    the raw bits of one float dtype (uint32 for float32, uint16 for a 16-bit one), and ``sign`` is its sign bit:
+    -s is s with that bit flipped.
+    """
+    rows, row_bytes = bits.shape
+    per_task = BLOCK // 8
+    tasks_per_row = (row_bytes + per_task - 1) // per_task
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * per_task
+        hi = min(row_bytes, lo + per_task)
+        start = (r * row_bytes + lo) * 8
+        count = max(0, min((hi - lo) * 8, n_out - start))
+        if count:
+            flags = np.empty(BLOCK, np.uint8)
+            unpack(bits[r, lo:hi], flags)
+            dest = out[start:start + count]
+            for e in range(count):
+                s = scales[r, (lo * 8 + e) // block]
+                dest[e] = s if flags[e] else s ^ sign
+
+
+@threaded
+def block_absmax(src, lut, err, n_src, block, row_len, out):
+    """out[r * m + b] = max |x| over block b of row r of x = err + src (``block_power_sums``' blocks), float32; NaN
+    where the block holds NaN, as ``reference.block_absmax``; blocks in parallel."""
+    per_row = (row_len + block - 1) // block
+    per_task = max(1, BLOCK // block)
+    for t in prange((out.size + per_task - 1) // per_task):
+        for b in range(t * per_task, min(out.size, (t + 1) * per_task)):
+            r = b // per_row
+            first = r * row_len + (b - r * per_row) * block
+            last = min(first + block, (r + 1) * row_len)
+            top = np.float32(0)
+            for i in range(first, last):
+                x = err[i] + load(src, lut, i) if i < n_src else err[i]
+                a = abs(np.float32(x))
+                if a > top or a != a:
+                    top = a
+                if top != top:
+                    break
+            out[b] = top

@@ -1,0 +1,96 @@
+"""What the CPU kernels share: Numba's threading layer, the threaded kernels' serial twins, element loads and
+scalar steps (``kernels.scalar``, inlined), sign packing, and a segment's tasks.
+
+Unless ``NUMBA_THREADING_LAYER`` says otherwise, the kernels run on Numba's own "workqueue" threads: with the
+OpenMP layer, torchrun jobs that also hold torch's OpenMP runtime aborted at exit now and then ("terminate called
+without an active exception"; 3 of 40 runs of examples/train.py, none of 32 with workqueue). Inputs below
+``SERIAL_BELOW`` elements run a serial twin of each kernel instead.
+
+Numba's on-disk cache keys a kernel by the file that defines it, not by the functions it inlines from here or
+from ``kernels.scalar``: after a change to either alone, clear the cache (``compcoll.warmup.cache_dir``) or use a
+fresh ``NUMBA_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import numba
+import numpy as np
+from numba import njit
+
+from .. import scalar
+from ...spec import BLOCK
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "workqueue"
+
+SERIAL_BELOW = 1 << 16
+"""Inputs of fewer elements run the serial twin of a kernel: starting Numba's threads costs
+about 0.2 ms a call, more than the whole work of a 4 KB tensor."""
+
+SERIAL: dict[str, object] = {}
+"""Each threaded kernel's serial twin (the same function, its prange run as range), by name."""
+
+
+def threaded(fn):
+    """Compile ``fn`` threaded over its blocks, and its serial twin into ``SERIAL``.
+
+    The twin is a copy of ``fn`` under another qualified name: Numba's on-disk cache names
+    its files after the function and keys their entries by signature alone, so two
+    dispatchers of one function would overwrite each other's entries, and a later process
+    would load the threaded code for both (or the serial code for both).
+    """
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial", fn.__defaults__)
+    twin.__qualname__ = fn.__qualname__ + "_serial"
+    SERIAL[fn.__name__] = njit(cache=True, nogil=True)(twin)
+    return njit(parallel=True, cache=True, nogil=True)(fn)
+
+
+load = njit(cache=True, inline="always")(scalar.load)
+power_of = njit(cache=True, inline="always")(scalar.power)
+threshold = njit(cache=True, inline="always")(scalar.threshold)
+block_scale = njit(cache=True, inline="always")(scalar.block_scale)
+nearest_code = njit(cache=True, inline="always")(scalar.nearest_code)
+
+GATHER = np.uint64(0x8040201008040201)
+"""Times the 8 flag bytes (0/1) of a little-endian uint64, it puts flag j at bit 63 - j and nothing
+else at bits 56-63: the top byte is the 8 flags packed, the first in the most significant bit."""
+
+SPREAD = np.uint64(0x0101010101010101)
+"""Times a byte, it copies the byte into all 8 bytes of a uint64."""
+
+SELECT = np.uint64(0x0102040810204080)
+"""Masks byte j of a spread byte down to its bit 7 - j: nonzero exactly where element j's sign bit is set."""
+
+_TOP = np.uint64(56)
+
+
+@njit(cache=True, inline="always")
+def pack(flags, out):
+    """out[k] <- flags[8k .. 8k+7] (bytes 0/1), the first in the most significant bit: one multiply per byte
+    (``GATHER``)."""
+    words = flags.view(np.uint64)
+    for k in range(out.size):
+        out[k] = np.uint8((words[k] * GATHER) >> _TOP)
+
+
+@njit(cache=True, inline="always")
+def unpack(bits, flags):
+    """flags[8k + j] <- nonzero where bit 7 - j of bits[k] is set, else 0 (``SPREAD``, ``SELECT``); flags holds
+    >= 8 * bits.size."""
+    words = flags.view(np.uint64)
+    for k in range(bits.size):
+        words[k] = (np.uint64(bits[k]) * SPREAD) & SELECT
+
+
+@njit(cache=True, inline="always")
+def segment_task(t, tasks_per_segment, length, n_out):
+    """Task t of segments of ``length`` elements laid end to end, ``tasks_per_segment`` tasks of up to BLOCK elements
+    each: its segment, its first element in the segment and in the whole, and its count (cut at n_out: <= 0 past
+    it)."""
+    segment = t // tasks_per_segment
+    lo = (t % tasks_per_segment) * BLOCK
+    first = segment * length + lo
+    return segment, lo, first, min(BLOCK, length - lo, n_out - first)

@@ -1,0 +1,112 @@
+"""The CPU kernels of the level codec: uniform levels of a step per block, as bit planes; their accumulation
+and decode."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ...spec import BLOCK
+from .common import load, pack, segment_task, threaded, unpack
+
+
+@njit(cache=True, inline="always")
+def _level(x, step, half_range, top):
+    """The level of float32 x given its block's step (``reference.level_codes``), and the level's float32 value."""
+    t = np.float32(x / step) if step > 0 else np.float32(0)
+    c = np.floor(np.float32(t + half_range))
+    c = min(max(c, 0.0), top)
+    return np.uint8(c), np.float32(np.float64(c - top / 2.0) * np.float64(step))
+
+
+@threaded
+def encode_levels(src, lut, err, n_src, steps, block, nbits, planes):
+    """Levels of x = err + src (``_level``) with the step of element k of row r at steps[r * m + k // block]; err[i]
+    = x - value. ``planes`` is (rows, nbits * row_bytes), possibly strided: row r holds 8 * row_bytes elements,
+    plane j (bit j of each level) in its bytes [j * row_bytes, (j + 1) * row_bytes), packed as signs are. Each
+    task takes up to BLOCK elements of one row."""
+    rows = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    row_len = 8 * row_bytes
+    per_row = (row_len + block - 1) // block
+    per_task = BLOCK // 8
+    tasks_per_row = (row_bytes + per_task - 1) // per_task
+    top = np.float64((1 << nbits) - 1)
+    half_range = np.float32(1 << (nbits - 1))
+    for t in prange(rows * tasks_per_row):
+        r = t // tasks_per_row
+        lo = (t % tasks_per_row) * per_task
+        hi = min(row_bytes, lo + per_task)
+        first = (r * row_bytes + lo) * 8
+        count = (hi - lo) * 8
+        codes = np.empty(count, np.uint8)
+        flags = np.empty(count, np.uint8)
+        for e in range(count):
+            i = first + e
+            step = steps[r * per_row + (lo * 8 + e) // block]
+            x = err[i] + load(src, lut, i) if i < n_src else err[i]
+            c, value = _level(np.float32(x), step, half_range, top)
+            codes[e] = c
+            err[i] = x - value
+        for j in range(nbits):
+            for e in range(count):
+                flags[e] = (codes[e] >> j) & 1
+            pack(flags, planes[r, j * row_bytes + lo:j * row_bytes + hi])
+
+
+@njit(cache=True, inline="always")
+def _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes):
+    """codes[:count] <- the levels of elements lo .. lo + count of row r of bit planes (``encode_levels``' layout),
+    through ``flags`` (BLOCK bytes)."""
+    codes[:count] = 0
+    for j in range(nbits):
+        unpack(planes[r, j * row_bytes + lo // 8:j * row_bytes + (lo + count + 7) // 8], flags)
+        for e in range(count):
+            if flags[e]:
+                codes[e] |= 1 << j
+
+
+@threaded
+def accumulate_levels(planes, weights, block, nbits, out, n_out):
+    """out = sum_r float32(float64(level_r - (2^nbits - 1) / 2) * float64(weights[r, i // block])), rank by rank in
+    float32, as ``reference.compressed_reduce_scatter``; ``planes`` is (n, nbits * row_bytes) (``encode_levels``)."""
+    nranks = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    half = ((1 << nbits) - 1) / 2.0
+    ntasks = (n_out + BLOCK - 1) // BLOCK
+    for t in prange(ntasks):
+        lo = t * BLOCK
+        count = min(BLOCK, n_out - lo)
+        flags = np.empty(BLOCK, np.uint8)
+        codes = np.empty(BLOCK, np.int64)
+        acc = np.zeros(count, np.float32)
+        for r in range(nranks):
+            _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes)
+            for e in range(count):
+                w = np.float64(weights[r, (lo + e) // block])
+                acc[e] = acc[e] + np.float32((codes[e] - half) * w)
+        block_out = out[lo:lo + count]
+        for e in range(count):
+            block_out[e] = acc[e]
+
+
+@threaded
+def decode_levels(planes, steps, block, nbits, out, n_out):
+    """out[r * row_len + k] = 0 + float32(float64(level_r[k] - (2^nbits - 1) / 2) * float64(steps[r, k // block])) for
+    r * row_len + k < n_out (row_len = 8 * row_bytes): row r's levels into its own segment, each the one term
+    ``accumulate_levels`` would sum from 0 (a zero step gives +0, as there); ``planes`` is (n, nbits * row_bytes)
+    (``encode_levels``). Each task takes up to BLOCK elements of one row."""
+    rows = planes.shape[0]
+    row_bytes = planes.shape[1] // nbits
+    row_len = 8 * row_bytes
+    half = ((1 << nbits) - 1) / 2.0
+    tasks_per_row = (row_len + BLOCK - 1) // BLOCK
+    for t in prange(rows * tasks_per_row):
+        r, lo, first, count = segment_task(t, tasks_per_row, row_len, n_out)
+        if count > 0:
+            flags = np.empty(BLOCK, np.uint8)
+            codes = np.empty(BLOCK, np.int64)
+            _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes)
+            for e in range(count):
+                w = np.float64(steps[r, (lo + e) // block])
+                out[first + e] = np.float32(0) + np.float32((codes[e] - half) * w)

@@ -1,0 +1,54 @@
+"""The CPU kernels of the block forms' scales: coded against each row's largest in front of the row, and decoded."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ...spec import SCALE_BYTES
+from .common import block_scale, nearest_code, threaded
+
+
+@threaded
+def code_blocks(src, block, row_len, power, steps, rows, decoded):
+    """Block scales coded against each row's largest and framed: ``spec.block_scales_from`` of float64 sums of
+    |x|^power (or the float32 scales in ``src``, ``power`` 0), then ``spec.code_scales``, in one kernel.
+
+    ``decoded`` is (n, m): row r's m block scales, of blocks of ``block`` elements of a row of ``row_len``
+    (the last one shorter where needed); ``rows`` the (n, SCALE_BYTES + m + nbytes) wire rows.
+    1. Every block's scale into ``decoded`` (``scalar.block_scale``), in parallel.
+    2. Row by row: ref = the row's largest (0 for no blocks), its 4 bytes at the row's head; the
+       values float32(float64(ref) * steps[k]); every block's code (``scalar.nearest_code``)
+       behind the head, and its decoded value into ``decoded``, in parallel.
+    """
+    n, m = decoded.shape
+    for t in prange(n * m):
+        b = t % m
+        decoded[t // m, b] = block_scale(src, t, block if b < m - 1 else row_len - (m - 1) * block, power)
+    head = np.empty(1, np.float32)
+    for r in range(n):
+        head[0] = 0.0
+        for b in range(m):
+            head[0] = max(head[0], decoded[r, b])
+        rows[r, :SCALE_BYTES] = head.view(np.uint8)
+        values = (np.float64(head[0]) * steps).astype(np.float32)
+        for b in prange(m):
+            code = nearest_code(values, decoded[r, b])
+            rows[r, SCALE_BYTES + b] = code
+            decoded[r, b] = values[code]
+
+
+@threaded
+def decode_codes(rows, steps, divisor, decoded):
+    """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the m codes behind each wire
+    row's head (its largest scale's 4 bytes): the refs first, then every code in parallel."""
+    n, m = decoded.shape
+    by = np.float32(divisor)
+    refs = np.empty(n, np.float64)
+    head = np.empty(SCALE_BYTES, np.uint8)
+    for r in range(n):
+        head[:] = rows[r, :SCALE_BYTES]
+        refs[r] = head.view(np.float32)[0]
+    for t in prange(n * m):
+        r = t // m
+        decoded[r, t % m] = np.float32(refs[r] * steps[rows[r, SCALE_BYTES + t % m]]) / by

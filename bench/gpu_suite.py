@@ -42,7 +42,7 @@ import torch
 
 import compcoll
 from compcoll import codecs
-from compcoll.algorithms.onebit import serve
+from compcoll.algorithms.server import serve
 from compcoll.bench.clocks import QueuedClock, host_seconds, idle_seconds, timed
 from compcoll.bench.launches import call_counts
 from compcoll.ddp.onebit import BLOCK_SIZE

@@ -7,7 +7,8 @@ from .algorithms.hierarchical import (
     hierarchical_compressed_allreduce,
     hierarchical_error_numels,
 )
-from .algorithms.onebit import CompressedAllreduce, compressed_allreduce
+from .algorithms.keyed import CompressedAllreduce
+from .algorithms.onebit import compressed_allreduce
 from .algorithms.plan import ErrorFeedback
 from .algorithms.reduce_scatter import compressed_reduce_scatter
 from .comm import Communicator, SingleComm, get_default, init, set_default, shutdown

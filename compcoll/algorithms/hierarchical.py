@@ -18,7 +18,7 @@ from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
-from .onebit import device_scalars, serve, serve_blocks, sum_into
+from .server import device_scalars, serve, serve_blocks, sum_into
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
 
@@ -282,7 +282,7 @@ def hierarchical_compressed_allreduce(
         scale: "l2" (default) or "l1", as in ``compressed_allreduce``; every rank the same.
         block_size: None (default) or elements per scale block, as in
             ``compressed_allreduce``: the inter-node gather-scatter (step 3) takes one coded
-            scale per block (``onebit.serve_blocks``).
+            scale per block (``server.serve_blocks``).
         protocol: "gather_scatter" (default) or "allgather" between nodes (steps 4'-5'; one scale per shard:
             no ``block_size``); ``server_error`` is then not used.
 
@@ -411,7 +411,7 @@ class CompensatedPlan(_NodePlan):
     def finish_blocks(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                       sums: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
         """Steps 3-5 with block scales, once the ranks agreed on the block ``sums``: serve between nodes
-        (``onebit.serve_blocks``), gather the rows within the node and decode them. Kernels and the wire only: the
+        (``server.serve_blocks``), gather the rows within the node and decode them. Kernels and the wire only: the
         device part a plan replays."""
         layout, ws, b = self.layout, self.workspace, self.block_size
         rows = serve_blocks(average, worker_error, server_error, sums, layout.inter, ws, b, self.scale)

@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Hashable
-
 import torch
 
 from .. import codecs
 from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..eager import eager
-from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_bits, check_block_size, padded_numel
-from ..workspace import Workspace
+from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_block_size, padded_numel
 from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .inputs import (check_disjoint, check_error_buffer, check_length, check_levels, check_protocol, check_scale,
                      check_tensor)
-from .launch import settle_device
 from .pipeline import agree_pieces, serve_in_pieces
-from .parts import packed, unpacked
-from .plan import Plan, cached_plan, owned
-from .reduce_scatter import agreed_statistics, float32_target, scatter_rows
+from .plan import Plan, cached_plan
+from .reduce_scatter import agreed_statistics, float32_target
+from .server import device_scalars, serve, serve_blocks, serve_levels, sum_into
 
 
 @eager
@@ -301,139 +297,6 @@ class FlatPlan(Plan):
         return out
 
 
-def sum_into(tensor: torch.Tensor, worker_error: torch.Tensor, scale: str, total: torch.Tensor) -> torch.Tensor:
-    """total[0] <- the float64 sum of |x|^p of x = tensor + worker_error, p the power of ``scale``
-    (``codecs.compensated_sum``), with no host wait; returns ``total``: the worker scale's device part, which
-    ``Plan.agreed`` replays and reads."""
-    codecs.compensated_sum(tensor, worker_error, scale, out=total)
-    return total
-
-
-def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: torch.device, workspace: Workspace
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The server's weights s_i / ``divisor`` of the agreed worker scales ``scales`` (host float64), and this rank's
-    own scale ``scale``, on ``device`` in the workspace buffer "scalars".
-
-    1. In the host buffer "scalars.host": float32(s_i) for every i and a 0 behind them, all divided by
-       ``divisor`` (``codecs.divide_``), then ``scale`` in that last slot.
-    2. One copy into "scalars" with no host wait (``codecs.to_device``), queued before the wire.
-    Returns:
-        (weights, scale) views of "scalars" (``Workspace.parts``): what the server and the encoder read from device
-        memory.
-    """
-    count = scales.numel()
-    host = workspace.get("scalars.host", count + 1, torch.float32, torch.device("cpu"))
-    values = host.numpy()
-    values[:count] = scales.numpy()
-    values[count] = 0.0
-    codecs.divide_(host, divisor)
-    values[count] = scale
-    scalars, weights, mine = workspace.parts("scalars", (count, 1), torch.float32, device)
-    codecs.to_device(host, scalars)
-    return weights, mine
-
-
-def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator,
-          workspace: Workspace, scale: str = "l2") -> torch.Tensor:
-    """Steps 4-6 of the gather-scatter protocol, up to the decode.
-
-    1. All-to-all of the packed chunks of ``bits``.
-    2. c = sum_i weights[i] * signs_i + server_error; s_s = ``scale`` of c over the chunk;
-       server_error = c - s_s * sign(c); pack sign(c) behind s_s. On CUDA s_s is computed
-       into the frame head by the accumulating launch and read from there by the encoder: the
-       host does not wait for the all-to-all.
-    3. All-gather of the framed server chunks.
-
-    Returns:
-        The (n, SCALE_BYTES + chunk / 8) wire rows, rank r's chunk in row r, the same on
-        every rank; ``codecs.unframe`` splits them into scales and signs.
-    """
-    n = comm.size
-    chunk = server_error.numel()
-    cb = chunk // 8
-    received = workspace.get("serve.chunks", n * cb, torch.uint8, bits.device)
-    comm.alltoall(bits, received)
-    send = workspace.get("serve.server", codecs.SCALE_BYTES + cb, torch.uint8, bits.device)
-    server_scale = codecs.accumulate_scale(received.view(n, cb), weights, server_error, server_error, chunk, chunk,
-                                           scale, head=send)
-    codecs.compensate_encode(None, server_error, server_scale, send[codecs.SCALE_BYTES:])
-    gathered = workspace.get("serve.gathered", n * send.numel(), torch.uint8, bits.device)
-    comm.allgather(send, gathered)
-    return gathered.view(n, -1)
-
-
-def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, sums: torch.Tensor,
-                 comm: Communicator, workspace: Workspace, block_size: int, scale: str = "l2") -> torch.Tensor:
-    """Steps 3-6 of the gather-scatter protocol with one scale per block, up to the decode.
-
-    1. The block scales (from ``sums``, those of source + worker_error by chunk: ``block_sums``
-       with n rows) coded per rank's chunk;
-       encode with the decoded scales into n wire rows, each chunk's packed signs behind its
-       largest scale and its codes.
-    2. All-to-all of the rows; c = sum_i (s_w[i, b] / n) * signs_i + server_error.
-    3. c's block scales, coded over the chunk; server_error = c - s_s * sign(c), packed into
-       one row behind them.
-    4. All-gather of the served rows.
-
-    Returns:
-        The (n, SCALE_BYTES + ceil(chunk / block_size) + chunk / 8) wire rows, rank r's chunk in row
-        r, the same on every rank; ``codecs.unframe_blocks`` splits them into scales and signs.
-    """
-    n, device, b = comm.size, worker_error.device, block_size
-    chunk = server_error.numel()
-    blocks = -(-chunk // b)
-    width = SCALE_BYTES + blocks + chunk // 8
-    send = workspace.get("blocks.send", n * width, torch.uint8, device).view(n, width)
-    scales, signs = codecs.frame_scales(send, sums, scale, b, chunk,
-                                        workspace.get("blocks.scales", n * blocks, torch.float32, device))
-    codecs.encode_blocks(source, worker_error, scales.view(-1), b, signs)
-    received = workspace.get("blocks.received", n * width, torch.uint8, device)
-    comm.alltoall(send.view(-1), received)
-    weights, bits = codecs.unframe_blocks(received.view(n, width), blocks, n,
-                                          workspace.get("blocks.weights", n * blocks, torch.float32, device))
-    codecs.accumulate_blocks(bits, weights, b, server_error, server_error, chunk)
-    served = workspace.get("blocks.served", width, torch.uint8, device).view(1, width)
-    sums = codecs.block_sums(None, server_error, b, scale, 1,
-                             workspace.get("blocks.server_sums", blocks, torch.float64, device))
-    mine, signs = codecs.frame_scales(served, sums, scale, b, chunk,
-                                      workspace.get("blocks.server_scales", blocks, torch.float32, device))
-    codecs.encode_blocks(None, server_error, mine.view(-1), b, signs)
-    gathered = workspace.get("blocks.gathered", n * width, torch.uint8, device)
-    comm.allgather(served.view(-1), gathered)
-    return gathered.view(n, width)
-
-
-def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor, absmax: torch.Tensor,
-                 comm: Communicator, workspace: Workspace, block_size: int, bits: int) -> torch.Tensor:
-    """``serve_blocks`` with ``bits``-bit levels instead of signs, up to the decode.
-
-    1-2. ``reduce_scatter.scatter_rows``: the block steps (from ``absmax``, the block maxima of
-       source + worker_error by chunk) coded per chunk, levels encoded behind them, all-to-all;
-       c = sum_i float32(level_i * step_i / n) rank by rank.
-    3. c + server_error encoded the same way into one row (the server error keeps the rest).
-    4. All-gather of the served rows.
-
-    Returns:
-        The (n, SCALE_BYTES + ceil(chunk / block_size) + bits * chunk / 8) wire rows, rank r's
-        chunk in row r, the same on every rank.
-    """
-    n, device, b = comm.size, worker_error.device, block_size
-    chunk = server_error.numel()
-    width = SCALE_BYTES + -(-chunk // b) + bits * chunk // 8
-    summed = workspace.get("levels.sum", chunk, torch.float32, device)
-    scatter_rows(source, worker_error, absmax, comm, workspace, b, "l2", bits, lambda w: codecs.divide_(w, n),
-                 summed, chunk)
-    served = workspace.get("levels.served", width, torch.uint8, device).view(1, width)
-    top = codecs.block_absmax(summed, server_error, b, 1, workspace.get("levels.top", -(-chunk // b), torch.float32,
-                                                                        device))
-    mine, planes = codecs.frame_scales(served, codecs.level_steps(top, bits, top),
-                                       out=workspace.get("levels.server_steps", top.numel(), torch.float32, device))
-    codecs.encode_levels(summed, server_error, mine.view(-1), b, bits, planes)
-    gathered = workspace.get("levels.gathered", n * width, torch.uint8, device)
-    comm.allgather(served.view(-1), gathered)
-    return gathered.view(n, width)
-
-
 def _validate(
     tensor: torch.Tensor,
     worker_error: torch.Tensor,
@@ -467,127 +330,3 @@ def _validate(
         check_length(what, name, buf, length, formula)
     check_disjoint(what, (("tensor", tensor), ("out", out), ("worker_error", worker_error),
                           ("server_error", server_error)))
-
-
-class CompressedAllreduce:
-    """``compressed_allreduce`` that keeps the error-feedback buffers for the caller, one plan per key.
-
-    Usage::
-
-        allreduce = compcoll.CompressedAllreduce(comm)
-        avg = allreduce(grad, key="layer1.weight")
-        torch.save(allreduce.state_dict(), f"ef-rank{comm.rank}.pt")
-
-    1. Look up the key's plan (built on first sight of the key, with error buffers of
-       zeros, for the tensor's size and device).
-    2. Run it (``async_op=True``: return its Work; calls on different keys may be in
-       flight together).
-
-    Args:
-        comm: the communicator; None means ``compcoll.get_default()`` at construction.
-        protocol: "gather_scatter" (default) or "allgather".
-        scale: "l2" (default) or "l1", as in ``compressed_allreduce``.
-        block_size: None (default) or elements per scale block, as in ``compressed_allreduce``.
-        bits: 1 (default) or 2-8 levels, as in ``compressed_allreduce``.
-    """
-
-    def __init__(self, comm: Communicator | None = None, *, protocol: str = "gather_scatter",
-                 scale: str = "l2", block_size: int | None = None, bits: int = 1) -> None:
-        check_protocol("CompressedAllreduce", protocol)
-        check_scale("CompressedAllreduce", scale)
-        check_block_size("CompressedAllreduce", block_size)
-        check_levels("CompressedAllreduce", bits, protocol, block_size)
-        self.bits = bits
-        self.comm = get_default() if comm is None else comm
-        self.protocol = protocol
-        self.scale = scale
-        self.block_size = block_size
-        self.plans: dict[Hashable, FlatPlan] = {}
-
-    def plan(self, key: Hashable, tensor: torch.Tensor) -> FlatPlan:
-        """The plan of ``key`` (built for ``tensor``, a checked input, on first use).
-
-        1. A key used before with another number of elements: ValueError.
-        2. A key whose buffers are on another device than ``tensor`` (loaded from
-           ``compcoll.checkpoint``'s files, which map to the CPU, or the model moved): its
-           buffers follow ``tensor`` there, values kept, in this rank's turn (behind calls in
-           flight on them). Before 2026-12-01 this raised ValueError, so a GPU run resumed
-           from ``compcoll.checkpoint`` failed at its first compressed call.
-        """
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = FlatPlan(self.comm, tensor.numel(), tensor.device, self.protocol, None, self.scale,
-                            self.block_size, self.bits)
-            self.plans[key] = plan
-        elif plan.numel != tensor.numel():
-            raise ValueError(
-                f"CompressedAllreduce: key {key!r} holds buffers for {plan.numel} elements, but this tensor has "
-                f"{tensor.numel()}; use a new key for it"
-            )
-        elif plan.device != tensor.device:
-            self.comm.run(lambda: plan.to(tensor.device), "CompressedAllreduce.to")
-        return plan
-
-    @eager
-    def __call__(
-        self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
-    ) -> torch.Tensor | Work:
-        def checks() -> FlatPlan:
-            check_tensor("CompressedAllreduce", tensor, out, self.comm.carries_meta)
-            check_disjoint("CompressedAllreduce", (("tensor", tensor), ("out", out)))
-            return self.plan(key, tensor)
-
-        plan = checked(self.comm, FlatPlan.what, checks)
-        return plan.start(tensor, out, async_op, plan.error_feedback.buffers())
-
-    def clear(self) -> None:
-        """Drop every key's plan and error buffers: each key starts afresh at its next call."""
-        self.plans.clear()
-
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's protocol, scale, block size and every key's error buffers (save one per process), with whose
-        they are (the rank of the group and the process of the job: ``plan.owned``), the buffers and the rank packed
-        under the process's key (``parts.packed``: ``torch.distributed.checkpoint`` keeps every process's), as they are
-        once every call issued before it has run: it takes its turn in the communicator's order (``Communicator.run``)
-        behind asynchronous calls still in flight, which would otherwise be copied half written."""
-        return self.comm.run(self._state_dict, "CompressedAllreduce.state_dict")
-
-    def _state_dict(self) -> dict[str, Any]:
-        for plan in self.plans.values():
-            settle_device(plan.device)
-        return packed({
-            "protocol": self.protocol,
-            "scale": self.scale,
-            "block_size": self.block_size,
-            "bits": self.bits,
-            "world_size": self.comm.size,
-            "rank": self.comm.rank,
-            "job": [self.comm.job_rank, self.comm.job_size],
-            "buffers": {k: p.error_feedback.state_dict() for k, p in self.plans.items()},
-        }, ("rank", "buffers"))
-
-    def load_state_dict(self, state: dict[str, Any], what: str = "CompressedAllreduce") -> bool:
-        """Restore what ``state_dict()`` saved; keys are rebuilt from it (new plans: calls in flight finish on the
-        buffers they started with, and the next calls start from the loaded ones). Another rank's or world size's
-        state (``plan.owned``: a warning naming ``what``, the state that holds this one) gives the options only:
-        every key's error buffers restart at zero. Returns whether the state was this rank's own. A state of the
-        layout before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too."""
-        state = unpacked(state)
-        own = owned(state, self.comm, what)
-        check_protocol("CompressedAllreduce checkpoint", state["protocol"])
-        self.protocol = state["protocol"]
-        self.scale = state.get("scale", "l2")
-        check_scale("CompressedAllreduce checkpoint", self.scale)
-        self.block_size = state.get("block_size")
-        check_block_size("CompressedAllreduce checkpoint", self.block_size)
-        self.bits = state.get("bits", 1)
-        check_bits("CompressedAllreduce checkpoint", self.bits)
-        plans = {}
-        for key, saved in state["buffers"].items() if own else ():
-            worker = saved["worker_error"]
-            plan = FlatPlan(self.comm, saved["numel"], worker.device, self.protocol, None, self.scale,
-                            self.block_size, self.bits)
-            plan.error_feedback.load_state_dict(saved)
-            plans[key] = plan
-        self.plans = plans
-        return own

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from ..algorithms.agreement import agree_settings
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
 from ..algorithms.inputs import check_protocol, check_scale
-from ..algorithms.onebit import CompressedAllreduce
+from ..algorithms.keyed import CompressedAllreduce
 from ..algorithms.parts import packed, unpacked
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size

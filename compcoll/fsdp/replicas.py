@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from ..algorithms.agreement import agree_settings
-from ..algorithms.onebit import CompressedAllreduce
+from ..algorithms.keyed import CompressedAllreduce
 from ..comm.torchdist import own_comm
 from ..errors import NonFiniteError
 from .units import check_start_step, divides_itself

@@ -31,11 +31,6 @@ def test_bad_inputs_raise_on_every_rank(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend)
 
 
-@pytest.mark.parametrize("backend, world_size", worlds((1, 2, 3), mpi=2, gloo=2))
-def test_a_state_dict_waits_for_the_calls_in_flight(backend: str, world_size: int) -> None:
-    run(f"{WORKERS}:state_behind_calls", world_size, backend)
-
-
 @pytest.mark.parametrize("backend, world_size", worlds((2, 3, 4), mpi=3, gloo=2))
 def test_in_place_and_stateful_resume(backend: str, world_size: int) -> None:
     """Thread ranks warn in this process: one warning a rank for the other world's state (processes' go to their
@@ -136,23 +131,3 @@ def test_the_device_part_of_a_call_neither_waits_nor_allocates(protocol: str, bl
         finish(x, we, se, agreed, out)
     assert (COUNTS.waits, ops.allocations) == (0, 0)
     assert COUNTS.launches >= 2
-
-
-def test_device_scalars_are_the_weights_then_this_ranks_scale_and_warn_of_nothing() -> None:
-    """``device_scalars``: float32(s_i) / n (correctly rounded, as ``codecs.divide_``) then this rank's own scale, in
-    views of one workspace buffer; whatever its host buffer held before (a signalling NaN here, as fresh memory may
-    hold, which numpy's division would warn of as an invalid value), no warning."""
-    import warnings
-
-    from compcoll.algorithms.onebit import device_scalars
-    from compcoll.workspace import Workspace
-
-    workspace, cpu = Workspace(), torch.device("cpu")
-    workspace.get("scalars.host", 4, torch.float32, cpu).view(torch.int32).fill_(0x7FA00000)
-    scales = torch.tensor([0.1, 2.0, 1e-3], dtype=torch.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        weights, mine = device_scalars(scales, 3, 0.25, cpu, workspace)
-    expected = scales.numpy().astype(np.float32) / np.float32(3)
-    assert weights.numpy().tobytes() == expected.tobytes() and mine.tolist() == [0.25]
-    assert weights.data_ptr() + 12 == mine.data_ptr()

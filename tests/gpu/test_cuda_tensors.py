@@ -10,7 +10,7 @@ import torch
 
 import compcoll
 from compcoll import SingleComm, codecs, compressed_allreduce
-from compcoll.algorithms.onebit import serve
+from compcoll.algorithms.server import serve
 from compcoll.algorithms.parts import unpacked
 from compcoll.bench.clocks import QueuedClock, idle_seconds
 from compcoll.bench.launches import call_counts

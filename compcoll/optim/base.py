@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-import zlib
 from typing import Any, Callable, Iterator
 
 import torch
@@ -12,42 +11,17 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from .. import codecs
 from ..algorithms.agreement import Agreement, Option, Step, agree, checked, kept
 from ..algorithms.exact import exact_average
-from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.plan import foreign_state
 from ..comm import Communicator, get_default
 from ..eager import eager
 from ..errors import NonFiniteError
-from ..spec import CHANNEL_PROTOCOLS
 from ..workspace import Workspace
 from .channel import Channel, ErrorFeedbackChannel, LayeredChannel
 from .flat import FlatParams
 from .join import ShadowSteps, join_device, join_process_group
 from .replicated import PROBED_STEPS, fingerprint, same_everywhere, warning
 from .saved import SECTION, inner_state, parameter_views, torch_layout
-
-NONFINITE_POLICIES = ("skip", "raise")
-COMPRESSED = ("update", "momentum")
-"""What the Adam-family optimizers send in 1 bit: the preconditioned momentum m / (sqrt(v) + eps), or m itself
-(DeepSpeed's choice); docs/architecture.md, "Algorithms"."""
-
-
-def compression_options(what: str, compress: str, scale: str, protocol: str = "auto") -> tuple[Option, ...]:
-    """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol``
-    (``spec.CHANNEL_PROTOCOLS``); the options of ``compress`` and ``protocol`` that all ranks must agree on."""
-    if not isinstance(compress, str) or compress not in COMPRESSED:
-        raise ValueError(f"{what}: compress {compress!r} is not one of {COMPRESSED} (update: m / (sqrt(v) + eps); "
-                         f"momentum: m, as DeepSpeed)")
-    check_scale(what, scale)
-    check_protocol(what, protocol, CHANNEL_PROTOCOLS)
-    return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),
-            Option("1-bit protocols", CHANNEL_PROTOCOLS.index(protocol), CHANNEL_PROTOCOLS))
-
-
-def bias_correction_option(what: str, bias_correction: bool) -> tuple[Option, ...]:
-    """Check ``bias_correction`` (True or False); the option all ranks must agree on."""
-    if not isinstance(bias_correction, bool):
-        raise ValueError(f"{what}: bias_correction must be True or False, got {bias_correction!r}")
-    return (Option("bias corrections", int(bias_correction), ("off", "on")),)
+from .settings import HYPERPARAMETERS, NONFINITE_POLICIES, hyperparameter_code
 
 
 class StateBuffer:
@@ -558,74 +532,3 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self.skipped_steps = state["skipped_steps"]
         for group, saved in zip(self.param_groups, state_dict["param_groups"]):
             group.update({k: v for k, v in saved.items() if k not in ("params", SECTION)})
-
-
-HYPERPARAMETERS = "hyperparameters of the parameter groups (lr, betas, eps, weight_decay, ...)"
-"""What ``hyperparameter_code`` covers, for messages."""
-
-
-def hyperparameter_code(param_groups: list[dict[str, Any]]) -> int:
-    """A CRC-32 of every group's hyperparameters that are plain data (``_plain``), by name: what every rank must hold
-    alike when it builds an optimizer and at every step."""
-    plain = [{k: _plain(v) for k, v in group.items() if k != "params"} for group in param_groups]
-    return zlib.crc32(repr([sorted((k, v) for k, v in group.items() if v is not None) for group in plain]).encode())
-
-
-def _plain(value: Any) -> Any:
-    """A group hyperparameter as plain data every rank writes alike (numbers, strings, their tuples and lists, a
-    small tensor's values), or None for what is not (an object whose repr holds its address)."""
-    if isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (tuple, list)):
-        items = [_plain(v) for v in value]
-        return None if any(item is None for item in items) else tuple(items)
-    if isinstance(value, torch.Tensor) and value.numel() <= 16:
-        return tuple(value.detach().cpu().reshape(-1).tolist())
-    return None
-
-
-def variance_frozen(setting: str, step: int, why: str = "") -> str:
-    """Why an optimizer whose variance freezes at ``step`` (its ``setting``) takes no new parameters now
-    (``CompressedOptimizer._growth_refused``): ``why`` (default: it froze already)."""
-    why = why or f"its variance froze at step {step} ({setting})"
-    return (f"{why}, and its 1-bit steps leave a coordinate without variance where it is, so new parameters would "
-            f"never train; add groups earlier, or build a new optimizer with every group (its warm-up runs again)")
-
-
-def warmup_steps(what: str, name: str, value: int | float, total_steps: int | None, least: int = 0) -> int:
-    """A phase length in steps: ``value`` itself, or, a float in (0, 1), that fraction of ``total_steps``.
-
-    1. A float strictly between 0 and 1 is a share of the run (the papers warm up for
-       10-25% of it): round(value * total_steps), which needs ``total_steps``, the run's
-       optimizer steps (the Trainer's ``max_steps``).
-    2. Anything else is a count of steps.
-    3. ValueError naming ``name`` when the count is below ``least`` or not a whole number,
-       or a share comes without a positive ``total_steps``.
-    """
-    if isinstance(value, float) and 0.0 < value < 1.0:
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"{what}: {name}={value} is a share of the run, so pass total_steps, the run's number "
-                             f"of optimizer steps (got {total_steps!r})")
-        steps = round(value * total_steps)
-    elif isinstance(value, bool) or not float(value).is_integer():
-        raise ValueError(f"{what}: {name} must be a number of steps or a share of the run in (0, 1), got {value!r}")
-    else:
-        steps = int(value)
-    if steps < least:
-        raise ValueError(f"{what}: {name} must come to at least {least} step(s), got {value!r}"
-                         + (f" of {total_steps} steps" if isinstance(value, float) and value < 1.0 else ""))
-    return steps
-
-
-def check_hyperparameters(
-    what: str, lr: float, betas: tuple[float, float], eps: float | None, weight_decay: float
-) -> None:
-    """ValueError naming the first bad hyperparameter (eps, if the algorithm has one, must be > 0: v = 0 divides by it)."""
-    if not lr >= 0.0:
-        raise ValueError(f"{what}: lr must be >= 0, got {lr}")
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{what}: betas must be two numbers in [0, 1), got {tuple(betas)}")
-    if eps is not None and not eps > 0.0:
-        raise ValueError(f"{what}: eps must be > 0, got {eps}")
-    if not weight_decay >= 0.0:
-        raise ValueError(f"{what}: weight_decay must be >= 0, got {weight_decay}")

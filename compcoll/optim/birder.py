@@ -6,8 +6,9 @@ import torch
 
 from ..algorithms.hierarchical import hierarchical_allreduce
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer, check_hyperparameters
+from .base import CompressedOptimizer, StateBuffer
 from .live import add_fresh
+from .settings import check_hyperparameters
 
 
 class Birder(CompressedOptimizer):

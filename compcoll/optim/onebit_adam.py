@@ -8,10 +8,11 @@ from typing import Any
 import torch
 
 from ..comm import Communicator
-from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
-                   compression_options, variance_frozen, warmup_steps)
+from .base import CompressedOptimizer, StateBuffer
 from .carry import ADAM_MOMENTS, is_torch_adam_state, load_torch_adam_state
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
+from .settings import (bias_correction_option, check_hyperparameters, compression_options, variance_frozen,
+                       warmup_steps)
 
 
 class OneBitAdam(CompressedOptimizer):

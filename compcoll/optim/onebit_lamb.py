@@ -9,9 +9,9 @@ import torch
 from .. import codecs
 from ..algorithms.agreement import Option
 from ..comm import Communicator
-from .base import (CompressedOptimizer, StateBuffer, check_hyperparameters, compression_options, variance_frozen,
-                   warmup_steps)
+from .base import CompressedOptimizer, StateBuffer
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
+from .settings import check_hyperparameters, compression_options, variance_frozen, warmup_steps
 
 TRUST_RATIOS = ("fresh", "frozen")
 

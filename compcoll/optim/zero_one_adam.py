@@ -6,9 +6,10 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from .base import (CompressedOptimizer, StateBuffer, bias_correction_option, check_hyperparameters,
-                   compression_options, variance_frozen, warmup_steps)
+from .base import CompressedOptimizer, StateBuffer
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
+from .settings import (bias_correction_option, check_hyperparameters, compression_options, variance_frozen,
+                       warmup_steps)
 
 
 class ZeroOneAdam(CompressedOptimizer):

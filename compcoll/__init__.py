@@ -2,11 +2,8 @@
 
 import importlib
 
-from .algorithms.hierarchical import (
-    hierarchical_allreduce,
-    hierarchical_compressed_allreduce,
-    hierarchical_error_numels,
-)
+from .algorithms.birder import hierarchical_allreduce
+from .algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
 from .algorithms.keyed import CompressedAllreduce
 from .algorithms.onebit import compressed_allreduce
 from .algorithms.plan import ErrorFeedback

@@ -13,8 +13,8 @@ import time
 import torch
 
 from . import codecs
-from .algorithms.hierarchical import (hierarchical_allreduce, hierarchical_compressed_allreduce,
-                                      hierarchical_error_numels)
+from .algorithms.birder import hierarchical_allreduce
+from .algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
 from .algorithms.onebit import compressed_allreduce
 from .algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 from .comm.base import Communicator

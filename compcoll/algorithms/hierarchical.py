@@ -1,9 +1,8 @@
-"""Hierarchical intra/inter-node 1-bit allreduce: Birder's all-1-bit form and an error-compensated one (docs/architecture.md)."""
+"""The error-compensated hierarchical 1-bit allreduce, and the node plan Birder's form shares (docs/architecture.md)."""
 
 from __future__ import annotations
 
 import functools
-import weakref
 
 import torch
 
@@ -12,19 +11,15 @@ from ..comm import Communicator, get_default
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
 from ..eager import eager
-from ..spec import PROTOCOLS, SCALES, STAGES, check_block_size, padded_numel, stream_key
+from ..spec import PROTOCOLS, SCALES, check_block_size, padded_numel
 from ..workspace import Workspace
 from .agreement import Option, Step, checked
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
-from .server import device_scalars, serve, serve_blocks, sum_into
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
-
-_steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
-BIRDER_STAGES = ("node", "inter", "server")
-"""Birder's three binarizations (``spec.STAGES``), in the order of a call's stream keys (``BirderPlan.finish``)."""
+from .server import device_scalars, serve, serve_blocks, sum_into
 
 
 def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) -> tuple[int, int]:
@@ -39,83 +34,7 @@ def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) 
     return full // ranks_per_node, full // world_size
 
 
-@eager
-@accepts_arrays
-def hierarchical_allreduce(
-    tensor: torch.Tensor,
-    comm: Communicator | None = None,
-    *,
-    ranks_per_node: int | str | None = "auto",
-    seed: int = 0,
-    step: int | None = None,
-    out: torch.Tensor | None = None,
-    async_op: bool = False,
-) -> torch.Tensor | Work:
-    """Unbiased 1-bit estimate of the average of ``tensor`` over all ranks, Birder style.
-
-    n = N nodes x k ranks, Np = padded_numel(numel, n); local rank j owns shard j
-    (Np / k elements), made of N sub-chunks of Np / n. Every quantization is Birder's
-    binary randomization (docs/architecture.md, "Exact numerics") with a max-abs scale
-    per row, so each is unbiased and the result is too; there is no error feedback.
-    1. One small allgather of (numel, shape, ranks_per_node, finite?) over ``comm``: all
-       ranks agree or all raise. The node layout is discovered on first use, then reused.
-    2. Every rank binarizes its padded tensor, one scale per shard; intra-node
-       all-to-all: local rank j receives its k peers' shard j and averages them.
-    3. Local rank j binarizes that average, one scale per sub-chunk; inter-node
-       all-to-all among the local ranks j of all nodes: each receives one sub-chunk from
-       every node and averages them.
-    4. It binarizes its sub-chunk average (one scale); inter-node all-gather, then
-       intra-node all-gather of the 1-bit rows; every rank decodes the same n rows.
-    Bytes per rank: intra (k-1) Np/(8k) + (k-1) Np/(8k); inter 2(N-1)/N Np/(8k), which is
-    1/k of the flat gather-scatter's inter-node bytes (plus 4 bytes per row and 32 per
-    rank of metadata).
-
-    Randomness is counter-based: element i of a stage draws from (seed, step, stage,
-    rank, i), so CPU and GPU give the same bits and a run is reproduced from its seed.
-
-    Args:
-        tensor: any shape, float32 / float16 / bfloat16, on the CPU or a CUDA device; not modified.
-            A numpy or cupy array (anything that exports DLPack) works too, without a copy;
-            the result is then an array of its library (``arrays.accepts_arrays``).
-        comm: the communicator; None means ``compcoll.get_default()``.
-        ranks_per_node: k consecutive ranks form a node; "auto" (default; None too)
-            discovers the nodes from hostnames (or ``COMPCOLL_RANKS_PER_NODE``). Every rank must pass the same.
-        seed: the random seed; every call with the same seed and step draws the same bits.
-        step: the call counter mixed into the randomness; None takes the communicator's
-            own counter, which advances on every such call, so every call draws fresh bits.
-        out: where to write the result (may be ``tensor`` itself; no other memory of the call's
-            arguments: ValueError); None allocates it.
-        async_op: return a ``Work`` at once (as ``compressed_allreduce``).
-
-    Returns:
-        The estimate of the average, shaped and typed like ``tensor``, bit-identical on
-        every rank (or its Work, with ``async_op``).
-
-    Raises:
-        TypeError / ValueError: bad input or option, on the rank that passed it (the
-            other ranks raise ``RemoteError``, as for ``compressed_allreduce``); a layout
-            whose nodes differ in size (on every rank).
-        RankMismatchError: ranks disagree on size, shape or ranks_per_node.
-        NonFiniteError: NaN / Inf in some rank's tensor (no buffer changed).
-        CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
-    """
-    what = "hierarchical_allreduce"
-    comm = get_default() if comm is None else comm
-
-    def checks() -> int:
-        check_tensor(what, tensor, out, comm.carries_meta)
-        check_disjoint(what, (("tensor", tensor), ("out", out)))
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise ValueError(f"{what}: step must be a non-negative integer or None, got {step!r}")
-        return requested_ranks_per_node(ranks_per_node)
-
-    requested = checked(comm, what, checks)
-    plan = cached_plan(comm, (BirderPlan, tensor.numel(), tensor.device, requested, ranks_per_node),
-                       lambda: BirderPlan(comm, tensor.numel(), tensor.device, requested, ranks_per_node))
-    return plan.start(tensor, out, async_op, seed=seed, step=step)
-
-
-class _NodePlan(Plan):
+class NodePlan(Plan):
     """A plan whose layout needs the node layout (``topology``), resolved at its first call."""
 
     def __init__(self, comm: Communicator, numel: int, device: torch.device, requested: int,
@@ -132,97 +51,7 @@ class _NodePlan(Plan):
         return self._layout
 
 
-class BirderPlan(_NodePlan):
-    """``hierarchical_allreduce`` on tensors of ``numel`` elements: agreement, node layout, scratch."""
-
-    what = "hierarchical_allreduce"
-
-    def _run(self, tensor: torch.Tensor, errors: tuple[torch.Tensor, ...], result: torch.Tensor, *,
-             seed: int = 0, step: int | None = None) -> torch.Tensor:
-        """Steps 1-4 of ``hierarchical_allreduce`` on checked arguments, in this rank's turn: the row maxima and the
-        agreement (the call's one host wait), this call's three random streams' keys on the device, then
-        ``finish`` (replayed on a device: ``Replays``)."""
-        comm, ws = self.comm, self.workspace
-        maxima = ws.get("maxima", comm.size, torch.float32, self.device)
-        self.agreed(self.agreement(tensor), "maxima", _maxima_into, tensor, maxima, self.full)
-        if step is None:
-            step = _steps.get(comm, 0)
-            _steps[comm] = step + 1
-        if self.numel == 0:
-            return result
-        keys = codecs.stream_keys([stream_key(seed, step, STAGES[stage], comm.rank) for stage in BIRDER_STAGES],
-                                  ws.get("keys", len(BIRDER_STAGES), torch.int64, self.device),
-                                  ws.get("keys.host", len(BIRDER_STAGES), torch.int64, torch.device("cpu")))
-        return self.replays.run("finish", self.finish, tensor, maxima, keys, result)
-
-    def finish(self, tensor: torch.Tensor, maxima: torch.Tensor, keys: torch.Tensor, result: torch.Tensor
-               ) -> torch.Tensor:
-        """Steps 2-4 of ``hierarchical_allreduce`` once the ranks agreed, with the row ``maxima`` and the stages'
-        stream ``keys`` (``BIRDER_STAGES``' order) on the device.
-
-        1. Intra-node exchange of the binarized shards (scales: each node's largest row maximum).
-        2. Inter-node exchange of the binarized node averages.
-        3. The server row binarized, all-gathered between nodes, then within the node, and every row decoded into
-           ``result``.
-        Kernels, the wire and torch operators into workspace buffers, reading no host value: no host wait.
-        """
-        n, full, ws, layout = self.comm.size, self.full, self.workspace, self.layout
-        k, nodes = layout.ranks_per_node, layout.nodes
-        shard, sub = full // k, full // n
-        base = layout.local_rank * shard
-        node_scales = torch.amax(maxima.view(k, nodes), dim=1,
-                                 out=ws.get("node.scales", k, torch.float32, self.device))
-        shard_average = _binarize_exchange(tensor, node_scales, layout.intra, keys[0:1], 0, shard, ws, "node")
-        sub_average = _binarize_exchange(
-            shard_average, codecs.row_absmax(shard_average, nodes, shard,
-                                             ws.get("inter.scales", nodes, torch.float32, self.device)), layout.inter,
-            keys[1:2], base, sub, ws, "inter",
-        )
-        row = ws.get("server", codecs.SCALE_BYTES + sub // 8, torch.uint8, self.device)
-        own_scale = codecs.row_absmax(sub_average, 1, sub, ws.get("server.scale", 1, torch.float32, self.device))
-        codecs.randomized_encode(sub_average, own_scale, keys[2:3], base + layout.inter.rank * sub, row.view(1, -1))
-        shard_rows = ws.get("shard_rows", nodes * row.numel(), torch.uint8, self.device)
-        layout.inter.allgather(row, shard_rows)
-        _gather_decode(shard_rows, layout, result, ws)
-        return result
-
-
-def _maxima_into(tensor: torch.Tensor, maxima: torch.Tensor, length: int, total: torch.Tensor) -> torch.Tensor:
-    """maxima <- the largest |x| of each of the ``maxima.numel()`` rows of ``tensor`` zero-padded to ``length``
-    (``codecs.row_absmax``), total[0] <- a float64 finite exactly when they all are (``codecs.finite_sum``), with no
-    host wait; returns ``total``: Birder's device part before its agreement (``Plan.agreed``)."""
-    codecs.row_absmax(tensor, maxima.numel(), length, maxima)
-    return codecs.finite_sum(maxima, total)
-
-
-def _binarize_exchange(
-    source: torch.Tensor, scales: torch.Tensor, group: Communicator, key: torch.Tensor, start: int, length: int,
-    workspace: Workspace, name: str,
-) -> torch.Tensor:
-    """Binarize ``source`` into ``group.size`` framed rows, all-to-all them, average what comes back.
-
-    1. Row r (``length`` elements, scale scales[r]) is binarized with the random stream ``key`` (one int64 of
-       ``codecs.stream_keys``), element i drawing index start + i, and framed.
-    2. All-to-all: rank r of ``group`` receives row r of every member.
-    3. The received rows are decoded and averaged with weights float32(s / size), in
-       member order.
-
-    Returns the float32 average (a buffer of ``workspace`` named ``name``).
-    """
-    size = group.size
-    width = codecs.SCALE_BYTES + length // 8
-    wire = workspace.get(name + ".send", size * width, torch.uint8, source.device).view(size, width)
-    codecs.randomized_encode(source, scales, key, start, wire)
-    received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
-    group.alltoall(wire.view(-1), received)
-    weights, rows = codecs.unframe(received.view(size, width), size,
-                                   workspace.get(name + ".weights", size, torch.float32, source.device))
-    average = workspace.get(name + ".average", length, torch.float32, source.device)
-    codecs.accumulate_signs(rows, weights, None, average, length, read=False)
-    return average
-
-
-def _gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor, workspace: Workspace) -> None:
+def gather_decode(shard_rows: torch.Tensor, layout: Topology, out: torch.Tensor, workspace: Workspace) -> None:
     """Intra-node all-gather of every local rank's shard rows; decode all n rows into ``out``."""
     n = layout.ranks_per_node * layout.nodes
     gathered = workspace.get("all_rows", layout.ranks_per_node * shard_rows.numel(), torch.uint8, out.device)
@@ -321,7 +150,7 @@ def hierarchical_compressed_allreduce(
     return plan.start(tensor, out, async_op, (worker_error, server_error))
 
 
-class CompensatedPlan(_NodePlan):
+class CompensatedPlan(NodePlan):
     """``hierarchical_compressed_allreduce`` on tensors of ``numel`` elements, error buffers of ``lengths``.
 
     Layout: local rank j's worker error covers shard j (Np / k elements from j * Np / k),
@@ -397,7 +226,7 @@ class CompensatedPlan(_NodePlan):
                     scalars: tuple[torch.Tensor, torch.Tensor], result: torch.Tensor) -> torch.Tensor:
         """Steps 3-5 with one scale, once the ranks agreed: encode the node's ``average`` with this rank's s_w read
         from the device (``scalars``: the weights, then s_w), then serve between nodes and gather within the node
-        (``_gather_decode``), or the allgather protocol's exchange (``_allgather_between_nodes``). Kernels and the
+        (``gather_decode``), or the allgather protocol's exchange (``_allgather_between_nodes``). Kernels and the
         wire only, into workspace buffers: the device part a plan replays (``replay.Replays``)."""
         weights, mine = scalars
         layout, ws = self.layout, self.workspace
@@ -405,7 +234,7 @@ class CompensatedPlan(_NodePlan):
         codecs.compensate_encode(average, worker_error, mine, bits)
         if self.protocol == "allgather":
             return _allgather_between_nodes(bits, weights, layout, self.numel, result, ws)
-        _gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
+        gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)
         return result
 
     def finish_blocks(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,

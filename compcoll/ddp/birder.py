@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 from ..algorithms.agreement import agree_settings
-from ..algorithms.hierarchical import hierarchical_allreduce
+from ..algorithms.birder import hierarchical_allreduce
 from ..comm.topology import topology
 from ..comm.torchdist import own_comm
 from .buckets import Schedule, check_bucket, plain_allreduce, settle

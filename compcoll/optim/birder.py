@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms.hierarchical import hierarchical_allreduce
+from ..algorithms.birder import hierarchical_allreduce
 from ..comm import Communicator
 from .base import CompressedOptimizer, StateBuffer
 from .live import add_fresh

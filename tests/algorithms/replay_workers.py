@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 import compcoll
-from compcoll.algorithms.hierarchical import BirderPlan, CompensatedPlan
+from compcoll.algorithms.birder import BirderPlan
+from compcoll.algorithms.hierarchical import CompensatedPlan
 from compcoll.algorithms.onebit import FlatPlan
 from compcoll.algorithms.plan import PLANS
 from compcoll.algorithms.reduce_scatter import ScatterPlan, row_elements

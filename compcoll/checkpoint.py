@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .algorithms.agreement import agree_outcome
+from .algorithms.rounds import agree_outcome
 from .comm import Communicator, get_default
 
 

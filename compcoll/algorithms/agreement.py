@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Callable, NoReturn, Sequence, TypeVar
+from typing import NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -13,18 +13,13 @@ import torch
 from .. import codecs, spec
 from ..comm import Communicator
 from ..errors import NonFiniteError, RankMismatchError, RemoteError
+from .rounds import (RECORD, SUMMED, fields_fine, gather_messages, gather_statuses, gather_value, refusing_ranks,
+                     sum_fields, summed)
 
-RECORD = spec.AGREEMENT_FIELDS
-SUMMED = spec.SUMMED_AGREEMENT_FIELDS
 SUM = RECORD - 1
 """The field of a gathered round's record on the device that holds the rank's float64 sum itself
 (``Agreement.check_record``: (signature, 1.0, sum), where a host round's holds the value)."""
 MAX_OPTIONS = 6
-REFUSED = -1.0
-"""The signature of a rank that refuses its call (signatures are CRC-32s, never negative)."""
-MESSAGE_BYTES = 240
-"""Bytes of each refusing rank's error message that reach the other ranks."""
-T = TypeVar("T")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -42,44 +37,6 @@ class Option:
 
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
-
-
-def summed(comm: Communicator) -> bool:
-    """Whether ``comm``'s agreement rounds are allreduces (more than ``spec.GATHERED_AGREEMENT_RANKS`` ranks)."""
-    return spec.summed_agreement(comm.size)
-
-
-def _sums(comm: Communicator, signature: float, finite: bool) -> list[float]:
-    """A summed round's first collective: the allreduce of the signature's bytes, their squares, refused? and not
-    finite? (``SUMMED``); the sums.
-
-    Every rank reads the same sums (small integers, exact in float64 in any order), so every
-    rank takes the same branch.
-    """
-    record = torch.tensor(spec.summed_fields(signature, finite), dtype=torch.float64)
-    comm.allreduce(record)
-    return record.tolist()
-
-
-def _gather_value(comm: Communicator, value: float, buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-                  ) -> torch.Tensor:
-    """A summed round's second collective: the all-gather of one float64 a rank (its ``value``), through
-    ``buffers`` (this rank's and the table: host float64 tensors an ``Agreement`` keeps) or new ones; the table.
-
-    A call that agrees on a value makes it right after the allreduce, before it reads the sums; every other rank
-    makes it once it reads that the round failed (a refusing rank always), so that all ranks of a failed round
-    meet in it and then in the statuses' all-gather.
-    """
-    mine, table = buffers or (torch.empty(1, dtype=torch.float64), torch.empty(comm.size, dtype=torch.float64))
-    mine.numpy()[0] = value
-    comm.allgather(mine, table)
-    return table
-
-
-def _sums_fine(sums: list[float], n: int) -> bool:
-    """Whether a summed round's ``SUMMED`` sums over ``n`` ranks say all is well: every byte b of the signatures
-    with n * sum(b^2) == sum(b)^2 (all equal), and no rank refused or not finite."""
-    return all(n * sums[4 + i] == sums[i] * sums[i] for i in range(4)) and sums[8] == 0 and sums[9] == 0
 
 
 def _finite_values(sums: np.ndarray, d: int, scale: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -103,18 +60,6 @@ def kept(agreements: dict[tuple[tuple[int, ...], torch.dtype], "Agreement"], com
         found = Agreement(comm, what, numel, tensor.shape, tensor.dtype, options)
         agreements[key] = found
     return found
-
-
-def _statuses(comm: Communicator, signature: float, finite: bool, value: float,
-              buffers: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[list[float]]:
-    """Every rank's (signature or ``REFUSED``, finite?, value): an all-gather of ``RECORD`` float64s, through
-    ``buffers`` (this rank's record and the table: host float64 tensors an ``Agreement`` keeps) or new ones. The
-    host writes and reads them through numpy (a torch operator on a CPU tensor costs a few microseconds more)."""
-    mine, table = buffers or (torch.empty(RECORD, dtype=torch.float64),
-                              torch.empty(comm.size * RECORD, dtype=torch.float64))
-    mine.numpy()[:] = (signature, float(finite), value)
-    comm.allgather(mine, table)
-    return table.numpy().reshape(comm.size, RECORD).tolist()
 
 
 class Agreement:
@@ -187,12 +132,13 @@ class Agreement:
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
         if summed(self.comm):
-            sums = _sums(self.comm, signature, finite)
-            values = None if value is None else _gather_value(self.comm, value, (self._value, self._values))
-            if not _sums_fine(sums, self.comm.size):
+            sums = sum_fields(self.comm, signature, finite)
+            values = None if value is None else gather_value(self.comm, value, (self._value, self._values))
+            if not fields_fine(sums, self.comm.size):
                 self._fail_summed(signature, finite, mine, values is not None)
             return values
-        return self._judged(_statuses(self.comm, signature, finite, mine, self._record), signature, value is not None)
+        table = gather_statuses(self.comm, signature, finite, mine, self._record)
+        return self._judged(table, signature, value is not None)
 
     def on_device(self) -> bool:
         """Whether this agreement's round runs on the device (``check_record``): the communicator's transport
@@ -298,7 +244,7 @@ class Agreement:
         mine, overall = found[SUMMED - 1], found[2 * SUMMED - 1]
         finite, values = _finite_values(np.array([mine, overall] + found[2 * SUMMED:]), d, scale)
         sums = found[SUMMED:2 * SUMMED - 1] + [0.0 if finite[1] else 1.0]
-        if not _sums_fine(sums, n):
+        if not fields_fine(sums, n):
             self._fail_summed(signature, bool(finite[0]), float(values[0]), valued)
         if not valued:
             return None
@@ -317,8 +263,8 @@ class Agreement:
         (``gathered``: one that agrees on a value made it with the allreduce), then the statuses' all-gather, and
         the error every rank raises (``_fail``)."""
         if not gathered:
-            _gather_value(self.comm, 0.0)
-        self._fail(_statuses(self.comm, signature, finite, value), signature)
+            gather_value(self.comm, 0.0)
+        self._fail(gather_statuses(self.comm, signature, finite, value), signature)
 
     def _judged(self, table: list[list[float]], signature: float, valued: bool) -> torch.Tensor | None:
         """Steps 2-4 of a gathered round's status ``table`` where a rank failed (``_fail``); else every rank's value
@@ -332,9 +278,9 @@ class Agreement:
 
     def _fail(self, table: list[list[float]], signature: float) -> NoReturn:
         """Steps 2-4 on every rank's status (``signature``: this call's): raise the error every rank raises."""
-        refusing = _refused(table)
+        refusing = refusing_ranks(table)
         if refusing:
-            failures = _messages(self.comm, "", refusing)
+            failures = gather_messages(self.comm, "", refusing)
             listing = "; ".join(f"rank {r}: {message}" for r, message in failures.items())
             raise RemoteError(
                 f"{self.what}: rank(s) {list(failures)} refused the call ({listing}); nothing was changed on "
@@ -460,70 +406,3 @@ def agree_settings(comm: Communicator, what: str, settings: dict[str, int]) -> N
     ``broadcast_buffers`` checks its buffers' layout and root this way.
     """
     agree(comm, what, torch.empty(0), None, tuple(Option(name, code) for name, code in settings.items()))
-
-
-def _refused(table: list[list[float]]) -> list[int]:
-    """The ranks whose row in a status table says they refused their call."""
-    return [r for r, row in enumerate(table) if row[0] == REFUSED]
-
-
-def _messages(comm: Communicator, mine: str, refusing: list[int]) -> dict[int, str]:
-    """Every refusing rank's message, by rank: a fixed-size allgather of ``MESSAGE_BYTES`` per rank (UTF-8, cut)."""
-    data = mine.encode()[:MESSAGE_BYTES].ljust(MESSAGE_BYTES, b"\0")
-    table = torch.empty(comm.size * MESSAGE_BYTES, dtype=torch.uint8)
-    comm.allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8), table)
-    rows = table.view(comm.size, MESSAGE_BYTES)
-    return {r: bytes(rows[r].tolist()).rstrip(b"\0").decode(errors="replace") for r in refusing}
-
-
-def refuse(comm: Communicator, error: Exception) -> NoReturn:
-    """Take this rank's part in a call whose own arguments failed their checks, then raise ``error``.
-
-    1. Take part in the peers' agreement round with signature ``REFUSED``: the status
-       all-gather (where the round is summed, after its allreduce, which says a rank refused,
-       and the values' all-gather that every rank of a failed summed round makes), so the
-       rounds pair up and every rank sees the refusal.
-    2. All-gather the error's message (``_messages``); every other rank raises
-       ``RemoteError`` with it, and ranks that refused too raise their own errors.
-    3. Raise ``error``. Nothing was changed on any rank; the communicator is still usable.
-    Must run in this rank's turn (``checked``).
-    """
-    if summed(comm):
-        _sums(comm, REFUSED, True)
-        _gather_value(comm, 0.0)
-    _messages(comm, f"{type(error).__name__}: {error}", _refused(_statuses(comm, REFUSED, True, 0.0)))
-    raise error
-
-
-def agree_outcome(comm: Communicator, what: str, error: Exception | None) -> None:
-    """Every rank learns whether some rank's local part of ``what`` failed; all raise if one did.
-
-    1. Allgather one flag per rank (failed or not).
-    2. If any rank failed, allgather the failing ranks' messages (``_messages``): a failing
-       rank raises its own ``error``, every other rank ``RemoteError`` naming them.
-    Every rank must call it at the same point (a collective), failed or not.
-    """
-    flag = torch.tensor([0.0 if error is None else 1.0], dtype=torch.float64)
-    table = torch.empty(comm.size, dtype=torch.float64)
-    comm.allgather(flag, table)
-    failing = [r for r, value in enumerate(table.tolist()) if value]
-    if not failing:
-        return
-    messages = _messages(comm, "" if error is None else f"{type(error).__name__}: {error}", failing)
-    if error is not None:
-        raise error
-    raise RemoteError(f"{what} failed on rank(s) {failing}: " + "; ".join(f"rank {r}: {m}" for r, m in
-                                                                         messages.items()), messages)
-
-
-def checked(comm: Communicator, what: str, checks: Callable[[], T]) -> T:
-    """Run a call's local ``checks``; if they raise TypeError or ValueError, ``refuse`` the call in this rank's turn.
-
-    So a rank with bad arguments still meets its peers' agreement round, and every rank
-    raises at once instead of waiting for a timeout (docs/architecture.md, "Plans"). The
-    refusal runs blocking, also for an asynchronous call: the error is raised by the call.
-    """
-    try:
-        return checks()
-    except (TypeError, ValueError) as exc:
-        return comm.run(lambda: refuse(comm, exc), what)

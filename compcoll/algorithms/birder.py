@@ -13,11 +13,11 @@ from ..comm.work import Work
 from ..eager import eager
 from ..spec import STAGES, stream_key
 from ..workspace import Workspace
-from .agreement import checked
 from .arrays import accepts_arrays
 from .hierarchical import NodePlan, gather_decode
 from .inputs import check_disjoint, check_tensor
 from .plan import cached_plan
+from .rounds import checked
 
 _steps: "weakref.WeakKeyDictionary[Communicator, int]" = weakref.WeakKeyDictionary()
 BIRDER_STAGES = ("node", "inter", "server")

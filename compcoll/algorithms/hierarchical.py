@@ -13,12 +13,13 @@ from ..comm.work import Work
 from ..eager import eager
 from ..spec import PROTOCOLS, SCALES, check_block_size, padded_numel
 from ..workspace import Workspace
-from .agreement import Option, Step, checked
+from .agreement import Option, Step
 from .arrays import accepts_arrays
 from .exact import shard_average
 from .inputs import check_disjoint, check_error_buffer, check_length, check_protocol, check_scale, check_tensor
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
+from .rounds import checked
 from .server import device_scalars, serve, serve_blocks, sum_into
 
 

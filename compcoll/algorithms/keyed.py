@@ -11,12 +11,12 @@ from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..eager import eager
 from ..spec import check_bits, check_block_size
-from .agreement import checked
 from .inputs import check_disjoint, check_levels, check_protocol, check_scale, check_tensor
 from .launch import settle_device
 from .onebit import FlatPlan
 from .parts import packed, unpacked
 from .plan import owned
+from .rounds import checked
 
 
 class CompressedAllreduce:

@@ -9,13 +9,14 @@ from ..comm import Communicator, get_default
 from ..comm.work import Work
 from ..eager import eager
 from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_block_size, padded_numel
-from .agreement import Option, Step, checked
+from .agreement import Option, Step
 from .arrays import accepts_arrays
 from .inputs import (check_disjoint, check_error_buffer, check_length, check_levels, check_protocol, check_scale,
                      check_tensor)
 from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
+from .rounds import checked
 from .server import device_scalars, serve, serve_blocks, serve_levels, sum_into
 
 
@@ -119,7 +120,7 @@ def compressed_allreduce(
     Raises:
         TypeError / ValueError: bad dtype, device, buffer length or option, on the rank
             that passed it, from the call itself (also with ``async_op``), after one
-            fixed-size exchange that tells the other ranks (``agreement.refuse``).
+            fixed-size exchange that tells the other ranks (``rounds.refuse``).
         RemoteError: another rank's arguments were bad (on every other rank; nothing
             changed, the communicator still usable).
         RankMismatchError: ranks disagree on size, shape, protocol, pieces or scale (on every rank).

@@ -12,9 +12,10 @@ from ..comm.work import Work
 from ..eager import eager
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
 from ..workspace import Workspace
-from .agreement import Agreement, Option, Step, checked
+from .agreement import Agreement, Option, Step
 from .inputs import check_disjoint, check_error_buffer, check_length, check_scale
 from .plan import Plan, cached_plan
+from .rounds import checked
 
 OPS = ("avg", "sum", "premul_sum")
 """How the received rows combine: their average, their sum, or their sum each times a factor (FSDP2's ops)."""

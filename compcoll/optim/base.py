@@ -9,9 +9,10 @@ import torch
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .. import codecs
-from ..algorithms.agreement import Agreement, Option, Step, agree, checked, kept
+from ..algorithms.agreement import Agreement, Option, Step, agree, kept
 from ..algorithms.exact import exact_average
 from ..algorithms.plan import foreign_state
+from ..algorithms.rounds import checked
 from ..comm import Communicator, get_default
 from ..eager import eager
 from ..errors import NonFiniteError

@@ -6,7 +6,8 @@ import zlib
 
 import torch
 
-from ..algorithms.agreement import agree_settings, checked
+from ..algorithms.agreement import agree_settings
+from ..algorithms.rounds import checked
 from ..comm import Communicator, get_default
 
 WHAT = "broadcast_buffers"

@@ -7,7 +7,8 @@ import torch
 
 import compcoll
 from compcoll import spec
-from compcoll.algorithms.agreement import Agreement, summed
+from compcoll.algorithms.agreement import Agreement
+from compcoll.algorithms.rounds import summed
 from tests.algorithms import hierarchical_workers, onebit_workers, reduce_scatter_workers
 from tests.optim import optim_workers
 

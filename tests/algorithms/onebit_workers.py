@@ -11,9 +11,10 @@ import torch
 
 import compcoll
 from compcoll import spec
-from compcoll.algorithms.agreement import MESSAGE_BYTES, RECORD, Step, agree, summed
+from compcoll.algorithms.agreement import Step, agree
 from compcoll.algorithms.parts import unpacked
 from compcoll.algorithms.pipeline import PIECES_FIELDS
+from compcoll.algorithms.rounds import MESSAGE_BYTES, RECORD, summed
 from compcoll.kernels import reference
 from compcoll.spec import PROTOCOLS, SCALES
 from tests.shared import world_once

@@ -11,7 +11,7 @@ import torch
 from .. import spec
 from ..kernels.launch import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import RAW, base_of, no_source, on_host, result_into, call, source_of, view
+from .dispatch import RAW, base_of, call, no_source, on_host, result_into, source_of, view
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
@@ -159,5 +159,5 @@ def decode_levels(planes: torch.Tensor, steps: torch.Tensor, block_size: int, bi
                   count: int) -> None:
     """out[:count] <- every row's levels, row r into out[r * row_len:] (row_len = 8 * its bytes a plane), each
     float32(level_r * steps[r, k // block_size]) as ``accumulate_levels`` gives for one row: the decode of n served
-    rows in one kernel (``reference`` ``_levels_allreduce``, step 3)."""
+    rows in one kernel (``kernels.reference.collectives._levels_allreduce``, step 3)."""
     call("decode_levels", out, view(planes), view(steps), block_size, bits, view(out), count)

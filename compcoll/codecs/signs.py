@@ -8,7 +8,7 @@ import torch
 
 from ..kernels.launch import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import RAW, Scalar, no_source, on_host, result_into, call, source_of, storage_of, to_device, view
+from .dispatch import RAW, Scalar, call, no_source, on_host, result_into, source_of, storage_of, to_device, view
 
 
 def compensate_encode(

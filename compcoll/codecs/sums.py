@@ -11,8 +11,8 @@ import torch
 
 from .. import spec
 from ..spec import BLOCK, LANES, SCALE_BYTES
-from .dispatch import (UNREAD, Scalar, base_of, device_scalar, host_value, no_source, on_host, call,
-                       source_of, view, weights_of)
+from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, host_value, no_source, on_host, source_of, view,
+                       weights_of)
 from .signs import frame
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the kernels and the bytecode compiled before any rank process starts; the background jobs queued."""
+"""Shared fixtures: the kernels and the bytecode compiled before any rank process starts; the background jobs queued;
+the test pools watched for spinning while idle."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import gc
 import pytest
 
 from compcoll.warmup import warm
-from tests import background
+from tests import background, pool
 
 SOURCES = ("compcoll", "tests", "examples", "bench")
 """The project's Python folders whose bytecode ``compiled_kernels`` writes."""
@@ -43,3 +44,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     makes = [make for item in session.items for make in _jobs_of(item)]
     if makes:
         background.queue(makes)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before each test, end a test pool that spins while no case runs (``tests.pool.watch_idle``)."""
+    pool.watch_idle()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name what ``tests.pool.watch_idle`` found spinning, if anything."""
+    if pool.SPUN:
+        terminalreporter.section("test pools ended for spinning while idle")
+        for line in pool.SPUN:
+            terminalreporter.write_line(line)

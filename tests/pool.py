@@ -9,7 +9,10 @@ ranks, and the others wait for the next case. A thread world runs with ``one_cpu
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
 its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
-starts a new one. So does a Gloo case that breaks a communicator (``pool_workers.serve``, step 4).
+starts a new one. So does a Gloo case that breaks a communicator (``pool_workers.serve``, step 4): a case that
+does so on purpose (a timeout) says ``breaks=True`` and starts Gloo ranks of its own instead, so that the pool's
+ranks live on. Before each test (``tests/conftest.py``), ``watch_idle`` ends a pool whose processes take a core's
+share while no case runs (a thread that spins) and notes what spun, for the session's summary.
 ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
 (``versions.GLOO_POOLS``).
 """
@@ -39,6 +42,13 @@ in their next collective)."""
 STOP_WAIT_S = 10.0
 """Seconds idle ranks have to stop when their pool closes, before they are killed."""
 POOL_ENV = "COMPCOLL_TEST_POOL"
+IDLE_CPU_LIMIT = 0.2
+"""Share of a core a pool's processes may take together while no case runs (6 idle Gloo ranks: 0.02-0.05; one run
+of the suite had a pool take 0.4 from a case 88 tests before its end to the end)."""
+IDLE_WINDOW_S = 2.0
+"""Seconds of idling ``watch_idle`` measures a pool over, at the least."""
+SPUN: list[str] = []
+"""What ``watch_idle`` found spinning, a line for each pool it ended (the session's summary prints them)."""
 CASE_ENV = ("COMPCOLL_TIMEOUT", "COMPCOLL_RANKS_PER_NODE")
 """Environment variables a pooled case may set: compcoll reads them when a communicator is made or a call starts,
 not when a process starts, so the ranks set them for that case alone."""
@@ -51,6 +61,7 @@ class Pool:
         self.backend, self.size, self.cases = backend, size, 0
         self.pids: dict[int, int] = {}
         self.closed = False
+        self.idle: tuple[float, dict[tuple[int, int], tuple[str, float]]] | None = None
         self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
         for rank in range(size):
             os.mkfifo(self.folder / f"wake.{rank}")
@@ -70,7 +81,7 @@ class Pool:
            past the grace (closing the pool: a failed case may leave operations pending), or
            return the output, closing the pool first where a rank says it should retire.
         """
-        case, self.cases = self.cases, self.cases + 1
+        case, self.cases, self.idle = self.cases, self.cases + 1, None
         staged = self.folder / f"{case}.tmp"
         staged.write_text(json.dumps({"target": target, "size": size, "args": json.loads(json.dumps(list(args))),
                                       "env": env or {}}))
@@ -137,6 +148,31 @@ class Pool:
         procs = [i for i, p in enumerate(self.procs) if p.poll() is not None]
         return f"process(es) {procs} ended" if procs else ""
 
+    def spinning(self) -> str:
+        """What took more than ``IDLE_CPU_LIMIT`` of a core while the pool idled, or "".
+
+        1. With no mark yet (none since the last case began), take one: each thread's CPU time in the pool's
+           processes (``_threads``), and the time.
+        2. Once ``IDLE_WINDOW_S`` has passed since the mark, take the threads' CPU since it, and mark anew.
+        3. Above the limit, name the total and the thread that took most: its process's rank (if a rank's), and
+           its system name and id (a Python thread's system name is its program's).
+        """
+        now, seen = time.monotonic(), _threads(p.pid for p in self.procs)
+        if self.idle is None or now - self.idle[0] < IDLE_WINDOW_S:
+            self.idle = self.idle or (now, seen)
+            return ""
+        (then, before), self.idle = self.idle, (now, seen)
+        took = {key: cpu - before.get(key, ("", 0.0))[1] for key, (_, cpu) in seen.items()}
+        total = sum(took.values()) / (now - then)
+        if total <= IDLE_CPU_LIMIT:
+            return ""
+        (pid, tid), most = max(took.items(), key=lambda item: item[1])
+        self._ended()
+        rank = {process: r for r, process in self.pids.items()}.get(pid)
+        owner = f"rank {rank}" if rank is not None else "a launcher process"
+        return (f"{total:.2f} of a core over {now - then:.1f} s with no case running, most in {owner} (pid {pid}), "
+                f"thread {seen[(pid, tid)][0]!r} (tid {tid}: {most / (now - then):.2f})")
+
     @property
     def alive(self) -> bool:
         return not self.closed and not self._ended()
@@ -175,6 +211,37 @@ def _running(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def _threads(roots) -> dict[tuple[int, int], tuple[str, float]]:
+    """The name and CPU seconds (user and system) of each thread, keyed (pid, tid), of processes ``roots`` and their
+    descendants (under MPI: Hydra's proxies, then the ranks)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(parent, []).append(int(entry))
+    pending, found = list(roots), {}
+    tick = os.sysconf("SC_CLK_TCK")
+    while pending:
+        pid = pending.pop()
+        pending.extend(parents.get(pid, ()))
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            name, fields = stat.split("(", 1)[1].rsplit(")", 1)
+            fields = fields.split()
+            found[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
 _POOLS: dict[str, Pool] = {}
 
 
@@ -197,18 +264,33 @@ def close_all() -> None:
         _POOLS.popitem()[1].close()
 
 
+def watch_idle() -> None:
+    """End each pool that spins while no case runs (``Pool.spinning``), noting what spun in ``SPUN``; the next case
+    of its backend starts a new one."""
+    for backend, pool in list(_POOLS.items()):
+        spun = pool.spinning()
+        if spun:
+            SPUN.append(f"{backend} pool of {pool.size} ranks ended: {spun}")
+            _POOLS.pop(backend).close(wait=0.0)
+
+
 def pools(backend: str) -> bool:
     """Whether ``backend``'s cases go to a pool: MPI's, and Gloo's from torch 2.8 (``versions.GLOO_POOLS``)."""
     return backend in POOLED_BACKENDS and (backend != "gloo" or GLOO_POOLS)
 
 
 def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (), timeout: float = 180.0,
-        env: dict[str, str] | None = None, **placement) -> str:
-    """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring)."""
+        env: dict[str, str] | None = None, breaks: bool = False, **placement) -> str:
+    """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring).
+
+    ``breaks``: the case breaks its communicator on purpose (a timeout). On Gloo it then starts ranks of its own,
+    since the pool would end after it and start all its ranks again for the next Gloo case (5 cases did: 6 starts
+    of 6 ranks where 1 does, about 14 CPU-s each); on MPI it stays pooled, since an MPI pool lives on.
+    """
     if backend == "threads":
         return launcher.run_threads(target, world_size, args=args, timeout=timeout, env=env, one_cpu=True)
     pooled = (pools(backend) and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
-              and os.environ.get(POOL_ENV, "1") != "0")
+              and os.environ.get(POOL_ENV, "1") != "0" and not (breaks and backend == "gloo"))
     if not pooled:
         return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
     pool = _pool(backend, world_size)

@@ -10,6 +10,7 @@ import json
 import os
 import select
 import shutil
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -225,6 +226,17 @@ def breaks_its_communicator(comm: compcoll.Communicator) -> None:
             print("timed out")
         return
     time.sleep(2.0)
+
+
+def spins_after_the_case(comm: compcoll.Communicator) -> None:
+    """Rank 0 leaves a thread spinning after the case returns (``tests/test_pool.py``)."""
+    if comm.rank == 0:
+        threading.Thread(target=_spin, daemon=True).start()
+
+
+def _spin() -> None:
+    while True:
+        pass
 
 
 def says_its_timeout(comm: compcoll.Communicator) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -81,6 +82,34 @@ def test_a_gloo_case_that_breaks_a_communicator_ends_its_pool(backend: str) -> N
     assert "rank 1 of 2" in pool.run(f"{WORKERS}:says_its_rank", 2, backend)
     kept = pids & {p.pid for p in pool._pool(backend, 2).procs}
     assert kept == (set() if backend == "gloo" else pids), (backend, pids, kept)
+    live = pool._pool(backend, 2)
+    assert "timed out" in pool.run(f"{WORKERS}:breaks_its_communicator", 2, backend, breaks=True)
+    assert pool._POOLS[backend] is live and live.alive, backend  # Gloo's case ran on ranks of its own
+
+
+@pytest.mark.parametrize("backend", POOLING)
+@pytest.mark.usefixtures("own_pools")
+def test_a_pool_that_spins_while_idle_ends_naming_the_thread(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool idles below ``IDLE_CPU_LIMIT`` (over 1 s here); one whose rank 0 leaves a thread spinning after its
+    case is ended by the next look, which names that rank and thread (not its main thread), and the next case gets
+    new ranks."""
+    monkeypatch.setattr(pool, "IDLE_WINDOW_S", 1.0)
+    monkeypatch.setattr(pool, "SPUN", [])
+    pool.run(f"{WORKERS}:says_its_rank", 2, backend)
+    for _ in range(2):
+        pool.watch_idle()
+        time.sleep(1.1)
+    pool.watch_idle()
+    assert backend in pool._POOLS and not pool.SPUN, pool.SPUN
+    pool.run(f"{WORKERS}:spins_after_the_case", 2, backend)
+    pool.watch_idle()
+    time.sleep(1.1)
+    pool.watch_idle()
+    assert backend not in pool._POOLS and len(pool.SPUN) == 1, pool.SPUN
+    assert f"{backend} pool of 2 ranks ended" in pool.SPUN[0] and "rank 0 (pid" in pool.SPUN[0], pool.SPUN
+    named = re.search(r"rank 0 \(pid (\d+)\), thread '[^']+' \(tid (\d+): (0\.[5-9]|1\.)", pool.SPUN[0])
+    assert named and named[1] != named[2], pool.SPUN
+    assert "rank 1 of 2" in pool.run(f"{WORKERS}:says_its_rank", 2, backend)
 
 
 @pytest.mark.parametrize("backend", POOLING)

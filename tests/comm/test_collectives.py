@@ -69,7 +69,7 @@ def test_broken_communicator_refuses_work() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_alltoall_times_out_instead_of_hanging(backend: str) -> None:
-    run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(1.5,), timeout=60)
+    run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(1.5,), timeout=60, breaks=True)
 
 
 @pytest.mark.parametrize("backend", ["threads", *BACKENDS])
@@ -85,7 +85,8 @@ def test_unwaited_operations_are_let_go_once_complete(backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["between", "inside"])
 def test_a_stopped_rank_makes_the_others_time_out_naming_it(backend: str, where: str) -> None:
-    run("tests.comm.comm_workers:stalled_rank", 3, backend, args=(where,), timeout=90, env={"COMPCOLL_TIMEOUT": "3"})
+    run("tests.comm.comm_workers:stalled_rank", 3, backend, args=(where,), timeout=90, env={"COMPCOLL_TIMEOUT": "3"},
+        breaks=True)
 
 
 @pytest.mark.parametrize("before", ["call", "ring allgather"])

@@ -154,8 +154,9 @@ class Pool:
         1. With no mark yet (none since the last case began), take one: each thread's CPU time in the pool's
            processes (``_threads``), and the time.
         2. Once ``IDLE_WINDOW_S`` has passed since the mark, take the threads' CPU since it, and mark anew.
-        3. Above the limit, name the total and the thread that took most: its process's rank (if a rank's), and
-           its system name and id (a Python thread's system name is its program's).
+        3. Above the limit, name the total, the process that took most (its rank, if a rank's) and how many of its
+           threads took any, and its thread that took most, by system name and id (a Python thread's system name
+           is its program's).
         """
         now, seen = time.monotonic(), _threads(p.pid for p in self.procs)
         if self.idle is None or now - self.idle[0] < IDLE_WINDOW_S:
@@ -166,12 +167,18 @@ class Pool:
         total = sum(took.values()) / (now - then)
         if total <= IDLE_CPU_LIMIT:
             return ""
-        (pid, tid), most = max(took.items(), key=lambda item: item[1])
+        span, processes = now - then, {}
+        for (pid, _), cpu in took.items():
+            processes[pid] = processes.get(pid, 0.0) + cpu
+        pid = max(processes, key=processes.get)
+        busy = {tid: cpu for (process, tid), cpu in took.items() if process == pid and cpu > 0}
+        tid = max(busy, key=busy.get)
         self._ended()
         rank = {process: r for r, process in self.pids.items()}.get(pid)
         owner = f"rank {rank}" if rank is not None else "a launcher process"
-        return (f"{total:.2f} of a core over {now - then:.1f} s with no case running, most in {owner} (pid {pid}), "
-                f"thread {seen[(pid, tid)][0]!r} (tid {tid}: {most / (now - then):.2f})")
+        return (f"{total:.2f} of a core over {span:.1f} s with no case running, most in {owner} (pid {pid}: "
+                f"{processes[pid] / span:.2f}, in {len(busy)} thread(s)), most in thread {seen[(pid, tid)][0]!r} "
+                f"(tid {tid}: {busy[tid] / span:.2f})")
 
     @property
     def alive(self) -> bool:

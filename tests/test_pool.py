@@ -107,7 +107,7 @@ def test_a_pool_that_spins_while_idle_ends_naming_the_thread(backend: str, monke
     pool.watch_idle()
     assert backend not in pool._POOLS and len(pool.SPUN) == 1, pool.SPUN
     assert f"{backend} pool of 2 ranks ended" in pool.SPUN[0] and "rank 0 (pid" in pool.SPUN[0], pool.SPUN
-    named = re.search(r"rank 0 \(pid (\d+)\), thread '[^']+' \(tid (\d+): (0\.[5-9]|1\.)", pool.SPUN[0])
+    named = re.search(r"rank 0 \(pid (\d+): .*thread '[^']+' \(tid (\d+): (0\.[5-9]|1\.)", pool.SPUN[0])
     assert named and named[1] != named[2], pool.SPUN
     assert "rank 1 of 2" in pool.run(f"{WORKERS}:says_its_rank", 2, backend)
 

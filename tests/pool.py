@@ -158,9 +158,12 @@ class Pool:
            threads took any, and its thread that took most, by system name and id (a Python thread's system name
            is its program's).
         """
-        now, seen = time.monotonic(), _threads(p.pid for p in self.procs)
-        if self.idle is None or now - self.idle[0] < IDLE_WINDOW_S:
-            self.idle = self.idle or (now, seen)
+        now = time.monotonic()
+        if self.idle is not None and now - self.idle[0] < IDLE_WINDOW_S:
+            return ""
+        seen = _threads(p.pid for p in self.procs)
+        if self.idle is None:
+            self.idle = (now, seen)
             return ""
         (then, before), self.idle = self.idle, (now, seen)
         took = {key: cpu - before.get(key, ("", 0.0))[1] for key, (_, cpu) in seen.items()}

@@ -1,4 +1,4 @@
-"""Which ranks share a node: intra-node and inter-node sub-communicators, built once per communicator."""
+"""Which ranks share a node: the nodes, and the intra- and inter-node sub-communicators, built once per communicator."""
 
 from __future__ import annotations
 
@@ -23,8 +23,11 @@ BAD_REQUEST = -1
 class LayoutError(ValueError):
     """The ranks cannot form nodes of equal size (raised alike on every rank)."""
 
+
 TOPOLOGIES = "topologies"
 """The name of a communicator's topologies in its ``attached``: a dict of requested layout to Topology."""
+NODES = "nodes"
+"""The name of a communicator's discovered nodes in its ``attached``: a dict of requested layout to ``node_of``."""
 
 
 @dataclass(frozen=True)
@@ -62,17 +65,57 @@ class Topology:
 
 
 def topology(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> Topology:
-    """The node layout of ``comm``, discovered once and then reused (a collective on first use).
+    """The node layout of ``comm`` with its sub-communicators, built once and then reused (collectives on first use).
+
+    1. The nodes: ``node_of(comm, ranks_per_node)`` (an allgather on first use).
+    2. A topology already built for that request is returned.
+    3. Split ``comm`` into the intra-node and inter-node communicators.
+
+    Every rank must call it with the same ``ranks_per_node``; errors are ``node_of``'s, raised on
+    every rank alike.
+    """
+    nodes = node_of(comm, ranks_per_node)
+    built = comm.attached.setdefault(TOPOLOGIES, {})
+    requested = request_code(ranks_per_node)
+    if requested in built:
+        return built[requested]
+    node = nodes[comm.rank]
+    seen: dict[int, int] = {}
+    local_of = []
+    for r in range(comm.size):
+        local_of.append(seen.get(nodes[r], 0))
+        seen[nodes[r]] = local_of[-1] + 1
+    local_rank = local_of[comm.rank]
+    intra = comm.split(node)
+    inter = comm.split(local_rank)
+    layout = Topology(
+        ranks_per_node=intra.size,
+        nodes=inter.size,
+        node=node,
+        local_rank=local_rank,
+        node_of=nodes,
+        intra_ranks=tuple(r for r in range(comm.size) if nodes[r] == node),
+        inter_ranks=tuple(r for r in range(comm.size) if local_of[r] == local_rank),
+        intra=intra,
+        inter=inter,
+    )
+    built[requested] = layout
+    return layout
+
+
+def node_of(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> tuple[int, ...]:
+    """The node of every rank of ``comm``, discovered once per request and then reused (a collective on first use).
 
     1. The requested layout is ``ranks_per_node`` if it is a number, else (``"auto"`` or
-       None) ``COMPCOLL_RANKS_PER_NODE`` if set, else "discover". A layout already built for that request is returned.
+       None) ``COMPCOLL_RANKS_PER_NODE`` if set, else "discover". Nodes already found for
+       that request are returned.
     2. Allgather (hash of the hostname, requested ranks_per_node) over ``comm``; every
        rank checks that all ranks asked for the same thing.
     3. With ranks_per_node = k, consecutive ranks share a node (node = rank // k, as
        launchers place them); ``comm.size`` must be a multiple of k. Otherwise ranks with
        the same hostname share a node, nodes numbered by their first rank, and every node
        must hold the same number of ranks.
-    4. Split ``comm`` into the intra-node and inter-node communicators.
+    No sub-communicator is made: ``node_size`` decides the flat form from this alone.
 
     Every rank must call it with the same ``ranks_per_node``. Errors are raised on every
     rank alike, so none is left waiting: a rank whose request is not a positive integer
@@ -86,9 +129,9 @@ def topology(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> Top
         RankMismatchError: ranks asked for different ranks_per_node.
     """
     requested = request_code(ranks_per_node)
-    built = comm.attached.setdefault(TOPOLOGIES, {})
-    if requested in built:
-        return built[requested]
+    found = comm.attached.setdefault(NODES, {})
+    if requested in found:
+        return found[requested]
     mine = torch.tensor([host_id(), requested], dtype=torch.int64)
     table = torch.empty(2 * comm.size, dtype=torch.int64)
     comm.allgather(mine, table)
@@ -97,29 +140,8 @@ def topology(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> Top
     if len(set(asked)) > 1:
         listed = ", ".join(f"rank {r}: {k or 'discover'}" for r, k in enumerate(asked))
         raise RankMismatchError(f"topology: ranks asked for different ranks_per_node ({listed})")
-    node_of = _layout(hosts, requested)
-    node = node_of[comm.rank]
-    seen: dict[int, int] = {}
-    local_of = []
-    for r in range(comm.size):
-        local_of.append(seen.get(node_of[r], 0))
-        seen[node_of[r]] = local_of[-1] + 1
-    local_rank = local_of[comm.rank]
-    intra = comm.split(node)
-    inter = comm.split(local_rank)
-    layout = Topology(
-        ranks_per_node=intra.size,
-        nodes=inter.size,
-        node=node,
-        local_rank=local_rank,
-        node_of=tuple(node_of),
-        intra_ranks=tuple(r for r in range(comm.size) if node_of[r] == node),
-        inter_ranks=tuple(r for r in range(comm.size) if local_of[r] == local_rank),
-        intra=intra,
-        inter=inter,
-    )
-    built[requested] = layout
-    return layout
+    found[requested] = tuple(_layout(hosts, requested))
+    return found[requested]
 
 
 def requested_ranks_per_node(ranks_per_node: int | str | None) -> int:
@@ -139,17 +161,19 @@ def requested_ranks_per_node(ranks_per_node: int | str | None) -> int:
 def node_size(comm: Communicator, ranks_per_node: int | str | None = AUTO) -> int:
     """The ranks per node of the hierarchical form for ``comm``, or 1 for the flat form (every rank decides alike).
 
-    1. ``topology(comm, ranks_per_node)``: the layout asked for, or the hostnames'.
+    1. ``node_of(comm, ranks_per_node)``: the nodes asked for, or the hostnames' (no
+       sub-communicator is made: a flat job never builds the groups it would not use).
     2. k when the ranks form several equal nodes of k > 1 ranks each; 1 (flat) when there
        is one node, one rank per node, or nodes of unequal sizes (``LayoutError``).
     Ranks that disagree on the request (``RankMismatchError``), or a request that is not a
     positive integer or "auto" (ValueError), raise on every rank.
     """
     try:
-        layout = topology(comm, ranks_per_node)
+        nodes = node_of(comm, ranks_per_node)
     except LayoutError:
         return 1
-    return layout.ranks_per_node if layout.nodes > 1 else 1
+    count = len(set(nodes))
+    return len(nodes) // count if 1 < count < len(nodes) else 1
 
 
 def request_code(ranks_per_node: int | str | None) -> int:

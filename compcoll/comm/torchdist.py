@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from ..errors import CompcollError
 from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes, pairs_small
+from .groups import new_group, owned
 from .work import PendingWork, Work
-
 
 
 class TorchComm(Communicator):
@@ -41,7 +41,8 @@ class TorchComm(Communicator):
             )
         self.group = dist.group.WORLD if group is None else group
         self.backend = dist.get_backend(self.group)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        nccl = self.backend == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self.agrees_on_device = self.backend == "nccl"
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
         self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
@@ -150,10 +151,10 @@ class TorchComm(Communicator):
                 raise ValueError("TorchComm.split keeps rank order; a key that reorders ranks is not supported")
             if local and c != color:
                 continue
-            group = dist.new_group(ranks=[self.global_ranks[r] for r in members], use_local_synchronization=local)
+            group = new_group([self.global_ranks[r] for r in members], local=local)
             if c == color:
                 mine = group
-        return TorchComm(mine, self.timeout)
+        return owned(TorchComm(mine, self.timeout))
 
 
 _DROPPED = ("closed by peer", "reset by peer", "Broken pipe")
@@ -285,12 +286,12 @@ def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> 
     ranks = dist.get_process_group_ranks(group)
     backend = dist.get_backend(group)
     if len(ranks) == dist.get_world_size():
-        return TorchComm(dist.new_group(ranks=ranks, backend=backend), timeout)
+        return owned(TorchComm(new_group(ranks, backend), timeout))
     members: list = [None] * dist.get_world_size()
     dist.all_gather_object(members, ranks)
     mine = None
     for each in sorted({tuple(m) for m in members}):
-        made = dist.new_group(ranks=list(each), backend=backend)
+        made = new_group(list(each), backend)
         if dist.get_rank() in each:
             mine = made
-    return TorchComm(mine, timeout)
+    return owned(TorchComm(mine, timeout))

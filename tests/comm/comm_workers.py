@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 import compcoll
 import compcoll.checkpoint
-from compcoll.comm.torchdist import TorchComm
+from compcoll.comm import groups
+from compcoll.comm.torchdist import TorchComm, own_comm
 from compcoll.optim import OneBitAdam
 
 
@@ -42,6 +43,48 @@ def dropped_communicators_are_freed(comm: compcoll.Communicator) -> None:
     comm.barrier()
     gc.collect()
     assert dropped() is None, f"a dropped communicator is still referenced by {gc.get_referrers(dropped())}"
+
+
+def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> None:
+    """Four hook-like states in turn, each on a group compcoll made (``own_comm``) with its node groups (the
+    hierarchical form's splits), used and dropped: torch.distributed holds no more groups, and the process no more
+    threads, after the fourth than after the first; once the retired ones are destroyed, as many as before. A
+    communicator that stays, and one on the caller's own group, keep working throughout."""
+    held = dist.distributed_c10d._world.pg_map
+    x = torch.arange(1001, dtype=torch.float32) * (comm.rank + 1)
+    expected = torch.full((7,), float(sum(range(1, comm.size + 1))))
+    groups.destroy_retired()
+    before = (len(held), _threads())
+    kept = own_comm(None, 30.0)
+    users = TorchComm(dist.new_group(list(range(dist.get_world_size()))), 30.0)
+    after = []
+    for _ in range(4):
+        made = own_comm(None, 30.0)
+        compcoll.hierarchical_allreduce(x, made, ranks_per_node=1)
+        del made
+        gc.collect()
+        after.append((len(held), _threads()))
+        for each in (kept, users):
+            total = torch.ones(7) * (comm.rank + 1)
+            each.allreduce(total)
+            assert torch.equal(total, expected), total
+    made_groups, threads = zip(*after)
+    assert max(made_groups) == made_groups[0] and threads[-1] <= threads[0], f"groups, threads after each: {after}"
+    assert len(groups.RETIRED) == 3, groups.RETIRED  # the last state's group and its two node groups
+    groups.destroy_retired()
+    assert len(held) == before[0] + 2, "a group compcoll did not retire was destroyed, or one it retired was kept"
+    assert users.group in held and kept.group in held
+    del kept
+    gc.collect()
+    users.barrier()
+    groups.destroy_retired()
+    assert len(held) == before[0] + 1 and users.group in held
+    dist.destroy_process_group(users.group)
+
+
+def _threads() -> int:
+    """This process's threads."""
+    return len(os.listdir("/proc/self/task"))
 
 
 def collectives(comm: compcoll.Communicator) -> None:

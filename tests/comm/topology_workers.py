@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import compcoll
-from compcoll.comm.topology import node_size, topology
+from compcoll.comm.topology import NODES, TOPOLOGIES, node_size, topology
 
 
 def layout(comm: compcoll.Communicator, ranks_per_node: int | None) -> None:
@@ -50,5 +50,11 @@ def refused(comm: compcoll.Communicator, per_rank: list[int], expected: str) -> 
 
 
 def sizes(comm: compcoll.Communicator, requested: int | str | None, expected: int) -> None:
-    """``node_size``: the ranks per node of the hierarchical form, or 1 for the flat one, alike on every rank."""
+    """``node_size``: the ranks per node of the hierarchical form, or 1 for the flat one, alike on every rank; the
+    nodes are discovered once (a layout that cannot be, ``LayoutError``, each time), and no sub-communicator is
+    made (a flat job would never use its groups)."""
     assert node_size(comm, requested) == expected
+    before = comm.bytes_sent
+    assert node_size(comm, requested) == expected
+    assert (comm.bytes_sent == before) == bool(comm.attached[NODES]), "the nodes were discovered again"
+    assert TOPOLOGIES not in comm.attached, "node_size made the intra- and inter-node sub-communicators"

@@ -3,13 +3,15 @@
 Used by the benchmark's ``--launch``, the network suite and the tests. The parent starts
 the ranks, each rank runs ``function(comm, *args)`` on the communicator ``compcoll.init``
 builds and reports through its exit code; the parent raises ``WorkerFailure`` with their
-output if any rank fails or the whole run exceeds its timeout.
+output if any rank fails or the whole run exceeds its timeout (the rank processes still
+running first print every thread's stack into that output: ``print_stacks``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import importlib
 import json
 import os
@@ -24,12 +26,17 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .comm import TORCH_BACKEND_ENV
 
 BACKENDS = ("mpi", "gloo")
 ALL_BACKENDS = (*BACKENDS, "nccl", "threads")
+STACKS_SIGNAL = signal.SIGUSR1
+"""The signal on which a rank prints every thread's Python stack to its output (``faulthandler``): sent to the ranks
+still running at a timeout, before they are killed, so the failure says where each one was."""
+STACKS_WAIT_S = 2.0
+"""How long the ranks get to print their stacks."""
 
 
 _SEEDING = threading.Lock()
@@ -219,7 +226,8 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
        ends its job: the others' collectives raise at once instead of waiting out ``timeout``.
     4. Wait up to ``timeout`` seconds for them all.
     5. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
-       still running past the timeout (their threads are left to end with the process).
+       still running past the timeout with where each one is (their threads are left to end
+       with the process).
     Threads share this process's global random state (``torch.manual_seed``): a target
     must draw from generators of its own, or build under ``seeded``, to give the bits of
     real ranks.
@@ -269,7 +277,10 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
     running = [r for r, thread in enumerate(threads) if thread.is_alive()]
     if failures or running:
         notes = [f"rank(s) {running} still running after {timeout:g} s"] if running else []
-        text = "\n".join(f"[rank {r}] FAILED:\n{failures[r]}" for r in sorted(failures))
+        frames = sys._current_frames()
+        stacks = [f"[rank {r}] still running at:\n{''.join(traceback.format_stack(frames[threads[r].ident]))}"
+                  for r in running if threads[r].ident in frames]
+        text = "\n".join([f"[rank {r}] FAILED:\n{failures[r]}" for r in sorted(failures)] + stacks)
         what = target if isinstance(target, str) else target.__qualname__
         raise WorkerFailure(f"{what} on {world_size} threads: {'; '.join(notes + [f'{len(failures)} failed'])}"
                             f"\n{text[-20000:]}")
@@ -302,13 +313,48 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float) -> str:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            print_stacks(descendants(q.pid for q in procs))
             for q in procs:
                 _kill(q)
             p.wait()
-            failures.append(f"timed out after {timeout:g} s")
+            failures.append(f"timed out after {timeout:g} s (each rank still running printed its threads' stacks)")
         if p.returncode:
             failures.append(f"process {i} exited with {p.returncode}")
     return "; ".join(failures)
+
+
+def descendants(roots: Iterable[int]) -> list[int]:
+    """Processes ``roots`` and all their descendants (under mpiexec: Hydra's proxies, then the ranks), from
+    ``/proc``; those that end meanwhile are left out."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    pending, found = list(roots), []
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending.extend(children.get(pid, ()))
+    return found
+
+
+def print_stacks(pids: Iterable[int], wait: float = STACKS_WAIT_S) -> None:
+    """Have the Python processes among ``pids`` (the ranks: not mpiexec or its proxies, which the signal would end)
+    print every thread's stack to their output (``STACKS_SIGNAL``), and give them ``wait`` seconds to."""
+    signalled = False
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().startswith("python"):
+                os.kill(pid, STACKS_SIGNAL)
+                signalled = True
+        except OSError:
+            continue
+    if signalled:
+        time.sleep(wait)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -322,6 +368,7 @@ def _worker(backend: str, target: str, args_json: str) -> int:
     """One rank: build the communicator, run the target, turn the outcome into an exit code."""
     import compcoll
 
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     module_name, func_name = target.split(":")
     comm = compcoll.init("mpi" if backend == "mpi" else "torch")
     try:

@@ -104,21 +104,31 @@ class Pool:
                 break
             if ended or late:
                 note = ended or f"timed out after {timeout:g} s"
+                self._print_stacks(size, results)
                 text = self.close(wait=0.0)
-                raise WorkerFailure(f"{where}: {note}; ranks {sorted(results)} had answered\n{text[-20000:]}")
+                raise WorkerFailure(f"{where}: {note}; ranks {sorted(results)} had answered (the others printed their "
+                                    f"threads' stacks)\n{text[-20000:]}")
             time.sleep(pause)
             pause = min(2 * pause, 0.02)
         failed = {r: res["error"] for r, res in sorted(results.items()) if res["error"]}
         if failed:
             absent = sorted(set(range(size)) - set(results))
-            self.close(wait=0.0 if absent else STOP_WAIT_S)
+            self._print_stacks(size, results)
+            text = self.close(wait=0.0 if absent else STOP_WAIT_S)
             still = (f"; rank(s) {absent} still running {FAILED_GRACE_S:g} s after rank {first_failed} failed: the "
-                     f"pool was ended, as a failed rank ends an MPI job") if absent else ""
+                     f"pool was ended, as a failed rank ends an MPI job; their stacks are at the end") if absent else ""
             details = "\n".join(f"[rank {r}] FAILED:\n{error}" for r, error in failed.items())
-            raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed{still}\n{details[-20000:]}")
+            stacks = f"\n{text[-10000:]}" if absent else ""
+            raise WorkerFailure(f"{where}: rank(s) {sorted(failed)} failed{still}\n{details[-20000:]}{stacks}")
         if any(result.get("retire") for result in results.values()):
             self.close()
         return "\n".join(results[r]["output"] for r in range(size))
+
+    def _print_stacks(self, size: int, results: dict[int, dict]) -> None:
+        """Have the case's ranks that have not answered print their threads' stacks to the pool's log
+        (``launcher.print_stacks``)."""
+        self._ended()  # reads the process ids of ranks that started since the last look
+        launcher.print_stacks(pid for rank, pid in self.pids.items() if rank < size and rank not in results)
 
     def _wake(self) -> None:
         """A byte into each rank's pipe ``wake.<rank>`` (``pool_workers._wait_for``); a rank that has not opened
@@ -224,19 +234,9 @@ def _running(pid: int) -> bool:
 def _threads(roots) -> dict[tuple[int, int], tuple[str, float]]:
     """The name and CPU seconds (user and system) of each thread, keyed (pid, tid), of processes ``roots`` and their
     descendants (under MPI: Hydra's proxies, then the ranks)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(parent, []).append(int(entry))
-    pending, found = list(roots), {}
+    found = {}
     tick = os.sysconf("SC_CLK_TCK")
-    while pending:
-        pid = pending.pop()
-        pending.extend(parents.get(pid, ()))
+    for pid in launcher.descendants(roots):
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -33,11 +34,22 @@ def test_failure_is_reported(backend: str) -> None:
         run("tests.test_launcher:fails_on_last_rank", 2, backend)
 
 
-def test_timeout_kills_the_run() -> None:
+def test_timeout_kills_the_run_and_says_where_each_rank_was() -> None:
+    """Past its timeout the run is killed, and first each rank prints its threads' stacks (under mpiexec, whose
+    Hydra processes the signal would end, only the ranks get it)."""
     start = time.monotonic()
-    with pytest.raises(WorkerFailure, match="timed out"):
-        run("tests.test_launcher:sleeps", 2, "mpi", args=(60,), timeout=5)
-    assert time.monotonic() - start < 30
+    with pytest.raises(WorkerFailure, match="timed out") as failure:
+        run("tests.test_launcher:sleeps", 2, "mpi", args=(60,), timeout=12)
+    assert time.monotonic() - start < 40
+    where = re.findall(r"File \"[^\"]*test_launcher.py\", line \d+ in sleeps", str(failure.value))
+    assert len(where) == 2, str(failure.value)[-3000:]
+
+
+def test_threads_past_their_timeout_say_where_they_are() -> None:
+    with pytest.raises(WorkerFailure, match=r"rank\(s\) \[0, 1\] still running after 0.5 s") as failure:
+        run("tests.test_launcher:sleeps", 2, "threads", args=(3,), timeout=0.5)
+    where = re.findall(r"\[rank \d\] still running at:\n(?:.*\n)*?.*line \d+, in sleeps", str(failure.value))
+    assert len(where) == 2, str(failure.value)
 
 
 def prints_a_lot(comm) -> None:

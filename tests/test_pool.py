@@ -125,6 +125,7 @@ def test_a_rank_that_fails_while_the_others_wait_ends_the_case_after_the_grace(
     message = str(failure.value)
     assert "rank(s) [1] failed; rank(s) [0] still running 1 s after rank 1 failed" in message, message
     assert "rank 1 fails on purpose before the barrier" in message, message
+    assert re.search(r"File \"[^\"]*pool_workers.py\", line \d+ in fails_while_the_others_wait", message), message
     assert backend not in pool._POOLS  # closed, and dropped at once: its killed ranks may not have died yet
     assert "rank 1 of 2" in pool.run(f"{WORKERS}:says_its_rank", 2, backend)
 

@@ -10,8 +10,9 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from .torchdist import TorchComm
 
-RETIRED: list[dist.ProcessGroup] = []
-"""Gloo groups compcoll made whose communicator is gone, destroyed when compcoll next makes a group."""
+RETIRED: list[weakref.ref] = []
+"""Gloo groups compcoll made whose communicator is gone, destroyed when compcoll next makes a group; held weakly, so
+that one torch.distributed let go of meanwhile (a ``destroy_process_group()`` of the default group) ends at once."""
 
 
 def new_group(ranks: list[int], backend: str | None = None, local: bool = False) -> dist.ProcessGroup:
@@ -45,21 +46,27 @@ def owned(comm: "TorchComm") -> "TorchComm":
     member (``ncclCommDestroy``), and ranks free a communicator at different times.
     """
     if comm.backend == "gloo":
-        weakref.finalize(comm, _retire, comm.group, comm._in_flight).atexit = False
+        weakref.finalize(comm, _retire, weakref.ref(comm.group), comm._in_flight).atexit = False
     return comm
 
 
 def destroy_retired() -> None:
     """Destroy the retired groups that torch.distributed still holds (a ``destroy_process_group()`` of the
-    default group, or a new job, destroyed or forgot the others)."""
-    while RETIRED:
-        group = RETIRED.pop()
+    default group, or a new job, destroyed or forgot the others). Each is taken off the list before it is destroyed,
+    so two threads that build states at once never destroy one twice."""
+    while True:
+        try:
+            group = RETIRED.pop()()
+        except IndexError:
+            return
+        if group is None:
+            continue
         try:
             dist.destroy_process_group(group)
         except ValueError:
             pass  # "Invalid process group specified": torch.distributed no longer holds it
 
 
-def _retire(group: dist.ProcessGroup, in_flight: set) -> None:
+def _retire(group: weakref.ref, in_flight: set) -> None:
     """``owned``'s finalizer: ``in_flight`` is held only to keep the communicator alive while it is not empty."""
     RETIRED.append(group)

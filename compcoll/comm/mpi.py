@@ -174,8 +174,13 @@ class MPIComm(Communicator):
         return RequestWork(self, "barrier", self.mpi_comm.Ibarrier(), None)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "MPIComm":
-        group = self.mpi_comm.Get_group().Incl(groups[color])
-        return MPIComm(self.mpi_comm.Create_group(group), self.cuda_aware, self.timeout)
+        whole = self.mpi_comm.Get_group()
+        group = whole.Incl(groups[color])
+        try:
+            return MPIComm(self.mpi_comm.Create_group(group), self.cuda_aware, self.timeout)
+        finally:
+            group.Free()
+            whole.Free()
 
 
 class RequestWork(PendingWork):

@@ -49,7 +49,8 @@ def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> Non
     """Four hook-like states in turn, each on a group compcoll made (``own_comm``) with its node groups (the
     hierarchical form's splits), used and dropped: torch.distributed holds no more groups, and the process no more
     threads, after the fourth than after the first; once the retired ones are destroyed, as many as before. A
-    communicator that stays, and one on the caller's own group, keep working throughout."""
+    communicator that stays, and one on the caller's own group, keep working throughout. A retired group that
+    torch.distributed let go of meanwhile is freed at once."""
     held = dist.distributed_c10d._world.pg_map
     x = torch.arange(1001, dtype=torch.float32) * (comm.rank + 1)
     expected = torch.full((7,), float(sum(range(1, comm.size + 1))))
@@ -80,6 +81,15 @@ def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> Non
     groups.destroy_retired()
     assert len(held) == before[0] + 1 and users.group in held
     dist.destroy_process_group(users.group)
+    made = own_comm(None, 30.0)
+    group = weakref.ref(made.group)
+    del made
+    gc.collect()
+    assert len(groups.RETIRED) == 1
+    dist.destroy_process_group(group())  # as a destroy_process_group() of the default group would
+    gc.collect()
+    assert group() is None, "a retired group outlived torch.distributed's hold on it"
+    groups.destroy_retired()
 
 
 def _threads() -> int:

@@ -43,7 +43,7 @@ class TorchComm(Communicator):
         self.backend = dist.get_backend(self.group)
         nccl = self.backend == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        self.agrees_on_device = self.backend == "nccl"
+        self.agrees_on_device = nccl
         super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
         self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
         self.job_rank, self.job_size = dist.get_rank(), dist.get_world_size()
@@ -142,7 +142,8 @@ class TorchComm(Communicator):
            order on every member). Before 2026-11-30 the subgroup's ranks called the default
            group's collective without the others, and waited forever.
         torch.distributed orders a group's ranks by global rank, so a ``key`` that would
-        order them otherwise is refused.
+        order them otherwise is refused. Over Gloo the group ends with the returned
+        communicator (``groups.owned``).
         """
         local = self.size != dist.get_world_size()
         mine = None
@@ -281,6 +282,8 @@ def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> 
     2. A subgroup (HSDP's replicas: each rank passes its own): every rank's members are
        all-gathered over the default group, and every distinct set becomes a group, in the
        same order on every rank; this rank keeps its own.
+    The group is the returned communicator's alone: over Gloo it is destroyed once the
+    communicator is freed (``groups.owned``).
     """
     group = dist.group.WORLD if process_group is None else process_group
     ranks = dist.get_process_group_ranks(group)

@@ -145,26 +145,32 @@ class TaskWork(Work):
         self._what = what
         self._on_wait = on_wait
         self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._settled = False
         self._result: Any = None
         self._error: BaseException | None = None
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._future: torch.futures.Future | None = None
         self._settler: threading.Thread | None = None
 
     def _settle(self, result: Any, error: BaseException | None) -> None:
-        """Record the outcome, complete the future, then wake the waiters (the ordering thread calls this).
+        """Record the outcome, complete the future asked for meanwhile, then wake the waiters (the ordering thread
+        calls this).
 
-        The future's callbacks run inside ``set_result``, on this thread, and may call
-        ``wait()``: the outcome is recorded before, and ``wait`` on this thread does not
-        block. Other waiters wake only after the future is complete, so a program that
-        exits right after its ``wait()`` never leaves this thread inside torch's future
-        code (its teardown then aborts: "terminate called without an active exception").
+        1. Record the outcome and take the future ``get_future`` made while the call was queued, if any: this
+           Work lets go of it.
+        2. Complete that future: its callbacks run inside ``set_result``, on this thread, and
+           may call ``wait()``: the outcome is recorded before, and ``wait`` on this thread does
+           not block.
+        3. Wake the other waiters, only now, so that a program that exits right after its
+           ``wait()`` never leaves this thread inside torch's future code (its teardown then
+           aborts: "terminate called without an active exception").
         """
-        self._result, self._error = result, error
+        with self._lock:
+            self._result, self._error, self._settled = result, error, True
+            future, self._future = self._future, None
         self._settler = threading.current_thread()
-        if error is None:
-            self._future.set_result(result)
-        else:
-            self._future.set_exception(error)
+        if future is not None:
+            _complete_future(future, result, error)
         self._done.set()
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -176,7 +182,10 @@ class TaskWork(Work):
             self._comm._mark_broken(error, self)
             raise error
         if self._error is not None:
-            raise self._error
+            try:
+                raise self._error
+            finally:
+                self = None  # the traceback keeps this frame, which must not keep this Work (as CPython's futures)
         if self._on_wait is not None:
             self._on_wait(self._result)
         return self._result
@@ -185,4 +194,27 @@ class TaskWork(Work):
         return self._done.is_set()
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        """The future of this call: the one ``_settle`` completes while it is queued, a completed one after.
+
+        A settled Work holds no future. A torch future keeps its error in C++, where Python's garbage
+        collector cannot see it; an error raised by ``wait`` has this Work in its traceback (``wait``'s
+        frame, and the caller's, which holds the handle). Were the Work to hold a future with that
+        error, the cycle would never be collected: every failed call would keep its communicator, its
+        plans and its tensors for the life of the process.
+        """
+        with self._lock:
+            if not self._settled:
+                if self._future is None:
+                    self._future = torch.futures.Future()
+                return self._future
+        future: torch.futures.Future = torch.futures.Future()
+        _complete_future(future, self._result, self._error)
+        return future
+
+
+def _complete_future(future: torch.futures.Future, result: Any, error: BaseException | None) -> None:
+    """Complete ``future`` with ``result``, or with ``error`` where there is one."""
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)

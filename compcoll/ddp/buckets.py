@@ -38,12 +38,17 @@ def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
     2. Every rank learns of a non-finite input in the call's agreement and raises
        ``NonFiniteError`` alike, with no error buffer changed; answering NaN on every rank
        is what DDP's own allreduce gives, so a ``GradScaler`` skips the step on every rank.
+       The error's traceback is dropped: it runs through the frames that complete the call's
+       future (torch's ``set_result``, which holds that future, which holds the error in C++,
+       out of the garbage collector's sight), and would keep them, the call and its error for
+       the life of the process, one per skipped step.
     3. The future is ``_completed``'s: CUDA-aware for a CUDA bucket.
     """
     def result() -> torch.Tensor:
         try:
             return work.wait()
-        except NonFiniteError:
+        except NonFiniteError as error:
+            error.__traceback__ = None
             return buffer.fill_(float("nan"))
 
     return _completed(work.get_future(), result, buffer)

@@ -47,24 +47,25 @@ def dropped_communicators_are_freed(comm: compcoll.Communicator) -> None:
 
 def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> None:
     """Four hook-like states in turn, each on a group compcoll made (``own_comm``) with its node groups (the
-    hierarchical form's splits), used and dropped: torch.distributed holds no more groups, and the process no more
-    threads, after the fourth than after the first; once the retired ones are destroyed, as many as before. A
-    communicator that stays, and one on the caller's own group, keep working throughout. A retired group that
-    torch.distributed let go of meanwhile is freed at once."""
+    hierarchical form's splits), used, given a call that fails (``_refused``), and dropped: torch.distributed holds
+    no more groups, and the process no more Gloo threads, after the fourth than after the first; once the retired
+    ones are destroyed, as many as before. A communicator that stays, and one on the caller's own group, keep working
+    throughout. A retired group that torch.distributed let go of meanwhile is freed at once."""
     held = dist.distributed_c10d._world.pg_map
     x = torch.arange(1001, dtype=torch.float32) * (comm.rank + 1)
     expected = torch.full((7,), float(sum(range(1, comm.size + 1))))
     groups.destroy_retired()
-    before = (len(held), _threads())
+    before = (len(held), _gloo_threads())
     kept = own_comm(None, 30.0)
     users = TorchComm(dist.new_group(list(range(dist.get_world_size()))), 30.0)
     after = []
     for _ in range(4):
         made = own_comm(None, 30.0)
         compcoll.hierarchical_allreduce(x, made, ranks_per_node=1)
+        _refused(made, x)
         del made
         gc.collect()
-        after.append((len(held), _threads()))
+        after.append((len(held), _gloo_threads()))
         for each in (kept, users):
             total = torch.ones(7) * (comm.rank + 1)
             each.allreduce(total)
@@ -92,9 +93,24 @@ def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> Non
     groups.destroy_retired()
 
 
-def _threads() -> int:
-    """This process's threads."""
-    return len(os.listdir("/proc/self/task"))
+def _refused(comm: compcoll.Communicator, x: torch.Tensor) -> None:
+    """A call rank 0 refuses (an int32 tensor): its TypeError, and every other rank's RemoteError from ``wait``,
+    whose traceback holds the Work and its communicator."""
+    full = compcoll.padded_numel(x.numel(), comm.size)
+    try:
+        compcoll.compressed_allreduce(x if comm.rank else x.to(torch.int32), torch.zeros(full),
+                                      torch.zeros(full // comm.size), comm, async_op=True).wait()
+    except (TypeError, compcoll.RemoteError):
+        pass
+    else:
+        raise AssertionError("a call rank 0 refused went through")
+
+
+def _gloo_threads() -> int:
+    """This process's Gloo threads (each group's event loop and workers: ``gloo_tcp_loop``, ``pt_gloo_runloop``); not
+    the ordering threads, which end on their own once idle (``comm.ordering.IDLE_SECONDS``)."""
+    names = (pathlib.Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task"))
+    return sum(name.startswith(("gloo", "pt_gloo")) for name in names)
 
 
 def collectives(comm: compcoll.Communicator) -> None:
@@ -328,6 +344,7 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
                 time.sleep(0.05)
             os.kill(pids[last], signal.SIGCONT)
             shutil.rmtree(raised)
+
 
 def dead_rank(comm: compcoll.Communicator, before: str) -> None:
     """The last rank dies (SIGKILL) before a call or before an all-gather of Gloo's ring: the others raise at once.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -43,6 +45,35 @@ def test_errors_come_back_through_wait_and_the_future() -> None:
     with pytest.raises(compcoll.NonFiniteError):
         work.get_future().wait()
     assert comm.run(lambda: 7, "after") == 7, "an error inside a call broke the ordering"
+
+
+def test_a_failed_call_leaves_nothing_alive_once_its_handles_are_dropped() -> None:
+    """A failed call's error, raised by wait() and by the future's wait(), holds its Work in its traceback (the
+    frames of wait and of this test): the Work must not hold a future with that error, a cycle through C++ that
+    the garbage collector cannot see, or the communicator, its plans and tensors would live for good."""
+    comm = compcoll.SingleComm()
+    gate = threading.Event()
+
+    def fails() -> None:
+        raise compcoll.NonFiniteError("deliberate")
+
+    held = comm.run(lambda: gate.wait(5), "gate", async_op=True)
+    queued = comm.run(fails, "queued", async_op=True)
+    future = queued.get_future()
+    gate.set()
+    with pytest.raises(compcoll.NonFiniteError):
+        queued.wait()
+    with pytest.raises(compcoll.NonFiniteError):
+        future.wait()
+    settled = comm.run(fails, "settled", async_op=True)
+    with pytest.raises(compcoll.NonFiniteError):
+        settled.wait()
+    with pytest.raises(compcoll.NonFiniteError):
+        settled.get_future().wait()
+    refs = [weakref.ref(x) for x in (comm, held, queued, settled)]
+    del comm, held, queued, settled, future
+    gc.collect()
+    assert [ref() is None for ref in refs] == [True] * 4, "a failed call kept its communicator or Work alive"
 
 
 def test_wait_timeout_raises_and_breaks_the_communicator() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import tempfile
 import warnings
@@ -284,8 +285,8 @@ def python_reducer(comm: compcoll.Communicator) -> None:
 
 def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
     """A NaN in the last rank's gradients at a compressed step: every rank gets NaN buckets, a GradScaler skips the
-    step and halves its scale on every rank, the error buffers are unchanged, and the steps after it equal a run in
-    which that step never happened."""
+    step and halves its scale on every rank, the error buffers are unchanged, the step's errors do not outlive it, and
+    the steps after it equal a run in which that step never happened."""
     n, rank = comm.size, comm.rank
 
     def run(poisoned_step: int | None) -> tuple[torch.Tensor, list[float]]:
@@ -313,6 +314,9 @@ def nan_skips_on_every_rank(comm: compcoll.Communicator) -> None:
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), scales
 
     poisoned, scales = run(3)
+    gc.collect()
+    kept = [o for o in gc.get_objects() if isinstance(o, compcoll.NonFiniteError)]
+    assert not kept, f"{len(kept)} error(s) of the skipped step outlived it, with the calls and frames they hold"
     clean, clean_scales = run(None)
     assert scales == [1024.0] * 3 + [512.0] * 3 and clean_scales == [1024.0] * 6, (scales, clean_scales)
     assert all(s == scales for _, s in gather((0, scales))), "loss scales differ between ranks"

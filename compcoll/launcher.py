@@ -198,7 +198,8 @@ def rank_commands(
         launches = [
             ([*(rank_prefix[r] if rank_prefix else ()), *command],
              {**base, TORCH_BACKEND_ENV: backend, "RANK": str(r), "WORLD_SIZE": str(world_size),
-              "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
+              "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr,
+              "MASTER_PORT": port,
               **(rank_env[r] if rank_env else {})})
             for r in range(world_size)
         ]
@@ -328,18 +329,27 @@ def descendants(roots: Iterable[int]) -> list[int]:
     ``/proc``; those that end meanwhile are left out."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
+        stat = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
+        if stat is not None:
+            children.setdefault(int(stat[1][1]), []).append(int(entry))
     pending, found = list(roots), []
     while pending:
         pid = pending.pop()
         found.append(pid)
         pending.extend(children.get(pid, ()))
     return found
+
+
+def proc_stat(path: str) -> tuple[str, list[str]] | None:
+    """A process's or thread's ``stat`` file (``/proc/<pid>/stat``, ``/proc/<pid>/task/<tid>/stat``): its name and
+    the fields after it (state, parent, ..., user and system CPU ticks at 11 and 12); None once it has ended. The
+    name is cut at the last ")", since a name may hold spaces and parentheses."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    name, fields = text.split("(", 1)[1].rsplit(")", 1)
+    return name, fields.split()
 
 
 def print_stacks(pids: Iterable[int], wait: float = STACKS_WAIT_S) -> None:

@@ -65,7 +65,8 @@ class Pool:
         self.folder = Path(tempfile.mkdtemp(prefix=f"compcoll-pool-{backend}{size}-"))
         for rank in range(size):
             os.mkfifo(self.folder / f"wake.{rank}")
-        launches = launcher.rank_commands("tests.pool_workers:serve", size, backend, args=(str(self.folder), os.getpid()))
+        launches = launcher.rank_commands("tests.pool_workers:serve", size, backend,
+                                          args=(str(self.folder), os.getpid()))
         self.logs = [tempfile.TemporaryFile(mode="w+") for _ in launches]
         self.procs = [subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True) for (command, env), log in zip(launches, self.logs)]
@@ -224,11 +225,8 @@ class Pool:
 
 def _running(pid: int) -> bool:
     """Whether process ``pid`` runs: it exists and is not a zombie (ended, not yet reaped by its parent)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    stat = launcher.proc_stat(f"/proc/{pid}/stat")
+    return stat is not None and stat[1][0] not in ("Z", "X")
 
 
 def _threads(roots) -> dict[tuple[int, int], tuple[str, float]]:
@@ -242,13 +240,10 @@ def _threads(roots) -> dict[tuple[int, int], tuple[str, float]]:
         except OSError:
             continue
         for tid in tids:
-            try:
-                stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            except OSError:
-                continue
-            name, fields = stat.split("(", 1)[1].rsplit(")", 1)
-            fields = fields.split()
-            found[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / tick)
+            stat = launcher.proc_stat(f"/proc/{pid}/task/{tid}/stat")
+            if stat is not None:
+                name, fields = stat
+                found[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / tick)
     return found
 
 

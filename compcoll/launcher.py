@@ -357,12 +357,11 @@ def print_stacks(pids: Iterable[int], wait: float = STACKS_WAIT_S) -> None:
     print every thread's stack to their output (``STACKS_SIGNAL``), and give them ``wait`` seconds to."""
     signalled = False
     for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().startswith("python"):
+        stat = proc_stat(f"/proc/{pid}/stat")
+        if stat is not None and stat[0].startswith("python"):
+            with contextlib.suppress(OSError):
                 os.kill(pid, STACKS_SIGNAL)
                 signalled = True
-        except OSError:
-            continue
     if signalled:
         time.sleep(wait)
 

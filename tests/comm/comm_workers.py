@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 import compcoll
 import compcoll.checkpoint
+from compcoll import launcher
 from compcoll.comm import groups
 from compcoll.comm.torchdist import TorchComm, own_comm
 from compcoll.optim import OneBitAdam
@@ -109,8 +110,8 @@ def _refused(comm: compcoll.Communicator, x: torch.Tensor) -> None:
 def _gloo_threads() -> int:
     """This process's Gloo threads (each group's event loop and workers: ``gloo_tcp_loop``, ``pt_gloo_runloop``); not
     the ordering threads, which end on their own once idle (``comm.ordering.IDLE_SECONDS``)."""
-    names = (pathlib.Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task"))
-    return sum(name.startswith(("gloo", "pt_gloo")) for name in names)
+    stats = (launcher.proc_stat(f"/proc/self/task/{task}/stat") for task in os.listdir("/proc/self/task"))
+    return sum(stat is not None and stat[0].startswith(("gloo", "pt_gloo")) for stat in stats)
 
 
 def collectives(comm: compcoll.Communicator) -> None:

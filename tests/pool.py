@@ -9,8 +9,8 @@ ranks, and the others wait for the next case. A thread world runs with ``one_cpu
 namespaces, environment variables) starts its own ranks, as before. A case that fails
 raises ``WorkerFailure`` naming the case, the backend, the size and each failed rank with
 its traceback. A case that fails, times out, or ends a rank, ends its pool too; the next case
-starts a new one. So does a Gloo case that breaks a communicator (``pool_workers.serve``, step 4): a case that
-does so on purpose (a timeout) says ``breaks=True`` and starts Gloo ranks of its own instead, so that the pool's
+starts a new one. So does a case that breaks a communicator (``pool_workers.serve``, step 4): a case that
+does so on purpose (a timeout) says ``breaks=True`` and starts ranks of its own instead, so that the pool's
 ranks live on. Before each test (``tests/conftest.py``), ``watch_idle`` ends a pool whose processes take a core's
 share while no case runs (a thread that spins) and notes what spun, for the session's summary.
 ``COMPCOLL_TEST_POOL=0`` starts fresh ranks for every case, as Gloo's cases do before torch 2.8
@@ -288,14 +288,14 @@ def run(target: str, world_size: int, backend: str = "mpi", *, args: tuple = (),
         env: dict[str, str] | None = None, breaks: bool = False, **placement) -> str:
     """``compcoll.launcher.run``, on a pool's ranks where the case allows (see the module's docstring).
 
-    ``breaks``: the case breaks its communicator on purpose (a timeout). On Gloo it then starts ranks of its own,
-    since the pool would end after it and start all its ranks again for the next Gloo case (5 cases did: 6 starts
-    of 6 ranks where 1 does, about 14 CPU-s each); on MPI it stays pooled, since an MPI pool lives on.
+    ``breaks``: the case breaks its communicator on purpose (a timeout). It then starts ranks of its own, since the
+    pool would end after it and start all its ranks again for the next case of its backend (on Gloo 5 cases did: 6
+    starts of 6 ranks where 1 does, about 14 CPU-s each).
     """
     if backend == "threads":
         return launcher.run_threads(target, world_size, args=args, timeout=timeout, env=env, one_cpu=True)
     pooled = (pools(backend) and set(env or {}) <= set(CASE_ENV) and not any(placement.values())
-              and os.environ.get(POOL_ENV, "1") != "0" and not (breaks and backend == "gloo"))
+              and os.environ.get(POOL_ENV, "1") != "0" and not breaks)
     if not pooled:
         return launcher.run(target, world_size, backend, args=args, timeout=timeout, env=env, **placement)
     pool = _pool(backend, world_size)

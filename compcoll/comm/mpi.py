@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -11,6 +12,7 @@ import torch
 from .base import Communicator, _nbytes, pairs_small
 from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
+from .groups import owned, release_retired
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SPIN_S = 0.01
@@ -174,13 +176,23 @@ class MPIComm(Communicator):
         return RequestWork(self, "barrier", self.mpi_comm.Ibarrier(), None)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "MPIComm":
+        """This rank's color's communicator, which ends with the returned ``MPIComm``.
+
+        1. End the retired groups and communicators (``groups.release_retired``).
+        2. ``MPI_Comm_create_group`` of this color's ranks: a collective of them alone.
+        3. Once the returned ``MPIComm`` is freed, its MPI communicator is freed at the next
+           split or group compcoll makes (``groups.owned``), so states built again and again
+           do not run the MPI library out of communicators.
+        """
+        release_retired()
         whole = self.mpi_comm.Get_group()
         group = whole.Incl(groups[color])
         try:
-            return MPIComm(self.mpi_comm.Create_group(group), self.cuda_aware, self.timeout)
+            made = self.mpi_comm.Create_group(group)
         finally:
             group.Free()
             whole.Free()
+        return owned(MPIComm(made, self.cuda_aware, self.timeout), partial(_free, made))
 
 
 class RequestWork(PendingWork):
@@ -219,3 +231,11 @@ class RequestWork(PendingWork):
                 if waited > _SPIN_S:
                     time.sleep(_NAP_S)
         return True
+
+
+def _free(mpi_comm) -> None:
+    """``MPI_Comm_free`` of a communicator compcoll split, unless MPI has been finalized."""
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized():
+        mpi_comm.Free()

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..errors import CompcollError
 from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes, pairs_small
-from .groups import new_group, owned
+from .groups import destroyer, new_group, owned
 from .work import PendingWork, Work
 
 
@@ -155,7 +155,7 @@ class TorchComm(Communicator):
             group = new_group([self.global_ranks[r] for r in members], local=local)
             if c == color:
                 mine = group
-        return owned(TorchComm(mine, self.timeout))
+        return _owned(TorchComm(mine, self.timeout))
 
 
 _DROPPED = ("closed by peer", "reset by peer", "Broken pipe")
@@ -289,7 +289,7 @@ def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> 
     ranks = dist.get_process_group_ranks(group)
     backend = dist.get_backend(group)
     if len(ranks) == dist.get_world_size():
-        return owned(TorchComm(new_group(ranks, backend), timeout))
+        return _owned(TorchComm(new_group(ranks, backend), timeout))
     members: list = [None] * dist.get_world_size()
     dist.all_gather_object(members, ranks)
     mine = None
@@ -297,4 +297,10 @@ def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> 
         made = new_group(list(each), backend)
         if dist.get_rank() in each:
             mine = made
-    return owned(TorchComm(mine, timeout))
+    return _owned(TorchComm(mine, timeout))
+
+
+def _owned(comm: TorchComm) -> TorchComm:
+    """``comm``, whose group compcoll made for it alone: over Gloo the group is destroyed once ``comm`` is freed
+    (``groups.owned``); NCCL's stay (see there)."""
+    return owned(comm, destroyer(comm.group)) if comm.backend == "gloo" else comm

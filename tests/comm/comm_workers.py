@@ -55,7 +55,7 @@ def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> Non
     held = dist.distributed_c10d._world.pg_map
     x = torch.arange(1001, dtype=torch.float32) * (comm.rank + 1)
     expected = torch.full((7,), float(sum(range(1, comm.size + 1))))
-    groups.destroy_retired()
+    groups.release_retired()
     before = (len(held), _gloo_threads())
     kept = own_comm(None, 30.0)
     users = TorchComm(dist.new_group(list(range(dist.get_world_size()))), 30.0)
@@ -74,13 +74,13 @@ def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> Non
     made_groups, threads = zip(*after)
     assert max(made_groups) == made_groups[0] and threads[-1] <= threads[0], f"groups, threads after each: {after}"
     assert len(groups.RETIRED) == 3, groups.RETIRED  # the last state's group and its two node groups
-    groups.destroy_retired()
+    groups.release_retired()
     assert len(held) == before[0] + 2, "a group compcoll did not retire was destroyed, or one it retired was kept"
     assert users.group in held and kept.group in held
     del kept
     gc.collect()
     users.barrier()
-    groups.destroy_retired()
+    groups.release_retired()
     assert len(held) == before[0] + 1 and users.group in held
     dist.destroy_process_group(users.group)
     made = own_comm(None, 30.0)
@@ -91,7 +91,35 @@ def made_groups_end_with_their_communicators(comm: compcoll.Communicator) -> Non
     dist.destroy_process_group(group())  # as a destroy_process_group() of the default group would
     gc.collect()
     assert group() is None, "a retired group outlived torch.distributed's hold on it"
-    groups.destroy_retired()
+    groups.release_retired()
+
+
+def split_communicators_end_with_theirs(comm: compcoll.Communicator) -> None:
+    """Four optimizer-like states in turn, each on an ``MPIComm`` of its own over the caller's MPI communicator, with
+    its node communicators (the hierarchical form's two splits), used and dropped: each state's MPI communicators are
+    freed at the next split (``MPI_Comm_free``), so a job that builds states again and again does not run MPI out of
+    communicators (MPICH has room for 2,048). A split communicator that stays keeps working."""
+    from mpi4py import MPI
+
+    x = torch.arange(1001, dtype=torch.float32) * (comm.rank + 1)
+    groups.release_retired()
+    kept = comm.split(0)
+    made_handles = []
+    for _ in range(4):
+        made = compcoll.MPIComm(comm.mpi_comm, timeout=30.0)
+        compcoll.hierarchical_allreduce(x.clone(), made, ranks_per_node=1)
+        layout = compcoll.topology(made, 1)
+        made_handles.append((layout.intra.mpi_comm, layout.inter.mpi_comm))
+        del made, layout
+        gc.collect()
+    freed = [[handle == MPI.COMM_NULL for handle in pair] for pair in made_handles]
+    assert freed == [[True, True]] * 3 + [[False, False]], f"freed after the fourth state: {freed}"
+    assert len(groups.RETIRED) == 2, groups.RETIRED
+    groups.release_retired()
+    assert all(handle == MPI.COMM_NULL for handle in made_handles[-1]) and kept.mpi_comm != MPI.COMM_NULL
+    total = torch.ones(7) * (comm.rank + 1)
+    kept.allreduce(total)
+    assert torch.equal(total, torch.full((7,), float(sum(range(1, comm.size + 1))))), total
 
 
 def _refused(comm: compcoll.Communicator, x: torch.Tensor) -> None:

@@ -1,4 +1,5 @@
-"""The process groups compcoll makes over Gloo end with the communicators that use them (real Gloo ranks)."""
+"""The process groups and communicators compcoll makes end with the communicators that use them (real Gloo and MPI
+ranks)."""
 
 from __future__ import annotations
 
@@ -7,3 +8,7 @@ from tests.pool import run
 
 def test_made_groups_end_with_their_communicators() -> None:
     run("tests.comm.comm_workers:made_groups_end_with_their_communicators", 3, "gloo", timeout=90)
+
+
+def test_split_mpi_communicators_end_with_theirs() -> None:
+    run("tests.comm.comm_workers:split_communicators_end_with_theirs", 3, "mpi", timeout=90)

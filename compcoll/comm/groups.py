@@ -19,8 +19,8 @@ def owned(comm: C, release: Callable[[], None]) -> C:
     """``comm``, whose group or MPI communicator compcoll made for it alone: ``release`` ends it once ``comm`` is freed.
 
     torch.distributed keeps every group it made until ``destroy_process_group``, a Gloo group
-    holds three threads and a socket to each peer, and an MPI library has room for about 2,000
-    communicators (MPICH: "Too many communicators"); a state built again and again (a hook or
+    holds three threads and a socket to each peer, and an MPI library has room for few
+    communicators (MPICH: 2,048, then "Too many communicators"); a state built again and again (a hook or
     an optimizer per training run, a trial per search) would pile them up. So:
     1. When ``comm`` is freed, ``release`` goes to ``RETIRED`` (``weakref.finalize``). The
        finalizer holds ``comm``'s operations in flight (``Communicator._track``), which
@@ -30,7 +30,10 @@ def owned(comm: C, release: Callable[[], None]) -> C:
     2. The next group or split compcoll makes runs it (``release_retired``), on the thread
        that builds a state, never from the garbage collector. A peer that ends its side
        first is harmless: a Gloo group with nothing in flight reads nothing from its sockets,
-       and ``MPI_Comm_free`` only marks the communicator for deallocation.
+       and ``MPI_Comm_free`` only marks the communicator for deallocation. Only a rank that
+       skipped a call its peers made (a job whose peers then time out) could be hurt: their
+       messages wait on it under the communicator's context id, which a later communicator
+       without those peers may get once it is freed (the test pool ends after such a case).
     NCCL's groups stay until ``destroy_process_group()``: NCCL's teardown waits for every
     member (``ncclCommDestroy``), and ranks free a communicator at different times.
     """

@@ -42,14 +42,9 @@ in their next collective)."""
 STOP_WAIT_S = 10.0
 """Seconds idle ranks have to stop when their pool closes, before they are killed."""
 POOL_ENV = "COMPCOLL_TEST_POOL"
-IDLE_THREAD_LIMIT = 0.1
-"""Share of a core one thread of a pool's processes may take while no case runs (a thread that spins takes 0.5-1: one
-run of the suite had a Gloo rank's ``gloo_tcp_loop`` take 0.4 from a case 88 tests before its end to the end; an
-idle thread, of up to 67 in a Gloo rank, took under 0.01 in every run)."""
-IDLE_CPU_LIMIT = 0.5
-"""Share of a core a pool's processes may take together while no case runs (6 idle Gloo ranks: 0.02-0.05 on
-2026-12-01; 0.21-0.24 in each run since, spread over their threads, none above 0.00, which a limit of 0.2 took for a
-spinning pool once a run, and started 6 ranks again)."""
+IDLE_CPU_LIMIT = 0.2
+"""Share of a core a pool's processes may take together while no case runs (6 idle Gloo ranks: 0.02-0.05; one run
+of the suite had a pool take 0.4 from a case 88 tests before its end to the end)."""
 IDLE_WINDOW_S = 2.0
 """Seconds of idling ``watch_idle`` measures a pool over, at the least."""
 SPUN: list[str] = []
@@ -165,13 +160,12 @@ class Pool:
         return f"process(es) {procs} ended" if procs else ""
 
     def spinning(self) -> str:
-        """What took more than ``IDLE_THREAD_LIMIT`` of a core in one thread, or ``IDLE_CPU_LIMIT`` in all, while the
-        pool idled, or "".
+        """What took more than ``IDLE_CPU_LIMIT`` of a core while the pool idled, or "".
 
         1. With no mark yet (none since the last case began), take one: each thread's CPU time in the pool's
            processes (``_threads``), and the time.
         2. Once ``IDLE_WINDOW_S`` has passed since the mark, take the threads' CPU since it, and mark anew.
-        3. Above either limit, name the total, the process that took most (its rank, if a rank's) and how many of its
+        3. Above the limit, name the total, the process that took most (its rank, if a rank's) and how many of its
            threads took any, and its thread that took most, by system name and id (a Python thread's system name
            is its program's).
         """
@@ -184,11 +178,10 @@ class Pool:
             return ""
         (then, before), self.idle = self.idle, (now, seen)
         took = {key: cpu - before.get(key, ("", 0.0))[1] for key, (_, cpu) in seen.items()}
-        span = now - then
-        total = sum(took.values()) / span
-        if total <= IDLE_CPU_LIMIT and max(took.values(), default=0.0) / span <= IDLE_THREAD_LIMIT:
+        total = sum(took.values()) / (now - then)
+        if total <= IDLE_CPU_LIMIT:
             return ""
-        processes: dict[int, float] = {}
+        span, processes = now - then, {}
         for (pid, _), cpu in took.items():
             processes[pid] = processes.get(pid, 0.0) + cpu
         pid = max(processes, key=processes.get)

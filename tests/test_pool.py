@@ -91,9 +91,9 @@ def test_a_case_that_breaks_a_communicator_ends_its_pool(backend: str) -> None:
 @pytest.mark.parametrize("backend", POOLING)
 @pytest.mark.usefixtures("own_pools")
 def test_a_pool_that_spins_while_idle_ends_naming_the_thread(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pool idles below ``IDLE_THREAD_LIMIT`` and ``IDLE_CPU_LIMIT`` (over 1 s here); one whose rank 0 leaves a
-    thread spinning after its case is ended by the next look, which names that rank and thread (not its main
-    thread), and the next case gets new ranks."""
+    """A pool idles below ``IDLE_CPU_LIMIT`` (over 1 s here); one whose rank 0 leaves a thread spinning after its
+    case is ended by the next look, which names that rank and thread (not its main thread), and the next case gets
+    new ranks."""
     monkeypatch.setattr(pool, "IDLE_WINDOW_S", 1.0)
     monkeypatch.setattr(pool, "SPUN", [])
     pool.run(f"{WORKERS}:says_its_rank", 2, backend)

@@ -34,9 +34,9 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
        k + 1.
     3. Run ``target(fresh, *args)`` on that communicator, made the default, with this
        rank's standard output captured.
-    4. Make the launch's communicator the default again, release the case's communicator
-       if the case passed (after a failure the test process ends the pool), collect the
-       garbage (``_collect``), write ``<k>.<rank>.result`` (JSON: the traceback or None,
+    4. Make the launch's communicator the default again, collect the case's garbage, release the
+       case's communicator if the case passed (after a failure the test process ends the pool; ``_release``
+       says why the garbage goes first), collect again (``_collect``), write ``<k>.<rank>.result`` (JSON: the traceback or None,
        the output, and whether the pool should retire: the case broke a communicator), and go on to case
        k + 1.
        A broken communicator is kept for the life of the process (``comm.base.BROKEN``), and a Gloo one keeps its
@@ -77,6 +77,7 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
                 os.environ[key] = value
         if fresh is not None:
             compcoll.set_default(comm)  # the launch's, as before the first case
+            gc.collect()  # the case's garbage, while torch.distributed still holds its groups (``_release``)
             if error is None:
                 _release(fresh)
             fresh = None
@@ -166,7 +167,18 @@ def _release(comm: compcoll.Communicator) -> None:
     (handles the case dropped unwaited, ``Communicator._track``) have completed: MPI writes into an operation's
     buffers until it completes, and freed with its communicator the buffers would be reused meanwhile (the heap
     corruption an MPI pool rank died of, after ``comm_workers.fire_and_forget``). A broken communicator's are kept
-    for the life of the process instead (``comm.base.BROKEN``)."""
+    for the life of the process instead (``comm.base.BROKEN``).
+
+    The case's garbage must be collected before (``serve``, step 4). A DDP model left in a reference cycle (a
+    caught exception's traceback holds the case's frame) is freed by the garbage collector, and torch frees its
+    ``Reducer`` holding the GIL (pytorch/pytorch#56297). Once ``destroy_process_group`` has let go of the groups,
+    the Reducer holds the last reference to DDP's, so ``~ProcessGroupGloo`` then joins the group's worker threads
+    with the GIL held. A worker that has just finished a collective (``assert_replicas_equal``'s all-gather) drops
+    the work's tensors under the group's work lock, and waits for the GIL to release their Python objects; the
+    other worker waits for that lock, and the join never ends. gdb showed exactly this on the rank that hung in
+    ``gc.collect()`` (``onebit_resumes_on_another_world_size`` on 4 ranks: 4 hangs in 32 runs of its test,
+    2026-12-02). While torch.distributed holds every group, no group ends inside the collector: it ends here,
+    when its Python object goes, whose destructor drops the GIL."""
     if comm._broken is None:
         for work in list(comm._in_flight):
             work.wait()

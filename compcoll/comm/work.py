@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -170,7 +171,7 @@ class TaskWork(Work):
             future, self._future = self._future, None
         self._settler = threading.current_thread()
         if future is not None:
-            _complete_future(future, result, error)
+            complete_future(future, result, error)
         self._done.set()
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -208,13 +209,47 @@ class TaskWork(Work):
                     self._future = torch.futures.Future()
                 return self._future
         future: torch.futures.Future = torch.futures.Future()
-        _complete_future(future, self._result, self._error)
+        complete_future(future, self._result, self._error)
         return future
 
 
-def _complete_future(future: torch.futures.Future, result: Any, error: BaseException | None) -> None:
-    """Complete ``future`` with ``result``, or with ``error`` where there is one."""
+def complete_future(future: torch.futures.Future, result: Any, error: BaseException | None) -> None:
+    """Complete ``future`` with ``result``, or with ``error`` where there is one, raised afresh by each wait.
+
+    torch's ``set_exception`` keeps the error in C++, where the garbage collector cannot see it, and
+    raises that same object from ``wait()`` and ``value()``: the error's traceback then holds the frame
+    of torch's ``Future.wait``, whose ``self`` is the future. That cycle is never collected, nor every
+    frame the error passed through, with their locals (a caller's handle, communicator and tensors):
+    one failed call waited through its future kept them for the life of the process. So:
+    1. The future keeps a copy of the error with no traceback, cause or context (``_detached``),
+       which no frame can lead back to.
+    2. Each ``wait()`` or ``value()`` raises a new copy of it (``_raise_copy``), whose traceback
+       holds that future only until the copy is let go of.
+    The copies keep the error's type, message and attributes (``RemoteError.failures``,
+    ``CollectiveTimeout.absent``); from Python 3.11 a note gives where the error was first raised.
+    """
     if error is None:
         future.set_result(result)
-    else:
-        future.set_exception(error)
+        return
+    future._set_unwrap_func(_raise_copy)  # what torch's own set_exception does, with a copy raised
+    future.set_result(_detached(error))
+
+
+def _detached(error: BaseException) -> BaseException:
+    """A copy of ``error``: its type, arguments and attributes, no traceback, cause or context; where it was
+    raised is a note (Python 3.11+). ``error`` itself if its type cannot be copied so."""
+    try:
+        copy = type(error).__new__(type(error), *error.args)
+        copy.__dict__.update({key: list(value) if key == "__notes__" else value
+                              for key, value in getattr(error, "__dict__", {}).items()})
+    except Exception:  # noqa: BLE001 - a type that refuses to be built from its arguments is kept as it is
+        return error
+    copy.args = error.args
+    if error.__traceback__ is not None and hasattr(copy, "add_note"):
+        copy.add_note("compcoll: first raised at\n" + "".join(traceback.format_tb(error.__traceback__)).rstrip())
+    return copy
+
+
+def _raise_copy(error: BaseException) -> None:
+    """A future's unwrap function (``complete_future``): raise a copy of its error."""
+    raise _detached(error)

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..comm.work import Work
+from ..comm.work import Work, complete_future
 from ..errors import NonFiniteError
 
 
@@ -76,9 +76,9 @@ def _completed(source: torch.futures.Future, result: Callable[[], torch.Tensor],
     """A future completed with ``result()`` once ``source`` completes, or with the error ``result`` raises.
 
     1. Make a future, CUDA-aware for a CUDA ``buffer`` (``torch.futures.Future(devices=...)``).
-    2. Complete it on the thread that completes ``source``, with ``result()`` or its error (as
-       raised, its type kept; the future's refusal of its value too): DDP's wait raises it,
-       never hangs. On CUDA ``result()`` has made that thread's current stream wait for the
+    2. Complete it on the thread that completes ``source``, with ``result()`` or its error (the
+       future's refusal of its value too), which DDP's wait raises, as a copy of its type,
+       message and attributes (``comm.work.complete_future``): it never hangs. On CUDA ``result()`` has made that thread's current stream wait for the
        work, and DDP's ``wait`` makes the stream it copies the bucket out on (the backward's,
        a non-default one too) wait in turn, as an NCCL future does.
     """
@@ -86,9 +86,9 @@ def _completed(source: torch.futures.Future, result: Callable[[], torch.Tensor],
 
     def complete(_: torch.futures.Future) -> None:
         try:
-            future.set_result(result())
+            complete_future(future, result(), None)
         except Exception as error:
-            future.set_exception(error)
+            complete_future(future, None, error)
 
     source.add_done_callback(complete)
     return future

@@ -78,9 +78,10 @@ def _completed(source: torch.futures.Future, result: Callable[[], torch.Tensor],
     1. Make a future, CUDA-aware for a CUDA ``buffer`` (``torch.futures.Future(devices=...)``).
     2. Complete it on the thread that completes ``source``, with ``result()`` or its error (the
        future's refusal of its value too), which DDP's wait raises, as a copy of its type,
-       message and attributes (``comm.work.complete_future``): it never hangs. On CUDA ``result()`` has made that thread's current stream wait for the
-       work, and DDP's ``wait`` makes the stream it copies the bucket out on (the backward's,
-       a non-default one too) wait in turn, as an NCCL future does.
+       message and attributes (``comm.work.complete_future``): it never hangs. On CUDA
+       ``result()`` has made that thread's current stream wait for the work, and DDP's ``wait``
+       makes the stream it copies the bucket out on (the backward's, a non-default one too)
+       wait in turn, as an NCCL future does.
     """
     future: torch.futures.Future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
 

@@ -37,6 +37,9 @@ STACKS_SIGNAL = signal.SIGUSR1
 still running at a timeout, before they are killed, so the failure says where each one was."""
 STACKS_WAIT_S = 2.0
 """How long the ranks get to print their stacks."""
+STACKS_GAP_S = 0.2
+"""How long one rank gets to print its stacks before the next is asked: under mpiexec the ranks share one output,
+and two dumps at once came out interleaved mid-line (2026-12-02)."""
 
 
 _SEEDING = threading.Lock()
@@ -354,16 +357,19 @@ def proc_stat(path: str) -> tuple[str, list[str]] | None:
 
 def print_stacks(pids: Iterable[int], wait: float = STACKS_WAIT_S) -> None:
     """Have the Python processes among ``pids`` (the ranks: not mpiexec or its proxies, which the signal would end)
-    print every thread's stack to their output (``STACKS_SIGNAL``), and give them ``wait`` seconds to."""
-    signalled = False
+    print every thread's stack to their output (``STACKS_SIGNAL``), one at a time (``STACKS_GAP_S`` each), and give
+    them ``wait`` seconds in all, at the least."""
+    start, signalled = time.monotonic(), False
     for pid in pids:
         stat = proc_stat(f"/proc/{pid}/stat")
         if stat is not None and stat[0].startswith("python"):
             with contextlib.suppress(OSError):
+                if signalled:
+                    time.sleep(STACKS_GAP_S)
                 os.kill(pid, STACKS_SIGNAL)
                 signalled = True
     if signalled:
-        time.sleep(wait)
+        time.sleep(max(STACKS_GAP_S, wait - (time.monotonic() - start)))
 
 
 def _kill(proc: subprocess.Popen) -> None:

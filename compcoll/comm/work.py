@@ -6,7 +6,7 @@ import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
 
@@ -250,6 +250,6 @@ def _detached(error: BaseException) -> BaseException:
     return copy
 
 
-def _raise_copy(error: BaseException) -> None:
+def _raise_copy(error: BaseException) -> NoReturn:
     """A future's unwrap function (``complete_future``): raise a copy of its error."""
     raise _detached(error)

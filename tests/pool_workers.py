@@ -36,9 +36,9 @@ def serve(comm: compcoll.Communicator, directory: str, owner: int) -> None:
        rank's standard output captured.
     4. Make the launch's communicator the default again, collect the case's garbage, release the
        case's communicator if the case passed (after a failure the test process ends the pool; ``_release``
-       says why the garbage goes first), collect again (``_collect``), write ``<k>.<rank>.result`` (JSON: the traceback or None,
-       the output, and whether the pool should retire: the case broke a communicator), and go on to case
-       k + 1.
+       says why the garbage goes first), collect again (``_collect``), write ``<k>.<rank>.result`` (JSON:
+       the traceback or None, the output, and whether the pool should retire: the case broke a
+       communicator), and go on to case k + 1.
        A broken communicator is kept for the life of the process (``comm.base.BROKEN``), and a Gloo one keeps its
        sockets and event loop: once a peer closed its end, that loop could spin on a core for the rest of the
        session (a whole run took 22.6 min, 19.5 of them system CPU, where it takes 10.5: one thread had spun since

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import zlib
 from dataclasses import dataclass
+from types import FunctionType
 
 import torch
 
@@ -267,12 +268,24 @@ def _checked(params: list[torch.Tensor], what: str) -> torch.device:
 
 def _built_by_zero() -> bool:
     """Whether torch's ``ZeroRedundancyOptimizer`` is building the optimizer (as its local optimizer, over this
-    rank's shard): a calling frame's ``self`` is one. None can exist before its module is imported, so it is not
-    imported here; the walk runs once, at construction."""
+    rank's shard).
+
+    1. None can exist before its module is imported, so it is not imported here.
+    2. Walk the calling frames, once, at construction: one running a method of
+       ``ZeroRedundancyOptimizer`` (its code object) means it is.
+
+    The walk reads each frame's code, never its locals: on Python 3.10-3.12, reading
+    ``frame.f_locals`` stores a copy of them on the frame, which then kept whatever the caller's
+    variables held at that moment (a model, a communicator and its process group) alive until
+    that frame returned, though the caller had let go of them.
+    """
     module = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
-    frame = sys._getframe(1) if module is not None else None
+    if module is None:
+        return False
+    methods = {f.__code__ for f in vars(module.ZeroRedundancyOptimizer).values() if isinstance(f, FunctionType)}
+    frame = sys._getframe(1)
     while frame is not None:
-        if isinstance(frame.f_locals.get("self"), module.ZeroRedundancyOptimizer):
+        if frame.f_code in methods:
             return True
         frame = frame.f_back
     return False

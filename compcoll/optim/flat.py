@@ -12,6 +12,7 @@ import torch
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEVICE_TYPES = ("cpu", "cuda")
 
+
 @dataclass(frozen=True)
 class Segment:
     """One parameter's place in the flat buffer: elements [start, start + numel), in group ``group``."""

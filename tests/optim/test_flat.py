@@ -16,7 +16,7 @@ from tests.pool import run
 
 def _groups():
     torch.manual_seed(0)
-    a, b, c = torch.nn.Parameter(torch.randn(3, 5)), torch.nn.Parameter(torch.randn(7)), torch.nn.Parameter(torch.randn(2))
+    a, b, c = (torch.nn.Parameter(torch.randn(shape)) for shape in ((3, 5), (7,), (2,)))
     return [{"params": [a, b]}, {"params": [c]}], (a, b, c)
 
 

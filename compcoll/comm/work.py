@@ -6,6 +6,7 @@ import threading
 import time
 import traceback
 from abc import ABC, abstractmethod
+from types import BuiltinFunctionType
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch
@@ -227,11 +228,18 @@ def complete_future(future: torch.futures.Future, result: Any, error: BaseExcept
        holds that future only until the copy is let go of.
     The copies keep the error's type, message and attributes (``RemoteError.failures``,
     ``CollectiveTimeout.absent``); from Python 3.11 a note gives where the error was first raised.
+    3. A torch without the private ``_set_unwrap_func`` (which its own ``set_exception`` uses)
+       gets ``set_exception``: the cycle above again, never a future left pending, which would
+       leave its waiters hanging.
     """
     if error is None:
         future.set_result(result)
         return
-    future._set_unwrap_func(_raise_copy)  # what torch's own set_exception does, with a copy raised
+    unwrap = getattr(future, "_set_unwrap_func", None)
+    if unwrap is None:
+        future.set_exception(error)
+        return
+    unwrap(_raise_copy)
     future.set_result(_detached(error))
 
 
@@ -239,7 +247,7 @@ def _detached(error: BaseException) -> BaseException:
     """A copy of ``error``: its type, arguments and attributes, no traceback, cause or context; where it was
     raised is a note (Python 3.11+). ``error`` itself if its type cannot be copied so."""
     try:
-        copy = type(error).__new__(type(error), *error.args)
+        copy = _bare(type(error), error.args)
         copy.__dict__.update({key: list(value) if key == "__notes__" else value
                               for key, value in getattr(error, "__dict__", {}).items()})
     except Exception:  # noqa: BLE001 - a type that refuses to be built from its arguments is kept as it is
@@ -248,6 +256,28 @@ def _detached(error: BaseException) -> BaseException:
     if error.__traceback__ is not None and hasattr(copy, "add_note"):
         copy.add_note("compcoll: first raised at\n" + "".join(traceback.format_tb(error.__traceback__)).rstrip())
     return copy
+
+
+def _bare(cls: type[BaseException], args: tuple) -> BaseException:
+    """An instance of ``cls`` made by its ``__new__`` from ``args``, not initialised.
+
+    1. Take each ``__new__`` along ``cls``'s MRO in turn.
+    2. One written in Python (``cls``'s own, or a base's) is called, and what it says goes.
+    3. A builtin one refuses a type of another memory layout than its own ("RuntimeError.__new__(CollectiveTimeout)
+       is not safe": a type with two builtin bases, as ``CollectiveTimeout`` has RuntimeError and TimeoutError,
+       is laid out as the larger one, OSError); the next one is tried then.
+    TypeError where none makes one.
+    """
+    for base in cls.__mro__:
+        new = vars(base).get("__new__")
+        if isinstance(new, BuiltinFunctionType):
+            try:
+                return new(cls, *args)
+            except TypeError:
+                continue
+        if new is not None:
+            return new(cls, *args)
+    raise TypeError(f"no __new__ along {cls.__name__}'s bases makes one")
 
 
 def _raise_copy(error: BaseException) -> NoReturn:

@@ -93,7 +93,8 @@ class Ordering:
         1. Take the next call, waiting up to ``IDLE_SECONDS``.
         2. None came: end, unless one was queued meanwhile (``_queued`` counts the calls
            queued and not yet settled, under the lock ``submit`` holds to start a thread).
-        3. Run it and settle its Work with its result or error; let go of both.
+        3. Run it and settle its Work with its result or error; let go of both, and only then wake the Work's
+           waiters (``TaskWork._settle``).
         """
         self._local.inside = True
         while True:
@@ -113,5 +114,6 @@ class Ordering:
                 error = exc
             with self._lock:
                 self._queued -= 1
-            work._settle(result, error)
+            done = work._settle(result, error)
             del call, work, result, error  # a settled call must not keep its communicator alive while this waits
+            done.set()

@@ -154,18 +154,20 @@ class TaskWork(Work):
         self._future: torch.futures.Future | None = None
         self._settler: threading.Thread | None = None
 
-    def _settle(self, result: Any, error: BaseException | None) -> None:
-        """Record the outcome, complete the future asked for meanwhile, then wake the waiters (the ordering thread
-        calls this).
+    def _settle(self, result: Any, error: BaseException | None) -> threading.Event:
+        """Record the outcome and complete the future asked for meanwhile (the ordering thread calls this); return
+        the event that wakes the waiters, which the caller sets once it has let go of this Work.
 
         1. Record the outcome and take the future ``get_future`` made while the call was queued, if any: this
            Work lets go of it.
         2. Complete that future: its callbacks run inside ``set_result``, on this thread, and
            may call ``wait()``: the outcome is recorded before, and ``wait`` on this thread does
            not block.
-        3. Wake the other waiters, only now, so that a program that exits right after its
-           ``wait()`` never leaves this thread inside torch's future code (its teardown then
-           aborts: "terminate called without an active exception").
+        3. The caller wakes the other waiters, only after both, so that a program that exits right after its
+           ``wait()`` never leaves this thread inside torch's future code (its teardown then aborts: "terminate
+           called without an active exception"), and only once it holds neither this Work nor its call: a
+           waiter that drops its handle then frees them, with the communicator (the test pool froze each one a
+           waiter's case had let go of, while the ordering thread still held it, for the life of the process).
         """
         with self._lock:
             self._result, self._error, self._settled = result, error, True
@@ -173,7 +175,7 @@ class TaskWork(Work):
         self._settler = threading.current_thread()
         if future is not None:
             complete_future(future, result, error)
-        self._done.set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> Any:
         if threading.current_thread() is not self._settler and not self._done.wait(timeout):

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import compcoll
 from compcoll.comm import ordering
+from compcoll.comm import work as work_module
 from compcoll.comm.work import DoneWork
 
 
@@ -91,6 +94,29 @@ def test_a_failed_call_leaves_nothing_alive_once_its_handles_are_dropped(how: st
     refs = _fail_and_wait(how)
     gc.collect()
     assert [ref() is None for ref in refs] == [True] * 4, "a failed call kept its communicator or Work alive"
+
+
+class _LateEvent(threading.Event):
+    """An event whose ``set`` returns 0.2 s after it woke the waiters: the setting thread lingers there."""
+
+    def set(self) -> None:
+        super().set()
+        time.sleep(0.2)
+
+
+def test_once_wait_returns_the_ordering_thread_holds_nothing_of_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ordering thread lets go of a call and its Work before it wakes the Work's waiters, so a waiter that then
+    drops its handle frees them at once, with what they hold. Until 2026-12-02 it woke them first: the test pool
+    froze a case's communicator that the ordering thread still held for an instant, which then could never be
+    collected (a 3-rank Gloo case run 8 times on one pool left rank 0 with 26 event loops where 1 belongs)."""
+    monkeypatch.setattr(work_module, "threading", SimpleNamespace(**{**vars(threading), "Event": _LateEvent}))
+    comm = compcoll.SingleComm()
+    work = comm.run(lambda: torch.ones(3), "late", async_op=True)
+    assert torch.equal(work.wait(), torch.ones(3))
+    settled = weakref.ref(work)
+    del work
+    gc.collect()
+    assert settled() is None, "the ordering thread still held the Work its waiter had dropped"
 
 
 def test_wait_timeout_raises_and_breaks_the_communicator() -> None:

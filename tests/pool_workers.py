@@ -202,7 +202,8 @@ def _collect() -> None:
     locals, so each case's communicator (held in a cycle with its topology's splits) was frozen, then let go at the
     next optimizer: rank 0 of the Gloo pool ended a whole run with 60 event loops, 11 after the fix (2 from the
     start, 7 added by the FSDP2 cases, whose torch ``fully_shard`` keeps a group, one each by a Trainer case and the
-    ZeroRedundancyOptimizer case)."""
+    ZeroRedundancyOptimizer case). And an ordering thread still held a case's last call for an instant after it
+    woke the case (``comm/ordering``), now and then long enough to be frozen."""
     gc.collect()
     gc.freeze()
 

@@ -21,6 +21,8 @@ from tests.warned import warned
 
 STEPS = 60
 CONTEXT = 32
+OVERFLOW_STEPS = (3, 20)
+"""The steps whose loss ``Overflowing`` makes infinite on rank 0: one in 1-bit Adam's warm-up, one compressing."""
 
 
 class Bytes(torch.utils.data.Dataset):
@@ -53,6 +55,16 @@ def digest(model: torch.nn.Module) -> str:
     return hashed.hexdigest()
 
 
+class Overflowing(huggingface.Trainer):
+    """compcoll's Trainer whose rank 0 training loss is infinite at OVERFLOW_STEPS: its gradient overflows alone."""
+
+    def compute_loss(self, model: torch.nn.Module, inputs: dict, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        if model.training and self.accelerator.process_index == 0 and self.state.global_step in OVERFLOW_STEPS:
+            return loss * float("inf")
+        return loss
+
+
 def _trainer(cls: type, output_dir: str, optimizers=(None, None), **overrides) -> transformers.Trainer:
     """A Trainer of class ``cls`` over ``gpt2()`` for STEPS optimizer steps, checkpointing at half-way."""
     model = gpt2()
@@ -76,10 +88,10 @@ def _record(output_dir: str, rank: int, name: str, trainer: transformers.Trainer
 
 def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     """The Trainer's default AdamW, and switched to compcoll's Trainer from its half-way checkpoint; compcoll's
-    Trainer with its defaults (AdamW becomes 1-bit Adam) and resumed from its
-    half-way checkpoint; a 1-bit Adam passed in with gradient accumulation and bf16, and with the loss scaler fp16 gets
-    on GPUs (backing off from 2^66); SGD through onebit_hook, and resumed. Each rank records each run's eval loss and
-    digest."""
+    Trainer with its defaults (AdamW becomes 1-bit Adam) and resumed from its half-way checkpoint; a 1-bit Adam
+    passed in with gradient accumulation and bf16, and with the loss scaler fp16 gets on GPUs (torch's, from 2^16)
+    while rank 0 alone overflows (``Overflowing``); SGD through onebit_hook, and resumed. Each rank records each
+    run's eval loss and digest."""
     plain = _trainer(transformers.Trainer, f"{output_dir}/adamw")
     plain.train()
     _record(output_dir, comm.rank, "AdamW", plain)
@@ -108,14 +120,14 @@ def trainer_runs(comm: compcoll.Communicator, output_dir: str) -> None:
     given.train()
     _record(output_dir, comm.rank, "OneBitAdam given, accumulation 2, bf16", given)
 
-    scaled = _trainer(huggingface.Trainer, f"{output_dir}/scaled",  # no clipping: on CPUs Accelerate clips unscaled
+    scaled = _trainer(Overflowing, f"{output_dir}/scaled",  # no clipping: on CPUs Accelerate clips unscaled
                       optimizers=(lambda m: OneBitAdam(m.parameters(), lr=1e-3, freeze_step=0.15, total_steps=STEPS),
                                   None), max_grad_norm=0)
-    scaled.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 66)  # fp16 makes one on GPUs only
+    scaled.accelerator.scaler = torch.amp.GradScaler("cpu")  # fp16 makes one on GPUs only
     scaled.train()
     assert isinstance(scaled.accelerator.scaler, compcoll.optim.GradScaler), type(scaled.accelerator.scaler)
     assert scaled.optimizer.scaler is scaled.accelerator.scaler
-    _record(output_dir, comm.rank, "OneBitAdam given, a loss scaler from 2^66", scaled,
+    _record(output_dir, comm.rank, "OneBitAdam given, a loss scaler, rank 0 overflowing", scaled,
             scale=scaled.accelerator.scaler.get_scale(), skipped=scaled.optimizer.optimizer.skipped_steps)
 
     sgd = _trainer(huggingface.Trainer, f"{output_dir}/sgd", optim="sgd", learning_rate=0.5)

@@ -6,8 +6,12 @@ deepspeed 0.19.6 is the newest release that still has ``runtime/fp16/onebit`` an
    same way (bit = not signbit(x), most significant bit first; bit 1 -> +1.0, 0 -> -1.0);
 2. the scale all-gather: it gathers a 0-dim scale into shape-(1,) buffers, which NCCL
    accepts and Gloo refuses (size mismatch); ``_ScaleAsVector`` views a 0-dim input as (1,).
+It also skips one build the 1-bit code never uses: on CPU, ``init_distributed`` compiles the
+C++ op ``deepspeed_shm_comm`` (its shared-memory inference allreduce; 42 s on 2 cores, again for
+every new environment) and only initialises it; ``load`` marks it incompatible, which DeepSpeed
+checks before building.
 Everything else (the algorithm, its torch ops, its float32 norms) is DeepSpeed's own code.
-Install with ``pip install -e '.[deepspeed]'``; never needed by compcoll or its tests.
+Install with ``pip install -e '.[deepspeed]'``; compcoll itself never needs it, only its peer tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ class _ScaleAsVector:
 
 
 def load():
-    """Import deepspeed, check its version, install the two shims; returns the ``deepspeed`` module.
+    """Import deepspeed, check its version, install the two shims, skip the shm build; returns ``deepspeed``.
 
     Call after torch.distributed is initialised with Gloo (``compcoll.launcher`` does so),
     before building a ``CompressedBackend`` or a ``OneBitAdam`` engine.
@@ -64,6 +68,7 @@ def load():
 
     if deepspeed.__version__ != "0.19.6":
         raise RuntimeError(f"the DeepSpeed peer is written for deepspeed 0.19.6, found {deepspeed.__version__}")
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     compressed.PackbitsBuilder = _CpuPackbitsBuilder
     if not isinstance(compressed.dist, _ScaleAsVector):
         compressed.dist = _ScaleAsVector(compressed.dist)

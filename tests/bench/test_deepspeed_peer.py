@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,12 @@ def test_cpu_packbits_packs_as_deepspeeds_op(numel: int) -> None:
 def test_allreduce_beside_deepspeed_agrees_on_two_gloo_ranks(tmp_path: Path) -> None:
     pytest.importorskip("deepspeed")
     out = tmp_path / "peer"
+    ops = tmp_path / "torch_extensions"
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "peers" / "allreduce.py"), "--numel", "30011",
-                           "--runs", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--runs", "2", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ops)})
     assert done.returncode == 0, done.stdout + done.stderr
+    assert not ops.exists(), "DeepSpeed compiled an op that its 1-bit code never calls"
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["identical_on_all_ranks"] == {"deepspeed": True, "compcoll": True}
     assert result["max_rel_difference"] < 1e-4 and result["sign_agreement"] > 0.999

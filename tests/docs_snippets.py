@@ -173,18 +173,22 @@ def run(code: str, context: Context) -> str:
 
 
 def main(out: str) -> None:
-    """Run every block with a context over a 1-rank Gloo group, in a scratch directory, and write the outcomes."""
+    """Run every block with a context over a 1-rank Gloo group, in a scratch directory removed after, and write the
+    outcomes to ``out``."""
     import torch.distributed as dist
 
-    os.chdir(tempfile.mkdtemp(prefix="compcoll-docs-"))
-    store = dist.FileStore(str(Path.cwd() / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    outcomes = {}
-    for name, code in blocks().items():
-        context = CONTEXTS.get(name, CONTEXTS.get(first_line(name)))
-        outcomes[name] = "failed: no context in tests/docs_snippets.py" if context is None else run(code, context)
+    home = Path.cwd()
+    with tempfile.TemporaryDirectory(prefix="compcoll-docs-") as scratch:
+        os.chdir(scratch)
+        store = dist.FileStore(str(Path(scratch) / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        outcomes = {}
+        for name, code in blocks().items():
+            context = CONTEXTS.get(name, CONTEXTS.get(first_line(name)))
+            outcomes[name] = "failed: no context in tests/docs_snippets.py" if context is None else run(code, context)
+        dist.destroy_process_group()
+        os.chdir(home)
     Path(out).write_text(json.dumps(outcomes, indent=1))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

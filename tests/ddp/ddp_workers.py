@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import io
-import tempfile
 import warnings
 
 import numpy as np
@@ -144,11 +143,11 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1) -> None:
+def onebit_resumes_exactly(comm: compcoll.Communicator, directory: str, ranks_per_node: int = 1) -> None:
     """Checkpoint model, optimizer and hook state after 5 steps; a fresh DDP resumed from it (state pickled whole,
     through state_dict, through compcoll.checkpoint's per-process files, and in ``torch.distributed.checkpoint``'s
     dictionary, which keeps one copy of what every rank saves under one key: each process's buffers under its own)
-    ends the next 4 steps with the bits of the run that went on."""
+    ends the next 4 steps with the bits of the run that went on. The files go to ``directory``."""
     rank = comm.rank
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.OneBitState(min_compress_numel=211500, ranks_per_node=ranks_per_node)
@@ -158,7 +157,6 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, ranks_per_node: int = 1)
     saved = io.BytesIO()
     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state}, saved)
     hook_dict = state.state_dict()
-    directory = gather(tempfile.mkdtemp() if rank == 0 else None)[0]
     compcoll.checkpoint.save(directory, state)
     dcp.save({"hook": state}, checkpoint_id=f"{directory}/dcp")
     expected = _train(model, opt, rank, range(5, 9))

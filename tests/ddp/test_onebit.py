@@ -46,12 +46,12 @@ def test_hierarchical_form_matches_the_reference() -> None:
 
 
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("threads", 3), ("gloo", 2)])
-def test_resume_is_exact(backend: str, world_size: int) -> None:
-    on(backend, "onebit_resumes_exactly", world_size)
+def test_resume_is_exact(backend: str, world_size: int, tmp_path) -> None:
+    on(backend, "onebit_resumes_exactly", world_size, str(tmp_path))
 
 
-def test_hierarchical_resume_is_exact() -> None:
-    on("threads", "onebit_resumes_exactly", 4, 2)
+def test_hierarchical_resume_is_exact(tmp_path) -> None:
+    on("threads", "onebit_resumes_exactly", 4, str(tmp_path), 2)
 
 
 def test_another_world_size_resumes_with_fresh_error_buffers(tmp_path) -> None:

@@ -18,8 +18,8 @@ def test_trainer_trains_in_one_bit_and_resumes_exactly(tmp_path) -> None:
     the same bits as the run it interrupted; a 1-bit Adam passed in, with gradient accumulation and bf16, and SGD
     through onebit_hook train, SGD's resume (the hook's error buffers) exact too; under a torch GradScaler (what
     Accelerate's fp16 makes on GPUs), where rank 0 alone overflows at 2 steps, both ranks skip those and back off
-    alike; every run ends with identical replicas (and
-    loss scales); the default run's checkpoint resumes on 3 ranks (an elastic restart: error buffers at zero)."""
+    alike; every run ends with identical replicas (and loss scales); the default run's checkpoint resumes on 3 ranks
+    (an elastic restart: error buffers at zero)."""
     run("tests.integrations.huggingface_workers:trainer_runs", 2, "gloo", args=(str(tmp_path),), timeout=900)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     print(json.dumps(ranks[0], indent=1))

@@ -380,12 +380,19 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _worker(backend: str, target: str, args_json: str) -> int:
-    """One rank: build the communicator, run the target, turn the outcome into an exit code."""
+    """One rank: build the communicator (on MPI, then release MPICH's segment name: ``comm.segments``), run the
+    target, turn the outcome into an exit code."""
     import compcoll
 
     faulthandler.register(STACKS_SIGNAL, all_threads=True)
     module_name, func_name = target.split(":")
     comm = compcoll.init("mpi" if backend == "mpi" else "torch")
+    if backend == "mpi":
+        from mpi4py import MPI
+
+        from .comm.segments import release_mpich_segment
+
+        release_mpich_segment(MPI.COMM_WORLD)
     try:
         getattr(importlib.import_module(module_name), func_name)(comm, *json.loads(args_json))
     except BaseException:

@@ -28,19 +28,30 @@ def sleeps(comm, seconds: float) -> None:
     time.sleep(seconds)
 
 
+def segments() -> set[str]:
+    """The MPICH shared-memory segments on this machine."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
+
+
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_failure_is_reported(backend: str) -> None:
+    """On MPI the failed rank leaves without MPI_Finalize and mpiexec kills the other, and yet no segment of MPICH's
+    stays behind in /dev/shm (``compcoll.comm.segments``)."""
+    before = segments()
     with pytest.raises(WorkerFailure, match="deliberate failure"):
         run("tests.test_launcher:fails_on_last_rank", 2, backend)
+    assert segments() <= before
 
 
 def test_timeout_kills_the_run_and_says_where_each_rank_was() -> None:
     """Past its timeout the run is killed, and first each rank prints its threads' stacks (under mpiexec, whose
-    Hydra processes the signal would end, only the ranks get it)."""
+    Hydra processes the signal would end, only the ranks get it); the killed ranks leave no segment of MPICH's."""
+    before = segments()
     start = time.monotonic()
     with pytest.raises(WorkerFailure, match="timed out") as failure:
         run("tests.test_launcher:sleeps", 2, "mpi", args=(60,), timeout=12)
     assert time.monotonic() - start < 40
+    assert segments() <= before
     where = re.findall(r"File \"[^\"]*test_launcher.py\", line \d+ in sleeps", str(failure.value))
     assert len(where) == 2, str(failure.value)[-3000:]
 

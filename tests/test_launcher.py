@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from compcoll.comm.segments import MPICH_SEGMENT_PREFIX
 from compcoll.launcher import BACKENDS, EPHEMERAL_PORTS, WorkerFailure, _free_port, run, run_threads, seeded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +32,7 @@ def sleeps(comm, seconds: float) -> None:
 
 def segments() -> set[str]:
     """The MPICH shared-memory segments on this machine."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
+    return set(glob.glob(MPICH_SEGMENT_PREFIX + "*"))
 
 
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])

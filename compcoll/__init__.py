@@ -1,4 +1,4 @@
-"""compcoll: compressed collectives (error-compensated and hierarchical 1-bit allreduce, low-bit reduce-scatter) for data-parallel training."""
+"""compcoll: compressed collectives (flat and hierarchical 1-bit allreduce, low-bit reduce-scatter) for training."""
 
 import importlib
 

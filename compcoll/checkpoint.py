@@ -14,7 +14,8 @@ from .comm import Communicator, get_default
 
 
 class Stateful(Protocol):
-    """What ``save`` and ``load`` take: compcoll's optimizers, ``OneBitState``, ``BirderState``, ``CompressedAllreduce``."""
+    """What ``save`` and ``load`` take: compcoll's optimizers, ``OneBitState``, ``BirderState``,
+    ``CompressedAllreduce``."""
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state, as tensors and plain values (``torch.load(weights_only=True)`` reads it back)."""

@@ -76,6 +76,8 @@ def allreduce_shares(n: int, rank: int, nbytes: int) -> list[int]:
         for i, peer in enumerate(peers):
             shares[peer] = share + (i < extra)
     return shares
+
+
 SCALES = {"l2": 2, "l1": 1}
 """The 1-bit scales, each with the power p of its sum of |x|^p (docs/architecture.md, "Exact numerics"):
 "l2" is DeepSpeed's ||x||_2 / sqrt(d); "l1" is mean |x| = ||x||_1 / d, the s that minimises ||x - s sign(x)||_2."""
@@ -93,6 +95,8 @@ def protocol_for(protocol: str, members: int) -> str:
     if protocol != "auto":
         return protocol
     return "allgather" if members <= 2 else "gather_scatter"
+
+
 STAGES = {"node": 1, "inter": 2, "server": 3}
 """The stage numbers mixed into Birder's random streams."""
 

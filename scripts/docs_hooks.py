@@ -1,4 +1,4 @@
-"""mkdocs hooks: the benchmarks' PNGs on the site, and a warning (a failure under --strict) for each undocumented API."""
+"""mkdocs hooks: the benchmarks' PNGs on the site, and a warning (--strict: a failure) for each undocumented API."""
 
 from __future__ import annotations
 

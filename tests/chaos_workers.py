@@ -17,7 +17,8 @@ WEIGHTS = (0.7, 0.1, 0.1, 0.1)
 OK, SKIPPED, REFUSED = 0, 1, 2
 NUMEL = 1237
 STABLE = {name: dict(lr=1e-3, eps=1e-4) for name in ("OneBitAdam", "OneBitLamb", "ZeroOneAdam")}
-"""Settings under which the optim tests' model trains for 500 steps without diverging (their lr 1e-2 blows up by 300)."""
+"""Settings under which the optim tests' model trains for 500 steps without diverging (their lr 1e-2 blows up by
+300)."""
 
 
 def schedule(calls: int, size: int, seed: int) -> list[tuple[str, int, float]]:
@@ -43,7 +44,8 @@ def _outcome(call) -> int:
 
 
 def allreduce_series(comm: compcoll.Communicator, plan: list, faults: bool) -> tuple[list[int], list[torch.Tensor]]:
-    """compressed_allreduce per call (every third asynchronous) into p -= out / 64; faulty calls skipped unless ``faults``.
+    """compressed_allreduce per call (every third asynchronous) into p -= out / 64; faulty calls skipped unless
+    ``faults``.
 
     Returns the outcomes and (p, worker error, server error).
     """
@@ -136,4 +138,3 @@ def chaos(comm: compcoll.Communicator, calls: int, seed: int, configs: list[str]
         for index, (got, expect) in enumerate(zip(final, clean)):
             assert torch.equal(got.reshape(-1).view(torch.uint8), expect.reshape(-1).view(torch.uint8)), \
                 f"{what}: final state tensor {index} differs from the clean run's"
-

@@ -1,4 +1,4 @@
-"""Rank-side bodies of the checkpoint tests: per-rank files through compcoll.checkpoint, rank 0's state on every rank."""
+"""Rank-side bodies of the checkpoint tests: per-rank files through compcoll.checkpoint, rank 0's state everywhere."""
 
 from __future__ import annotations
 
@@ -54,9 +54,9 @@ def rank_zero_state_on_every_rank(comm: compcoll.Communicator, name: str, at: in
     assert len(warned) == (1 if comm.rank and per_rank else 0), [str(w.message) for w in caught]
     assert opt2.steps == at
     train(comm, model2, opt2, range(at, STEPS))  # asserts identical replicas after every synchronised step
-    if not opt2._rank_own and not any(bool(t.any()) for t in _tensors(whole_state(opt2, saved["optimizer"])["error_feedback"])):
+    errors = _tensors(whole_state(opt2, saved["optimizer"])["error_feedback"])
+    if not opt2._rank_own and not any(bool(t.any()) for t in errors):
         assert torch.equal(flat_params(model2), flat_params(model)), f"{name} resumed in warmup differs"
-
 
 
 def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str) -> None:

@@ -115,4 +115,3 @@ def _feed(digest: "hashlib._Hash", value: Any) -> None:
             _feed(digest, item)
     else:
         digest.update(f"{type(value).__name__} {value!r}".encode())
-

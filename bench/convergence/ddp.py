@@ -1,4 +1,4 @@
-"""Convergence under real DDP (digits): compcoll's 1-bit hook against DDP's allreduce, fp16 and PowerSGD; 1-bit Adam in a framework.
+"""Convergence under real DDP (digits): the 1-bit hook vs DDP's allreduce, fp16 and PowerSGD; 1-bit Adam in a framework.
 
 Usage (from the repository root; needs scikit-learn and matplotlib: pip install -e '.[bench]'):
     .venv/bin/python bench/convergence/ddp.py --out bench/results/convergence_ddp_digits

@@ -69,7 +69,8 @@ def _powersgd_counting(state, counted: list[int], n: int):
             for tensor in bucket.gradients():
                 rows, cols = tensor.shape[0], tensor.numel() // tensor.shape[0]
                 rank = min(rows, cols, hook_state.matrix_approximation_rank)
-                compress = tensor.ndimension() > 1 and (rows + cols) * rank * hook_state.min_compression_rate < rows * cols
+                compress = (tensor.ndimension() > 1
+                            and (rows + cols) * rank * hook_state.min_compression_rate < rows * cols)
                 counted[0] += ring_bytes((rows + cols) * rank if compress else tensor.numel(), 4, n)
         return powerSGD_hook.powerSGD_hook(hook_state, bucket)
     return counting
@@ -106,8 +107,11 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     rng = np.random.default_rng(config["seed"])
     order = np.concatenate([rng.permutation(len(y_train))
                             for _ in range(config["steps"] * config["batch"] // len(y_train) + 2)])
-    sent = lambda: (counted[0] + (state.comm.bytes_sent if isinstance(state, compcoll.ddp.OneBitState) else 0)
-                    + (opt.comm.bytes_sent if isinstance(opt, compcoll.optim.OneBitAdam) else 0))
+
+    def sent() -> int:
+        return (counted[0] + (state.comm.bytes_sent if isinstance(state, compcoll.ddp.OneBitState) else 0)
+                + (opt.comm.bytes_sent if isinstance(opt, compcoll.optim.OneBitAdam) else 0))
+
     curve, start = [], time.perf_counter()
     for step in range(config["steps"] + 1):
         if step % config["eval_every"] == 0 or step == config["steps"]:
@@ -117,7 +121,8 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
             curve.append({"step": step, "train_loss": loss, "test_accuracy": accuracy, "bytes": sent()})
         if step == config["steps"]:
             break
-        index = order[step * config["batch"]:(step + 1) * config["batch"]][comm.rank * per_rank:(comm.rank + 1) * per_rank]
+        batch = order[step * config["batch"]:(step + 1) * config["batch"]]
+        index = batch[comm.rank * per_rank:(comm.rank + 1) * per_rank]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x_train[index]), y_train[index]).backward()
         opt.step()

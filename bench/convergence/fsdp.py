@@ -74,7 +74,8 @@ def report(results: list[dict], args) -> str:
     ]
     for r in results:
         curve = r["curve"]
-        gap = "" if r["baseline"] is None else f"{100 * (curve[-1]['val_loss'] / base['curve'][-1]['val_loss'] - 1):+.1f}%"
+        gap = ("" if r["baseline"] is None
+               else f"{100 * (curve[-1]['val_loss'] / base['curve'][-1]['val_loss'] - 1):+.1f}%")
         sent, plain = max(r["bytes_per_rank"]), max(r["float32_bytes_per_rank"])
         lines.append(f"{r['name']:<22}{curve[-1]['train_loss']:>11.4f}{curve[-1]['val_loss']:>10.4f}{gap:>9}"
                      f"{sent / 1e6:>10.2f}{plain / sent:>7.1f}x{max(r['memory_per_rank']) / 1e3:>11.1f}")

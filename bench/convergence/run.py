@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "peers"))
 
 from compcoll.launcher import run  # noqa: E402
 
+
 def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> list[dict]:
     """(name, optimizer, kwargs, baseline name) of every run; phases scale with ``steps``."""
     freeze = steps * 3 // 20
@@ -66,7 +67,8 @@ def runs(steps: int, eps: float, lr: float, lamb_lr: float, deepspeed: bool) -> 
     ] if deepspeed else []
     return [
         dict(name="Adam", optimizer="Adam", kwargs=dict(lr=lr, eps=eps), baseline=None),
-        dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam", kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
+        dict(name="1-bit Adam", optimizer="OneBitAdam", baseline="Adam",
+             kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
         dict(name="Adam frozen v", optimizer="FrozenVarianceAdam", baseline="Adam", kwargs=onebit),
         dict(name="1-bit Adam bf16", optimizer="OneBitAdam", baseline="1-bit Adam", dtype="bfloat16",
              kwargs=dict(lr=lr, eps=eps, freeze_step=freeze)),
@@ -105,7 +107,8 @@ def main() -> int:
     p.add_argument("--context", type=int, default=64, help="lm: bytes per window")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the Adam family and Birder")
     p.add_argument("--lamb-lr", type=float, default=5e-3, help="learning rate of the LAMB runs")
-    p.add_argument("--eps", type=float, default=1e-8, help="eps of every Adam / LAMB run (torch's and DeepSpeed's default)")
+    p.add_argument("--eps", type=float, default=1e-8,
+                   help="eps of every Adam / LAMB run (torch's and DeepSpeed's default)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="the order of the batches (the model's initial weights stay)")
     p.add_argument("--deepspeed", action="store_true", help="also run DeepSpeed 0.19.6's OnebitAdam (the peer)")

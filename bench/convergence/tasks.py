@@ -1,4 +1,4 @@
-"""The convergence benchmark's tasks on data that ships with installed packages: scikit-learn's digits, Python's own docs."""
+"""The convergence benchmark's tasks on data shipped with installed packages: scikit-learn's digits, Python's docs."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ class TextLM:
 
     def _loss(self, windows: torch.Tensor) -> torch.Tensor:
         logits = self.model(windows[:, :-1])
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), windows[:, 1:].reshape(-1))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                 windows[:, 1:].reshape(-1))
 
     def loss(self, step: int, rank: int, size: int) -> torch.Tensor:
         per_rank = self.batch // size

@@ -42,7 +42,8 @@ def split(report: dict, kernels: dict | None = None) -> list[dict]:
         model = (predict(emulated_cluster(report, kernels), row["size"], "1bit", pieces).total * 1e3
                  if kernels else None)
         out.append({
-            "size": row["size"], "pieces": pieces, "plain_ms": row["plain"]["time_us"] / 1e3 if "plain" in row else None,
+            "size": row["size"], "pieces": pieces,
+            "plain_ms": row["plain"]["time_us"] / 1e3 if "plain" in row else None,
             "wire_ms": wire, "kernels_ms": work, "serial_ms": serial, "pipelined_ms": piped,
             "bound_ratio": piped / max(work, wire),
             "hidden": (work + wire - piped) / min(work, wire) if min(work, wire) > 0 else None,

@@ -8,9 +8,9 @@ Usage (as root, from the repository root):
 2. Measure the link's TCP goodput between node 0 and node 1.
 3. Run ``compcoll.bench`` on Gloo or MPI (``--backend``) with ``--ranks-per-node`` ranks
    in each namespace (consecutive ranks per node), the methods side by side, counting
-   what each node's link interface sends; rank 0's progress lines go to this script's stderr. Every rank gets ``--threads`` compute threads
-   (Numba and torch; default: the machine's cores shared out among all ranks, as if
-   each node had its own).
+   what each node's link interface sends; rank 0's progress lines go to this script's
+   stderr. Every rank gets ``--threads`` compute threads (Numba and torch; default: the
+   machine's cores shared out among all ranks, as if each node had its own).
 4. Write the table (.txt) and JSON (.json, with the link rate, the goodput and the
    command), then delete the namespaces.
 """

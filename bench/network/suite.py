@@ -1,4 +1,4 @@
-"""The network benchmark suite: every scenario of link rate x node layout, Gloo and MPI jobs, then the plots (root only).
+"""The network benchmark suite: every scenario of link rate x node layout, Gloo and MPI, then the plots (root only).
 
 Usage (as root, from the repository root):
     .venv/bin/python bench/network/suite.py --rates 1gbit,10gbit --layouts 2x1,2x2 --out bench/results/network

@@ -26,8 +26,8 @@ from scenario import default_threads
 
 from compcoll.launcher import run
 
-LABELS = {"allreduce": "DDP allreduce", "fp16": "fp16 hook", "powersgd": "PowerSGD r=4", "onebit": "compcoll 1-bit hook",
-          "onebit_hier": "1-bit hook, by node",
+LABELS = {"allreduce": "DDP allreduce", "fp16": "fp16 hook", "powersgd": "PowerSGD r=4",
+          "onebit": "compcoll 1-bit hook", "onebit_hier": "1-bit hook, by node",
           "onebit_adam": "compcoll OneBitAdam", "zero_one_adam": "compcoll 0/1 Adam"}
 
 
@@ -46,7 +46,8 @@ def scenario(rate: str, nodes: int, per_node: int, config: dict, timeout: float)
                        "COMPCOLL_RANKS_PER_NODE": str(per_node)} for node in placed],
             master_addr=hosts[0].address)
         result = json.loads(out.read_text())
-    result.update(rate=rate, nodes=nodes, ranks_per_node=per_node, link_goodput_gbit=link, threads_per_rank=int(threads))
+    result.update(rate=rate, nodes=nodes, ranks_per_node=per_node, link_goodput_gbit=link,
+                  threads_per_rank=int(threads))
     return result
 
 

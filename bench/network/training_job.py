@@ -1,4 +1,4 @@
-"""One rank of the end-to-end training benchmark: steps per second of one model under each way of averaging gradients."""
+"""One rank of the end-to-end training benchmark: steps per second of a model under each way of averaging gradients."""
 
 # no ``from __future__ import annotations``: DDP checks the hooks' annotations against the classes
 
@@ -22,7 +22,8 @@ def make_model(width: int) -> torch.nn.Module:
     """An MLP whose gradients are large against its compute: 1024 -> width -> width -> 1024 -> 10."""
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(1024, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                               torch.nn.ReLU(), torch.nn.Linear(width, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+                               torch.nn.ReLU(), torch.nn.Linear(width, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 10))
 
 
 def prepare(method: str, comm: compcoll.Communicator, width: int) -> tuple[DDP, torch.optim.Optimizer]:
@@ -38,7 +39,10 @@ def prepare(method: str, comm: compcoll.Communicator, width: int) -> tuple[DDP, 
     """
     single = {"bucket_cap_mb": 4096} if method == "powersgd" else {}
     model = DDP(make_model(width), **single)
-    sgd = lambda: torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # noqa: E731
+
+    def sgd() -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
     if method == "allreduce":
         return model, sgd()
     if method == "fp16":
@@ -58,6 +62,14 @@ def prepare(method: str, comm: compcoll.Communicator, width: int) -> tuple[DDP, 
     return model, ZeroOneAdam(model.parameters(), lr=1e-4, var_freeze_step=2, comm=comm)
 
 
+def steps(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, count: int) -> None:
+    """Take ``count`` training steps of ``model`` on the batch (x, y)."""
+    for _ in range(count):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
 def train(comm: compcoll.Communicator, config_json: str) -> None:
     """Time ``steps`` training steps after ``warmup`` ones for every method; rank 0 writes samples/s to config["out"].
 
@@ -72,19 +84,12 @@ def train(comm: compcoll.Communicator, config_json: str) -> None:
     results = {}
     for method in config["methods"]:
         model, opt = prepare(method, comm, width)
-
-        def steps(count: int) -> None:
-            for _ in range(count):
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-
-        steps(config["warmup"])
+        steps(model, opt, x, y, config["warmup"])
         times = []
         for _ in range(config["runs"]):
             dist.barrier()
             start = time.perf_counter()
-            steps(config["steps"])
+            steps(model, opt, x, y, config["steps"])
             dist.barrier()
             times.append(time.perf_counter() - start)
         times.sort()

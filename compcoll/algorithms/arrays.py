@@ -1,4 +1,4 @@
-"""Arrays of other libraries (numpy, cupy: anything that exports DLPack) as zero-copy torch views, results handed back."""
+"""Arrays of other libraries (numpy, cupy: any DLPack exporter) as zero-copy torch views, results handed back."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from ..comm import Communicator
 from ..workspace import Workspace
 
 
-def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspace: Workspace, name: str) -> torch.Tensor:
+def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspace: Workspace,
+                  name: str) -> torch.Tensor:
     """Reduce-scatter: this rank's shard of ``tensor`` averaged over ``comm``, in float32.
 
     1. Copy the tensor, as float32, into a zero-padded buffer of ``comm.size`` shards.

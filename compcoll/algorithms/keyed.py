@@ -80,7 +80,8 @@ class CompressedAllreduce:
 
     @eager
     def __call__(
-        self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None, async_op: bool = False
+        self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None,
+        async_op: bool = False
     ) -> torch.Tensor | Work:
         def checks() -> FlatPlan:
             check_tensor("CompressedAllreduce", tensor, out, self.comm.carries_meta)

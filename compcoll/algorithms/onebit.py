@@ -1,4 +1,4 @@
-"""Error-compensated 1-bit allreduce, written once against Communicator + codecs (docs/architecture.md, "Algorithms")."""
+"""Error-compensated 1-bit allreduce, written once against Communicator + codecs (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -291,7 +291,7 @@ class FlatPlan(Plan):
         self.comm.allgather(bits, gathered)
         flat = out.view(-1)
         average = flat if out.dtype == torch.float32 else self.workspace.get("avg", flat.numel(), torch.float32,
-                                                                              self.device)
+                                                                             self.device)
         codecs.accumulate_signs(gathered.view(n, -1), weights, None, average, flat.numel(), read=False)
         if average is not flat:
             flat.copy_(average)

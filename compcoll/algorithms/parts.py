@@ -1,4 +1,4 @@
-"""A state's own part (one process's error buffers) under that process's key, so a checkpoint of every process keeps it."""
+"""A state's own part (one process's error buffers) under that process's key, so every process's checkpoint keeps it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gather-scatter exchange of ``compressed_allreduce`` in pieces, so that the kernels overlap the wire, bit for bit."""
+"""The gather-scatter exchange of ``compressed_allreduce`` in pieces, the kernels overlapping the wire, bit for bit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plans: one collective on one layout, owning its agreement, scratch buffers and error-feedback state (docs/architecture.md, "Plans")."""
+"""Plans: one collective on one layout, owning its agreement, scratch buffers and error-feedback state."""
 
 from __future__ import annotations
 

@@ -173,7 +173,6 @@ class ScatterPlan(Plan):
         return scales
 
 
-
 def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> torch.Tensor:
     """Where a blockwise call writes its float32 result: ``result`` itself (flat) when it is float32, else
     ``length`` elements of scratch, which the caller copies into ``result``."""

@@ -3,6 +3,7 @@ round's allreduce and values' all-gather, the refusing ranks' messages (docs/arc
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NoReturn, TypeVar
 
 import torch
@@ -121,7 +122,7 @@ def agree_outcome(comm: Communicator, what: str, error: Exception | None) -> Non
     if error is not None:
         raise error
     raise RemoteError(f"{what} failed on rank(s) {failing}: " + "; ".join(f"rank {r}: {m}" for r, m in
-                                                                         messages.items()), messages)
+                                                                          messages.items()), messages)
 
 
 def checked(comm: Communicator, what: str, checks: Callable[[], T]) -> T:
@@ -134,4 +135,4 @@ def checked(comm: Communicator, what: str, checks: Callable[[], T]) -> T:
     try:
         return checks()
     except (TypeError, ValueError) as exc:
-        return comm.run(lambda: refuse(comm, exc), what)
+        return comm.run(partial(refuse, comm, exc), what)

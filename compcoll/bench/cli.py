@@ -159,7 +159,8 @@ def measure(comm: Communicator, topo: compcoll.Topology, size: int, args: argpar
     for name in args.methods:
         m = row[name]
         m["speedup"] = base["time_us"] / m["time_us"]
-        for key, ratio in (("bytes_sent", "bytes_ratio"), ("inter_bytes", "inter_ratio"), ("nic_tx_bytes", "nic_ratio")):
+        for key, ratio in (("bytes_sent", "bytes_ratio"), ("inter_bytes", "inter_ratio"),
+                           ("nic_tx_bytes", "nic_ratio")):
             m[ratio] = base[key] / m[key] if m[key] and base[key] else None
     return row
 
@@ -175,7 +176,8 @@ def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace
         f"# compcoll.bench: {type(comm).__name__} {comm.size} rank(s), {first['ranks_per_node']} per node, "
         f"protocol {args.protocol}, {args.iters} iters x {args.runs} runs (median), {args.warmup} warmup; "
         f"latency (4-byte allreduce) {latency * 1e6:.1f} us; "
-        f"ratios vs {args.methods[0]}" + (f"; nic(B): max bytes one rank's {args.nic} sent per call" if args.nic else "")
+        f"ratios vs {args.methods[0]}"
+        + (f"; nic(B): max bytes one rank's {args.nic} sent per call" if args.nic else "")
         + f"\n# {'size(B)':>12} {'count':>11} {'method':>11} | {'time us':>10} {'compute us':>10} {'algbw':>7} "
         f"{'busbw':>7} | "
         f"{'sent(B)':>11} {'intra(B)':>11} {'inter(B)':>11} {'nic(B)':>11} {'wrong':>5} | {'speedup':>7} "
@@ -197,8 +199,8 @@ def _format_table(rows: list[dict], comm: Communicator, args: argparse.Namespace
 
 
 def run_benchmark(comm: Communicator, args: argparse.Namespace) -> list[dict]:
-    """Measure a 4-byte allreduce (the latency), then every size; rank 0 prints a progress line per method and size on stderr as it goes
-    (or ``args.progress``; none with ``args.quiet``), then the table or JSON."""
+    """Measure a 4-byte allreduce (the latency), then every size; rank 0 prints a progress line per method and size
+    on stderr as it goes (or ``args.progress``; none with ``args.quiet``), then the table or JSON."""
     topo = compcoll.topology(comm, args.ranks_per_node)
     rows, todo, start = [], sizes(args.begin, args.end, args.factor), time.perf_counter()
 
@@ -220,7 +222,8 @@ def run_benchmark(comm: Communicator, args: argparse.Namespace) -> list[dict]:
     if comm.rank == 0:
         report = {"communicator": type(comm).__name__, "ranks": comm.size, "ranks_per_node": topo.ranks_per_node,
                   "methods": args.methods, "protocol": args.protocol, "iters": args.iters, "runs": args.runs,
-                  "warmup": args.warmup, "latency_us": latency * 1e6, "nic": args.nic, "powersgd_rank": args.powersgd_rank, "rows": rows}
+                  "warmup": args.warmup, "latency_us": latency * 1e6, "nic": args.nic,
+                  "powersgd_rank": args.powersgd_rank, "rows": rows}
         if args.json:
             text = json.dumps(report, indent=1)
             if args.json == "-":
@@ -248,7 +251,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 yes, 0 no (1)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="gather_scatter", help="of the 1bit method")
     p.add_argument("--pieces", type=int, metavar="P",
-                   help="pieces of the 1bit method (default: compressed_allreduce's choice by size, device and node layout)")
+                   help="pieces of the 1bit method (default: compressed_allreduce's choice by size, device and node "
+                        "layout)")
     p.add_argument("--methods", type=_method_list, default=["plain", "1bit"],
                    help="comma-separated, side by side, the first is the baseline (plain,1bit): "
                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()))

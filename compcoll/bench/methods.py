@@ -1,4 +1,4 @@
-"""The benchmark's methods, one record each: how to run one call and how to verify it (nccl-tests' per-collective specs)."""
+"""The benchmark's methods, one record each: how to run one call and how to verify it (as nccl-tests' specs)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Alpha-beta performance model of plain, flat 1-bit and hierarchical 1-bit allreduce, and where compression stops paying."""
+"""Alpha-beta model of plain, flat 1-bit and hierarchical 1-bit allreduce, and where compression stops paying."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``python -m compcoll.bench model``: calibrate the kernel rates, validate the model against emulated runs, predict clusters."""
+"""``python -m compcoll.bench model``: calibrate kernel rates, validate the model on emulated runs, predict clusters."""
 
 from __future__ import annotations
 
@@ -162,7 +162,8 @@ def predictions(args: argparse.Namespace) -> str:
                                  for m in ("1bit", "hier"))
                 sizes = " ".join(_amount(break_even_size(cluster, m), 1024) for m in ("1bit", "hier"))
                 lines.append(
-                    f"  {nodes:>5} {gbit:>5g} {format_count(params):>7} | {t['plain'] * 1e3:>9.1f} {t['1bit'] * 1e3:>8.1f} "
+                    f"  {nodes:>5} {gbit:>5g} {format_count(params):>7} | "
+                    f"{t['plain'] * 1e3:>9.1f} {t['1bit'] * 1e3:>8.1f} "
                     f"{t['hier'] * 1e3:>8.1f} | {t['plain'] / t['1bit']:>6.1f} {t['plain'] / t['hier']:>6.1f} | "
                     f"{'':>18} {gbits} | {'':>14} {sizes}"
                 )
@@ -218,7 +219,8 @@ def parser() -> argparse.ArgumentParser:
                    default=[parse_count(v) for v in ("300M", "1.3B", "7B")],
                    help="comma-separated model sizes in parameters, float32 gradients (300M,1.3B,7B)")
     p.add_argument("--kernels", type=Path, metavar="JSON",
-                   help="kernel rates from --calibrate (its --threads entry) instead of --kernel-gbyte / --reduce-gbyte")
+                   help="kernel rates from --calibrate (its --threads entry) instead of --kernel-gbyte / "
+                        "--reduce-gbyte")
     p.add_argument("--latency-us", type=float, default=50.0, help="alpha, one collective (50)")
     p.add_argument("--intra-gbyte", type=float, default=100.0, help="per-rank intra-node GB/s (100, NVLink-class)")
     p.add_argument("--kernel-gbyte", type=float, default=200.0,

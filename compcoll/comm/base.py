@@ -145,6 +145,7 @@ class Communicator(ABC):
     def allreduce(self, tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """Sum ``tensor`` over all ranks, in place (``async_op``: as for ``alltoall``)."""
         self._check(tensor)
+
         def count() -> None:
             shares = allreduce_shares(self.size, self.rank, _nbytes(tensor))
             self._count({peer: shares[peer] for peer in self._peers})

@@ -1,4 +1,4 @@
-"""Whether the loaded MPI library moves CUDA device memory itself: ``MPIX_Query_cuda_support`` through ctypes, or an override."""
+"""Whether the loaded MPI moves CUDA memory itself: ``MPIX_Query_cuda_support`` through ctypes, or an override."""
 
 from __future__ import annotations
 

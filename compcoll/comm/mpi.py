@@ -202,7 +202,8 @@ class RequestWork(PendingWork):
     0.1 ms apart. ``sources[i]``, where given, is the rank the i-th request receives from.
     """
 
-    def __init__(self, comm: MPIComm, what: str, request, result, finish=None, sources: list[int] | None = None) -> None:
+    def __init__(self, comm: MPIComm, what: str, request, result, finish=None,
+                 sources: list[int] | None = None) -> None:
         super().__init__(comm, what, result, finish)
         self._requests = request if isinstance(request, list) else [request]
         self._sources = sources

@@ -139,7 +139,8 @@ class OneBitState:
         self._model = OneModel("OneBitState")
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
-        """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its parameters.
+        """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its
+        parameters.
 
         1. A bucket whose parameters (their shapes, in order) are those its index held
            before, or an index not seen yet: one key, the index, one span.

@@ -238,4 +238,3 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
     for unit in units:
         _COMPRESSED[unit] = state
     return state
-

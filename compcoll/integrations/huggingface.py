@@ -191,7 +191,8 @@ class OneBitMixin:
 
 
 class Trainer(OneBitMixin, transformers.Trainer):
-    """``transformers.Trainer`` that trains with 1-bit communication (``OneBitMixin``): change the import, nothing else."""
+    """``transformers.Trainer`` that trains with 1-bit communication (``OneBitMixin``): change the import, nothing
+    else."""
 
 
 def _ddp(model: torch.nn.Module) -> DistributedDataParallel | None:

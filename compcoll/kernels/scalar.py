@@ -1,4 +1,4 @@
-"""Per-element helpers that the kernel modules compile (Numba CPU and numba.cuda): input and scale loading, the scales' powers, the threshold hash."""
+"""Per-element helpers the kernel modules compile (Numba CPU and numba.cuda): loads, the scales' powers, the hash."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The error-compensated 1-bit allreduce an optimizer sends through: plans that own its error buffers, one or one per layer."""
+"""The 1-bit allreduce an optimizer sends through: plans that own its error buffers, one or one per layer."""
 
 from __future__ import annotations
 

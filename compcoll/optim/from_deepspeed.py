@@ -80,8 +80,9 @@ def _read_config(config: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
         return json.load(f)
 
 
-def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: Iterable, comm: Communicator | None = None,
-                          *, numerics: str = "compcoll", **options: Any) -> CompressedOptimizer:
+def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: Iterable,
+                          comm: Communicator | None = None, *, numerics: str = "compcoll",
+                          **options: Any) -> CompressedOptimizer:
     """The compcoll optimizer that a DeepSpeed 0.19.6 config's ``"optimizer"`` section describes.
 
     1. Read the config (a dict, or the path of its JSON file) and match its optimizer

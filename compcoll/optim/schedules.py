@@ -32,7 +32,7 @@ class WarmupLR(LRScheduler):
                  warmup_max_lr: float | Sequence[float] | None = None, warmup_num_steps: int = 1000,
                  warmup_type: str = LOG) -> None:
         self.warmup_num_steps, self.warmup_type, self.inverse_log_warm_up = _warmup_settings(warmup_num_steps,
-                                                                                              warmup_type)
+                                                                                             warmup_type)
         groups = [group["lr"] for group in optimizer.param_groups]
         self.min_lrs = _per_group(optimizer, warmup_min_lr, "warmup_min_lr")
         self.max_lrs = _per_group(optimizer, groups if warmup_max_lr is None else warmup_max_lr, "warmup_max_lr")
@@ -86,7 +86,7 @@ class WarmupCosineLR(LRScheduler):
     def __init__(self, optimizer: torch.optim.Optimizer, total_num_steps: int, warmup_min_ratio: float = 0.0,
                  warmup_num_steps: int = 1000, cos_min_ratio: float = 0.0001, warmup_type: str = LOG) -> None:
         self.warmup_num_steps, self.warmup_type, self.inverse_log_warm_up = _warmup_settings(warmup_num_steps,
-                                                                                              warmup_type)
+                                                                                             warmup_type)
         self.total_num_steps = _positive("total_num_steps", total_num_steps)
         self.cos_min_ratio = cos_min_ratio
         self.warmup_min_ratio = warmup_min_ratio

@@ -97,7 +97,8 @@ def warmup_steps(what: str, name: str, value: int | float, total_steps: int | No
 def check_hyperparameters(
     what: str, lr: float, betas: tuple[float, float], eps: float | None, weight_decay: float
 ) -> None:
-    """ValueError naming the first bad hyperparameter (eps, if the algorithm has one, must be > 0: v = 0 divides by it)."""
+    """ValueError naming the first bad hyperparameter (eps, if the algorithm has one, must be > 0: v = 0 divides by
+    it)."""
     if not lr >= 0.0:
         raise ValueError(f"{what}: lr must be >= 0, got {lr}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):

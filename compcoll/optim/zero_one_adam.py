@@ -1,4 +1,4 @@
-"""0/1 Adam (Lu et al. 2022): variance refreshed at doubling intervals, 1-bit steps between, then 1-bit synced local steps."""
+"""0/1 Adam (Lu et al. 2022): variance refreshed at doubling intervals, 1-bit steps, then 1-bit synced local steps."""
 
 from __future__ import annotations
 

@@ -44,9 +44,9 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     every call's record is written beside its sum and all-gathered with it (``Agreement.check_record``), and
     outputs, error buffers and bytes equal the reference's, with one scale, block scales, the hierarchical forms and
     Birder's; with ``errors``, 1-bit LAMB by layer and 0/1 Adam equal their references (rounds on a vector's
-    finiteness: the layered channel's, 0/1 Adam's local steps'), a NaN in a local step skips it on every rank, ranks at different steps fail alike, and
-    every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking
-    part with a host record. ``forced``: the rounds are allreduces (``summed_rounds``)."""
+    finiteness: the layered channel's, 0/1 Adam's local steps'), a NaN in a local step skips it on every rank,
+    ranks at different steps fail alike, and every bad input, refusal, mismatch and NaN fails on every rank alike, a
+    refusing rank taking part with a host record. ``forced``: the rounds are allreduces (``summed_rounds``)."""
     comm.agrees_on_device = True
     gathered = spec.GATHERED_AGREEMENT_RANKS
     if forced:

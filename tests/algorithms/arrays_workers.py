@@ -42,7 +42,7 @@ def numpy_arrays(comm: compcoll.Communicator, steps: int) -> None:
                 assert np.array_equal(we, ref_we[rank]) and np.array_equal(se, ref_se[rank]), where
                 got = compcoll.hierarchical_compressed_allreduce(mine, hwe, hse, comm, ranks_per_node=n)
                 outs, ref_hwe, ref_hse, _ = world_once(comm, reference.hierarchical_compressed_allreduce, flat, ref_hwe,
-                                                        ref_hse, n)
+                                                       ref_hse, n)
                 _check(got, mine, outs[rank], None, "hierarchical compensated " + where)
                 assert np.array_equal(hwe, ref_hwe[rank]) and np.array_equal(hse, ref_hse[rank]), where
                 work = compcoll.hierarchical_allreduce(mine, comm, ranks_per_node=1, seed=3, step=step, async_op=True)

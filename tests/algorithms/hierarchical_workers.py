@@ -95,7 +95,7 @@ def statistics(comm: compcoll.Communicator, k: int, numel: int, calls: int) -> N
         low = torch.zeros(n).scatter_reduce(0, row_of, magnitude, "amin", include_self=False)
         mixed = (high != low).nonzero().flatten().tolist()
         assert not mixed, (f"row {mixed[0]} holds magnitudes {low[mixed[0]]:g} to {high[mixed[0]]:g}: "
-                          "not a 1-bit decode")
+                           "not a 1-bit decode")
         total += out.double()
         squares += out.double() ** 2
         if call in (calls // 4, calls):
@@ -117,7 +117,8 @@ def statistics(comm: compcoll.Communicator, k: int, numel: int, calls: int) -> N
 
     big = make_input(rank, 1, (100003,), torch.float32)
     full = compcoll.padded_numel(big.numel(), n)
-    _, (_, flat) = _traffic(comm, topo, compcoll.compressed_allreduce, big, torch.zeros(full), torch.zeros(full // n), comm)
+    _, (_, flat) = _traffic(comm, topo, compcoll.compressed_allreduce, big, torch.zeros(full), torch.zeros(full // n),
+                            comm)
     _, (_, birder) = _traffic(comm, topo, compcoll.hierarchical_allreduce, big, comm, ranks_per_node=k)
     wn, sn = compcoll.hierarchical_error_numels(big.numel(), n, k)
     _, (_, compensated) = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, big,
@@ -180,8 +181,9 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
                 where = f"{dtype} shape {shape} block {block} call {call}"
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
                                      comm, ranks_per_node=k, scale=scale, block_size=block)
-                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce,
-                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, k, scale, block)
+                flat = [x.float().reshape(-1).numpy() for x in xs]
+                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce, flat,
+                                                            ref_we, ref_se, k, scale, block)
                 assert out.shape == shape and out.dtype == dtype, where
                 assert_matches_reference(out, outs[rank], f"compensated blocks {scale}, {where}")
                 assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
@@ -208,8 +210,9 @@ def compensated_allgather(comm: compcoll.Communicator, k: int, shapes: list[list
                 where = f"{dtype} shape {shape} call {call}"
                 out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se,
                                      comm, ranks_per_node=k, scale=scale, protocol="allgather")
-                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce,
-                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, k, scale, None, "allgather")
+                flat = [x.float().reshape(-1).numpy() for x in xs]
+                outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce, flat,
+                                                            ref_we, ref_se, k, scale, None, "allgather")
                 assert out.shape == shape and out.dtype == dtype, where
                 assert_matches_reference(out, outs[rank], f"compensated allgather {scale}, {where}")
                 assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)

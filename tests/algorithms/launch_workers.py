@@ -51,11 +51,12 @@ def in_flight(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
                 full = compcoll.padded_numel(int(np.prod(shape)), n)
                 we, se, ref_we, ref_se = state.setdefault(shape, [
                     torch.zeros(full), torch.zeros(full // n),
-                    [np.zeros(full, np.float32) for _ in range(n)], [np.zeros(full // n, np.float32) for _ in range(n)]])
+                    [np.zeros(full, np.float32) for _ in range(n)],
+                    [np.zeros(full // n, np.float32) for _ in range(n)]])
                 xs = world_inputs(comm, step, shape, dtype)
                 work = compcoll.compressed_allreduce(xs[rank], we, se, comm, async_op=True)
                 outs, ref_we, ref_se, _ = world_once(comm, reference.compressed_allreduce,
-                    [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se)
+                                                     [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se)
                 state[shape][2:] = ref_we, ref_se
                 pending.append((work, outs[rank], we, se, ref_we[rank], ref_se[rank], f"{dtype} {shape} step {step}"))
 
@@ -64,13 +65,13 @@ def in_flight(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
             flat = [x.float().reshape(-1).numpy() for x in xs]
             if not hier_state:
                 wn, sn = compcoll.hierarchical_error_numels(flat[0].size, n, 1)
-                hier_state[:] = [torch.zeros(wn), torch.zeros(sn),
-                                 [np.zeros(wn, np.float32) for _ in range(n)], [np.zeros(sn, np.float32) for _ in range(n)]]
+                hier_state[:] = [torch.zeros(wn), torch.zeros(sn), [np.zeros(wn, np.float32) for _ in range(n)],
+                                 [np.zeros(sn, np.float32) for _ in range(n)]]
             hwe, hse, ref_hwe, ref_hse = hier_state
             compensated = compcoll.hierarchical_compressed_allreduce(xs[rank], hwe, hse, comm, ranks_per_node=1,
                                                                      async_op=True)
             outs, ref_hwe, ref_hse, _ = world_once(comm, reference.hierarchical_compressed_allreduce, flat, ref_hwe,
-                                                    ref_hse, 1)
+                                                   ref_hse, 1)
             hier_state[2:] = ref_hwe, ref_hse
             pending.append((compensated, outs[rank], hwe, hse, ref_hwe[rank], ref_hse[rank], f"hierarchical {dtype}"))
             birder = compcoll.hierarchical_allreduce(xs[rank], comm, ranks_per_node=1, seed=3, step=step,
@@ -116,14 +117,15 @@ def errors_through_wait(comm: compcoll.Communicator) -> None:
             raise AssertionError("the future of a failed call completed with a result")
 
     xs = world_inputs(comm, 0, (numel,), torch.float32)
-    outs, _, _, _ = world_once(comm, reference.compressed_allreduce,
-        [v.numpy() for v in xs], [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n)
+    outs, _, _, _ = world_once(comm, reference.compressed_allreduce, [v.numpy() for v in xs],
+                               [np.zeros(full, np.float32)] * n, [np.zeros(full // n, np.float32)] * n)
     out = compcoll.compressed_allreduce(x, we, se, comm, async_op=True).wait()
     assert torch.equal(out, torch.from_numpy(outs[rank])), "the communicator is not usable after the errors"
 
 
 def wait_timeout(comm: compcoll.Communicator, delay: float) -> None:
-    """The last rank never joins: wait(timeout) raises CollectiveTimeout in time, and the communicator is then broken."""
+    """The last rank never joins: wait(timeout) raises CollectiveTimeout in time, and the communicator is then
+    broken."""
     comm.timeout = delay
     numel = 100
     full = compcoll.padded_numel(numel, comm.size)
@@ -144,7 +146,6 @@ def wait_timeout(comm: compcoll.Communicator, delay: float) -> None:
         raise AssertionError("a communicator whose call timed out was still usable")
     while not work.is_completed():
         time.sleep(0.05)
-
 
 
 def _rss_mib() -> float:

@@ -82,9 +82,9 @@ def numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -
                     before, sent_before = xs[rank].clone(), comm.bytes_sent
                     out = compcoll.compressed_allreduce(xs[rank], we, se, comm, protocol=protocol, scale=scale)
                     sent = comm.bytes_sent - sent_before
-                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce,
-                        [x.float().reshape(-1).numpy() for x in xs], ref_we, ref_se, protocol, scale
-                    )
+                    flat = [x.float().reshape(-1).numpy() for x in xs]
+                    outs, ref_we, ref_se, ref_sent = world_once(comm, reference.compressed_allreduce, flat, ref_we,
+                                                                ref_se, protocol, scale)
                     where = f"{dtype} {protocol} {scale} shape {shape} step {step}"
                     assert torch.equal(xs[rank], before), f"input was modified ({where})"
                     assert out.shape == shape and out.dtype == dtype, where
@@ -344,7 +344,6 @@ def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) 
             block_size=100)
     _expect(ValueError, "runs in one piece", compcoll.compressed_allreduce, poisoned, we, se, comm, block_size=64,
             pieces=2)
-
 
 
 def _resumes_exactly(comm: compcoll.Communicator, **options) -> torch.Tensor:

@@ -24,7 +24,8 @@ def pieces_match_reference(comm: compcoll.Communicator, shapes: list[list[int]],
 
 
 def pieces_must_agree(comm: compcoll.Communicator) -> None:
-    """Ranks asking for different numbers of pieces raise RankMismatchError on every rank; a bad count raises locally."""
+    """Ranks asking for different numbers of pieces raise RankMismatchError on every rank; a bad count raises
+    locally."""
     n, rank = comm.size, comm.rank
     full = compcoll.padded_numel(5000, n)
     we, se = torch.zeros(full), torch.zeros(full // n)

@@ -42,7 +42,8 @@ def numerics(comm: compcoll.Communicator, rows: list[int], steps: int) -> None:
                                           scale=scale, bits=bits)
                 sent = comm.bytes_sent - sent_before
                 outs, ref_errors, ref_sent = world_once(comm, reference.compressed_reduce_scatter,
-                    [x.float().numpy() for x in xs], ref_errors, block, scale, op, factor, bits)
+                                                        [x.float().numpy() for x in xs], ref_errors, block, scale, op,
+                                                        factor, bits)
                 where = f"{dtype} {op} {scale} {bits} bit(s) block {block} row {row} step {step}"
                 assert torch.equal(xs[rank], before), f"input was modified ({where})"
                 assert_matches_reference(out, outs[rank], where)

@@ -41,8 +41,6 @@ def _expected(steps: int, phase: int) -> int:
     return steps - 3 + phase * (half + max(0, half - 3))
 
 
-
-
 def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], steps: int, device: str = "cpu",
                                ranks_per_node: int | None = None) -> None:
     """Each form (``FORMS``; with ``ranks_per_node``, the hierarchical ``NODE_FORMS`` on nodes of that many ranks)

@@ -30,7 +30,7 @@ def test_unbiased_one_bit_and_a_kth_of_the_inter_node_bytes(world_size: int, k: 
 
 
 @pytest.mark.parametrize("world_size,k,backend", [(1, 1, "threads"), (4, 2, "threads"), (6, 2, "threads"),
-                                                   (4, 2, "mpi"), (6, 3, "gloo")])
+                                                  (4, 2, "mpi"), (6, 3, "gloo")])
 def test_bad_inputs_raise_on_every_rank(world_size: int, k: int, backend: str) -> None:
     run(f"{WORKERS}:bad_inputs", world_size, backend, args=(k,))
 

@@ -1,4 +1,4 @@
-"""Asynchronous calls (async_op=True) over MPI and Gloo: Works in flight equal the reference; errors and timeouts reach wait()."""
+"""Asynchronous calls over MPI and Gloo: Works in flight equal the reference; errors and timeouts reach wait()."""
 
 from __future__ import annotations
 

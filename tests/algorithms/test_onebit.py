@@ -102,13 +102,12 @@ def test_block_scales_match_reference(backend: str, world_size: int) -> None:
     run(f"{WORKERS}:blockwise", world_size, backend, args=([[1], [37], [3, 7, 11], [12289]], 3))
 
 
-
 @pytest.mark.parametrize("protocol, block_size, bits", [("gather_scatter", None, 1), ("allgather", None, 1),
-                                                     ("gather_scatter", 64, 1), ("gather_scatter", 64, 4),
-                                                     ("allgather", 64, 1)])
+                                                        ("gather_scatter", 64, 1), ("gather_scatter", 64, 4),
+                                                        ("allgather", 64, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_device_part_of_a_call_neither_waits_nor_allocates(protocol: str, block_size: int | None, bits: int,
-                                                                dtype: torch.dtype) -> None:
+                                                               dtype: torch.dtype) -> None:
     """What a CUDA graph would capture of a call (``FlatPlan.finish_flat`` / ``finish_blocks``, after the agreement)
     makes no host wait and, once the plan is warm, no device allocation: traced on meta tensors, whose counts are a
     GPU's (tests/bench/test_launches.py)."""

@@ -1,4 +1,4 @@
-"""compressed_allreduce in pieces equals the reference bit for bit, on 1-4 in-process ranks and on real MPI and Gloo ranks."""
+"""compressed_allreduce in pieces equals the reference bit for bit: 1-4 in-process ranks, real MPI and Gloo ranks."""
 
 from __future__ import annotations
 

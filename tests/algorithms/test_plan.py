@@ -45,7 +45,8 @@ def test_round_trip_through_torch_save() -> None:
     saved.seek(0)
     restored = CompressedAllreduce(SingleComm())
     restored.load_state_dict(torch.load(saved))
-    assert torch.equal(restored.plans["a"].error_feedback.worker_error, allreduce.plans["a"].error_feedback.worker_error)
+    assert torch.equal(restored.plans["a"].error_feedback.worker_error,
+                       allreduce.plans["a"].error_feedback.worker_error)
     assert torch.equal(restored(x, key="a"), allreduce(x, key="a"))
 
 

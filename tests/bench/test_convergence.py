@@ -25,9 +25,9 @@ def test_short_convergence_run_writes_results() -> None:
     assert done.returncode == 0, done.output + done.errors
     out = finished.folder / "conv"
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
-    assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "Adam frozen v", "1-bit Adam bf16", "1-bit Adam m", "0/1 Adam",
-                                        "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder", "LAMB",
-                                        "LAMB frozen v", "1-bit LAMB", "1-bit LAMB m", "1-bit LAMB refresh"]
+    assert [r["name"] for r in runs] == ["Adam", "1-bit Adam", "Adam frozen v", "1-bit Adam bf16", "1-bit Adam m",
+                                         "0/1 Adam", "0/1 Adam exact", "0/1 Adam clipper 1", "Birder exact", "Birder",
+                                         "LAMB", "LAMB frozen v", "1-bit LAMB", "1-bit LAMB m", "1-bit LAMB refresh"]
     by_name = {r["name"]: r for r in runs}
     plain = by_name["Adam"]["bytes_per_rank"][0]
     assert by_name["Birder"]["bytes_per_rank"][0] * 20 < plain

@@ -54,8 +54,9 @@ block forms' block sums and decoded scales) from the plan's ``Workspace`` (5 mor
 call with block scales, 3 an allgather one, until 2026-11-29). With 4-bit levels the two codings of the steps are
 those of the block scales, and the decode of the served rows is one launch (one a rank until 2026-11-29: 9 + n
 launches at n ranks); its torch operators include the steps' two float32 multiplies by torch (by the factor as a
-number; until 2026-11-29 by a tensor of it, copied from the host at each multiply). The hierarchical form with the allgather protocol between nodes averages the k shards' rows in
-one launch (``codecs.accumulate_groups``; one a shard until 2026-11-29: 3 + k launches)."""
+number; until 2026-11-29 by a tensor of it, copied from the host at each multiply). The hierarchical form with the
+allgather protocol between nodes averages the k shards' rows in one launch (``codecs.accumulate_groups``; one a
+shard until 2026-11-29: 3 + k launches)."""
 CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierarchical_allgather"}
 """Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 

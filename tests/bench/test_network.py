@@ -63,7 +63,6 @@ def test_mpi_ranks_on_two_nodes_send_through_the_shaped_link() -> None:
     assert all(c >= 4 << 20 for c in crossed), f"only {crossed} bytes crossed the links: shared memory was used"
 
 
-
 def test_rate_bits() -> None:
     assert netns.rate_bits("1gbit") == 1e9 and netns.rate_bits("100mbit") == 1e8 and netns.rate_bits("10Gbit") == 1e10
     with pytest.raises(ValueError, match="must end in"):

@@ -38,7 +38,7 @@ def test_a_gap_is_taken_against_the_baseline_at_the_same_n_else_the_one_run(scal
 
 
 def test_the_lr_part_sets_each_run_against_its_baseline_at_the_same_rate_and_best_against_best(scale,
-                                                                                                monkeypatch) -> None:
+                                                                                               monkeypatch) -> None:
     """Every learning rate of a row runs, its baseline named with the same rate; baselines at the first n only; the
     summary takes each optimizer's best against its baseline's best, whatever their rates."""
     import argparse

@@ -1,4 +1,4 @@
-"""compcoll.ddp.birder_hook under real DDP: Birder's reference per bucket, replicas identical (threaded group and Gloo)."""
+"""compcoll.ddp.birder_hook under real DDP: Birder's reference per bucket, identical replicas (threaded group, Gloo)."""
 
 from __future__ import annotations
 

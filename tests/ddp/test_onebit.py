@@ -35,8 +35,8 @@ def test_gather_scatter_with_the_l2_scale_matches_the_reference() -> None:
     on("threads", "onebit_matches_reference", 3, 4, "gather_scatter", "l2")
 
 
-@pytest.mark.parametrize("backend, world_size, protocol", [("threads", 3, "gather_scatter"), ("threads", 2, "allgather"),
-                                                           ("gloo", 2, "gather_scatter")])
+@pytest.mark.parametrize("backend, world_size, protocol", [("threads", 3, "gather_scatter"),
+                                                           ("threads", 2, "allgather"), ("gloo", 2, "gather_scatter")])
 def test_block_scales_match_the_reference(backend: str, world_size: int, protocol: str) -> None:
     on(backend, "onebit_matches_reference", world_size, 4, protocol, "l2", "auto", 1, 64)
 

@@ -1,4 +1,4 @@
-"""Run a rank body on n threads over torch's own multi-threaded process group (the one torch's DDP and FSDP tests use)."""
+"""Run a rank body on n threads over torch's own multi-threaded process group (as torch's DDP and FSDP tests do)."""
 
 from __future__ import annotations
 

@@ -96,9 +96,9 @@ CASES = {
     "float32, AVG": {"op": "avg", "bits": 1},
     "divide factor 5 (PREMUL_SUM)": {"op": "premul_sum", "factor": 5.0},
     "bfloat16 parameters and reduce, accumulation of 2": {"op": "avg", "mp": (torch.bfloat16, torch.bfloat16),
-                                                           "micro": 2, "bits": 2},
+                                                          "micro": 2, "bits": 2},
     "float16 reduce (SUM, pre- and post-divided), float32 errors": {"op": "sum", "mp": (None, torch.float16),
-                                                                     "error_dtype": torch.float32, "bits": 8},
+                                                                    "error_dtype": torch.float32, "bits": 8},
 }
 
 

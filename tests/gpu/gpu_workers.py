@@ -43,7 +43,8 @@ def cuda_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
             ref_se = [np.zeros(full // n, np.float32) for _ in range(n)]
             wn, sn = compcoll.hierarchical_error_numels(numel, n, n)
             hwe, hse = torch.zeros(wn, device=device), torch.zeros(sn, device=device)
-            ref_hwe, ref_hse = [np.zeros(wn, np.float32) for _ in range(n)], [np.zeros(sn, np.float32) for _ in range(n)]
+            ref_hwe = [np.zeros(wn, np.float32) for _ in range(n)]
+            ref_hse = [np.zeros(sn, np.float32) for _ in range(n)]
             lwe, lse = torch.zeros(full, device=device), torch.zeros(full // n, device=device)
             ref_lwe, ref_lse = [np.zeros(full, np.float32) for _ in range(n)], [np.zeros(full // n, np.float32)
                                                                                 for _ in range(n)]
@@ -158,7 +159,8 @@ def cupy_arrays(comm: compcoll.Communicator, steps: int) -> None:
             got = compcoll.compressed_allreduce(cupy.asarray(xs[rank].numpy()), we, se, comm, async_op=asynchronous)
             got = got.wait() if asynchronous else got
             assert isinstance(got, cupy.ndarray) and got.shape == shape
-            outs, ref_we, ref_se, _ = reference.compressed_allreduce([x.reshape(-1).numpy() for x in xs], ref_we, ref_se)
+            outs, ref_we, ref_se, _ = reference.compressed_allreduce([x.reshape(-1).numpy() for x in xs], ref_we,
+                                                                     ref_se)
             where = f"cupy {shape} step {step}"
             assert np.array_equal(cupy.asnumpy(got).reshape(-1), outs[rank]), where
             assert np.array_equal(cupy.asnumpy(we), ref_we[rank]) and np.array_equal(cupy.asnumpy(se), ref_se[rank])

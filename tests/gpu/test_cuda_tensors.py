@@ -53,10 +53,12 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
         wire = torch.zeros(3, codecs.SCALE_BYTES + full // 24, dtype=torch.uint8, device=device)
         codecs.randomized_encode(xd, maxima, stream_key(7, 2, STAGES["node"], 1), 0, wire)
         torch.cuda.synchronize()
-        results[device] = (total, absolute, squares, bits.cpu(), ed.cpu(), acc.cpu(), out.cpu(), maxima.cpu(), wire.cpu())
-    for name, a, b in zip(("sumsq", "sum |x|", "accumulate sumsq", "bits", "error", "accumulate", "decode", "absmax", "wire"),
-                          results["cpu"], results["cuda"]):
-        same = a == b if isinstance(a, float) else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy())
+        results[device] = (total, absolute, squares, bits.cpu(), ed.cpu(), acc.cpu(), out.cpu(), maxima.cpu(),
+                           wire.cpu())
+    names = ("sumsq", "sum |x|", "accumulate sumsq", "bits", "error", "accumulate", "decode", "absmax", "wire")
+    for name, a, b in zip(names, results["cpu"], results["cuda"]):
+        same = (a == b if isinstance(a, float)
+                else np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy()))
         assert same, name
 
 
@@ -68,7 +70,7 @@ def test_segment_sums_on_cuda_equal_cpu(launcher: str, monkeypatch: pytest.Monke
     gen = torch.Generator().manual_seed(3)
     sizes = (0, 1, 37, 8193, 0, 5, 40_000_003, 300)
     x = torch.randn(sum(sizes) + 3, generator=gen) * torch.exp2(torch.randint(-20, 21, (sum(sizes) + 3,),
-                                                                               generator=gen).float())
+                                                                              generator=gen).float())
     bounds = tuple(np.concatenate([[0], np.cumsum(sizes)]).tolist())
     sums = {}
     for device in ("cpu", "cuda"):
@@ -235,8 +237,8 @@ def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: i
         calls = []
         for protocol in ("gather_scatter", "allgather"):
             padded = -(-numel // 8) * 8
-            calls.append(compressed_allreduce(xd, torch.zeros(padded, device=device), torch.zeros(padded, device=device),
-                                              SingleComm(), protocol=protocol, block_size=block).cpu())
+            errors = torch.zeros(padded, device=device), torch.zeros(padded, device=device)
+            calls.append(compressed_allreduce(xd, *errors, SingleComm(), protocol=protocol, block_size=block).cpu())
         torch.cuda.synchronize()
         results[device] = (sums.cpu(), wire.cpu(), ed.cpu(), acc.cpu(), out.cpu(), *calls)
     for name, a, b in zip(("sums", "wire", "error", "accumulate", "decode", "gather-scatter", "allgather"),
@@ -402,7 +404,6 @@ def test_a_state_dict_on_cuda_waits_for_the_calls_in_flight() -> None:
         work.wait()
     torch.cuda.synchronize()
     assert torch.equal(during, unpacked(stateful.state_dict())["buffers"]["w"]["worker_error"])
-
 
 
 def test_buffers_loaded_from_checkpoint_files_follow_cuda_tensors(tmp_path) -> None:

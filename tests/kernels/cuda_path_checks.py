@@ -53,7 +53,7 @@ WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
 """Thread-world parts: (rank body, ranks, its arguments); each body checks itself against the reference."""
 TORCH_GROUPS: dict[str, list[tuple[str, int, tuple]]] = {
     "ddp": [("tests.ddp.ddp_workers:onebit_matches_reference", 2, (3, "gather_scatter", "l2", "auto", 1, None, "cpu",
-                                                                    True))],
+                                                                   True))],
 }
 """Parts on torch's multi-threaded process group (DDP's buckets through the hook), as ``WORLDS``; DDP's small model
 (a compressed bucket of 2,298 elements and a plain one: the hook's path, where the 423,107 parameters of the CPU

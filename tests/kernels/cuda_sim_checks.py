@@ -529,6 +529,7 @@ def check_race_checks() -> None:
     assert np.array_equal(out.copy_to_host(), (np.arange(64) % 32 + 1) * np.repeat([1, 2], 32)), out.copy_to_host()
     assert counter.copy_to_host().tolist() == [2, 1, 1], "each block counted in its group's count and the grid's"
 
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 PARTS = ("tree", "scale", *DTYPES, "blocks", "levels", "grid", "races")
 """The checks ``main`` runs, each independent of the others, so a caller can spread them over processes ("races",

@@ -226,7 +226,7 @@ def test_level_kernels(numel: int, world: int, block: int, bits: int) -> None:
 
 
 @pytest.mark.parametrize("groups, members, row_bytes, cut", [(1, 1, 1, 3), (3, 2, 1025, 8), (2, 5, 9001, 0),
-                                                              (4, 3, 16384, 70001)])
+                                                             (4, 3, 16384, 70001)])
 def test_accumulate_groups(groups: int, members: int, row_bytes: int, cut: int) -> None:
     """Each group's rows summed into its own segment, the last cut short: each segment as ``accumulate_signs`` sums
     that group's rows (itself tested against the reference), threaded and serial alike; a zero weight among them."""

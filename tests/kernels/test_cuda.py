@@ -1,4 +1,4 @@
-"""The numba.cuda kernels give the CPU kernels' bits under the CUDA simulator (in subprocesses: it must precede numba)."""
+"""The numba.cuda kernels give the CPU kernels' bits under the CUDA simulator (in subprocesses: it precedes numba)."""
 
 from __future__ import annotations
 

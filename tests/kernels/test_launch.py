@@ -57,7 +57,8 @@ def test_each_views_variant_key_is_its_dtype_rank_and_layout(shape: tuple[int, .
     base = torch.zeros(shape)
     strided = base[::step] if base.dim() == 1 else base[:, ::step]
     views = [DeviceArray.of(strided), DeviceArray.of(strided).view(np.int32), DeviceArray(
-        strided.data_ptr(), tuple(strided.shape), tuple(s * 4 for s in strided.stride()), np.dtype(np.float32), strided)]
+        strided.data_ptr(), tuple(strided.shape), tuple(s * 4 for s in strided.stride()), np.dtype(np.float32),
+        strided)]
     if strided.is_contiguous():
         views.append(DeviceArray.flat(strided))
     for view in views:

@@ -34,4 +34,3 @@ def test_the_roundings_of_a_float32_equal_torchs(dtype: torch.dtype, rounding) -
     got = vectorize(["int64(int64)"])(rounding)(patterns)
     wrong = np.flatnonzero(got != want)
     assert wrong.size == 0, [(hex(patterns[i]), hex(got[i]), hex(want[i])) for i in wrong[:5]]
-

@@ -12,7 +12,7 @@ from tests.optim.optim_workers import CONFIGS, Net, _tensors, whole_state
 GROWN_AT, STEPS = 2, 12
 """The step before which ``out`` joins (in every warm-up of ``CONFIGS``), and the steps run (into the 1-bit ones)."""
 OPTIMIZERS = {**CONFIGS, "OneBitLamb frozen": (CONFIGS["OneBitLamb"][0], dict(CONFIGS["OneBitLamb"][1],
-                                                                                  trust_ratio="frozen"))}
+                                                                              trust_ratio="frozen"))}
 """``CONFIGS`` and 1-bit LAMB with frozen trust ratios (its per-layer factors start at 1)."""
 EQUAL = ["OneBitAdam", "OneBitAdam bc", "OneBitLamb", "OneBitLamb layers", "OneBitLamb frozen", "ZeroOneAdam"]
 """The optimizers whose grown run equals one built with every group: no 1-bit step before ``GROWN_AT``."""

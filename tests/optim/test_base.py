@@ -1,4 +1,4 @@
-"""The shared optimizer frame on one process: hyperparameter checks, checkpoints loaded or refused with a clear error."""
+"""The shared optimizer frame, one process: hyperparameter checks; checkpoints loaded, or refused with a clear error."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ ALL_NAMES = ["OneBitAdam", "OneBitAdam bc", "OneBitLamb", "OneBitLamb layers", "
     (1, "threads", ALL_NAMES), (3, "threads", ALL_NAMES), (2, "mpi", ALL_NAMES),
     (2, "gloo", ["OneBitLamb layers", "Birder"])])
 def test_a_group_added_in_the_warmup_trains_as_if_there_from_the_start(world_size: int, backend: str,
-                                                                          names: list[str]) -> None:
+                                                                       names: list[str]) -> None:
     run("tests.optim.base_workers:grown_equals_built_with_every_group", world_size, backend, args=(names,))
 
 

@@ -57,7 +57,7 @@ def test_adamw_state_carries_its_moments_and_step_and_the_warmup_goes_on_as_adam
             _step(reference, reference_opt, 0, i)
             _step(copy, opt, 0, i)
         far[carried] = max(float((p - q).detach().abs().max()) for p, q in zip(reference.parameters(),
-                                                                              copy.parameters()))
+                                                                               copy.parameters()))
     assert far[True] < 1e-5 < 1e-3 < far[False], far
 
 

@@ -28,8 +28,8 @@ def test_built_then_changed_equals_changed_then_built(world_size: int, backend: 
 
 
 @pytest.mark.parametrize("change, world_size, backend", [("shape", 2, "threads"), ("groups", 2, "threads"),
-                                                          ("freeze", 2, "threads"), ("unfreeze", 3, "threads"),
-                                                          ("groups", 3, "mpi"), ("shape", 3, "gloo")])
+                                                         ("freeze", 2, "threads"), ("unfreeze", 3, "threads"),
+                                                         ("groups", 3, "mpi"), ("shape", 3, "gloo")])
 def test_changes_that_cannot_be_followed_raise_on_every_rank(change: str, world_size: int, backend: str) -> None:
     run(f"{WORKERS}:unfollowable_changes_raise_everywhere", world_size, backend, args=(change,))
 

@@ -1,4 +1,4 @@
-"""The four optimizers on 1-4 ranks: identical replicas, exact resume, skipped non-finite steps, untouched unused coordinates.
+"""The four optimizers on 1-4 ranks: identical replicas, exact resume, non-finite steps skipped, unused coordinates.
 
 The ranks are threads of this process (``backend="threads"``, the bits of MPI and Gloo ranks:
 tests/comm/test_local.py); each optimizer also trains on real MPI and real Gloo ranks.
@@ -142,9 +142,10 @@ def test_onebit_lamb_options_match_simulation(compress: str, scale: str, trust_r
                          [(3, "update", "fresh", "allgather", 2, False), (4, "update", "fresh", "allgather", 0, False),
                           (2, "momentum", "frozen", "gather_scatter", 3, False),
                           (1, "update", "frozen", "allgather", 2, False), (4, "update", "fresh", "allgather", 3, True),
-                          (3, "momentum", "frozen", "gather_scatter", 0, True), (2, "update", "fresh", "allgather", 0, True),
+                          (3, "momentum", "frozen", "gather_scatter", 0, True),
+                          (2, "update", "fresh", "allgather", 0, True),
                           (1, "update", "fresh", "gather_scatter", 2, True)])
 def test_onebit_lamb_protocol_refresh_and_layer_scales_match_simulation(
         world_size: int, compress: str, trust_ratio: str, protocol: str, refresh: int, layer_scales: bool) -> None:
     run(f"{WORKERS}:onebit_lamb_reference", world_size, IN, args=(12, compress, "l1", trust_ratio, protocol,
-                                                                      refresh, layer_scales))
+                                                                  refresh, layer_scales))

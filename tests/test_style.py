@@ -1,0 +1,55 @@
+"""The tree's Python keeps the project's style: pycodestyle at 120 columns, and nothing pyflakes finds (dead imports,
+unused or undefined names)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED = ("compcoll", "tests", "bench", "scripts", "examples")
+"""The folders whose Python files are checked: everything the repository ships but its virtual environments."""
+MAX_LINE_LENGTH = 120
+
+
+def python_files() -> list[str]:
+    """Every ``.py`` file under ``CHECKED``, sorted."""
+    return sorted(str(path) for folder in CHECKED for path in (ROOT / folder).rglob("*.py"))
+
+
+def test_pycodestyle_finds_nothing() -> None:
+    """1. Run pycodestyle's default checks at ``MAX_LINE_LENGTH`` over every file.
+    2. Collect each finding as "path:line:column: code text" and expect none."""
+    pycodestyle = pytest.importorskip("pycodestyle")
+    found: list[str] = []
+
+    class Collected(pycodestyle.BaseReport):
+        def error(self, line_number: int, offset: int, text: str, check) -> str | None:
+            code = super().error(line_number, offset, text, check)
+            if code:
+                found.append(f"{Path(self.filename).relative_to(ROOT)}:{line_number}:{offset + 1}: {text}")
+            return code
+
+    guide = pycodestyle.StyleGuide(max_line_length=MAX_LINE_LENGTH, reporter=Collected, quiet=True)
+    guide.check_files(python_files())
+    assert not found, f"{len(found)} finding(s):\n" + "\n".join(found)
+
+
+def test_pyflakes_finds_nothing() -> None:
+    """1. Run pyflakes over every file.
+    2. Collect its warnings and syntax errors, and expect none."""
+    pytest.importorskip("pyflakes")
+    from pyflakes.api import checkPath
+    from pyflakes.reporter import Reporter
+
+    class Lines:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.lines.extend(line for line in text.splitlines() if line)
+
+    out = Lines()
+    count = sum(checkPath(path, Reporter(out, out)) for path in python_files())
+    assert not count and not out.lines, f"{count} finding(s):\n" + "\n".join(out.lines)

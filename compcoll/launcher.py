@@ -4,7 +4,7 @@ Used by the benchmark's ``--launch``, the network suite and the tests. The paren
 the ranks, each rank runs ``function(comm, *args)`` on the communicator ``compcoll.init``
 builds and reports through its exit code; the parent raises ``WorkerFailure`` with their
 output if any rank fails or the whole run exceeds its timeout (the rank processes still
-running first print every thread's stack into that output: ``print_stacks``).
+running first print every thread's stack into that output: ``processes.print_stacks``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,20 +25,13 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .comm import TORCH_BACKEND_ENV
+from .processes import STACKS_SIGNAL, descendants, end_processes, print_stacks
 
 BACKENDS = ("mpi", "gloo")
 ALL_BACKENDS = (*BACKENDS, "nccl", "threads")
-STACKS_SIGNAL = signal.SIGUSR1
-"""The signal on which a rank prints every thread's Python stack to its output (``faulthandler``): sent to the ranks
-still running at a timeout, before they are killed, so the failure says where each one was."""
-STACKS_WAIT_S = 2.0
-"""How long the ranks get to print their stacks."""
-STACKS_GAP_S = 0.2
-"""How long one rank gets to print its stacks before the next is asked: under mpiexec the ranks share one output,
-and two dumps at once came out interleaved mid-line (2026-12-02)."""
 
 
 _SEEDING = threading.Lock()
@@ -158,8 +150,7 @@ def run(
         try:
             failed = _wait_all(procs, timeout)
         except BaseException:
-            for p in procs:
-                _kill(p)
+            end_processes(procs)
             raise
         text = "\n".join(_read(log) for log in logs)
     finally:
@@ -318,65 +309,12 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float) -> str:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             print_stacks(descendants(q.pid for q in procs))
-            for q in procs:
-                _kill(q)
+            end_processes(procs)
             p.wait()
             failures.append(f"timed out after {timeout:g} s (each rank still running printed its threads' stacks)")
         if p.returncode:
             failures.append(f"process {i} exited with {p.returncode}")
     return "; ".join(failures)
-
-
-def descendants(roots: Iterable[int]) -> list[int]:
-    """Processes ``roots`` and all their descendants (under mpiexec: Hydra's proxies, then the ranks), from
-    ``/proc``; those that end meanwhile are left out."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        stat = proc_stat(f"/proc/{entry}/stat") if entry.isdigit() else None
-        if stat is not None:
-            children.setdefault(int(stat[1][1]), []).append(int(entry))
-    pending, found = list(roots), []
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        pending.extend(children.get(pid, ()))
-    return found
-
-
-def proc_stat(path: str) -> tuple[str, list[str]] | None:
-    """A process's or thread's ``stat`` file (``/proc/<pid>/stat``, ``/proc/<pid>/task/<tid>/stat``): its name and
-    the fields after it (state, parent, ..., user and system CPU ticks at 11 and 12); None once it has ended. The
-    name is cut at the last ")", since a name may hold spaces and parentheses."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return None
-    name, fields = text.split("(", 1)[1].rsplit(")", 1)
-    return name, fields.split()
-
-
-def print_stacks(pids: Iterable[int], wait: float = STACKS_WAIT_S) -> None:
-    """Have the Python processes among ``pids`` (the ranks: not mpiexec or its proxies, which the signal would end)
-    print every thread's stack to their output (``STACKS_SIGNAL``), one at a time (``STACKS_GAP_S`` each), and give
-    them ``wait`` seconds in all, at the least."""
-    start, signalled = time.monotonic(), False
-    for pid in pids:
-        stat = proc_stat(f"/proc/{pid}/stat")
-        if stat is not None and stat[0].startswith("python"):
-            with contextlib.suppress(OSError):
-                if signalled:
-                    time.sleep(STACKS_GAP_S)
-                os.kill(pid, STACKS_SIGNAL)
-                signalled = True
-    if signalled:
-        time.sleep(max(STACKS_GAP_S, wait - (time.monotonic() - start)))
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _worker(backend: str, target: str, args_json: str) -> int:

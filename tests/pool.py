@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from compcoll import launcher
+from compcoll import launcher, processes
 from compcoll.launcher import WorkerFailure
 from tests.versions import GLOO_POOLS
 
@@ -127,9 +127,9 @@ class Pool:
 
     def _print_stacks(self, size: int, results: dict[int, dict]) -> None:
         """Have the case's ranks that have not answered print their threads' stacks to the pool's log
-        (``launcher.print_stacks``)."""
+        (``processes.print_stacks``)."""
         self._ended()  # reads the process ids of ranks that started since the last look
-        launcher.print_stacks(pid for rank, pid in self.pids.items() if rank < size and rank not in results)
+        processes.print_stacks(pid for rank, pid in self.pids.items() if rank < size and rank not in results)
 
     def _wake(self) -> None:
         """A byte into each rank's pipe ``wake.<rank>`` (``pool_workers._wait_for``); a rank that has not opened
@@ -211,8 +211,9 @@ class Pool:
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pass
-            launcher._kill(p)
+                break
+        processes.end_processes(self.procs)
+        for p in self.procs:
             p.wait()
         text = []
         for log in self.logs:
@@ -225,7 +226,7 @@ class Pool:
 
 def _running(pid: int) -> bool:
     """Whether process ``pid`` runs: it exists and is not a zombie (ended, not yet reaped by its parent)."""
-    stat = launcher.proc_stat(f"/proc/{pid}/stat")
+    stat = processes.proc_stat(f"/proc/{pid}/stat")
     return stat is not None and stat[1][0] not in ("Z", "X")
 
 
@@ -234,13 +235,13 @@ def _threads(roots) -> dict[tuple[int, int], tuple[str, float]]:
     descendants (under MPI: Hydra's proxies, then the ranks)."""
     found = {}
     tick = os.sysconf("SC_CLK_TCK")
-    for pid in launcher.descendants(roots):
+    for pid in processes.descendants(roots):
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
         for tid in tids:
-            stat = launcher.proc_stat(f"/proc/{pid}/task/{tid}/stat")
+            stat = processes.proc_stat(f"/proc/{pid}/task/{tid}/stat")
             if stat is not None:
                 name, fields = stat
                 found[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / tick)

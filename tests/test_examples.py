@@ -92,7 +92,8 @@ def _torchrun_outputs() -> dict[str, str]:
              and (name != "fsdp" or FSDP_COMPRESSES)]
     with tempfile.TemporaryDirectory() as folder:
         entries = [TORCHRUN_BATCHED[name].format(folder=shlex.quote(folder)) for name in names]
-        return dict(zip(names, _sections(_torchrun("--nproc-per-node", "2"), entries)))
+        launch = _torchrun("--nproc-per-node", "2", "--log-dir", str(Path(folder) / "torchrun"))
+        return dict(zip(names, _sections(launch, entries)))
 
 
 def test_custom_optimizer_example_learns() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
@@ -15,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compcoll.comm.segments import MPICH_SEGMENT_PREFIX
 from compcoll.launcher import BACKENDS, EPHEMERAL_PORTS, WorkerFailure, _free_port, run, run_threads, seeded
+from tests.leftovers import segments, topology_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,30 +29,26 @@ def sleeps(comm, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def segments() -> set[str]:
-    """The MPICH shared-memory segments on this machine."""
-    return set(glob.glob(MPICH_SEGMENT_PREFIX + "*"))
-
-
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
 def test_failure_is_reported(backend: str) -> None:
     """On MPI the failed rank leaves without MPI_Finalize and mpiexec kills the other, and yet no segment of MPICH's
-    stays behind in /dev/shm (``compcoll.comm.segments``)."""
-    before = segments()
+    stays behind in /dev/shm (``compcoll.comm.segments``), nor a topology file of Hydra's in /tmp."""
+    before = segments() | topology_files()
     with pytest.raises(WorkerFailure, match="deliberate failure"):
         run("tests.test_launcher:fails_on_last_rank", 2, backend)
-    assert segments() <= before
+    assert segments() | topology_files() <= before
 
 
 def test_timeout_kills_the_run_and_says_where_each_rank_was() -> None:
     """Past its timeout the run is killed, and first each rank prints its threads' stacks (under mpiexec, whose
-    Hydra processes the signal would end, only the ranks get it); the killed ranks leave no segment of MPICH's."""
-    before = segments()
+    Hydra processes the signal would end, only the ranks get it); the ended ranks leave no segment of MPICH's, and
+    mpiexec, asked to end before it is killed (``processes.end_processes``), removes its topology file."""
+    before = segments() | topology_files()
     start = time.monotonic()
     with pytest.raises(WorkerFailure, match="timed out") as failure:
         run("tests.test_launcher:sleeps", 2, "mpi", args=(60,), timeout=12)
     assert time.monotonic() - start < 40
-    assert segments() <= before
+    assert segments() | topology_files() <= before
     where = re.findall(r"File \"[^\"]*test_launcher.py\", line \d+ in sleeps", str(failure.value))
     assert len(where) == 2, str(failure.value)[-3000:]
 

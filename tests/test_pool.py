@@ -14,6 +14,7 @@ import pytest
 
 from compcoll.launcher import BACKENDS, WorkerFailure
 from tests import pool
+from tests.leftovers import topology_files
 
 POOLING = [pytest.param(backend, marks=pytest.mark.skipif(
     not pool.pools(backend), reason="Gloo's cases are not pooled before torch 2.8 (tests/versions.py)"))
@@ -119,10 +120,12 @@ def test_a_rank_that_fails_while_the_others_wait_ends_the_case_after_the_grace(
         backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """As a failed rank ends an MPI job: once rank 1 has failed, the others, waiting in a barrier it never joins,
     have ``FAILED_GRACE_S`` (1 s here) to answer, then the pool ends and the case names both, well within its
-    timeout."""
+    timeout; under MPI, mpiexec is asked to end before it is killed, and removes its topology file."""
     monkeypatch.setattr(pool, "FAILED_GRACE_S", 1.0)
+    before = topology_files()
     with pytest.raises(WorkerFailure) as failure:
         pool.run(f"{WORKERS}:fails_while_the_others_wait", 2, backend, args=(1,), timeout=120)
+    assert topology_files() <= before
     message = str(failure.value)
     assert "rank(s) [1] failed; rank(s) [0] still running 1 s after rank 1 failed" in message, message
     assert "rank 1 fails on purpose before the barrier" in message, message

@@ -7,6 +7,8 @@ import sys
 import time
 from types import TracebackType
 
+from .segments import unlink_mapped_segments
+
 ABORT_ENV = "COMPCOLL_MPI_ABORT"
 FORWARD_SECONDS = 0.2
 """Pause between the message and MPI_Abort: the launcher forwards a rank's output through its proxy, and an
@@ -22,7 +24,9 @@ def install_abort_hook() -> bool:
     timeout (5 minutes by default): the job runs on, doing nothing. With the hook:
     1. the traceback is printed as before (the previous ``sys.excepthook``);
     2. a line saying so, and a pause of ``FORWARD_SECONDS`` for the launcher to forward the output;
-    3. ``MPI_Abort(COMM_WORLD, 1)``: the launcher ends every rank.
+    3. unlink the name of MPICH's shared-memory segment (``segments.unlink_mapped_segments``): MPI_Abort ends every
+       rank of the job without MPI_Finalize, which alone unlinks it, and left its 2 MiB in ``/dev/shm`` each time;
+    4. ``MPI_Abort(COMM_WORLD, 1)``: the launcher ends every rank.
     ``KeyboardInterrupt`` and ``SystemExit`` keep their usual meaning. torchrun needs
     nothing of the kind: it ends the job when one process exits with an error.
 
@@ -42,6 +46,7 @@ def install_abort_hook() -> bool:
                              f"aborting the job ({ABORT_ENV}=0 to keep the ranks running)\n")
             sys.stderr.flush()
             time.sleep(FORWARD_SECONDS)
+            unlink_mapped_segments()
             MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = hook

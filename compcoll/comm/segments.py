@@ -18,6 +18,14 @@ def mapped_segments(maps: str = "/proc/self/maps") -> list[str]:
     return sorted(name for name in names if name.startswith(MPICH_SEGMENT_PREFIX) and not name.endswith("(deleted)"))
 
 
+def unlink_mapped_segments() -> list[str]:
+    """Unlink the names of the MPICH segments this process maps (``mapped_segments``); returns them."""
+    names = mapped_segments()
+    for name in names:
+        Path(name).unlink(missing_ok=True)
+    return names
+
+
 def release_mpich_segment(mpi_comm) -> list[str]:
     """Unlink the name of MPICH's segment on this node once every rank there has mapped it.
 
@@ -25,8 +33,8 @@ def release_mpich_segment(mpi_comm) -> list[str]:
     its timeout is killed, MPI_Abort ends the others) leaves the file behind: 2 MiB of memory each, in a
     ``/dev/shm`` that containers often cap at 64 MiB. So, as for any shared segment once all its users hold it:
     1. split ``mpi_comm`` by shared memory and wait for the node's ranks: all are past MPI_Init, so have mapped it;
-    2. the node's first rank unlinks each MPICH segment it maps (``mapped_segments``). The memory lives on until its
-       last rank unmaps it; MPI_Finalize finds no name to unlink and says nothing.
+    2. the node's first rank unlinks each MPICH segment it maps (``unlink_mapped_segments``). The memory lives on
+       until its last rank unmaps it; MPI_Finalize finds no name to unlink and says nothing.
     Collective over ``mpi_comm``. Returns the names this rank unlinked.
     """
     from mpi4py import MPI
@@ -34,9 +42,7 @@ def release_mpich_segment(mpi_comm) -> list[str]:
     node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         node.Barrier()
-        names = mapped_segments() if node.Get_rank() == 0 else []
-        for name in names:
-            Path(name).unlink(missing_ok=True)
+        names = unlink_mapped_segments() if node.Get_rank() == 0 else []
     finally:
         node.Free()
     return names

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import compcoll
 import compcoll.checkpoint
-from compcoll import launcher
+from compcoll import processes
 from compcoll.comm import groups
 from compcoll.comm.torchdist import TorchComm, own_comm
 from compcoll.optim import OneBitAdam
@@ -138,7 +138,7 @@ def _refused(comm: compcoll.Communicator, x: torch.Tensor) -> None:
 def _gloo_threads() -> int:
     """This process's Gloo threads (each group's event loop and workers: ``gloo_tcp_loop``, ``pt_gloo_runloop``); not
     the ordering threads, which end on their own once idle (``comm.ordering.IDLE_SECONDS``)."""
-    stats = (launcher.proc_stat(f"/proc/self/task/{task}/stat") for task in os.listdir("/proc/self/task"))
+    stats = (processes.proc_stat(f"/proc/self/task/{task}/stat") for task in os.listdir("/proc/self/task"))
     return sum(stat is not None and stat[0].startswith(("gloo", "pt_gloo")) for stat in stats)
 
 

@@ -1,6 +1,7 @@
-"""Long checks that run as commands (one process, or a launch of ranks) at the lowest CPU priority from the moment
-the session's tests are collected, one job after another, so that they use the cores the other tests leave idle;
-the tests that own a job run last and collect its outcome.
+"""Long checks run as background commands at the lowest CPU priority, on the cores the other tests leave idle.
+
+From the moment the session's tests are collected, one job after another (one process, or a launch of ranks); the
+tests that own a job run last and collect its outcome.
 
 A test marks itself with ``@job(make, ...)``, where ``make(folder)`` returns the job's commands (run side by side)
 and the variables they need set over the session's environment as collected (``environment()``), given a new folder

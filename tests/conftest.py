@@ -1,5 +1,8 @@
-"""Shared fixtures: the kernels and the bytecode compiled before any rank process starts; the background jobs queued;
-the test pools watched for spinning while idle."""
+"""Shared fixtures: kernels and bytecode compiled first; background jobs queued; idle test pools watched.
+
+The kernels and the bytecode are compiled before any rank process starts; the pools are watched for spinning while
+idle.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The tree's Python keeps the project's style: pycodestyle at 120 columns, and nothing pyflakes finds (dead imports,
-unused or undefined names)."""
+"""The tree's Python keeps the project's style: pycodestyle at 120 columns, pyflakes, one-line module summaries."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -53,3 +53,18 @@ def test_pyflakes_finds_nothing() -> None:
     out = Lines()
     count = sum(checkPath(path, Reporter(out, out)) for path in python_files())
     assert not count and not out.lines, f"{count} finding(s):\n" + "\n".join(out.lines)
+
+
+def test_every_module_opens_with_a_one_line_summary() -> None:
+    """1. Read each non-empty file's module docstring.
+    2. Expect one, whose first line is the whole summary: the docstring ends there, or a blank line follows it."""
+    found = []
+    for path in python_files():
+        text = Path(path).read_text()
+        if not text.strip():
+            continue
+        docstring = ast.get_docstring(ast.parse(text), clean=False)
+        lines = (docstring or "").split("\n")
+        if not lines[0].strip() or (len(lines) > 1 and lines[1].strip()):
+            found.append(f"{Path(path).relative_to(ROOT)}: {lines[0][:60]!r}")
+    assert not found, f"{len(found)} module(s) without a one-line summary:\n" + "\n".join(found)

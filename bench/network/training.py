@@ -1,5 +1,6 @@
-"""End-to-end training throughput on emulated links: DDP's allreduce, PyTorch's fp16 and PowerSGD hooks, compcoll's
-1-bit hook, OneBitAdam and 0/1 Adam side by side (root only).
+"""End-to-end training throughput on emulated links, every way of averaging gradients side by side (root only).
+
+DDP's allreduce, PyTorch's fp16 and PowerSGD hooks, compcoll's 1-bit hook, OneBitAdam and 0/1 Adam.
 
 Usage (as root, from the repository root):
     .venv/bin/python bench/network/training.py --out bench/results/network/training

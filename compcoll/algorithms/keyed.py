@@ -1,5 +1,4 @@
-"""``CompressedAllreduce``: the error-compensated 1-bit allreduce with its error buffers kept for the caller, one
-plan per key."""
+"""``CompressedAllreduce``: the error-compensated 1-bit allreduce, its error buffers kept per key."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The fixed-size host rounds every rank meets in, and a refused call's part in them: the records' all-gather, a summed
-round's allreduce and values' all-gather, the refusing ranks' messages (docs/architecture.md, "Plans")."""
+"""The fixed-size host rounds every rank meets in, and a refused call's part in them (docs/architecture.md).
+
+The records' all-gather, a summed round's allreduce and values' all-gather, the refusing ranks' messages ("Plans").
+"""
 
 from __future__ import annotations
 

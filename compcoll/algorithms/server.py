@@ -1,6 +1,7 @@
-"""The server's steps that the flat and hierarchical compressed allreduces share: the worker sum's device part, the
-weights on the device, and the exchange of chunks, their sum and its compression (docs/architecture.md,
-"Algorithms")."""
+"""The server steps the flat and hierarchical compressed allreduces share (docs/architecture.md, "Algorithms").
+
+The worker sum's device part, the weights on the device, and the exchange of chunks, their sum and its compression.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The block-scaled codes (a scale per block of elements, coded against its row's largest in front of the row's
-bytes): their 1-bit signs, and the uniform levels of a step per block."""
+"""The block-scaled codes: their 1-bit signs, and the uniform levels of a step per block.
+
+A scale per block of elements, coded against its row's largest, goes in front of the row's bytes.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The 1-bit sign codes and their wire frames: the compensated encode, Birder's randomized encode, decodes, and a
-row's scale written at (``frame``) or read from (``unframe``) its head as 4 native-endian float32 bytes."""
+"""The 1-bit sign codes and their wire frames: encodes (compensated, Birder's randomized) and decodes.
+
+A row's scale is written at (``frame``) or read from (``unframe``) its head as 4 native-endian float32 bytes.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The codecs' sums and scales: sums of |x|^p (compensated, accumulated from signs, by lanes and trees), finiteness,
-norms of segments, exact division and row averages, on every device in the reference's order."""
+"""The codecs' sums and scales, on every device in the reference's order.
+
+Sums of |x|^p (compensated, accumulated from signs, by lanes and trees), finiteness, norms of segments, exact
+division and row averages.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Optimizers that do their own compressed communication (1-bit Adam, 1-bit LAMB, 0/1 Adam, Birder), their GradScaler,
-the broadcast of a model's buffers beside them, their builder from DeepSpeed configs, schedules and checkpoints, and
-torch Adam's state carried into 1-bit Adam and back."""
+"""Optimizers that do their own compressed communication: 1-bit Adam, 1-bit LAMB, 0/1 Adam, Birder.
+
+Beside them: their GradScaler, the broadcast of a model's buffers, their builder from DeepSpeed configs, schedules
+and checkpoints, and torch Adam's state carried into 1-bit Adam and back.
+"""
 
 from .amp import GradScaler
 from .base import CompressedOptimizer

@@ -1,5 +1,8 @@
-"""The optimizers' settings: their checks (hyperparameters, what they compress, the phases' lengths), the options every
-rank must agree on, and the code of the groups' hyperparameters every rank must hold alike."""
+"""The optimizers' settings: their checks, the options ranks agree on, the code of the groups' hyperparameters.
+
+The checks cover hyperparameters, what they compress and the phases' lengths; every rank must hold the options and
+the groups' hyperparameters alike.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Rank-side bodies of the agreement round's tests: every call's checks with the round as an allreduce, and with
-the round's record written and gathered where the call's tensors are."""
+"""Rank-side bodies of the agreement round's tests: every call's checks, the round an allreduce or on device.
+
+On device: the round's record written and gathered where the call's tensors are.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""CompressedAllreduce: its state taken and loaded in the communicator's order, behind the calls in flight, on
-in-process, MPI and Gloo ranks (its resume and in-place use: tests/algorithms/test_onebit.py)."""
+"""CompressedAllreduce: its state taken and loaded in the communicator's order, behind the calls in flight.
+
+On in-process, MPI and Gloo ranks (its resume and in-place use: tests/algorithms/test_onebit.py).
+"""
 
 from __future__ import annotations
 

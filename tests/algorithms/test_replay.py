@@ -1,6 +1,8 @@
-"""Replays of plans' device parts: when a call replays, what it launches, what voids a recording (the bits: on CPU
-tensors through the CUDA path under numba's simulator, ``tests/kernels/test_cuda_path.py``'s "replay" part, and on
-a GPU, ``tests/gpu``)."""
+"""Replays of plans' device parts: when a call replays, what it launches, what voids a recording.
+
+The bits: on CPU tensors through the CUDA path under numba's simulator, ``tests/kernels/test_cuda_path.py``'s
+"replay" part, and on a GPU, ``tests/gpu``.
+"""
 
 from __future__ import annotations
 

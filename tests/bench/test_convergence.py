@@ -1,5 +1,7 @@
-"""bench/convergence runs end to end on a short schedule and writes its table, JSON and plot (its ranks in-process:
-the optimizers on real MPI and Gloo ranks are tests/optim's)."""
+"""bench/convergence runs end to end on a short schedule and writes its table, JSON and plot.
+
+Its ranks are in-process: the optimizers on real MPI and Gloo ranks are tests/optim's.
+"""
 
 from __future__ import annotations
 

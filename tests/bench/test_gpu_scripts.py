@@ -1,6 +1,8 @@
-"""bench/gpu_suite.py, gpu_graphs.py and gpu_host_profile.py, the GPU run's benchmarks: they import without a GPU,
-their calls of the codecs and plans run on CPU tensors (so a broken import or a changed signature shows here, not on
-a lent GPU machine), and the suite refuses to run without one."""
+"""The GPU run's benchmarks (bench/gpu_suite.py, gpu_graphs.py, gpu_host_profile.py) checked without a GPU.
+
+They import without one, their calls of the codecs and plans run on CPU tensors (so a broken import or a changed
+signature shows here, not on a lent GPU machine), and the suite refuses to run without one.
+"""
 
 from __future__ import annotations
 

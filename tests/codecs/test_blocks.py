@@ -1,5 +1,4 @@
-"""codecs.blocks: the block scales' codes against ``spec.code_scales``, and 16-bit block decodes rounded as torch
-rounds."""
+"""codecs.blocks: block scales' codes against ``spec.code_scales``; 16-bit block decodes rounded as torch's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""codecs.signs: wire frames, encodes and decodes against the numpy reference, 16-bit decodes rounded exactly as
-torch rounds."""
+"""codecs.signs: wire frames, encodes and decodes against the reference; 16-bit decodes rounded as torch's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The process groups and communicators compcoll makes end with the communicators that use them (real Gloo and MPI
-ranks)."""
+"""The process groups and communicators compcoll makes end with their users (real Gloo and MPI ranks).
+
+A group ends with the communicators that use it.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""complete_future: a future completed with an error raises a fresh copy of it from each wait, or torch's own
-set_exception where torch lacks the private hook the copies need."""
+"""complete_future: a future completed with an error raises a fresh copy of it from each wait.
+
+Or torch's own set_exception where torch lacks the private hook the copies need.
+"""
 
 from __future__ import annotations
 

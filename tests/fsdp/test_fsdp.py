@@ -1,5 +1,7 @@
-"""compcoll.fsdp on real FSDP2 (fully_shard) over real Gloo ranks: the reduce-scatter form at 2-4 ranks, HSDP 2 x 2;
-compcoll's optimizers refuse its sharded parameters."""
+"""compcoll.fsdp on real FSDP2 (fully_shard) over real Gloo ranks.
+
+The reduce-scatter form at 2-4 ranks, HSDP 2 x 2; compcoll's optimizers refuse its sharded parameters.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""numba's CUDA simulator made thread-safe and quicker, and checking kernels for what a GPU would run wrong: races on
-shared and global memory, reads of unwritten shared memory, divergent barriers, and a block counting itself done
-before its writes are published."""
+"""numba's CUDA simulator made thread-safe and quicker, and checking kernels for what a GPU would run wrong.
+
+Races on shared and global memory, reads of unwritten shared memory, divergent barriers, and a block counting itself
+done before its writes are published.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The CUDA path of the codecs, collectives and optimizers on CPU tensors (``kernels.launch.simulate``), its
-kernels under numba's simulator (in subprocesses: the simulator must precede numba)."""
+"""The CUDA path of the codecs, collectives and optimizers on CPU tensors (``kernels.launch.simulate``).
+
+Its kernels run under numba's simulator, in subprocesses: the simulator must precede numba.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""FlatParams: one buffer of master weights beside parameters that keep their storage; gradients gathered with zeros
-for None; frozen parameters left out; bad parameters refused."""
+"""FlatParams: one buffer of master weights beside parameters that keep their storage.
+
+Gradients gathered with zeros for None; frozen parameters left out; bad parameters refused.
+"""
 
 from __future__ import annotations
 

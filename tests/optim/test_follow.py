@@ -1,5 +1,7 @@
-"""Parameters that a framework moves, assigns, loads or casts after the optimizer exists keep training, on 1-3 ranks;
-frozen ones are left alone."""
+"""Parameters a framework moves, assigns, loads or casts after the optimizer exists keep training.
+
+On 1-3 ranks; frozen ones are left alone.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The CPU kernels of the block forms (a scale per block of elements): the blocks' sums and maxima, the encode,
-the accumulation of signs (and of groups of rows), and the decode on raw bits."""
+"""The CPU kernels of the block forms (a scale per block of elements).
+
+The blocks' sums and maxima, the encode, the accumulation of signs (and of groups of rows), and the decode on raw
+bits.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What the CPU kernels share: Numba's threading layer, the threaded kernels' serial twins, element loads and
-scalar steps (``kernels.scalar``, inlined), sign packing, and a segment's tasks.
+"""What the CPU kernels share: Numba's threading layer, serial twins, loads and steps, sign packing, segments' tasks.
+
+The element loads and scalar steps are ``kernels.scalar``'s, inlined.
 
 Unless ``NUMBA_THREADING_LAYER`` says otherwise, the kernels run on Numba's own "workqueue" threads: with the
 OpenMP layer, torchrun jobs that also hold torch's OpenMP runtime aborted at exit now and then ("terminate called

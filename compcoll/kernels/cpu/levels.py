@@ -1,5 +1,4 @@
-"""The CPU kernels of the level codec: uniform levels of a step per block, as bit planes; their accumulation
-and decode."""
+"""The level codec's CPU kernels: uniform levels of a step per block, as bit planes; accumulate, decode."""
 
 from __future__ import annotations
 

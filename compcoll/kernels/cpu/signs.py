@@ -1,5 +1,4 @@
-"""The CPU kernels of the 1-bit codec: the compensated encode, the decode of rows of signs, and the exact average
-of rows."""
+"""The CPU kernels of the 1-bit codec: the compensated encode, decodes of rows of signs, rows' exact average."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The CPU kernels' float64 sums in the reference's order (``LANES`` lanes per ``BLOCK``-element block, then a
-pairwise tree): of a compensated vector, of segments, and of the server's accumulated signs."""
+"""The CPU kernels' float64 sums in the reference's order: of a compensated vector, segments, accumulated signs.
+
+``LANES`` lanes per ``BLOCK``-element block, then a pairwise tree; the server's sum is of its accumulated signs.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Whole collectives simulated for the world at once: a list with one array per rank in, one per rank out; the
-bytes each rank sends."""
+"""Whole collectives simulated for the world at once, and the bytes each rank sends.
+
+A list with one array per rank in, one per rank out.
+"""
 
 from __future__ import annotations
 

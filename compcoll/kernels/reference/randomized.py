@@ -1,5 +1,7 @@
-"""The reference's binary randomization (Birder's): each element's uniform threshold, a row's largest |z|, and
-the randomized bits."""
+"""The reference's binary randomization (Birder's): thresholds, a row's largest |z|, the bits.
+
+Each element's uniform threshold, a row's largest |z|, and the randomized bits.
+"""
 
 from __future__ import annotations
 

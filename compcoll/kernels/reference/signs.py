@@ -1,5 +1,4 @@
-"""The reference's 1-bit codec: signs, their packing, one error-compensated compression, and the average of
-ranks' decoded signs."""
+"""The reference's 1-bit codec: signs, packing, one compensated compression, decoded signs' average."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The reference's sums in the library's fixed order (blocks of ``BLOCK``, ``LANES`` lanes, a pairwise tree), the
-exact average of rows, and the 1-bit scales."""
+"""The reference's sums in the library's fixed order, the exact average of rows, and the 1-bit scales.
+
+The order: blocks of ``BLOCK``, ``LANES`` lanes, a pairwise tree.
+"""
 
 from __future__ import annotations
 

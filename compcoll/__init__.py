@@ -1,6 +1,7 @@
 """compcoll: compressed collectives (flat and hierarchical 1-bit allreduce, low-bit reduce-scatter) for training."""
 
 import importlib
+from typing import Any
 
 from .algorithms.birder import hierarchical_allreduce
 from .algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
@@ -50,7 +51,7 @@ SUBPACKAGES = ("algorithms", "bench", "checkpoint", "codecs", "comm", "ddp", "ea
 """What ``compcoll.<name>`` reaches after a plain ``import compcoll`` (``__getattr__``)."""
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``MPIComm`` and ``TorchComm``, and every subpackage (``compcoll.ddp.onebit_hook``, ``compcoll.optim``, ...) as
     ``import torch; torch.distributed`` reaches torch's: each imported at its first use, so ``import compcoll`` stays
     as quick as before (``compcoll.fsdp`` needs torch 2.9 and says so then)."""

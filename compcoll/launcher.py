@@ -25,9 +25,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import IO, Callable, Iterator, Sequence
 
-from .comm import TORCH_BACKEND_ENV
+from .comm import TORCH_BACKEND_ENV, Communicator
 from .processes import STACKS_SIGNAL, descendants, end_processes, print_stacks
 
 BACKENDS = ("mpi", "gloo")
@@ -243,7 +243,7 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
 
         start_cpu_threads()
 
-    def rank(comm) -> None:
+    def rank(comm: Communicator) -> None:
         try:
             if cpus:
                 os.sched_setaffinity(0, cpus)
@@ -291,7 +291,7 @@ def _rank_cpus() -> set[int] | None:
     return {min(allowed)} if len(allowed) > 1 else None
 
 
-def _read(log) -> str:
+def _read(log: IO[str]) -> str:
     log.seek(0)
     return log.read()
 
@@ -341,7 +341,7 @@ def _worker(backend: str, target: str, args_json: str) -> int:
     return 0
 
 
-def _shutdown(comm) -> None:
+def _shutdown(comm: Communicator) -> None:
     """Let every rank finish, close torch.distributed, and leave without C++ static teardown.
 
     A rank whose communicator broke (a timeout test) skips the barrier; a barrier that

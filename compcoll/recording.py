@@ -73,7 +73,7 @@ class Recording:
         self.signature.append((issue, args[0]))
         return done
 
-    def operator(self, func, args: tuple, kwargs: dict) -> None:
+    def operator(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> None:
         """Add a torch operator that wrote into its arguments: the call's own tensors among them as ``_Keyed`` views
         (the others, workspace buffers, kept alive)."""
         leaves, spec = tree_flatten((args, kwargs))
@@ -137,7 +137,7 @@ class _Keyed:
         return base.as_strided(self.shape, self.stride, base.storage_offset() + self.offset)
 
 
-def _run_operator(tensors: list[torch.Tensor], func, args: tuple, kwargs: dict, at: tuple[int, ...],
+def _run_operator(tensors: list[torch.Tensor], func: Callable[..., Any], args: tuple, kwargs: dict, at: tuple[int, ...],
                   keys: tuple[str, ...]) -> None:
     """A recorded torch operator run again, its views of the call's tensors (arguments ``at`` and keyword arguments
     ``keys``, ``_Keyed``) made from ``tensors``."""
@@ -152,7 +152,7 @@ def _run_operator(tensors: list[torch.Tensor], func, args: tuple, kwargs: dict, 
     func(*args, **kwargs)
 
 
-def _run_nested_operator(tensors: list[torch.Tensor], func, spec, template: tuple) -> None:
+def _run_nested_operator(tensors: list[torch.Tensor], func: Callable[..., Any], spec: Any, template: tuple) -> None:
     """``_run_operator`` for an operator with a view of the call's tensors inside a list (``aten.cat``'s)."""
     args, kwargs = tree_unflatten([leaf.of(tensors) if type(leaf) is _Keyed else leaf for leaf in template], spec)
     func(*args, **kwargs)
@@ -167,7 +167,8 @@ class Guard(TorchDispatchMode):
         super().__init__()
         self.recording = recording
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
         done = func(*args, **(kwargs or {}))
         if not (self.recording.quiet or func.is_view or func in _UNISSUED):
             if func._schema.is_mutable:

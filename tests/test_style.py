@@ -1,4 +1,4 @@
-"""The tree's Python keeps the project's style: pycodestyle at 120 columns, pyflakes, one-line module summaries."""
+"""The tree's Python keeps the project's style: pycodestyle, pyflakes, one-line module summaries, type hints."""
 
 from __future__ import annotations
 
@@ -68,3 +68,24 @@ def test_every_module_opens_with_a_one_line_summary() -> None:
         if not lines[0].strip() or (len(lines) > 1 and lines[1].strip()):
             found.append(f"{Path(path).relative_to(ROOT)}: {lines[0][:60]!r}")
     assert not found, f"{len(found)} module(s) without a one-line summary:\n" + "\n".join(found)
+
+
+def test_the_library_annotates_every_function() -> None:
+    """1. Walk every function of ``compcoll`` outside ``compcoll/kernels`` (whose kernels Numba compiles, typed by
+       their calls), nested ones included (a lambda takes no annotations).
+    2. Expect an annotation on each parameter but ``self`` and ``cls``, and on the return."""
+    found = []
+    for path in python_files():
+        relative = Path(path).relative_to(ROOT)
+        if relative.parts[0] != "compcoll" or relative.parts[1] == "kernels":
+            continue
+        for node in ast.walk(ast.parse(Path(path).read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            arguments = node.args
+            named = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            bare = [a.arg for a in named if a is not None and a.annotation is None and a.arg not in ("self", "cls")]
+            if bare or node.returns is None:
+                missing = bare + ["return"] * (node.returns is None)
+                found.append(f"{relative}:{node.lineno} {node.name}: " + ", ".join(missing))
+    assert not found, f"{len(found)} function(s) not annotated:\n" + "\n".join(found)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -303,7 +303,7 @@ class Agreement:
         self.comm.allgather(mine, table)
         rows = table.view(self.comm.size, -1).tolist()
 
-        def listing(column: int, label=lambda v: str(int(v))) -> str:
+        def listing(column: int, label: Callable[[float], str] = lambda v: str(int(v))) -> str:
             return ", ".join(f"rank {r}: {label(row[column])}" for r, row in enumerate(rows))
 
         def differs(column: int) -> bool:

@@ -72,7 +72,7 @@ def _max_over_ranks(comm: Communicator, *values: float) -> list[float]:
     return table.view(comm.size, -1).max(dim=0).values.tolist()
 
 
-def _timed(comm: Communicator, step, iters: int, warmup: int, runs: int) -> tuple[float, float]:
+def _timed(comm: Communicator, step: Callable[[], object], iters: int, warmup: int, runs: int) -> tuple[float, float]:
     """Medians over ``runs`` of the per-iteration time (slowest rank) and compute time of ``iters`` calls.
 
     A rank's compute time is its time less what it spent blocked on the communicator's

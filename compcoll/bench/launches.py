@@ -7,7 +7,7 @@ import pstats
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,7 +47,8 @@ class DeviceOps(TorchDispatchMode):
         self.count = 0
         self.allocations = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in tree_flatten((args, kwargs, out))[0]):
             if func in _ALLOCATIONS:

@@ -24,6 +24,8 @@ REFERENCE_LIMIT = 1 << 20
 
 Step = Callable[[], object]
 Verify = Callable[[], int]
+Build = Callable[[Communicator, compcoll.Topology, torch.Tensor, argparse.Namespace], tuple[Step, Verify]]
+Pieces = Callable[[argparse.Namespace, compcoll.Topology, torch.Tensor], int]
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,9 @@ class Method:
 
     name: str
     summary: str
-    build: Callable[[Communicator, compcoll.Topology, torch.Tensor, argparse.Namespace], tuple[Step, Verify]]
+    build: Build
     counted: bool = True
-    pieces: Callable[[argparse.Namespace, compcoll.Topology, torch.Tensor], int] | None = None
+    pieces: Pieces | None = None
     sent: Callable[[int, torch.Tensor, argparse.Namespace], int] | None = None
 
 
@@ -56,7 +58,8 @@ def make_input(rank: int, count: int) -> torch.Tensor:
     return torch.randn(count, generator=torch.Generator().manual_seed(12345 + rank))
 
 
-def count_wrong(comm: Communicator, out: torch.Tensor, simulate) -> int:
+def count_wrong(comm: Communicator, out: torch.Tensor,
+                simulate: Callable[[list[np.ndarray]], np.ndarray] | None) -> int:
     """Wrong elements of one call's ``out``: against the reference (small sizes) and across ranks.
 
     1. If ``simulate`` is given and the world's inputs are small enough, compare with
@@ -77,7 +80,8 @@ def _consecutive(topo: compcoll.Topology) -> bool:
     return topo.node_of == tuple(r // topo.ranks_per_node for r in range(len(topo.node_of)))
 
 
-def _plain(comm, topo, x, args) -> tuple[Step, Verify]:
+def _plain(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+           args: argparse.Namespace) -> tuple[Step, Verify]:
     """The communicator's allreduce, then / n; verified against the sum of every rank's input."""
     n, plain = comm.size, x.clone()
 
@@ -104,9 +108,10 @@ def _one_piece(args: argparse.Namespace, topo: compcoll.Topology, x: torch.Tenso
     return 1
 
 
-def _onebit(pieces: Callable[[argparse.Namespace, compcoll.Topology, torch.Tensor], int]):
+def _onebit(pieces: Pieces) -> Build:
     """``compressed_allreduce`` with ``pieces(args, topo, input)`` pieces; verified from zero error buffers."""
-    def build(comm, topo, x, args) -> tuple[Step, Verify]:
+    def build(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+              args: argparse.Namespace) -> tuple[Step, Verify]:
         n, count = comm.size, x.numel()
         full = compcoll.padded_numel(count, n)
         worker, server, out = torch.zeros(full), torch.zeros(full // n), torch.empty_like(x)
@@ -133,7 +138,8 @@ def _pattern(rank: int, count: int) -> torch.Tensor:
     return torch.arange(count, dtype=torch.int64).add_(rank).remainder_(251).to(torch.uint8)
 
 
-def _wire(comm, topo, x, args) -> tuple[Step, Verify]:
+def _wire(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+          args: argparse.Namespace) -> tuple[Step, Verify]:
     """The transport operations of a one-piece ``1bit`` call on the same bytes, without a kernel.
 
     1. The agreement round with the scale (``spec.agreement_shares``): an all-gather of
@@ -175,7 +181,8 @@ def _wire(comm, topo, x, args) -> tuple[Step, Verify]:
     return step, verify
 
 
-def _hier(comm, topo, x, args) -> tuple[Step, Verify]:
+def _hier(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+          args: argparse.Namespace) -> tuple[Step, Verify]:
     """``hierarchical_allreduce`` (Birder); verified with seed 1, step 0."""
     k, out = topo.ranks_per_node, torch.empty_like(x)
 
@@ -189,7 +196,8 @@ def _hier(comm, topo, x, args) -> tuple[Step, Verify]:
     return lambda: compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, out=out), verify
 
 
-def _hier_ef(comm, topo, x, args) -> tuple[Step, Verify]:
+def _hier_ef(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+             args: argparse.Namespace) -> tuple[Step, Verify]:
     """``hierarchical_compressed_allreduce``; verified from zero error buffers."""
     n, k, count, out = comm.size, topo.ranks_per_node, x.numel(), torch.empty_like(x)
     wn, sn = compcoll.hierarchical_error_numels(count, n, k)
@@ -207,10 +215,11 @@ def _hier_ef(comm, topo, x, args) -> tuple[Step, Verify]:
             verify)
 
 
-def _peer(name: str):
+def _peer(name: str) -> Build:
     """PyTorch's DDP hook ``name``: fp16 verified against the exact average (float16 tolerance),
     PowerSGD (a low-rank approximation by design) only across ranks."""
-    def build(comm, topo, x, args) -> tuple[Step, Verify]:
+    def build(comm: Communicator, topo: compcoll.Topology, x: torch.Tensor,
+              args: argparse.Namespace) -> tuple[Step, Verify]:
         step, result = ddp_hook_step(comm, x, name, args.powersgd_rank)
 
         def verify() -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -19,12 +19,12 @@ class _Inject(torch.autograd.Function):
     """Forward gives a zero scalar; backward hands ``grad`` to the weight as its gradient."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, weight: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         ctx.grad = grad
         return weight.new_zeros(())
 
     @staticmethod
-    def backward(ctx, _: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, _: torch.Tensor) -> tuple[torch.Tensor, None]:
         return ctx.grad, None
 
 

@@ -13,7 +13,7 @@ import torch
 from .. import spec
 from ..kernels.launch import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import RAW, base_of, call, no_source, on_host, result_into, source_of, view
+from .dispatch import RAW, KernelView, base_of, call, no_source, on_host, result_into, source_of, view
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
@@ -80,7 +80,7 @@ def _scale_steps(device: torch.device) -> torch.Tensor:
     return torch.from_numpy(spec.SCALE_STEPS).to(device)
 
 
-def _steps(like: torch.Tensor):
+def _steps(like: torch.Tensor) -> KernelView:
     """The kernel view of ``spec.SCALE_STEPS`` for ``like``'s kernels: the host's array, or its copy on the device."""
     return spec.SCALE_STEPS if on_host(like) else view(_scale_steps(like.device))
 

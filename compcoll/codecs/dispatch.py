@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
-from typing import Union
+from types import ModuleType
+from typing import Any, Callable, Union
 
 import numpy as np
 import torch
@@ -25,6 +26,10 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 Scalar = Union[float, torch.Tensor]
 """A sum or a scale: a float, or (on CUDA: ``scale_from`` of a device sum, ``accumulate_scale``) a one-element tensor
 kept on the device."""
+KernelView = Union[np.ndarray, DeviceArray]
+"""What a kernel takes for a tensor: a numpy view of a host tensor, a ``DeviceArray`` of a device (or meta) one."""
+Stream = Any
+"""The kernels' stream: numba's stream object for a GPU's, 0 on the host, ``TRACED`` for meta tensors."""
 
 _TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 
@@ -61,7 +66,7 @@ def on_host(tensor: torch.Tensor) -> bool:
     return tensor.is_cpu and not simulating()
 
 
-def view(tensor: torch.Tensor):
+def view(tensor: torch.Tensor) -> KernelView:
     """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.launch.DeviceArray`` for device tensors."""
     if on_host(tensor):
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
@@ -69,13 +74,13 @@ def view(tensor: torch.Tensor):
     return DeviceArray.of(tensor)
 
 
-def no_source(like: torch.Tensor):
+def no_source(like: torch.Tensor) -> KernelView:
     """An empty float32 kernel view on ``like``'s device: the source slot of a kernel that reads only its error
     (on a device, at ``like``'s address; no torch view made)."""
     return _EMPTY_HOST if on_host(like) else DeviceArray(like.data_ptr(), (0,), (4,), _FLOAT32, like)
 
 
-def source_of(tensor: torch.Tensor):
+def source_of(tensor: torch.Tensor) -> tuple[KernelView, KernelView | None]:
     """A flat kernel view of ``tensor`` (a contiguous copy where it is not contiguous) and the lookup table its dtype
     needs (or None)."""
     host = on_host(tensor)
@@ -91,7 +96,7 @@ def source_of(tensor: torch.Tensor):
     return raw.numpy().view(np.uint16), lookup_table(tensor.dtype)
 
 
-def storage_of(tensor: torch.Tensor):
+def storage_of(tensor: torch.Tensor) -> KernelView:
     """A writable flat kernel view of a contiguous output tensor (16-bit types as raw int16)."""
     if on_host(tensor) or not tensor.is_contiguous():
         flat = tensor.view(-1)
@@ -99,14 +104,14 @@ def storage_of(tensor: torch.Tensor):
     return DeviceArray.flat(tensor, None if tensor.dtype == torch.float32 else np.int16)
 
 
-def weights_of(weights: torch.Tensor, out: torch.Tensor):
+def weights_of(weights: torch.Tensor, out: torch.Tensor) -> KernelView:
     """The kernel view of ``weights`` as float32 on ``out``'s device (copied only if they are not)."""
     if weights.dtype != torch.float32 or weights.device != out.device:
         weights = weights.to(device=out.device, dtype=torch.float32)
     return view(weights)
 
 
-def base_of(base: torch.Tensor | None, out: torch.Tensor, out_view):
+def base_of(base: torch.Tensor | None, out: torch.Tensor, out_view: KernelView) -> KernelView | None:
     """The kernel view of an accumulation's ``base``: None, ``out_view`` when it is ``out`` itself, else its own."""
     if base is None:
         return None
@@ -134,7 +139,7 @@ UNREAD = object()
 _CPU_KERNELS = threading.Lock()
 
 
-def call(kernel: str, tensor: torch.Tensor, *args, **options):
+def call(kernel: str, tensor: torch.Tensor, *args: Any, **options: Any) -> Any:
     """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream).
 
     CPU kernels run one at a time in the process (Numba's workqueue threads are not
@@ -178,7 +183,7 @@ def start_cpu_threads() -> None:
         cpu_kernels.compensated_power_sum(_EMPTY_HOST, None, np.zeros(1, np.float32), 0, 2)
 
 
-def stream_of(tensor: torch.Tensor):
+def stream_of(tensor: torch.Tensor) -> Stream:
     """The kernels' stream for a device tensor: numba's view of torch's current stream on its GPU; ``TRACED`` for
     a meta tensor."""
     if tensor.is_meta:
@@ -190,7 +195,7 @@ def stream_of(tensor: torch.Tensor):
 
 
 @lru_cache(maxsize=None)
-def _cuda_kernels():
+def _cuda_kernels() -> ModuleType:
     """``kernels.cuda``, imported at the first device call (it imports numba.cuda)."""
     from ..kernels import cuda
 
@@ -198,13 +203,13 @@ def _cuda_kernels():
 
 
 @lru_cache(maxsize=None)
-def numba_stream(device: int, handle: int):
+def numba_stream(device: int, handle: int) -> Stream:
     """numba's view of the CUDA stream ``handle`` on GPU ``device``, made once (a new one per call would cost each
     launch a new launch configuration)."""
     return stream_on(device, handle)
 
 
-def temporaries(device: torch.device, stream):
+def temporaries(device: torch.device, stream: Stream) -> Callable[[int, Any, Stream], DeviceArray]:
     """The kernels' allocator for one call on ``stream``: (size, numpy dtype, stream) -> a device view of the next
     of this thread's ``Temporaries`` of that stream (made at its first call)."""
     kept = thread_table("temporaries")
@@ -213,7 +218,7 @@ def temporaries(device: torch.device, stream):
         temporaries = kept[(device, stream)] = Temporaries(device)
     temporaries.start()
 
-    def empty(size: int, dtype, stream):
+    def empty(size: int, dtype: Any, stream: Stream) -> DeviceArray:
         return DeviceArray.flat(temporaries.get(size, _TORCH_DTYPES[np.dtype(dtype)]))
 
     return empty

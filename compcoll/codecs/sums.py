@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ def scale_from(total: Scalar, numel: int, scale: str) -> Scalar:
     return float(spec.scale_from(float(total), numel, scale))
 
 
-def _sum(kernel: str, tensor: torch.Tensor, read: bool, *args, out: torch.Tensor | None = None) -> float | None:
+def _sum(kernel: str, tensor: torch.Tensor, read: bool, *args: Any, out: torch.Tensor | None = None) -> float | None:
     """Run a kernel that ends in a float64 sum: to the host as a float, or, not ``read`` on a device, left in one of
     the kernel's temporaries (no host round trip, no allocation) and None returned; or into ``out`` (a one-element
     float64 tensor on ``tensor``'s device, read later by ``host_value``: no host wait) and None returned."""
@@ -172,7 +173,7 @@ def accumulate_scale(
     return _device_scale("accumulate_signs", out, numel, scale, *args, slot=slot)
 
 
-def _device_scale(kernel: str, tensor: torch.Tensor, numel: int, scale: str, *args,
+def _device_scale(kernel: str, tensor: torch.Tensor, numel: int, scale: str, *args: Any,
                   slot: torch.Tensor | None = None) -> torch.Tensor:
     """Run a CUDA kernel that ends in a float64 sum, with the float32 scale of ``numel`` elements from it written by
     the same launch into ``slot`` (one float32 element on the device; a new one when None); returns the slot. The sum

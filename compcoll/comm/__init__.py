@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ __all__ = ["Communicator", "LocalComm", "SingleComm", "MPIComm", "TorchComm", "i
            "set_default"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "MPIComm":
         from .mpi import MPIComm
 

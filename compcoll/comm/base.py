@@ -281,7 +281,7 @@ class Communicator(ABC):
             if t.dim() != 1 or not t.is_contiguous():
                 raise ValueError(f"collectives take contiguous 1-D tensors, got shape {tuple(t.shape)}")
 
-    def _guard(self, op, *args):
+    def _guard(self, op: Callable[..., Any], *args: Any) -> Any:
         """Run a transport step; an error in it leaves the communicator broken."""
         self._check()
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from abc import abstractmethod
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -193,7 +193,7 @@ class LocalComm(Communicator):
 class FabricWork(PendingWork):
     """A collective of an in-process world: it waits on its rank's condition until ``_arrived``."""
 
-    def __init__(self, comm: LocalComm, what: str, result, finish=None) -> None:
+    def __init__(self, comm: LocalComm, what: str, result: Any, finish: Callable[[], None] | None = None) -> None:
         super().__init__(comm, what, result, finish)
         self._fabric = comm.fabric
         self._arrival = comm.fabric.arrived[comm.rank]

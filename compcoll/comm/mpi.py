@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -63,7 +64,7 @@ class MPIComm(Communicator):
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
     """
 
-    def __init__(self, mpi_comm=None, cuda_aware: bool | None = None, timeout: float | None = None):
+    def __init__(self, mpi_comm: Any = None, cuda_aware: bool | None = None, timeout: float | None = None) -> None:
         from mpi4py import MPI
 
         self._mpi = MPI
@@ -100,7 +101,7 @@ class MPIComm(Communicator):
         self.staged_bytes += host.numel() * host.element_size()
         return host
 
-    def _start(self, what: str, start, send: torch.Tensor | None, recv: torch.Tensor,
+    def _start(self, what: str, start: Callable[[Any, Any], Any], send: torch.Tensor | None, recv: torch.Tensor,
                result: torch.Tensor | None = None) -> Work:
         """Start ``start(send_buffer, recv_buffer)``, moving device tensors as this MPI can.
 
@@ -166,7 +167,7 @@ class MPIComm(Communicator):
             return self._start("allreduce", self._iallreduce, None, tensor)
         return self._start("allreduce", self._iallreduce, None, tensor.float(), result=tensor)
 
-    def _iallreduce(self, _, buffer):
+    def _iallreduce(self, _: Any, buffer: Any) -> Any:
         return self.mpi_comm.Iallreduce(self._mpi.IN_PLACE, buffer, self._mpi.SUM)
 
     def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
@@ -202,7 +203,7 @@ class RequestWork(PendingWork):
     0.1 ms apart. ``sources[i]``, where given, is the rank the i-th request receives from.
     """
 
-    def __init__(self, comm: MPIComm, what: str, request, result, finish=None,
+    def __init__(self, comm: MPIComm, what: str, request: Any, result: Any, finish: Callable[[], None] | None = None,
                  sources: list[int] | None = None) -> None:
         super().__init__(comm, what, result, finish)
         self._requests = request if isinstance(request, list) else [request]
@@ -234,7 +235,7 @@ class RequestWork(PendingWork):
         return True
 
 
-def _free(mpi_comm) -> None:
+def _free(mpi_comm: Any) -> None:
     """``MPI_Comm_free`` of a communicator compcoll split, unless MPI has been finalized."""
     from mpi4py import MPI
 

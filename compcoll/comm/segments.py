@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 MPICH_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
 """MPICH maps one such file on each node in MPI_Init, and unlinks it only in MPI_Finalize."""
@@ -26,7 +27,7 @@ def unlink_mapped_segments() -> list[str]:
     return names
 
 
-def release_mpich_segment(mpi_comm) -> list[str]:
+def release_mpich_segment(mpi_comm: Any) -> list[str]:
     """Unlink the name of MPICH's segment on this node once every rank there has mapped it.
 
     A rank that ends without MPI_Finalize (``compcoll.launcher``'s failed rank leaves with ``os._exit``, a rank past

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,7 @@ class TorchComm(Communicator):
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
     """
 
-    def __init__(self, group=None, timeout: float | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, timeout: float | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "TorchComm needs torch.distributed initialised: call "
@@ -52,8 +53,8 @@ class TorchComm(Communicator):
     def describe(self) -> str:
         return f"torch.distributed ({self.backend})"
 
-    def _start(self, what: str, op, send: torch.Tensor | None, recv: torch.Tensor, sources: list[int] | None = None
-               ) -> Work:
+    def _start(self, what: str, op: Callable[..., Any], send: torch.Tensor | None, recv: torch.Tensor,
+               sources: list[int] | None = None) -> Work:
         """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there (and back on completion).
 
         ``sources``: the ranks the first works of a ``_pairwise`` exchange receive from.
@@ -171,7 +172,7 @@ class TorchWork(PendingWork):
     peer closed its connection) the rank behind it.
     """
 
-    def __init__(self, comm: TorchComm, what: str, works: list, result, finish=None,
+    def __init__(self, comm: TorchComm, what: str, works: list, result: Any, finish: Callable[[], None] | None = None,
                  sources: list[int] | None = None) -> None:
         super().__init__(comm, what, result, finish)
         self._works = works
@@ -228,7 +229,7 @@ class TorchWork(PendingWork):
         return True
 
 
-def _poll(work, deadline: float) -> None:
+def _poll(work: dist.Work, deadline: float) -> None:
     """Wait for ``work`` by polling ``is_completed`` (for groups whose works take no finite timeout); past
     ``deadline``, RuntimeError("timed out"), as a timed wait raises."""
     pause = 1e-5
@@ -253,17 +254,17 @@ def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def _list(work) -> list:
+def _list(work: dist.Work | list) -> list:
     return work if isinstance(work, list) else [work]
 
 
-def _all_gather_single(recv, send, **kwargs):
+def _all_gather_single(recv: torch.Tensor, send: torch.Tensor, **kwargs: Any) -> dist.Work | None:
     """torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(recv, send, **kwargs)
 
 
-def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, **kwargs):
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, **kwargs: Any) -> dist.Work | None:
     """torch.distributed's flat reduce-scatter: reduce_scatter_single from torch 2.13, reduce_scatter_tensor
     before."""
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -187,7 +187,7 @@ class CompressedReduceScatter(ReduceScatter):
         self.key = key
         self.unit = weakref.ref(unit)
 
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A new tensor from torch's allocator, as FSDP's default."""
         return torch.empty(*size, dtype=dtype, device=device)
 
@@ -197,7 +197,8 @@ class CompressedReduceScatter(ReduceScatter):
         self.state.reduce_scatter(self.key, output_tensor, input_tensor, group, op, self.unit())
 
 
-def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = None, **options: Any):
+def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = None,
+             **options: Any) -> ReduceScatterState:
     """Compress FSDP2's gradient communication for every ``fully_shard`` unit of ``model``; returns the state.
 
     1. Without ``replicas``: a ``ReduceScatterState`` on the units' shard group, set as each

@@ -143,7 +143,8 @@ class OneBitMixin:
         return ([optimizer] if isinstance(optimizer, CompressedOptimizer) else []) + (
             [self.hook_state] if self.hook_state is not None else [])
 
-    def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: str | None):
+    def _prepare_for_training(self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: str | None
+                              ) -> Any:
         """The Trainer's preparation, then the chosen hook on the DDP it wrapped (once per DDP) and the agreed loss
         scaler."""
         model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)

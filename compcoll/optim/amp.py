@@ -24,7 +24,8 @@ class GradScaler(torch.amp.GradScaler):
     every rank must call ``step`` (or ``unscale_``) for the same optimizers in the same order.
     """
 
-    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # type: ignore[override]
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool) -> dict[torch.device, torch.Tensor]:  # type: ignore[override]
         per_device = super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
         comm = getattr(optimizer, "comm", None)
         if comm is None:

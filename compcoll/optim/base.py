@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
@@ -23,6 +23,9 @@ from .join import ShadowSteps, join_device, join_process_group
 from .replicated import PROBED_STEPS, fingerprint, same_everywhere, warning
 from .saved import SECTION, inner_state, parameter_views, torch_layout
 from .settings import HYPERPARAMETERS, NONFINITE_POLICIES, hyperparameter_code
+
+Params = Iterable[Any]
+"""What a torch optimizer takes: parameters, or dicts of parameter groups ("params" and their hyperparameters)."""
 
 
 class StateBuffer:
@@ -135,7 +138,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     sets (``carry.carry``): 0/1 Adam's intervals and counters."""
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
+    def __init__(self, params: Params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
                  options: tuple[Option, ...] = ()) -> None:
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
@@ -272,7 +275,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
 
     @torch.no_grad()
     @eager
-    def step(self, closure: Callable[[], float] | None = None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One optimization step on the local gradients; all communication happens here.
 
         Under ``torch.distributed.algorithms.join.Join([..., opt])`` it first tells the

@@ -6,7 +6,7 @@ import torch
 
 from ..algorithms.birder import hierarchical_allreduce
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer
+from .base import CompressedOptimizer, Params, StateBuffer
 from .live import add_fresh
 from .settings import check_hyperparameters
 
@@ -59,7 +59,7 @@ class Birder(CompressedOptimizer):
 
     def __init__(
         self,
-        params,
+        params: Params,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.9),
         weight_decay: float = 0.0,

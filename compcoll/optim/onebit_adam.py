@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer
+from .base import CompressedOptimizer, Params, StateBuffer
 from .carry import ADAM_MOMENTS, is_torch_adam_state, load_torch_adam_state
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
 from .settings import (bias_correction_option, check_hyperparameters, compression_options, variance_frozen,
@@ -95,7 +95,7 @@ class OneBitAdam(CompressedOptimizer):
 
     def __init__(
         self,
-        params,
+        params: Params,
         lr: float = 1e-3,
         freeze_step: int | float = 100000,
         betas: tuple[float, float] = (0.9, 0.999),

@@ -9,7 +9,7 @@ import torch
 from .. import codecs
 from ..algorithms.agreement import Option
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer
+from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
 from .settings import check_hyperparameters, compression_options, variance_frozen, warmup_steps
 
@@ -108,7 +108,7 @@ class OneBitLamb(CompressedOptimizer):
 
     def __init__(
         self,
-        params,
+        params: Params,
         lr: float = 1e-3,
         freeze_step: int | float = 100000,
         betas: tuple[float, float] = (0.9, 0.999),

@@ -6,7 +6,7 @@ import torch
 
 from .. import codecs
 from ..comm import Communicator
-from .base import CompressedOptimizer, StateBuffer
+from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
 from .settings import (bias_correction_option, check_hyperparameters, compression_options, variance_frozen,
                        warmup_steps)
@@ -93,7 +93,7 @@ class ZeroOneAdam(CompressedOptimizer):
 
     def __init__(
         self,
-        params,
+        params: Params,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,

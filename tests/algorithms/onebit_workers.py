@@ -298,19 +298,26 @@ def _one_bad_rank(comm: compcoll.Communicator, x: torch.Tensor, we: torch.Tensor
 
 
 def late_rank(comm: compcoll.Communicator, delay: float) -> None:
-    """A rank that arrives after the timeout: the others raise CollectiveTimeout, not hang."""
+    """A rank that arrives after the timeout: the others raise CollectiveTimeout, not hang.
+
+    The ranks start together (a barrier at the default timeout), and no rank leaves before the late one would have
+    arrived: a rank that started late (a loaded machine) would otherwise find a peer gone ("Connection closed by
+    peer") instead of its own timeout.
+    """
+    comm.barrier()
     comm.timeout = delay / 3
     numel = 100
     full = compcoll.padded_numel(numel, comm.size)
     we, se = torch.zeros(full), torch.zeros(full // comm.size)
+    start = time.monotonic()
     if comm.rank == comm.size - 1:
         time.sleep(delay)
         return
-    start = time.monotonic()
     _expect(compcoll.CollectiveTimeout, "did not complete within", compcoll.compressed_allreduce,
             torch.randn(numel), we, se, comm)
     assert time.monotonic() - start < delay, "the timeout fired late"
     _expect(compcoll.CommunicatorBroken, "unusable", comm.barrier)
+    time.sleep(max(0.0, delay - (time.monotonic() - start)))
 
 
 def blockwise(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:

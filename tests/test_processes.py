@@ -11,8 +11,9 @@ import time
 from typing import Iterator
 
 from compcoll.launcher import rank_commands
-from compcoll.processes import descendants, end_processes, proc_stat
+from compcoll.processes import descendants, end_processes
 from tests.leftovers import segments, topology_files
+from tests.pool import _running
 
 IGNORES_SIGTERM = """
 import signal, subprocess, sys, time
@@ -21,12 +22,6 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 print(child.pid, flush=True)
 time.sleep(120)
 """
-
-
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` is gone or a zombie."""
-    stat = proc_stat(f"/proc/{pid}/stat")
-    return stat is None or stat[1][0] == "Z"
 
 
 @contextlib.contextmanager
@@ -60,7 +55,7 @@ def test_an_mpiexec_job_ends_and_leaves_no_topology_file() -> None:
         end_processes([job], grace=30.0)
         assert time.monotonic() - start < 15
         assert job.wait(timeout=5) is not None and len(tree) == 4  # mpiexec, its proxy, 2 ranks
-    assert all(ended(pid) for pid in tree)
+    assert not any(_running(pid) for pid in tree)
     assert topology_files() <= before and segments() <= before_segments
 
 
@@ -72,6 +67,6 @@ def test_a_process_that_ignores_sigterm_is_killed_with_its_children() -> None:
         end_processes([proc], grace=0.5)
         assert proc.wait(timeout=10) is not None and time.monotonic() - start >= 0.5
         deadline = time.monotonic() + 10
-        while not ended(child) and time.monotonic() < deadline:
+        while _running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert ended(child)
+        assert not _running(child)

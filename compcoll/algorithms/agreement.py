@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NoReturn, Sequence
 
 import numpy as np
@@ -25,11 +25,13 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 @dataclass(frozen=True)
 class Option:
-    """A choice all ranks must make alike: its plural name, this rank's code, and labels."""
+    """A choice all ranks must make alike: its plural name, this rank's code, and labels, or ``explain``: a collective
+    that every rank of a round whose codes differ calls, returning what differs (``differences.values_option``)."""
 
     name: str
     code: int
     labels: tuple[str, ...] = ()
+    explain: Callable[[Communicator], str] | None = field(default=None, compare=False)
 
     def label(self, code: float) -> str:
         return self.labels[int(code)] if self.labels and 0 <= int(code) < len(self.labels) else str(int(code))
@@ -319,10 +321,11 @@ class Agreement:
             )
         if stepped and differs(settings):
             others = [r for r, row in enumerate(rows) if row[settings] != rows[0][settings]]
+            detail = f" ({self._step.explain(self.comm)})" if self._step.explain else ""
             raise RankMismatchError(
                 f"{what}: at step {int(rows[0][index])} the {self._step.label} of rank(s) {others} differ from rank "
-                f"0's: a learning-rate scheduler stepped, or param_groups edited, on some ranks only; every rank "
-                f"must change them alike"
+                f"0's{detail}: a learning-rate scheduler stepped, or param_groups edited, on some ranks only; every "
+                f"rank must change them alike"
             )
         if differs(0):
             raise RankMismatchError(
@@ -342,9 +345,8 @@ class Agreement:
             )
         for column, option in enumerate(self.options, 4):
             if differs(column):
-                raise RankMismatchError(
-                    f"{what}: ranks asked for different {option.name} ({listing(column, option.label)})"
-                )
+                detail = option.explain(self.comm) if option.explain else listing(column, option.label)
+                raise RankMismatchError(f"{what}: ranks asked for different {option.name} ({detail})")
         raise RankMismatchError(f"{what}: the ranks' calls differ (signatures differ)")
 
 
@@ -361,11 +363,13 @@ class Step:
         index: the caller's count of its calls (an optimizer's ``step_index``), non-negative.
         settings: a CRC-32 of what the caller must hold alike at this call (an optimizer's group hyperparameters).
         label: what ``settings`` covers, for messages.
+        explain: where ``settings`` differ, a collective every rank calls that says what differs (``Option.explain``).
     """
 
     index: int
     settings: int = 0
     label: str = "settings"
+    explain: Callable[[Communicator], str] | None = field(default=None, compare=False)
 
     def mixed(self, signature: float) -> float:
         """``signature`` XOR (index + 1) and the settings, each times an odd 32-bit constant: another CRC-sized

@@ -87,6 +87,19 @@ def gather_messages(comm: Communicator, mine: str, refusing: list[int]) -> dict[
     return {r: bytes(rows[r].tolist()).rstrip(b"\0").decode(errors="replace") for r in refusing}
 
 
+def gather_texts(comm: Communicator, mine: str) -> list[str]:
+    """Every rank's ``mine``, by rank, whole: an all-gather of each text's length, then one of every text padded to
+    the longest (two collectives every rank makes, whatever its text)."""
+    data = mine.encode()
+    lengths = torch.empty(comm.size, dtype=torch.int64)
+    comm.allgather(torch.tensor([len(data)], dtype=torch.int64), lengths)
+    width = max(1, int(lengths.max()))
+    table = torch.empty(comm.size * width, dtype=torch.uint8)
+    comm.allgather(torch.frombuffer(bytearray(data.ljust(width, b"\0")), dtype=torch.uint8), table)
+    rows = table.view(comm.size, width)
+    return [bytes(rows[r, :int(lengths[r])].tolist()).decode(errors="replace") for r in range(comm.size)]
+
+
 def refuse(comm: Communicator, error: Exception) -> NoReturn:
     """Take this rank's part in a call whose own arguments failed their checks, then raise ``error``.
 

@@ -10,6 +10,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from .. import codecs
 from ..algorithms.agreement import Agreement, Option, Step, agree, kept
+from ..algorithms.differences import values_option
 from ..algorithms.exact import exact_average
 from ..algorithms.plan import foreign_state
 from ..algorithms.rounds import checked
@@ -22,7 +23,7 @@ from .flat import FlatParams
 from .join import ShadowSteps, join_device, join_process_group
 from .replicated import PROBED_STEPS, fingerprint, same_everywhere, warning
 from .saved import SECTION, inner_state, parameter_views, torch_layout
-from .settings import HYPERPARAMETERS, NONFINITE_POLICIES, hyperparameter_code
+from .settings import NONFINITE_POLICIES, SETTINGS, hyperparameters
 
 Params = Iterable[Any]
 """What a torch optimizer takes: parameters, or dicts of parameter groups ("params" and their hyperparameters)."""
@@ -55,9 +56,12 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
        storage and take their masters after every step.
        Parameters with ``requires_grad=False`` stay out: no step touches them (no weight
        decay), as torch's optimizers skip a parameter without a gradient.
-    2. Check that all ranks hold the same groups, shapes and group hyperparameters (lr,
-       betas, ...: ranks with another lr would drift apart silently; one small allgather, a
-       ``RankMismatchError`` on every rank otherwise) and broadcast the buffer from rank 0,
+    2. Check that all ranks hold the same groups, shapes, group hyperparameters (lr,
+       betas, ...: ranks with another lr would drift apart silently) and settings (the
+       subclass's ``settings`` and ``nonfinite``: a rank with another ``freeze_step`` or
+       ``nonfinite`` would run other collectives); one small allgather, a
+       ``RankMismatchError`` on every rank otherwise, naming the first that differs and the
+       ranks that hold each value, and broadcast the buffer from rank 0,
        so replicas start identical.
 
     ``add_param_group`` (a collective once built) adds a group to train from the next step
@@ -139,7 +143,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     _step_supports_amp_scaling = True
 
     def __init__(self, params: Params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
-                 options: tuple[Option, ...] = ()) -> None:
+                 settings: dict[str, Any] | None = None) -> None:
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
         self._built = False
@@ -151,7 +155,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         agree(
             self.comm, type(self).__name__, self.flat.data, None,
             (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),
-             Option(HYPERPARAMETERS, hyperparameter_code(self.param_groups)), *options),
+             hyperparameters(self.param_groups), values_option(SETTINGS, {**(settings or {}), "nonfinite": nonfinite})),
         )
         self.comm.bcast(self.flat.data, 0)
         self.flat.write_back()
@@ -390,9 +394,10 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
 
     def _tag(self) -> Step:
         """What every round of this step carries (``agreement.Agreement.check``): ``step_index`` and the groups'
-        ``hyperparameter_code``, read now, so that a learning rate changed on some ranks only (a scheduler stepped
-        on rank 0 alone) fails on every rank instead of training the replicas apart."""
-        return Step(self.step_index, hyperparameter_code(self.param_groups), HYPERPARAMETERS)
+        ``hyperparameters``, read now, so that a learning rate changed on some ranks only (a scheduler stepped
+        on rank 0 alone) fails on every rank, naming it, instead of training the replicas apart."""
+        groups = hyperparameters(self.param_groups)
+        return Step(self.step_index, groups.code, groups.name, groups.explain)
 
     @property
     def synchronized(self) -> bool:

@@ -70,7 +70,8 @@ class Birder(CompressedOptimizer):
         nonfinite: str = "skip",
     ) -> None:
         check_hyperparameters(type(self).__name__, lr, betas, None, weight_decay)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), comm, nonfinite)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), comm, nonfinite,
+                         {"ranks_per_node": ranks_per_node, "seed": seed})
         self.ranks_per_node = ranks_per_node
         self.seed = int(seed)
         self._buffer("exp_avg")

@@ -11,7 +11,7 @@ from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .carry import ADAM_MOMENTS, is_torch_adam_state, load_torch_adam_state
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
-from .settings import (bias_correction_option, check_hyperparameters, compression_options, variance_frozen,
+from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, variance_frozen,
                        warmup_steps)
 
 
@@ -112,12 +112,14 @@ class OneBitAdam(CompressedOptimizer):
         total_steps: int | None = None,
         bias_correction: bool = False,
     ) -> None:
-        check_hyperparameters(type(self).__name__, lr, betas, eps, weight_decay)
-        options = (compression_options(type(self).__name__, compress, scale, protocol)
-                   + bias_correction_option(type(self).__name__, bias_correction))
-        freeze_step = warmup_steps("OneBitAdam", "freeze_step", freeze_step, total_steps)
+        what = type(self).__name__
+        check_hyperparameters(what, lr, betas, eps, weight_decay)
+        freeze_step = warmup_steps(what, "freeze_step", freeze_step, total_steps)
+        settings = {**compression_settings(what, compress, scale, protocol),
+                    **bias_correction_setting(what, bias_correction), "freeze_step": freeze_step,
+                    "ranks_per_node": ranks_per_node, "hierarchical": hierarchical}
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
-                         options)
+                         settings)
         self.freeze_step = int(freeze_step)
         self.compress = compress
         self.bias_correction = bias_correction

@@ -7,11 +7,10 @@ import math
 import torch
 
 from .. import codecs
-from ..algorithms.agreement import Option
 from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
-from .settings import check_hyperparameters, compression_options, variance_frozen, warmup_steps
+from .settings import check_hyperparameters, compression_settings, variance_frozen, warmup_steps
 
 TRUST_RATIOS = ("fresh", "frozen")
 
@@ -135,13 +134,11 @@ class OneBitLamb(CompressedOptimizer):
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
-        options = compression_options(what, compress, scale, protocol)
+        settings = compression_settings(what, compress, scale, protocol)
         if isinstance(variance_refresh, bool) or not isinstance(variance_refresh, int) or variance_refresh < 0:
             raise ValueError(f"{what}: variance_refresh must be an integer >= 0 (0: never), got {variance_refresh!r}")
         if not isinstance(layer_scales, bool):
             raise ValueError(f"{what}: layer_scales must be True or False, got {layer_scales!r}")
-        options += (Option("variance refresh intervals", variance_refresh),
-                    Option("1-bit scales per layer", int(layer_scales), ("off", "on")))
         if trust_ratio not in TRUST_RATIOS:
             raise ValueError(f"{what}: trust_ratio must be one of {', '.join(TRUST_RATIOS)}, got {trust_ratio!r}")
         freeze_step = warmup_steps(what, "freeze_step", freeze_step, total_steps, least=1)  # warmup estimates v
@@ -154,7 +151,10 @@ class OneBitLamb(CompressedOptimizer):
             raise ValueError(f"{what}: factor_threshold must be >= 0, got {factor_threshold}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         max_coeff=max_coeff, min_coeff=min_coeff)
-        super().__init__(params, defaults, comm, nonfinite, options)
+        settings.update(freeze_step=freeze_step, trust_ratio=trust_ratio, variance_refresh=variance_refresh,
+                        layer_scales=layer_scales, coeff_beta=coeff_beta, factor_max=factor_max, factor_min=factor_min,
+                        factor_threshold=factor_threshold, ranks_per_node=ranks_per_node, hierarchical=hierarchical)
+        super().__init__(params, defaults, comm, nonfinite, settings)
         self.freeze_step = int(freeze_step)
         self.compress = compress
         self.trust_ratio = trust_ratio

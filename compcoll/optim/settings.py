@@ -1,17 +1,17 @@
-"""The optimizers' settings: their checks, the options ranks agree on, the code of the groups' hyperparameters.
+"""The optimizers' settings: their checks, and the settings and groups' hyperparameters every rank holds alike.
 
-The checks cover hyperparameters, what they compress and the phases' lengths; every rank must hold the options and
-the groups' hyperparameters alike.
+The checks cover hyperparameters, what they compress and the phases' lengths; every rank must hold an optimizer's
+settings and its groups' hyperparameters alike (``differences.values_option`` names the one that differs).
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import torch
 
 from ..algorithms.agreement import Option
+from ..algorithms.differences import values_option
 from ..algorithms.inputs import check_protocol, check_scale
 from ..spec import CHANNEL_PROTOCOLS
 
@@ -21,34 +21,38 @@ COMPRESSED = ("update", "momentum")
 (DeepSpeed's choice); docs/architecture.md, "Algorithms"."""
 
 
-def compression_options(what: str, compress: str, scale: str, protocol: str = "auto") -> tuple[Option, ...]:
+def compression_settings(what: str, compress: str, scale: str, protocol: str = "auto") -> dict[str, Any]:
     """Check ``compress`` (one of ``COMPRESSED``), ``scale`` (``spec.SCALES``) and ``protocol``
-    (``spec.CHANNEL_PROTOCOLS``); the options of ``compress`` and ``protocol`` that all ranks must agree on."""
+    (``spec.CHANNEL_PROTOCOLS``); the settings of them that all ranks must hold alike."""
     if not isinstance(compress, str) or compress not in COMPRESSED:
         raise ValueError(f"{what}: compress {compress!r} is not one of {COMPRESSED} (update: m / (sqrt(v) + eps); "
                          f"momentum: m, as DeepSpeed)")
     check_scale(what, scale)
     check_protocol(what, protocol, CHANNEL_PROTOCOLS)
-    return (Option("compressed quantities", COMPRESSED.index(compress), COMPRESSED),
-            Option("1-bit protocols", CHANNEL_PROTOCOLS.index(protocol), CHANNEL_PROTOCOLS))
+    return {"compress": compress, "scale": scale, "protocol": protocol}
 
 
-def bias_correction_option(what: str, bias_correction: bool) -> tuple[Option, ...]:
-    """Check ``bias_correction`` (True or False); the option all ranks must agree on."""
+def bias_correction_setting(what: str, bias_correction: bool) -> dict[str, Any]:
+    """Check ``bias_correction`` (True or False); the setting all ranks must hold alike."""
     if not isinstance(bias_correction, bool):
         raise ValueError(f"{what}: bias_correction must be True or False, got {bias_correction!r}")
-    return (Option("bias corrections", int(bias_correction), ("off", "on")),)
+    return {"bias_correction": bias_correction}
 
 
-HYPERPARAMETERS = "hyperparameters of the parameter groups (lr, betas, eps, weight_decay, ...)"
-"""What ``hyperparameter_code`` covers, for messages."""
+SETTINGS = "settings"
+"""What an optimizer's own settings (its arguments besides the groups' hyperparameters) are called in messages."""
+HYPERPARAMETERS = "hyperparameters of the parameter groups"
+"""What ``hyperparameters`` covers, for messages."""
 
 
-def hyperparameter_code(param_groups: list[dict[str, Any]]) -> int:
-    """A CRC-32 of every group's hyperparameters that are plain data (``_plain``), by name: what every rank must hold
-    alike when it builds an optimizer and at every step."""
-    plain = [{k: _plain(v) for k, v in group.items() if k != "params"} for group in param_groups]
-    return zlib.crc32(repr([sorted((k, v) for k, v in group.items() if v is not None) for group in plain]).encode())
+def hyperparameters(param_groups: list[dict[str, Any]]) -> Option:
+    """Every group's hyperparameters that are plain data (``_plain``), named ``"lr of group 0"`` and so on, as the
+    option every rank must hold alike when it builds an optimizer and at every step (``differences.values_option``:
+    its code a CRC-32 of them, and a mismatch named by hyperparameter, group and ranks)."""
+    return values_option(HYPERPARAMETERS, {f"{key} of group {index}": plain
+                                           for index, group in enumerate(param_groups)
+                                           for key, value in group.items()
+                                           if key != "params" and (plain := _plain(value)) is not None})
 
 
 def _plain(value: Any) -> Any:

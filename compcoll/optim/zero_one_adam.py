@@ -8,7 +8,7 @@ from .. import codecs
 from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
-from .settings import (bias_correction_option, check_hyperparameters, compression_options, variance_frozen,
+from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, variance_frozen,
                        warmup_steps)
 
 
@@ -115,14 +115,18 @@ class ZeroOneAdam(CompressedOptimizer):
     ) -> None:
         what = type(self).__name__
         check_hyperparameters(what, lr, betas, eps, weight_decay)
-        options = compression_options(what, compress, scale, protocol) + bias_correction_option(what, bias_correction)
         var_freeze_step = warmup_steps(what, "var_freeze_step", var_freeze_step, total_steps, least=1)
         for name, value in (("var_update_scaler", var_update_scaler),
                             ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what}: {name} must be a positive integer, got {value!r}")
+        settings = {**compression_settings(what, compress, scale, protocol),
+                    **bias_correction_setting(what, bias_correction), "var_freeze_step": var_freeze_step,
+                    "var_update_scaler": var_update_scaler, "local_step_scaler": local_step_scaler,
+                    "local_step_clipper": local_step_clipper, "ranks_per_node": ranks_per_node,
+                    "hierarchical": hierarchical}
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
-                         options)
+                         settings)
         self.compress = compress
         self.bias_correction = bias_correction
         self.var_freeze_step = var_freeze_step

@@ -197,24 +197,29 @@ def layout_mismatch(comm: compcoll.Communicator, name: str) -> None:
         raise AssertionError("no RankMismatchError")
 
 
-OPTION_CHOICES = {"compress": ("update", "momentum", "compressed quantities"),
-                  "protocol": ("gather_scatter", "allgather", "1-bit protocols"),
-                  "variance_refresh": (0, 8, "variance refresh intervals"),
-                  "layer_scales": (False, True, "1-bit scales per layer"),
-                  "bias_correction": (False, True, "bias corrections"),
-                  "lr": (1e-2, 2e-2, "hyperparameters of the parameter groups"),
-                  "weight_decay": (0.0, 0.01, "hyperparameters of the parameter groups")}
-"""Per option an optimizer's ranks must agree on: rank 0's value, the others', and the name errors give it."""
+OPTION_CHOICES = {"compress": ("update", "momentum"), "protocol": ("gather_scatter", "allgather"),
+                  "variance_refresh": (0, 8), "layer_scales": (False, True), "bias_correction": (False, True),
+                  "nonfinite": ("skip", "raise"), "freeze_step": (4, 5), "local_step_clipper": (4, 2),
+                  "hierarchical": (None, False), "seed": (0, 1), "factor_max": (4.0, 2.0),
+                  "lr": (1e-2, 2e-2), "weight_decay": (0.0, 0.01)}
+"""Per option an optimizer's ranks must agree on: rank 0's value and the others'."""
+GROUPS = ("lr", "weight_decay")
+"""The options that are the groups' hyperparameters; the others are the optimizers' settings."""
 
 
 def option_mismatch(comm: compcoll.Communicator, name: str, option: str) -> None:
-    """Ranks that choose ``option`` differently get RankMismatchError at construction, naming it."""
+    """Ranks that choose ``option`` differently get RankMismatchError at construction, naming it, its values and
+    the ranks that hold each."""
     cls, kwargs = CONFIGS[name]
-    first, other, label = OPTION_CHOICES[option]
+    first, other = OPTION_CHOICES[option]
     try:
         cls(Net().parameters(), comm=comm, **{**kwargs, option: other if comm.rank else first})
     except compcoll.RankMismatchError as exc:
-        assert label in str(exc), exc
+        what, key = (("hyperparameters of the parameter groups", f"{option} of group 0") if option in GROUPS
+                     else ("settings", option))
+        others = ", ".join(map(str, range(1, comm.size)))
+        expected = f"{cls.__name__}: ranks asked for different {what} ({key}: {first!r} on rank(s) [0], {other!r} on "
+        assert expected + f"rank(s) [{others}])" in str(exc), exc
     else:
         raise AssertionError("no RankMismatchError")
 
@@ -600,8 +605,10 @@ def step_mismatch(comm: compcoll.Communicator, name: str, change: str) -> None:
     else:
         if comm.rank == 0:
             opt.param_groups[0]["lr"] /= 2
-        expected = (f"at step {6 + comm.size} the hyperparameters of the parameter groups (lr, betas, eps, "
-                    f"weight_decay, ...) of rank(s) {list(range(1, comm.size))} differ from rank 0's")
+        others, lr = list(range(1, comm.size)), CONFIGS[name][1]["lr"]
+        expected = (f"at step {6 + comm.size} the hyperparameters of the parameter groups of rank(s) {others} differ "
+                    f"from rank 0's (lr of group 0: {lr / 2!r} on rank(s) [0], {lr!r} on rank(s) {others}): a "
+                    f"learning-rate")
     before = whole_state(opt)
     params = opt.flat.data.clone()
     try:

@@ -73,9 +73,21 @@ def test_different_models_raise_on_every_rank(name: str) -> None:
                                           for option in ("compress", "protocol")]
                          + [("OneBitLamb", "variance_refresh"), ("OneBitLamb", "layer_scales"),
                             ("OneBitAdam", "bias_correction"), ("ZeroOneAdam", "bias_correction"),
+                            ("OneBitAdam", "freeze_step"), ("ZeroOneAdam", "local_step_clipper"),
+                            ("OneBitLamb", "factor_max"), ("Birder", "seed"), ("OneBitAdam", "hierarchical"),
+                            ("ZeroOneAdam", "nonfinite"), ("Birder", "nonfinite"),
                             ("OneBitAdam", "lr"), ("Birder", "weight_decay"), ("OneBitLamb", "weight_decay")])
 def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
     run(f"{WORKERS}:option_mismatch", 2, IN, args=(name, option))
+
+
+@pytest.mark.parametrize("name, option, transport", [("OneBitLamb", "factor_max", "mpi"),
+                                                     ("ZeroOneAdam", "nonfinite", "gloo"),
+                                                     ("OneBitAdam", "freeze_step", IN)])
+def test_different_settings_are_named_on_three_ranks(name: str, option: str, transport: str) -> None:
+    """A setting that differs (one that changes what a step computes, which collectives it makes, or what it does
+    with a NaN) fails the construction on every rank, naming the setting and which ranks hold each value."""
+    run(f"{WORKERS}:option_mismatch", 3, transport, args=(name, option))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compcoll.optim.settings import check_hyperparameters, hyperparameter_code, warmup_steps
+from compcoll.optim.settings import check_hyperparameters, hyperparameters, warmup_steps
 
 
 def test_a_phase_is_a_count_or_a_share_of_the_run() -> None:
@@ -32,11 +32,13 @@ def test_the_first_bad_hyperparameter_is_named() -> None:
 def test_the_groups_code_covers_plain_values_only() -> None:
     """Equal plain hyperparameters give one code whatever the params and key order; a changed value another; a
     value without a plain form (an object, a large tensor) counts as absent, since its repr differs by rank."""
+    def code(groups: list[dict]) -> int:
+        return hyperparameters(groups).code
+
     groups = [{"params": [torch.zeros(2)], "lr": 1e-3, "betas": (0.9, 0.999), "scale": torch.tensor([2.0])}]
-    code = hyperparameter_code(groups)
     reordered = {"betas": [0.9, 0.999], "scale": torch.tensor([2.0]), "lr": 1e-3, "params": []}
-    assert hyperparameter_code([reordered]) == code
-    assert hyperparameter_code([{**groups[0], "lr": 2e-3}]) != code
-    assert hyperparameter_code([{**groups[0], "hook": object()}]) == code
-    assert hyperparameter_code([{**groups[0], "big": torch.zeros(17)}]) == code
-    assert hyperparameter_code(groups + groups) != code
+    assert code([reordered]) == code(groups)
+    assert code([{**groups[0], "lr": 2e-3}]) != code(groups)
+    assert code([{**groups[0], "hook": object()}]) == code(groups)
+    assert code([{**groups[0], "big": torch.zeros(17)}]) == code(groups)
+    assert code(groups + groups) != code(groups)

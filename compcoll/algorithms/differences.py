@@ -25,20 +25,20 @@ def values_option(name: str, values: dict[str, Any]) -> Option:
        same table of codes.
     """
     return Option(name, zlib.crc32(json.dumps(values, sort_keys=True).encode()),
-                  explain=partial(difference, text=json.dumps(values)))
+                  explain=partial(difference, values=values))
 
 
-def difference(comm: Communicator, text: str) -> str:
+def difference(comm: Communicator, values: dict[str, Any]) -> str:
     """The first name whose values differ across ranks, and which ranks hold which value.
 
-    1. Gather every rank's values (``text``, JSON) whole (``rounds.gather_texts``).
+    1. Gather every rank's ``values`` as JSON, whole (``rounds.gather_texts``).
     2. Walk the names in rank 0's order, then any that only other ranks hold.
     3. For the first name whose values are not all equal, say each value (as Python
        writes it, or ``ABSENT``) with the ranks that hold it, in order of the lowest such
        rank.
     Every rank reads the same texts, so every rank returns the same message.
     """
-    rows = [json.loads(row) for row in gather_texts(comm, text)]
+    rows = [json.loads(row) for row in gather_texts(comm, json.dumps(values))]
     for key in dict.fromkeys(key for row in rows for key in row):
         held = [repr(row[key]) if key in row else ABSENT for row in rows]
         if len(set(held)) > 1:

@@ -70,7 +70,8 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
        files of a job of another size m (an elastic restart), the file of process
        ``rank % m`` of that job.
     2. Read it and check it holds one state per object. Agree on the outcome: if any
-       rank's file is missing or unreadable, every rank raises before any object changes.
+       rank's file is missing or unreadable (``ValueError`` naming it), every rank raises
+       before any object changes.
     3. ``load_state_dict`` each object (each checks its own layout, and from another
        process's file loads the replicated part, warns, and restarts what was that rank's
        own: error feedback at zero), then agree again: a rank whose objects refused their
@@ -86,7 +87,7 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
     error = None
     try:
         path = saved_file(directory, comm.job_rank, comm.job_size)
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = _read(path)
         if len(saved) != len(states):
             raise ValueError(f"{path} holds {len(saved)} states, {len(states)} objects were given to load")
     except Exception as exc:
@@ -98,6 +99,16 @@ def load(directory: str | os.PathLike, *states: Stateful, comm: Communicator | N
     except Exception as exc:
         error = exc
     agree_outcome(comm, "compcoll.checkpoint.load", error)
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    """The states in ``path``, or ValueError naming the file first (a peer's message carries only its start) and
+    then torch's error: a file ``save`` did not write, or one cut short or damaged."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path} is not a whole checkpoint file of compcoll.checkpoint.save (torch.load: "
+                         f"{type(exc).__name__}: {''.join(str(exc).splitlines()[:1])[:200]})") from exc
 
 
 def saved_file(directory: str | os.PathLike, rank: int, world_size: int) -> Path:

@@ -59,22 +59,30 @@ def rank_zero_state_on_every_rank(comm: compcoll.Communicator, name: str, at: in
         assert torch.equal(flat_params(model2), flat_params(model)), f"{name} resumed in warmup differs"
 
 
-def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str) -> None:
-    """The last rank's file is gone: it raises FileNotFoundError naming it, the others RemoteError, and no
-    optimizer changed."""
+def a_missing_file_fails_every_rank(comm: compcoll.Communicator, directory: str, damage: str = "missing") -> None:
+    """The last rank's file is gone (``damage`` "missing"), or holds bytes torch cannot read ("garbage"): that rank
+    raises FileNotFoundError or ValueError naming its file, the others RemoteError naming it too, and no optimizer
+    changed."""
     model, opt = build(comm, "OneBitAdam")
     train(comm, model, opt, range(6))
     compcoll.checkpoint.save(directory, opt)
+    name = f"compcoll-rank{comm.size - 1}-of-{comm.size}.pt"
     if comm.rank == comm.size - 1:
-        compcoll.checkpoint.path_of(directory, comm.rank, comm.size).unlink()
+        path = compcoll.checkpoint.path_of(directory, comm.rank, comm.size)
+        if damage == "missing":
+            path.unlink()
+        else:
+            path.write_bytes(b"not a checkpoint")
     comm.barrier()
     model2, opt2 = build(comm, "OneBitAdam")
+    expected = FileNotFoundError if damage == "missing" else ValueError
     try:
         compcoll.checkpoint.load(directory, opt2)
-    except FileNotFoundError as exc:
-        assert comm.rank == comm.size - 1 and f"compcoll-rank{comm.rank}-of-{comm.size}.pt" in str(exc), exc
+    except expected as exc:
+        assert comm.rank == comm.size - 1 and name in str(exc), exc
+        assert damage == "missing" or "is not a whole checkpoint file of compcoll.checkpoint.save" in str(exc), exc
     except compcoll.RemoteError as exc:
-        assert comm.rank != comm.size - 1 and comm.size - 1 in exc.failures, exc
+        assert comm.rank != comm.size - 1 and comm.size - 1 in exc.failures and name in str(exc), exc
     else:
         raise AssertionError(f"rank {comm.rank} loaded without its peer's file")
     assert opt2.steps == 0

@@ -27,9 +27,9 @@ def test_rank_zero_state_loads_on_every_rank(name: str, at: int, tmp_path) -> No
     run(f"{WORKERS}:rank_zero_state_on_every_rank", 2, "gloo", args=(name, at, str(tmp_path)))
 
 
-@pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_a_missing_file_fails_every_rank(backend: str, tmp_path) -> None:
-    run(f"{WORKERS}:a_missing_file_fails_every_rank", 2, backend, args=(str(tmp_path),))
+@pytest.mark.parametrize("backend, damage", [("mpi", "missing"), ("gloo", "missing"), ("threads", "garbage")])
+def test_a_missing_or_damaged_file_fails_every_rank(backend: str, damage: str, tmp_path) -> None:
+    run(f"{WORKERS}:a_missing_file_fails_every_rank", 2, backend, args=(str(tmp_path), damage))
 
 
 @pytest.mark.parametrize("name", list(COMPRESSED_AT))

@@ -31,20 +31,13 @@ import compcoll
 from compcoll.comm import Communicator
 from compcoll.spec import PROTOCOLS
 
+from .arguments import above, at_least, parse_size
 from .methods import METHODS, make_input
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 NIC_CALLS = 4
 """Untimed calls a method's interface bytes are counted over (``--nic``), then divided: a call's own count also took
 in stray packets sent in its window (a 1-bit call of 256 KiB over Gloo: 9.6-10.0 KB in 11 runs, 10.8 KB in a run
 beside a loaded test session), which a count over several calls spreads."""
-
-
-def parse_size(text: str) -> int:
-    """'64K', '16M', '1G' or a plain number of bytes."""
-    text = text.strip().upper().removesuffix("B")
-    unit = text[-1] if text and text[-1] in _UNITS else ""
-    return int(float(text[: len(text) - len(unit)]) * _UNITS[unit])
 
 
 def sizes(begin: int, end: int, factor: float) -> list[int]:
@@ -242,28 +235,30 @@ def parser() -> argparse.ArgumentParser:
         epilog="compcoll-bench model [...]: predict plain and 1-bit allreduce on any cluster with the alpha-beta "
                "model, calibrate its kernel rates, validate it (compcoll-bench model --help)",
     )
-    p.add_argument("-b", "--begin", type=parse_size, default=parse_size("64K"), help="smallest size in bytes (64K)")
-    p.add_argument("-e", "--end", type=parse_size, default=parse_size("16M"), help="largest size in bytes (16M)")
-    p.add_argument("-f", "--factor", type=float, default=4.0, help="size multiplier between rows (4)")
-    p.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per run (5)")
-    p.add_argument("-r", "--runs", type=int, default=5, help="runs whose median is reported (5)")
-    p.add_argument("-w", "--warmup", type=int, default=2, help="untimed iterations first (2)")
-    p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 yes, 0 no (1)")
+    p.add_argument("-b", "--begin", type=at_least(0, parse_size, "size"), default=parse_size("64K"),
+                   help="smallest size in bytes (64K)")
+    p.add_argument("-e", "--end", type=at_least(4, parse_size, "size"), default=parse_size("16M"),
+                   help="largest size in bytes (16M)")
+    p.add_argument("-f", "--factor", type=above(1), default=4.0, help="size multiplier between rows (4)")
+    p.add_argument("-n", "--iters", type=at_least(1), default=5, help="timed iterations per run (5)")
+    p.add_argument("-r", "--runs", type=at_least(1), default=5, help="runs whose median is reported (5)")
+    p.add_argument("-w", "--warmup", type=at_least(0), default=2, help="untimed iterations first (2)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="verify results: 1 yes, 0 no (1)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="gather_scatter", help="of the 1bit method")
-    p.add_argument("--pieces", type=int, metavar="P",
+    p.add_argument("--pieces", type=at_least(1), metavar="P",
                    help="pieces of the 1bit method (default: compressed_allreduce's choice by size, device and node "
                         "layout)")
     p.add_argument("--methods", type=_method_list, default=["plain", "1bit"],
                    help="comma-separated, side by side, the first is the baseline (plain,1bit): "
                         + "; ".join(f"{m.name}: {m.summary}" for m in METHODS.values()))
-    p.add_argument("--ranks-per-node", type=int, metavar="K",
+    p.add_argument("--ranks-per-node", type=at_least(1), metavar="K",
                    help="k consecutive ranks form a node (default: by hostname, or COMPCOLL_RANKS_PER_NODE)")
     p.add_argument("--nic", metavar="IFACE",
                    help="also count what network interface IFACE sends per call (/sys/class/net), max over ranks")
-    p.add_argument("--powersgd-rank", type=int, default=1, metavar="R",
+    p.add_argument("--powersgd-rank", type=at_least(1), default=1, metavar="R",
                    help="matrix_approximation_rank of the powersgd method (1, PyTorch's default)")
     p.add_argument("--json", metavar="PATH", help="also write JSON to PATH ('-' prints only JSON)")
-    p.add_argument("--launch", type=int, metavar="N",
+    p.add_argument("--launch", type=at_least(1), metavar="N",
                    help="start N local ranks (no launcher needed); rank 0's progress lines come to this stderr")
     p.add_argument("--backend", choices=("mpi", "gloo"), default="mpi", help="with --launch (mpi)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -271,9 +266,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The options, each checked by its type (``arguments``), and ``--begin`` no larger than ``--end``: argparse's
+    usage error otherwise (status 2)."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.begin > args.end:
+        p.error(f"--begin ({args.begin} B) is larger than --end ({args.end} B)")
+    return args
+
+
 def launched(comm: Communicator, argv: list[str]) -> None:
     """Rank body for ``--launch``: the benchmark on the communicator the harness built."""
-    run_benchmark(comm, parser().parse_args(argv))
+    run_benchmark(comm, parse(argv))
 
 
 def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
@@ -296,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
 
         model_main(argv[1:])
         return
-    args = parser().parse_args(argv)
+    args = parse(argv)
     if args.launch:
         from compcoll.launcher import run
 

@@ -16,13 +16,12 @@ import torch
 import compcoll
 from compcoll.comm.single import SingleComm
 
-from .cli import parse_size
+from .arguments import above, at_least, listed, parse_count, parse_size
 from .model import MODEL_METHODS, Cluster, break_even_gbit, break_even_size, predict
 
 EMULATED_INTRA_GBYTE = 2.0
 MODELLED = {"1bit-serial": "1bit"}
 """Benchmark methods the model predicts under another method's name."""
-_SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}
 
 
 def calibrate(threads: int, size: int, runs: int = 7) -> dict[str, float]:
@@ -109,13 +108,6 @@ def validate(directory: Path, min_size: int) -> tuple[str, dict]:
     return "\n".join(lines), {"min_size": min_size, "kernels": kernels, "summary": summary}
 
 
-def parse_count(text: str) -> int:
-    """'300M', '1.3B', '7B' parameters -> a count."""
-    text = text.strip().upper()
-    scale = _SCALES.get(text[-1], 1)
-    return int(float(text.rstrip("".join(_SCALES))) * scale)
-
-
 def _amount(value: float, unit: float) -> str:
     """``value / unit`` in a 6-wide cell; 'never' for inf."""
     return f"{'never' if math.isinf(value) else f'{value / unit:.0f}':>6}"
@@ -200,33 +192,35 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compcoll-bench model", description=__doc__.splitlines()[0])
     p.add_argument("--calibrate", type=Path, metavar="JSON",
                    help="measure the kernel rates here (at --threads) and add them to JSON")
-    p.add_argument("--threads", type=int, default=1, help="threads for --calibrate, and the entry --kernels reads (1)")
-    p.add_argument("--size", type=parse_size, default=parse_size("64M"), help="tensor for --calibrate (64M)")
+    p.add_argument("--threads", type=at_least(1), default=1,
+                   help="threads for --calibrate, and the entry --kernels reads (1)")
+    p.add_argument("--size", type=at_least(4, parse_size, "size"), default=parse_size("64M"),
+                   help="tensor for --calibrate (64M)")
     p.add_argument("--verdict", action="store_true",
                    help="measure the kernel rates (at --threads, on a 25 MB bucket) and say whether 1-bit pays on "
                         "2 and 16 nodes at 1, 10 and 100 Gbit/s")
     p.add_argument("--validate", type=Path, metavar="DIR",
                    help="compare with the suite's reports in DIR (needs DIR/kernels.json); writes "
                         "DIR/model_validation.{txt,json}")
-    p.add_argument("--min-size", type=parse_size, default=parse_size("1M"),
+    p.add_argument("--min-size", type=at_least(0, parse_size, "size"), default=parse_size("1M"),
                    help="smallest size in the --validate summary (1M)")
-    p.add_argument("--nodes", type=lambda t: [int(v) for v in t.split(",")], default=[16, 32, 64, 128],
+    p.add_argument("--nodes", type=listed(at_least(1)), default=[16, 32, 64, 128],
                    help="comma-separated node counts to predict (16,32,64,128)")
-    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks (GPUs) per node (8)")
-    p.add_argument("--gbit", type=lambda t: [float(v) for v in t.split(",")], default=[10.0, 25.0, 100.0],
+    p.add_argument("--ranks-per-node", type=at_least(1), default=8, help="ranks (GPUs) per node (8)")
+    p.add_argument("--gbit", type=listed(above(0)), default=[10.0, 25.0, 100.0],
                    help="inter-node goodput per node, Gbit/s (10,25,100)")
-    p.add_argument("--params", type=lambda t: [parse_count(v) for v in t.split(",")],
+    p.add_argument("--params", type=listed(at_least(1, parse_count, "count")),
                    default=[parse_count(v) for v in ("300M", "1.3B", "7B")],
                    help="comma-separated model sizes in parameters, float32 gradients (300M,1.3B,7B)")
     p.add_argument("--kernels", type=Path, metavar="JSON",
                    help="kernel rates from --calibrate (its --threads entry) instead of --kernel-gbyte / "
                         "--reduce-gbyte")
-    p.add_argument("--latency-us", type=float, default=50.0, help="alpha, one collective (50)")
-    p.add_argument("--intra-gbyte", type=float, default=100.0, help="per-rank intra-node GB/s (100, NVLink-class)")
-    p.add_argument("--kernel-gbyte", type=float, default=200.0,
+    p.add_argument("--latency-us", type=at_least(0, float, "number"), default=50.0, help="alpha, one collective (50)")
+    p.add_argument("--intra-gbyte", type=above(0), default=100.0, help="per-rank intra-node GB/s (100, NVLink-class)")
+    p.add_argument("--kernel-gbyte", type=above(0), default=200.0,
                    help="GB/s of input the 1-bit kernels process per rank (200: an assumed GPU rate; "
                         "measure yours with --calibrate on the ranks' device)")
-    p.add_argument("--reduce-gbyte", type=float, default=1000.0, help="GB/s plain's reduction sums at (1000)")
+    p.add_argument("--reduce-gbyte", type=above(0), default=1000.0, help="GB/s plain's reduction sums at (1000)")
     return p
 
 

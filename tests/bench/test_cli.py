@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from compcoll.bench.cli import parser, parse_size, sizes
+from compcoll.bench.cli import parser, sizes
 from tests.pool import run
 
 LAUNCH = [sys.executable, "-m", "compcoll.bench"]
 BODY = "compcoll.bench.cli:launched"
 
 
-def test_parse_size_and_sweep() -> None:
-    assert parse_size("64K") == 65536 and parse_size("16M") == 1 << 24 and parse_size("100") == 100
+def test_sweep() -> None:
     assert sizes(1024, 16384, 4) == [1024, 4096, 16384]
 
 

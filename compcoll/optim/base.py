@@ -56,13 +56,17 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
        storage and take their masters after every step.
        Parameters with ``requires_grad=False`` stay out: no step touches them (no weight
        decay), as torch's optimizers skip a parameter without a gradient.
+       Then check the subclass's arguments (its ``settings`` function). This step is local:
+       where it raises TypeError or ValueError on some ranks (bad arguments, a float64
+       parameter), they refuse the next step's round (``rounds.checked``), so every rank
+       raises at once (the others ``RemoteError`` with the message), none waits out a timeout.
     2. Check that all ranks hold the same groups, shapes, group hyperparameters (lr,
-       betas, ...: ranks with another lr would drift apart silently) and settings (the
-       subclass's ``settings`` and ``nonfinite``: a rank with another ``freeze_step`` or
-       ``nonfinite`` would run other collectives); one small allgather, a
+       betas, ...: ranks with another lr would drift apart silently) and settings (what the
+       subclass's ``settings`` returned, and ``nonfinite``: a rank with another
+       ``freeze_step`` or ``nonfinite`` would run other collectives); one small allgather, a
        ``RankMismatchError`` on every rank otherwise, naming the first that differs and the
        ranks that hold each value, and broadcast the buffer from rank 0,
-       so replicas start identical.
+       so replicas start identical. The agreed settings stay in ``settings``.
 
     ``add_param_group`` (a collective once built) adds a group to train from the next step
     on, while the algorithm can still give new parameters a variance (in the warm-up; any
@@ -143,19 +147,18 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     _step_supports_amp_scaling = True
 
     def __init__(self, params: Params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
-                 settings: dict[str, Any] | None = None) -> None:
-        if nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+                 settings: Callable[[], dict[str, Any]] = dict) -> None:
         self._built = False
-        super().__init__(params, defaults)
-        Joinable.__init__(self)
         self.comm = get_default() if comm is None else comm
+        what = type(self).__name__
+        self.settings: dict[str, Any] = checked(self.comm, what, lambda: self._laid_out(params, defaults, nonfinite,
+                                                                                        settings))
+        Joinable.__init__(self)
         self.nonfinite = nonfinite
-        self.flat = FlatParams(self.param_groups, type(self).__name__)
         agree(
-            self.comm, type(self).__name__, self.flat.data, None,
+            self.comm, what, self.flat.data, None,
             (Option("parameter layouts (groups and shapes)", self.flat.layout_code()),
-             hyperparameters(self.param_groups), values_option(SETTINGS, {**(settings or {}), "nonfinite": nonfinite})),
+             hyperparameters(self.param_groups), values_option(SETTINGS, self.settings)),
         )
         self.comm.bcast(self.flat.data, 0)
         self.flat.write_back()
@@ -170,6 +173,16 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
         self._channel_args: tuple = ()
         self.workspace = Workspace()
         self._built = True
+
+    def _laid_out(self, params: Params, defaults: dict[str, Any], nonfinite: str,
+                  settings: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Construction's local step 1: torch's own construction (the groups), the flat buffer, the subclass's checks;
+        the settings every rank must hold alike (TypeError or ValueError naming a bad argument)."""
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        super().__init__(params, defaults)
+        self.flat = FlatParams(self.param_groups, type(self).__name__)
+        return {**settings(), "nonfinite": nonfinite}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group of parameters to train from the next step on, as ``torch.optim.Optimizer``'s does (Lightning's

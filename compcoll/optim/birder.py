@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..algorithms.birder import hierarchical_allreduce
 from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .live import add_fresh
-from .settings import check_hyperparameters
+from .settings import check_hyperparameters, layout_settings
 
 
 class Birder(CompressedOptimizer):
@@ -69,11 +71,18 @@ class Birder(CompressedOptimizer):
         seed: int = 0,
         nonfinite: str = "skip",
     ) -> None:
-        check_hyperparameters(type(self).__name__, lr, betas, None, weight_decay)
+        what = type(self).__name__
+
+        def settings() -> dict[str, Any]:
+            check_hyperparameters(what, lr, betas, None, weight_decay)
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ValueError(f"{what}: seed must be an integer, got {seed!r}")
+            return {**layout_settings(what, ranks_per_node), "seed": seed}
+
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), comm, nonfinite,
-                         {"ranks_per_node": ranks_per_node, "seed": seed})
+                         settings)
         self.ranks_per_node = ranks_per_node
-        self.seed = int(seed)
+        self.seed = seed
         self._buffer("exp_avg")
         self._buffer("exp_avg_abs")
         self._buffer("seen", dtype=torch.bool)

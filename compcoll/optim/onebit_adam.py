@@ -11,7 +11,8 @@ from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .carry import ADAM_MOMENTS, is_torch_adam_state, load_torch_adam_state
 from .moments import adam_step, averaged_moments, local_momentum, preconditioner, send_preconditioned
-from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, variance_frozen,
+from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, layout_settings,
+                       variance_frozen,
                        warmup_steps)
 
 
@@ -113,14 +114,17 @@ class OneBitAdam(CompressedOptimizer):
         bias_correction: bool = False,
     ) -> None:
         what = type(self).__name__
-        check_hyperparameters(what, lr, betas, eps, weight_decay)
-        freeze_step = warmup_steps(what, "freeze_step", freeze_step, total_steps)
-        settings = {**compression_settings(what, compress, scale, protocol),
-                    **bias_correction_setting(what, bias_correction), "freeze_step": freeze_step,
-                    "ranks_per_node": ranks_per_node, "hierarchical": hierarchical}
+
+        def settings() -> dict[str, Any]:
+            check_hyperparameters(what, lr, betas, eps, weight_decay)
+            return {**compression_settings(what, compress, scale, protocol),
+                    **bias_correction_setting(what, bias_correction),
+                    "freeze_step": warmup_steps(what, "freeze_step", freeze_step, total_steps),
+                    **layout_settings(what, ranks_per_node, hierarchical)}
+
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          settings)
-        self.freeze_step = int(freeze_step)
+        self.freeze_step = self.settings["freeze_step"]
         self.compress = compress
         self.bias_correction = bias_correction
         self._buffer("exp_avg")

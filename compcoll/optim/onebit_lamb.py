@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -10,7 +11,8 @@ from .. import codecs
 from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
-from .settings import check_hyperparameters, compression_settings, variance_frozen, warmup_steps
+from .settings import (check_hyperparameters, compression_settings, is_number, layout_settings, variance_frozen,
+                       warmup_steps)
 
 TRUST_RATIOS = ("fresh", "frozen")
 
@@ -133,29 +135,35 @@ class OneBitLamb(CompressedOptimizer):
         total_steps: int | None = None,
     ) -> None:
         what = type(self).__name__
-        check_hyperparameters(what, lr, betas, eps, weight_decay)
-        settings = compression_settings(what, compress, scale, protocol)
-        if isinstance(variance_refresh, bool) or not isinstance(variance_refresh, int) or variance_refresh < 0:
-            raise ValueError(f"{what}: variance_refresh must be an integer >= 0 (0: never), got {variance_refresh!r}")
-        if not isinstance(layer_scales, bool):
-            raise ValueError(f"{what}: layer_scales must be True or False, got {layer_scales!r}")
-        if trust_ratio not in TRUST_RATIOS:
-            raise ValueError(f"{what}: trust_ratio must be one of {', '.join(TRUST_RATIOS)}, got {trust_ratio!r}")
-        freeze_step = warmup_steps(what, "freeze_step", freeze_step, total_steps, least=1)  # warmup estimates v
-        if not 0 < min_coeff <= max_coeff or not 0 < factor_min <= factor_max or not 0 <= coeff_beta < 1:
-            raise ValueError(
-                f"{what}: need 0 < min_coeff <= max_coeff, 0 < factor_min <= factor_max and 0 <= coeff_beta < 1, "
-                f"got {min_coeff}, {max_coeff}, {factor_min}, {factor_max}, {coeff_beta}"
-            )
-        if not factor_threshold >= 0:
-            raise ValueError(f"{what}: factor_threshold must be >= 0, got {factor_threshold}")
+
+        def settings() -> dict[str, Any]:
+            check_hyperparameters(what, lr, betas, eps, weight_decay)
+            if isinstance(variance_refresh, bool) or not isinstance(variance_refresh, int) or variance_refresh < 0:
+                raise ValueError(f"{what}: variance_refresh must be an integer >= 0 (0: never), got "
+                                 f"{variance_refresh!r}")
+            if not isinstance(layer_scales, bool):
+                raise ValueError(f"{what}: layer_scales must be True or False, got {layer_scales!r}")
+            if trust_ratio not in TRUST_RATIOS:
+                raise ValueError(f"{what}: trust_ratio must be one of {', '.join(TRUST_RATIOS)}, got {trust_ratio!r}")
+            coefficients = (min_coeff, max_coeff, factor_min, factor_max, coeff_beta, factor_threshold)
+            if not all(is_number(c) for c in coefficients) or not 0 < min_coeff <= max_coeff \
+                    or not 0 < factor_min <= factor_max or not 0 <= coeff_beta < 1:
+                raise ValueError(
+                    f"{what}: need 0 < min_coeff <= max_coeff, 0 < factor_min <= factor_max and 0 <= coeff_beta < 1, "
+                    f"got {min_coeff}, {max_coeff}, {factor_min}, {factor_max}, {coeff_beta}"
+                )
+            if not factor_threshold >= 0:
+                raise ValueError(f"{what}: factor_threshold must be >= 0, got {factor_threshold}")
+            return {**compression_settings(what, compress, scale, protocol),
+                    "freeze_step": warmup_steps(what, "freeze_step", freeze_step, total_steps, least=1),
+                    "trust_ratio": trust_ratio, "variance_refresh": variance_refresh, "layer_scales": layer_scales,
+                    "coeff_beta": coeff_beta, "factor_max": factor_max, "factor_min": factor_min,
+                    "factor_threshold": factor_threshold, **layout_settings(what, ranks_per_node, hierarchical)}
+
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         max_coeff=max_coeff, min_coeff=min_coeff)
-        settings.update(freeze_step=freeze_step, trust_ratio=trust_ratio, variance_refresh=variance_refresh,
-                        layer_scales=layer_scales, coeff_beta=coeff_beta, factor_max=factor_max, factor_min=factor_min,
-                        factor_threshold=factor_threshold, ranks_per_node=ranks_per_node, hierarchical=hierarchical)
         super().__init__(params, defaults, comm, nonfinite, settings)
-        self.freeze_step = int(freeze_step)
+        self.freeze_step = self.settings["freeze_step"]  # its warm-up estimates v: at least 1 step
         self.compress = compress
         self.trust_ratio = trust_ratio
         self.coeff_beta, self.factor_max, self.factor_min = coeff_beta, factor_max, factor_min

@@ -13,6 +13,7 @@ import torch
 from ..algorithms.agreement import Option
 from ..algorithms.differences import values_option
 from ..algorithms.inputs import check_protocol, check_scale
+from ..comm.topology import requested_ranks_per_node
 from ..spec import CHANNEL_PROTOCOLS
 
 NONFINITE_POLICIES = ("skip", "raise")
@@ -37,6 +38,28 @@ def bias_correction_setting(what: str, bias_correction: bool) -> dict[str, Any]:
     if not isinstance(bias_correction, bool):
         raise ValueError(f"{what}: bias_correction must be True or False, got {bias_correction!r}")
     return {"bias_correction": bias_correction}
+
+
+def layout_settings(what: str, ranks_per_node: int | str | None, hierarchical: bool | None = None) -> dict[str, Any]:
+    """Check ``ranks_per_node`` (a positive integer, "auto" or None, and ``COMPCOLL_RANKS_PER_NODE`` where it is
+    read) and ``hierarchical`` (None, True or False); the settings of them all ranks must hold alike."""
+    try:
+        requested_ranks_per_node(ranks_per_node)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    if not isinstance(hierarchical, (bool, type(None))):
+        raise ValueError(f"{what}: hierarchical must be None (by the nodes), True or False, got {hierarchical!r}")
+    return {"ranks_per_node": ranks_per_node, "hierarchical": hierarchical}
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (an int or float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _scalar(value: Any) -> bool:
+    """Whether ``value`` is a number or a one-element tensor (torch's optimizers take a tensor ``lr``)."""
+    return is_number(value) or isinstance(value, torch.Tensor) and value.numel() == 1
 
 
 SETTINGS = "settings"
@@ -86,12 +109,14 @@ def warmup_steps(what: str, name: str, value: int | float, total_steps: int | No
     3. ValueError naming ``name`` when the count is below ``least`` or not a whole number,
        or a share comes without a positive ``total_steps``.
     """
+    if not is_number(value):
+        raise ValueError(f"{what}: {name} must be a number of steps or a share of the run in (0, 1), got {value!r}")
     if isinstance(value, float) and 0.0 < value < 1.0:
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"{what}: {name}={value} is a share of the run, so pass total_steps, the run's number "
                              f"of optimizer steps (got {total_steps!r})")
         steps = round(value * total_steps)
-    elif isinstance(value, bool) or not float(value).is_integer():
+    elif not float(value).is_integer():
         raise ValueError(f"{what}: {name} must be a number of steps or a share of the run in (0, 1), got {value!r}")
     else:
         steps = int(value)
@@ -106,11 +131,12 @@ def check_hyperparameters(
 ) -> None:
     """ValueError naming the first bad hyperparameter (eps, if the algorithm has one, must be > 0: v = 0 divides by
     it)."""
-    if not lr >= 0.0:
-        raise ValueError(f"{what}: lr must be >= 0, got {lr}")
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{what}: betas must be two numbers in [0, 1), got {tuple(betas)}")
-    if eps is not None and not eps > 0.0:
-        raise ValueError(f"{what}: eps must be > 0, got {eps}")
-    if not weight_decay >= 0.0:
-        raise ValueError(f"{what}: weight_decay must be >= 0, got {weight_decay}")
+    if not _scalar(lr) or not lr >= 0.0:
+        raise ValueError(f"{what}: lr must be a number >= 0, got {lr!r}")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_scalar(b) and 0.0 <= b < 1.0
+                                                                          for b in betas):
+        raise ValueError(f"{what}: betas must be two numbers in [0, 1), got {betas!r}")
+    if eps is not None and (not _scalar(eps) or not eps > 0.0):
+        raise ValueError(f"{what}: eps must be a number > 0, got {eps!r}")
+    if not _scalar(weight_decay) or not weight_decay >= 0.0:
+        raise ValueError(f"{what}: weight_decay must be a number >= 0, got {weight_decay!r}")

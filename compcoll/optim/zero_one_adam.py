@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import codecs
 from ..comm import Communicator
 from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import adam_step, floor_variance, local_momentum, preconditioner, send_preconditioned
-from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, variance_frozen,
+from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, layout_settings,
+                       variance_frozen,
                        warmup_steps)
 
 
@@ -114,22 +117,24 @@ class ZeroOneAdam(CompressedOptimizer):
         bias_correction: bool = False,
     ) -> None:
         what = type(self).__name__
-        check_hyperparameters(what, lr, betas, eps, weight_decay)
-        var_freeze_step = warmup_steps(what, "var_freeze_step", var_freeze_step, total_steps, least=1)
-        for name, value in (("var_update_scaler", var_update_scaler),
-                            ("local_step_scaler", local_step_scaler), ("local_step_clipper", local_step_clipper)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{what}: {name} must be a positive integer, got {value!r}")
-        settings = {**compression_settings(what, compress, scale, protocol),
-                    **bias_correction_setting(what, bias_correction), "var_freeze_step": var_freeze_step,
-                    "var_update_scaler": var_update_scaler, "local_step_scaler": local_step_scaler,
-                    "local_step_clipper": local_step_clipper, "ranks_per_node": ranks_per_node,
-                    "hierarchical": hierarchical}
+
+        def settings() -> dict[str, Any]:
+            check_hyperparameters(what, lr, betas, eps, weight_decay)
+            schedule = {"var_update_scaler": var_update_scaler, "local_step_scaler": local_step_scaler,
+                        "local_step_clipper": local_step_clipper}
+            for name, value in schedule.items():
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{what}: {name} must be a positive integer, got {value!r}")
+            return {**compression_settings(what, compress, scale, protocol),
+                    **bias_correction_setting(what, bias_correction),
+                    "var_freeze_step": warmup_steps(what, "var_freeze_step", var_freeze_step, total_steps, least=1),
+                    **schedule, **layout_settings(what, ranks_per_node, hierarchical)}
+
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          settings)
         self.compress = compress
         self.bias_correction = bias_correction
-        self.var_freeze_step = var_freeze_step
+        self.var_freeze_step = self.settings["var_freeze_step"]
         self.var_update_scaler = var_update_scaler
         self.local_step_scaler = local_step_scaler
         self.local_step_clipper = local_step_clipper

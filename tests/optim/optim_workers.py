@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -222,6 +222,24 @@ def option_mismatch(comm: compcoll.Communicator, name: str, option: str) -> None
         assert expected + f"rank(s) [{others}])" in str(exc), exc
     else:
         raise AssertionError("no RankMismatchError")
+
+
+def refused_construction(comm: compcoll.Communicator, name: str, option: str, bad: Any) -> None:
+    """Rank 1 alone builds the optimizer with a bad ``option`` (``"params"``: float64 parameters): it raises its own
+    error, the others RemoteError naming it and its message, at once, not after a timeout."""
+    cls, kwargs = CONFIGS[name]
+    net = Net()
+    if comm.rank == 1 and option == "params":
+        net = net.double()
+    arguments = {**kwargs, **({option: bad} if comm.rank == 1 and option != "params" else {})}
+    try:
+        cls(net.parameters(), comm=comm, **arguments)
+    except compcoll.RemoteError as exc:
+        assert comm.rank != 1 and list(exc.failures) == [1] and f"{cls.__name__}: " in exc.failures[1], exc
+    except (TypeError, ValueError) as exc:
+        assert comm.rank == 1 and (option in str(exc) or option == "params" and "float64" in str(exc)), exc
+    else:
+        raise AssertionError(f"rank {comm.rank} built the optimizer")
 
 
 def onebit_adam_reference(comm: compcoll.Communicator, freeze_step: int, steps: int, ranks_per_node: int = 0,

@@ -81,6 +81,15 @@ def test_different_options_raise_on_every_rank(name: str, option: str) -> None:
     run(f"{WORKERS}:option_mismatch", 2, IN, args=(name, option))
 
 
+@pytest.mark.parametrize("name, option, bad, transport", [("OneBitAdam", "lr", -1.0, "mpi"),
+                                                          ("ZeroOneAdam", "local_step_clipper", 0, "gloo"),
+                                                          ("Birder", "seed", "x", IN), ("OneBitLamb", "params", 0, IN),
+                                                          ("OneBitAdam", "hierarchical", "yes", IN)])
+def test_a_bad_argument_on_one_rank_fails_every_rank_at_once(name: str, option: str, bad, transport: str) -> None:
+    """The construction's local checks run in the ranks' first round (``rounds.checked``): 3 ranks, rank 1's bad."""
+    run(f"{WORKERS}:refused_construction", 3, transport, args=(name, option, bad))
+
+
 @pytest.mark.parametrize("name, option, transport", [("OneBitLamb", "factor_max", "mpi"),
                                                      ("ZeroOneAdam", "nonfinite", "gloo"),
                                                      ("OneBitAdam", "freeze_step", IN)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compcoll.optim.settings import check_hyperparameters, hyperparameters, warmup_steps
+from compcoll.optim.settings import check_hyperparameters, hyperparameters, layout_settings, warmup_steps
 
 
 def test_a_phase_is_a_count_or_a_share_of_the_run() -> None:
@@ -42,3 +42,30 @@ def test_the_groups_code_covers_plain_values_only() -> None:
     assert code([{**groups[0], "hook": object()}]) == code(groups)
     assert code([{**groups[0], "big": torch.zeros(17)}]) == code(groups)
     assert code(groups + groups) != code(groups)
+
+
+@pytest.mark.parametrize("args, name", [(("a", (0.9, 0.99), 1e-8, 0.0), "lr"), ((None, (0.9, 0.99), 1e-8, 0.0), "lr"),
+                                        ((1e-3, 0.9, 1e-8, 0.0), "betas"), ((1e-3, (0.9, "x"), 1e-8, 0.0), "betas"),
+                                        ((1e-3, (0.9, 0.99), "1e-8", 0.0), "eps"),
+                                        ((1e-3, (0.9, 0.99), 1e-8, True), "weight_decay")])
+def test_a_hyperparameter_that_is_not_a_number_is_named(args: tuple, name: str) -> None:
+    """Not a comparison's TypeError from deep inside the check."""
+    with pytest.raises(ValueError, match=f"X: {name} must be"):
+        check_hyperparameters("X", *args)
+    check_hyperparameters("X", torch.tensor(1e-3), (0.9, 0.99), 1e-8, 0.0)
+
+
+def test_the_layout_settings_are_checked() -> None:
+    assert layout_settings("X", "auto", None) == {"ranks_per_node": "auto", "hierarchical": None}
+    assert layout_settings("X", 4, True) == {"ranks_per_node": 4, "hierarchical": True}
+    for ranks_per_node, hierarchical, message in ((0, None, "ranks_per_node must be"), ("x", None, "ranks_per_node"),
+                                                  (True, None, "ranks_per_node"), (2, "yes", "hierarchical must be"),
+                                                  (2, 1, "hierarchical must be")):
+        with pytest.raises(ValueError, match=f"X: {message}"):
+            layout_settings("X", ranks_per_node, hierarchical)
+
+
+def test_a_phase_length_that_is_not_a_number_is_named() -> None:
+    for value in ("a", None, True):
+        with pytest.raises(ValueError, match="X: freeze_step must be a number of steps or a share"):
+            warmup_steps("X", "freeze_step", value, 100)

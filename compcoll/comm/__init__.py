@@ -7,7 +7,7 @@ from typing import Any
 from collections.abc import Mapping
 from datetime import timedelta
 
-from .base import Communicator, default_timeout
+from .base import Communicator, default_timeout, seconds
 from .local import LocalComm, local_world
 from .single import SingleComm
 
@@ -118,8 +118,8 @@ def _init_torch(timeout: float | None) -> Communicator:
         backend = torch_backend(os.environ, torch.cuda.is_available(), torch.cuda.device_count())
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            seconds = default_timeout() if timeout is None else timeout  # NCCL's watchdog bounds its collectives
-            dist.init_process_group(backend, timeout=timedelta(seconds=seconds))
+            bound = default_timeout() if timeout is None else seconds(timeout, "timeout")  # NCCL's watchdog
+            dist.init_process_group(backend, timeout=timedelta(seconds=bound))
         else:
             dist.init_process_group(backend)
     return TorchComm(timeout=timeout)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from abc import ABC, abstractmethod
 from typing import Any, Callable
@@ -40,9 +42,23 @@ def pairs_small(size: int, nbytes: int) -> bool:
     return nbytes <= PAIRWISE_BYTES and size <= PAIRWISE_RANKS
 
 
+def seconds(value: Any, what: str) -> float:
+    """``value`` as a finite number of seconds above 0, or ValueError naming ``what`` (a timeout of 0, a negative
+    one or a string would fail every call, or deep inside one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ValueError(f"{what} must be a finite number of seconds above 0, got {value!r}")
+    return float(value)
+
+
 def default_timeout() -> float:
     """Seconds a collective may take: ``COMPCOLL_TIMEOUT`` or 300."""
-    return float(os.environ.get("COMPCOLL_TIMEOUT", DEFAULT_TIMEOUT_S))
+    text = os.environ.get("COMPCOLL_TIMEOUT")
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        return seconds(float(text), "COMPCOLL_TIMEOUT")
+    except ValueError:
+        raise ValueError(f"COMPCOLL_TIMEOUT must be a finite number of seconds above 0, got {text!r}") from None
 
 
 class Communicator(ABC):
@@ -104,7 +120,7 @@ class Communicator(ABC):
         self.size = size
         self.job_rank = rank
         self.job_size = size
-        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self.timeout = default_timeout() if timeout is None else seconds(timeout, "timeout")
         self.bytes_sent = 0
         self.bytes_sent_to = [0] * size
         self.wait_seconds = 0.0

@@ -91,7 +91,9 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
     2. Carry each ``params`` key over under the same name. A key that changes nothing in
        DeepSpeed's numerics (``NOT_NEEDED``) is dropped with a note; one that would change
        them and has no compcoll counterpart (``REFUSED``, ``amsgrad: true``, or a key
-       compcoll does not know) raises ValueError naming it, before anything is built.
+       compcoll does not know) raises ValueError naming it, before anything is built. A
+       value ``"auto"`` (which transformers' Trainer fills in from its TrainingArguments)
+       takes the keyword argument of that name, and raises ValueError without one.
     3. Note each top-level key the DeepSpeed engine acted on (``ENGINE``: clipping, loss
        scaling, schedulers); refuse ``zero_optimization`` with a stage above 0, which
        DeepSpeed refused for these optimizers too.
@@ -124,8 +126,16 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
     if numerics not in NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}, got {numerics!r}")
     cls, known = OPTIMIZERS[kind]
-    kwargs = _carried(cls.__name__, dict(section.get("params") or {}), known)
+    keys = section.get("params") or {}
+    if not isinstance(keys, dict):
+        raise ValueError(f'DeepSpeed config: the optimizer\'s "params" must be an object of keys, got {keys!r}')
+    kwargs = _carried(cls.__name__, keys, known)
     _note_engine_keys(cls.__name__, config)
+    for key in [key for key, value in kwargs.items() if value == AUTO]:
+        if key not in options:
+            raise ValueError(f'DeepSpeed config: {key} is "auto", which transformers\' Trainer fills in from its '
+                             f"TrainingArguments; give the value: from_deepspeed_config(config, params, {key}=...)")
+        del kwargs[key]
     clash = sorted(set(kwargs) & set(options))
     if clash:
         raise ValueError(f"DeepSpeed config: {', '.join(clash)} set both in the config and as keyword arguments")
@@ -135,6 +145,10 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
     log.info("DeepSpeed config: built %s(%s) with %s's numerics", cls.__name__,
              ", ".join(f"{k}={v!r}" for k, v in kwargs.items()), numerics)
     return optimizer
+
+
+AUTO = "auto"
+"""A config value that transformers' Trainer fills in from its TrainingArguments (its DeepSpeed integration)."""
 
 
 def _carried(name: str, params: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
@@ -150,7 +164,7 @@ def _carried(name: str, params: dict[str, Any], known: tuple[str, ...]) -> dict[
     for key in params.keys() & NOT_NEEDED.keys():
         log.info("DeepSpeed config: %s=%r not needed: %s", key, params[key], NOT_NEEDED[key])
     carried = {key: value for key, value in params.items() if key in known}
-    if "betas" in carried:
+    if "betas" in carried and carried["betas"] != AUTO:
         carried["betas"] = tuple(carried["betas"])
     return carried
 

@@ -88,6 +88,9 @@ def test_type_names_match_as_deepspeed_matches_them_and_numerics_can_be_deepspee
     ({"params": {"var_freeze_step": 5}}, "optimizer param 'var_freeze_step' is not one of OneBitAdam's"),
     ({"zero_optimization": {"stage": 1}}, "zero_optimization stage 1"),
     ({"options": {"lr": 0.1}}, "lr set both in the config and as keyword arguments"),
+    ({"params": {"lr": "auto"}}, 'lr is "auto", which transformers\' Trainer fills in from its TrainingArguments; '
+                                 "give the value: from_deepspeed_config(config, params, lr=...)"),
+    ({"params": 5}, 'the optimizer\'s "params" must be an object of keys, got 5'),
 ])
 def test_keys_that_would_change_the_numerics_are_refused_by_name(change: dict, message: str) -> None:
     config = {"optimizer": {"type": "OneBitAdam", "params": {"lr": 0.01, "freeze_step": 5}}}
@@ -96,6 +99,15 @@ def test_keys_that_would_change_the_numerics_are_refused_by_name(change: dict, m
     config.update({k: v for k, v in change.items() if k not in ("type", "params", "options")})
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         from_deepspeed_config(config, Net().parameters(), compcoll.SingleComm(), **options)
+
+
+def test_auto_values_take_the_keyword_arguments() -> None:
+    """A config written for transformers' DeepSpeed integration: its "auto" values come from the keywords."""
+    config = {"optimizer": {"type": "OneBitAdam", "params": {"lr": "auto", "betas": "auto", "eps": 1e-6,
+                                                             "freeze_step": 3}}}
+    opt = from_deepspeed_config(config, Net().parameters(), compcoll.SingleComm(), lr=2e-3, betas=(0.8, 0.9))
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], opt.freeze_step) == (2e-3, (0.8, 0.9), 1e-6, 3)
 
 
 def _deepspeed_state(model: torch.nn.Module, step: int) -> dict:

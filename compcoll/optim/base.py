@@ -176,13 +176,15 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
 
     def _laid_out(self, params: Params, defaults: dict[str, Any], nonfinite: str,
                   settings: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Construction's local step 1: torch's own construction (the groups), the flat buffer, the subclass's checks;
-        the settings every rank must hold alike (TypeError or ValueError naming a bad argument)."""
+        """Construction's local step 1: the subclass's checks, torch's own construction (the groups, ``betas`` as a
+        tuple), the flat buffer; the settings every rank must hold alike (TypeError or ValueError naming a bad
+        argument)."""
         if nonfinite not in NONFINITE_POLICIES:
             raise ValueError(f"{type(self).__name__}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
-        super().__init__(params, defaults)
+        agreed = {**settings(), "nonfinite": nonfinite}
+        super().__init__(params, {k: tuple(v) if k == "betas" else v for k, v in defaults.items()})
         self.flat = FlatParams(self.param_groups, type(self).__name__)
-        return {**settings(), "nonfinite": nonfinite}
+        return agreed
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group of parameters to train from the next step on, as ``torch.optim.Optimizer``'s does (Lightning's

@@ -79,7 +79,7 @@ class Birder(CompressedOptimizer):
                 raise ValueError(f"{what}: seed must be an integer, got {seed!r}")
             return {**layout_settings(what, ranks_per_node), "seed": seed}
 
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), comm, nonfinite,
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay), comm, nonfinite,
                          settings)
         self.ranks_per_node = ranks_per_node
         self.seed = seed

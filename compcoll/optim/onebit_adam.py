@@ -122,7 +122,7 @@ class OneBitAdam(CompressedOptimizer):
                     "freeze_step": warmup_steps(what, "freeze_step", freeze_step, total_steps),
                     **layout_settings(what, ranks_per_node, hierarchical)}
 
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          settings)
         self.freeze_step = self.settings["freeze_step"]
         self.compress = compress

@@ -160,7 +160,7 @@ class OneBitLamb(CompressedOptimizer):
                     "coeff_beta": coeff_beta, "factor_max": factor_max, "factor_min": factor_min,
                     "factor_threshold": factor_threshold, **layout_settings(what, ranks_per_node, hierarchical)}
 
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         max_coeff=max_coeff, min_coeff=min_coeff)
         super().__init__(params, defaults, comm, nonfinite, settings)
         self.freeze_step = self.settings["freeze_step"]  # its warm-up estimates v: at least 1 step

@@ -130,7 +130,7 @@ class ZeroOneAdam(CompressedOptimizer):
                     "var_freeze_step": warmup_steps(what, "var_freeze_step", var_freeze_step, total_steps, least=1),
                     **schedule, **layout_settings(what, ranks_per_node, hierarchical)}
 
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), comm, nonfinite,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), comm, nonfinite,
                          settings)
         self.compress = compress
         self.bias_correction = bias_correction

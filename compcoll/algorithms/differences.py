@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 import zlib
 from functools import partial
 from typing import Any
@@ -24,8 +25,18 @@ def values_option(name: str, values: dict[str, Any]) -> Option:
        ``difference``: a collective every rank reaches together, as they all read the
        same table of codes.
     """
-    return Option(name, zlib.crc32(json.dumps(values, sort_keys=True).encode()),
+    return Option(name, zlib.crc32(json.dumps(values, sort_keys=True, default=_number).encode()),
                   explain=partial(difference, values=values))
+
+
+def _number(value: Any) -> int | float:
+    """A value JSON does not write itself, as JSON may: a numpy integer or float (``numbers.Integral``, ``Real``);
+    anything else raises TypeError, as ``json.dumps`` does."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(f"a setting must be a number, string, boolean, None or a list of them, got {value!r}")
 
 
 def difference(comm: Communicator, values: dict[str, Any]) -> str:
@@ -38,7 +49,7 @@ def difference(comm: Communicator, values: dict[str, Any]) -> str:
        rank.
     Every rank reads the same texts, so every rank returns the same message.
     """
-    rows = [json.loads(row) for row in gather_texts(comm, json.dumps(values))]
+    rows = [json.loads(row) for row in gather_texts(comm, json.dumps(values, default=_number))]
     for key in dict.fromkeys(key for row in rows for key in row):
         held = [repr(row[key]) if key in row else ABSENT for row in rows]
         if len(set(held)) > 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -75,14 +76,14 @@ class Birder(CompressedOptimizer):
 
         def settings() -> dict[str, Any]:
             check_hyperparameters(what, lr, betas, None, weight_decay)
-            if isinstance(seed, bool) or not isinstance(seed, int):
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
                 raise ValueError(f"{what}: seed must be an integer, got {seed!r}")
-            return {**layout_settings(what, ranks_per_node), "seed": seed}
+            return {**layout_settings(what, ranks_per_node), "seed": int(seed)}
 
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay), comm, nonfinite,
                          settings)
         self.ranks_per_node = ranks_per_node
-        self.seed = seed
+        self.seed = self.settings["seed"]
         self._buffer("exp_avg")
         self._buffer("exp_avg_abs")
         self._buffer("seen", dtype=torch.bool)

@@ -6,8 +6,10 @@ settings and its groups' hyperparameters alike (``differences.values_option`` na
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..algorithms.agreement import Option
@@ -53,8 +55,8 @@ def layout_settings(what: str, ranks_per_node: int | str | None, hierarchical: b
 
 
 def is_number(value: Any) -> bool:
-    """Whether ``value`` is a real number (an int or float, not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Whether ``value`` is a real number (Python's or numpy's, not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def _scalar(value: Any) -> bool:

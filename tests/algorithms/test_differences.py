@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from compcoll import spec
@@ -24,6 +25,9 @@ def test_the_code_is_that_of_the_values_whatever_their_order() -> None:
     assert values_option("s", {"c": None, "b": [0.9, "x"], "a": 1}).code == code
     assert values_option("s", {"a": 1, "b": [0.9, "x"]}).code != code
     assert values_option("s", {"a": 1.0, "b": [0.9, "x"], "c": None}).code != code
+    assert values_option("s", {"a": np.int64(1), "b": [np.float64(0.9), "x"], "c": None}).code == code
+    with pytest.raises(TypeError, match="a setting must be a number, string, boolean, None or a list of them"):
+        values_option("s", {"a": object()})
 
 
 @pytest.mark.parametrize("backend, world_size", worlds((2, 3, 5), mpi=3, gloo=3))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -63,6 +64,11 @@ def test_the_layout_settings_are_checked() -> None:
                                                   (2, 1, "hierarchical must be")):
         with pytest.raises(ValueError, match=f"X: {message}"):
             layout_settings("X", ranks_per_node, hierarchical)
+
+
+def test_a_phase_length_may_be_a_numpy_number() -> None:
+    assert warmup_steps("X", "freeze_step", np.int64(7), None) == 7
+    assert warmup_steps("X", "freeze_step", np.float64(0.25), 100) == 25
 
 
 def test_a_phase_length_that_is_not_a_number_is_named() -> None:

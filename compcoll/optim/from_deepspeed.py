@@ -72,6 +72,10 @@ NUMERICS: dict[str, dict[str, dict[str, Any]]] = {
 docs/guides/optimizers.md), or DeepSpeed's."""
 
 
+AUTO = "auto"
+"""A config value that transformers' Trainer fills in from its TrainingArguments (its DeepSpeed integration)."""
+
+
 def _read_config(config: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
     """A DeepSpeed config as a dict: ``config`` itself, or the JSON file at that path."""
     if isinstance(config, dict):
@@ -145,10 +149,6 @@ def from_deepspeed_config(config: dict[str, Any] | str | os.PathLike, params: It
     log.info("DeepSpeed config: built %s(%s) with %s's numerics", cls.__name__,
              ", ".join(f"{k}={v!r}" for k, v in kwargs.items()), numerics)
     return optimizer
-
-
-AUTO = "auto"
-"""A config value that transformers' Trainer fills in from its TrainingArguments (its DeepSpeed integration)."""
 
 
 def _carried(name: str, params: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:

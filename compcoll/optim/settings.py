@@ -9,7 +9,6 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..algorithms.agreement import Option
@@ -56,7 +55,7 @@ def layout_settings(what: str, ranks_per_node: int | str | None, hierarchical: b
 
 def is_number(value: Any) -> bool:
     """Whether ``value`` is a real number (Python's or numpy's, not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _scalar(value: Any) -> bool:

@@ -291,9 +291,9 @@ class Agreement:
             self._diagnose()
         bad = [r for r, row in enumerate(table) if not row[1]]
         raise NonFiniteError(
-            f"{self.what}: NaN or Inf in the input on rank(s) {bad}; no buffer was changed on any rank "
-            f"and the communicator is still usable (skip this step, as a loss scaler does, or fix "
-            f"the input)"
+            f"{self.what}: NaN or Inf in the input or its worker error on rank(s) {bad}; no buffer was changed on "
+            f"any rank and the communicator is still usable (skip this step, as a loss scaler does, or fix the "
+            f"input)"
         )
 
     def _diagnose(self) -> None:

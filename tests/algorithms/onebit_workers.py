@@ -244,7 +244,7 @@ def bad_inputs(comm: compcoll.Communicator) -> None:
     bad_error = we.clone()
     if rank == 0:
         bad_error[-1] = float("inf")
-    _expect(compcoll.NonFiniteError, "rank(s) [0]", car, x, bad_error, se, comm)
+    _expect(compcoll.NonFiniteError, "input or its worker error on rank(s) [0]", car, x, bad_error, se, comm)
     unchanged()
     half = x.half()
     if rank == 0:

@@ -18,7 +18,7 @@ from ..comm.torchdist import own_comm, reduce_scatter_single
 from ..errors import NonFiniteError
 from ..spec import check_bits, check_block_size
 from .replicas import ReplicaState
-from .units import check_start_step, fsdp_units, reduce_op, shard_group
+from .units import check_replicas, check_start_step, fsdp_units, reduce_op, replicate_group, shard_group
 
 try:
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
@@ -77,6 +77,8 @@ class ReduceScatterState:
         self.bits, self.block_size, self.scale, self.error_dtype = bits, block_size, scale, error_dtype
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)
+        self._ranks = dist.get_process_group_ranks(dist.group.WORLD if process_group is None else process_group)
+        self._groups: list[dist.ProcessGroup] = []
         agree_settings(self.comm, "ReduceScatterState", {"uncompressed first calls (start_step)": start_step})
         self.errors: dict[int, torch.Tensor] = {}
         self.steps: dict[int, int] = {}
@@ -94,9 +96,7 @@ class ReduceScatterState:
         3. NaN / Inf in any rank's gradients: every rank's ``output`` is NaN, as FSDP's
            own reduce-scatter would give, and no error buffer changes.
         """
-        if dist.get_world_size(group) != self.comm.size:
-            raise ValueError(f"compcoll.fsdp: FSDP reduce-scatters over {dist.get_world_size(group)} ranks, the "
-                             f"state was built for {self.comm.size}; build it for the unit's shard group")
+        self._check_group(group)
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1
         if step < self.start_step:
@@ -113,6 +113,20 @@ class ReduceScatterState:
             return
         if error is not stored:
             stored.copy_(error)
+
+    def _check_group(self, group: dist.ProcessGroup) -> None:
+        """FSDP's reduce-scatter ``group`` holds the ranks of the state's (checked once per group object).
+
+        Raises:
+            ValueError: it holds other ranks: the state would reduce across the wrong ones.
+        """
+        if any(seen is group for seen in self._groups):
+            return
+        ranks = dist.get_process_group_ranks(group)
+        if ranks != self._ranks:
+            raise ValueError(f"compcoll.fsdp: FSDP reduce-scatters over ranks {ranks}, the state was built for "
+                             f"ranks {self._ranks}; build it for the unit's shard group (compress(model) does)")
+        self._groups.append(group)
 
     def _error(self, key: int, input: torch.Tensor) -> torch.Tensor:
         """Unit ``key``'s stored error buffer: zeros in ``error_dtype`` on first use; on ``input``'s device, values
@@ -201,14 +215,19 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
              **options: Any) -> ReduceScatterState:
     """Compress FSDP2's gradient communication for every ``fully_shard`` unit of ``model``; returns the state.
 
-    1. Without ``replicas``: a ``ReduceScatterState`` on the units' shard group, set as each
-       unit's custom reduce-scatter (``set_custom_reduce_scatter``), keyed by the unit's
-       place in ``model.modules()``.
+    1. Without ``replicas``: a ``ReduceScatterState`` on the group FSDP2 reduce-scatters over
+       (the mesh ``fully_shard`` was given; beside tensor parallelism, not the tensor-parallel
+       dimension), set as each unit's custom reduce-scatter (``set_custom_reduce_scatter``),
+       keyed by the unit's place in ``model.modules()``. Under native HSDP (a mesh with a
+       replicate dimension), FSDP2's all-reduce across the replicas stays its own, in float,
+       with a warning that says so.
     2. With ``replicas`` (HSDP by hand: ``fully_shard`` over the ranks of a node, and
        ``replicas`` the group of the ranks holding the same shard on the other nodes): a
        ``ReplicaState`` on ``replicas``, whose hook (``set_all_reduce_hook``) averages each
-       reduced shard across the replicas in 1 bit; the reduce-scatter inside the node stays
-       FSDP's.
+       reduced shard across the replicas in a few bits; the reduce-scatter inside the node
+       stays FSDP's. A ``ValueError`` where FSDP2 all-reduces across replicas itself (native
+       HSDP: the hook would come after its float all-reduce) or where ``replicas`` holds other
+       ranks of the shard group (it would average different parts of the parameters).
     3. Units an earlier call compressed take this call's state instead, with a warning: the
        earlier state no longer sees their gradients, and saving it would save stale buffers.
     Call it on every rank at the same point, after ``fully_shard`` and before the first
@@ -229,10 +248,18 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
                       f"earlier call; they take this call's state now, and the earlier state no longer sees their "
                       f"gradients (keep and save the state this call returns)", stacklevel=2)
     if replicas is None:
+        native = replicate_group(units)
+        if native is not None:
+            warnings.warn(f"compcoll.fsdp.compress: the model is sharded by native HSDP (a mesh with a replicate "
+                          f"dimension): the reduce-scatter inside each replica goes compressed, and FSDP2's "
+                          f"all-reduce across its {native.size()} replicas stays its own, in float (FSDP2 takes no "
+                          f"custom all-reduce); to compress across the replicas, shard over mesh['shard'] alone and "
+                          f"pass replicas=mesh.get_group('replicate')", stacklevel=2)
         state: Any = ReduceScatterState(shard_group(units), **options)
         for key, unit in enumerate(units):
             unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key, unit))
     else:
+        check_replicas(units, replicas)
         state = ReplicaState(replicas, **options)
         for key, unit in enumerate(units):
             unit.set_all_reduce_hook(state.hook(key, unit))

@@ -8,7 +8,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import ReduceOp
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 
 def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
@@ -26,22 +25,56 @@ def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
 
 
 def shard_group(units: list[FSDPModule]) -> dist.ProcessGroup:
-    """The process group the units' parameters are sharded over: the last dimension of their DTensors' mesh.
+    """The process group FSDP2 reduce-scatters the units' gradients over: each parameter group's shard group
+    (private state, ``mesh_info.shard_process_group``), which is the dimension of the mesh ``fully_shard`` was
+    given, not the last dimension of the parameters' DTensor mesh: under tensor parallelism that is the
+    tensor-parallel one.
 
     Raises:
         ValueError: the units shard over different groups.
     """
     groups = {}
     for unit in units:
-        for param in unit.parameters():
-            if isinstance(param, DTensor):
-                mesh = param.device_mesh
-                group = mesh.get_group(mesh.ndim - 1)
-                groups[tuple(dist.get_process_group_ranks(group))] = group
+        for group in param_groups(unit):
+            shard = group.mesh_info.shard_process_group
+            groups[tuple(dist.get_process_group_ranks(shard))] = shard
     if len(groups) != 1:
         raise ValueError(f"compcoll.fsdp: the units shard over {len(groups)} different groups of ranks "
                          f"({sorted(groups)}); compress needs one")
     return next(iter(groups.values()))
+
+
+def replicate_group(units: list[FSDPModule]) -> dist.ProcessGroup | None:
+    """The group FSDP2 itself all-reduces the units' reduced shards across (native HSDP: ``fully_shard`` over a
+    mesh with a replicate dimension), read from the parameter groups' private ``mesh_info``; None without one."""
+    for unit in units:
+        for group in param_groups(unit):
+            replicas = getattr(group.mesh_info, "replicate_process_group", None)
+            if replicas is not None:
+                return replicas
+    return None
+
+
+def check_replicas(units: list[FSDPModule], replicas: dist.ProcessGroup) -> None:
+    """``replicas`` suits HSDP by hand: FSDP2 does not all-reduce across replicas itself, and the group holds this
+    rank and no other rank of the units' shard group (which holds other parts of the parameters).
+
+    Raises:
+        ValueError: native HSDP, whose all-reduce hook FSDP2 calls after its own all-reduce, so the hook's would
+            come on top of it; or a ``replicas`` group that shares ranks with the shard group.
+    """
+    native = replicate_group(units)
+    if native is not None:
+        raise ValueError(f"compcoll.fsdp.compress: the model is sharded by native HSDP (a mesh with a replicate "
+                         f"dimension), and FSDP2 all-reduces across its {native.size()} replicas itself before it "
+                         f"calls an all-reduce hook, so replicas= would send on top of FSDP2's float all-reduce; "
+                         f"shard over mesh['shard'] alone and pass replicas=mesh.get_group('replicate') (HSDP by hand)")
+    rank, ranks = dist.get_rank(), dist.get_process_group_ranks(replicas)
+    shared = sorted(set(ranks) & set(dist.get_process_group_ranks(shard_group(units))) - {rank})
+    if rank not in ranks or shared:
+        reason = f"shares rank(s) {shared} with the units' shard group" if shared else "does not hold it"
+        raise ValueError(f"compcoll.fsdp.compress: replicas must be the group of this rank ({rank}) and the ranks "
+                         f"that hold its shard in the other replicas; the one given, {ranks}, {reason}")
 
 
 def reduce_op(op: Any, unit: FSDPModule | None = None) -> tuple[str, float]:

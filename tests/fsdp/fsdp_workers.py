@@ -24,6 +24,7 @@ from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
 from compcoll.fsdp.units import divides_itself, fsdp_units, param_groups, reduce_op
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
+from tests.algorithms.onebit_workers import _expect
 from tests.warned import warned
 
 
@@ -407,3 +408,74 @@ def reduce_ops_as_each_torch_gives_them(comm: compcoll.Communicator) -> None:
             assert "does not tell" in str(exc) and "divide factors are" in str(exc), str(exc)
         else:
             raise AssertionError("a PREMUL_SUM with no factor to read was taken")
+
+
+def _recorded_run(net: torch.nn.Module, state: ReduceScatterState, steps: int, seed: int) -> list:
+    """Train ``net`` ``steps`` steps on batches drawn from ``seed``, each unit's reduce-scatter recorded."""
+    log: list = []
+    for key, unit in enumerate(fsdp_units(net)):
+        unit.set_custom_reduce_scatter(Recording(state, key, unit, log))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    for step in range(steps):
+        loss_of(net, step, seed).backward()
+        opt.step()
+        opt.zero_grad()
+    return log
+
+
+def meshes(comm: compcoll.Communicator, steps: int) -> None:
+    """On 2 x 2 ranks ``compress`` finds the group FSDP2 reduce-scatters over, whatever else the mesh holds.
+
+    1. FSDP beside tensor parallelism (mesh (dp, tp), whose last dimension, the parameters' DTensor mesh's, is tp):
+       the state is on the dp group, and each reduce-scatter equals the reference from the dp group's inputs.
+       Before 2026-12-03 it was on the tp group, of the same size, and reduced every gradient across the wrong
+       ranks, with nothing said.
+    2. Native HSDP (mesh (replicate, shard)): ``compress(model)`` warns that FSDP2's all-reduce across the replicas
+       stays its own; the state is on the shard group, its calls equal the reference, the replicas end alike.
+       ``compress(model, replicas=...)``, whose hook FSDP2 calls after its own all-reduce (before: the bytes of
+       both, with nothing said), raises ValueError.
+    3. HSDP by hand with a ``replicas`` group holding other ranks of the shard group (the whole job, or the shard
+       group itself: it averaged different parts of the parameters, with nothing said): ValueError.
+    4. A state on a group of the right size and other ranks than FSDP's: its first reduce-scatter raises
+       ValueError naming both.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp = tp_mesh.get_group("dp")
+    with seeded(0):
+        net = torch.nn.Sequential(torch.nn.Linear(13, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+    parallelize_module(net, tp_mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(net, mesh=tp_mesh["dp"])
+    state = compcoll.fsdp.compress(net)
+    log = _recorded_run(net, state, steps, tp_mesh.get_local_rank("dp"))
+    logs = [None, None]
+    dist.all_gather_object(logs, log, group=dp)
+    _replay(log, logs, state, dist.get_rank(dp), "FSDP beside tensor parallelism")
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    shard, replicas = mesh.get_group("shard"), mesh.get_group("replicate")
+    net = model(mesh=mesh)
+    states: list = []
+    said = warned(lambda: states.append(compcoll.fsdp.compress(net)))
+    assert len(said) == 1 and said[0].startswith("compcoll.fsdp.compress: the model is sharded by native HSDP"), said
+    log = _recorded_run(net, states[0], steps, mesh.get_local_rank("shard"))
+    logs = [None, None]
+    dist.all_gather_object(logs, log, group=shard)
+    _replay(log, logs, states[0], dist.get_rank(shard), "native HSDP")
+    digests = [None, None]
+    dist.all_gather_object(digests, digest(net), group=replicas)
+    assert digests[0] == digests[1], "native HSDP: the replicas of a shard differ"
+    _expect(ValueError, "sharded by native HSDP", compcoll.fsdp.compress, model(mesh=mesh), replicas=replicas)
+
+    by_hand = model(mesh=mesh["shard"])
+    for wrong in (dist.group.WORLD, shard):
+        _expect(ValueError, "shares rank(s)", compcoll.fsdp.compress, by_hand, replicas=wrong)
+
+    state = ReduceScatterState(tp_mesh.get_group("tp"))
+    net = model(mesh=tp_mesh["dp"])
+    for key, unit in enumerate(fsdp_units(net)):
+        unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key, unit))
+    tp_ranks = dist.get_process_group_ranks(tp_mesh.get_group("tp"))
+    _expect(ValueError, f"FSDP reduce-scatters over ranks {dist.get_process_group_ranks(dp)}, the state was built "
+            f"for ranks {tp_ranks}", lambda: loss_of(net, 0, 0).backward())

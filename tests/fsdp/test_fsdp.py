@@ -50,3 +50,7 @@ def test_another_ranks_state_loads_with_its_error_buffers_restarted() -> None:
 
 def test_a_compiled_model_compresses_with_the_eager_bits() -> None:
     run(f"{WORKERS}:compiled_model_compresses", 2, "gloo")
+
+
+def test_compress_reduces_over_fsdps_own_group_beside_tensor_parallelism_and_native_hsdp() -> None:
+    run(f"{WORKERS}:meshes", 4, "gloo", args=(3,))

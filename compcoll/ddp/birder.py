@@ -11,6 +11,7 @@ from ..comm.topology import topology
 from ..comm.torchdist import own_comm
 from .buckets import Schedule, check_bucket, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
+from .replicas import Replicas
 
 
 class BirderState:
@@ -50,6 +51,7 @@ class BirderState:
         agree_settings(self.comm, "BirderState", {**self.schedule.settings(), "seeds": seed})
         topology(self.comm, ranks_per_node)
         self.calls = 0
+        self.replicas = Replicas("BirderState")
 
     def state_dict(self) -> dict[str, Any]:
         """The iteration, the compressed-call counter (the random streams' step) and the options."""
@@ -88,6 +90,7 @@ def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("birder_hook", bucket)
+    state.replicas.check(state.comm, bucket)
     schedule = state.schedule
     if schedule.compress(bucket):
         buffer = bucket.buffer()

@@ -16,6 +16,7 @@ from ..spec import check_block_size
 from ..comm.torchdist import own_comm
 from .buckets import Schedule, check_bucket, gather, plain_allreduce, settle
 from .one_model import OneModel
+from .replicas import Replicas
 
 BLOCK_SIZE = 64
 """The hook's default elements per 1-bit scale block (bench/results/scaling_hooks.txt)."""
@@ -137,6 +138,7 @@ class OneBitState:
         self._last_seen: dict[int, list[list[int]]] | None = None
         self._untiled = 0
         self._model = OneModel("OneBitState")
+        self.replicas = Replicas("OneBitState")
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
         """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its
@@ -272,6 +274,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("onebit_hook", bucket)
+    state.replicas.check(state.comm, bucket)
     schedule = state.schedule
     segments = state.segments(bucket) if schedule.started() else None
     buffer = bucket.buffer()

@@ -507,3 +507,38 @@ def state_shared_by_two_models(comm: compcoll.Communicator) -> None:
         raise AssertionError("no ValueError for one OneBitState on two DDP models")
     own = tuple(compcoll.ddp.OneBitState(start_iter=1, min_compress_numel=1) for _ in range(2))
     assert all(_gan(own, steps=3)), "a model's buckets went uncompressed"
+
+
+def state_on_another_group_than_ddps(comm: compcoll.Communicator) -> None:
+    """DDP over the subgroups [0, 2] and [1, 3] of 4 ranks (beside tensor or pipeline parallelism), each averaging
+    another model of the same shapes: a state on the default group raises RankMismatchError on every rank at its
+    first bucket, naming which ranks hold which parameters (before 2026-12-03 it averaged both models' gradients
+    together, with nothing said), for OneBitState and BirderState; states on DDP's group train, replicas equal."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    group = groups[rank % 2]
+    for build, hook in ((lambda g: compcoll.ddp.OneBitState(g, start_iter=1, min_compress_numel=1),
+                         compcoll.ddp.onebit_hook),
+                        (lambda g: compcoll.ddp.BirderState(g, ranks_per_node=None), compcoll.ddp.birder_hook)):
+        for state_group in (None, group):
+            with seeded(rank % 2):
+                net = torch.nn.Sequential(torch.nn.Linear(30, 71), torch.nn.Tanh(), torch.nn.Linear(71, 7))
+            model = DDP(net, process_group=group, bucket_cap_mb=SMALL_BUCKET_MB)
+            state = build(state_group)
+            model.register_comm_hook(state, hook)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            try:
+                for step in range(3):
+                    x, y = batch(rank, step, inputs=30)
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    opt.step()
+                    opt.zero_grad()
+            except compcoll.RankMismatchError as exc:
+                assert state_group is None, f"rank {rank}: a state on DDP's group refused: {exc}"
+                assert "hold different parameters" in str(exc) and "on rank(s) [0, 2]" in str(exc) and \
+                    "on rank(s) [1, 3]" in str(exc), exc
+            else:
+                assert state_group is not None, f"rank {rank}: {type(state).__name__} on the default group trained"
+                digests = [None] * 4
+                dist.all_gather_object(digests, [p.detach().numpy().tobytes() for p in model.parameters()])
+                assert digests[rank] == digests[rank ^ 2], f"rank {rank}: DDP's replicas differ"

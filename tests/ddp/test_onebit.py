@@ -94,3 +94,8 @@ def test_a_state_follows_a_new_ddp_over_a_changed_model(backend: str, world_size
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 2)])
 def test_a_state_shared_by_two_models_fails_on_every_rank(backend: str, world_size: int) -> None:
     on(backend, "state_shared_by_two_models", world_size)
+
+
+@pytest.mark.parametrize("backend", ["threads", "gloo"])
+def test_a_state_on_another_group_than_ddps_fails_on_every_rank(backend: str) -> None:
+    on(backend, "state_on_another_group_than_ddps", 4)

@@ -31,13 +31,14 @@ def shard_group(units: list[FSDPModule]) -> dist.ProcessGroup:
     tensor-parallel one.
 
     Raises:
-        ValueError: the units shard over different groups.
+        ValueError: the units shard over different groups, or over none (``replicate`` alone).
     """
     groups = {}
     for unit in units:
         for group in param_groups(unit):
-            shard = group.mesh_info.shard_process_group
-            groups[tuple(dist.get_process_group_ranks(shard))] = shard
+            shard = getattr(group.mesh_info, "shard_process_group", None)
+            if shard is not None:
+                groups[tuple(dist.get_process_group_ranks(shard))] = shard
     if len(groups) != 1:
         raise ValueError(f"compcoll.fsdp: the units shard over {len(groups)} different groups of ranks "
                          f"({sorted(groups)}); compress needs one")

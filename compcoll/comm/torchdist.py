@@ -271,6 +271,24 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, **kwargs: A
     return scatter(output, input, **kwargs)
 
 
+def process_group_of(given: Any, what: str) -> dist.ProcessGroup | None:
+    """A hook or FSDP state's ``process_group`` argument as a process group: a ``ProcessGroup`` or None as given,
+    a 1-D ``DeviceMesh`` (what ``DDP(device_mesh=...)`` and ``fully_shard(mesh=...)`` take) as its group.
+
+    Raises:
+        TypeError: anything else, naming it (before 2026-12-03 a mesh gave a ``KeyError`` of its repr).
+    """
+    if given is None or isinstance(given, dist.ProcessGroup):
+        return given
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if isinstance(given, DeviceMesh) and given.ndim == 1:
+        return given.get_group()
+    shape = f" of {given.ndim} dimensions; pass one, mesh['name']," if isinstance(given, DeviceMesh) else ","
+    raise TypeError(f"{what}: process_group must be a torch.distributed ProcessGroup{shape} a 1-D DeviceMesh or "
+                    f"None (the default group), got {given!r}")
+
+
 def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:
     """A TorchComm on a new group of the same ranks and backend as ``process_group`` (None: the default group).
 

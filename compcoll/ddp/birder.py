@@ -4,11 +4,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.birder import hierarchical_allreduce
 from ..comm.topology import topology
-from ..comm.torchdist import own_comm
+from ..comm.torchdist import own_comm, process_group_of
 from .buckets import Schedule, check_bucket, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
 from .replicas import Replicas
@@ -22,8 +23,9 @@ class BirderState:
     process group and the node groups (on the caller's thread, as ``OneBitState`` does).
 
     Args:
-        process_group: the ranks DDP averages over; None means the default group (the
-            calls run on a new group of the same ranks, as ``OneBitState``'s).
+        process_group: the ranks DDP averages over (a process group or a 1-D DeviceMesh); None means the
+            default group (the calls run on a new group of the same ranks, as ``OneBitState``'s).
+            It must hold DDP's replicas: the first bucket checks it.
         ranks_per_node: k consecutive ranks form a node; "auto" (default; None too)
             discovers the nodes from hostnames (or ``COMPCOLL_RANKS_PER_NODE``).
         seed: the random seed; a run is reproduced from it.
@@ -34,7 +36,7 @@ class BirderState:
 
     def __init__(
         self,
-        process_group: dist.ProcessGroup | None = None,
+        process_group: dist.ProcessGroup | DeviceMesh | None = None,
         *,
         ranks_per_node: int | str | None = "auto",
         seed: int = 0,
@@ -42,6 +44,7 @@ class BirderState:
         min_compress_numel: int = MIN_COMPRESS_NUMEL,
         timeout: float | None = None,
     ) -> None:
+        process_group = process_group_of(process_group, "BirderState")
         self.process_group = process_group
         self.ranks_per_node = ranks_per_node
         self.seed = seed

@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarchical_error_numels
@@ -13,7 +14,7 @@ from ..algorithms.keyed import CompressedAllreduce
 from ..algorithms.parts import packed, unpacked
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
-from ..comm.torchdist import own_comm
+from ..comm.torchdist import own_comm, process_group_of
 from .buckets import Schedule, check_bucket, gather, plain_allreduce, settle
 from .one_model import OneModel
 from .replicas import Replicas
@@ -68,9 +69,10 @@ class OneBitState:
     momentum instead of raw gradients (docs/guides/scale.md).
 
     Args:
-        process_group: the ranks DDP averages over; None means the default group. The hook
-            runs its compressed calls on a new group of the same ranks and backend (Gloo on
-            CPU, NCCL on GPU), so that they never interleave with DDP's own collectives.
+        process_group: the ranks DDP averages over (a process group or a 1-D DeviceMesh); None means the
+            default group. The hook runs its compressed calls on a new group of the same ranks
+            and backend (Gloo on CPU, NCCL on GPU), so that they never interleave with DDP's own
+            collectives. It must hold DDP's replicas: the first bucket checks it.
         start_iter: iterations sent uncompressed first (DDP's own allreduce), while DDP
             rebuilds its buckets; at least 1 (default 2, as PowerSGD requires).
         min_compress_numel: buckets of fewer elements go uncompressed (default 16384).
@@ -101,7 +103,7 @@ class OneBitState:
 
     def __init__(
         self,
-        process_group: dist.ProcessGroup | None = None,
+        process_group: dist.ProcessGroup | DeviceMesh | None = None,
         *,
         start_iter: int = 2,
         min_compress_numel: int = MIN_COMPRESS_NUMEL,
@@ -111,6 +113,7 @@ class OneBitState:
         timeout: float | None = None,
         block_size: int | None = BLOCK_SIZE,
     ) -> None:
+        process_group = process_group_of(process_group, "OneBitState")
         if isinstance(start_iter, int) and start_iter < 1:
             raise ValueError("OneBitState: start_iter must be at least 1: DDP rebuilds its buckets after the first "
                              "iteration, and error buffers are kept per bucket")

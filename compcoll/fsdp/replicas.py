@@ -6,11 +6,12 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.keyed import CompressedAllreduce
-from ..comm.torchdist import own_comm
+from ..comm.torchdist import own_comm, process_group_of
 from ..errors import NonFiniteError
 from .units import check_start_step, divides_itself
 
@@ -34,8 +35,8 @@ class ReplicaState:
     ``state_dict()`` / ``load_state_dict()`` resume exactly.
 
     Args:
-        process_group: the replicas of this rank's shard; None means the default group.
-            The calls run on a new group of the same ranks and backend.
+        process_group: the replicas of this rank's shard (a process group or a 1-D DeviceMesh); None means
+            the default group. The calls run on a new group of the same ranks and backend.
         bits: bits per element: 4 (default: uniform levels, both compressions), or 1 (signs), 2,
             3, 8, as in ``compressed_allreduce``: bits/8 + 1/block_size bytes per element in each
             of its two exchanges.
@@ -47,9 +48,10 @@ class ReplicaState:
         timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, *, bits: int = BITS,
+    def __init__(self, process_group: dist.ProcessGroup | DeviceMesh | None = None, *, bits: int = BITS,
                  block_size: int | None = BLOCK_SIZE, scale: str = "l2", protocol: str = "gather_scatter",
                  start_step: int = 0, timeout: float | None = None) -> None:
+        process_group = process_group_of(process_group, "ReplicaState")
         check_start_step("ReplicaState", start_step)
         self.process_group = process_group
         self.start_step, self.timeout = start_step, timeout

@@ -8,13 +8,14 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.inputs import check_scale
 from ..algorithms.parts import packed, unpacked
 from ..algorithms.plan import owned
 from ..algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
-from ..comm.torchdist import own_comm, reduce_scatter_single
+from ..comm.torchdist import own_comm, process_group_of, reduce_scatter_single
 from ..errors import NonFiniteError
 from ..spec import check_bits, check_block_size
 from .replicas import ReplicaState
@@ -50,8 +51,8 @@ class ReduceScatterState:
     largest.
 
     Args:
-        process_group: the ranks FSDP shards over; None means the default group. The
-            calls run on a new group of the same ranks and backend.
+        process_group: the ranks FSDP shards over (a process group or a 1-D DeviceMesh); None means the
+            default group. The calls run on a new group of the same ranks and backend.
         bits: bits per element: 3 (default), or 1, 2, 4, 8 (``compressed_reduce_scatter``):
             bits/8 + 1/block_size bytes per element; at the defaults 13/32, 1/9.8 of a float32
             reduce-scatter.
@@ -62,9 +63,10 @@ class ReduceScatterState:
         timeout: seconds a compressed call may take (None: ``COMPCOLL_TIMEOUT``, 300).
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, *, bits: int = BITS,
+    def __init__(self, process_group: dist.ProcessGroup | DeviceMesh | None = None, *, bits: int = BITS,
                  block_size: int = BLOCK_SIZE, scale: str = "l2", error_dtype: torch.dtype = torch.bfloat16,
                  start_step: int = 0, timeout: float | None = None) -> None:
+        process_group = process_group_of(process_group, "ReduceScatterState")
         if block_size is None:
             raise ValueError("ReduceScatterState: block_size must be a power of two from 8 to 8192, got None")
         check_block_size("ReduceScatterState", block_size)

@@ -542,3 +542,45 @@ def state_on_another_group_than_ddps(comm: compcoll.Communicator) -> None:
                 digests = [None] * 4
                 dist.all_gather_object(digests, [p.detach().numpy().tobytes() for p in model.parameters()])
                 assert digests[rank] == digests[rank ^ 2], f"rank {rank}: DDP's replicas differ"
+
+
+def states_take_a_device_mesh(comm: compcoll.Communicator) -> None:
+    """A 1-D DeviceMesh serves as any state's ``process_group`` (what ``DDP(device_mesh=...)`` takes): DDP and
+    ``OneBitState`` over ``mesh["dp"]`` of a (tp, dp) mesh on 4 ranks train, replicas equal; the other states take
+    it too (FSDP's where this torch has compcoll.fsdp); a 2-D mesh and a string raise TypeError naming the
+    argument (before 2026-12-03: a KeyError of the mesh's repr)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tests.versions import FSDP_COMPRESSES
+
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))
+    with seeded(rank // 2):
+        net = torch.nn.Sequential(torch.nn.Linear(30, 71), torch.nn.Tanh(), torch.nn.Linear(71, 7))
+    model = DDP(net, device_mesh=mesh["dp"], bucket_cap_mb=SMALL_BUCKET_MB)
+    model.register_comm_hook(compcoll.ddp.OneBitState(mesh["dp"], start_iter=1, min_compress_numel=1),
+                             compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = batch(rank, step, inputs=30)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    digests = [None] * 4
+    dist.all_gather_object(digests, [p.detach().numpy().tobytes() for p in model.parameters()])
+    peer = mesh["dp"].mesh.tolist()
+    assert digests[peer[0]] == digests[peer[1]], f"rank {rank}: DDP's replicas over {peer} differ"
+    states = [compcoll.ddp.BirderState]
+    if FSDP_COMPRESSES:
+        from compcoll.fsdp import ReduceScatterState, ReplicaState
+
+        states += [ReduceScatterState, ReplicaState]
+    for cls in states:
+        assert cls(mesh["dp"]).comm.size == 2, cls.__name__
+    for wrong, said in ((mesh, "of 2 dimensions"), ("dp", "got 'dp'")):
+        try:
+            compcoll.ddp.OneBitState(wrong)
+        except TypeError as exc:
+            assert "OneBitState: process_group must be" in str(exc) and said in str(exc), exc
+        else:
+            raise AssertionError(f"OneBitState took {wrong!r}")

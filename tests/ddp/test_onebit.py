@@ -99,3 +99,7 @@ def test_a_state_shared_by_two_models_fails_on_every_rank(backend: str, world_si
 @pytest.mark.parametrize("backend", ["threads", "gloo"])
 def test_a_state_on_another_group_than_ddps_fails_on_every_rank(backend: str) -> None:
     on(backend, "state_on_another_group_than_ddps", 4)
+
+
+def test_states_take_a_device_mesh() -> None:
+    on("gloo", "states_take_a_device_mesh", 4)

@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from .. import codecs
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 from ..comm.topology import requested_ranks_per_node
 from ..comm.work import Work
 from ..eager import eager
@@ -85,7 +85,7 @@ def hierarchical_allreduce(
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
     what = "hierarchical_allreduce"
-    comm = get_default() if comm is None else comm
+    comm = communicator(comm, "hierarchical_allreduce")
 
     def checks() -> int:
         check_tensor(what, tensor, out, comm.carries_meta)

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from .. import codecs
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 from ..comm.topology import Topology, requested_ranks_per_node, topology
 from ..comm.work import Work
 from ..eager import eager
@@ -126,7 +126,7 @@ def hierarchical_compressed_allreduce(
         RankMismatchError: the ranks' lengths differ.
     """
     what = "hierarchical_compressed_allreduce"
-    comm = get_default() if comm is None else comm
+    comm = communicator(comm, "hierarchical_compressed_allreduce")
 
     def checks() -> int:
         check_tensor(what, tensor, out, comm.carries_meta)

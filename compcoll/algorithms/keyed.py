@@ -6,7 +6,7 @@ from typing import Any, Hashable
 
 import torch
 
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 from ..comm.work import Work
 from ..eager import eager
 from ..spec import check_bits, check_block_size
@@ -47,7 +47,7 @@ class CompressedAllreduce:
         check_block_size("CompressedAllreduce", block_size)
         check_levels("CompressedAllreduce", bits, protocol, block_size)
         self.bits = bits
-        self.comm = get_default() if comm is None else comm
+        self.comm = communicator(comm, "CompressedAllreduce")
         self.protocol = protocol
         self.scale = scale
         self.block_size = block_size

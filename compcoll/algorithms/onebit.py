@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import codecs
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 from ..comm.work import Work
 from ..eager import eager
 from ..spec import LEVEL_BITS, PROTOCOLS, SCALE_BYTES, SCALES, check_block_size, padded_numel
@@ -128,7 +128,7 @@ def compressed_allreduce(
             no buffer changed and the communicator stays usable).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
-    comm = get_default() if comm is None else comm
+    comm = communicator(comm, "compressed_allreduce")
     checked(comm, FlatPlan.what,
             lambda: _validate(tensor, worker_error, server_error, out, comm, protocol, pieces, scale, block_size, bits))
     plan = cached_plan(comm, (FlatPlan, tensor.numel(), tensor.device, protocol, pieces, scale, block_size, bits),

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from .. import codecs
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 from ..comm.work import Work
 from ..eager import eager
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
@@ -92,7 +92,7 @@ def compressed_reduce_scatter(
         NonFiniteError: NaN / Inf in x on some rank (on every rank; no buffer changed).
         CollectiveTimeout: a peer did not join within ``comm.timeout`` seconds.
     """
-    comm = get_default() if comm is None else comm
+    comm = communicator(comm, "compressed_reduce_scatter")
     checked(comm, ScatterPlan.what,
             lambda: _validate(tensor, out, worker_error, comm, op, factor, block_size, scale, bits))
     key = (ScatterPlan, tensor.numel(), tensor.device, op, factor, block_size, scale, bits)

@@ -146,6 +146,26 @@ def get_default() -> Communicator:
     return _default if _default is not None else init()
 
 
+def communicator(comm: Any, what: str) -> Communicator:
+    """``comm`` as the communicator of ``what`` (a call or an optimizer): ``get_default()`` for None, a
+    ``Communicator`` as it is.
+
+    Raises:
+        TypeError: anything else, naming it and the wrapper that makes a communicator of it, once (its plans,
+            buffers and ordering thread live with it): ``TorchComm(group)`` for a torch.distributed process group
+            or a 1-D DeviceMesh's ``get_group()``, ``MPIComm(comm)`` for an mpi4py communicator. Before 2026-12-03 a
+            process group failed deep inside (``'>' not supported between instances of 'method' and 'int'``).
+    """
+    if comm is None:
+        return get_default()
+    if isinstance(comm, Communicator):
+        return comm
+    raise TypeError(f"{what}: comm must be a compcoll Communicator or None (compcoll.get_default()), got "
+                    f"{type(comm).__module__}.{type(comm).__name__}: make one once and keep it, "
+                    f"compcoll.TorchComm(group) for a torch.distributed process group (a DeviceMesh: its "
+                    f"get_group()), compcoll.MPIComm(comm) for an mpi4py communicator")
+
+
 def set_default(comm: Communicator) -> None:
     """Make ``comm`` the communicator used where ``comm=None`` is passed."""
     global _default

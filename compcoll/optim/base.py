@@ -14,7 +14,7 @@ from ..algorithms.differences import values_option
 from ..algorithms.exact import exact_average
 from ..algorithms.plan import foreign_state
 from ..algorithms.rounds import checked
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 from ..eager import eager
 from ..errors import NonFiniteError
 from ..workspace import Workspace
@@ -149,7 +149,7 @@ class CompressedOptimizer(torch.optim.Optimizer, Joinable):
     def __init__(self, params: Params, defaults: dict[str, Any], comm: Communicator | None, nonfinite: str,
                  settings: Callable[[], dict[str, Any]] = dict) -> None:
         self._built = False
-        self.comm = get_default() if comm is None else comm
+        self.comm = communicator(comm, type(self).__name__)
         what = type(self).__name__
         self.settings: dict[str, Any] = checked(self.comm, what, lambda: self._laid_out(params, defaults, nonfinite,
                                                                                         settings))

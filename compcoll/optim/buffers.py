@@ -8,7 +8,7 @@ import torch
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.rounds import checked
-from ..comm import Communicator, get_default
+from ..comm import Communicator, communicator
 
 WHAT = "broadcast_buffers"
 
@@ -37,7 +37,7 @@ def broadcast_buffers(module: torch.nn.Module, comm: Communicator | None = None,
         comm: the communicator; None means ``compcoll.get_default()``.
         root: the rank whose buffers every rank takes (0 by default, as DDP).
     """
-    comm = get_default() if comm is None else comm
+    comm = communicator(comm, "broadcast_buffers")
     named = list(module.named_buffers())
     layout = repr([(name, tuple(b.shape), str(b.dtype), b.device.type) for name, b in named])
     total = sum(b.numel() * b.element_size() for _, b in named)

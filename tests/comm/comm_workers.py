@@ -465,3 +465,34 @@ def subgroups_split_alone(comm: compcoll.Communicator) -> None:
     dist.all_gather(table, flat)
     assert torch.equal(table[rank], table[(rank + 2) % 4]), "a data-parallel group's replicas differ"
     assert not torch.equal(table[rank], table[(rank + 1) % 4]), "the two data-parallel groups trained alike"
+
+
+def entry_points_refuse_a_process_group(comm: compcoll.Communicator) -> None:
+    """Every entry point that takes a ``comm``, given torch.distributed's own group (what a torch.distributed user
+    passes first), raises TypeError naming itself and ``compcoll.TorchComm(group)`` (before 2026-12-03: "'>' not
+    supported between instances of 'method' and 'int'" from deep inside), with nothing sent; ``comm`` still works."""
+    from compcoll.optim import OneBitAdam, broadcast_buffers
+
+    x = torch.randn(1001)
+    full = compcoll.padded_numel(x.numel(), comm.size)
+    we, se = torch.zeros(full), torch.zeros(full // comm.size)
+    calls = {"compressed_allreduce": lambda g: compcoll.compressed_allreduce(x, we, se, g),
+             "hierarchical_compressed_allreduce": lambda g: compcoll.hierarchical_compressed_allreduce(x, we, se, g),
+             "hierarchical_allreduce": lambda g: compcoll.hierarchical_allreduce(x, g),
+             "compressed_reduce_scatter": lambda g: compcoll.compressed_reduce_scatter(x, torch.empty(1), we, g),
+             "CompressedAllreduce": lambda g: compcoll.CompressedAllreduce(g),
+             "OneBitAdam": lambda g: OneBitAdam(torch.nn.Linear(3, 2).parameters(), comm=g),
+             "broadcast_buffers": lambda g: broadcast_buffers(torch.nn.BatchNorm1d(3), comm=g)}
+    sent = comm.bytes_sent
+    for what, call in calls.items():
+        try:
+            call(dist.group.WORLD)
+        except TypeError as exc:
+            assert str(exc).startswith(f"{what}: comm must be a compcoll Communicator") and \
+                "compcoll.TorchComm(group)" in str(exc), exc
+        else:
+            raise AssertionError(f"{what} took a ProcessGroup for its comm")
+    assert comm.bytes_sent == sent, "a refused call sent bytes"
+    total = torch.ones(3)
+    comm.allreduce(total)
+    assert torch.equal(total, torch.full((3,), float(comm.size))), total

@@ -109,3 +109,7 @@ def test_a_dead_rank_ends_the_mpi_job() -> None:
     except WorkerFailure as failure:
         report = str(failure)
     assert time.monotonic() - start < 60, report[-5000:]
+
+
+def test_entry_points_refuse_a_process_group_for_their_comm() -> None:
+    run("tests.comm.comm_workers:entry_points_refuse_a_process_group", 2, "gloo")

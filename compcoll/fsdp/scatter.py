@@ -213,7 +213,7 @@ class CompressedReduceScatter(ReduceScatter):
         self.state.reduce_scatter(self.key, output_tensor, input_tensor, group, op, self.unit())
 
 
-def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = None,
+def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | DeviceMesh | None = None,
              **options: Any) -> ReduceScatterState:
     """Compress FSDP2's gradient communication for every ``fully_shard`` unit of ``model``; returns the state.
 
@@ -237,7 +237,8 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
 
     Args:
         model: the root module, with ``fully_shard`` applied to it (and to its blocks).
-        replicas: the cross-replica group for the HSDP form; None for the reduce-scatter form.
+        replicas: the cross-replica group for the HSDP form (a process group or a 1-D DeviceMesh, such as
+            ``mesh["replicate"]``); None for the reduce-scatter form.
         **options: passed to ``ReduceScatterState`` or ``ReplicaState``.
 
     Returns:
@@ -261,6 +262,7 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | None = Non
         for key, unit in enumerate(units):
             unit.set_custom_reduce_scatter(CompressedReduceScatter(state, key, unit))
     else:
+        replicas = process_group_of(replicas, "compcoll.fsdp.compress")
         check_replicas(units, replicas)
         state = ReplicaState(replicas, **options)
         for key, unit in enumerate(units):

@@ -434,8 +434,9 @@ def meshes(comm: compcoll.Communicator, steps: int) -> None:
        stays its own; the state is on the shard group, its calls equal the reference, the replicas end alike.
        ``compress(model, replicas=...)``, whose hook FSDP2 calls after its own all-reduce (before: the bytes of
        both, with nothing said), raises ValueError.
-    3. HSDP by hand with a ``replicas`` group holding other ranks of the shard group (the whole job, or the shard
-       group itself: it averaged different parts of the parameters, with nothing said): ValueError.
+    3. HSDP by hand takes ``replicas=mesh["replicate"]`` (a 1-D DeviceMesh); a ``replicas`` group holding other
+       ranks of the shard group (the whole job, or the shard group itself: it averaged different parts of the
+       parameters, with nothing said): ValueError.
     4. A state on a group of the right size and other ranks than FSDP's: its first reduce-scatter raises
        ValueError naming both.
     """
@@ -469,6 +470,7 @@ def meshes(comm: compcoll.Communicator, steps: int) -> None:
     _expect(ValueError, "sharded by native HSDP", compcoll.fsdp.compress, model(mesh=mesh), replicas=replicas)
 
     by_hand = model(mesh=mesh["shard"])
+    assert isinstance(compcoll.fsdp.compress(model(mesh=mesh["shard"]), replicas=mesh["replicate"]), ReplicaState)
     for wrong in (dist.group.WORLD, shard):
         _expect(ValueError, "shares rank(s)", compcoll.fsdp.compress, by_hand, replicas=wrong)
 

@@ -25,8 +25,8 @@ class Replicas:
     pipeline parallelism) would average each bucket across ranks that hold other
     parameters, with nothing said wherever the buckets have the same sizes.
 
-    1. At the first bucket: a checksum of its parameters (the float64 sum and sum of
-       squares of each), as the CRC-32 of their bytes; one host wait, once.
+    1. At the first bucket: a checksum of its parameters (the float64 sum and l2 norm of
+       each, no float64 copy made), as the CRC-32 of their bytes; one host wait, once.
     2. One agreement round on the state's communicator: where the checksums differ,
        ``RankMismatchError`` on every rank, naming which ranks hold which and what to do.
     """
@@ -40,8 +40,9 @@ class Replicas:
         """Steps 1-2, at the first bucket only."""
         if self.checked:
             return
-        params = [p.detach().double() for p in bucket.parameters()]
-        sums = torch.stack([s for p in params for s in (p.sum(), p.square().sum())])
+        params = [p.detach() for p in bucket.parameters()]
+        sums = torch.stack([s for p in params for s in (p.sum(dtype=torch.float64),
+                                                        torch.linalg.vector_norm(p, dtype=torch.float64))])
         code = zlib.crc32(sums.cpu().numpy().tobytes())
         try:
             agree(comm, self.owner, torch.empty(0), None, (values_option(PARAMETERS, {"checksum": code}),))

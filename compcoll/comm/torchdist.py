@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from ..errors import CompcollError
 from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes, pairs_small
@@ -280,8 +281,6 @@ def process_group_of(given: Any, what: str) -> dist.ProcessGroup | None:
     """
     if given is None or isinstance(given, dist.ProcessGroup):
         return given
-    from torch.distributed.device_mesh import DeviceMesh
-
     if isinstance(given, DeviceMesh) and given.ndim == 1:
         return given.get_group()
     shape = f" of {given.ndim} dimensions; pass one, mesh['name']," if isinstance(given, DeviceMesh) else ","

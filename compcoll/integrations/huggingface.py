@@ -211,9 +211,10 @@ def register_hook(model: torch.nn.Module, optimizer: Any = None, accelerator: An
     2. A compcoll optimizer (``optimizer``, or the optimizer inside Accelerate's wrapper)
        averages its gradients itself: DDP gets ``local_hook``, and ``accelerator``'s fp16
        loss scaler, if any, agrees on overflows (``agree_on_overflows``); None.
-    3. Otherwise DDP gets ``onebit_hook`` with ``OneBitState(**options)``, which is returned
-       (save it per rank with ``compcoll.checkpoint.save``). With torch's Adam or AdamW it
-       warns: raw 1-bit gradients break their variance; use ``compcoll.optim.OneBitAdam``.
+    3. Otherwise DDP gets ``onebit_hook`` with ``OneBitState(**options)`` on DDP's own
+       process group unless ``options`` name one, which is returned (save it per rank with
+       ``compcoll.checkpoint.save``). With torch's Adam or AdamW it warns: raw 1-bit
+       gradients break their variance; use ``compcoll.optim.OneBitAdam``.
 
     Args:
         model: what ``accelerator.prepare`` returned (a compiled one too).
@@ -235,6 +236,6 @@ def register_hook(model: torch.nn.Module, optimizer: Any = None, accelerator: An
     if isinstance(inner, _ADAM):
         warnings.warn(f"compcoll: 1-bit gradients under {type(inner).__name__} break its variance estimate (the "
                       f"1-bit Adam paper); compcoll.optim.OneBitAdam compresses its momentum instead", stacklevel=2)
-    state = OneBitState(**options)
+    state = OneBitState(**{"process_group": model.process_group, **options})
     model.register_comm_hook(state, onebit_hook)
     return state

@@ -249,3 +249,32 @@ def trainer_refuses_deepspeed(comm: compcoll.Communicator, output_dir: str) -> N
         os.environ.clear()
         os.environ.update(environment)
         accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def register_hook_takes_ddps_group(comm: compcoll.Communicator) -> None:
+    """``register_hook`` on a DDP over the subgroups [0, 2] and [1, 3] of 4 ranks, each with another model of the
+    same shapes (beside tensor or pipeline parallelism), builds its ``OneBitState`` on DDP's group: SGD trains in 1
+    bit, replicas equal (before 2026-12-03 the state was on the default group, and averaged both models' gradients
+    together; since that day's check, a ``RankMismatchError``)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from compcoll.launcher import seeded
+
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    with seeded(rank % 2):
+        net = torch.nn.Sequential(torch.nn.Linear(30, 71), torch.nn.Tanh(), torch.nn.Linear(71, 7))
+    model = DistributedDataParallel(net, process_group=groups[rank % 2])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = huggingface.register_hook(model, opt, start_iter=1, min_compress_numel=1)
+    assert state.comm.size == 2, state.comm.size
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        model(torch.randn(8, 30, generator=gen)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert state.allreduce.plans, "no bucket went compressed"
+    digests = [None] * 4
+    dist.all_gather_object(digests, digest(model))
+    assert digests[rank] == digests[rank ^ 2], f"rank {rank}: DDP's replicas differ"

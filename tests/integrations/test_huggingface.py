@@ -68,3 +68,7 @@ def test_the_trainer_refuses_deepspeed(tmp_path) -> None:
     """Where DeepSpeed is installed (not in CI: transformers needs it to take a DeepSpeed config at all)."""
     pytest.importorskip("deepspeed")
     run("tests.integrations.huggingface_workers:trainer_refuses_deepspeed", 2, "gloo", args=(str(tmp_path),))
+
+
+def test_register_hook_builds_its_state_on_ddps_group() -> None:
+    run("tests.integrations.huggingface_workers:register_hook_takes_ddps_group", 4, "gloo")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import warnings
 import weakref
 
 import pytest
@@ -47,7 +48,9 @@ def test_building_keeps_none_of_its_callers_variables() -> None:
     """The check for torch's ZeroRedundancyOptimizer reads no caller's locals: on Python 3.10-3.12 reading
     ``frame.f_locals`` stores a copy on the frame, which kept what a caller's variables held then (in the test pool, a
     finished case's communicator and its Gloo groups, three threads each) alive until that caller returned."""
-    importlib.import_module("torch.distributed.optim.zero_redundancy_optimizer")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "`torch.jit", DeprecationWarning)  # torch's own functional optimizers
+        importlib.import_module("torch.distributed.optim.zero_redundancy_optimizer")
     groups, _ = _groups()
     held = torch.nn.Linear(3, 3)
     dropped = weakref.ref(held)

@@ -8,11 +8,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.birder import hierarchical_allreduce
+from ..algorithms.replicas import Replicas
 from ..comm.topology import topology
 from ..comm.torchdist import own_comm, process_group_of
-from .buckets import Schedule, check_bucket, plain_allreduce, settle
+from .buckets import DDP_REMEDY, Schedule, check_bucket, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
-from .replicas import Replicas
 
 
 class BirderState:
@@ -54,7 +54,7 @@ class BirderState:
         agree_settings(self.comm, "BirderState", {**self.schedule.settings(), "seeds": seed})
         topology(self.comm, ranks_per_node)
         self.calls = 0
-        self.replicas = Replicas("BirderState")
+        self.replicas = Replicas("BirderState", DDP_REMEDY.format(owner="BirderState"))
 
     def state_dict(self) -> dict[str, Any]:
         """The iteration, the compressed-call counter (the random streams' step) and the options."""
@@ -93,7 +93,7 @@ def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("birder_hook", bucket)
-    state.replicas.check(state.comm, bucket)
+    state.replicas.check(state.comm, bucket.parameters())
     schedule = state.schedule
     if schedule.compress(bucket):
         buffer = bucket.buffer()

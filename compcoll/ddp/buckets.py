@@ -11,6 +11,11 @@ from ..comm.work import Work, complete_future
 from ..errors import NonFiniteError
 
 
+DDP_REMEDY = ("build the state on the group DDP averages over ({owner}(process_group=...), the group or mesh "
+              "dimension DDP was given), or, under DDP's init_sync=False, start the replicas alike")
+"""What a hook state on another group than DDP's replicas should do (``algorithms.replicas``), by its class name."""
+
+
 def check_bucket(hook: str, bucket: Any) -> None:
     """Refuse what is not a DDP bucket: ``torch.compile``'s Python reducer (``optimize_ddp = "python_reducer"``
     with compiled autograd) calls hooks on one ``(gradient, parameter)`` pair at a time, which leaves no bucket to

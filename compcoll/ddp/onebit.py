@@ -12,12 +12,12 @@ from ..algorithms.hierarchical import hierarchical_compressed_allreduce, hierarc
 from ..algorithms.inputs import check_protocol, check_scale
 from ..algorithms.keyed import CompressedAllreduce
 from ..algorithms.parts import packed, unpacked
+from ..algorithms.replicas import Replicas
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from ..comm.torchdist import own_comm, process_group_of
-from .buckets import Schedule, check_bucket, gather, plain_allreduce, settle
+from .buckets import DDP_REMEDY, Schedule, check_bucket, gather, plain_allreduce, settle
 from .one_model import OneModel
-from .replicas import Replicas
 
 BLOCK_SIZE = 64
 """The hook's default elements per 1-bit scale block (bench/results/scaling_hooks.txt)."""
@@ -141,7 +141,7 @@ class OneBitState:
         self._last_seen: dict[int, list[list[int]]] | None = None
         self._untiled = 0
         self._model = OneModel("OneBitState")
-        self.replicas = Replicas("OneBitState")
+        self.replicas = Replicas("OneBitState", DDP_REMEDY.format(owner="OneBitState"))
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
         """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its
@@ -277,7 +277,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("onebit_hook", bucket)
-    state.replicas.check(state.comm, bucket)
+    state.replicas.check(state.comm, bucket.parameters())
     schedule = state.schedule
     segments = state.segments(bucket) if schedule.started() else None
     buffer = bucket.buffer()

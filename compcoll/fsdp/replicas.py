@@ -11,14 +11,18 @@ from torch.distributed.fsdp import FSDPModule
 
 from ..algorithms.agreement import agree_settings
 from ..algorithms.keyed import CompressedAllreduce
+from ..algorithms.replicas import Replicas
 from ..comm.torchdist import own_comm, process_group_of
 from ..errors import NonFiniteError
-from .units import check_start_step, divides_itself
+from .units import check_start_step, divides_itself, local_shards
 
 BLOCK_SIZE = 64
 """Default elements per scale block (as ``compcoll.ddp.OneBitState``'s)."""
 BITS = 4
 """The default bits per element (bench/results/convergence_fsdp_lm.txt)."""
+REMEDY = ("replicas must be the group of the ranks that hold this rank's shard in the other replicas "
+          "(mesh.get_group('replicate') of a (replicate, shard) mesh)")
+"""What a ``ReplicaState`` whose ranks hold different shards should do (``algorithms.replicas``)."""
 
 
 class ReplicaState:
@@ -60,10 +64,13 @@ class ReplicaState:
         self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size,
                                              bits=bits)
         self.steps: dict[int, int] = {}
+        self.replicas = Replicas("ReplicaState", REMEDY)
 
     def hook(self, key: int, unit: FSDPModule) -> Callable[[torch.Tensor], None]:
-        """The all-reduce hook of unit ``key`` (``set_all_reduce_hook``)."""
+        """The all-reduce hook of unit ``key`` (``set_all_reduce_hook``); its first call checks that the replicas
+        hold the same shards of the unit's parameters (``algorithms.replicas``)."""
         def all_reduce(shard: torch.Tensor) -> None:
+            self.replicas.check(self.comm, local_shards(unit))
             self.all_reduce(key, shard, summed=divides_itself(unit))
 
         return all_reduce

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import ReduceOp
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 
 def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
@@ -109,6 +110,11 @@ def param_groups(unit: FSDPModule) -> list[Any]:
     if groups is not None:
         return list(groups)
     return [] if state._fsdp_param_group is None else [state._fsdp_param_group]
+
+
+def local_shards(unit: FSDPModule) -> list[torch.Tensor]:
+    """This rank's shards of the unit's parameters (a DTensor's local tensor), in ``parameters()`` order."""
+    return [p.to_local() if isinstance(p, DTensor) else p for p in unit.parameters()]
 
 
 def divide_factor(unit: FSDPModule | None) -> float:

@@ -436,7 +436,8 @@ def meshes(comm: compcoll.Communicator, steps: int) -> None:
        both, with nothing said), raises ValueError.
     3. HSDP by hand takes ``replicas=mesh["replicate"]`` (a 1-D DeviceMesh); a ``replicas`` group holding other
        ranks of the shard group (the whole job, or the shard group itself: it averaged different parts of the
-       parameters, with nothing said): ValueError.
+       parameters, with nothing said): ValueError; one that pairs ranks holding different shards ([0, 3] and
+       [1, 2]; as silent before): RankMismatchError at its first call.
     4. A state on a group of the right size and other ranks than FSDP's: its first reduce-scatter raises
        ValueError naming both.
     """
@@ -473,6 +474,9 @@ def meshes(comm: compcoll.Communicator, steps: int) -> None:
     assert isinstance(compcoll.fsdp.compress(model(mesh=mesh["shard"]), replicas=mesh["replicate"]), ReplicaState)
     for wrong in (dist.group.WORLD, shard):
         _expect(ValueError, "shares rank(s)", compcoll.fsdp.compress, by_hand, replicas=wrong)
+    crossed = [dist.new_group([0, 3]), dist.new_group([1, 2])]
+    compcoll.fsdp.compress(by_hand, replicas=crossed[dist.get_rank() in (1, 2)])
+    _expect(compcoll.RankMismatchError, "hold different parameters", lambda: loss_of(by_hand, 0, 0).backward())
 
     state = ReduceScatterState(tp_mesh.get_group("tp"))
     net = model(mesh=tp_mesh["dp"])

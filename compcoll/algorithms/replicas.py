@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -40,12 +40,12 @@ class Replicas:
         self.remedy = remedy
         self.checked = False
 
-    def check(self, comm: Communicator, params: Iterable[torch.Tensor]) -> None:
-        """Steps 1-2, at the first call only."""
+    def check(self, comm: Communicator, params: Callable[[], Iterable[torch.Tensor]]) -> None:
+        """Steps 1-2 on the tensors ``params()`` gives, at the first call only (later calls do not ask for them)."""
         if self.checked:
             return
-        sums = torch.stack([s for p in params for s in (p.detach().sum(dtype=torch.float64),
-                                                        torch.linalg.vector_norm(p.detach(), dtype=torch.float64))])
+        sums = torch.stack([s for p in params() for s in (p.detach().sum(dtype=torch.float64),
+                                                          torch.linalg.vector_norm(p.detach(), dtype=torch.float64))])
         code = zlib.crc32(sums.cpu().numpy().tobytes())
         try:
             agree(comm, self.owner, torch.empty(0), None, (values_option(PARAMETERS, {"checksum": code}),))

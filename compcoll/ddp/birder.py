@@ -93,7 +93,7 @@ def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("birder_hook", bucket)
-    state.replicas.check(state.comm, bucket.parameters())
+    state.replicas.check(state.comm, bucket.parameters)
     schedule = state.schedule
     if schedule.compress(bucket):
         buffer = bucket.buffer()

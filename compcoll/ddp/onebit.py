@@ -277,7 +277,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("onebit_hook", bucket)
-    state.replicas.check(state.comm, bucket.parameters())
+    state.replicas.check(state.comm, bucket.parameters)
     schedule = state.schedule
     segments = state.segments(bucket) if schedule.started() else None
     buffer = bucket.buffer()

@@ -70,7 +70,7 @@ class ReplicaState:
         """The all-reduce hook of unit ``key`` (``set_all_reduce_hook``); its first call checks that the replicas
         hold the same shards of the unit's parameters (``algorithms.replicas``)."""
         def all_reduce(shard: torch.Tensor) -> None:
-            self.replicas.check(self.comm, local_shards(unit))
+            self.replicas.check(self.comm, lambda: local_shards(unit))
             self.all_reduce(key, shard, summed=divides_itself(unit))
 
         return all_reduce

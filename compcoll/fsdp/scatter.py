@@ -79,7 +79,6 @@ class ReduceScatterState:
         self.bits, self.block_size, self.scale, self.error_dtype = bits, block_size, scale, error_dtype
         self.start_step, self.timeout = start_step, timeout
         self.comm = own_comm(process_group, timeout)
-        self._ranks = dist.get_process_group_ranks(dist.group.WORLD if process_group is None else process_group)
         self._groups: list[dist.ProcessGroup] = []
         agree_settings(self.comm, "ReduceScatterState", {"uncompressed first calls (start_step)": start_step})
         self.errors: dict[int, torch.Tensor] = {}
@@ -125,9 +124,10 @@ class ReduceScatterState:
         if any(seen is group for seen in self._groups):
             return
         ranks = dist.get_process_group_ranks(group)
-        if ranks != self._ranks:
+        if ranks != self.comm.global_ranks:
             raise ValueError(f"compcoll.fsdp: FSDP reduce-scatters over ranks {ranks}, the state was built for "
-                             f"ranks {self._ranks}; build it for the unit's shard group (compress(model) does)")
+                             f"ranks {self.comm.global_ranks}; build it for the unit's shard group "
+                             f"(compress(model) does)")
         self._groups.append(group)
 
     def _error(self, key: int, input: torch.Tensor) -> torch.Tensor:

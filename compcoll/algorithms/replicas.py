@@ -28,8 +28,8 @@ class Replicas:
     match.
 
     1. At the first call: a checksum of the parameters it is given (the float64 sum and l2
-       norm of each, no float64 copy made), as the CRC-32 of their bytes; one host wait,
-       once.
+       norm of each, complex ones as pairs of reals, no float64 copy made), as the CRC-32 of
+       their bytes; one host wait, once.
     2. One agreement round on the state's communicator: where the checksums differ,
        ``RankMismatchError`` on every rank, naming which ranks hold which and ``remedy``.
     """
@@ -44,8 +44,9 @@ class Replicas:
         """Steps 1-2 on the tensors ``params()`` gives, at the first call only (later calls do not ask for them)."""
         if self.checked:
             return
-        sums = torch.stack([s for p in params() for s in (p.detach().sum(dtype=torch.float64),
-                                                          torch.linalg.vector_norm(p.detach(), dtype=torch.float64))])
+        reals = [torch.view_as_real(p.detach()) if p.is_complex() else p.detach() for p in params()]
+        sums = torch.stack([s for p in reals for s in (p.sum(dtype=torch.float64),
+                                                       torch.linalg.vector_norm(p, dtype=torch.float64))])
         code = zlib.crc32(sums.cpu().numpy().tobytes())
         try:
             agree(comm, self.owner, torch.empty(0), None, (values_option(PARAMETERS, {"checksum": code}),))

@@ -11,7 +11,7 @@ from ..algorithms.birder import hierarchical_allreduce
 from ..algorithms.replicas import Replicas
 from ..comm.topology import topology
 from ..comm.torchdist import own_comm, process_group_of
-from .buckets import DDP_REMEDY, Schedule, check_bucket, plain_allreduce, settle
+from .buckets import DDP_REMEDY, Schedule, check_bucket, in_float32, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
 
 
@@ -79,11 +79,13 @@ class BirderState:
 def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average a DDP bucket with Birder's all-1-bit hierarchical allreduce (``hierarchical_allreduce``).
 
-    1. Before ``start_iter`` iterations and below ``min_compress_numel`` elements: DDP's own allreduce.
+    1. Before ``start_iter`` iterations, below ``min_compress_numel`` elements and for a sparse
+       gradient's bucket: DDP's own allreduce.
     2. Otherwise ``hierarchical_allreduce`` of the flat buffer in place, asynchronously, with
        the state's seed and its call counter as the step (so a resumed run draws the same
        bits); an unbiased estimate of the average, the same bits on every rank.
-    3. A NaN / Inf on any rank: the bucket is NaN on every rank (as ``onebit_hook``).
+    3. A NaN / Inf on any rank: the bucket is NaN on every rank (as ``onebit_hook``); a float64
+       bucket goes through a float32 copy (``buckets.in_float32``).
 
     Args:
         state: a ``BirderState``.
@@ -96,12 +98,16 @@ def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Fu
     state.replicas.check(state.comm, bucket.parameters)
     schedule = state.schedule
     if schedule.compress(bucket):
-        buffer = bucket.buffer()
-        work = hierarchical_allreduce(buffer, state.comm, ranks_per_node=state.ranks_per_node, seed=state.seed,
-                                      step=state.calls, out=buffer, async_op=True)
-        state.calls += 1
-        future = settle(work, buffer)
+        future = in_float32(lambda buffer: _average(state, buffer), bucket.buffer())
     else:
         future = plain_allreduce(bucket.buffer(), state.process_group)
     schedule.advance(bucket)
     return future
+
+
+def _average(state: BirderState, buffer: torch.Tensor) -> torch.futures.Future:
+    """Step 2 of ``birder_hook`` on ``buffer``: a future of it averaged in place; the call counter moves on."""
+    work = hierarchical_allreduce(buffer, state.comm, ranks_per_node=state.ranks_per_node, seed=state.seed,
+                                  step=state.calls, out=buffer, async_op=True)
+    state.calls += 1
+    return settle(work, buffer)

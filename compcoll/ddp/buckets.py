@@ -1,4 +1,4 @@
-"""What the DDP hooks share: the warm-up schedule, plain allreduce, non-finite buckets, and what a bucket must be."""
+"""What the DDP hooks share: the warm-up schedule, plain allreduce, odd buckets, and what a bucket must be."""
 
 from __future__ import annotations
 
@@ -28,11 +28,36 @@ def check_bucket(hook: str, bucket: Any) -> None:
             f"compcoll optimizer with local_hook")
 
 
+def dense(bucket: dist.GradBucket) -> bool:
+    """Whether the bucket holds dense gradients: DDP gives a sparse gradient (``nn.Embedding(sparse=True)``) a bucket
+    of its own, which goes by DDP's own allreduce (``plain_allreduce``): it sends only the rows a step touched."""
+    return not bucket.buffer().is_sparse
+
+
 def plain_allreduce(buffer: torch.Tensor, group: dist.ProcessGroup | None) -> torch.futures.Future:
     """DDP's own hook on ``buffer``: the float sum over ``group`` divided by its size (``allreduce_hook``)."""
     size = dist.get_world_size(group)
     work = dist.all_reduce(buffer, group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0].div_(size))
+
+
+def in_float32(average: Callable[[torch.Tensor], torch.futures.Future], buffer: torch.Tensor
+               ) -> torch.futures.Future:
+    """``average(buffer)`` (a compressed average in place), where the codecs take a float64 bucket through float32.
+
+    DDP's buckets are float64 for float64 and complex128 parameters (complex ones viewed as
+    pairs of reals); the codecs take float32, float16 and bfloat16.
+    1. Any other dtype: ``average(buffer)``.
+    2. float64: ``average`` of a float32 copy, copied back into ``buffer`` when it completes
+       (its error, if any, is the returned future's). The 1-bit codes and their scales are
+       float32 either way; what the copy rounds off (below 2^-24 of each value) is not
+       kept in the error buffer, and a value beyond float32's range (3.4e38) counts as Inf:
+       the bucket is NaN on every rank (``settle``).
+    """
+    if buffer.dtype != torch.float64:
+        return average(buffer)
+    copy = buffer.float()
+    return average(copy).then(lambda future: buffer.copy_(future.value()))
 
 
 def settle(work: Work, buffer: torch.Tensor) -> torch.futures.Future:
@@ -127,8 +152,8 @@ class Schedule:
         return self.iteration >= self.start_iter
 
     def compress(self, bucket: dist.GradBucket) -> bool:
-        """Whether this bucket goes compressed in this iteration."""
-        return self.started() and bucket.buffer().numel() >= self.min_compress_numel
+        """Whether this bucket goes compressed in this iteration (a sparse one never does: ``dense``)."""
+        return self.started() and dense(bucket) and bucket.buffer().numel() >= self.min_compress_numel
 
     def advance(self, bucket: dist.GradBucket) -> None:
         """Count an iteration at its last bucket."""

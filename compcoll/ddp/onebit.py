@@ -16,7 +16,7 @@ from ..algorithms.replicas import Replicas
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
 from ..comm.torchdist import own_comm, process_group_of
-from .buckets import DDP_REMEDY, Schedule, check_bucket, gather, plain_allreduce, settle
+from .buckets import DDP_REMEDY, Schedule, check_bucket, dense, gather, in_float32, plain_allreduce, settle
 from .one_model import OneModel
 
 BLOCK_SIZE = 64
@@ -256,22 +256,25 @@ class OneBitState:
 def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average a DDP bucket with error-compensated 1-bit compression, overlapping the rest of backward.
 
-    1. Before ``state.start_iter`` iterations, and for buckets below ``min_compress_numel``
-       elements: DDP's own allreduce (float sum / n).
+    1. Before ``state.start_iter`` iterations, for buckets below ``min_compress_numel``
+       elements, and for a sparse gradient's bucket: DDP's own allreduce (float sum / n).
     2. Otherwise ``CompressedAllreduce`` of the bucket's flat buffer (with ``ranks_per_node``
        > 1, ``hierarchical_compressed_allreduce``), in place, keyed by the
        bucket index (its error buffers), started asynchronously on the state's
        communicator: the future completes while backward computes earlier buckets. (After
        a resume, a bucket DDP has not rebuilt yet goes in the parts ``state.segments``
        says, each gathered, compressed under its own key and put back.)
-    3. A NaN / Inf in any rank's bucket: every rank gets the bucket filled with NaN, as
+    3. A float64 bucket (float64 or complex128 parameters) goes through a float32 copy
+       (``buckets.in_float32``).
+    4. A NaN / Inf in any rank's bucket: every rank gets the bucket filled with NaN, as
        DDP's allreduce would give, with the error buffers unchanged, so a ``GradScaler``
        skips the step on every rank and nothing is lost.
     Every rank ends with the same bits.
 
     Args:
         state: a ``OneBitState``.
-        bucket: the DDP gradient bucket (any float dtype DDP uses: float32, float16, bfloat16).
+        bucket: the DDP gradient bucket (float32, float16, bfloat16, float64; complex parameters as DDP views them,
+            as pairs of reals).
 
     Returns:
         A future of the averaged flat buffer.
@@ -279,14 +282,15 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
     check_bucket("onebit_hook", bucket)
     state.replicas.check(state.comm, bucket.parameters)
     schedule = state.schedule
-    segments = state.segments(bucket) if schedule.started() else None
+    segments = state.segments(bucket) if schedule.started() and dense(bucket) else None
     buffer = bucket.buffer()
     if segments is None:
         future = plain_allreduce(buffer, state.process_group)
     elif len(segments) == 1 and len(segments[0][1]) == 1:
-        future = _compress(state, segments[0][0], buffer)
+        future = in_float32(lambda piece: _compress(state, segments[0][0], piece), buffer)
     else:
-        future = gather([_compress_spans(state, key, spans, buffer) for key, spans in segments], buffer)
+        future = in_float32(lambda whole: gather([_compress_spans(state, key, spans, whole)
+                                                  for key, spans in segments], whole), buffer)
     if schedule.started() and bucket.is_last():
         state.end_iteration()
     schedule.advance(bucket)

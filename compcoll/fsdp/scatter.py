@@ -96,6 +96,9 @@ class ReduceScatterState:
            before torch 2.13: ``units.reduce_op``).
         3. NaN / Inf in any rank's gradients: every rank's ``output`` is NaN, as FSDP's
            own reduce-scatter would give, and no error buffer changes.
+        4. float64 gradients (float64 parameters, or ``reduce_dtype=torch.float64``) go
+           through float32 copies, as the DDP hooks' float64 buckets (``ddp.buckets.in_float32``):
+           the codecs take float32, float16 and bfloat16.
         """
         self._check_group(group)
         step = self.steps.get(key, 0)
@@ -106,14 +109,19 @@ class ReduceScatterState:
         kind, factor = reduce_op(op, unit)
         stored = self._error(key, input)
         error = stored if stored.dtype == torch.float32 else self._float32(stored)
+        target = output
+        if input.dtype == torch.float64:
+            input, output = input.float(), output.new_empty(output.shape, dtype=torch.float32)
         try:
             compressed_reduce_scatter(input, output, error, self.comm, op=kind, factor=factor,
                                       block_size=self.block_size, scale=self.scale, bits=self.bits)
         except NonFiniteError:
-            output.fill_(float("nan"))
+            target.fill_(float("nan"))
             return
         if error is not stored:
             stored.copy_(error)
+        if output is not target:
+            target.copy_(output)
 
     def _check_group(self, group: dist.ProcessGroup) -> None:
         """FSDP's reduce-scatter ``group`` holds the ranks of the state's (checked once per group object).

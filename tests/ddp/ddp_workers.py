@@ -41,6 +41,29 @@ def make_model(small: bool = False) -> torch.nn.Module:
                                    torch.nn.Tanh(), torch.nn.Linear(narrow, 7))
 
 
+ODD_COMPRESS_NUMEL = 20000
+"""``OddModel``'s ``min_compress_numel``: its float64 and complex64 weights and sparse table reach it, the rest not."""
+
+
+class OddModel(torch.nn.Module):
+    """Parameters a DDP hook meets beyond float32: a float64 layer (a float64 bucket), a complex64 weight (DDP views it
+    as float32 pairs) and an embedding with sparse gradients (a sparse bucket of its own), beside float32 ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with seeded(0):
+            self.wide = torch.nn.Linear(300, 71, dtype=torch.float64)
+            self.rotation = torch.nn.Module()  # a module's own parameters come first: ``step`` reads the first's width
+            self.rotation.weight = torch.nn.Parameter(torch.randn(71, 293, dtype=torch.complex64) / 9)
+            self.out = torch.nn.Linear(293, 7)
+            self.table = torch.nn.Embedding(3001, 7, sparse=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (x[:, 0].abs() * 1000).long() % self.table.num_embeddings
+        hidden = torch.tanh(self.wide(x.double())).to(torch.complex64) @ self.rotation.weight
+        return self.out(hidden.abs()) + self.table(rows)
+
+
 def batch(rank: int, step: int, inputs: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's fresh random batch of a step (every rank's differs), of ``inputs`` features."""
     gen = torch.Generator().manual_seed(1000 * step + rank)
@@ -49,13 +72,13 @@ def batch(rank: int, step: int, inputs: int = 300) -> tuple[torch.Tensor, torch.
 
 def recording(hook, records: dict[int, tuple]):
     """Wrap a hook: keep each bucket's input, whether it went compressed, its output and (Birder) the call counter
-    it ran with, by bucket index."""
+    it ran with, by bucket index (a sparse bucket's as dense tensors)."""
     def wrapped(state, bucket):
-        index, before = bucket.index(), bucket.buffer().clone()
+        index, before = bucket.index(), bucket.buffer().to_dense().clone()
         compressed, calls = state.schedule.compress(bucket), getattr(state, "calls", None)
 
         def keep(fut: torch.futures.Future) -> torch.Tensor:
-            records[index] = (compressed, before, fut.value().clone(), calls)
+            records[index] = (compressed, before, fut.value().to_dense().clone(), calls)
             return fut.value()
 
         return hook(state, bucket).then(keep)
@@ -88,18 +111,21 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
                              ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None,
-                             device: str = "cpu", small: bool = False) -> None:
+                             device: str = "cpu", small: bool = False, odd: bool = False) -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
     ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
     steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
     bits on every rank; the final error buffers equal the reference's. ``device="cuda"``: the model on this
-    rank's GPU (NCCL). ``small``: ``make_model(small=True)`` in buckets of ``SMALL_BUCKET_MB``."""
+    rank's GPU (NCCL). ``small``: ``make_model(small=True)`` in buckets of ``SMALL_BUCKET_MB``. ``odd``:
+    ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket is the float mean."""
     n, rank = comm.size, comm.rank
     on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
-    model = DDP(make_model(small).to(on), bucket_cap_mb=SMALL_BUCKET_MB if small else BUCKET_MB,
+    net = OddModel() if odd else make_model(small)
+    model = DDP(net.to(on), bucket_cap_mb=SMALL_BUCKET_MB if small else BUCKET_MB,
                 device_ids=[on.index] if on.type == "cuda" else None)
-    state = compcoll.ddp.OneBitState(min_compress_numel=SMALL_COMPRESS_NUMEL if small else 211500, protocol=protocol,
-                                     scale=scale, ranks_per_node=ranks_per_node, block_size=block_size)
+    least = ODD_COMPRESS_NUMEL if odd else SMALL_COMPRESS_NUMEL if small else 211500
+    state = compcoll.ddp.OneBitState(min_compress_numel=least, protocol=protocol, scale=scale,
+                                     ranks_per_node=ranks_per_node, block_size=block_size)
     k = state.ranks_per_node
     assert k == (nodes_of if ranks_per_node == "auto" else ranks_per_node), f"ranks per node {k}"
     records: dict[int, tuple] = {}
@@ -117,6 +143,7 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
             if not compressed:
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
                 continue
+            xs = [x.astype(np.float32) for x in xs]
             full = compcoll.padded_numel(before.numel(), n)
             wn, sn = (full, full // n) if k == 1 else compcoll.hierarchical_error_numels(before.numel(), n, k)
             we, se = ref.setdefault(index, ([np.zeros(wn, np.float32)] * n, [np.zeros(sn, np.float32)] * n))
@@ -127,9 +154,11 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
                 outs, we, se, _ = world_once(comm, reference.hierarchical_compressed_allreduce, xs, we, se, k, scale,
                                              block_size)
             ref[index] = (we, se)
-            assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i} differs from the reference"
+            assert torch.equal(out, torch.from_numpy(outs[rank]).to(out.dtype)), f"bucket {index} step {i} differs"
         assert_replicas_equal(model)
     assert kinds == {(False, False), (True, False), (True, True)}, f"not every path ran: {kinds}"
+    if odd:
+        assert {r[1].dtype for r in records.values() if r[0]} == {torch.float32, torch.float64}, records
     for index, (we, se) in ref.items():
         worker, server = state.allreduce.plans[index].error_feedback.buffers() if k == 1 else state.node_buffers[index]
         assert np.array_equal(worker.cpu().numpy(), we[rank]), f"worker error of bucket {index}"
@@ -328,11 +357,12 @@ def _errors() -> set[int]:
     return {id(o) for o in gc.get_objects() if isinstance(o, compcoll.NonFiniteError)}
 
 
-def birder_matches_reference(comm: compcoll.Communicator, steps: int) -> None:
-    """Every compressed bucket equals Birder's reference (seed, call counter as step); replicas identical."""
+def birder_matches_reference(comm: compcoll.Communicator, steps: int, odd: bool = False) -> None:
+    """Every compressed bucket equals Birder's reference (seed, call counter as step); replicas identical. ``odd``:
+    ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket goes plain."""
     rank = comm.rank
-    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    state = compcoll.ddp.BirderState(ranks_per_node=1, seed=5, min_compress_numel=211500)
+    model = DDP(OddModel() if odd else make_model(), bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.BirderState(ranks_per_node=1, seed=5, min_compress_numel=ODD_COMPRESS_NUMEL if odd else 211500)
     records: dict[int, tuple] = {}
     model.register_comm_hook(state, recording(compcoll.ddp.birder_hook, records))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -342,10 +372,13 @@ def birder_matches_reference(comm: compcoll.Communicator, steps: int) -> None:
         step(model, opt, rank, i)
         everyone = gather({k: (c, b.numpy()) for k, (c, b, _, _) in records.items()})
         for index, (compressed, _, out, calls) in records.items():
+            xs = [r[index][1] for r in everyone]
             if compressed:
-                outs, _ = reference.hierarchical_allreduce([r[index][1] for r in everyone], 1, 5, calls)
+                outs, _ = reference.hierarchical_allreduce([x.astype(np.float32) for x in xs], 1, 5, calls)
                 compressed_calls += 1
-                assert torch.equal(out, torch.from_numpy(outs[rank])), f"bucket {index} step {i}"
+                assert torch.equal(out, torch.from_numpy(outs[rank]).to(out.dtype)), f"bucket {index} step {i}"
+            else:
+                assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
         assert_replicas_equal(model)
     assert compressed_calls == state.calls > 0
 

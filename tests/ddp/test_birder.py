@@ -10,3 +10,9 @@ from tests.ddp.test_onebit import on
 @pytest.mark.parametrize("backend, world_size", [("threads", 1), ("threads", 2), ("threads", 4), ("gloo", 4)])
 def test_buckets_match_the_reference(backend: str, world_size: int) -> None:
     on(backend, "birder_matches_reference", world_size, 3)
+
+
+def test_float64_complex_and_sparse_buckets_match_the_reference() -> None:
+    """``OddModel``: a float64 bucket compressed through float32, a complex64 weight's, and a sparse gradient's bucket
+    by DDP's own allreduce (on Gloo, as the 1-bit hook's test), all ranks' parameters the same bits."""
+    on("gloo", "birder_matches_reference", 3, 3, True)

@@ -41,6 +41,13 @@ def test_block_scales_match_the_reference(backend: str, world_size: int, protoco
     on(backend, "onebit_matches_reference", world_size, 4, protocol, "l2", "auto", 1, 64)
 
 
+def test_float64_complex_and_sparse_buckets_match_the_reference() -> None:
+    """``OddModel``: a float64 bucket compressed through float32 (the reference on its float32 copy), a complex64
+    weight's bucket (float32 pairs), and a sparse gradient's bucket by DDP's own allreduce (on Gloo: torch's threaded
+    group answers a sparse allreduce with the rank's own tensor)."""
+    on("gloo", "onebit_matches_reference", 3, 4, "gather_scatter", "l2", "auto", 1, 64, "cpu", False, True)
+
+
 def test_hierarchical_form_matches_the_reference() -> None:
     run(f"{WORKERS}:onebit_matches_reference", 4, "gloo", args=(4, "allgather", "l2", 2))
 

@@ -100,6 +100,7 @@ CASES = {
                                                           "micro": 2, "bits": 2},
     "float16 reduce (SUM, pre- and post-divided), float32 errors": {"op": "sum", "mp": (None, torch.float16),
                                                                     "error_dtype": torch.float32, "bits": 8},
+    "float64 reduce (SUM), through float32": {"op": "sum", "mp": (None, torch.float64), "dtype": "torch.float64"},
 }
 
 
@@ -128,6 +129,8 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int) -> None:
         assert len(log) == 3 * steps, f"{len(log)} reduce-scatters for {steps} steps of 3 units ({where})"
         ops = {entry[3][0] for entry in log}
         assert ops == {case["op"]}, f"FSDP's reduce-scatters came as {ops} ({where})"
+        dtypes = {entry[2] for entry in log}
+        assert "dtype" not in case or dtypes == {case["dtype"]}, f"FSDP's gradients came as {dtypes} ({where})"
         logs = [None] * n
         dist.all_gather_object(logs, log)
         _replay(log, logs, state, rank, where)

@@ -155,6 +155,7 @@ class FlatParams:
                              f"flat buffer holds them); " + (
                                  "parameters join through add_param_group, not by assigning param_groups (as "
                                  "Lightning's BaseFinetuning does when it resumes)" if more else
+                                 SHARDED_SINCE if any(_is_dtensor(p) for p in params) else
                                  "build a new optimizer for the new parameters"))
         trained = set(self.trained)
         for index, p in enumerate(params):
@@ -228,6 +229,13 @@ class FlatParams:
                          if p.dtype == torch.float32]
         self._grad_views = [self.grad[seg.start:seg.stop].view_as(p)
                             for p, seg in zip(self.trained_params, self.segments)]
+
+
+SHARDED_SINCE = ("they are DTensors now: FSDP2 or tensor parallelism sharded the model after the optimizer was built "
+                 "(Accelerate's prepare does under FSDP2, switching the optimizer's parameters to the shards); "
+                 "compcoll's optimizers average whole local gradients themselves, so they take unsharded parameters: "
+                 "under FSDP2 use AdamW with compcoll.fsdp.compress (docs/guides/fsdp.md)")
+"""Why an optimizer's parameters changed, where the new ones are DTensors."""
 
 
 def _mark(p: torch.Tensor) -> tuple[int, int, bool]:

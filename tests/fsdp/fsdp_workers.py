@@ -302,7 +302,9 @@ def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
 
 def optimizers_refuse_sharded_parameters(comm: compcoll.Communicator) -> None:
     """compcoll's optimizers over FSDP2's DTensor parameters: a ValueError naming DTensor and the way to go, on every
-    rank, at construction (torch's own error came at the first step, naming neither)."""
+    rank, at construction (torch's own error came at the first step, naming neither); and at the first step where
+    the model was sharded after the optimizer was built and its parameter groups switched to the shards, as
+    Accelerate's ``prepare`` does under FSDP2 (``fsdp2_switch_optimizer_parameters``)."""
     from compcoll.optim import Birder, OneBitAdam
 
     for cls in (OneBitAdam, Birder):
@@ -312,6 +314,21 @@ def optimizers_refuse_sharded_parameters(comm: compcoll.Communicator) -> None:
             assert "is a DTensor" in str(exc) and "compcoll.fsdp.compress" in str(exc), exc
         else:
             raise AssertionError(f"{cls.__name__} took sharded parameters")
+    with seeded(0):
+        net = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.ReLU(), torch.nn.Linear(29, 3))
+    opt = OneBitAdam(net.parameters(), lr=1e-2, comm=comm)
+    names = {p: name for name, p in net.named_parameters()}
+    fully_shard(net)
+    shards = dict(net.named_parameters())
+    for group in opt.param_groups:
+        group["params"] = [shards[names[p]] for p in group["params"]]
+    loss_of(net, 0, comm.rank).backward()
+    try:
+        opt.step()
+    except ValueError as exc:
+        assert "they are DTensors now" in str(exc) and "compcoll.fsdp.compress" in str(exc), exc
+    else:
+        raise AssertionError("OneBitAdam stepped parameters switched to FSDP2's shards")
 
 
 def states_refuse_different_start_steps(comm: compcoll.Communicator) -> None:

@@ -16,10 +16,11 @@ ARRAY_ARGUMENTS = ("tensor", "worker_error", "server_error", "out")
 
 
 def accepts_arrays(function: F) -> F:
-    """Let an allreduce take numpy / cupy arrays where it takes tensors, and return the caller's type.
+    """Let an allreduce (or reduce-scatter) take numpy / cupy arrays where it takes tensors, and return the caller's
+    type.
 
-    1. If ``tensor`` (the first parameter) is a torch tensor, call ``function`` unchanged
-       (no argument binding: this is every tensor call's path).
+    1. If ``tensor`` (the first parameter, or the first after a method's ``self``) is a torch
+       tensor, call ``function`` unchanged (no argument binding: every tensor call's path).
     2. Otherwise view ``tensor`` and any of ``worker_error``, ``server_error`` and ``out``
        that are not tensors through ``torch.from_dlpack`` (no copy; on CUDA, torch's
        stream waits for the producer's). An argument that cannot be viewed (or one the
@@ -33,12 +34,14 @@ def accepts_arrays(function: F) -> F:
        arrays are updated in place, as tensors are.
     """
     signature = inspect.signature(function)
-    if next(iter(signature.parameters)) != "tensor":
-        raise TypeError(f"accepts_arrays: {function.__name__}'s first parameter must be 'tensor'")
+    names = list(signature.parameters)
+    position = 1 if names[:1] == ["self"] else 0
+    if names[position:position + 1] != ["tensor"]:
+        raise TypeError(f"accepts_arrays: {function.__name__}'s first parameter (after self) must be 'tensor'")
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if isinstance(args[0] if args else kwargs.get("tensor"), torch.Tensor):
+        if isinstance(args[position] if len(args) > position else kwargs.get("tensor"), torch.Tensor):
             return function(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         source = bound.arguments["tensor"]
@@ -58,11 +61,21 @@ def accepts_arrays(function: F) -> F:
 def _view(array: Any, written: bool) -> Any:
     """A torch view of ``array`` through DLPack, or ``array`` itself when it has none to give.
 
-    An array the call writes (``written``) that says it is read-only (numpy's
-    ``flags.writeable``) is not viewed: torch would write through DLPack regardless.
+    1. An array the call writes (``written``) that says it is read-only (numpy's
+       ``flags.writeable``) is not viewed: torch would write through DLPack regardless.
+    2. An array with a negative stride (``a[::-1]``) is not viewed either: torch's
+       ``from_dlpack`` aborts the process on one (torch 2.13: "Storage size calculation
+       overflowed", thrown where nothing catches it). The input, which the call only reads,
+       is viewed through a contiguous copy of its library's (``ascontiguousarray``, as a
+       non-contiguous torch tensor is copied); an array the call writes is refused.
     """
     if written and not getattr(getattr(array, "flags", None), "writeable", True):
         return array
+    if any(stride < 0 for stride in getattr(array, "strides", None) or ()):
+        library = sys.modules.get(type(array).__module__.split(".")[0])
+        if written or not hasattr(library, "ascontiguousarray"):
+            return array
+        array = library.ascontiguousarray(array)
     try:
         return torch.from_dlpack(array)
     except (AttributeError, BufferError, RuntimeError, TypeError, ValueError):

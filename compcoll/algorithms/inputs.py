@@ -8,13 +8,23 @@ from .. import codecs
 from ..spec import PROTOCOLS, SCALES, check_bits
 
 
+def unviewed(value: object) -> str:
+    """What an argument that is no tensor is, for an error: its type, and for an array that exports DLPack, why torch
+    could not view it (``arrays.accepts_arrays``)."""
+    kind = f"{type(value).__module__}.{type(value).__name__}"
+    if not hasattr(value, "__dlpack__"):
+        return kind
+    return (f"a {kind} that torch.from_dlpack cannot view (read-only where the call writes it, a negative stride where "
+            f"it writes it, or a dtype or device torch does not take)")
+
+
 def check_tensor(what: str, tensor: torch.Tensor, out: torch.Tensor | None, carries_meta: bool) -> None:
     """The input is a supported torch tensor on a device with kernels (meta where the communicator ``carries_meta``),
     and ``out`` fits it."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(
             f"{what}: tensor must be a torch.Tensor or an array that exports DLPack (numpy, cupy), got "
-            f"{type(tensor).__module__}.{type(tensor).__name__}"
+            f"{unviewed(tensor)}"
         )
     if tensor.dtype not in codecs.SUPPORTED_DTYPES:
         raise TypeError(f"{what}: tensor dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16")
@@ -36,7 +46,7 @@ def check_error_buffer(what: str, name: str, buf: torch.Tensor, tensor: torch.Te
     """An error-feedback buffer is a contiguous 1-D float32 tensor on the input's device."""
     if not isinstance(buf, torch.Tensor):
         raise TypeError(f"{what}: {name} must be a torch.Tensor or a writable array that exports DLPack (numpy, "
-                        f"cupy), got {type(buf).__module__}.{type(buf).__name__}")
+                        f"cupy), got {unviewed(buf)}")
     if buf.dtype != torch.float32:
         raise TypeError(f"{what}: {name} must be float32, got {buf.dtype}")
     if buf.device != tensor.device:

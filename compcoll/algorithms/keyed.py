@@ -10,6 +10,7 @@ from ..comm import Communicator, communicator
 from ..comm.work import Work
 from ..eager import eager
 from ..spec import check_bits, check_block_size
+from .arrays import accepts_arrays
 from .inputs import check_disjoint, check_levels, check_protocol, check_scale, check_tensor
 from .launch import settle_device
 from .onebit import FlatPlan
@@ -78,6 +79,7 @@ class CompressedAllreduce:
         return plan
 
     @eager
+    @accepts_arrays
     def __call__(
         self, tensor: torch.Tensor, key: Hashable = "default", *, out: torch.Tensor | None = None,
         async_op: bool = False

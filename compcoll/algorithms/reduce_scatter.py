@@ -13,6 +13,7 @@ from ..eager import eager
 from ..spec import LEVEL_BITS, SCALE_BYTES, SCALES, check_bits, check_block_size
 from ..workspace import Workspace
 from .agreement import Agreement, Option, Step
+from .arrays import accepts_arrays
 from .inputs import check_disjoint, check_error_buffer, check_length, check_scale
 from .plan import Plan, cached_plan
 from .rounds import checked
@@ -29,6 +30,7 @@ def row_elements(numel: int, n: int) -> int:
 
 
 @eager
+@accepts_arrays
 def compressed_reduce_scatter(
     tensor: torch.Tensor,
     out: torch.Tensor,

@@ -18,6 +18,11 @@ def test_numpy_arrays_match_the_reference(backend: str, world_size: int) -> None
     run(f"{WORKERS}:numpy_arrays", world_size, backend, args=(3,))
 
 
+@pytest.mark.parametrize("backend, world_size", worlds((1, 3), gloo=2))
+def test_keyed_allreduce_and_reduce_scatter_take_numpy_arrays(backend: str, world_size: int) -> None:
+    run(f"{WORKERS}:keyed_and_scattered", world_size, backend, args=(4,))
+
+
 def test_results_view_the_tensor_they_come_from() -> None:
     tensor = torch.arange(5, dtype=torch.float32)
     array = to_library(tensor, np)

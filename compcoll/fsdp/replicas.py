@@ -84,6 +84,8 @@ class ReplicaState:
            average over the replicas; times their number when ``summed`` (FSDP sums across replicas once a
            unit has its own divide factor).
         3. NaN / Inf on any replica: every rank's shard is NaN, and no error buffer changes.
+        A float64 shard (float64 parameters or ``reduce_dtype``) goes through a float32 copy, as
+        ``ReduceScatterState``'s float64 gradients.
         """
         step = self.steps.get(key, 0)
         self.steps[key] = step + 1
@@ -91,11 +93,14 @@ class ReplicaState:
         if step < self.start_step:
             dist.all_reduce(shard, group=self.process_group)
         else:
+            piece = shard.float() if shard.dtype == torch.float64 else shard
             try:
-                self.allreduce(shard, key=key, out=shard)
+                self.allreduce(piece, key=key, out=piece)
             except NonFiniteError:
                 shard.fill_(float("nan"))
                 return
+            if piece is not shard:
+                shard.copy_(piece)
         if (step < self.start_step) != summed:
             shard.mul_(replicas) if summed else shard.div_(replicas)
 

@@ -226,6 +226,39 @@ def training(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     assert len(late.errors) == 3, "start_step=2: the third step did not compress"
 
 
+def _replicas_match_the_reference(net: torch.nn.Module, opt: torch.optim.Optimizer, state: ReplicaState,
+                                  group: dist.ProcessGroup, steps: int, rank: int,
+                                  dtype: torch.dtype = torch.float32) -> None:
+    """``steps`` steps of ``net`` under ``state``'s hook: each call's output equals the reference compressed allreduce
+    of both replicas' shards (of ``dtype``; a float64 one through its float32 copy), with error buffers across steps;
+    the replicas of a shard end with the same bits."""
+    log: list = []
+    for key, unit in enumerate(fsdp_units(net)):
+        def recorded(shard: torch.Tensor, key: int = key) -> None:
+            given = shard.clone().numpy()
+            state.all_reduce(key, shard)
+            log.append((key, given, shard.clone().numpy()))
+        unit.set_all_reduce_hook(recorded)
+    _train(net, opt, range(steps), rank)
+    assert {entry[1].dtype for entry in log} == {torch.empty(0, dtype=dtype).numpy().dtype}, "shards' dtype"
+    logs = [None, None]
+    dist.all_gather_object(logs, log, group=group)
+    mine = dist.get_rank(group)
+    errors: dict[int, tuple[list, list]] = {}
+    for i, (key, _, out) in enumerate(log):
+        inputs = [logs[r][i][1].astype(np.float32) for r in range(2)]
+        numel = inputs[0].size
+        full = compcoll.padded_numel(numel, 2)
+        we, se = errors.get(key, ([np.zeros(full, np.float32)] * 2, [np.zeros(full // 2, np.float32)] * 2))
+        outs, we, se, _ = reference.compressed_allreduce(inputs, we, se, "gather_scatter", "l2", block_size=64,
+                                                         bits=state.allreduce.bits)
+        errors[key] = (we, se)
+        assert np.array_equal(out, outs[mine].astype(out.dtype)), f"hook call {i} (unit {key}, {dtype}) differs"
+    shards = [None, None]
+    dist.all_gather_object(shards, digest(net), group=group)
+    assert shards[0] == shards[1], f"the replicas of a shard differ ({dtype})"
+
+
 def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     """HSDP by hand on 2 x 2 ranks: FSDP inside each pair, ``compress(model, replicas=...)`` across them. Each
     hook's output equals the reference compressed allreduce of both replicas' shards, with error buffers across
@@ -245,30 +278,11 @@ def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
 
     net, opt, state = build()
     assert isinstance(state, ReplicaState)
-    log: list = []
-    for key, unit in enumerate(fsdp_units(net)):
-        def recorded(shard: torch.Tensor, key: int = key) -> None:
-            given = shard.clone().numpy()
-            state.all_reduce(key, shard)
-            log.append((key, given, shard.clone().numpy()))
-        unit.set_all_reduce_hook(recorded)
-    _train(net, opt, range(steps), rank)
-    logs = [None, None]
-    dist.all_gather_object(logs, log, group=group)
-    mine = dist.get_rank(group)
-    errors: dict[int, tuple[list, list]] = {}
-    for i, (key, _, out) in enumerate(log):
-        inputs = [logs[r][i][1] for r in range(2)]
-        numel = inputs[0].size
-        full = compcoll.padded_numel(numel, 2)
-        we, se = errors.get(key, ([np.zeros(full, np.float32)] * 2, [np.zeros(full // 2, np.float32)] * 2))
-        outs, we, se, _ = reference.compressed_allreduce(inputs, we, se, "gather_scatter", "l2", block_size=64,
-                                                         bits=state.allreduce.bits)
-        errors[key] = (we, se)
-        assert np.array_equal(out, outs[mine]), f"hook call {i} (unit {key}) differs from the reference"
+    _replicas_match_the_reference(net, opt, state, group, steps, rank)
+    net = model(mesh=mesh["shard"], mp=MixedPrecisionPolicy(None, torch.float64))
+    _replicas_match_the_reference(net, torch.optim.AdamW(net.parameters(), lr=1e-2),
+                                  compcoll.fsdp.compress(net, replicas=group), group, 2, rank, torch.float64)
     shards = [None, None]
-    dist.all_gather_object(shards, digest(net), group=group)
-    assert shards[0] == shards[1], "the replicas of a shard differ"
 
     net, opt, state = build()
     _train(net, opt, range(2), rank)

@@ -50,12 +50,18 @@ def accepts_arrays(function: F) -> F:
             if value is not None and not isinstance(value, torch.Tensor):
                 bound.arguments[name] = _view(value, written=name != "tensor")
         result = function(*bound.args, **bound.kwargs)
-        library = sys.modules.get(type(source).__module__.split(".")[0])
+        library = _library(source)
         if isinstance(result, Work):
             return ArrayWork(result, library)
         return to_library(result, library)
 
     return call  # type: ignore[return-value]
+
+
+def _library(array: Any) -> Any:
+    """The module of ``array``'s library (numpy, cupy: the top package of its type), or None where it is not
+    imported."""
+    return sys.modules.get(type(array).__module__.split(".")[0])
 
 
 def _view(array: Any, written: bool) -> Any:
@@ -72,7 +78,7 @@ def _view(array: Any, written: bool) -> Any:
     if written and not getattr(getattr(array, "flags", None), "writeable", True):
         return array
     if any(stride < 0 for stride in getattr(array, "strides", None) or ()):
-        library = sys.modules.get(type(array).__module__.split(".")[0])
+        library = _library(array)
         if written or not hasattr(library, "ascontiguousarray"):
             return array
         array = library.ascontiguousarray(array)

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Callable, Iterator, Sequence
 
-from .comm import TORCH_BACKEND_ENV, Communicator
+from .comm import TORCH_BACKEND_ENV, Communicator, LocalComm, local_world
 from .processes import STACKS_SIGNAL, descendants, end_processes, print_stacks
 
 BACKENDS = ("mpi", "gloo")
@@ -219,6 +219,8 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
        (docs/architecture.md, "Layers").
     3. A rank whose target raises ends the world (``LocalComm.abort``), as a failed MPI rank
        ends its job: the others' collectives raise at once instead of waiting out ``timeout``.
+       A rank whose target returns leaves it (``LocalComm.leave``): a collective that waits
+       for it raises ``RankMismatchError`` at once, and so ends the world.
     4. Wait up to ``timeout`` seconds for them all.
     5. Raise ``WorkerFailure`` naming each failed rank with its traceback, or the ranks
        still running past the timeout with where each one is (their threads are left to end
@@ -227,8 +229,6 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
     must draw from generators of its own, or build under ``seeded``, to give the bits of
     real ranks.
     """
-    from .comm.local import local_world
-
     if callable(target):
         function = target
     else:
@@ -243,11 +243,12 @@ def run_threads(target: str | Callable[..., None], world_size: int, *, args: tup
 
         start_cpu_threads()
 
-    def rank(comm: Communicator) -> None:
+    def rank(comm: LocalComm) -> None:
         try:
             if cpus:
                 os.sched_setaffinity(0, cpus)
             function(comm, *arguments)
+            comm.leave()
         except BaseException as exc:
             failures[comm.rank] = traceback.format_exc()
             first_line = "".join(str(exc).splitlines()[:1])

@@ -34,17 +34,21 @@ class Fabric:
     calls out of step (one rank's all-to-all meeting another's allgather, say) raise
     ``RankMismatchError`` naming both on every rank of the board, where MPI or Gloo could
     move the bytes or wait. ``end`` ends the world and every sub-world split from it, as
-    MPI_Abort ends a job.
+    MPI_Abort ends a job. ``leave`` records a rank that will issue no more collectives (its
+    function returned): a board that still waits for it raises ``RankMismatchError`` on the
+    ranks there, where MPI or Gloo would wait out the timeout.
     """
 
-    def __init__(self, size: int, root: "Fabric | None" = None) -> None:
-        self.size = size
+    def __init__(self, members: list[int], root: "Fabric | None" = None) -> None:
+        self.size = len(members)
+        self.members = members
         self.root = root or self
         self.lock = threading.Lock()
-        self.arrived = [threading.Condition(self.lock) for _ in range(size)]
+        self.arrived = [threading.Condition(self.lock) for _ in range(self.size)]
         self.boards: dict[int, Board] = {}
         self.children: dict[tuple, Fabric] = {}
         self.ended: str | None = None
+        self.left: set[int] = set()
 
     def join(self, call: int, rank: int, what: str, tensor: torch.Tensor | None, part: torch.Tensor | None,
              build: Callable[[list], object], deliver: Callable[[object], object]) -> "Board":
@@ -85,22 +89,40 @@ class Fabric:
     def end(self, reason: str) -> None:
         """End this world and its sub-worlds: each collective waiting in one, or started later, raises
         ``CommunicatorBroken`` naming ``reason`` (the first reason given stays)."""
+        def mark(fabric: Fabric) -> None:
+            if fabric.ended is None:
+                fabric.ended = reason
+
+        self._wake(mark)
+
+    def leave(self, rank: int) -> None:
+        """Record that rank ``rank`` of the whole world (``members`` numbers a sub-world's ranks so) issues no more
+        collectives, and wake every rank of this world and its sub-worlds to look again at what it waits for."""
+        self.root._wake(lambda fabric: fabric.left.add(rank))
+
+    def _wake(self, change: Callable[["Fabric"], None]) -> None:
+        """Apply ``change`` to this fabric and each sub-world's, each under its own lock, waking its ranks there."""
         with self.lock:
-            if self.ended is None:
-                self.ended = reason
+            change(self)
             for arrived in self.arrived:
                 arrived.notify_all()
             children = list(self.children.values())
         for child in children:
-            child.end(reason)
+            child._wake(change)
 
-    def child(self, key: tuple, size: int) -> "Fabric":
-        """The fabric of a sub-world, the same object for every member that asks with ``key``."""
+    def absent(self, board: "Board") -> list[int]:
+        """The ranks (of this fabric) that have not joined ``board`` and never will: their function returned."""
+        return [rank for rank, call in enumerate(board.calls) if call is None and self.members[rank] in self.left]
+
+    def child(self, key: tuple, members: list[int]) -> "Fabric":
+        """The fabric of a sub-world of these ``members`` (this fabric's ranks), the same object for every member
+        that asks with ``key``."""
         with self.lock:
             found = self.children.get(key)
             if found is None:
-                found = self.children[key] = Fabric(size, self.root)
+                found = self.children[key] = Fabric([self.members[m] for m in members], self.root)
                 found.ended = self.ended
+                found.left = set(self.left)
             return found
 
 
@@ -131,8 +153,9 @@ class LocalComm(Communicator):
     and Gloo move, so every compcoll call gives their bits; allreduce sums the ranks' tensors
     in rank order (once, by the last rank to arrive, for all). Byte
     counts, ``wait_seconds``, ``split`` and timeouts (a rank that never arrives raises
-    ``CollectiveTimeout`` on the others, naming it) work as on the real transports. Two things fail
-    sooner than there: calls out of step, and a rank that failed once its world is ended (``abort``).
+    ``CollectiveTimeout`` on the others, naming it) work as on the real transports. Three things fail
+    sooner than there: calls out of step, a rank that failed once its world is ended (``abort``), and a call
+    that waits for a rank that returned (``leave``).
     Its collectives take meta tensors too (``carries_meta``), so a world of meta tensors counts the CUDA path's
     launches at any number of ranks.
     """
@@ -182,11 +205,24 @@ class LocalComm(Communicator):
         ``reason`` instead of waiting out its timeout. ``launcher.run_threads`` calls it when a rank fails."""
         self.fabric.root.end(reason)
 
+    def leave(self) -> None:
+        """Say that this rank issues no more collectives (its function has returned, as a rank calls
+        MPI_Finalize): once this rank's calls queued before have run, each collective that waits for it, now or
+        later, on the world or a communicator split from it, raises ``RankMismatchError`` on the ranks there,
+        naming it, instead of waiting out its timeout. ``launcher.run_threads`` calls it when a rank returns.
+
+        1. Run a call that does nothing in this rank's turn (``Ordering.run``): every collective
+           this rank issued, asynchronous ones too, has joined its board then.
+        2. Record the rank as left on the world's fabric and wake every waiting rank.
+        """
+        self._ordering.run(lambda: None, "leave")
+        self.fabric.leave(self.fabric.members[self.rank])
+
     def _split(self, color: int, groups: dict[int, list[int]]) -> "LocalComm":
         """Every member of a color gets the same child fabric, keyed by this world's split count and the color."""
         self._splits += 1
         members = groups[color]
-        fabric = self.fabric.child((self._splits, color), len(members))
+        fabric = self.fabric.child((self._splits, color), members)
         return LocalComm(fabric, members.index(self.rank), self.timeout)
 
 
@@ -231,7 +267,15 @@ class BoardWork(FabricWork):
     def _arrived(self) -> bool:
         if self._board.error is not None:
             raise RankMismatchError(self._board.error)
-        return self._board.missing == 0
+        if self._board.missing == 0:
+            return True
+        gone = self._fabric.absent(self._board)
+        if gone:
+            raise RankMismatchError(
+                f"in-process world: rank(s) {', '.join(map(str, gone))} of {self._comm.size} returned from their "
+                f"function without calling the {self._what} that rank {self._comm.rank} waits in: the ranks' calls "
+                "are out of step")
+        return False
 
     def _absent(self) -> list[int] | None:
         with self._fabric.lock:
@@ -250,5 +294,5 @@ def local_world(size: int, timeout: float | None = None) -> list[LocalComm]:
     """``size`` communicators of one in-process world, rank r's at index r; give each to its own thread."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"local_world needs a positive number of ranks, got {size!r}")
-    fabric = Fabric(size)
+    fabric = Fabric(list(range(size)))
     return [LocalComm(fabric, rank, timeout) for rank in range(size)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import torch
@@ -44,9 +45,11 @@ def digest(comm: compcoll.Communicator, directory: str, transport: str) -> None:
 
 
 def a_rank_that_never_arrives(comm: compcoll.Communicator) -> None:
-    """The last rank never calls: the others raise CollectiveTimeout naming it, then CommunicatorBroken."""
+    """The last rank never calls (it waits, without returning, until the others are done): they raise
+    CollectiveTimeout naming it, then CommunicatorBroken."""
     comm.timeout = 1.0
     if comm.rank == comm.size - 1:
+        _wait_for_the_others(comm)
         return
     x = torch.randn(100, generator=torch.Generator().manual_seed(comm.rank))
     full = compcoll.padded_numel(100, comm.size)
@@ -63,6 +66,59 @@ def a_rank_that_never_arrives(comm: compcoll.Communicator) -> None:
         pass
     else:
         raise AssertionError("the communicator still worked after a timeout")
+    finally:
+        _DONE.release()
+
+
+_DONE = threading.Semaphore(0)
+
+
+def _wait_for_the_others(comm: compcoll.Communicator) -> None:
+    """Block until every other rank of this world has released ``_DONE`` once (the world's ranks are this process's
+    threads)."""
+    for _ in range(comm.size - 1):
+        if not _DONE.acquire(timeout=120):
+            raise AssertionError("the other ranks did not end within 120 s")
+
+
+def a_rank_that_returns_early(comm: compcoll.Communicator) -> None:
+    """Four ranks split in halves {0, 1} and {2, 3}; rank 3 starts an allgather of the world and returns without
+    waiting for it.
+
+    That allgather still completes on every rank (its part was issued before it left); the half {0, 1}, which rank 3
+    is not in, goes on; rank 2's allgather of its half, and then its barrier of the world, raise RankMismatchError
+    naming rank 3 (rank 1 of its half) at once, where they would raise CollectiveTimeout after 30 s.
+    """
+    comm.timeout = 30.0
+    half = comm.split(comm.rank // 2)
+    mine = torch.full((2,), float(comm.rank))
+    every = torch.arange(comm.size, dtype=torch.float32).repeat_interleave(2)
+    gathered = torch.zeros(2 * comm.size)
+    if comm.rank == 3:
+        comm.allgather(mine, gathered, async_op=True)
+        return
+    comm.allgather(mine, gathered)
+    assert torch.equal(gathered, every), gathered
+    halves = torch.zeros(2 * half.size)
+    if comm.rank < 2:
+        half.allgather(mine, halves)
+        assert torch.equal(halves, every[:4]), halves
+        return
+    try:
+        half.allgather(mine, halves)
+    except compcoll.RankMismatchError as exc:
+        expected = ("rank(s) 1 of 2 returned from their function without calling the allgather that rank 0 waits "
+                    "in: the ranks' calls are out of step")
+        assert str(exc) == f"in-process world: {expected}", exc
+    else:
+        raise AssertionError("an allgather completed without rank 3")
+    try:
+        comm.barrier()
+    except compcoll.RankMismatchError as exc:
+        assert "without calling the barrier that rank 2 waits in" in str(exc), exc
+        assert "3" in str(exc).split(" of 4 returned")[0], exc
+    else:
+        raise AssertionError("a barrier completed without rank 3")
 
 
 def one_rank_fails(comm: compcoll.Communicator) -> None:

@@ -55,6 +55,12 @@ def test_a_rank_that_never_arrives_times_out_the_others() -> None:
     run("tests.comm.local_workers:a_rank_that_never_arrives", 3, "threads", timeout=60)
 
 
+def test_a_rank_that_returns_early_fails_the_calls_that_wait_for_it_at_once() -> None:
+    """As a rank that leaves an MPI job before a collective: the ranks that wait for it raise ``RankMismatchError``
+    naming it, where MPI and Gloo would wait out the timeout; what it issued before it left completes."""
+    run("tests.comm.local_workers:a_rank_that_returns_early", 4, "threads", timeout=600)
+
+
 def test_a_rank_that_fails_ends_the_world_and_the_others_raise_at_once() -> None:
     """As a failed MPI rank ends its job: the other ranks, waiting in a communicator split from the world, raise
     ``CommunicatorBroken`` naming the failed rank and its error, where they would wait out the timeout."""

@@ -82,11 +82,11 @@ def _wait_for_the_others(comm: compcoll.Communicator) -> None:
 
 
 def a_rank_that_returns_early(comm: compcoll.Communicator) -> None:
-    """Four ranks split in halves {0, 1} and {2, 3}; rank 3 starts an allgather of the world and returns without
-    waiting for it.
+    """Four ranks split in halves {0, 1} and {2, 3}; rank 3 starts a ``compressed_allreduce`` and an allgather of
+    the world and returns without waiting for them.
 
-    That allgather still completes on every rank (its part was issued before it left); the half {0, 1}, which rank 3
-    is not in, goes on; rank 2's allgather of its half, and then its barrier of the world, raise RankMismatchError
+    Both still complete on every rank (the allgather queued behind the allreduce's collectives, all issued before
+    rank 3 counts as left); the half {0, 1}, which rank 3 is not in, goes on; rank 2's allgather of its half, and then its barrier of the world, raise RankMismatchError
     naming rank 3 (rank 1 of its half) at once, where they would raise CollectiveTimeout after 30 s.
     """
     comm.timeout = 30.0
@@ -94,9 +94,14 @@ def a_rank_that_returns_early(comm: compcoll.Communicator) -> None:
     mine = torch.full((2,), float(comm.rank))
     every = torch.arange(comm.size, dtype=torch.float32).repeat_interleave(2)
     gathered = torch.zeros(2 * comm.size)
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(comm.rank))
+    full = compcoll.padded_numel(x.numel(), comm.size)
+    errors = torch.zeros(full), torch.zeros(full // comm.size)
     if comm.rank == 3:
+        compcoll.compressed_allreduce(x, *errors, comm, async_op=True)
         comm.allgather(mine, gathered, async_op=True)
         return
+    compcoll.compressed_allreduce(x, *errors, comm)
     comm.allgather(mine, gathered)
     assert torch.equal(gathered, every), gathered
     halves = torch.zeros(2 * half.size)

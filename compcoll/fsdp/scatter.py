@@ -19,7 +19,7 @@ from ..comm.torchdist import own_comm, process_group_of, reduce_scatter_single
 from ..errors import NonFiniteError
 from ..spec import check_bits, check_block_size
 from .replicas import ReplicaState
-from .units import check_replicas, check_start_step, fsdp_units, reduce_op, replicate_group, shard_group
+from .units import check_replicas, check_sharded, check_start_step, fsdp_units, reduce_op, replicate_group, shard_group
 
 try:
     from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
@@ -240,6 +240,8 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | DeviceMesh
        ranks of the shard group (it would average different parts of the parameters).
     3. Units an earlier call compressed take this call's state instead, with a warning: the
        earlier state no longer sees their gradients, and saving it would save stale buffers.
+    A model under FSDP2's ``replicate`` alone (no shard dimension) raises a ``ValueError``
+    that says how to compress it: FSDP2 all-reduces its gradients itself, in float.
     Call it on every rank at the same point, after ``fully_shard`` and before the first
     backward. Save ``state.state_dict()`` beside the model for an exact resume.
 
@@ -253,6 +255,7 @@ def compress(model: torch.nn.Module, *, replicas: dist.ProcessGroup | DeviceMesh
         The state.
     """
     units = fsdp_units(model)
+    check_sharded(units)
     again = sum(unit in _COMPRESSED for unit in units)
     if again:
         warnings.warn(f"compcoll.fsdp.compress: {again} of the model's {len(units)} FSDP units were compressed by an "

@@ -25,6 +25,29 @@ def fsdp_units(model: torch.nn.Module) -> list[FSDPModule]:
     return units
 
 
+def check_sharded(units: list[FSDPModule]) -> None:
+    """The units shard their parameters: not FSDP2's ``replicate`` alone (``torch.distributed._composable.
+    replicate_with_fsdp``, data parallelism through FSDP2), whose units have a replicate group and no shard group.
+
+    Raises:
+        ValueError: a unit replicated alone; it says how to compress such a model (FSDP2 all-reduces its gradients
+            itself, in float, and takes no custom all-reduce).
+    """
+    for unit in units:
+        for group in param_groups(unit):
+            info = group.mesh_info
+            replicas = getattr(info, "replicate_process_group", None)
+            if replicas is not None and getattr(info, "shard_process_group", None) is None:
+                raise ValueError(
+                    f"compcoll.fsdp.compress: the model is replicated by FSDP2's replicate() (no shard dimension), "
+                    f"which all-reduces each gradient across its {replicas.size()} replicas itself, in float, and "
+                    f"takes no custom all-reduce. To compress them, fully_shard over one rank and average across "
+                    f"the replicas with compcoll: mesh = init_device_mesh(device, (world_size, 1), "
+                    f"mesh_dim_names=('replicate', 'shard')); fully_shard(module, mesh=mesh['shard']) for each "
+                    f"unit; compcoll.fsdp.compress(model, replicas=mesh.get_group('replicate')). Or train under "
+                    f"DistributedDataParallel with compcoll.ddp.onebit_hook")
+
+
 def shard_group(units: list[FSDPModule]) -> dist.ProcessGroup:
     """The process group FSDP2 reduce-scatters the units' gradients over: each parameter group's shard group
     (private state, ``mesh_info.shard_process_group``), which is the dimension of the mesh ``fully_shard`` was

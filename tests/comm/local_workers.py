@@ -86,8 +86,9 @@ def a_rank_that_returns_early(comm: compcoll.Communicator) -> None:
     the world and returns without waiting for them.
 
     Both still complete on every rank (the allgather queued behind the allreduce's collectives, all issued before
-    rank 3 counts as left); the half {0, 1}, which rank 3 is not in, goes on; rank 2's allgather of its half, and then its barrier of the world, raise RankMismatchError
-    naming rank 3 (rank 1 of its half) at once, where they would raise CollectiveTimeout after 30 s.
+    rank 3 counts as left); the half {0, 1}, which rank 3 is not in, goes on; rank 2's allgather of its half, and
+    then its barrier of the world, raise RankMismatchError naming rank 3 (rank 1 of its half) at once, where they
+    would raise CollectiveTimeout after 30 s.
     """
     comm.timeout = 30.0
     half = comm.split(comm.rank // 2)

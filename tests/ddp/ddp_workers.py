@@ -111,18 +111,28 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
                              ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None,
-                             device: str = "cpu", small: bool = False, odd: bool = False) -> None:
+                             device: str = "cpu", small: bool = False, odd: bool = False,
+                             composable: bool = False) -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
     ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
     steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
     bits on every rank; the final error buffers equal the reference's. ``device="cuda"``: the model on this
     rank's GPU (NCCL). ``small``: ``make_model(small=True)`` in buckets of ``SMALL_BUCKET_MB``. ``odd``:
-    ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket is the float mean."""
+    ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket is the float mean.
+    ``composable``: DDP through torch's composable ``replicate`` (torch.distributed._composable.replicate, which
+    registers the hook on the DDP it builds at the first forward) instead of the ``DistributedDataParallel``
+    wrapper."""
     n, rank = comm.size, comm.rank
     on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
     net = OddModel() if odd else make_model(small)
-    model = DDP(net.to(on), bucket_cap_mb=SMALL_BUCKET_MB if small else BUCKET_MB,
-                device_ids=[on.index] if on.type == "cuda" else None)
+    options = {"bucket_cap_mb": SMALL_BUCKET_MB if small else BUCKET_MB,
+               "device_ids": [on.index] if on.type == "cuda" else None}
+    if composable:
+        from torch.distributed._composable.replicate import replicate
+
+        model = replicate(net.to(on), **options)
+    else:
+        model = DDP(net.to(on), **options)
     least = ODD_COMPRESS_NUMEL if odd else SMALL_COMPRESS_NUMEL if small else 211500
     state = compcoll.ddp.OneBitState(min_compress_numel=least, protocol=protocol, scale=scale,
                                      ranks_per_node=ranks_per_node, block_size=block_size)

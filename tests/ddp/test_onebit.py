@@ -48,6 +48,13 @@ def test_float64_complex_and_sparse_buckets_match_the_reference() -> None:
     on("gloo", "onebit_matches_reference", 3, 4, "gather_scatter", "l2", "auto", 1, 64, "cpu", False, True)
 
 
+def test_torchs_composable_replicate_takes_the_hook() -> None:
+    """DDP through ``torch.distributed._composable.replicate(model)`` (as torchtitan applies it): the hook given to
+    ``model.register_comm_hook`` reaches the DDP built at the first forward, and every bucket equals the reference."""
+    pytest.importorskip("torch.distributed._composable.replicate")
+    on("gloo", "onebit_matches_reference", 2, 4, "gather_scatter", "l2", "auto", 1, 64, "cpu", False, False, True)
+
+
 def test_hierarchical_form_matches_the_reference() -> None:
     run(f"{WORKERS}:onebit_matches_reference", 4, "gloo", args=(4, "allgather", "l2", 2))
 

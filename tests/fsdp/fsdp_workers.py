@@ -314,6 +314,29 @@ def replicas(comm: compcoll.Communicator, steps: int, folder: str) -> None:
     assert shards[0] == shards[1], "the replicas of a shard differ after plain steps"
 
 
+def replicated(comm: compcoll.Communicator, steps: int) -> None:
+    """FSDP2's ``replicate`` (data parallelism through FSDP2, which all-reduces every gradient itself, in float):
+    ``compress(model)`` and ``compress(model, replicas=...)`` raise one ValueError that says so and gives the form
+    that compresses (before: a warning about native HSDP, then "the units shard over 0 different groups of ranks").
+    That form, ``fully_shard`` over a mesh of one rank and ``replicas`` the mesh's replicate group, averages each
+    gradient across the ranks as the reference does, and the replicas end alike."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    with seeded(0):
+        net = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.ReLU(), torch.nn.Linear(29, 3))
+    replicate(net[0])
+    replicate(net)
+    for replicas in (None, dist.group.WORLD):
+        said = warned(lambda: _expect(ValueError, "the model is replicated by FSDP2's replicate()",
+                                      compcoll.fsdp.compress, net, replicas=replicas))
+        assert not said, said
+    mesh = init_device_mesh("cpu", (comm.size, 1), mesh_dim_names=("replicate", "shard"))
+    group = mesh.get_group("replicate")
+    net = model(mesh=mesh["shard"])
+    state = compcoll.fsdp.compress(net, replicas=group)
+    _replicas_match_the_reference(net, torch.optim.AdamW(net.parameters(), lr=1e-2), state, group, steps, comm.rank)
+
+
 def optimizers_refuse_sharded_parameters(comm: compcoll.Communicator) -> None:
     """compcoll's optimizers over FSDP2's DTensor parameters: a ValueError naming DTensor and the way to go, on every
     rank, at construction (torch's own error came at the first step, naming neither); and at the first step where

@@ -28,6 +28,11 @@ def test_replicas_form_on_two_by_two_ranks(tmp_path) -> None:
     run(f"{WORKERS}:replicas", 4, "gloo", args=(5, str(tmp_path)))
 
 
+def test_fsdps_replicate_is_refused_naming_the_form_that_compresses_it() -> None:
+    pytest.importorskip("torch.distributed._composable.replicate_with_fsdp")
+    run(f"{WORKERS}:replicated", 2, "gloo", args=(3,))
+
+
 def test_reduce_ops_read_as_each_torch_gives_them() -> None:
     run(f"{WORKERS}:reduce_ops_as_each_torch_gives_them", 2, "gloo")
 

@@ -264,8 +264,9 @@ def _checked(params: list[torch.Tensor], what: str) -> torch.device:
         if _is_dtensor(p):
             raise ValueError(
                 f"{what}: a parameter of shape {tuple(p.shape)} is a DTensor (sharded or replicated by FSDP2, or "
-                f"split by tensor parallelism); compcoll's optimizers average whole local gradients themselves, so they take "
-                f"unsharded parameters: under FSDP2 use AdamW with compcoll.fsdp.compress (docs/guides/fsdp.md)")
+                f"split by tensor parallelism); compcoll's optimizers average whole local gradients themselves, so "
+                f"they take unsharded parameters: under FSDP2 use AdamW with compcoll.fsdp.compress "
+                f"(docs/guides/fsdp.md)")
         if getattr(p, "_is_flat_param", False):
             raise ValueError(
                 f"{what}: a parameter of shape {tuple(p.shape)} is FSDP's FlatParameter (FullyShardedDataParallel "

@@ -288,6 +288,26 @@ def process_group_of(given: Any, what: str) -> dist.ProcessGroup | None:
                     f"None (the default group), got {given!r}")
 
 
+def group_ready(given: dist.ProcessGroup | None) -> bool:
+    """Whether a state given the process group ``given`` (``process_group_of``'s) can take it now: one was given, or
+    torch.distributed's default group exists. False before ``init_process_group``, where a framework builds the
+    state from its configuration (Lightning's ``DDPStrategy(ddp_comm_state=...)``, as for ``PowerSGDState``): the
+    state then takes the default group at its first use (``require_group`` where there is still none)."""
+    return given is not None or dist.is_initialized()
+
+
+def require_group(given: dist.ProcessGroup | None, what: str) -> None:
+    """Raise where a state built before ``init_process_group`` is first used while there is still no default group.
+
+    Raises:
+        ValueError: naming ``what`` and the order that works.
+    """
+    if not group_ready(given):
+        raise ValueError(f"{what}: torch.distributed is not initialized; a state built before init_process_group "
+                         f"takes the default group at its first use (the hook's first bucket, state_dict or "
+                         f"load_state_dict), which must come after init_process_group")
+
+
 def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:
     """A TorchComm on a new group of the same ranks and backend as ``process_group`` (None: the default group).
 

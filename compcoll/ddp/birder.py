@@ -10,7 +10,7 @@ from ..algorithms.agreement import agree_settings
 from ..algorithms.birder import hierarchical_allreduce
 from ..algorithms.replicas import Replicas
 from ..comm.topology import topology
-from ..comm.torchdist import own_comm, process_group_of
+from ..comm.torchdist import TorchComm, group_ready, own_comm, process_group_of, require_group
 from .buckets import DDP_REMEDY, Schedule, check_bucket, in_float32, plain_allreduce, settle
 from .onebit import MIN_COMPRESS_NUMEL
 
@@ -20,7 +20,8 @@ class BirderState:
 
     Birder's compression is unbiased (binary randomization) and keeps no error buffers, so
     it may start at the first iteration. Build it on every rank at the same point: it makes a
-    process group and the node groups (on the caller's thread, as ``OneBitState`` does).
+    process group and the node groups (on the caller's thread, as ``OneBitState`` does), or,
+    built before ``init_process_group``, at the hook's first bucket (``bind``).
 
     Args:
         process_group: the ranks DDP averages over (a process group or a 1-D DeviceMesh); None means the
@@ -50,11 +51,28 @@ class BirderState:
         self.seed = seed
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
-        self.comm = own_comm(process_group, timeout)
-        agree_settings(self.comm, "BirderState", {**self.schedule.settings(), "seeds": seed})
-        topology(self.comm, ranks_per_node)
+        self.comm: TorchComm | None = None
         self.calls = 0
         self.replicas = Replicas("BirderState", DDP_REMEDY.format(owner="BirderState"))
+        if group_ready(process_group):
+            self.bind()
+
+    def bind(self) -> None:
+        """Take the state's group and build what runs on it, once (every rank at the same point).
+
+        1. The group given, or the default group (a state built before ``init_process_group``
+           takes it here, at the hook's first bucket, as ``OneBitState.bind``).
+        2. Make the state's own group of its ranks (``own_comm``); agree on the schedule and
+           the seed with every rank (``RankMismatchError`` on every rank otherwise).
+        3. Build the node groups of ``ranks_per_node``.
+        """
+        if self.comm is not None:
+            return
+        require_group(self.process_group, "BirderState")
+        comm = own_comm(self.process_group, self.timeout)
+        agree_settings(comm, "BirderState", {**self.schedule.settings(), "seeds": self.seed})
+        topology(comm, self.ranks_per_node)
+        self.comm = comm
 
     def state_dict(self) -> dict[str, Any]:
         """The iteration, the compressed-call counter (the random streams' step) and the options."""
@@ -95,6 +113,7 @@ def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("birder_hook", bucket)
+    state.bind()
     state.replicas.check(state.comm, bucket.parameters)
     schedule = state.schedule
     if schedule.compress(bucket):

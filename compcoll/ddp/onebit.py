@@ -15,7 +15,7 @@ from ..algorithms.parts import packed, unpacked
 from ..algorithms.replicas import Replicas
 from ..comm.topology import AUTO, node_size, topology
 from ..spec import check_block_size
-from ..comm.torchdist import own_comm, process_group_of
+from ..comm.torchdist import TorchComm, group_ready, own_comm, process_group_of, require_group
 from .buckets import DDP_REMEDY, Schedule, check_bucket, dense, gather, in_float32, plain_allreduce, settle
 from .one_model import OneModel
 
@@ -37,6 +37,10 @@ class OneBitState:
     background where a thread-local world such as torch's threaded group has none), and
     checks that every rank's ``start_iter`` and ``min_compress_numel`` agree
     (``RankMismatchError`` on every rank otherwise: they decide which group a bucket goes to).
+    Built before ``init_process_group`` (as a framework builds it from its configuration:
+    Lightning's ``DDPStrategy(ddp_comm_state=OneBitState(), ddp_comm_hook=onebit_hook)``, as
+    for ``PowerSGDState``), it does all that at its first use instead (``bind``): the hook's
+    first bucket, which every rank reaches at the same point.
 
     Tuning, in this order (bytes per element sent per rank per compressed step; a float32
     ring allreduce sends 8(n-1)/n; figures from bench/results/scaling_hooks.txt: the
@@ -120,28 +124,55 @@ class OneBitState:
         check_protocol("OneBitState", protocol)
         check_scale("OneBitState", scale)
         check_block_size("OneBitState", block_size)
-        size = dist.get_world_size(process_group)
         if ranks_per_node != AUTO and (isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int)
-                                       or ranks_per_node < 1 or size % ranks_per_node):
+                                       or ranks_per_node < 1):
             raise ValueError(f"OneBitState: ranks_per_node must be \"auto\" or a positive divisor of the group's "
-                             f"{size} ranks, got {ranks_per_node!r}")
+                             f"ranks, got {ranks_per_node!r}")
         self.node_buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.process_group = process_group
         self.timeout = timeout
         self.schedule = Schedule(start_iter, min_compress_numel)
-        self.comm = own_comm(process_group, timeout)
-        agree_settings(self.comm, "OneBitState", self.schedule.settings())
         self.layout_request = ranks_per_node
-        self.ranks_per_node = node_size(self.comm) if ranks_per_node == AUTO else ranks_per_node
-        if self.ranks_per_node > 1:
-            topology(self.comm, ranks_per_node)
-        self.allreduce = CompressedAllreduce(self.comm, protocol=protocol, scale=scale, block_size=block_size)
+        self._numerics = {"protocol": protocol, "scale": scale, "block_size": block_size}
+        self.comm: TorchComm | None = None
+        self.ranks_per_node: int | None = None
+        self.allreduce: CompressedAllreduce | None = None
         self.layouts: dict[int, list[list[int]]] = {}
         self._seen: dict[int, list[list[int]]] = {}
         self._last_seen: dict[int, list[list[int]]] | None = None
         self._untiled = 0
         self._model = OneModel("OneBitState")
         self.replicas = Replicas("OneBitState", DDP_REMEDY.format(owner="OneBitState"))
+        if group_ready(process_group):
+            self.bind()
+
+    def bind(self) -> None:
+        """Take the state's group and build what runs on it, once (every rank at the same point).
+
+        1. The group given, or the default group (a state built before ``init_process_group``,
+           as Lightning's ``DDPStrategy(ddp_comm_state=...)`` builds it, takes it here, at the
+           hook's first bucket or at ``state_dict`` / ``load_state_dict``: ``require_group``
+           raises where there is still none).
+        2. Check ``ranks_per_node`` divides its ranks; make the state's own group of those ranks
+           (``own_comm``); agree on ``start_iter`` and ``min_compress_numel`` with every rank
+           (``RankMismatchError`` on every rank otherwise).
+        3. Resolve ``ranks_per_node`` ("auto": the hostnames' nodes) and, with several ranks per
+           node, build the node groups; then the ``CompressedAllreduce`` of the buckets.
+        """
+        if self.comm is not None:
+            return
+        require_group(self.process_group, "OneBitState")
+        size = dist.get_world_size(self.process_group)
+        if self.layout_request != AUTO and size % self.layout_request:
+            raise ValueError(f"OneBitState: ranks_per_node must be \"auto\" or a positive divisor of the group's "
+                             f"{size} ranks, got {self.layout_request!r}")
+        comm = own_comm(self.process_group, self.timeout)
+        agree_settings(comm, "OneBitState", self.schedule.settings())
+        self.ranks_per_node = node_size(comm) if self.layout_request == AUTO else self.layout_request
+        if self.ranks_per_node > 1:
+            topology(comm, self.layout_request)
+        self.allreduce = CompressedAllreduce(comm, **self._numerics)
+        self.comm = comm
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
         """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its
@@ -213,6 +244,7 @@ class OneBitState:
         per bucket (save one per process): the allreduce's (``CompressedAllreduce.state_dict``) and the hierarchical
         form's, packed under the process's key (``parts.packed``: ``torch.distributed.checkpoint`` keeps every
         process's)."""
+        self.bind()
         return packed({
             "iteration": self.schedule.iteration,
             "start_iter": self.schedule.start_iter,
@@ -229,6 +261,7 @@ class OneBitState:
         alike on every rank of any world size) and, from this rank's own state (same rank of a same-size world), the
         error buffers; from another rank's or world size's (an elastic restart), a warning, and they restart at
         zero. A state of the layout before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too."""
+        self.bind()
         state = unpacked(state)
         own = self.allreduce.load_state_dict(state["error_feedback"], "OneBitState")
         if own and state["ranks_per_node"] != self.ranks_per_node:
@@ -280,6 +313,7 @@ def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Fu
         A future of the averaged flat buffer.
     """
     check_bucket("onebit_hook", bucket)
+    state.bind()
     state.replicas.check(state.comm, bucket.parameters)
     schedule = state.schedule
     segments = state.segments(bucket) if schedule.started() and dense(bucket) else None

@@ -182,6 +182,26 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def states_built_before_init(comm: compcoll.Communicator, early: tuple, steps: int) -> None:
+    """``early``: a default ``OneBitState`` and ``BirderState`` built before ``init_process_group`` (as Lightning's
+    ``DDPStrategy(ddp_comm_state=...)`` builds them). Neither holds a group until the hook's first bucket; then each
+    trains ``make_model`` with the bits of the same state built after it, replicas identical."""
+    rank = comm.rank
+    built_after = (compcoll.ddp.OneBitState(), compcoll.ddp.BirderState())
+    for before, after, hook in zip(early, built_after, (compcoll.ddp.onebit_hook, compcoll.ddp.birder_hook)):
+        assert before.comm is None, f"{type(before).__name__} took a group before init_process_group"
+        trained = []
+        for state in (before, after):
+            model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+            model.register_comm_hook(state, hook)
+            trained.append(_train(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), rank,
+                                  range(steps)))
+            assert_replicas_equal(model)
+        compressed = before.allreduce.plans if hook is compcoll.ddp.onebit_hook else before.calls
+        assert compressed, f"{type(before).__name__} built before init compressed nothing"
+        assert torch.equal(*trained), f"{type(before).__name__} built before init trained other bits"
+
+
 def onebit_resumes_exactly(comm: compcoll.Communicator, directory: str, ranks_per_node: int = 1) -> None:
     """Checkpoint model, optimizer and hook state after 5 steps; a fresh DDP resumed from it (state pickled whole,
     through state_dict, through compcoll.checkpoint's per-process files, and in ``torch.distributed.checkpoint``'s

@@ -6,8 +6,13 @@ in one process), and on real Gloo ranks.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+import compcoll.ddp
 from compcoll import launcher
 
 from tests.ddp import ddp_workers
@@ -53,6 +58,25 @@ def test_torchs_composable_replicate_takes_the_hook() -> None:
     ``model.register_comm_hook`` reaches the DDP built at the first forward, and every bucket equals the reference."""
     pytest.importorskip("torch.distributed._composable.replicate")
     on("gloo", "onebit_matches_reference", 2, 4, "gather_scatter", "l2", "auto", 1, 64, "cpu", False, False, True)
+
+
+def _built_before_init() -> tuple:
+    return compcoll.ddp.OneBitState(), compcoll.ddp.BirderState()
+
+
+def test_states_built_before_init_process_group_bind_at_the_first_bucket() -> None:
+    """As Lightning builds them (``DDPStrategy(ddp_comm_state=OneBitState(), ddp_comm_hook=onebit_hook)``, which
+    raised "Default process group has not been initialized" before 2026-12-03): on 2 threads of torch's threaded
+    group and, under torchrun, on 2 Gloo processes, both states take the default group at the hook's first bucket
+    and train with the bits of states built after it."""
+    run_threaded_group(ddp_workers.states_built_before_init, 2, 4, before_init=_built_before_init)
+    command = [str(Path(sys.executable).parent / "torchrun"), "--master-port", str(launcher._free_port()),
+               "--nproc-per-node", "2", "-m", "tests.ddp.before_init"]
+    done = subprocess.run(command, cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        assert f"rank {rank}: the states built before init_process_group trained the same bits" in done.stdout, \
+            done.stdout
 
 
 def test_hierarchical_form_matches_the_reference() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -13,13 +13,15 @@ import compcoll
 from tests import shared
 
 
-def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeout: float = 300.0) -> None:
+def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeout: float = 300.0,
+                       before_init: Callable[[], Any] | None = None) -> None:
     """``body(comm, *args)`` on ``world_size`` threads, each in its rank of a "threaded" process group.
 
     1. Install torch's thread-local world (``multi_threaded_pg``) with thread isolation on,
        and start one thread per rank that joins the group and builds a ``TorchComm``; the
        threads also join one ``tests.shared.ThreadWorld``, so ``world_once`` computes the
-       reference once for all of them.
+       reference once for all of them. With ``before_init``, each thread calls it before it
+       joins the group, and ``body(comm, before_init(), *args)`` runs.
     2. Join them all within ``timeout``; then restore torch's world.
     3. AssertionError naming each failed rank with its traceback, or the ranks still running.
     """
@@ -35,14 +37,16 @@ def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeou
 
     def rank(r: int) -> None:
         shared.join(world)
-        dist.init_process_group("threaded", rank=r, world_size=world_size, store=store)
         try:
-            body(compcoll.TorchComm(), *args)
+            early = () if before_init is None else (before_init(),)
+            dist.init_process_group("threaded", rank=r, world_size=world_size, store=store)
+            try:
+                body(compcoll.TorchComm(), *early, *args)
+            finally:
+                dist.destroy_process_group()
         except BaseException as exc:
             failures[r] = traceback.format_exc()
             ProcessLocalGroup.exception_handle(exc)  # wakes the ranks waiting in a collective for this one
-        finally:
-            dist.destroy_process_group()
 
     threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world_size)]
     try:

@@ -49,6 +49,7 @@ class Fabric:
         self.children: dict[tuple, Fabric] = {}
         self.ended: str | None = None
         self.left: set[int] = set()
+        """The world's ranks that left (``leave``): held by the root fabric alone, which every sub-world reads."""
 
     def join(self, call: int, rank: int, what: str, tensor: torch.Tensor | None, part: torch.Tensor | None,
              build: Callable[[list], object], deliver: Callable[[object], object]) -> "Board":
@@ -98,7 +99,9 @@ class Fabric:
     def leave(self, rank: int) -> None:
         """Record that rank ``rank`` of the whole world (``members`` numbers a sub-world's ranks so) issues no more
         collectives, and wake every rank of this world and its sub-worlds to look again at what it waits for."""
-        self.root._wake(lambda fabric: fabric.left.add(rank))
+        with self.root.lock:
+            self.root.left.add(rank)
+        self.root._wake(lambda fabric: None)
 
     def _wake(self, change: Callable[["Fabric"], None]) -> None:
         """Apply ``change`` to this fabric and each sub-world's, each under its own lock, waking its ranks there."""
@@ -112,7 +115,8 @@ class Fabric:
 
     def absent(self, board: "Board") -> list[int]:
         """The ranks (of this fabric) that have not joined ``board`` and never will: their function returned."""
-        return [rank for rank, call in enumerate(board.calls) if call is None and self.members[rank] in self.left]
+        left = self.root.left
+        return [rank for rank, call in enumerate(board.calls) if call is None and self.members[rank] in left]
 
     def child(self, key: tuple, members: list[int]) -> "Fabric":
         """The fabric of a sub-world of these ``members`` (this fabric's ranks), the same object for every member
@@ -122,7 +126,6 @@ class Fabric:
             if found is None:
                 found = self.children[key] = Fabric([self.members[m] for m in members], self.root)
                 found.ended = self.ended
-                found.left = set(self.left)
             return found
 
 

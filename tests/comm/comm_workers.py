@@ -378,6 +378,9 @@ def stalled_rank(comm: compcoll.Communicator, where: str) -> None:
 def dead_rank(comm: compcoll.Communicator, before: str) -> None:
     """The last rank dies (SIGKILL) before a call or before an all-gather of Gloo's ring: the others raise at once.
 
+    "At once" is well inside the timeout (a third of it): on CI's 2 busy cores the error came 2.6-2.8 s after the
+    last call that completed, where a rank that waited for the timeout would raise after all of it.
+
     Before a call, its first exchange (point to point) names the dead rank: posting a send to it fails, or, where
     Gloo had not yet seen the reset when the send was posted, waiting for its part does (CI saw both). Gloo's
     ring all-gather cannot say which peer dropped its connection; the error says a peer
@@ -410,7 +413,7 @@ def dead_rank(comm: compcoll.Communicator, before: str) -> None:
         else:
             raise AssertionError("the all-gather completed without its dead peer")
         expected = ("a peer dropped its connection",)
-    assert quiet < 2.0, f"raised {quiet:.2f} s after the peer left"
+    assert quiet < comm.timeout / 3, f"raised {quiet:.2f} s after the peer left (timeout {comm.timeout} s)"
     assert any(words in str(exc) for words in expected), exc
     time.sleep(2.0)
 

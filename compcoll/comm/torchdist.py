@@ -304,8 +304,8 @@ def require_group(given: dist.ProcessGroup | None, what: str) -> None:
     """
     if not group_ready(given):
         raise ValueError(f"{what}: torch.distributed is not initialized; a state built before init_process_group "
-                         f"takes the default group at its first use (the hook's first bucket, state_dict or "
-                         f"load_state_dict), which must come after init_process_group")
+                         f"takes the default group at its first use (the hook's first bucket or state_dict), which "
+                         f"must come after init_process_group")
 
 
 def own_comm(process_group: dist.ProcessGroup | None, timeout: float | None) -> TorchComm:

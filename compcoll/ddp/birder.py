@@ -86,12 +86,17 @@ class BirderState:
         self.calls, self.seed = state["calls"], state["seed"]
 
     def __getstate__(self) -> dict[str, Any]:
+        """Pickle the ``state_dict()`` and the options; the process group is not picklable (PowerSGD drops it too)."""
         return {"state": self.state_dict(), "ranks_per_node": self.ranks_per_node, "timeout": self.timeout}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
-        """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
-        self.__init__(None, ranks_per_node=saved["ranks_per_node"], timeout=saved["timeout"])
-        self.load_state_dict(saved["state"])
+        """Unpickle onto the default process group (every rank at the same point: it makes a group; before
+        ``init_process_group``, at the first bucket), built with the saved seed and schedule, so that the ranks
+        agree on those, and continue from the saved counters."""
+        state = saved["state"]
+        self.__init__(None, ranks_per_node=saved["ranks_per_node"], seed=state["seed"], start_iter=state["start_iter"],
+                      min_compress_numel=state["min_compress_numel"], timeout=saved["timeout"])
+        self.load_state_dict(state)
 
 
 def birder_hook(state: BirderState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -31,8 +31,9 @@ class OneBitState:
     """The state of ``onebit_hook``: its communicator, schedule and one error-feedback pair per DDP bucket.
 
     Modelled on PyTorch's ``PowerSGDState``: every argument has a default, it pickles
-    (``torch.save(state)``) and has ``state_dict()`` / ``load_state_dict()`` for an exact
-    resume. Build it on every rank at the same point: it makes a process group and, on
+    (``torch.save(state)``, also before it took its group, as Lightning's spawning launcher
+    pickles it to each new process) and has ``state_dict()`` / ``load_state_dict()`` for an
+    exact resume. Build it on every rank at the same point: it makes a process group and, on
     several nodes, the node groups (on the caller's thread, so no group is made in the
     background where a thread-local world such as torch's threaded group has none), and
     checks that every rank's ``start_iter`` and ``min_compress_numel`` agree
@@ -40,7 +41,8 @@ class OneBitState:
     Built before ``init_process_group`` (as a framework builds it from its configuration:
     Lightning's ``DDPStrategy(ddp_comm_state=OneBitState(), ddp_comm_hook=onebit_hook)``, as
     for ``PowerSGDState``), it does all that at its first use instead (``bind``): the hook's
-    first bucket, which every rank reaches at the same point.
+    first bucket, which every rank reaches at the same point; a state loaded before then
+    (``load_state_dict``, or a pickle loaded before ``init_process_group``) is applied there.
 
     Tuning, in this order (bytes per element sent per rank per compressed step; a float32
     ring allreduce sends 8(n-1)/n; figures from bench/results/scaling_hooks.txt: the
@@ -143,6 +145,7 @@ class OneBitState:
         self._untiled = 0
         self._model = OneModel("OneBitState")
         self.replicas = Replicas("OneBitState", DDP_REMEDY.format(owner="OneBitState"))
+        self._pending: dict[str, Any] | None = None
         if group_ready(process_group):
             self.bind()
 
@@ -151,13 +154,14 @@ class OneBitState:
 
         1. The group given, or the default group (a state built before ``init_process_group``,
            as Lightning's ``DDPStrategy(ddp_comm_state=...)`` builds it, takes it here, at the
-           hook's first bucket or at ``state_dict`` / ``load_state_dict``: ``require_group``
-           raises where there is still none).
+           hook's first bucket or at ``state_dict``: ``require_group`` raises where there is
+           still none).
         2. Check ``ranks_per_node`` divides its ranks; make the state's own group of those ranks
            (``own_comm``); agree on ``start_iter`` and ``min_compress_numel`` with every rank
            (``RankMismatchError`` on every rank otherwise).
         3. Resolve ``ranks_per_node`` ("auto": the hostnames' nodes) and, with several ranks per
            node, build the node groups; then the ``CompressedAllreduce`` of the buckets.
+        4. Load the state given to ``load_state_dict`` before there was a group, if any.
         """
         if self.comm is not None:
             return
@@ -173,6 +177,9 @@ class OneBitState:
             topology(comm, self.layout_request)
         self.allreduce = CompressedAllreduce(comm, **self._numerics)
         self.comm = comm
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.load_state_dict(pending)
 
     def segments(self, bucket: dist.GradBucket) -> list[tuple[int, list[tuple[int, int]]]] | None:
         """The error-buffer keys this bucket is compressed under, each with the (offset, length) spans of its
@@ -260,7 +267,12 @@ class OneBitState:
         """Restore what ``state_dict()`` saved: the schedule, the buckets the error buffers are kept for (DDP's,
         alike on every rank of any world size) and, from this rank's own state (same rank of a same-size world), the
         error buffers; from another rank's or world size's (an elastic restart), a warning, and they restart at
-        zero. A state of the layout before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too."""
+        zero. A state of the layout before 2026-12-01 (nothing packed: ``parts.unpacked``) loads too. Given to a
+        state that has not taken its group while there is none (before ``init_process_group``), it is kept and
+        loaded when the state takes it (``bind``)."""
+        if self.comm is None and not group_ready(self.process_group):
+            self._pending = state
+            return
         self.bind()
         state = unpacked(state)
         own = self.allreduce.load_state_dict(state["error_feedback"], "OneBitState")
@@ -273,17 +285,29 @@ class OneBitState:
         self.layouts = {k: [list(s) for s in v] for k, v in dict(state["layouts"]).items()}
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle the ``state_dict()`` and the timeout; the process group is not picklable (PowerSGD drops it too)."""
-        return {"state": self.state_dict(), "timeout": self.timeout, "layout_request": self.layout_request}
+        """Pickle the options and the ``state_dict()``, or the state still to load (None) where the state has not
+        taken its group; the process group is not picklable (PowerSGD drops it too)."""
+        state = self.state_dict() if self.comm is not None else self._pending
+        return {"options": self._options(), "state": state}
 
     def __setstate__(self, saved: dict[str, Any]) -> None:
-        """Unpickle onto the default process group (every rank at the same point: it makes a group)."""
+        """Unpickle onto the default process group, with the saved options, and load the saved state: now where that
+        group exists (every rank at the same point: it makes a group), else when the state takes it (``bind``). A
+        pickle made before 2026-12-03 (no options: they are read from its state) loads too."""
         state = saved["state"]
-        self.__init__(None, start_iter=state["start_iter"], min_compress_numel=state["min_compress_numel"],
-                      protocol=state["error_feedback"]["protocol"], scale=state["error_feedback"]["scale"],
-                      ranks_per_node=saved.get("layout_request", state["ranks_per_node"]), timeout=saved["timeout"],
-                      block_size=state["error_feedback"].get("block_size"))
-        self.load_state_dict(state)
+        options = saved.get("options") or {
+            "start_iter": state["start_iter"], "min_compress_numel": state["min_compress_numel"],
+            "protocol": state["error_feedback"]["protocol"], "scale": state["error_feedback"]["scale"],
+            "ranks_per_node": saved.get("layout_request", state["ranks_per_node"]), "timeout": saved["timeout"],
+            "block_size": state["error_feedback"].get("block_size")}
+        self.__init__(None, **options)
+        if state is not None:
+            self.load_state_dict(state)
+
+    def _options(self) -> dict[str, Any]:
+        """The arguments that build this state again, the process group aside."""
+        return {"start_iter": self.schedule.start_iter, "min_compress_numel": self.schedule.min_compress_numel,
+                "ranks_per_node": self.layout_request, "timeout": self.timeout, **self._numerics}
 
 
 def onebit_hook(state: OneBitState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -3,11 +3,10 @@
 import torch.distributed as dist
 
 import compcoll
-import compcoll.ddp
-from tests.ddp.ddp_workers import states_built_before_init
+from tests.ddp.ddp_workers import built_before_init, states_built_before_init
 
 if __name__ == "__main__":
-    early = (compcoll.ddp.OneBitState(), compcoll.ddp.BirderState())
+    early = built_before_init()
     dist.init_process_group("gloo")
     states_built_before_init(compcoll.TorchComm(), early, 4)
     print(f"rank {dist.get_rank()}: the states built before init_process_group trained the same bits")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import io
+import pickle
 import warnings
 
 import numpy as np
@@ -182,16 +183,25 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def built_before_init() -> tuple:
+    """A default ``OneBitState`` and ``BirderState`` built before ``init_process_group`` (as Lightning's
+    ``DDPStrategy(ddp_comm_state=...)`` builds them), and each again as Lightning's spawning launcher hands it to a
+    new process: pickled and unpickled, still before ``init_process_group`` (a ``OneBitState`` raised "torch.distributed
+    is not initialized" at its pickling before 2026-12-03)."""
+    early = (compcoll.ddp.OneBitState(), compcoll.ddp.BirderState())
+    return early + tuple(pickle.loads(pickle.dumps(state)) for state in early)
+
+
 def states_built_before_init(comm: compcoll.Communicator, early: tuple, steps: int) -> None:
-    """``early``: a default ``OneBitState`` and ``BirderState`` built before ``init_process_group`` (as Lightning's
-    ``DDPStrategy(ddp_comm_state=...)`` builds them). Neither holds a group until the hook's first bucket; then each
-    trains ``make_model`` with the bits of the same state built after it, replicas identical."""
+    """``early``: hook states built before ``init_process_group`` (``built_before_init``). None holds a group until
+    the hook's first bucket; then each trains ``make_model`` with the bits of the same state built after it, replicas
+    identical."""
     rank = comm.rank
-    built_after = (compcoll.ddp.OneBitState(), compcoll.ddp.BirderState())
-    for before, after, hook in zip(early, built_after, (compcoll.ddp.onebit_hook, compcoll.ddp.birder_hook)):
+    hooks = {compcoll.ddp.OneBitState: compcoll.ddp.onebit_hook, compcoll.ddp.BirderState: compcoll.ddp.birder_hook}
+    for before in early:
         assert before.comm is None, f"{type(before).__name__} took a group before init_process_group"
-        trained = []
-        for state in (before, after):
+        hook, trained = hooks[type(before)], []
+        for state in (before, type(before)()):
             model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
             model.register_comm_hook(state, hook)
             trained.append(_train(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), rank,
@@ -200,6 +210,45 @@ def states_built_before_init(comm: compcoll.Communicator, early: tuple, steps: i
         compressed = before.allreduce.plans if hook is compcoll.ddp.onebit_hook else before.calls
         assert compressed, f"{type(before).__name__} built before init compressed nothing"
         assert torch.equal(*trained), f"{type(before).__name__} built before init trained other bits"
+
+
+def onebit_pickled_for_a_new_process(comm: compcoll.Communicator, directory: str) -> None:
+    """Train 5 steps under a ``OneBitState``, ``torch.save`` the model, the optimizer and the state (a file per rank,
+    in ``directory``), then 4 more steps: their parameters (saved beside) are what a resumed run must end with."""
+    rank = comm.rank
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    state = compcoll.ddp.OneBitState(min_compress_numel=211500)
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    _train(model, opt, rank, range(5))
+    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state},
+               f"{directory}/rank{rank}.pt")
+    torch.save(_train(model, opt, rank, range(5, 9)), f"{directory}/expected{rank}.pt")
+
+
+def onebit_loaded_before_init(comm: compcoll.Communicator, checkpoint: dict, directory: str) -> None:
+    """``checkpoint``: this rank's file of ``onebit_pickled_for_a_new_process``, loaded by ``torch.load`` before
+    ``init_process_group``. Its ``OneBitState`` holds no group and keeps the saved state; at the hook's first bucket
+    it takes the default group and loads it, and the run ends with the bits of the run that went on."""
+    state = checkpoint["hook"]
+    assert state.comm is None, "a OneBitState unpickled before init_process_group holds a group"
+    got = _resumed(checkpoint, state, comm.rank)
+    assert state.schedule.iteration == 9 and state.allreduce.plans, "the saved state was not loaded"
+    assert torch.equal(got, torch.load(f"{directory}/expected{comm.rank}.pt")), "resumed run differs"
+
+
+def _resumed(checkpoint: dict, state: compcoll.ddp.OneBitState, rank: int) -> torch.Tensor:
+    """A fresh DDP of ``make_model`` with the checkpoint's model and SGD state and the hook ``state``, trained on
+    steps 5-8 with every warning an error: its parameters."""
+    module = make_model()
+    module.load_state_dict(checkpoint["model"])
+    model = DDP(module, bucket_cap_mb=BUCKET_MB)
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt.load_state_dict(checkpoint["opt"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return _train(model, opt, rank, range(5, 9))
 
 
 def onebit_resumes_exactly(comm: compcoll.Communicator, directory: str, ranks_per_node: int = 1) -> None:
@@ -223,9 +272,6 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, directory: str, ranks_pe
     for how in ("pickled", "state_dict", "compcoll.checkpoint", "dcp"):
         saved.seek(0)
         checkpoint = torch.load(saved, weights_only=False)
-        module = make_model()
-        module.load_state_dict(checkpoint["model"])
-        resumed = DDP(module, bucket_cap_mb=BUCKET_MB)
         if how == "pickled":
             hook_state = checkpoint["hook"]
         else:
@@ -236,12 +282,7 @@ def onebit_resumes_exactly(comm: compcoll.Communicator, directory: str, ranks_pe
                 dcp.load({"hook": hook_state}, checkpoint_id=f"{directory}/dcp")
             else:
                 compcoll.checkpoint.load(directory, hook_state)
-        resumed.register_comm_hook(hook_state, compcoll.ddp.onebit_hook)
-        opt = torch.optim.SGD(resumed.parameters(), lr=0.05, momentum=0.9)
-        opt.load_state_dict(checkpoint["opt"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            got = _train(resumed, opt, rank, range(5, 9))
+        got = _resumed(checkpoint, hook_state, rank)
         assert torch.equal(got, expected), f"resumed ({how}) run differs"
 
 
@@ -647,3 +688,15 @@ def states_take_a_device_mesh(comm: compcoll.Communicator) -> None:
             assert "OneBitState: process_group must be" in str(exc) and said in str(exc), exc
         else:
             raise AssertionError(f"OneBitState took {wrong!r}")
+
+
+def birder_unpickled_with_other_seeds(comm: compcoll.Communicator, pickled: bytes) -> None:
+    """``pickled``: a ``BirderState(seed=rank)`` pickled before ``init_process_group`` (each rank another seed).
+    Unpickled after it, the state takes the group at once and its ranks agree on the saved seed: ``RankMismatchError``
+    on every rank, naming the seeds (before 2026-12-03 they agreed on the default seed, then drew from their own)."""
+    try:
+        pickle.loads(pickled)
+    except compcoll.RankMismatchError as exc:
+        assert "seeds" in str(exc), exc
+    else:
+        raise AssertionError("ranks with other seeds unpickled their BirderStates without an error")

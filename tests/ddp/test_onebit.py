@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-import compcoll.ddp
 from compcoll import launcher
 
 from tests.ddp import ddp_workers
@@ -60,16 +60,13 @@ def test_torchs_composable_replicate_takes_the_hook() -> None:
     on("gloo", "onebit_matches_reference", 2, 4, "gather_scatter", "l2", "auto", 1, 64, "cpu", False, False, True)
 
 
-def _built_before_init() -> tuple:
-    return compcoll.ddp.OneBitState(), compcoll.ddp.BirderState()
-
-
 def test_states_built_before_init_process_group_bind_at_the_first_bucket() -> None:
     """As Lightning builds them (``DDPStrategy(ddp_comm_state=OneBitState(), ddp_comm_hook=onebit_hook)``, which
-    raised "Default process group has not been initialized" before 2026-12-03): on 2 threads of torch's threaded
-    group and, under torchrun, on 2 Gloo processes, both states take the default group at the hook's first bucket
-    and train with the bits of states built after it."""
-    run_threaded_group(ddp_workers.states_built_before_init, 2, 4, before_init=_built_before_init)
+    raised "Default process group has not been initialized" before 2026-12-03), also pickled and unpickled before
+    init: on 2 threads of torch's threaded group and, under torchrun, on 2 Gloo processes, both states take the
+    default group at the hook's first bucket and train with the bits of states built after it."""
+    run_threaded_group(ddp_workers.states_built_before_init, 2, 4,
+                       before_init=lambda rank: ddp_workers.built_before_init())
     command = [str(Path(sys.executable).parent / "torchrun"), "--master-port", str(launcher._free_port()),
                "--nproc-per-node", "2", "-m", "tests.ddp.before_init"]
     done = subprocess.run(command, cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=300)
@@ -77,6 +74,28 @@ def test_states_built_before_init_process_group_bind_at_the_first_bucket() -> No
     for rank in range(2):
         assert f"rank {rank}: the states built before init_process_group trained the same bits" in done.stdout, \
             done.stdout
+
+
+def test_a_state_saved_whole_resumes_when_loaded_before_init_process_group(tmp_path) -> None:
+    """``torch.save(state)`` by 2 ranks of torch's threaded group; 2 new ranks ``torch.load`` it before they join
+    their group, and it resumes at the first bucket with the bits of the run that went on (before 2026-12-03 its
+    unpickling raised there: it loaded its state at once, and that needed the group)."""
+    run_threaded_group(ddp_workers.onebit_pickled_for_a_new_process, 2, str(tmp_path))
+    run_threaded_group(ddp_workers.onebit_loaded_before_init, 2, str(tmp_path),
+                       before_init=lambda rank: torch.load(tmp_path / f"rank{rank}.pt", weights_only=False))
+
+
+def test_lightnings_spawning_launcher_carries_a_state_built_before_init() -> None:
+    """tests/ddp/lightning_spawn.py where Lightning is installed: ``DDPStrategy(start_method="spawn",
+    ddp_comm_state=OneBitState(), ...)`` on 2 Gloo ranks (before 2026-12-03 the launcher's pickling of the state
+    raised "torch.distributed is not initialized" in the parent); each spawned rank's state compresses."""
+    pytest.importorskip("lightning")
+    done = subprocess.run([sys.executable, "-m", "tests.ddp.lightning_spawn"], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        assert f"rank {rank}: the spawned OneBitState compressed; replicas bit-identical" in done.stdout, \
+            done.stdout + done.stderr
 
 
 def test_hierarchical_form_matches_the_reference() -> None:

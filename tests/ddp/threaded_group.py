@@ -14,14 +14,14 @@ from tests import shared
 
 
 def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeout: float = 300.0,
-                       before_init: Callable[[], Any] | None = None) -> None:
+                       before_init: Callable[[int], Any] | None = None) -> None:
     """``body(comm, *args)`` on ``world_size`` threads, each in its rank of a "threaded" process group.
 
     1. Install torch's thread-local world (``multi_threaded_pg``) with thread isolation on,
        and start one thread per rank that joins the group and builds a ``TorchComm``; the
        threads also join one ``tests.shared.ThreadWorld``, so ``world_once`` computes the
-       reference once for all of them. With ``before_init``, each thread calls it before it
-       joins the group, and ``body(comm, before_init(), *args)`` runs.
+       reference once for all of them. With ``before_init``, each thread calls it with its rank
+       before it joins the group, and ``body(comm, before_init(rank), *args)`` runs.
     2. Join them all within ``timeout``; then restore torch's world.
     3. AssertionError naming each failed rank with its traceback, or the ranks still running.
     """
@@ -38,7 +38,7 @@ def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeou
     def rank(r: int) -> None:
         shared.join(world)
         try:
-            early = () if before_init is None else (before_init(),)
+            early = () if before_init is None else (before_init(r),)
             dist.init_process_group("threaded", rank=r, world_size=world_size, store=store)
             try:
                 body(compcoll.TorchComm(), *early, *args)

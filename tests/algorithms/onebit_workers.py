@@ -302,10 +302,11 @@ def late_rank(comm: compcoll.Communicator, delay: float) -> None:
 
     The ranks start together (a barrier at the default timeout), and no rank leaves before the late one would have
     arrived: a rank that started late (a loaded machine) would otherwise find a peer gone ("Connection closed by
-    peer") instead of its own timeout.
+    peer") instead of its own timeout. The timeout is a sixth of ``delay``: on CI's two busy cores a timeout of a
+    third (0.5 s of 1.5 s) once raised after the late rank's whole delay.
     """
     comm.barrier()
-    comm.timeout = delay / 3
+    comm.timeout = delay / 6
     numel = 100
     full = compcoll.padded_numel(numel, comm.size)
     we, se = torch.zeros(full), torch.zeros(full // comm.size)

@@ -24,7 +24,7 @@ def test_errors_reach_every_rank_through_wait(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_wait_timeout_raises_and_breaks_the_communicator(backend: str) -> None:
-    run(f"{WORKERS}:wait_timeout", 3, backend, args=(1.5,), timeout=60, breaks=True)
+    run(f"{WORKERS}:wait_timeout", 3, backend, args=(3.0,), timeout=60, breaks=True)
 
 
 @pytest.mark.parametrize("backend, calls, warm, growth_mib", [("mpi", 10000, 2000, 8.0), ("gloo", 2500, 1000, 4.0)])

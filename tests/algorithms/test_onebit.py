@@ -45,7 +45,7 @@ def test_in_place_and_stateful_resume(backend: str, world_size: int) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_late_rank_times_out_instead_of_hanging(backend: str) -> None:
-    run(f"{WORKERS}:late_rank", 3, backend, args=(1.5,), timeout=60, breaks=True)
+    run(f"{WORKERS}:late_rank", 3, backend, args=(3.0,), timeout=60, breaks=True)
 
 
 @pytest.mark.parametrize("numel,world,expected", [(0, 1, 0), (1, 1, 8), (8, 1, 8), (9, 2, 16), (100, 3, 120)])

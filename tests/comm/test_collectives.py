@@ -69,7 +69,7 @@ def test_broken_communicator_refuses_work() -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_alltoall_times_out_instead_of_hanging(backend: str) -> None:
-    run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(1.5,), timeout=60, breaks=True)
+    run("tests.comm.comm_workers:late_alltoall", 3, backend, args=(3.0,), timeout=60, breaks=True)
 
 
 @pytest.mark.parametrize("backend", ["threads", *BACKENDS])

@@ -516,6 +516,33 @@ def ddp_options_keep_the_hook(comm: compcoll.Communicator) -> None:
         assert not torch.equal(trained, start) and torch.isfinite(trained).all()
 
 
+def _uneven(state: compcoll.ddp.OneBitState | compcoll.ddp.BirderState, joined: bool, steps: int = 6) -> torch.Tensor:
+    """``make_model``'s parameters after ``steps`` steps with the hook of ``state``, where the last rank has two
+    batches fewer: under DDP's ``model.join()`` (``joined``), or stepping on zero gradients (its loss times 0)."""
+    rank, last = dist.get_rank(), dist.get_rank() == dist.get_world_size() - 1
+    model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+    model.register_comm_hook(state, compcoll.ddp.onebit_hook if isinstance(state, compcoll.ddp.OneBitState)
+                             else compcoll.ddp.birder_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with model.join(enable=joined):
+        for i in range(steps - 2 if last and joined else steps):
+            x, y = batch(rank, i)
+            opt.zero_grad()
+            (torch.nn.functional.mse_loss(model(x), y) * (0.0 if last and i >= steps - 2 else 1.0)).backward()
+            opt.step()
+    assert_replicas_equal(model)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def uneven_inputs_under_ddp_join(comm: compcoll.Communicator) -> None:
+    """DDP's own uneven-input support, ``model.join()``, with each hook: a joined rank runs the hook on zero buckets
+    (DDP's ``_match_all_reduce_for_bwd_pass``) in step with the others, so the run ends with the bits of one where
+    that rank steps on zero gradients, on every rank (DDP hands the last joiner's model to the rest)."""
+    for kind in (compcoll.ddp.OneBitState, compcoll.ddp.BirderState):
+        joined, zeros = _uneven(kind(min_compress_numel=1000), True), _uneven(kind(min_compress_numel=1000), False)
+        assert torch.equal(joined, zeros), f"{kind.__name__}: the run under join differs from zero gradients"
+
+
 def states_refuse_different_schedules(comm: compcoll.Communicator) -> None:
     """Hook states built with a schedule (or Birder's seed) that differs on one rank: RankMismatchError naming it on
     every rank, at construction (a bucket would otherwise go through torch's allreduce on one rank and compcoll's

@@ -138,6 +138,11 @@ def test_ddp_options_users_set_keep_the_hooks_bits(backend: str, world_size: int
     on(backend, "ddp_options_keep_the_hook", world_size)
 
 
+@pytest.mark.parametrize("backend, world_size", [("threads", 3), ("gloo", 2)])
+def test_uneven_inputs_under_ddps_join_step_as_on_zero_gradients(backend: str, world_size: int) -> None:
+    on(backend, "uneven_inputs_under_ddp_join", world_size)
+
+
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("gloo", 3)])
 def test_states_with_different_schedules_fail_at_construction(backend: str, world_size: int) -> None:
     on(backend, "states_refuse_different_schedules", world_size)

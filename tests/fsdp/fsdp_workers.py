@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
 
 import compcoll
 import compcoll.checkpoint
@@ -478,6 +478,37 @@ def _recorded_run(net: torch.nn.Module, state: ReduceScatterState, steps: int, s
         opt.step()
         opt.zero_grad()
     return log
+
+
+def _wide(**options) -> torch.nn.Module:
+    """``model``'s layers with a middle width of 24, so that its second weight (7 x 24) can shard along its columns
+    on 2, 3 or 4 ranks, each a unit under FSDP2's ``options``."""
+    with seeded(0):
+        net = torch.nn.Sequential(torch.nn.Linear(13, 24), torch.nn.ReLU(), torch.nn.Linear(24, 7), torch.nn.ReLU(),
+                                  torch.nn.Linear(7, 3))
+    fully_shard(net[0], **options)
+    fully_shard(net[2], **options)
+    return fully_shard(net, **options)
+
+
+def fsdp_options(comm: compcoll.Communicator, steps: int) -> None:
+    """Under the ``fully_shard`` options users set, ``reshard_after_forward=False`` (ZeRO-2's layout), a
+    ``shard_placement_fn`` sharding a weight along its columns (FSDP2 lays its rows out for the reduce-scatter
+    itself) and CPU offload, every compressed reduce-scatter equals the reference from all ranks' inputs, bit for
+    bit, with the error buffers across steps."""
+    n = comm.size
+    columns = {"shard_placement_fn": lambda p: Shard(1) if p.ndim == 2 and p.shape[1] % n == 0 else None}
+    for where, options in {"reshard_after_forward=False": {"reshard_after_forward": False},
+                           "shard_placement_fn, Shard(1)": columns,
+                           "CPUOffloadPolicy": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}.items():
+        net = _wide(**options)
+        assert "shard_placement_fn" not in options or net[2].weight.placements == (Shard(1),), "not Shard(1)"
+        state = ReduceScatterState()
+        log = _recorded_run(net, state, steps, comm.rank)
+        assert len(log) == 3 * steps, f"{len(log)} compressed reduce-scatters for {steps} steps of 3 units ({where})"
+        logs = [None] * n
+        dist.all_gather_object(logs, log)
+        _replay(log, logs, state, comm.rank, where)
 
 
 def meshes(comm: compcoll.Communicator, steps: int) -> None:

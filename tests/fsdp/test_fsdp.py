@@ -37,6 +37,10 @@ def test_reduce_ops_read_as_each_torch_gives_them() -> None:
     run(f"{WORKERS}:reduce_ops_as_each_torch_gives_them", 2, "gloo")
 
 
+def test_fully_shards_options_keep_the_reference() -> None:
+    run(f"{WORKERS}:fsdp_options", 3, "gloo", args=(3,))
+
+
 def test_the_optimizers_refuse_sharded_parameters() -> None:
     run(f"{WORKERS}:optimizers_refuse_sharded_parameters", 2, "gloo")
 

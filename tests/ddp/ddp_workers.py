@@ -183,6 +183,10 @@ def _train(model: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> t
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+HOOKS = {compcoll.ddp.OneBitState: compcoll.ddp.onebit_hook, compcoll.ddp.BirderState: compcoll.ddp.birder_hook}
+"""Each hook state's hook."""
+
+
 def built_before_init() -> tuple:
     """A default ``OneBitState`` and ``BirderState`` built before ``init_process_group`` (as Lightning's
     ``DDPStrategy(ddp_comm_state=...)`` builds them), and each again as Lightning's spawning launcher hands it to a
@@ -197,10 +201,9 @@ def states_built_before_init(comm: compcoll.Communicator, early: tuple, steps: i
     the hook's first bucket; then each trains ``make_model`` with the bits of the same state built after it, replicas
     identical."""
     rank = comm.rank
-    hooks = {compcoll.ddp.OneBitState: compcoll.ddp.onebit_hook, compcoll.ddp.BirderState: compcoll.ddp.birder_hook}
     for before in early:
         assert before.comm is None, f"{type(before).__name__} took a group before init_process_group"
-        hook, trained = hooks[type(before)], []
+        hook, trained = HOOKS[type(before)], []
         for state in (before, type(before)()):
             model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
             model.register_comm_hook(state, hook)
@@ -521,8 +524,7 @@ def _uneven(state: compcoll.ddp.OneBitState | compcoll.ddp.BirderState, joined: 
     batches fewer: under DDP's ``model.join()`` (``joined``), or stepping on zero gradients (its loss times 0)."""
     rank, last = dist.get_rank(), dist.get_rank() == dist.get_world_size() - 1
     model = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
-    model.register_comm_hook(state, compcoll.ddp.onebit_hook if isinstance(state, compcoll.ddp.OneBitState)
-                             else compcoll.ddp.birder_hook)
+    model.register_comm_hook(state, HOOKS[type(state)])
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     with model.join(enable=joined):
         for i in range(steps - 2 if last and joined else steps):

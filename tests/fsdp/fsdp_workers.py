@@ -28,12 +28,13 @@ from tests.algorithms.onebit_workers import _expect
 from tests.warned import warned
 
 
-def model(mesh=None, mp: MixedPrecisionPolicy | None = None) -> torch.nn.Module:
-    """Three linear layers of awkward sizes, the first two their own FSDP units, the root the third."""
+def model(mesh=None, mp: MixedPrecisionPolicy | None = None, hidden: int = 29, **options) -> torch.nn.Module:
+    """Three linear layers of awkward sizes (``hidden`` wide in the middle), the first two their own FSDP units, the
+    root the third, under ``fully_shard``'s ``options`` besides the mesh and precision."""
     with seeded(0):
-        net = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.ReLU(), torch.nn.Linear(29, 7), torch.nn.ReLU(),
-                                  torch.nn.Linear(7, 3))
-    options = {"mesh": mesh, "mp_policy": mp or MixedPrecisionPolicy()}
+        net = torch.nn.Sequential(torch.nn.Linear(13, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 7),
+                                  torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    options = {"mesh": mesh, "mp_policy": mp or MixedPrecisionPolicy(), **options}
     fully_shard(net[0], **options)
     fully_shard(net[2], **options)
     return fully_shard(net, **options)
@@ -480,17 +481,6 @@ def _recorded_run(net: torch.nn.Module, state: ReduceScatterState, steps: int, s
     return log
 
 
-def _wide(**options) -> torch.nn.Module:
-    """``model``'s layers with a middle width of 24, so that its second weight (7 x 24) can shard along its columns
-    on 2, 3 or 4 ranks, each a unit under FSDP2's ``options``."""
-    with seeded(0):
-        net = torch.nn.Sequential(torch.nn.Linear(13, 24), torch.nn.ReLU(), torch.nn.Linear(24, 7), torch.nn.ReLU(),
-                                  torch.nn.Linear(7, 3))
-    fully_shard(net[0], **options)
-    fully_shard(net[2], **options)
-    return fully_shard(net, **options)
-
-
 def fsdp_options(comm: compcoll.Communicator, steps: int) -> None:
     """Under the ``fully_shard`` options users set, ``reshard_after_forward=False`` (ZeRO-2's layout), a
     ``shard_placement_fn`` sharding a weight along its columns (FSDP2 lays its rows out for the reduce-scatter
@@ -501,7 +491,7 @@ def fsdp_options(comm: compcoll.Communicator, steps: int) -> None:
     for where, options in {"reshard_after_forward=False": {"reshard_after_forward": False},
                            "shard_placement_fn, Shard(1)": columns,
                            "CPUOffloadPolicy": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}.items():
-        net = _wide(**options)
+        net = model(hidden=24, **options)  # its second weight (7 x 24) shards along its columns on 2, 3 or 4 ranks
         assert "shard_placement_fn" not in options or net[2].weight.placements == (Shard(1),), "not Shard(1)"
         state = ReduceScatterState()
         log = _recorded_run(net, state, steps, comm.rank)

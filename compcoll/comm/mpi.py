@@ -21,6 +21,17 @@ _NAP_S = 1e-4
 _PAIR_TAG = 7321
 
 
+def mpi4py_module() -> Any:
+    """mpi4py's ``MPI``, or a ModuleNotFoundError that says how to install it (the ``mpi`` extra)."""
+    try:
+        from mpi4py import MPI
+    except ModuleNotFoundError as missing:
+        raise ModuleNotFoundError(
+            f"compcoll.MPIComm needs mpi4py ({missing}): pip install 'compcoll[mpi]' (mpi4py and the mpich wheel), "
+            f"or start the ranks with torchrun and let compcoll use torch.distributed", name="mpi4py") from missing
+    return MPI
+
+
 def _buffer(tensor: torch.Tensor) -> np.ndarray:
     """Zero-copy numpy view of a CPU tensor (16-bit floats as int16, which MPI only moves)."""
     if tensor.dtype in _HALF_TYPES:
@@ -65,8 +76,7 @@ class MPIComm(Communicator):
     """
 
     def __init__(self, mpi_comm: Any = None, cuda_aware: bool | None = None, timeout: float | None = None) -> None:
-        from mpi4py import MPI
-
+        MPI = mpi4py_module()
         self._mpi = MPI
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self.cuda_aware = detect_cuda_aware() if cuda_aware is None else bool(cuda_aware)

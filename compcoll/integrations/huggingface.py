@@ -7,13 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import checkpoint
 from ..algorithms.agreement import agree_settings
 from ..ddp import OneBitState, local_hook, onebit_hook
 from ..optim import CompressedOptimizer, GradScaler, OneBitAdam
+
+try:
+    import transformers
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError(f"compcoll.integrations.huggingface needs transformers ({missing}): pip install "
+                              f"'compcoll[hf]' (transformers and accelerate)", name="transformers") from missing
 
 log = transformers.utils.logging.get_logger(__name__)
 

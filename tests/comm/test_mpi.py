@@ -47,3 +47,24 @@ def test_a_communicator_over_a_subgroup_knows_the_process_in_the_job() -> None:
     )
     done = _launched(3, script)
     assert done.returncode == 0 and done.stdout.count("job") == 3, done.stdout + done.stderr
+
+
+def test_without_mpi4py_the_error_says_how_to_install_it() -> None:
+    """Where mpi4py is missing, ``MPIComm()`` and ``compcoll.init()`` under an MPI launcher's variables raise a
+    ModuleNotFoundError that names the extra to install, not Python's bare "No module named 'mpi4py'"."""
+    code = ("import os, sys\n"
+            "sys.modules['mpi4py'] = None\n"
+            "import compcoll\n"
+            "for make in (compcoll.MPIComm, compcoll.init):\n"
+            "    os.environ['PMI_SIZE'] = '2'\n"
+            "    try:\n"
+            "        make()\n"
+            "    except ModuleNotFoundError as error:\n"
+            "        print(error.name, '|', error)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        assert line.startswith("mpi4py | compcoll.MPIComm needs mpi4py"), line
+        assert "pip install 'compcoll[mpi]'" in line, line

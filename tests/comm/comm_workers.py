@@ -224,6 +224,36 @@ def late_alltoall(comm: compcoll.Communicator, delay: float) -> None:
     assert time.monotonic() - start < delay, "the timeout fired late"
 
 
+def mpi_library(comm: compcoll.Communicator) -> None:
+    """Each rank prints the name of the MPI library it runs on."""
+    from mpi4py import MPI
+
+    print(f"rank {comm.rank}: {MPI.Get_library_version().split(',')[0]}")
+
+
+def finalized_before_teardown(comm: compcoll.Communicator, folder: str) -> None:
+    """Rank 0's all-to-all times out while rank 1 sleeps; every rank then returns as a program that caught the error
+    would. A handler registered first (so run last of the ``atexit`` handlers, before Python tears its modules down)
+    writes whether MPI is finalized then: on rank 0, whose communicator broke, it is (its pending operations' buffers
+    still alive), on rank 1 not (mpi4py finalizes it after the teardown, as ever)."""
+    import atexit
+
+    from mpi4py import MPI
+
+    path = pathlib.Path(folder, str(comm.rank))
+    atexit.register(lambda: path.write_text(str(int(MPI.Is_finalized()))))
+    comm.timeout = 0.5
+    send, recv = torch.ones(4 * comm.size), torch.empty(4 * comm.size)
+    if comm.rank == 1:
+        time.sleep(3.0)
+        return
+    try:
+        comm.alltoall(send, recv)
+    except compcoll.CollectiveTimeout:
+        return
+    raise AssertionError("the all-to-all completed without rank 1")
+
+
 def dropped_work_completes(comm: compcoll.Communicator) -> None:
     """Rank 0 starts an all-to-all and drops its handle at once; rank 2 joins only after that; after a barrier
     rank 0's receive buffer still gets every part.

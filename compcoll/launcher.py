@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import functools
 import importlib
 import json
 import os
@@ -65,6 +66,28 @@ def mpiexec() -> str:
     if not found:
         raise FileNotFoundError("no mpiexec found: pip install 'compcoll[mpi]' (mpi4py and mpich)")
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def is_open_mpi(path: str) -> bool:
+    """Whether the ``mpiexec`` at ``path`` is Open MPI's (its ``--version`` names it); otherwise MPICH's Hydra is
+    assumed (``-env`` options, oversubscription allowed)."""
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    return "Open MPI" in version.stdout + version.stderr
+
+
+def mpiexec_options(path: str, env: dict[str, str]) -> list[str]:
+    """The options of ``mpiexec`` at ``path`` that set ``env`` for one segment of ranks: Hydra's ``-env NAME VALUE``,
+    Open MPI's ``-x NAME=VALUE``."""
+    if is_open_mpi(path):
+        return [option for name, value in env.items() for option in ("-x", f"{name}={value}")]
+    return [option for name, value in env.items() for option in ("-env", name, value)]
+
+
+def mpiexec_command(path: str) -> list[str]:
+    """``mpiexec`` at ``path`` with the options a local launch needs: Open MPI refuses more ranks than cores unless
+    told to oversubscribe (MPICH's Hydra allows it), which ``run``'s local ranks often are."""
+    return [path, "--map-by", ":OVERSUBSCRIBE"] if is_open_mpi(path) else [path]
 
 
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -180,13 +203,11 @@ def rank_commands(
         segments: list[str] = []
         for r in range(world_size):
             segments += [":"] if r else []
-            segments += ["-n", "1"]
-            for name, value in (rank_env[r] if rank_env else {}).items():
-                segments += ["-env", name, value]
+            segments += ["-n", "1", *mpiexec_options(mpiexec(), rank_env[r] if rank_env else {})]
             segments += [*(rank_prefix[r] if rank_prefix else ()), *command]
-        launches = [([mpiexec(), *segments], base)]
+        launches = [([*mpiexec_command(mpiexec()), *segments], base)]
     elif backend == "mpi":
-        launches = [([mpiexec(), "-n", str(world_size), *command], base)]
+        launches = [([*mpiexec_command(mpiexec()), "-n", str(world_size), *command], base)]
     else:
         port = str(_free_port())
         launches = [

@@ -5,14 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from compcoll.launcher import mpiexec
+from compcoll.launcher import mpiexec, mpiexec_command
 from tests.pool import run
 
 
 def _launched(processes: int, script: str) -> subprocess.CompletedProcess:
     """``script`` run by mpiexec on ``processes`` processes of their own (a fresh job, not the test pool's)."""
-    return subprocess.run([mpiexec(), "-n", str(processes), sys.executable, "-c", script], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([*mpiexec_command(mpiexec()), "-n", str(processes), sys.executable, "-c", script],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_asynchronous_calls_refuse_an_mpi_without_thread_support() -> None:

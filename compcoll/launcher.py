@@ -76,17 +76,18 @@ def is_open_mpi(path: str) -> bool:
     return "Open MPI" in version.stdout + version.stderr
 
 
-def mpiexec_options(path: str, env: dict[str, str]) -> list[str]:
-    """The options of ``mpiexec`` at ``path`` that set ``env`` for one segment of ranks: Hydra's ``-env NAME VALUE``,
-    Open MPI's ``-x NAME=VALUE``."""
-    if is_open_mpi(path):
+def mpiexec_options(env: dict[str, str]) -> list[str]:
+    """The options of ``mpiexec()`` that set ``env`` for one segment of ranks: Hydra's ``-env NAME VALUE``, Open
+    MPI's ``-x NAME=VALUE``."""
+    if is_open_mpi(mpiexec()):
         return [option for name, value in env.items() for option in ("-x", f"{name}={value}")]
     return [option for name, value in env.items() for option in ("-env", name, value)]
 
 
-def mpiexec_command(path: str) -> list[str]:
-    """``mpiexec`` at ``path`` with the options a local launch needs: Open MPI refuses more ranks than cores unless
-    told to oversubscribe (MPICH's Hydra allows it), which ``run``'s local ranks often are."""
+def mpiexec_command() -> list[str]:
+    """``mpiexec()`` with the options a local launch needs: Open MPI refuses more ranks than cores unless told to
+    oversubscribe (MPICH's Hydra allows it), which ``run``'s local ranks often are."""
+    path = mpiexec()
     return [path, "--map-by", ":OVERSUBSCRIBE"] if is_open_mpi(path) else [path]
 
 
@@ -203,11 +204,11 @@ def rank_commands(
         segments: list[str] = []
         for r in range(world_size):
             segments += [":"] if r else []
-            segments += ["-n", "1", *mpiexec_options(mpiexec(), rank_env[r] if rank_env else {})]
+            segments += ["-n", "1", *mpiexec_options(rank_env[r] if rank_env else {})]
             segments += [*(rank_prefix[r] if rank_prefix else ()), *command]
-        launches = [([*mpiexec_command(mpiexec()), *segments], base)]
+        launches = [([*mpiexec_command(), *segments], base)]
     elif backend == "mpi":
-        launches = [([*mpiexec_command(mpiexec()), "-n", str(world_size), *command], base)]
+        launches = [([*mpiexec_command(), "-n", str(world_size), *command], base)]
     else:
         port = str(_free_port())
         launches = [

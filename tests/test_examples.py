@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from compcoll.launcher import _free_port, mpiexec, mpiexec_command
+from compcoll.launcher import _free_port, mpiexec_command
 from tests.example_batch import MARK
 from tests.versions import FSDP_COMPRESSES, NEEDS_FSDP_HOOK
 
@@ -38,7 +38,7 @@ TRAINED = {"onebit_adam": "OneBitAdam", "onebit_lamb": "OneBitLamb", "zero_one_a
 
 @functools.lru_cache(maxsize=None)
 def _train_run() -> str:
-    return _run([*mpiexec_command(mpiexec()), "-n", "3", sys.executable, "examples/train.py", "--optimizer",
+    return _run([*mpiexec_command(), "-n", "3", sys.executable, "examples/train.py", "--optimizer",
                  ",".join(TRAINED), "--steps", "60"])
 
 
@@ -74,7 +74,7 @@ def _batch_outputs() -> dict[str, str]:
         readme = Path(folder) / "example.py"
         readme.write_text((ROOT / "README.md").read_text().split("```python\n", 1)[1].split("```", 1)[0])
         scripts = [str(readme) if name == "README.md" else name for name in BATCHED]
-        return dict(zip(BATCHED, _sections([*mpiexec_command(mpiexec()), "-n", "2", sys.executable], scripts)))
+        return dict(zip(BATCHED, _sections([*mpiexec_command(), "-n", "2", sys.executable], scripts)))
 
 
 TORCHRUN_BATCHED = {"train": "examples/train.py --optimizer zero_one_adam --steps 60",

@@ -11,7 +11,7 @@ import pytest
 
 import compcoll
 from compcoll.comm import torch_backend
-from compcoll.launcher import mpiexec, mpiexec_command
+from compcoll.launcher import mpiexec_command
 from tests.leftovers import segments
 
 _PROBE = "import compcoll; c = compcoll.init(); print(type(c).__name__, c.rank, c.size)"
@@ -34,7 +34,7 @@ def test_mpiexec_gives_mpicomm(tmp_path: Path) -> None:
     """Each rank writes its own file: lines forwarded by mpiexec may interleave."""
     probe = ("import compcoll, pathlib; c = compcoll.init(); "
              f"pathlib.Path({str(tmp_path)!r}, str(c.rank)).write_text(f'{{type(c).__name__}} {{c.rank}} {{c.size}}')")
-    subprocess.run([*mpiexec_command(mpiexec()), "-n", "2", sys.executable, "-c", probe], env=_clean_env(),
+    subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-c", probe], env=_clean_env(),
                    capture_output=True, text=True, timeout=120, check=True)
     assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["MPIComm 0 2", "MPIComm 1 2"]
 
@@ -88,7 +88,7 @@ def test_uncaught_error_on_one_mpi_rank_ends_the_job() -> None:
     segment of MPICH's in /dev/shm, which MPI_Abort left (Hydra's topology file in /tmp it still leaves)."""
     env = {**_clean_env(), "COMPCOLL_TIMEOUT": "120"}
     before = segments()
-    done = subprocess.run([*mpiexec_command(mpiexec()), "-n", "2", sys.executable, "-c", _DIES], env=env,
+    done = subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-c", _DIES], env=env,
                           capture_output=True, text=True, timeout=100)
     output = done.stdout + done.stderr
     assert done.returncode != 0 and "rank 1 gives up" in output and "aborting the job" in output, output

@@ -28,7 +28,10 @@ or with the compiler's packages in a folder of their own (what CI does:
    (``parameter_widths``).
 5. The numba-cuda in use is the one the bound launcher was written against
    (``PINNED_NUMBA_CUDA``), with the private attributes it reads.
-Prints one line per kernel; exits 1 if any fails.
+6. Each variant's PTX assembles to machine code with ``ptxas`` (what the driver does at its first launch on a
+   GPU), and fits the block its launch asks for: registers, static shared memory and threads, which would
+   otherwise fail only on a GPU ("too many resources requested for launch").
+Prints one line per kernel and what it takes; exits 1 if any fails.
 """
 
 from __future__ import annotations
@@ -41,10 +44,14 @@ from types import SimpleNamespace
 
 
 def variants() -> dict[str, tuple]:
-    """Every kernel variant the codecs launch: name -> (Python function, argument types)."""
+    """Every kernel variant the codecs launch: name -> (Python function, argument types, threads per block).
+
+    The threads are the constant each variant's launch passes (``launch(kernel, grid, THREADS, ...)``), read from
+    the same module, so that the resources it takes are checked against the block it runs in (step 6).
+    """
     from numba import types as t
 
-    from compcoll.kernels.cuda import blocks, frames, levels, randomized, records, scales, signs, sums
+    from compcoll.kernels.cuda import blocks, common, frames, levels, randomized, records, scales, signs, sums
 
     def rows(dtype) -> t.Array:
         return t.Array(dtype, 2, "A")
@@ -54,67 +61,73 @@ def variants() -> dict[str, tuple]:
     FINISH = (t.Array(t.int32, 1, "C"), F64, I64, t.float64, I64, F32)
     """What ends a sum on the device: the block counts, the total, d, sqrt(d), the scale's mode and slot (the
     lane-sum kernels take their groups before it, 0 for none)."""
+    THREADS, LANE, CODE, FOLD = common.THREADS, sums.LANE_THREADS, scales.CODE_THREADS, blocks.FOLD_THREADS
     found: dict[str, tuple] = {
-        "tree: collapse to one block's width, then the last block": (sums._collapse.py_func, (F64, I64, F64, *FINISH)),
-        "scale of a device sum": (records._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32)),
-        "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32)),
+        "tree: collapse to one block's width, then the last block": (
+            sums._collapse.py_func, (F64, I64, F64, *FINISH), sums.COLLAPSE_THREADS),
+        "scale of a device sum": (records._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32), 1),
+        "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32), THREADS),
     }
     for out in (F32, I16):
-        found[f"decode to {out.dtype}"] = (signs._select_decode.py_func, (rows(t.uint8), out, out, out, I64))
-    found["average of rows"] = (signs._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32))
+        found[f"decode to {out.dtype}"] = (signs._select_decode.py_func, (rows(t.uint8), out, out, out, I64), THREADS)
+    found["average of rows"] = (signs._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32), THREADS)
     wire, coded = t.Array(t.uint8, 2, "C"), t.Array(t.float32, 2, "C")
     for power, src in ((0, F32), (2, F64), (1, F64)):
         found[f"code block scales, power {power}"] = (scales._code_blocks(power).py_func,
-                                                      (src, I64, I64, F64, wire, coded))
+                                                      (src, I64, I64, F64, wire, coded), CODE)
         found[f"long rows' block scales and their parts' maxima, power {power}"] = (
-            scales._part_maxima(power).py_func, (src, I64, I64, I64, coded, F32))
+            scales._part_maxima(power).py_func, (src, I64, I64, I64, coded, F32), CODE)
     found["code long rows' block scales from their parts' maxima"] = (scales._code_parts.py_func,
-                                                                      (F64, I64, F32, wire, coded))
-    found["decode block codes"] = (scales._decode_codes.py_func, (wire, F64, I64, coded))
-    found["weights from the frame heads"] = (frames._head_weights.py_func, (rows(t.uint8), I64, F32))
+                                                                      (F64, I64, F32, wire, coded), CODE)
+    found["decode block codes"] = (scales._decode_codes.py_func, (wire, F64, I64, coded), THREADS)
+    found["weights from the frame heads"] = (frames._head_weights.py_func, (rows(t.uint8), I64, F32), THREADS)
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the scales in the frames"] = (
-            frames._decode_framed(name, False).py_func, (rows(t.uint8), F64, I64, I64, t.Array(raw, 1, "C"), I64))
+            frames._decode_framed(name, False).py_func, (rows(t.uint8), F64, I64, I64, t.Array(raw, 1, "C"), I64),
+            THREADS)
     for lut in (False, True):
         src = U16 if lut else F32
         for p in (1, 2):
             found[f"sum of |x|^{p}, table={lut}"] = (sums._power_lanes(lut, p).py_func,
-                                                     (src, F32, F32, I64, F64, I64, *FINISH))
+                                                     (src, F32, F32, I64, F64, I64, *FINISH), LANE)
         for in_memory in (False, True):
             found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
                 signs._compensate_encode(lut, in_memory).py_func,
-                (src, F32, F32, I64, F32 if in_memory else t.float32, U8))
+                (src, F32, F32, I64, F32 if in_memory else t.float32, U8), THREADS)
         found[f"max |x| of rows (lanes), table={lut}"] = (randomized._absmax_lanes(lut).py_func,
-                                                          (src, F32, I64, I64, I64, F32))
+                                                          (src, F32, I64, I64, I64, F32), THREADS)
         found[f"randomized encode, table={lut}"] = (randomized._randomized_encode(lut).py_func,
-                                                    (src, F32, I64, F32, t.Array(t.uint64, 1, "C"), I64, wire))
+                                                    (src, F32, I64, F32, t.Array(t.uint64, 1, "C"), I64, wire),
+                                                    THREADS)
         for p in (1, 2):
             found[f"block sums of |x|^{p}, table={lut}"] = (blocks._block_power_sums(lut, p).py_func,
-                                                            (src, F32, F32, I64, I64, I64, F64))
+                                                            (src, F32, F32, I64, I64, I64, F64), FOLD)
         found[f"encode with block scales, table={lut}"] = (blocks._encode_blocks(lut).py_func,
-                                                           (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
+                                                           (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)),
+                                                           THREADS)
         found[f"block max |x|, table={lut}"] = (blocks._block_absmax(lut).py_func,
-                                                (src, F32, F32, I64, I64, I64, F32))
+                                                (src, F32, F32, I64, I64, I64, F32), FOLD)
         found[f"encode levels, table={lut}"] = (levels._encode_levels(lut).py_func,
-                                                (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)))
+                                                (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)), THREADS)
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the block scales in the frames"] = (
-            frames._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64))
+            frames._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64), THREADS)
     found["accumulate levels"] = (levels._accumulate_levels.py_func,
-                                  (rows(t.uint8), rows(t.float32), I64, I64, F32, I64))
-    found["decode levels"] = (levels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64))
+                                  (rows(t.uint8), rows(t.float32), I64, I64, F32, I64), THREADS)
+    found["decode levels"] = (levels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64), THREADS)
     found["accumulate groups of rows into their segments"] = (blocks._accumulate_groups.py_func,
-                                                              (wire, coded, F32, I64))
+                                                              (wire, coded, F32, I64), THREADS)
     offsets = t.Array(t.int64, 1, "C")
-    found["sums of squares by segment: lanes"] = (sums._segment_lanes.py_func, (F32, offsets, offsets, F64))
-    found["sums of squares by segment: trees"] = (sums._segment_trees.py_func, (F64, offsets, F64))
+    found["sums of squares by segment: lanes"] = (sums._segment_lanes.py_func, (F32, offsets, offsets, F64), LANE)
+    found["sums of squares by segment: trees"] = (sums._segment_trees.py_func, (F64, offsets, F64),
+                                                  sums.COLLAPSE_THREADS)
     for base in (False, True):
         for p in (1, 2):
             found[f"accumulate signs, base={base}, power {p}"] = (
                 sums._accumulate_lanes(base, p).py_func,
-                (rows(t.uint8), F32, F32, F32, I64, F64, I64, *FINISH))
+                (rows(t.uint8), F32, F32, F32, I64, F64, I64, *FINISH), LANE)
         found[f"accumulate with block weights, base={base}"] = (
-            blocks._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64))
+            blocks._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64), THREADS)
     return found
 
 
@@ -153,6 +166,79 @@ def ieee_problem(name: str, ptx: str) -> str | None:
     problems = ([f"its PTX lacks {', '.join(missing)} (the host's IEEE steps)"] if missing else []) + (
         ["it fuses a multiply-add (the CPU rounds each step)"] if fused else [])
     return "; ".join(problems) or None
+
+
+MAX_THREADS = 1024
+"""Threads a block may have."""
+BLOCK_REGISTERS = 65536
+"""Registers a block may hold (compute capability 5.0 to 12.0)."""
+REGISTER_UNIT = 256
+"""A warp's registers are allocated in units of this many."""
+STATIC_SHARED = 48 * 1024
+"""Shared memory a kernel may declare statically, as numba's ``cuda.shared.array`` does."""
+
+
+def ptxas_candidates() -> list[str]:
+    """Every ``ptxas`` here: the CUDA compiler's pip package's on ``sys.path`` (``nvidia/cuda_nvcc``, beside the NVVM
+    numba-cuda loads from it), then ``CUDA_HOME``'s and ``PATH``'s (a toolkit's, whose NVVM numba-cuda may load
+    instead)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    found = [Path(entry) / "nvidia" / "cuda_nvcc" / "bin" / "ptxas" for entry in sys.path if entry]
+    found += [Path(os.environ[name]) / "bin" / "ptxas" for name in ("CUDA_HOME", "CUDA_PATH") if name in os.environ]
+    found += [Path(p) for p in (shutil.which("ptxas"), "/usr/local/cuda/bin/ptxas") if p]
+    return list(dict.fromkeys(str(p) for p in found if p.is_file()))
+
+
+def assemble(ptx: str, cc: tuple[int, int], readers: dict) -> tuple[str, str] | str:
+    """(ptxas's report, its path) for ``ptx`` assembled to sm_``cc`` machine code, as the driver does at a launch; or
+    why it could not be.
+
+    1. The first of ``ptxas_candidates`` that reads the PTX's ``.version`` (an NVVM newer than a ptxas writes a
+       version that ptxas refuses) assembles it with ``-v``, which reports each entry's registers, shared memory and
+       stack; ``readers`` caches it by version.
+    2. Any other refusal (shared memory beyond ``STATIC_SHARED``, say) is the kernel's problem, returned as it is.
+    """
+    import subprocess
+    import tempfile
+
+    version = re.search(r"^\.version\s+(\S+)", ptx, re.MULTILINE)[1]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
+        source.write(ptx)
+        source.flush()
+        for ptxas in ([readers[version]] if version in readers else ptxas_candidates()):
+            done = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", source.name, "-o", "/dev/null"],
+                                  capture_output=True, text=True)
+            if "Unsupported .version" in done.stderr:
+                continue
+            readers[version] = ptxas
+            if done.returncode != 0:
+                return f"ptxas refused it: {done.stderr.strip()}"
+            return done.stderr, ptxas
+    return f"no ptxas here reads PTX .version {version} (pip install nvidia-cuda-nvcc-cu12, or a CUDA toolkit's)"
+
+
+def resource_problem(report: str, threads: int) -> tuple[str, str | None]:
+    """(what the kernel takes, or None) and why it cannot launch on ``threads`` threads a block (step 6), or None.
+
+    A block of T threads holds ceil(T / 32) warps, each of R registers a thread rounded up to ``REGISTER_UNIT`` per
+    warp; the launch fails ("too many resources requested") past ``BLOCK_REGISTERS``, and a kernel's static shared
+    memory may not pass ``STATIC_SHARED``.
+    """
+    registers = int(re.search(r"Used (\d+) registers", report)[1])
+    shared = re.search(r"(\d+) bytes smem", report)
+    shared = int(shared[1]) if shared else 0
+    stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", report)
+    warp = -(-registers * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    held = warp * -(-threads // 32)
+    taken = (f"{registers} registers ({held} a block of {threads}), {shared} bytes shared, "
+             f"{stack[1] if stack else 0} bytes stack, {stack[2] if stack else 0} spilled")
+    problems = ([f"{threads} threads a block, past {MAX_THREADS}"] if threads > MAX_THREADS else []) + (
+        [f"a block of {threads} threads holds {held} registers, past {BLOCK_REGISTERS}"] if held > BLOCK_REGISTERS
+        else []) + ([f"{shared} bytes of static shared memory, past {STATIC_SHARED}"] if shared > STATIC_SHARED else [])
+    return taken, "; ".join(problems) or None
 
 
 def ptx_parameter_sizes(ptx: str) -> list[int]:
@@ -225,9 +311,10 @@ def main() -> int:
 
     cc = tuple(int(part) for part in args.cc.split("."))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
-    failed = 0
+    failed = unfit = 0
+    readers: dict[str, str] = {}
     found = variants()
-    for name, (function, types) in found.items():
+    for name, (function, types, threads) in found.items():
         try:
             ptx, _ = cuda.compile_ptx(function, types, cc=cc)
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
@@ -253,11 +340,20 @@ def main() -> int:
         if problem:
             failed += 1
             print(f"FAILED  {name}: {problem}")
+        assembled = assemble(ptx, cc, readers)
+        taken, problem = resource_problem(assembled[0], threads) if isinstance(assembled, tuple) else (None, assembled)
+        if problem:
+            unfit += 1
+            print(f"FAILED  {name}: {problem}")
+        else:
+            print(f"        {taken}")
     for problem in pin_problems():
         failed += 1
         print(f"FAILED  the bound launcher's pin: {problem}")
     print(f"{len(found) - failed} of {len(found)} kernel variants compile for sm_{cc[0]}{cc[1]}")
-    return 1 if failed else 0
+    print(f"{len(found) - unfit} of {len(found)} fit their launch's block on sm_{cc[0]}{cc[1]} "
+          f"(ptxas: {', '.join(sorted(set(readers.values()))) or 'none'})")
+    return 1 if failed or unfit else 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ from compcoll import codecs
 from compcoll.bench.launches import per_call_us
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.cuda import records
+from compcoll.kernels import bound
 from compcoll.kernels import launch as launching
+from compcoll.kernels.arrays import DeviceArray
 
 
 def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
@@ -48,15 +50,15 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
     out = torch.empty(1, dtype=torch.float32, device=dev)
     handle = torch.cuda.current_stream(dev).cuda_stream
     stream = codecs.dispatch.numba_stream(dev.index, handle)
-    args = (launching.DeviceArray.of(total), 4096, 64.0, True, launching.DeviceArray.of(out))
+    args = (DeviceArray.of(total), 4096, 64.0, True, DeviceArray.of(out))
     kernel = records._scale_of
-    core_kernel, flatteners = launching._bound(kernel, launching._device_id(), tuple(map(launching._key, args)))
+    core_kernel, flatteners = bound.bound_kernel(kernel, launching._device_id(), tuple(map(bound.variant_key, args)))
     flat: list = []
     for flatten, arg in zip(flatteners, args):
         flatten(arg, flat)
-    core_stream = launching._core_stream(stream)
-    config = launching._config(1, 1)
-    keys = tuple(map(launching._key, args))
+    core_stream = bound.core_stream(stream)
+    config = bound.launch_config(1, 1)
+    keys = tuple(map(bound.variant_key, args))
     small = torch.zeros(16, device=dev)
 
     def flatten_all() -> None:
@@ -74,13 +76,13 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
         "with cuda.gpus[i] (numba context)": context,
         "launch._device_id()": launching._device_id,
         "launch.launcher()": launching.launcher,
-        "DeviceArray.of(tensor)": lambda: launching.DeviceArray.of(total),
+        "DeviceArray.of(tensor)": lambda: DeviceArray.of(total),
         "codecs.dispatch.view(tensor) (detach + view)": lambda: codecs.dispatch.view(total),
         "torch.empty(1, device)": lambda: torch.empty(1, dtype=torch.float32, device=dev),
-        "argument keys (5 args)": lambda: tuple(map(launching._key, args)),
-        "launch._bound lookup (cached)": lambda: launching._bound(kernel, 0, keys),
+        "argument keys (5 args)": lambda: tuple(map(bound.variant_key, args)),
+        "bound.bound_kernel lookup (cached)": lambda: bound.bound_kernel(kernel, 0, keys),
         "flatten 5 args": flatten_all,
-        "cuda.core launch, flat args ready": lambda: launching._core_launch(core_stream, config, core_kernel, *flat),
+        "cuda.core launch, flat args ready": lambda: bound.core_launch(core_stream, config, core_kernel, *flat),
         "kernels.launch.launch (whole)": lambda: launching.launch(kernel, 1, 1, stream, *args),
         "codecs.scale_from (whole codec call)": lambda: codecs.scale_from(total, 4096, "l2"),
         "torch add_ on 16 elements (for scale)": lambda: small.add_(1.0),

@@ -23,7 +23,7 @@ or with the compiler's packages in a folder of their own (what CI does:
    ``mul.f64``: round to nearest), round with ``cvt.rn.f32.f64``, divide the weights with ``div.rn.f32`` and fuse
    no multiply-add.
 4. Arguments made as the codecs make them (``DeviceArray`` views of tensors, Python and
-   numpy scalars) must type as the variant's types, and what ``kernels.launch`` flattens
+   numpy scalars) must type as the variant's types, and what ``kernels.bound`` flattens
    them to must be the entry's ``.param`` list: as many values, of the same widths
    (``parameter_widths``).
 5. The numba-cuda in use is the one the bound launcher was written against
@@ -254,7 +254,7 @@ def example_arguments(types: tuple) -> list:
     import torch
     from numba import types as t
 
-    from compcoll.kernels.launch import DeviceArray
+    from compcoll.kernels.arrays import DeviceArray
 
     viewed = {"uint16": torch.int16, "uint32": torch.float32, "uint64": torch.int64}
     """Kernel dtypes the codecs view tensors of another dtype as (16-bit sources, a float32 output's bits, Birder's
@@ -281,7 +281,7 @@ def pin_problems() -> list[str]:
     from numba.cuda import codegen, dispatcher
     from numba.cuda.cudadrv import driver
 
-    from compcoll.kernels.launch import PINNED_NUMBA_CUDA
+    from compcoll.kernels.bound import PINNED_NUMBA_CUDA
 
     problems = []
     if version("numba-cuda") != PINNED_NUMBA_CUDA:
@@ -307,7 +307,7 @@ def main() -> int:
     import numba.cuda.dispatcher as dispatcher
     from numba import cuda
 
-    from compcoll.kernels.launch import _key, flattener, numba_type, parameter_widths
+    from compcoll.kernels.bound import flattener, numba_type, parameter_widths, variant_key
 
     cc = tuple(int(part) for part in args.cc.split("."))
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
@@ -322,7 +322,7 @@ def main() -> int:
             print(f"FAILED  {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
             continue
         made = example_arguments(types)
-        typed = tuple(numba_type(_key(a)) for a in made)
+        typed = tuple(numba_type(variant_key(a)) for a in made)
         flat: list = []
         for arg, ty in zip(made, typed):
             flattener(ty)(arg, flat)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .. import spec
-from ..kernels.launch import DeviceArray
+from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
 from .dispatch import RAW, KernelView, base_of, call, no_source, on_host, result_into, source_of, view
 

@@ -1,7 +1,7 @@
 """The codecs' device dispatch: kernel views of torch tensors, each kernel call sent to its device's kernels.
 
 A CPU tensor's kernels are ``kernels.cpu``'s on numpy views; a CUDA tensor's ``kernels.cuda``'s on
-``kernels.launch.DeviceArray`` views, queued on torch's current stream through ``kernels.launch``; a meta tensor's
+``kernels.arrays.DeviceArray`` views, queued on torch's current stream through ``kernels.launch``; a meta tensor's
 the CUDA kernels on ``kernels.launch.TRACED``, counted and not run; a CPU tensor's while
 ``kernels.launch.simulating()``, the CUDA kernels under numba's simulator. Every view is zero-copy.
 """
@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from ..kernels import cpu as cpu_kernels
-from ..kernels.launch import (SIMULATED_DEVICE, TRACED, DeviceArray, context_for, read_first, read_values, simulating,
+from ..kernels.arrays import DeviceArray
+from ..kernels.launch import (SIMULATED_DEVICE, TRACED, context_for, read_first, read_values, simulating,
                               stream_on)
 from ..workspace import Temporaries, current_stream
 
@@ -67,7 +68,7 @@ def on_host(tensor: torch.Tensor) -> bool:
 
 
 def view(tensor: torch.Tensor) -> KernelView:
-    """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.launch.DeviceArray`` for device tensors."""
+    """A zero-copy kernel view: numpy for CPU tensors, a ``kernels.arrays.DeviceArray`` for device tensors."""
     if on_host(tensor):
         return tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
     # pointer, shape and strides only: the kernels run on torch's current stream, behind the producer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kernels.launch import DeviceArray
+from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
 from .dispatch import RAW, Scalar, call, no_source, on_host, result_into, source_of, storage_of, to_device, view
 

@@ -1,4 +1,4 @@
-"""The one path of every CUDA kernel launch and host read of compcoll's kernels: counted, and pre-bound.
+"""The one path of every CUDA kernel launch and host read of compcoll's kernels, counted.
 
 ``launch`` runs a ``numba.cuda.jit`` kernel in one of two ways:
 
@@ -21,34 +21,29 @@ launches: their kernels run in the simulator on the tensors' own memory, read th
 the same ``DeviceArray`` pointers, shapes and strides a GPU gets. So the whole CUDA path
 of every call is checked, bit for bit, on a machine without a GPU (slowly).
 
-The bound path depends on numba-cuda's own layout of a kernel's parameters and on three
-private names (``_Kernel._codelibrary``, its ``get_cufunc().kernel``, and
-``driver._to_core_stream``), pinned in ``PINNED_NUMBA_CUDA`` and checked by
-``scripts/cuda_ptx.py``.
+The bound path is ``kernels.bound``'s; the arguments are ``kernels.arrays.DeviceArray`` views.
 """
 
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 from numba import config
 
 from ..recording import NO_CONTEXT, Recording, current
+from .arrays import DeviceArray
+from .bound import bound_kernel, core_launch, core_stream, launch_config, variant_key
 
 LAUNCHER_ENV = "COMPCOLL_CUDA_LAUNCHER"
 SIMULATE_ENV = "COMPCOLL_CUDA_ON_CPU"
 SIMULATED_DEVICE = 0
 """The GPU a CPU tensor's kernels run on while simulating: the simulator's one."""
 LAUNCHERS = ("bound", "numba")
-PINNED_NUMBA_CUDA = "0.30.4"
-"""The numba-cuda whose parameter layout and private attributes the bound launcher uses."""
 
 
 @dataclass
@@ -116,92 +111,6 @@ def launcher() -> str:
     return "numba" if config.ENABLE_CUDASIM else chosen
 
 
-class DeviceArray:
-    """A view of device memory as a kernel argument: pointer, shape, byte strides and numpy dtype.
-
-    It holds ``owner`` (the tensor whose memory it is) alive, and offers what numba's
-    dispatcher needs to wrap it (``__cuda_array_interface__``); the bound launcher reads
-    its fields directly.
-    """
-
-    __slots__ = ("ptr", "shape", "strides", "dtype", "owner")
-
-    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype, owner) -> None:
-        self.ptr, self.shape, self.strides, self.dtype, self.owner = ptr, shape, strides, dtype, owner
-
-    @classmethod
-    def of(cls, tensor) -> DeviceArray:
-        """A view of a CUDA torch tensor, in place."""
-        itemsize, strides = tensor.element_size(), tensor.stride()
-        strides = (strides[0] * itemsize,) if len(strides) == 1 else tuple(s * itemsize for s in strides)
-        return cls(tensor.data_ptr(), tuple(tensor.shape), strides, _numpy_dtype(tensor.dtype), tensor)
-
-    @classmethod
-    def flat(cls, tensor, dtype=None) -> DeviceArray:
-        """A 1-D view of a contiguous CUDA torch tensor, in place, as ``dtype`` (a numpy dtype of the same item size;
-        default the tensor's): what ``tensor.view(-1)`` then ``of`` would give, with no torch view made."""
-        itemsize = tensor.element_size()
-        return cls(tensor.data_ptr(), (tensor.numel(),), (itemsize,),
-                   _numpy_dtype(tensor.dtype) if dtype is None else np.dtype(dtype), tensor)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def contiguous(self) -> bool:
-        """Whether the strides are C order's (numba's layout "C"; otherwise "A")."""
-        step = self.dtype.itemsize
-        for extent, stride in zip(reversed(self.shape), reversed(self.strides)):
-            if extent != 1 and stride != step:
-                return False
-            step *= extent
-        return True
-
-    def view(self, dtype) -> DeviceArray:
-        """The same memory as another dtype of the same size."""
-        dtype = np.dtype(dtype)
-        if dtype.itemsize != self.dtype.itemsize:
-            raise ValueError(f"DeviceArray.view: {self.dtype} and {dtype} differ in size")
-        return DeviceArray(self.ptr, self.shape, self.strides, dtype, self.owner)
-
-    def __getitem__(self, key: slice) -> DeviceArray:
-        """A 1-D slice with step 1 (``values[:1]``)."""
-        start, stop, step = key.indices(self.shape[0])
-        if self.ndim != 1 or step != 1:
-            raise ValueError("DeviceArray: only 1-D slices with step 1")
-        return DeviceArray(self.ptr + start * self.strides[0], (max(0, stop - start),), self.strides, self.dtype,
-                           self.owner.reshape(-1)[start:stop])
-
-    @property
-    def __cuda_array_interface__(self) -> dict:
-        return {"shape": self.shape, "strides": None if self.contiguous else self.strides,
-                "data": (self.ptr, False), "typestr": self.dtype.str, "version": 2}
-
-
-def _numpy_dtype(torch_dtype) -> np.dtype:
-    """The numpy dtype of a torch dtype the kernels take (the table filled at the first lookup: torch is imported
-    late)."""
-    found = _NUMPY_DTYPES.get(torch_dtype)
-    if found is None:
-        import torch
-
-        _NUMPY_DTYPES.update({torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-                              torch.uint8: np.dtype(np.uint8), torch.bool: np.dtype(np.bool_),
-                              torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32),
-                              torch.int64: np.dtype(np.int64)})
-        found = _NUMPY_DTYPES[torch_dtype]
-    return found
-
-
-_NUMPY_DTYPES: dict = {}
-"""The numpy dtype of each torch dtype the kernels take (``_numpy_dtype``)."""
-
-
 def launch(kernel, grid: int, block: int, stream, *args) -> None:
     """Launch ``kernel`` (a ``numba.cuda.jit`` dispatcher) on ``grid`` x ``block`` threads in ``stream``.
 
@@ -225,14 +134,14 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
         return
     if launcher() == "bound":
         device = device_of(stream)
-        core_kernel, flatteners = _bound(kernel, device, tuple(map(_key, args)))
+        core_kernel, flatteners = bound_kernel(kernel, device, tuple(map(variant_key, args)))
         flat = []
         for flatten, arg in zip(flatteners, args):
             flatten(arg, flat)
-        core_stream, config = _core_stream(stream), _config(grid, block)
-        _core_launch(core_stream, config, core_kernel, *flat)
+        on, shape = core_stream(stream), launch_config(grid, block)
+        core_launch(on, shape, core_kernel, *flat)
         if recording is not None:
-            recording.launch((_replay_launch, (core_stream, config, core_kernel, *flat), device),
+            recording.launch((_replay_launch, (on, shape, core_kernel, *flat), device),
                              _signature(kernel, grid, block, args), _owners(recording, args))
         return
     kernel[grid, block, stream](*(_wrap(a) for a in args))
@@ -252,7 +161,7 @@ def _replay_launch(stream, config, kernel, *flat) -> None:
     """A bound launch replayed from its recording (``recording``): counted, its arguments flattened already."""
     with _LOCK:
         COUNTS.launches += 1
-    _core_launch(stream, config, kernel, *flat)
+    core_launch(stream, config, kernel, *flat)
 
 
 def _owners(recording: Recording, args: tuple) -> list:
@@ -388,111 +297,3 @@ def _device_id() -> int:
     from numba import cuda
 
     return cuda.gpus.current.id
-
-
-def _key(arg) -> tuple:
-    """What selects a compiled variant: an array's dtype, rank and layout, or a scalar's type.
-
-    It runs for every argument of every launch, so the common cases take a short way: a 1-D
-    contiguous ``DeviceArray`` (most arguments) and the scalar types the kernels take get keys
-    made once (``_FLAT_KEYS``, ``_SCALAR_KEYS``).
-    """
-    if type(arg) is DeviceArray:
-        shape = arg.shape
-        if len(shape) == 1 and (arg.strides[0] == arg.dtype.itemsize or shape[0] == 1):
-            found = _FLAT_KEYS.get(arg.dtype)
-            if found is None:
-                found = _FLAT_KEYS[arg.dtype] = ("array", arg.dtype, 1, True)
-            return found
-        return ("array", arg.dtype, len(shape), arg.contiguous)
-    found = _SCALAR_KEYS.get(type(arg))
-    if found is not None:
-        return found
-    if hasattr(arg, "__cuda_memory__"):
-        return ("array", arg.dtype, arg.ndim, arg.is_c_contiguous())
-    return ("scalar", type(arg))
-
-
-_FLAT_KEYS: dict = {}
-"""The key of a 1-D contiguous array, by dtype (``_key``)."""
-_SCALAR_KEYS = {kind: ("scalar", kind) for kind in (bool, int, float, np.float32, np.float64, np.int64, np.uint64)}
-
-
-def numba_type(key: tuple):
-    """The numba type of an argument ``_key`` describes (what numba's dispatcher would type it as)."""
-    from numba.cuda import types
-    from numba.cuda.np.numpy_support import from_dtype
-
-    if key[0] == "array":
-        return types.Array(from_dtype(key[1]), key[2], "C" if key[3] else "A")
-    return {bool: types.boolean, int: types.int64, float: types.float64, np.float32: types.float32,
-            np.float64: types.float64, np.int64: types.int64, np.uint64: types.uint64}[key[1]]
-
-
-def flattener(numba_arg_type):
-    """A function appending an argument's kernel parameters to a list, as numba-cuda lays them out.
-
-    Arrays: meminfo and parent (0), the element count, the item size, the data pointer,
-    then the shape and the byte strides. Scalars: one value of the parameter's own width.
-    """
-    from numba.cuda import types
-
-    if isinstance(numba_arg_type, types.Array):
-        def array(arg, flat: list) -> None:
-            ptr = arg.ptr if isinstance(arg, DeviceArray) else arg.device_ctypes_pointer.value or 0
-            flat.extend((0, 0, math.prod(arg.shape), arg.dtype.itemsize, ptr))
-            flat.extend(arg.shape)
-            flat.extend(arg.strides)
-
-        return array
-    width = {types.boolean: np.bool_, types.int64: np.int64, types.uint64: np.uint64, types.float32: np.float32,
-             types.float64: np.float64}[numba_arg_type]
-
-    def scalar(arg, flat: list) -> None:
-        flat.append(width(arg))
-
-    return scalar
-
-
-def parameter_widths(flat: list) -> list[int]:
-    """The bytes ``cuda.core.launch`` passes for each flattened value (checked against PTX): a Python int as a
-    pointer-sized integer, a numpy scalar at its own width."""
-    return [8 if isinstance(value, int) else value.itemsize for value in flat]
-
-
-@lru_cache(maxsize=None)
-def _bound(kernel, device: int, keys: tuple):
-    """The cuda.core kernel of ``kernel``'s variant for ``keys`` on GPU ``device``, and its flatteners."""
-    from numba import cuda
-
-    argtypes = tuple(numba_type(k) for k in keys)
-    with cuda.gpus[device]:
-        compiled = kernel.compile(argtypes)
-        return compiled._codelibrary.get_cufunc().kernel, tuple(flattener(t) for t in argtypes)
-
-
-@lru_cache(maxsize=None)
-def _config(grid: int, block: int):
-    from cuda.core import LaunchConfig
-
-    return LaunchConfig(grid=grid, block=block)
-
-
-@lru_cache(maxsize=None)
-def _core_stream(stream):
-    """cuda.core's view of a numba stream (or 0: the default stream), made once per stream."""
-    from numba.cuda.cudadrv import driver
-
-    return driver._to_core_stream(stream)
-
-
-def _core_launch(stream, config, kernel, *args) -> None:
-    _core_launcher()(stream, config, kernel, *args)
-
-
-@lru_cache(maxsize=None)
-def _core_launcher():
-    """``cuda.core.launch``, imported once (an import statement per launch costs a microsecond)."""
-    from cuda.core import launch as core_launch
-
-    return core_launch

@@ -1,6 +1,6 @@
 """Fused numba.cuda kernels for the low-bit codecs, with the CPU kernels' names and results (the reference's bits).
 
-Every function takes device arrays (``kernels.launch.DeviceArray`` views of torch CUDA tensors, numba device
+Every function takes device arrays (``kernels.arrays.DeviceArray`` views of torch CUDA tensors, numba device
 arrays; host numpy arrays under the simulator, ``NUMBA_ENABLE_CUDASIM=1``) and an optional ``stream``
 (``numba.cuda.external_stream`` of torch's current stream, so kernels queue behind the work that produced their
 input). Every launch and every read back to the host goes through ``kernels.launch``, which counts them and

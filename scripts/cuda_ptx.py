@@ -27,7 +27,8 @@ or with the compiler's packages in a folder of their own (what CI does:
    them to must be the entry's ``.param`` list: as many values, of the same widths
    (``parameter_widths``).
 5. The numba-cuda in use is the one the bound launcher was written against
-   (``PINNED_NUMBA_CUDA``), with the private attributes it reads.
+   (``PINNED_NUMBA_CUDA``), with the private attributes it reads, and the launcher's host side runs as far as it
+   goes without a GPU (``host_side_problems``).
 6. Each variant's PTX assembles to machine code with ``ptxas`` (what the driver does at its first launch on a
    GPU), and fits the block its launch asks for: registers, static shared memory and threads, which would
    otherwise fail only on a GPU ("too many resources requested for launch").
@@ -294,6 +295,28 @@ def pin_problems() -> list[str]:
         problems.append("numba.cuda.cudadrv.driver has no _to_core_stream")
     if "cufunc.kernel" not in inspect.getsource(dispatcher._Kernel.launch):
         problems.append("_Kernel.launch no longer launches cufunc.kernel through cuda.core")
+    return problems + host_side_problems()
+
+
+def host_side_problems() -> list[str]:
+    """What fails in the bound launcher's host side, run as far as it goes without a GPU (``kernels.bound``).
+
+    Its launch shape and ``cuda.core.launch`` are made here; the default stream's cuda.core view needs the driver,
+    so a ``RuntimeError`` (no driver library) is as far as it can go, and any other error (a misspelt private name, a
+    changed signature) is a problem that would otherwise show first on a GPU.
+    """
+    from compcoll.kernels import bound
+
+    problems = []
+    for name, step in (("launch_config(1, 1)", lambda: bound.launch_config(1, 1)),
+                       ("cuda.core.launch", bound._core_launcher),
+                       ("core_stream(0)", lambda: bound.core_stream.__wrapped__(0))):
+        try:
+            step()
+        except RuntimeError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - report it, then fail
+            problems.append(f"kernels.bound.{name}: {type(exc).__name__}: {exc}")
     return problems
 
 

@@ -202,11 +202,17 @@ def _wrap(arg):
 
 
 def _simulated(arg: DeviceArray):
-    """The simulator's array over a ``DeviceArray``'s host memory: its pointer, shape and byte strides, no copy."""
+    """The simulator's array over a ``DeviceArray``'s host memory: its pointer, shape and byte strides, no copy; a
+    view a GPU would fault on (an address or stride not a multiple of its item size) raises ``ValueError``, as host
+    memory would not."""
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
     if arg.size == 0:
         return FakeCUDAArray(np.empty(arg.shape, arg.dtype))
+    if any(v % arg.dtype.itemsize for v in (arg.ptr, *(s for n, s in zip(arg.shape, arg.strides) if n > 1))):
+        raise ValueError(f"compcoll: a {arg.dtype} kernel argument at address {arg.ptr:#x} (shape {arg.shape}, byte "
+                         f"strides {arg.strides}) is not {arg.dtype.itemsize}-byte aligned: a GPU faults on it "
+                         "(misaligned address), so the simulator refuses it")
     extent = arg.dtype.itemsize + sum((n - 1) * s for n, s in zip(arg.shape, arg.strides))
     memory = (ctypes.c_char * extent).from_address(arg.ptr)
     return FakeCUDAArray(np.ndarray(arg.shape, arg.dtype, buffer=memory, strides=arg.strides))

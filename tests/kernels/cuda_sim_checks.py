@@ -11,7 +11,8 @@ from numba import config
 from numba import cuda as numba_cuda
 
 from compcoll import codecs, spec
-from compcoll.kernels import cpu, cuda, reference
+from compcoll.kernels import cpu, cuda, launch, reference
+from compcoll.kernels.arrays import DeviceArray
 from compcoll.kernels.launch import COUNTS
 from compcoll.spec import SCALES
 from tests.kernels import simulator
@@ -397,6 +398,23 @@ def check_scale_of() -> None:
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
 
+def check_alignment() -> None:
+    """A kernel argument a GPU would fault on (a float32 view one byte into its tensor) is refused under the
+    simulator, whose host memory would take it; the aligned view launches."""
+    wire = torch.zeros(16, dtype=torch.uint8)
+    total = DeviceArray.of(torch.ones(1, dtype=torch.float64))
+    aligned = DeviceArray(wire.data_ptr() + 4, (1,), (4,), np.dtype(np.float32), wire)
+    launch.launch(cuda.records._scale_of, 1, 1, 0, total, 8, 8.0 ** 0.5, True, aligned)
+    assert wire[4:8].view(torch.float32).numpy()[0] == spec.scale_from(1.0, 8, "l2"), "the aligned view"
+    try:
+        launch.launch(cuda.records._scale_of, 1, 1, 0, total, 8, 8.0 ** 0.5, True, DeviceArray(
+            wire.data_ptr() + 1, (1,), (4,), np.dtype(np.float32), wire))
+    except ValueError as error:
+        assert "is not 4-byte aligned: a GPU faults on it" in str(error), error
+    else:
+        raise AssertionError("a misaligned float32 view launched under the simulator")
+
+
 def _checked_kernel(body: str):
     """A kernel of blocks of 32 threads: each thread writes its element of a shared array, the block meets at a
     barrier, then each does ``body``; a thread's element of ``out`` is o = 32 x its block + its thread. Wrong: "write,
@@ -562,6 +580,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
         check_segment_sums()
     elif part == "scale":
         check_scale_of()
+        if config.ENABLE_CUDASIM:  # on a GPU the misaligned launch would fault, and take the context with it
+            check_alignment()
     elif part in DTYPES:
         for numel in lengths:
             for world in (1, 3):

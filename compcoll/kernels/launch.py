@@ -202,9 +202,11 @@ def _wrap(arg):
 
 
 def _simulated(arg: DeviceArray):
-    """The simulator's array over a ``DeviceArray``'s host memory: its pointer, shape and byte strides, no copy; a
-    view a GPU would fault on (an address or stride not a multiple of its item size) raises ``ValueError``, as host
-    memory would not."""
+    """The simulator's array over a ``DeviceArray``'s host memory: its pointer, shape and byte strides, no copy.
+
+    What a GPU would fault on, or read and write past, and host memory would take raises ``ValueError``: an address
+    or stride that is not a multiple of the item size, or a view reaching outside its tensor's storage.
+    """
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
     if arg.size == 0:
@@ -214,6 +216,13 @@ def _simulated(arg: DeviceArray):
                          f"strides {arg.strides}) is not {arg.dtype.itemsize}-byte aligned: a GPU faults on it "
                          "(misaligned address), so the simulator refuses it")
     extent = arg.dtype.itemsize + sum((n - 1) * s for n, s in zip(arg.shape, arg.strides))
+    if hasattr(arg.owner, "untyped_storage"):
+        storage = arg.owner.untyped_storage()
+        first, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+        if not first <= arg.ptr <= arg.ptr + extent <= end:
+            raise ValueError(f"compcoll: a kernel argument of {extent} bytes at byte {arg.ptr - first} of its tensor's "
+                             f"{end - first} reaches outside it: on a GPU its kernel would read or write another "
+                             "allocation (or fault), so the simulator refuses it")
     memory = (ctypes.c_char * extent).from_address(arg.ptr)
     return FakeCUDAArray(np.ndarray(arg.shape, arg.dtype, buffer=memory, strides=arg.strides))
 

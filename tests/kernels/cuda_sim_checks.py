@@ -398,21 +398,24 @@ def check_scale_of() -> None:
                 assert got.tobytes() == want.tobytes() or (np.isnan(got) and np.isnan(want)), (name, d, total)
 
 
-def check_alignment() -> None:
-    """A kernel argument a GPU would fault on (a float32 view one byte into its tensor) is refused under the
-    simulator, whose host memory would take it; the aligned view launches."""
+def check_arguments() -> None:
+    """Kernel arguments a GPU would fault on, or read past, are refused under the simulator, whose host memory would
+    take them: a float32 view one byte into its tensor, and one reaching past its tensor's end; the aligned view
+    inside it launches."""
     wire = torch.zeros(16, dtype=torch.uint8)
     total = DeviceArray.of(torch.ones(1, dtype=torch.float64))
     aligned = DeviceArray(wire.data_ptr() + 4, (1,), (4,), np.dtype(np.float32), wire)
     launch.launch(cuda.records._scale_of, 1, 1, 0, total, 8, 8.0 ** 0.5, True, aligned)
     assert wire[4:8].view(torch.float32).numpy()[0] == spec.scale_from(1.0, 8, "l2"), "the aligned view"
-    try:
-        launch.launch(cuda.records._scale_of, 1, 1, 0, total, 8, 8.0 ** 0.5, True, DeviceArray(
-            wire.data_ptr() + 1, (1,), (4,), np.dtype(np.float32), wire))
-    except ValueError as error:
-        assert "is not 4-byte aligned: a GPU faults on it" in str(error), error
-    else:
-        raise AssertionError("a misaligned float32 view launched under the simulator")
+    for offset, shape, wanted in ((1, (1,), "is not 4-byte aligned: a GPU faults on it"),
+                                  (12, (2,), "at byte 12 of its tensor's 16 reaches outside it")):
+        try:
+            launch.launch(cuda.records._scale_of, 1, 1, 0, total, 8, 8.0 ** 0.5, True, DeviceArray(
+                wire.data_ptr() + offset, shape, (4,), np.dtype(np.float32), wire))
+        except ValueError as error:
+            assert wanted in str(error), error
+        else:
+            raise AssertionError(f"a float32 view at byte {offset} of 16, shape {shape}, launched under the simulator")
 
 
 def _checked_kernel(body: str):
@@ -581,7 +584,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
     elif part == "scale":
         check_scale_of()
         if config.ENABLE_CUDASIM:  # on a GPU the misaligned launch would fault, and take the context with it
-            check_alignment()
+            check_arguments()
     elif part in DTYPES:
         for numel in lengths:
             for world in (1, 3):

@@ -169,8 +169,6 @@ def ieee_problem(name: str, ptx: str) -> str | None:
     return "; ".join(problems) or None
 
 
-MAX_THREADS = 1024
-"""Threads a block may have."""
 BLOCK_REGISTERS = 65536
 """Registers a block may hold (compute capability 5.0 to 12.0)."""
 REGISTER_UNIT = 256
@@ -228,6 +226,8 @@ def resource_problem(report: str, threads: int) -> tuple[str, str | None]:
     warp; the launch fails ("too many resources requested") past ``BLOCK_REGISTERS``, and a kernel's static shared
     memory may not pass ``STATIC_SHARED``.
     """
+    from compcoll.kernels.launch import MAX_BLOCK
+
     registers = int(re.search(r"Used (\d+) registers", report)[1])
     shared = re.search(r"(\d+) bytes smem", report)
     shared = int(shared[1]) if shared else 0
@@ -236,7 +236,7 @@ def resource_problem(report: str, threads: int) -> tuple[str, str | None]:
     held = warp * -(-threads // 32)
     taken = (f"{registers} registers ({held} a block of {threads}), {shared} bytes shared, "
              f"{stack[1] if stack else 0} bytes stack, {stack[2] if stack else 0} spilled")
-    problems = ([f"{threads} threads a block, past {MAX_THREADS}"] if threads > MAX_THREADS else []) + (
+    problems = ([f"{threads} threads a block, past {MAX_BLOCK}"] if threads > MAX_BLOCK else []) + (
         [f"a block of {threads} threads holds {held} registers, past {BLOCK_REGISTERS}"] if held > BLOCK_REGISTERS
         else []) + ([f"{shared} bytes of static shared memory, past {STATIC_SHARED}"] if shared > STATIC_SHARED else [])
     return taken, "; ".join(problems) or None

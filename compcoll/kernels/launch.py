@@ -44,6 +44,10 @@ SIMULATE_ENV = "COMPCOLL_CUDA_ON_CPU"
 SIMULATED_DEVICE = 0
 """The GPU a CPU tensor's kernels run on while simulating: the simulator's one."""
 LAUNCHERS = ("bound", "numba")
+MAX_GRID = 2 ** 31 - 1
+"""Blocks a 1-D launch may have."""
+MAX_BLOCK = 1024
+"""Threads a block may have."""
 
 
 @dataclass
@@ -120,11 +124,14 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
        and launch through ``cuda.core``.
     3. numba: wrap each ``DeviceArray`` (counted) and call numba's dispatcher.
     4. ``TRACED``: count the wraps numba's dispatcher would make, and launch nothing.
+    The numba and traced launches (the simulator's, the counts on meta tensors) check the launch's shape first
+    (``_check_shape``), which the driver would refuse on a GPU; the bound launches leave that to the driver.
     """
     with _LOCK:
         COUNTS.launches += 1
     recording = current()
     if stream is TRACED:
+        _check_shape(kernel, grid, block)
         if launcher() == "numba":
             with _LOCK:
                 COUNTS.wraps += sum(map(_wrapped, args))
@@ -144,10 +151,20 @@ def launch(kernel, grid: int, block: int, stream, *args) -> None:
             recording.launch((_replay_launch, (on, shape, core_kernel, *flat), device),
                              _signature(kernel, grid, block, args), _owners(recording, args))
         return
+    _check_shape(kernel, grid, block)
     kernel[grid, block, stream](*(_wrap(a) for a in args))
     if recording is not None:
         recording.launch((launch, (kernel, grid, block, stream, *_unkept(recording, args)), device_of(stream)),
                          _signature(kernel, grid, block, args), [])
+
+
+def _check_shape(kernel, grid: int, block: int) -> None:
+    """ValueError where a GPU's driver would refuse ``grid`` blocks of ``block`` threads: no block, or no thread, or
+    more than ``MAX_GRID`` blocks or ``MAX_BLOCK`` threads (numba's simulator would run them, or none)."""
+    if not (1 <= grid <= MAX_GRID and 1 <= block <= MAX_BLOCK):
+        name = getattr(getattr(kernel, "py_func", kernel), "__qualname__", kernel)
+        raise ValueError(f"compcoll: kernel {name} launched on {grid} blocks of {block} threads: a GPU takes 1 to "
+                         f"{MAX_GRID} blocks of 1 to {MAX_BLOCK} threads")
 
 
 def _signature(kernel, grid: int, block: int, args: tuple) -> tuple:

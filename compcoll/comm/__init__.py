@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from .base import Communicator, default_timeout, seconds
+from .launched import launched_by_mpi
 from .local import LocalComm, local_world
 from .single import SingleComm
 
-_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 _default: Communicator | None = None
 
 __all__ = ["Communicator", "LocalComm", "SingleComm", "MPIComm", "TorchComm", "init", "get_default", "local_world",
@@ -28,10 +28,6 @@ def __getattr__(name: str) -> Any:
 
         return TorchComm
     raise AttributeError(name)
-
-
-def _launched_by_mpi(names: tuple[str, ...] = _MPI_SIZE_VARS) -> bool:
-    return any(int(os.environ.get(v, "1") or 1) > 1 for v in names)
 
 
 def _torch_initialised() -> bool:
@@ -61,9 +57,9 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
     global _default
     kind = backend or (
         "torch" if _torch_initialised()
-        else "mpi" if _launched_by_mpi()
+        else "mpi" if launched_by_mpi(os.environ)
         else "torch" if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-        else "mpi" if _launched_by_mpi(("SLURM_NTASKS",))
+        else "mpi" if launched_by_mpi(os.environ, ("SLURM_NTASKS",))
         else "single"
     )
     if kind == "mpi":

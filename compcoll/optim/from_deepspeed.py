@@ -36,8 +36,8 @@ OPTIMIZERS: dict[str, tuple[type[CompressedOptimizer], tuple[str, ...]]] = {
 are (the same names, meanings and defaults as in DeepSpeed 0.19.6)."""
 
 NOT_NEEDED: dict[str, str] = {
-    "cuda_aware": "compcoll sends CUDA tensors through CUDA-aware MPI when its communicator is one "
-                  "(compcoll.comm.MPIComm(device=...)), not by a flag",
+    "cuda_aware": "compcoll sends CUDA tensors through CUDA-aware MPI where the loaded libmpi is one (detected, or "
+                  "compcoll.MPIComm(cuda_aware=True) / COMPCOLL_CUDA_AWARE=1), not by an optimizer's flag",
     "comm_backend_name": "the communicator given as comm (by default torch.distributed's group) is the transport",
     "bias_correction": "DeepSpeed 0.19.6's 1-bit optimizers never apply it, so neither do the optimizers built "
                        "here (OneBitAdam(bias_correction=True) is torch.optim.Adam's correction, outside a config)",

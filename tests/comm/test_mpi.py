@@ -84,21 +84,25 @@ def test_a_rank_whose_communicator_broke_finalizes_mpi_before_python_tears_down(
 
 def test_processes_a_launcher_counts_as_several_but_mpi_holds_alone_are_refused() -> None:
     """Processes a launcher says are several, each alone in MPI's COMM_WORLD (the mark of an mpiexec or srun that is
-    not of the MPI mpi4py loads: each process a world of its own, training by itself in silence), raise at
-    ``compcoll.init()`` naming the launcher's count and what to launch with. Here the launchers' variables are set on
-    processes started without one, which MPI makes worlds of one as a foreign launcher's; ``test_open_mpi.py`` runs
-    the real mismatch (MPICH's mpiexec starting ranks whose mpi4py loads Open MPI)."""
-    script = ("import compcoll\n"
+    not of the MPI mpi4py loads, or of an MPIComm built under torchrun: each process a world of its own, training by
+    itself in silence), raise at ``compcoll.init()`` or ``MPIComm()`` naming the launcher's count and what to launch
+    with. Here the launchers' variables are set on processes started without one, which MPI makes worlds of one as a
+    foreign launcher's; ``test_open_mpi.py`` runs the real mismatch (MPICH's mpiexec starting ranks whose mpi4py
+    loads Open MPI)."""
+    script = ("import sys, compcoll\n"
               "try:\n"
-              "    compcoll.init()\n"
+              "    getattr(compcoll, sys.argv[1])()\n"
               "except RuntimeError as error:\n"
               "    print(error)\n"
               "else:\n"
               "    print('trained alone')\n")
-    for launched, said, hint in (({"PMI_SIZE": "2"}, "started 2 processes (PMI_SIZE=2)", "the mpiexec of the MPI"),
-                                 ({"SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3"},
-                                  "started 3 processes (SLURM_STEP_NUM_TASKS=3)", "srun --mpi=pmi2")):
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+    for make, launched, said, hint in (
+            ("init", {"PMI_SIZE": "2"}, "started 2 processes (PMI_SIZE=2)", "the mpiexec of the MPI"),
+            ("init", {"SLURM_NTASKS": "3", "SLURM_STEP_NUM_TASKS": "3"}, "started 3 processes (SLURM_STEP_NUM_TASKS=3)",
+             "srun --mpi=pmi2"),
+            ("MPIComm", {"WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "RANK": "0"},
+             "started 4 processes (WORLD_SIZE=4)", "under torchrun, compcoll.init() opens torch.distributed")):
+        done = subprocess.run([sys.executable, "-c", script, make], capture_output=True, text=True, timeout=120,
                               env={**os.environ, **launched})
         assert done.returncode == 0 and f"compcoll: the launcher {said}, but MPI's COMM_WORLD holds this one alone" \
             in done.stdout and hint in done.stdout, done.stdout + done.stderr
@@ -108,7 +112,8 @@ def test_only_a_world_of_one_against_a_launcher_of_several_is_refused() -> None:
     from compcoll.comm.mpi import check_world
 
     for world, env in ((1, {}), (1, {"PMI_SIZE": "1"}), (2, {"PMI_SIZE": "2"}), (3, {"OMPI_COMM_WORLD_SIZE": "2"}),
-                       (1, {"SLURM_NTASKS": "4"}), (1, {"PMI_SIZE": ""})):
-        check_world(world, "MPI", env)  # sbatch's and salloc's SLURM_NTASKS alone start no process
+                       (1, {"SLURM_NTASKS": "4"}), (1, {"PMI_SIZE": ""}), (1, {"WORLD_SIZE": "2"})):
+        check_world(world, "MPI", env)  # sbatch's and salloc's SLURM_NTASKS alone start no process, nor WORLD_SIZE
+        # without a rendezvous
     with pytest.raises(RuntimeError, match=r"started 4 processes \(OMPI_COMM_WORLD_SIZE=4\)"):
         check_world(1, "MPI", {"OMPI_COMM_WORLD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "2"})

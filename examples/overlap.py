@@ -4,8 +4,8 @@ Run under any launcher: ``mpiexec -n 2 python examples/overlap.py`` or
 ``torchrun --nproc-per-node 2 examples/overlap.py``. What DDP does with buckets, written
 with compcoll's asynchronous calls:
 1. A hook on every parameter (``register_post_accumulate_grad_hook``) starts
-   ``CompressedAllreduce(grad, key=name, async_op=True)`` the moment backward has
-   accumulated that parameter's gradient, while backward goes on with earlier layers.
+   ``allreduce(grad, key=name, async_op=True)`` (a ``CompressedAllreduce``) the moment backward
+   has accumulated that parameter's gradient, while backward goes on with earlier layers.
 2. Before the optimizer step, wait for every Work and put the averages in place.
 3. Momentum SGD on the averaged gradients; every rank applies the same bits, so the
    replicas stay identical (checked at the end).

@@ -1,4 +1,4 @@
-"""Every compcoll name the docs, the README, the examples and compcoll's own messages give exists, with its keywords.
+"""Every compcoll name the docs, README, examples, benchmarks and compcoll's messages give exists, with its keywords.
 
 A dotted name (``compcoll.comm.MPIComm``) must import and resolve; a call written with keywords
 (``compcoll.MPIComm(cuda_aware=True)``, or a public class by its short name, ``OneBitState(start_iter=...)``) must
@@ -22,9 +22,10 @@ KEYWORD = re.compile(r"(?:^|,)\s*([A-Za-z_]\w*)\s*=(?!=)")
 
 
 def _texts() -> dict[str, str]:
-    """The text of each file that names compcoll's API: the docs, the README, the examples, the package."""
+    """The text of each file that names compcoll's API: the docs, the README, the examples, the package, the
+    benchmarks and scripts."""
     files = [*ROOT.glob("docs/**/*.md"), ROOT / "README.md", *ROOT.glob("examples/*.py"),
-             *ROOT.glob("compcoll/**/*.py")]
+             *ROOT.glob("compcoll/**/*.py"), *ROOT.glob("bench/**/*.py"), *ROOT.glob("scripts/*.py")]
     return {str(f.relative_to(ROOT)): f.read_text() for f in files}
 
 

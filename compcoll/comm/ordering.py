@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -11,6 +13,13 @@ from .work import TaskWork
 
 IDLE_SECONDS = 1.0
 """How long an ordering thread waits for a next call before it ends."""
+
+EXIT_SECONDS = 5.0
+"""How long the interpreter's exit waits, all ordering threads together, for the calls queued before it
+(``stop_at_exit``)."""
+
+_ORDERINGS: "weakref.WeakSet[Ordering]" = weakref.WeakSet()
+"""Every ordering alive, for ``stop_at_exit``."""
 
 if TYPE_CHECKING:
     from .base import Communicator
@@ -30,7 +39,10 @@ class Ordering:
        communicator no longer used is not kept alive by its thread, nor its transport's
        resources (a Gloo process group's threads and sockets) with it. The ordering holds
        its communicator weakly for the same reason: whoever calls it holds it (a
-       sub-communicator, which shares its parent's ordering, holds its parent).
+       sub-communicator, which shares its parent's ordering, holds its parent). At the
+       interpreter's exit the thread ends once the calls queued before have run
+       (``stop_at_exit``): a daemon thread that has run torch code and is still alive when
+       the interpreter finalizes can abort the process (pytorch/pytorch#38228).
     3. A call made from inside a running call (an algorithm's own transport operations)
        runs directly: it is already in its turn.
     So the transport is entered by one thread at a time (MPI_THREAD_SERIALIZED is enough).
@@ -41,9 +53,10 @@ class Ordering:
         self._name = f"compcoll-{comm!r}"
         self._lock = threading.RLock()
         self._queued = 0
-        self._calls: "queue.SimpleQueue[tuple[Callable[[], Any], TaskWork]]" = queue.SimpleQueue()
+        self._calls: "queue.SimpleQueue[tuple[Callable[[], Any], TaskWork] | None]" = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._local = threading.local()
+        _ORDERINGS.add(self)
 
     def _inside(self) -> bool:
         return getattr(self._local, "inside", False)
@@ -87,25 +100,39 @@ class Ordering:
                 self._thread.start()
         return work
 
+    def stop(self) -> threading.Thread | None:
+        """Tell the ordering thread to end once the calls queued before now have run; return it, to be joined (None:
+        no thread, or a broken communicator's, which may be stuck inside its transport)."""
+        comm = self._comm()
+        with self._lock:
+            thread = self._thread
+            if thread is None or (comm is not None and comm._broken):
+                return None
+            self._calls.put(None)
+        return thread
+
     def _serve(self) -> None:
         """The ordering thread: run queued calls in order, settling each one's Work.
 
         1. Take the next call, waiting up to ``IDLE_SECONDS``.
-        2. None came: end, unless one was queued meanwhile (``_queued`` counts the calls
-           queued and not yet settled, under the lock ``submit`` holds to start a thread).
+        2. None came, or ``stop``'s None: end, unless a call was queued meanwhile (``_queued`` counts the
+           calls queued and not yet settled, under the lock ``submit`` holds to start a thread).
         3. Run it and settle its Work with its result or error; let go of both, and only then wake the Work's
            waiters (``TaskWork._settle``).
         """
         self._local.inside = True
         while True:
             try:
-                call, work = self._calls.get(timeout=IDLE_SECONDS)
+                item = self._calls.get(timeout=IDLE_SECONDS)
             except queue.Empty:
+                item = None
+            if item is None:
                 with self._lock:
                     if self._queued == 0:
                         self._thread = None
                         return
                 continue
+            call, work = item
             result: Any = None
             error: BaseException | None = None
             try:
@@ -115,5 +142,22 @@ class Ordering:
             with self._lock:
                 self._queued -= 1
             done = work._settle(result, error)
-            del call, work, result, error  # a settled call must not keep its communicator alive while this waits
+            del item, call, work, result, error  # a settled call must not keep its communicator alive while this waits
             done.set()
+
+
+@atexit.register
+def stop_at_exit() -> None:
+    """At the interpreter's exit, before it finalizes: end every ordering thread.
+
+    1. Tell each ordering's thread to end after the calls queued before (``Ordering.stop``).
+    2. Join them, ``EXIT_SECONDS`` for all together; a thread still busy then stays a daemon.
+    An idle thread ends at once. A daemon thread that has run torch code and is alive while the interpreter
+    finalizes may be ended inside torch's C++ (CPython ends such a thread with ``pthread_exit``), which aborts the
+    process ("terminate called without an active exception", pytorch/pytorch#38228): a CI run of
+    tests/ddp/lightning_spawn.py, whose ranks exit under a second after their last bucket, once ended so.
+    """
+    threads = [thread for thread in (ordering.stop() for ordering in list(_ORDERINGS)) if thread is not None]
+    deadline = time.monotonic() + EXIT_SECONDS
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))

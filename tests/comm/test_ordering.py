@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -155,3 +157,46 @@ def test_the_ordering_thread_ends_when_idle_and_a_later_call_starts_another(monk
     for work in works:
         work.wait()
     assert order == [0, 1, 2]
+
+
+_EXITS = """
+import atexit, sys, threading
+
+def report() -> None:
+    print("alive at finalization:", sorted(t.name for t in threading.enumerate() if t.name.startswith("compcoll-")))
+
+atexit.register(report)  # before compcoll's own: it runs after
+
+import time
+import torch
+import torch.distributed as dist
+import compcoll
+from compcoll.comm import ordering
+
+ordering.EXIT_SECONDS = 600.0
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+comm = compcoll.TorchComm()
+x = torch.randn(1000)
+compcoll.compressed_allreduce(x, torch.zeros(1000), torch.zeros(1000), comm, async_op=True).get_future().wait()
+comm.run(lambda: (time.sleep(0.3), print("the call queued last ran"))[0], "last", async_op=True)
+stuck = compcoll.SingleComm()
+gate = threading.Event()
+try:
+    stuck.run(gate.wait, "stuck", async_op=True).wait(timeout=0.1)
+except compcoll.CollectiveTimeout:
+    print("a broken communicator's call is stuck")
+"""
+
+
+def test_exit_ends_the_ordering_threads_after_their_queued_calls(tmp_path) -> None:
+    """At exit each ordering thread runs the calls queued before and ends, before the interpreter finalizes (a
+    daemon thread that ran torch code, alive then, can abort the process: a CI run of tests/ddp/lightning_spawn.py
+    did, on 2026-12-04); a broken communicator's thread, maybe stuck in its transport, is left to die with the
+    process, not waited for. A Gloo world of one: its async compressed allreduce left the thread idle, then a call
+    queued and not waited; a SingleComm's call stuck past its wait's timeout."""
+    done = subprocess.run([sys.executable, "-c", _EXITS, str(tmp_path / "store")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "a broken communicator's call is stuck", "the call queued last ran",
+        "alive at finalization: ['compcoll-SingleComm(rank=0, size=1)']"], done.stdout + done.stderr

@@ -154,8 +154,9 @@ def stop_at_exit() -> None:
     2. Join them, ``EXIT_SECONDS`` for all together; a thread still busy then stays a daemon.
     An idle thread ends at once. A daemon thread that has run torch code and is alive while the interpreter
     finalizes may be ended inside torch's C++ (CPython ends such a thread with ``pthread_exit``), which aborts the
-    process ("terminate called without an active exception", pytorch/pytorch#38228): a CI run of
-    tests/ddp/lightning_spawn.py, whose ranks exit under a second after their last bucket, once ended so.
+    process ("terminate called without an active exception", pytorch/pytorch#38228). A rank of
+    tests/ddp/lightning_spawn.py aborted so once in CI; its ranks exit within a second of their last bucket,
+    while their ordering thread still waits for a next call.
     """
     threads = [thread for thread in (ordering.stop() for ordering in list(_ORDERINGS)) if thread is not None]
     deadline = time.monotonic() + EXIT_SECONDS

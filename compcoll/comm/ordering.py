@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import time
@@ -19,7 +20,9 @@ EXIT_SECONDS = 5.0
 (``stop_at_exit``)."""
 
 _ORDERINGS: "weakref.WeakSet[Ordering]" = weakref.WeakSet()
-"""Every ordering alive, for ``stop_at_exit``."""
+"""Every ordering alive that has started a thread in this process, for ``stop_at_exit``. A forked child starts with
+none: its parent's threads are not its own, and a lock one of them held at the fork stays held in the child."""
+os.register_at_fork(after_in_child=_ORDERINGS.clear)
 
 if TYPE_CHECKING:
     from .base import Communicator
@@ -56,7 +59,6 @@ class Ordering:
         self._calls: "queue.SimpleQueue[tuple[Callable[[], Any], TaskWork] | None]" = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._local = threading.local()
-        _ORDERINGS.add(self)
 
     def _inside(self) -> bool:
         return getattr(self._local, "inside", False)
@@ -98,6 +100,7 @@ class Ordering:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
                 self._thread.start()
+                _ORDERINGS.add(self)
         return work
 
     def stop(self) -> threading.Thread | None:

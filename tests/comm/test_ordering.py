@@ -200,3 +200,42 @@ def test_exit_ends_the_ordering_threads_after_their_queued_calls(tmp_path) -> No
     assert done.stdout.splitlines() == [
         "a broken communicator's call is stuck", "the call queued last ran",
         "alive at finalization: ['compcoll-SingleComm(rank=0, size=1)']"], done.stdout + done.stderr
+
+
+_FORKS = """
+import os, sys, threading, time
+import compcoll
+
+comm = compcoll.SingleComm()
+comm.run(lambda: None, "starts the ordering thread", async_op=True).wait()
+held, release = threading.Event(), threading.Event()
+
+def hold() -> None:
+    with comm._ordering._lock:  # as the ordering thread holds it, for an instant, between two calls
+        held.set()
+        release.wait()
+
+threading.Thread(target=hold).start()
+held.wait()
+child = os.fork()
+if child == 0:
+    sys.exit(3)
+release.set()
+for _ in range(300):
+    pid, status = os.waitpid(child, os.WNOHANG)
+    if pid:
+        print("the child exited with", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.1)
+else:
+    os.kill(child, 9)
+    print("the child hung at its exit")
+"""
+
+
+def test_a_forked_child_exits_without_its_parents_ordering_threads() -> None:
+    """A child forked while another thread of its parent held an ordering's lock exits at once: the ordering threads
+    ``stop_at_exit`` ends are its own process's alone (it found that lock held for ever in the child)."""
+    done = subprocess.run([sys.executable, "-c", _FORKS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["the child exited with 3"], done.stdout + done.stderr

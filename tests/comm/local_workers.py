@@ -18,10 +18,11 @@ from tests.shared import world_once
 def digest(comm: compcoll.Communicator, directory: str, transport: str) -> None:
     """Write the SHA-256 of this rank's outputs and error buffers over 3 steps of every 1-bit form to
     ``directory/{transport}-{rank}``: compressed_allreduce (both protocols, both scales, 3 pieces), the
-    compensated hierarchical form (nodes of 2 where the ranks form them) and Birder's."""
+    compensated hierarchical form and Birder's, on nodes of 2 and of 8 where the ranks form several (else one rank a
+    node)."""
     n = comm.size
     sha = hashlib.sha256()
-    k = 2 if n % 2 == 0 and n > 2 else 1
+    nodes = [k for k in (2, 8) if n % k == 0 and n > k] or [1]
     for shape in ((37,), (3, 7, 11), (12289,)):
         numel = int(torch.tensor(shape).prod())
         full = compcoll.padded_numel(numel, n)
@@ -33,14 +34,15 @@ def digest(comm: compcoll.Communicator, directory: str, transport: str) -> None:
                                                     protocol=protocol, scale=scale, pieces=pieces)
                 for t in (out, we, se):
                     sha.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-        wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
-        hwe, hse = torch.zeros(wn), torch.zeros(sn)
-        for step in range(3):
-            x = make_input(comm.rank, step, shape, torch.float32)
-            out = compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm, ranks_per_node=k)
-            birder = compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, seed=3, step=step)
-            for t in (out, hwe, hse, birder):
-                sha.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        for k in nodes:
+            wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
+            hwe, hse = torch.zeros(wn), torch.zeros(sn)
+            for step in range(3):
+                x = make_input(comm.rank, step, shape, torch.float32)
+                out = compcoll.hierarchical_compressed_allreduce(x, hwe, hse, comm, ranks_per_node=k)
+                birder = compcoll.hierarchical_allreduce(x, comm, ranks_per_node=k, seed=3, step=step)
+                for t in (out, hwe, hse, birder):
+                    sha.update(t.contiguous().view(torch.uint8).numpy().tobytes())
     Path(directory, f"{transport}-{comm.rank}").write_text(sha.hexdigest())
 
 

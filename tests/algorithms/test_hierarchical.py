@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from compcoll.comm import topology
+from compcoll.comm.topology import RANKS_PER_NODE_ENV
+from tests.algorithms import hierarchical_workers
 from tests.pool import run
 
 WORKERS = "tests.algorithms.hierarchical_workers"
@@ -47,3 +50,13 @@ def test_compensated_block_scales_match_reference(backend: str, world_size: int,
                                                     ("gloo", 6, 3)])
 def test_compensated_allgather_between_nodes_matches_reference(backend: str, world_size: int, k: int) -> None:
     run(f"{WORKERS}:compensated_allgather", world_size, backend, args=(k, SHAPES, 2), timeout=300)
+
+
+@pytest.mark.parametrize("world_size, nodes", [(8, 2), (6, 3)])
+def test_ranks_placed_round_robin_on_nodes_match_the_reference_in_node_order(
+        world_size: int, nodes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostnames that interleave the nodes (``--map-by node``, cyclic placement): ``ranks_per_node="auto"`` finds
+    them, and each rank gets the reference's bits for its place in node order (``interleaved``)."""
+    monkeypatch.delenv(RANKS_PER_NODE_ENV, raising=False)
+    monkeypatch.setattr(topology, "host_id", hierarchical_workers.interleaved_host)
+    run(f"{WORKERS}:interleaved", world_size, "threads", args=(nodes, SHAPES, 2), timeout=300)

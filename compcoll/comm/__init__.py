@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from .base import Communicator, default_timeout, seconds
-from .launched import launched_by_mpi
+from .launched import launched_by_mpi, launched_by_torchrun
 from .local import LocalComm, local_world
 from .single import SingleComm
 
@@ -36,13 +36,6 @@ def _torch_initialised() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _torchrun_launched() -> bool:
-    """Whether torchrun (torch.distributed.elastic) started this process: its ``TORCHELASTIC_RUN_ID``."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_torchelastic_launched()
-
-
 TORCH_BACKEND_ENV = "COMPCOLL_TORCH_BACKEND"
 
 
@@ -51,9 +44,9 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
 
     1. ``backend="mpi" | "torch" | "single"`` forces a kind; otherwise:
     2. an initialised torch.distributed -> TorchComm on its WORLD group;
-    3. a process torchrun started (``_torchrun_launched``) -> step 5's TorchComm, whatever MPI
-       variables it inherited: Slurm's pmi2 and cray_shasta plugins export ``PMI_SIZE`` to
-       every task of a step, so ``srun torchrun ...`` gives each worker the srun step's count;
+    3. a process torchrun started (``launched.launched_by_torchrun``) -> step 5's TorchComm,
+       whatever MPI variables an outer launcher left it (``srun torchrun ...`` under Slurm's
+       pmi2 plugin: ``PMI_SIZE``);
     4. MPI launcher variables (mpiexec, srun: PMI_SIZE, OMPI_COMM_WORLD_SIZE, ...) -> MPIComm;
     5. torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR) -> init_process_group (the
        backend of ``torch_backend``: ``COMPCOLL_TORCH_BACKEND`` if set, else NCCL where
@@ -66,7 +59,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> Communicat
     """
     global _default
     kind = backend or (
-        "torch" if _torch_initialised() or _torchrun_launched()
+        "torch" if _torch_initialised() or launched_by_torchrun(os.environ)
         else "mpi" if launched_by_mpi(os.environ)
         else "torch" if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
         else "mpi" if launched_by_mpi(os.environ, ("SLURM_NTASKS",))

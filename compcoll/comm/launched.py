@@ -10,6 +10,15 @@ SRUN_SIZE_VAR = "SLURM_STEP_NUM_TASKS"
 """The processes of an srun job step (set by srun for each of them, not by sbatch or salloc)."""
 TORCH_SIZE_VAR = "WORLD_SIZE"
 """The processes of a torch.distributed launch (torchrun's), counted where ``MASTER_ADDR`` is set beside it."""
+TORCHRUN_VAR = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun (torch.distributed.elastic) in every process it starts (``dist.is_torchelastic_launched``)."""
+
+
+def launched_by_torchrun(env: Mapping[str, str]) -> bool:
+    """Whether torchrun started this process: then it is the launcher nearest to the process, whatever MPI variables
+    an outer one left in ``env`` (Slurm's pmi2 and cray_shasta plugins export ``PMI_SIZE`` to every task of a step,
+    so ``srun torchrun ...`` hands each worker the step's count)."""
+    return TORCHRUN_VAR in env
 
 
 def launched_size(env: Mapping[str, str]) -> tuple[str, int] | None:
@@ -17,9 +26,12 @@ def launched_size(env: Mapping[str, str]) -> tuple[str, int] | None:
 
     The first of ``MPI_SIZE_VARS``, ``SRUN_SIZE_VAR`` and (with ``MASTER_ADDR``) ``TORCH_SIZE_VAR`` that ``env`` sets
     to a number: an MPI launcher's own count first, as it is the one that started this process where several are
-    set (mpiexec inside an srun allocation).
+    set (mpiexec inside an srun allocation), except in a process torchrun started (``launched_by_torchrun``), whose
+    own count comes first.
     """
-    names = (*MPI_SIZE_VARS, SRUN_SIZE_VAR, *((TORCH_SIZE_VAR,) if "MASTER_ADDR" in env else ()))
+    torch_names = (TORCH_SIZE_VAR,) if "MASTER_ADDR" in env else ()
+    mpi_names = (*MPI_SIZE_VARS, SRUN_SIZE_VAR)
+    names = (*torch_names, *mpi_names) if launched_by_torchrun(env) else (*mpi_names, *torch_names)
     for name in names:
         value = env.get(name, "").strip()
         if value.isdigit():

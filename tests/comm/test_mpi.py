@@ -117,3 +117,7 @@ def test_only_a_world_of_one_against_a_launcher_of_several_is_refused() -> None:
         # without a rendezvous
     with pytest.raises(RuntimeError, match=r"started 4 processes \(OMPI_COMM_WORLD_SIZE=4\)"):
         check_world(1, "MPI", {"OMPI_COMM_WORLD_SIZE": "4", "SLURM_STEP_NUM_TASKS": "2"})
+    # an MPIComm built by hand in a process torchrun started inside an srun step (PMI_SIZE=2, the step's): torchrun's
+    # count and its hint, not the step's and mpiexec
+    with pytest.raises(RuntimeError, match=r"started 4 processes \(WORLD_SIZE=4\).*under torchrun, compcoll.init"):
+        check_world(1, "MPI", {"PMI_SIZE": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "TORCHELASTIC_RUN_ID": "r"})

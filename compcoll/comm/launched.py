@@ -1,4 +1,4 @@
-"""What a launcher's environment variables say about the job: whether it started MPI ranks, and how many."""
+"""What the launchers' environment variables say: whether torchrun or an MPI launcher started the job, and how many."""
 
 from __future__ import annotations
 

@@ -15,7 +15,13 @@ from compcoll.launcher import mpiexec_command
 from tests.leftovers import segments
 
 _PROBE = "import compcoll; c = compcoll.init(); print(type(c).__name__, c.rank, c.size)"
-_LAUNCH_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE", "MASTER_ADDR")
+_LAUNCH_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE", "MASTER_ADDR",
+                "TORCHELASTIC_RUN_ID")
+_RANK_FILE_PROBE = ("import compcoll, pathlib, sys\nc = compcoll.init()\n"
+                    "pathlib.Path(sys.argv[1], str(c.rank)).write_text(f'{type(c).__name__} {c.rank} {c.size}')\n"
+                    "compcoll.shutdown()\n")
+"""Each rank writes its communicator's kind, rank and size to its own file in the folder ``sys.argv[1]`` (lines
+forwarded by a launcher may interleave)."""
 
 
 def _clean_env() -> dict[str, str]:
@@ -31,11 +37,8 @@ def test_no_launcher_gives_single(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_mpiexec_gives_mpicomm(tmp_path: Path) -> None:
-    """Each rank writes its own file: lines forwarded by mpiexec may interleave."""
-    probe = ("import compcoll, pathlib; c = compcoll.init(); "
-             f"pathlib.Path({str(tmp_path)!r}, str(c.rank)).write_text(f'{{type(c).__name__}} {{c.rank}} {{c.size}}')")
-    subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-c", probe], env=_clean_env(),
-                   capture_output=True, text=True, timeout=120, check=True)
+    subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-c", _RANK_FILE_PROBE, str(tmp_path)],
+                   env=_clean_env(), capture_output=True, text=True, timeout=120, check=True)
     assert sorted(p.read_text() for p in tmp_path.iterdir()) == ["MPIComm 0 2", "MPIComm 1 2"]
 
 
@@ -52,9 +55,7 @@ def test_torchrun_inside_an_srun_step_gives_torchcomm(tmp_path: Path) -> None:
     (pmi2, cray_shasta): torchrun's workers inherit the step's count, and open torch.distributed, not MPI (which
     refused them as a launcher not of its MPI: "the launcher started 2 processes (PMI_SIZE=2)")."""
     probe = tmp_path / "probe.py"
-    probe.write_text("import compcoll, pathlib, sys\nc = compcoll.init()\n"
-                     "pathlib.Path(sys.argv[1], str(c.rank)).write_text(f'{type(c).__name__} {c.rank} {c.size}')\n"
-                     "compcoll.shutdown()\n")
+    probe.write_text(_RANK_FILE_PROBE)
     env = {**_clean_env(), "PMI_SIZE": "2", "PMI_RANK": "0"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(probe), str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ import torch
 
 from compcoll import SingleComm, codecs, spec
 from compcoll.algorithms.replay import REPLAY_ENV
-from compcoll.bench.launches import PROTOCOLS, call_counts, world_counts
+from compcoll.bench.launches import PROTOCOLS, _reads_to_host, call_counts, world_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.cuda.scales import CODE_SCALES_PER_THREAD, CODE_THREADS
 from compcoll.kernels.cuda.sums import TAIL
@@ -138,6 +138,18 @@ def test_a_finite_check_on_a_device_is_a_counted_wait() -> None:
     assert codecs.all_finite(torch.empty(5, device="meta"))
     assert (COUNTS.launches, COUNTS.waits) == (0, 1)
     assert not codecs.all_finite(torch.tensor([1.0, float("nan")]))
+
+
+def test_a_read_to_the_host_is_the_calls_wait_not_a_torch_operator() -> None:
+    """A value read to the host (``.item()``, or ``.tolist()``'s copy to the CPU, as ``kernels.launch`` reads a sum)
+    counts as the call's wait alone, which meta tensors count too without reading: on the H200 on 2026-12-04 every
+    CUDA call counted one torch operator more than on meta (the read's ``_to_copy``). A copy between devices, or to a
+    device, stays device work."""
+    ops = torch.ops.aten
+    assert _reads_to_host(ops._to_copy.default, torch.zeros(2))
+    assert _reads_to_host(ops._local_scalar_dense.default, 1.0)
+    assert not _reads_to_host(ops._to_copy.default, torch.empty(2, device="meta"))
+    assert not _reads_to_host(ops.copy_.default, torch.zeros(2))
 
 
 def test_the_script_prints_one_object_keyed_by_protocol() -> None:

@@ -17,8 +17,8 @@ def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeou
                        before_init: Callable[[int], Any] | None = None) -> None:
     """``body(comm, *args)`` on ``world_size`` threads, each in its rank of a "threaded" process group.
 
-    1. Install torch's thread-local world (``multi_threaded_pg``) with thread isolation on,
-       and start one thread per rank that joins the group and builds a ``TorchComm``; the
+    1. Install torch's thread-local world (``multi_threaded_pg``, given ``comms`` where it lacks them) with thread
+       isolation on, and start one thread per rank that joins the group and builds a ``TorchComm``; the
        threads also join one ``tests.shared.ThreadWorld``, so ``world_once`` computes the
        reference once for all of them. With ``before_init``, each thread calls it with its rank
        before it joins the group, and ``body(comm, before_init(rank), *args)`` runs.
@@ -26,9 +26,10 @@ def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeou
     3. AssertionError naming each failed rank with its traceback, or the ranks still running.
     """
     from torch.testing._internal.distributed.multi_threaded_pg import (
-        ProcessLocalGroup, _install_threaded_pg, _uninstall_threaded_pg,
+        ProcessLocalGroup, ThreadLocalWorld, _install_threaded_pg, _uninstall_threaded_pg,
     )
 
+    _give_comms(ThreadLocalWorld)
     torch._C._distributed_c10d._set_thread_isolation_mode(True)
     _install_threaded_pg()
     store = dist.HashStore()
@@ -61,3 +62,12 @@ def run_threaded_group(body: Callable[..., None], world_size: int, *args, timeou
     running = [r for r, thread in enumerate(threads) if thread.is_alive()]
     assert not failures and not running, f"still running: {running}\n" + "\n".join(
         f"[rank {r}] FAILED:\n{failures[r]}" for r in sorted(failures))
+
+
+def _give_comms(world_class: type) -> None:
+    """Give torch's thread-local test world the per-thread ``comms`` list that ``dist.destroy_process_group`` reads
+    where its class lacks it: torch 2.11's ``_World`` has it, its ``ThreadLocalWorld`` not (pytorch#175065, mended
+    in later releases), so every rank's ``destroy_process_group()`` raised AttributeError there (the H200 machine's
+    torch 2.11 on 2026-12-04: every test on threads failed)."""
+    if not hasattr(world_class, "comms"):
+        world_class.comms = property(lambda world: vars(world._get_world()).setdefault("comms", []))

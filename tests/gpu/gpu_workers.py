@@ -167,12 +167,12 @@ def cupy_arrays(comm: compcoll.Communicator, steps: int) -> None:
 
 
 def fsdp_sharing_the_gpu(comm: compcoll.Communicator, steps: int) -> None:
-    """FSDP2's compressed reduce-scatters (``tests.fsdp.fsdp_workers.reduce_scatter``) on ranks sharing GPU 0: each
-    sets it first, since FSDP2's default mesh would set the GPU of its LOCAL_RANK, which one GPU lacks."""
+    """FSDP2's compressed reduce-scatters (``tests.fsdp.fsdp_workers.reduce_scatter``) on a CUDA mesh of ranks
+    sharing GPU 0: each sets it first, since a CUDA mesh would set the GPU of its LOCAL_RANK, which one GPU lacks."""
     from tests.fsdp.fsdp_workers import reduce_scatter
 
     torch.cuda.set_device(0)
-    reduce_scatter(comm, steps)
+    reduce_scatter(comm, steps, "cuda")
 
 
 def ddp_on_a_stream_of_its_own(comm: compcoll.Communicator, steps: int) -> None:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real-GPU run as one command on a lent GPU machine (its image has torch, numba-cuda, cupy): every CUDA kernel
 # against the CPU kernels on the hardware, tests/gpu, bench/gpu_suite.py, then the rest of the suite until the deadline.
-# Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5);
-# with nvidia-cuda-sanitizer-api there too, compute-sanitizer's memcheck and racecheck run the kernel checks. Logs and figures go to $OUT.
+# Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5).
+# Where a compute-sanitizer is found (the PATH, /usr/local, /opt, an nvidia wheel), its memcheck and racecheck run the
+# kernel checks. Logs and figures go to $OUT.
 # Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
 # (it writes about ten files and the device tool returns eight: give it OUT=/tmp/g and tar /tmp/g into the tool's
 # $OUT)
@@ -28,11 +29,14 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'numba', numba.__versi
 } 2>&1 | tee "$out/env.txt"
 echo "== CUDA kernels == CPU kernels, on the GPU (beside tests/gpu, 8 workers sharing the GPU, and compute-sanitizer)"
 timeout "${GPU_TESTS_S:-200}" $py -m tests.kernels.cuda_sim_checks 1 37 1000 8200 100003 1048577 > "$out/kernels.log" 2>&1 &
-sanitizer=$($py -c "import nvidia, pathlib
-print(next((str(p) for d in nvidia.__path__ for p in sorted(pathlib.Path(d).glob('cu*/bin/compute-sanitizer'))), ''))" \
-    2>/dev/null)
+sanitizer=$( (command -v compute-sanitizer; find /usr/local /opt -maxdepth 4 -name compute-sanitizer -type f -perm -u+x
+    $py -c "import nvidia, pathlib
+print(*(p for d in nvidia.__path__ for p in sorted(pathlib.Path(d).glob('cu*/bin/compute-sanitizer'))))") 2>/dev/null |
+    head -1)
 sanitize() {  # every kernel on short lengths: memcheck (out-of-bounds and misaligned accesses), racecheck (shared memory)
-    [ -n "$sanitizer" ] || { echo "no compute-sanitizer (no nvidia-cuda-sanitizer-api wheel in .whl/)"; return; }
+    [ -n "$sanitizer" ] || { echo "no compute-sanitizer (none on the PATH, under /usr/local or /opt, or in a wheel)"
+        return; }
+    echo "compute-sanitizer: $sanitizer"
     for tool in memcheck racecheck; do
         echo "== $tool"
         timeout $((${GPU_TESTS_S:-200} / 2)) "$sanitizer" --tool "$tool" --error-exitcode 3 --print-limit 10 \

@@ -4,7 +4,8 @@
 # Needs wheels for its Python in .whl/: mpich, mpi4py, and numpy<2.5 (numba-cuda 0.30.4 uses np.row_stack, gone in 2.5).
 # Where a compute-sanitizer is found (the PATH, /usr/local, /opt, an nvidia wheel), its memcheck and racecheck run the
 # kernel checks. Logs and figures go to $OUT.
-# Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests]
+# Usage: OUT=dir SECONDS_LEFT=450 bash scripts/gpu_run.sh [pytest args for the GPU tests] (the suite stops at
+# SECONDS_LEFT and may take 30 s more to print its summary: give the device call that much beyond it)
 # (it writes about ten files and the device tool returns eight: give it OUT=/tmp/g and tar /tmp/g into the tool's
 # $OUT)
 # (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_LAUNCHERS, SUITE_S: gpu_suite's runs per median,
@@ -64,4 +65,7 @@ echo "== bench/gpu_host_profile.py: where one call's host time goes"
 timeout 90 $py bench/gpu_host_profile.py --out "$out/gpu_host_profile" 2>&1 | tail -3
 [ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"
-timeout "$(left)" $py -m pytest -ra -p xdist -n 12 -v --ignore=tests/gpu 2>&1 | tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"
+# SIGINT at the deadline: pytest stops as on Ctrl-C and still prints its failures and summary (a plain TERM left the
+# run of 2026-12-04 without a traceback)
+timeout -s INT -k 30 "$(left)" $py -m pytest -ra -p xdist -n 12 -v --tb=short --ignore=tests/gpu 2>&1 |
+    tee "$out/suite.log" | grep -E "FAILED|ERROR|passed|failed"

@@ -9,7 +9,8 @@
 # (it writes about ten files and the device tool returns eight: give it OUT=/tmp/g and tar /tmp/g into the tool's
 # $OUT)
 # (SUITE=0: skip the rest of the suite; SUITE_RUNS, SUITE_SIZES, SUITE_LAUNCHERS, SUITE_S: gpu_suite's runs per median,
-# sizes, launchers and time limit; GRAPHS_S: bench/gpu_graphs.py's time limit)
+# sizes, launchers and time limit; GRAPHS_S: bench/gpu_graphs.py's time limit; NCU_S, NCU_NUMEL: bench/gpu_ncu.py's
+# time limit under Nsight Compute (0: skipped) and size)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_run}
@@ -63,6 +64,18 @@ echo "   proxy's host time on this machine's CPU, to set beside gpu_suite's host
 $py scripts/cuda_launches.py --numel 4096 --time 2>&1 | tee "$out/cuda_launches.txt"
 echo "== bench/gpu_host_profile.py: where one call's host time goes"
 timeout 90 $py bench/gpu_host_profile.py --out "$out/gpu_host_profile" 2>&1 | tail -3
+ncu=$( (command -v ncu; ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu) 2>/dev/null | head -1)
+if [ -n "$ncu" ] && [ "${NCU_S:-90}" != 0 ]; then
+    echo "== bench/gpu_ncu.py under $ncu: every kernel of gpu_suite at ${NCU_NUMEL:-67108864} elements"
+    timeout "${NCU_S:-90}" "$ncu" --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --csv --page details \
+        $py bench/gpu_ncu.py --numel "${NCU_NUMEL:-67108864}" --names "$out/ncu_names.json" \
+        > "$out/ncu.csv" 2> "$out/ncu.log"
+    echo "ncu: rc $?"
+    $py bench/gpu_ncu.py --summary "$out/ncu.csv" --names "$out/ncu_names.json" 2>&1 | tee "$out/ncu_summary.txt"
+else
+    echo "no ncu (none on the PATH, under /opt/nvidia/nsight-compute or /usr/local/cuda*/bin), or NCU_S=0"
+fi
 [ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"
 # SIGINT at the deadline: pytest stops as on Ctrl-C and still prints its failures and summary (a plain TERM left the

@@ -31,10 +31,13 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'numba', numba.__versi
 } 2>&1 | tee "$out/env.txt"
 echo "== CUDA kernels == CPU kernels, on the GPU (beside tests/gpu, 8 workers sharing the GPU, and compute-sanitizer)"
 timeout "${GPU_TESTS_S:-200}" $py -m tests.kernels.cuda_sim_checks 1 37 1000 8200 100003 1048577 > "$out/kernels.log" 2>&1 &
-sanitizer=$( (command -v compute-sanitizer; find /usr/local /opt -maxdepth 4 -name compute-sanitizer -type f -perm -u+x
-    $py -c "import nvidia, pathlib
-print(*(p for d in nvidia.__path__ for p in sorted(pathlib.Path(d).glob('cu*/bin/compute-sanitizer'))))") 2>/dev/null |
-    head -1)
+find_tool() {  # the first executable $1 on the PATH, else under /usr/local and /opt (the image's CUDA and Nsight)
+    (command -v "$1"; find /usr/local /opt -maxdepth 4 -name "$1" -type f -perm -u+x) 2>/dev/null | head -1
+}
+sanitizer=$(find_tool compute-sanitizer)
+[ -n "$sanitizer" ] || sanitizer=$($py -c "import nvidia, pathlib
+print(next((p for d in nvidia.__path__ for p in sorted(pathlib.Path(d).glob('cu*/bin/compute-sanitizer'))), ''))" \
+    2>/dev/null)
 sanitize() {  # every kernel on short lengths: memcheck (out-of-bounds and misaligned accesses), racecheck (shared memory)
     [ -n "$sanitizer" ] || { echo "no compute-sanitizer (none on the PATH, under /usr/local or /opt, or in a wheel)"
         return; }
@@ -64,7 +67,7 @@ echo "   proxy's host time on this machine's CPU, to set beside gpu_suite's host
 $py scripts/cuda_launches.py --numel 4096 --time 2>&1 | tee "$out/cuda_launches.txt"
 echo "== bench/gpu_host_profile.py: where one call's host time goes"
 timeout 90 $py bench/gpu_host_profile.py --out "$out/gpu_host_profile" 2>&1 | tail -3
-ncu=$( (command -v ncu; ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu) 2>/dev/null | head -1)
+ncu=$(find_tool ncu)
 if [ -n "$ncu" ] && [ "${NCU_S:-90}" != 0 ]; then
     echo "== bench/gpu_ncu.py under $ncu: every kernel of gpu_suite at ${NCU_NUMEL:-67108864} elements"
     timeout "${NCU_S:-90}" "$ncu" --clock-control none --profile-from-start off --section SpeedOfLight \
@@ -74,7 +77,7 @@ if [ -n "$ncu" ] && [ "${NCU_S:-90}" != 0 ]; then
     echo "ncu: rc $?"
     $py bench/gpu_ncu.py --summary "$out/ncu.csv" --names "$out/ncu_names.json" 2>&1 | tee "$out/ncu_summary.txt"
 else
-    echo "no ncu (none on the PATH, under /opt/nvidia/nsight-compute or /usr/local/cuda*/bin), or NCU_S=0"
+    echo "no ncu (none on the PATH, under /usr/local or /opt), or NCU_S=0"
 fi
 [ "${SUITE:-1}" = 0 ] && exit 0
 echo "== the rest of the suite, $(left) s left"

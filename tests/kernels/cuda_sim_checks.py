@@ -356,6 +356,33 @@ def check_lane_sums(lengths: tuple[int, ...] = (8200, 20011), dtypes: tuple[torc
             assert got == want and np.array_equal(d_out.copy_to_host(), out), ("accumulated lanes' order", power)
 
 
+def check_many_ranks(numel: int = 20011, ranks: tuple[int, ...] = (9, 17)) -> None:
+    """The server's accumulates over more ranks than ``kernels.cuda.sums.RANK_GROUP`` stages at once (a full group,
+    then a part of one), rank by rank in float32 as the CPU kernels: the lane sums' (values and the sum of |x|^p, with
+    and without a base, into a strided row view of a wire buffer) and the block weights' (base and none)."""
+    rng = np.random.default_rng(numel)
+    for n in ranks:
+        wire = rng.integers(0, 256, (n, 3 + -(-numel // 8)), dtype=np.uint8)
+        rows, d_rows = wire[:, 3:], numba_cuda.to_device(wire)[:, 3:]
+        weights = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 21, n))).astype(np.float32)
+        base = (rng.standard_normal(numel) * np.exp2(rng.integers(-20, 21, numel))).astype(np.float32)
+        for power, added in ((2, None), (1, base), (2, base)):
+            out, d_out = np.empty(numel, np.float32), numba_cuda.device_array(numel, np.float32)
+            want = cpu.accumulate_signs(rows.copy(), weights, added, out, numel, power)
+            got = cuda.accumulate_signs(d_rows, numba_cuda.to_device(weights),
+                                        None if added is None else numba_cuda.to_device(added), d_out, numel, power)
+            assert got == want and np.array_equal(d_out.copy_to_host(), out), ("accumulate_signs", n, power)
+        block = 64
+        blocks = -(-numel // block)
+        block_weights = (rng.random((n, blocks)) + 0.5).astype(np.float32)
+        for added in (None, base):
+            out, d_out = np.empty(numel, np.float32), numba_cuda.device_array(numel, np.float32)
+            cpu.accumulate_blocks(rows, block_weights, block, added, out, numel)
+            cuda.accumulate_blocks(d_rows, numba_cuda.to_device(block_weights), block,
+                                   None if added is None else numba_cuda.to_device(added), d_out, numel)
+            assert np.array_equal(d_out.copy_to_host(), out), ("accumulate_blocks", n, added is None)
+
+
 def check_group_sums() -> None:
     """Past ``TAIL`` lane sums the last block of each group of thread blocks adds its part of the tree's wide levels,
     and the last group the rest (``kernels.cuda.sums._finish_lanes``), in the reference's order: with several groups, a
@@ -580,6 +607,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
     if part == "tree":
         check_tree_sum()
         check_lane_sums()
+        check_many_ranks()
         check_segment_sums()
     elif part == "scale":
         check_scale_of()

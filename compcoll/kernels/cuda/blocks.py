@@ -8,7 +8,7 @@ import numpy as np
 from numba import cuda
 
 from ..launch import launch
-from .common import LOOKUPS, THREADS, TILE, grid_for, row_of, shift_of, table_arg, to_power
+from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, grid_for, row_of, shift_of, table_arg, to_power
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
@@ -32,14 +32,16 @@ def _block_span(b, total, shift, per_row, row_len):
     return first, min(1 << shift, (r + 1) * row_len - first)
 
 
-def _staged_fold(look_up, fold, zero):
+def _staged_fold(look_up, raw_type, fold, zero):
     """A kernel out[b] = ``fold`` over block b's elements x = err + src (float32) in order, from ``zero``.
 
     1. A thread block takes ``FOLD_THREADS`` summation blocks, a thread each (their spans in
        shared memory).
     2. Round by round their next ``STAGE`` elements are read into shared memory, a warp's load
        reading 4 blocks' 8 consecutive elements each (a thread reading its own block's made it
-       touch 32 sectors for 32 elements).
+       touch 32 sectors for 32 elements): a thread loads its ``STAGE`` elements (raw source and error), then looks
+       the 16-bit sources up and adds, then stores them (each element's loads behind the previous one's store
+       waited a memory round trip an element).
     3. Each thread folds its block's staged elements in order: the order and the bits are one
        element at a time's.
     """
@@ -47,6 +49,8 @@ def _staged_fold(look_up, fold, zero):
     @cuda.jit
     def kernel(src, lut, err, n_src, shift, row_len, out):
         staged = cuda.shared.array(_STAGED, np.float32)
+        raw = cuda.local.array(STAGE, raw_type)
+        held = cuda.local.array(STAGE, np.float32)
         firsts = cuda.shared.array(THREADS, np.int64)
         lengths = cuda.shared.array(THREADS, np.int64)
         lane = cuda.threadIdx.x
@@ -65,9 +69,21 @@ def _staged_fold(look_up, fold, zero):
                     q = m * width + lane
                     t = q // STAGE
                     j = q - t * STAGE
+                    i = firsts[t] + start + j
+                    taken = start + j < lengths[t]
+                    raw[m] = src[i] if taken and i < n_src else 0
+                    held[m] = err[i] if taken else np.float32(0)
+                for m in range(STAGE):
+                    q = m * width + lane
+                    t = q // STAGE
+                    if firsts[t] + start + q - t * STAGE < n_src:
+                        held[m] = held[m] + look_up(lut, raw[m])
+                for m in range(STAGE):
+                    q = m * width + lane
+                    t = q // STAGE
+                    j = q - t * STAGE
                     if start + j < lengths[t]:
-                        i = firsts[t] + start + j
-                        staged[t, j] = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
+                        staged[t, j] = held[m]
                 cuda.syncthreads()
                 for j in range(STAGE):
                     if start + j < length:
@@ -93,7 +109,7 @@ def _block_power_sums(with_lut: bool, p: int):
     def add_power(acc, x):
         return acc + to_power(np.float64(x), p)
 
-    return _staged_fold(LOOKUPS[with_lut], add_power, 0.0)
+    return _staged_fold(LOOKUPS[with_lut], RAW_TYPES[with_lut], add_power, 0.0)
 
 
 def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
@@ -103,14 +119,16 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0
            src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, sums)
 
 
-def tiled_block_encoder(look_up, code_of, one_plane: bool):
+def tiled_block_encoder(look_up, raw_type, code_of, one_plane: bool):
     """A kernel coding x = err + src element by element with its block's value (a scale, or a level step) and
     packing the codes' ``nbits`` bit planes into (rows, nbits * row_bytes) ``planes``, tiled as
-    ``signs.compensate_encode``.
+    ``signs.compensate_encode``; ``raw_type`` is the source's element type as loaded (``common.RAW_TYPES``).
 
-    1. A block takes a tile of ``TILE`` elements: thread l codes elements l, l + THREADS, ...
-       (coalesced reads and writes; ``code_of``: the code and the new error), keeping the codes
-       in shared memory.
+    1. A block takes a tile of ``TILE`` elements: thread l loads elements l, l + THREADS, ... (their raw
+       source, error and block value), all 8 before it uses any, then looks their sources up and adds the errors,
+       then codes them (coalesced reads and writes; ``code_of``: the code and the new error), keeping the codes in
+       shared memory. One element at a time, each element's loads waited behind the previous element's store of
+       its error: a memory round trip an element.
     2. Thread l packs byte l of the tile from elements 8l..8l+7 into each plane, the ``nbits``
        plane bytes in one 64-bit register (byte j: plane j), not a local array, which a plane
        index known only at run time would put in local memory.
@@ -121,6 +139,9 @@ def tiled_block_encoder(look_up, code_of, one_plane: bool):
     @cuda.jit
     def kernel(src, lut, err, n_src, values, shift, nbits, planes):
         codes = cuda.shared.array(TILE, np.uint8)
+        raw = cuda.local.array(8, raw_type)
+        held = cuda.local.array(8, np.float32)
+        value = cuda.local.array(8, np.float32)
         lane = cuda.threadIdx.x
         count = 1 if one_plane else nbits
         rows = planes.shape[0]
@@ -133,12 +154,20 @@ def tiled_block_encoder(look_up, code_of, one_plane: bool):
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for m in range(8):
+                i = base + m * THREADS + lane
+                if i < total * 8:
+                    r, first = row_of(i, r, first, row_len)
+                    raw[m] = src[i] if i < n_src else 0
+                    held[m] = err[i]
+                    value[m] = values[r * per_row + ((i - first) >> shift)]
+            for m in range(8):
+                if base + m * THREADS + lane < n_src:
+                    held[m] = np.float32(held[m] + look_up(lut, raw[m]))
+            for m in range(8):
                 e = m * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    r, first = row_of(i, r, first, row_len)
-                    x = np.float32(err[i] + look_up(lut, src[i]) if i < n_src else err[i])
-                    code, left = code_of(x, values[r * per_row + ((i - first) >> shift)], nbits)
+                    code, left = code_of(held[m], value[m], nbits)
                     err[i] = left
                     codes[e] = code
             cuda.syncthreads()
@@ -167,7 +196,7 @@ def _sign_code(x, scale, nbits):
 
 @lru_cache(maxsize=None)
 def _encode_blocks(with_lut: bool):
-    return tiled_block_encoder(LOOKUPS[with_lut], _sign_code, True)
+    return tiled_block_encoder(LOOKUPS[with_lut], RAW_TYPES[with_lut], _sign_code, True)
 
 
 def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
@@ -179,28 +208,56 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
 
 @lru_cache(maxsize=None)
 def _accumulate_blocks(with_base: bool):
+    """out[i] = sum over ranks r of +-weights[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]).
+
+    Each thread takes ``IN_FLIGHT`` elements a grid stride apart per round (neighbouring threads, neighbouring
+    elements), so that its loads are in flight together: a thread on one element at a time waited a whole memory
+    round trip an element, its next loads held behind its store (numba's arrays may alias). A round:
+    1. for each rank r in order: load the round's sign bytes and weights of row r, then add +-weight to each
+       element's float32 sum;
+    2. with a base, load the round's base values, then add each to its sum;
+    3. store the sums.
+    """
     @cuda.jit
     def kernel(bits, weights, shift, base, out, n_out):
         nranks = bits.shape[0]
-        for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-            acc = np.float32(0)
-            k = i >> shift
+        step = cuda.gridsize(1)
+        acc = cuda.local.array(IN_FLIGHT, np.float32)
+        held = cuda.local.array(IN_FLIGHT, np.uint8)
+        scales = cuda.local.array(IN_FLIGHT, np.float32)
+        for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
+            for u in range(IN_FLIGHT):
+                acc[u] = np.float32(0)
             for r in range(nranks):
-                if (bits[r, i >> 3] >> (7 - (i & 7))) & 1:
-                    acc += weights[r, k]
-                else:
-                    acc -= weights[r, k]
+                for u in range(IN_FLIGHT):
+                    i = k + u * step
+                    held[u] = bits[r, i >> 3] if i < n_out else 0
+                    scales[u] = weights[r, i >> shift] if i < n_out else np.float32(0)
+                for u in range(IN_FLIGHT):
+                    i = k + u * step
+                    if (held[u] >> (7 - (i & 7))) & 1:
+                        acc[u] += scales[u]
+                    else:
+                        acc[u] -= scales[u]
             if with_base:
-                acc = acc + base[i]
-            out[i] = acc
+                for u in range(IN_FLIGHT):
+                    i = k + u * step
+                    scales[u] = base[i] if i < n_out else np.float32(0)
+                for u in range(IN_FLIGHT):
+                    acc[u] = acc[u] + scales[u]
+            for u in range(IN_FLIGHT):
+                i = k + u * step
+                if i < n_out:
+                    out[i] = acc[u]
 
     return kernel
 
 
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
-    one thread per element (i // block a shift)."""
-    launch(_accumulate_blocks(base is not None), grid_for(n_out), THREADS, stream,
+    ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements (at most
+    ``common.MAX_BLOCKS`` blocks)."""
+    launch(_accumulate_blocks(base is not None), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
            bits, weights, shift_of(block), out if base is None else base, out, n_out)
 
 
@@ -228,7 +285,7 @@ def accumulate_groups(bits, weights, out, n_out, stream=0) -> None:
 @lru_cache(maxsize=None)
 def _block_absmax(with_lut: bool):
     """out[b] = max |x| over block b's elements (``_staged_fold``)."""
-    return _staged_fold(LOOKUPS[with_lut], _larger_magnitude, np.float32(0))
+    return _staged_fold(LOOKUPS[with_lut], RAW_TYPES[with_lut], _larger_magnitude, np.float32(0))
 
 
 def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:

@@ -61,6 +61,8 @@ def device_empty(size: int, dtype, stream=0):
 
 LOOKUPS = {False: cuda.jit(device=True)(scalar.value_of), True: cuda.jit(device=True)(scalar.table_value)}
 """An element's float32 value, by whether the source is 16-bit (its raw bits through the 65536-entry table)."""
+RAW_TYPES = {False: np.float32, True: np.uint16}
+"""A source element's type as loaded, by whether it is 16-bit (looked up in the table after its load)."""
 to_power = cuda.jit(device=True)(scalar.power)
 
 

@@ -10,7 +10,7 @@ from numba import cuda
 
 from ..launch import launch
 from .blocks import tiled_block_encoder
-from .common import LOOKUPS, THREADS, grid_for, row_of, shift_of, table_arg
+from .common import LOOKUPS, RAW_TYPES, THREADS, grid_for, row_of, shift_of, table_arg
 
 
 @cuda.jit(device=True)
@@ -25,7 +25,7 @@ def _level_code(x, step, nbits):
 
 @lru_cache(maxsize=None)
 def _encode_levels(with_lut: bool):
-    return tiled_block_encoder(LOOKUPS[with_lut], _level_code, False)
+    return tiled_block_encoder(LOOKUPS[with_lut], RAW_TYPES[with_lut], _level_code, False)
 
 
 def encode_levels(src, lut, err, n_src, steps, block, nbits, planes, stream=0) -> None:

@@ -10,7 +10,7 @@ from numba import cuda
 from .. import scalar
 from ...spec import BLOCK, LANES, SCALE_BYTES
 from ..launch import launch
-from .common import IN_FLIGHT, LOOKUPS, THREADS, TILE, device_empty, grid_for, pack, row_of, table_arg
+from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, device_empty, grid_for, pack, row_of, table_arg
 from .frames import write_head
 
 _threshold = cuda.jit(device=True)(scalar.threshold)
@@ -89,12 +89,14 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty) -> N
 
 @lru_cache(maxsize=None)
 def _randomized_encode(with_lut: bool):
-    look_up = LOOKUPS[with_lut]
+    look_up, raw_type = LOOKUPS[with_lut], RAW_TYPES[with_lut]
 
     @cuda.jit
     def kernel(src, lut, n_src, scales, key, start, rows):
         signs = cuda.shared.array(TILE, np.uint8)
         head = cuda.local.array(1, np.float32)
+        raw = cuda.local.array(8, raw_type)
+        scale = cuda.local.array(8, np.float32)
         lane = cuda.threadIdx.x
         n, width = rows.shape
         row_bytes = width - SCALE_BYTES
@@ -108,12 +110,17 @@ def _randomized_encode(with_lut: bool):
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
+                i = base + j * THREADS + lane
+                if i < total * 8:
+                    r, first = row_of(i, r, first, row_len)
+                    raw[j] = src[i] if i < n_src else 0
+                    scale[j] = scales[r]
+            for j in range(8):
                 e = j * THREADS + lane
                 i = base + e
                 if i < total * 8:
-                    r, first = row_of(i, r, first, row_len)
-                    x = np.float64(look_up(lut, src[i])) if i < n_src else 0.0
-                    signs[e] = 1 if x > _threshold(stream_key, start + i) * np.float64(scales[r]) else 0
+                    x = np.float64(look_up(lut, raw[j])) if i < n_src else 0.0
+                    signs[e] = 1 if x > _threshold(stream_key, start + i) * np.float64(scale[j]) else 0
             cuda.syncthreads()
             t = tile * THREADS + lane
             if t < total:
@@ -133,7 +140,9 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
     thresholds (``codecs.stream_keys``).
 
     Tiled as ``signs.compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the
-    row of its last element (and of its last byte) and divides only when it leaves it.
+    row of its last element (and of its last byte) and divides only when it leaves it. A thread loads its 8
+    elements of a tile (raw) and their rows' scales first, then looks them up, draws and compares: each element's
+    loads behind the previous element's store waited a memory round trip an element.
     """
     launch(_randomized_encode(lut is not None), grid_for(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
            stream, src, table_arg(lut, stream), n_src, scales, key, start, rows)

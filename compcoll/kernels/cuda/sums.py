@@ -21,7 +21,7 @@ from numba import cuda
 
 from ...spec import BLOCK, LANES
 from ..launch import device_of, device_zeros, launch, read_first
-from .common import LOOKUPS, device_empty, grid_for, stand_in, table_arg, to_power
+from .common import IN_FLIGHT, LOOKUPS, device_empty, grid_for, stand_in, table_arg, to_power
 from .records import scale_value
 
 TAIL = 4096
@@ -35,10 +35,15 @@ LANE_THREADS = 256
 """Threads of a lane-sum kernel's block (a multiple of ``LANES``): together they stage one summation block's
 ``BLOCK`` elements in shared memory (all their loads in flight at once), then ``LANES`` of them add the lanes in
 order."""
-ACCUMULATED = 4
-"""Elements an accumulating thread takes per round (``_accumulate_lanes``), as ``common.IN_FLIGHT`` for the decoders:
-4 keep the kernel at 71-72 registers in the sm_90 build (8 took 96, so that a multiprocessor would hold two of its
-blocks, not three)."""
+RANK_GROUP = 8
+"""Ranks whose sign bytes an accumulating block stages in shared memory at once (``_accumulate_lanes``): a
+summation block's ``BLOCK // 8`` bytes of each, loaded by all its threads ``common.IN_FLIGHT`` at a time."""
+ROW_BYTES = BLOCK // 8
+"""Sign bytes of one rank's row in a summation block."""
+ROW_SHIFT = ROW_BYTES.bit_length() - 1
+"""log2 of ``ROW_BYTES``: a staged byte's rank is a shift of its index, its column a mask."""
+GROUP_BYTES = RANK_GROUP * ROW_BYTES
+"""The staged sign bytes of a group of ranks (numba sizes a shared array by one constant)."""
 
 
 @cuda.jit(device=True)
@@ -333,50 +338,69 @@ def _accumulate_lanes(with_base: bool, p: int):
     """out[i] = sum over ranks r of +-weights[r] by bit i of row r, in r order in float32 (+ base[i]); partial as
     ``_power_lanes``'s, of |out|^p.
 
-    A thread block takes summation block b: its threads compute its elements' out (neighbouring
-    threads, neighbouring elements), ``ACCUMULATED`` elements a thread per round, write them and stage them in shared
-    memory; then ``LANES`` of them add their lanes' |out|^p in k order (``_add_lanes``). A round:
-    1. for each rank r in order: load the round's sign bytes of row r, then add +-weights[r] to each element's
-       float32 sum (its elements are ``LANE_THREADS`` apart, a multiple of 8, so each takes the same bit of its
-       byte);
-    2. with a base, load the round's base values, then add each to its sum;
-    3. store the sums into ``out`` and ``staged``.
+    A thread block takes summation block b, its elements' float32 sums kept in shared memory (``staged``), so that
+    a thread waits for memory once for many ranks and elements, not once a rank a few elements:
+    1. for each group of ``RANK_GROUP`` ranks in order: its threads stage the group's sign bytes of the block and
+       its weights in shared memory, ``IN_FLIGHT`` loads a thread at a time; then each thread adds +-weights[r],
+       r in order, to the sums of its elements (neighbouring threads, neighbouring elements), from 0 at the first
+       group;
+    2. with a base, its threads load the block's base values ``IN_FLIGHT`` at a time and add each to its sum;
+       they store the sums into ``out`` and ``staged``;
+    3. ``LANES`` of them add their lanes' |out|^p in k order (``_add_lanes``).
     """
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial, groups, counter, total, d, root_d, mode, scale_out):
         staged = cuda.shared.array(BLOCK, np.float32)
+        signs = cuda.shared.array(GROUP_BYTES, np.uint8)
+        scales = cuda.shared.array(RANK_GROUP, np.float32)
+        held = cuda.local.array(IN_FLIGHT, np.uint8)
+        added = cuda.local.array(IN_FLIGHT, np.float32)
         nranks = bits.shape[0]
+        lane = cuda.threadIdx.x
         step = cuda.blockDim.x
-        acc = cuda.local.array(ACCUMULATED, np.float32)
-        held = cuda.local.array(ACCUMULATED, np.uint8)
-        added = cuda.local.array(ACCUMULATED, np.float32)
         for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
             first = b * BLOCK
             count = min(BLOCK, n_out - first)
-            for k in range(cuda.threadIdx.x, count, ACCUMULATED * step):
-                col = (first + k) >> 3
-                shift = 7 - (k & 7)
-                for u in range(ACCUMULATED):
-                    acc[u] = np.float32(0)
-                for r in range(nranks):
-                    w = weights[r]
-                    for u in range(ACCUMULATED):
-                        held[u] = bits[r, col + u * (step >> 3)] if k + u * step < count else 0
-                    for u in range(ACCUMULATED):
-                        if (held[u] >> shift) & 1:
-                            acc[u] += w
+            col = first >> 3
+            used = (count + 7) >> 3
+            for g in range(0, nranks, RANK_GROUP):
+                ranks = min(RANK_GROUP, nranks - g)
+                size = ranks * ROW_BYTES
+                if lane < ranks:
+                    scales[lane] = weights[g + lane]
+                for q in range(lane, size, IN_FLIGHT * step):
+                    for u in range(IN_FLIGHT):
+                        c = q + u * step
+                        column = c & (ROW_BYTES - 1)
+                        held[u] = bits[g + (c >> ROW_SHIFT), col + column] if c < size and column < used else 0
+                    for u in range(IN_FLIGHT):
+                        c = q + u * step
+                        if c < size:
+                            signs[c] = held[u]
+                cuda.syncthreads()
+                for e in range(lane, count, step):
+                    acc = staged[e] if g > 0 else np.float32(0)
+                    shift = 7 - (e & 7)
+                    for j in range(ranks):
+                        if (signs[j * ROW_BYTES + (e >> 3)] >> shift) & 1:
+                            acc += scales[j]
                         else:
-                            acc[u] -= w
+                            acc -= scales[j]
+                    staged[e] = acc
+                cuda.syncthreads()
+            for k in range(lane, count, IN_FLIGHT * step):
                 if with_base:
-                    for u in range(ACCUMULATED):
-                        added[u] = base[first + k + u * step] if k + u * step < count else np.float32(0)
-                    for u in range(ACCUMULATED):
-                        acc[u] = acc[u] + added[u]
-                for u in range(ACCUMULATED):
+                    for u in range(IN_FLIGHT):
+                        e = k + u * step
+                        added[u] = base[first + e] if e < count else np.float32(0)
+                for u in range(IN_FLIGHT):
                     e = k + u * step
                     if e < count:
-                        out[first + e] = acc[u]
-                        staged[e] = acc[u]
+                        acc = staged[e] if nranks > 0 else np.float32(0)
+                        if with_base:
+                            acc = acc + added[u]
+                        out[first + e] = acc
+                        staged[e] = acc
             cuda.syncthreads()
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()

@@ -12,7 +12,8 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    (``compcoll.bench.clocks.QueuedClock``: the kernel's own time, as inside a busy training step), beside its time
    from an idle device (the host's launch time included: the clock of the runs before 2026-11-29); the
    accumulate also without the last block that ends its sum (fence, block count, tree: "lanes only"), to tell the
-   two costs apart (``flat_kernels``, which also run on CPU tensors: tests/bench/test_gpu_scripts.py);
+   two costs apart, and the server's accumulates of a 16-rank call (``served_kernels``: 16 sign rows of a 16th of
+   the tensor each) (``flat_kernels``, which also run on CPU tensors: tests/bench/test_gpu_scripts.py);
 3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per
@@ -82,10 +83,34 @@ def block_kernels(x: torch.Tensor, err: torch.Tensor, out: torch.Tensor) -> dict
     }
 
 
+SERVED = 16
+"""Ranks of the server accumulates ``served_kernels`` times: a 16-rank call's on the same tensor (its chunk a 16th of
+it, a sign row of the chunk from each rank)."""
+
+
+def served_kernels(bits: torch.Tensor, out: torch.Tensor, numel: int) -> dict[str, tuple]:
+    """The server's accumulates of a ``SERVED``-rank call on ``numel`` elements, one scale and a scale per
+    ``BLOCK_SIZE`` elements: ``SERVED`` rows of ``bits`` of a chunk (``numel`` / ``SERVED``, a multiple of 8) each,
+    into ``out``: name -> (function, bytes it moves per element of the tensor, None)."""
+    chunk = numel // (8 * SERVED) * 8
+    rows = bits[:SERVED * chunk // 8].view(SERVED, -1)
+    ones = torch.ones(SERVED, device=bits.device)
+    block_weights = torch.ones(SERVED, -(-chunk // BLOCK_SIZE), device=bits.device)
+    per_element = (SERVED * chunk / 8 + 4 * chunk) / numel
+    return {
+        f"accumulate signs ({SERVED} rows)": (
+            lambda: codecs.accumulate_signs(rows, ones, None, out, chunk, read=False), per_element, None),
+        f"accumulate, block weights ({SERVED} rows)": (
+            lambda: codecs.accumulate_blocks(rows, block_weights, BLOCK_SIZE, None, out, chunk),
+            per_element + 4 / BLOCK_SIZE, None),
+    }
+
+
 def flat_kernels(x: torch.Tensor, err: torch.Tensor, bits: torch.Tensor, out: torch.Tensor) -> dict[str, tuple]:
     """The one-scale form's kernels on ``x`` and ``err`` (any device; ``bits`` holds x.numel() / 8 bytes, ``out``
     x.numel() floats): name -> (function, bytes it moves per element, the function with its sum read back to the host
-    (a wait) or None), then the DDP hook's default form's (``block_kernels``)."""
+    (a wait) or None), then the DDP hook's default form's (``block_kernels``), then a many-rank call's server
+    accumulates (``served_kernels``)."""
     numel, dev = x.numel(), x.device
     rows, one = bits.view(1, -1), torch.ones(1, device=dev)
     scales = torch.ones(8, device=dev)
@@ -106,6 +131,7 @@ def flat_kernels(x: torch.Tensor, err: torch.Tensor, bits: torch.Tensor, out: to
         "row max |x|": (lambda: codecs.row_absmax(x, 8, numel), 4.0, None),
         "randomized encode": (lambda: codecs.randomized_encode(x, scales, key, 0, wire), 4.125, None),
         **block_kernels(x, err, out),
+        **served_kernels(bits, out, numel),
     }
 
 

@@ -54,8 +54,8 @@ def test_the_suites_flat_kernels_and_worker_step_run_on_cpu_tensors() -> None:
     x, err = torch.randn(8200, generator=gen), torch.randn(8200, generator=gen)
     bits, out = torch.empty(8200 // 8, dtype=torch.uint8), torch.empty(8200)
     kernels = suite.flat_kernels(x, err, bits, out)
-    assert {"sum of squares (x + err)", "compensate + encode", "accumulate, lanes only",
-            "randomized encode"} <= set(kernels)
+    assert {"sum of squares (x + err)", "compensate + encode", "accumulate, lanes only", "randomized encode",
+            "accumulate signs (16 rows)", "accumulate, block weights (16 rows)"} <= set(kernels)
     for name, (fn, per_element, read) in kernels.items():
         fn()
         assert per_element > 0

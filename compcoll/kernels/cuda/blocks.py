@@ -263,23 +263,44 @@ def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
 
 @cuda.jit
 def _accumulate_groups(bits, weights, out, n_out):
+    """out[i] = sum over members r of +-weights[j, r] by bit t of row j * members + r, in r order in float32, for
+    element t of segment j: each thread takes ``IN_FLIGHT`` elements a grid stride apart a round, walks their
+    segments, then member by member loads their sign bytes and weights before it adds any."""
     members = weights.shape[1]
     seg = bits.shape[1] * 8
+    step = cuda.gridsize(1)
+    acc = cuda.local.array(IN_FLIGHT, np.float32)
+    held = cuda.local.array(IN_FLIGHT, np.uint8)
+    scales = cuda.local.array(IN_FLIGHT, np.float32)
+    groups = cuda.local.array(IN_FLIGHT, np.int64)
+    offsets = cuda.local.array(IN_FLIGHT, np.int64)
     j, first = -1, -seg
-    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-        j, first = row_of(i, j, first, seg)
-        t = i - first
-        acc = np.float32(0)
+    for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
+        for u in range(IN_FLIGHT):
+            i = k + u * step
+            if i < n_out:
+                j, first = row_of(i, j, first, seg)
+            groups[u] = j
+            offsets[u] = i - first
+            acc[u] = np.float32(0)
         for r in range(members):
-            w = weights[j, r]
-            acc += w if (bits[j * members + r, t >> 3] >> (7 - (t & 7))) & 1 else -w
-        out[i] = acc
+            for u in range(IN_FLIGHT):
+                if k + u * step < n_out:
+                    held[u] = bits[groups[u] * members + r, offsets[u] >> 3]
+                    scales[u] = weights[groups[u], r]
+            for u in range(IN_FLIGHT):
+                w = scales[u]
+                acc[u] += w if (held[u] >> (7 - (offsets[u] & 7))) & 1 else -w
+        for u in range(IN_FLIGHT):
+            i = k + u * step
+            if i < n_out:
+                out[i] = acc[u]
 
 
 def accumulate_groups(bits, weights, out, n_out, stream=0) -> None:
-    """Group j's rows into segment j of out, as the CPU kernel: one thread per element (its group kept, ``row_of``),
-    rank by rank in float32."""
-    launch(_accumulate_groups, grid_for(n_out), THREADS, stream, bits, weights, out, n_out)
+    """Group j's rows into segment j of out, as the CPU kernel: ``IN_FLIGHT`` elements a thread (their groups kept,
+    ``row_of``), rank by rank in float32."""
+    launch(_accumulate_groups, grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, bits, weights, out, n_out)
 
 
 @lru_cache(maxsize=None)

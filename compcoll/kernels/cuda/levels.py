@@ -10,7 +10,7 @@ from numba import cuda
 
 from ..launch import launch
 from .blocks import tiled_block_encoder
-from .common import LOOKUPS, RAW_TYPES, THREADS, grid_for, row_of, shift_of, table_arg
+from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, grid_for, row_of, shift_of, table_arg
 
 
 @cuda.jit(device=True)
@@ -45,37 +45,65 @@ def _level_of(planes, r, row_bytes, k, nbits):
 
 @cuda.jit
 def _accumulate_levels(planes, weights, shift, nbits, out, n_out):
+    """out[i] = sum over ranks r of float32(level_r(i) * weights[r, i >> shift]), in r order in float32: each thread
+    takes ``IN_FLIGHT`` elements a grid stride apart a round and, rank by rank, loads their plane bytes and weights
+    before it adds any (one element at a time, its loads waited behind the previous element's store)."""
     nranks = planes.shape[0]
     row_bytes = planes.shape[1] // nbits
     half = ((1 << nbits) - 1) / 2.0
-    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-        acc = np.float32(0)
-        k = i >> shift
+    step = cuda.gridsize(1)
+    acc = cuda.local.array(IN_FLIGHT, np.float32)
+    codes = cuda.local.array(IN_FLIGHT, np.int32)
+    scales = cuda.local.array(IN_FLIGHT, np.float32)
+    for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
+        for u in range(IN_FLIGHT):
+            acc[u] = np.float32(0)
         for r in range(nranks):
-            acc = acc + np.float32((_level_of(planes, r, row_bytes, i, nbits) - half) * np.float64(weights[r, k]))
-        out[i] = acc
+            for u in range(IN_FLIGHT):
+                i = k + u * step
+                codes[u] = _level_of(planes, r, row_bytes, i, nbits) if i < n_out else 0
+                scales[u] = weights[r, i >> shift] if i < n_out else np.float32(0)
+            for u in range(IN_FLIGHT):
+                acc[u] = acc[u] + np.float32((codes[u] - half) * np.float64(scales[u]))
+        for u in range(IN_FLIGHT):
+            i = k + u * step
+            if i < n_out:
+                out[i] = acc[u]
 
 
 def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> None:
-    """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel: one thread
-    per element (i // block a shift)."""
-    launch(_accumulate_levels, grid_for(n_out), THREADS, stream, planes, weights, shift_of(block), nbits, out, n_out)
+    """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel:
+    ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements."""
+    launch(_accumulate_levels, grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, weights,
+           shift_of(block), nbits, out, n_out)
 
 
 @cuda.jit
 def _decode_levels(planes, steps, shift, nbits, out, n_out):
+    """out[i] = float32(level(i) * steps[r, k >> shift]) for element k of row r: each thread takes ``IN_FLIGHT``
+    elements a grid stride apart a round, walks their rows and loads their plane bytes and steps, then stores."""
     row_bytes = planes.shape[1] // nbits
     row_len = row_bytes * 8
     half = ((1 << nbits) - 1) / 2.0
+    step = cuda.gridsize(1)
+    codes = cuda.local.array(IN_FLIGHT, np.int32)
+    scales = cuda.local.array(IN_FLIGHT, np.float32)
     r, first = -1, -row_len
-    for i in range(cuda.grid(1), n_out, cuda.gridsize(1)):
-        r, first = row_of(i, r, first, row_len)
-        k = i - first
-        out[i] = np.float32(0) + np.float32((_level_of(planes, r, row_bytes, k, nbits) - half)
-                                            * np.float64(steps[r, k >> shift]))
+    for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
+        for u in range(IN_FLIGHT):
+            i = k + u * step
+            if i < n_out:
+                r, first = row_of(i, r, first, row_len)
+                codes[u] = _level_of(planes, r, row_bytes, i - first, nbits)
+                scales[u] = steps[r, (i - first) >> shift]
+        for u in range(IN_FLIGHT):
+            i = k + u * step
+            if i < n_out:
+                out[i] = np.float32(0) + np.float32((codes[u] - half) * np.float64(scales[u]))
 
 
 def decode_levels(planes, steps, block, nbits, out, n_out, stream=0) -> None:
-    """Row r's levels into out[r * row_len:], as the CPU kernel: one thread per element (its row kept, ``row_of``;
-    k // block a shift)."""
-    launch(_decode_levels, grid_for(n_out), THREADS, stream, planes, steps, shift_of(block), nbits, out, n_out)
+    """Row r's levels into out[r * row_len:], as the CPU kernel: ``IN_FLIGHT`` elements a thread (their rows kept,
+    ``row_of``; k // block a shift)."""
+    launch(_decode_levels, grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, steps, shift_of(block),
+           nbits, out, n_out)

@@ -12,8 +12,9 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    (``compcoll.bench.clocks.QueuedClock``: the kernel's own time, as inside a busy training step), beside its time
    from an idle device (the host's launch time included: the clock of the runs before 2026-11-29); the
    accumulate also without the last block that ends its sum (fence, block count, tree: "lanes only"), to tell the
-   two costs apart, and the server's accumulates of a 16-rank call (``served_kernels``: 16 sign rows of a 16th of
-   the tensor each) (``flat_kernels``, which also run on CPU tensors: tests/bench/test_gpu_scripts.py);
+   two costs apart, and the server's accumulates of a 16-rank call (``served_kernels``: 16 rows of a 16th of the
+   tensor each, signs and 4-bit levels; the levels' decode; the hierarchical allgather's average of 4 groups of 4)
+   (``flat_kernels``, which also run on CPU tensors: tests/bench/test_gpu_scripts.py);
 3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
 4. compressed_allreduce end to end on one rank (SingleComm), CUDA tensors, with one scale and with a scale per
@@ -86,16 +87,23 @@ def block_kernels(x: torch.Tensor, err: torch.Tensor, out: torch.Tensor) -> dict
 SERVED = 16
 """Ranks of the server accumulates ``served_kernels`` times: a 16-rank call's on the same tensor (its chunk a 16th of
 it, a sign row of the chunk from each rank)."""
+LEVEL_BITS = 4
+"""Bits an element of ``served_kernels``' level rows."""
 
 
 def served_kernels(bits: torch.Tensor, out: torch.Tensor, numel: int) -> dict[str, tuple]:
-    """The server's accumulates of a ``SERVED``-rank call on ``numel`` elements, one scale and a scale per
-    ``BLOCK_SIZE`` elements: ``SERVED`` rows of ``bits`` of a chunk (``numel`` / ``SERVED``, a multiple of 8) each,
-    into ``out``: name -> (function, bytes it moves per element of the tensor, None)."""
+    """The server's accumulates of a ``SERVED``-rank call on ``numel`` elements, one scale, a scale per
+    ``BLOCK_SIZE`` elements and ``LEVEL_BITS``-bit levels: ``SERVED`` rows of a chunk (``numel`` / ``SERVED``, a
+    multiple of 8) each, into ``out``; the levels' decode of those rows, and the hierarchical allgather's average of
+    its groups (a square number of rows, as many groups as members): name -> (function, bytes it moves per element of
+    the tensor, None)."""
     chunk = numel // (8 * SERVED) * 8
     rows = bits[:SERVED * chunk // 8].view(SERVED, -1)
     ones = torch.ones(SERVED, device=bits.device)
     block_weights = torch.ones(SERVED, -(-chunk // BLOCK_SIZE), device=bits.device)
+    planes = torch.randint(0, 256, (SERVED, LEVEL_BITS * chunk // 8), dtype=torch.uint8, device=bits.device)
+    nodes = math.isqrt(SERVED)
+    node_weights = torch.ones(nodes, SERVED // nodes, device=bits.device)
     per_element = (SERVED * chunk / 8 + 4 * chunk) / numel
     return {
         f"accumulate signs ({SERVED} rows)": (
@@ -103,6 +111,15 @@ def served_kernels(bits: torch.Tensor, out: torch.Tensor, numel: int) -> dict[st
         f"accumulate, block weights ({SERVED} rows)": (
             lambda: codecs.accumulate_blocks(rows, block_weights, BLOCK_SIZE, None, out, chunk),
             per_element + 4 / BLOCK_SIZE, None),
+        f"accumulate levels ({SERVED} rows, {LEVEL_BITS} bits)": (
+            lambda: codecs.accumulate_levels(planes, block_weights, BLOCK_SIZE, LEVEL_BITS, out, chunk),
+            (SERVED * chunk * (LEVEL_BITS / 8 + 4 / BLOCK_SIZE) + 4 * chunk) / numel, None),
+        f"decode levels ({SERVED} rows, {LEVEL_BITS} bits)": (
+            lambda: codecs.decode_levels(planes, block_weights, BLOCK_SIZE, LEVEL_BITS, out, SERVED * chunk),
+            SERVED * chunk * (LEVEL_BITS / 8 + 4 / BLOCK_SIZE + 4) / numel, None),
+        f"accumulate groups ({nodes} of {SERVED // nodes} rows)": (
+            lambda: codecs.accumulate_groups(rows, node_weights, out, nodes * chunk),
+            (SERVED * chunk / 8 + 4 * nodes * chunk) / numel, None),
     }
 
 

@@ -55,7 +55,8 @@ def test_the_suites_flat_kernels_and_worker_step_run_on_cpu_tensors() -> None:
     bits, out = torch.empty(8200 // 8, dtype=torch.uint8), torch.empty(8200)
     kernels = suite.flat_kernels(x, err, bits, out)
     assert {"sum of squares (x + err)", "compensate + encode", "accumulate, lanes only", "randomized encode",
-            "accumulate signs (16 rows)", "accumulate, block weights (16 rows)"} <= set(kernels)
+            "accumulate signs (16 rows)", "accumulate, block weights (16 rows)", "accumulate levels (16 rows, 4 bits)",
+            "decode levels (16 rows, 4 bits)", "accumulate groups (4 of 4 rows)"} <= set(kernels)
     for name, (fn, per_element, read) in kernels.items():
         fn()
         assert per_element > 0

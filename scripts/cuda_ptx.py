@@ -114,7 +114,7 @@ def variants() -> dict[str, tuple]:
         found[f"decode to {name} with the block scales in the frames"] = (
             frames._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64), THREADS)
     found["accumulate levels"] = (levels._accumulate_levels.py_func,
-                                  (rows(t.uint8), rows(t.float32), I64, I64, F32, I64), THREADS)
+                                  (rows(t.uint8), rows(t.float32), I64, I64, F32, F32, I64), THREADS)
     found["decode levels"] = (levels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64), THREADS)
     found["accumulate groups of rows into their segments"] = (blocks._accumulate_groups.py_func,
                                                               (wire, coded, F32, I64), THREADS)
@@ -128,7 +128,8 @@ def variants() -> dict[str, tuple]:
                 sums._accumulate_lanes(base, p).py_func,
                 (rows(t.uint8), F32, F32, F32, I64, F64, I64, *FINISH), LANE)
         found[f"accumulate with block weights, base={base}"] = (
-            blocks._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, F32, F32, I64), THREADS)
+            blocks._accumulate_blocks(base).py_func, (rows(t.uint8), rows(t.float32), I64, I64, F32, F32, I64),
+            THREADS)
     return found
 
 

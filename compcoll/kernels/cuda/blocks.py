@@ -206,24 +206,26 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
            src, table_arg(lut, stream), err, n_src, scales, shift_of(block), 1, bits)
 
 
-@lru_cache(maxsize=None)
-def _accumulate_blocks(with_base: bool):
-    """out[i] = sum over ranks r of +-weights[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]).
+def rank_accumulator(code_of, add_code, with_base: bool):
+    """A kernel out[i] = ``add_code`` over ranks r in order, from float32 0, of element i's code in row r of
+    ``rows`` and its block's weight weights[r, i >> shift] (+ base[i]), in float32.
 
     Each thread takes ``IN_FLIGHT`` elements a grid stride apart per round (neighbouring threads, neighbouring
     elements), so that its loads are in flight together: a thread on one element at a time waited a whole memory
     round trip an element, its next loads held behind its store (numba's arrays may alias). A round:
-    1. for each rank r in order: load the round's sign bytes and weights of row r, then add +-weight to each
-       element's float32 sum;
+    1. for each rank r in order: load the round's codes (``code_of``: a sign byte, or a level from its planes'
+       bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8 bits) and weights of row r,
+       then add each code's value to its element's sum (``add_code``);
     2. with a base, load the round's base values, then add each to its sum;
     3. store the sums.
     """
     @cuda.jit
-    def kernel(bits, weights, shift, base, out, n_out):
-        nranks = bits.shape[0]
+    def kernel(rows, weights, shift, nbits, base, out, n_out):
+        nranks = rows.shape[0]
+        row_bytes = rows.shape[1] // nbits
         step = cuda.gridsize(1)
         acc = cuda.local.array(IN_FLIGHT, np.float32)
-        held = cuda.local.array(IN_FLIGHT, np.uint8)
+        codes = cuda.local.array(IN_FLIGHT, np.uint8)
         scales = cuda.local.array(IN_FLIGHT, np.float32)
         for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
             for u in range(IN_FLIGHT):
@@ -231,14 +233,10 @@ def _accumulate_blocks(with_base: bool):
             for r in range(nranks):
                 for u in range(IN_FLIGHT):
                     i = k + u * step
-                    held[u] = bits[r, i >> 3] if i < n_out else 0
+                    codes[u] = code_of(rows, r, row_bytes, i, nbits) if i < n_out else 0
                     scales[u] = weights[r, i >> shift] if i < n_out else np.float32(0)
                 for u in range(IN_FLIGHT):
-                    i = k + u * step
-                    if (held[u] >> (7 - (i & 7))) & 1:
-                        acc[u] += scales[u]
-                    else:
-                        acc[u] -= scales[u]
+                    acc[u] = add_code(acc[u], codes[u], scales[u], k + u * step, nbits)
             if with_base:
                 for u in range(IN_FLIGHT):
                     i = k + u * step
@@ -253,12 +251,31 @@ def _accumulate_blocks(with_base: bool):
     return kernel
 
 
+@cuda.jit(device=True)
+def _sign_byte(bits, r, row_bytes, i, nbits):
+    """The byte of row r of ``bits`` holding element i's sign (``row_bytes`` and ``nbits`` unused)."""
+    return bits[r, i >> 3]
+
+
+@cuda.jit(device=True)
+def _add_sign(acc, byte, w, i, nbits):
+    """acc + w where element i's bit of its sign byte is set, else acc - w, in float32."""
+    return acc + w if (byte >> (7 - (i & 7))) & 1 else acc - w
+
+
+@lru_cache(maxsize=None)
+def _accumulate_blocks(with_base: bool):
+    """out[i] = sum over ranks r of +-weights[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]):
+    ``rank_accumulator`` of sign bytes."""
+    return rank_accumulator(_sign_byte, _add_sign, with_base)
+
+
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements (at most
     ``common.MAX_BLOCKS`` blocks)."""
     launch(_accumulate_blocks(base is not None), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
-           bits, weights, shift_of(block), out if base is None else base, out, n_out)
+           bits, weights, shift_of(block), 1, out if base is None else base, out, n_out)
 
 
 @cuda.jit

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda
 
 from ..launch import launch
-from .blocks import tiled_block_encoder
+from .blocks import rank_accumulator, tiled_block_encoder
 from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, grid_for, row_of, shift_of, table_arg
 
 
@@ -43,39 +43,22 @@ def _level_of(planes, r, row_bytes, k, nbits):
     return code
 
 
-@cuda.jit
-def _accumulate_levels(planes, weights, shift, nbits, out, n_out):
-    """out[i] = sum over ranks r of float32(level_r(i) * weights[r, i >> shift]), in r order in float32: each thread
-    takes ``IN_FLIGHT`` elements a grid stride apart a round and, rank by rank, loads their plane bytes and weights
-    before it adds any (one element at a time, its loads waited behind the previous element's store)."""
-    nranks = planes.shape[0]
-    row_bytes = planes.shape[1] // nbits
-    half = ((1 << nbits) - 1) / 2.0
-    step = cuda.gridsize(1)
-    acc = cuda.local.array(IN_FLIGHT, np.float32)
-    codes = cuda.local.array(IN_FLIGHT, np.int32)
-    scales = cuda.local.array(IN_FLIGHT, np.float32)
-    for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
-        for u in range(IN_FLIGHT):
-            acc[u] = np.float32(0)
-        for r in range(nranks):
-            for u in range(IN_FLIGHT):
-                i = k + u * step
-                codes[u] = _level_of(planes, r, row_bytes, i, nbits) if i < n_out else 0
-                scales[u] = weights[r, i >> shift] if i < n_out else np.float32(0)
-            for u in range(IN_FLIGHT):
-                acc[u] = acc[u] + np.float32((codes[u] - half) * np.float64(scales[u]))
-        for u in range(IN_FLIGHT):
-            i = k + u * step
-            if i < n_out:
-                out[i] = acc[u]
+@cuda.jit(device=True)
+def _add_level(acc, code, w, i, nbits):
+    """acc + float32((code - (2^nbits - 1) / 2) * float64(w)): the centred level times its weight, in float32."""
+    return acc + np.float32((code - ((1 << nbits) - 1) / 2.0) * np.float64(w))
+
+
+_accumulate_levels = rank_accumulator(_level_of, _add_level, False)
+"""out[i] = sum over ranks r of float32(level_r(i) * weights[r, i >> shift]), in r order in float32:
+``blocks.rank_accumulator`` of levels."""
 
 
 def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> None:
     """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements."""
     launch(_accumulate_levels, grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, weights,
-           shift_of(block), nbits, out, n_out)
+           shift_of(block), nbits, out, out, n_out)
 
 
 @cuda.jit

@@ -632,6 +632,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check(max(lengths), 3, torch.float16)
             check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
             # stages a second over the first
+            check_many_ranks(20011, (17,))  # rank groups' sums kept in shared memory across summation blocks
             check_group_sums()
             check_segment_sums((8193, 3, 0, 5))  # 5 summation blocks and 4 segments on 2 thread blocks
             check_blocks(1000, 3, torch.float16, 128)

@@ -8,7 +8,8 @@ import numpy as np
 from numba import cuda
 
 from ..launch import launch
-from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, grid_for, row_of, shift_of, table_arg, to_power
+from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, grid_for, row_of, shift_of, table_arg,
+                     to_power)
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
@@ -257,17 +258,11 @@ def _sign_byte(bits, r, row_bytes, i, nbits):
     return bits[r, i >> 3]
 
 
-@cuda.jit(device=True)
-def _add_sign(acc, byte, w, i, nbits):
-    """acc + w where element i's bit of its sign byte is set, else acc - w, in float32."""
-    return acc + w if (byte >> (7 - (i & 7))) & 1 else acc - w
-
-
 @lru_cache(maxsize=None)
 def _accumulate_blocks(with_base: bool):
     """out[i] = sum over ranks r of +-weights[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]):
     ``rank_accumulator`` of sign bytes."""
-    return rank_accumulator(_sign_byte, _add_sign, with_base)
+    return rank_accumulator(_sign_byte, add_sign, with_base)
 
 
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
@@ -306,8 +301,7 @@ def _accumulate_groups(bits, weights, out, n_out):
                     held[u] = bits[groups[u] * members + r, offsets[u] >> 3]
                     scales[u] = weights[groups[u], r]
             for u in range(IN_FLIGHT):
-                w = scales[u]
-                acc[u] += w if (held[u] >> (7 - (offsets[u] & 7))) & 1 else -w
+                acc[u] = add_sign(acc[u], held[u], scales[u], offsets[u], 1)
         for u in range(IN_FLIGHT):
             i = k + u * step
             if i < n_out:

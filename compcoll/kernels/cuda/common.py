@@ -75,6 +75,13 @@ def pack(signs, first):
     return byte
 
 
+@cuda.jit(device=True)
+def add_sign(acc, byte, w, i, nbits):
+    """acc + w where element i's bit of its sign byte is set, else acc - w, in float32 (the server's rank-by-rank
+    step; ``nbits`` unused, as ``blocks.rank_accumulator`` passes it to every code's adder)."""
+    return acc + w if (byte >> (7 - (i & 7))) & 1 else acc - w
+
+
 @lru_cache(maxsize=None)
 def stand_in(device: int, dtype) -> object:
     """A one-element array on GPU ``device`` for a slot a kernel variant does not write (kernels take no None)."""

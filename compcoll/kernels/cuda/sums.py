@@ -21,7 +21,7 @@ from numba import cuda
 
 from ...spec import BLOCK, LANES
 from ..launch import device_of, device_zeros, launch, read_first
-from .common import IN_FLIGHT, LOOKUPS, device_empty, grid_for, stand_in, table_arg, to_power
+from .common import IN_FLIGHT, LOOKUPS, add_sign, device_empty, grid_for, stand_in, table_arg, to_power
 from .records import scale_value
 
 TAIL = 4096
@@ -380,12 +380,8 @@ def _accumulate_lanes(with_base: bool, p: int):
                 cuda.syncthreads()
                 for e in range(lane, count, step):
                     acc = staged[e] if g > 0 else np.float32(0)
-                    shift = 7 - (e & 7)
                     for j in range(ranks):
-                        if (signs[j * ROW_BYTES + (e >> 3)] >> shift) & 1:
-                            acc += scales[j]
-                        else:
-                            acc -= scales[j]
+                        acc = add_sign(acc, signs[j * ROW_BYTES + (e >> 3)], scales[j], e, 1)
                     staged[e] = acc
                 cuda.syncthreads()
             for k in range(lane, count, IN_FLIGHT * step):

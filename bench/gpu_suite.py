@@ -36,7 +36,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from compcoll.algorithms.server import serve
 from compcoll.bench.clocks import QueuedClock, host_seconds, idle_seconds, timed
 from compcoll.bench.launches import call_counts
 from compcoll.ddp.onebit import BLOCK_SIZE
-from compcoll.kernels.launch import LAUNCHER_ENV
+from compcoll.kernels.launch import use_launcher
 from compcoll.spec import STAGES, stream_key
 from compcoll.workspace import Workspace
 
@@ -231,7 +230,7 @@ def main() -> int:
     gpu = torch.cuda.get_device_name()
     results: dict[str, list[dict]] = {}
     for name in args.launchers.split(","):
-        os.environ[LAUNCHER_ENV] = name
+        use_launcher(name)
         results[name] = []
         for size in args.sizes.split(","):
             results[name].append(measure(int(size), args.runs))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import compileall
 import gc
+from typing import Callable, Iterator
 
 import pytest
 
+from compcoll.kernels import launch
 from compcoll.warmup import warm
 from tests import background, pool
 
@@ -30,6 +32,22 @@ def compiled_kernels() -> None:
     warm()
     gc.freeze()
     background.WARMED.set()
+
+
+@pytest.fixture
+def choose_launcher() -> Iterator[Callable[[str], None]]:
+    """``choose_launcher(name)`` launches through ``name`` for the rest of the test (``kernels.launch.use_launcher``);
+    the launcher asked for before is put back after it."""
+    before: list[str] = []
+
+    def choose(name: str) -> None:
+        previous = launch.use_launcher(name)
+        if not before:
+            before.append(previous)
+
+    yield choose
+    if before:
+        launch.use_launcher(before[0])
 
 
 def _jobs_of(item: pytest.Item) -> tuple[background.Maker, ...]:

@@ -6,8 +6,8 @@
   then launched through ``cuda.core.launch`` with its arguments flattened from raw
   pointers, so no call types its arguments or wraps a tensor;
 * **numba**: numba's own dispatcher (``kernel[grid, block, stream](*args)``), each tensor
-  wrapped with ``cuda.as_cuda_array``. ``COMPCOLL_CUDA_LAUNCHER=numba`` selects it, and the
-  CUDA simulator always uses it.
+  wrapped with ``cuda.as_cuda_array``. ``COMPCOLL_CUDA_LAUNCHER=numba`` at import (or
+  ``use_launcher("numba")``) selects it, and the CUDA simulator always uses it.
 
 Meta tensors trace the CUDA path on a machine without a GPU: their kernels get the
 ``TRACED`` stream, on which ``launch`` counts (and, as numba's dispatcher would, wraps)
@@ -107,12 +107,28 @@ TRACED_DEVICE = -1
 """The GPU ``device_of(TRACED)`` names: none."""
 
 
+_CHOSEN = [os.environ.get(LAUNCHER_ENV, "bound")]
+"""The launcher asked for: ``COMPCOLL_CUDA_LAUNCHER`` at import (``bound`` unless set), then ``use_launcher``'s. Read
+from here, not from the environment, at every launch and replay (an environment lookup cost about 0.5 us, 7 a call)."""
+
+
 def launcher() -> str:
-    """The launcher in use: ``COMPCOLL_CUDA_LAUNCHER`` (``bound`` unless set), ``numba`` under the simulator."""
-    chosen = os.environ.get(LAUNCHER_ENV, "bound")
+    """The launcher in use: the one asked for (``use_launcher``; ``COMPCOLL_CUDA_LAUNCHER`` at import, ``bound``
+    unless set), ``numba`` under the simulator. ValueError naming the variable where it asked for none of
+    ``LAUNCHERS``."""
+    chosen = _CHOSEN[0]
     if chosen not in LAUNCHERS:
         raise ValueError(f"compcoll: {LAUNCHER_ENV}={chosen!r}; use one of {LAUNCHERS}")
     return "numba" if config.ENABLE_CUDASIM else chosen
+
+
+def use_launcher(name: str) -> str:
+    """Launch through ``name`` (one of ``LAUNCHERS``) from now on, in every thread; returns the launcher asked for
+    before (to put back). ``COMPCOLL_CUDA_LAUNCHER`` chooses at import; a change of the variable later is not read."""
+    if name not in LAUNCHERS:
+        raise ValueError(f"compcoll: no launcher {name!r}; use one of {LAUNCHERS}")
+    previous, _CHOSEN[0] = _CHOSEN[0], name
+    return previous
 
 
 def launch(kernel, grid: int, block: int, stream, *args) -> None:

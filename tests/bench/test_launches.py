@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from compcoll.bench.launches import PROTOCOLS, _reads_to_host, call_counts, worl
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.cuda.scales import CODE_SCALES_PER_THREAD, CODE_THREADS
 from compcoll.kernels.cuda.sums import TAIL
-from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV
+from compcoll.kernels.launch import COUNTS
 from compcoll.spec import BLOCK, LANES
 
 GROUPED = TAIL // LANES * BLOCK
@@ -125,9 +126,10 @@ def test_a_summed_round_on_the_device_waits_once(monkeypatch: pytest.MonkeyPatch
     assert {p: c["waits"] for p, c in world_counts(4096, 2, 1).items()} == {p: 1 for p in EXPECTED}
 
 
-def test_numbas_dispatcher_wraps_each_tensor_argument(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under ``COMPCOLL_CUDA_LAUNCHER=numba`` each launch's tensors are wrapped: more wraps than launches."""
-    monkeypatch.setenv(LAUNCHER_ENV, "numba")
+def test_numbas_dispatcher_wraps_each_tensor_argument(choose_launcher: Callable[[str], None]) -> None:
+    """Under numba's launcher (``COMPCOLL_CUDA_LAUNCHER=numba``) each launch's tensors are wrapped: more wraps than
+    launches."""
+    choose_launcher("numba")
     counts = call_counts(torch.empty(100003, device="meta"), SingleComm())
     assert all(c["wraps"] > c["launches"] > 0 for c in counts.values()), counts
 

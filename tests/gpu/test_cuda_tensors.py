@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from compcoll.algorithms.server import serve
 from compcoll.algorithms.parts import unpacked
 from compcoll.bench.clocks import QueuedClock, idle_seconds
 from compcoll.bench.launches import call_counts
-from compcoll.kernels.launch import COUNTS, LAUNCHER_ENV, LAUNCHERS
+from compcoll.kernels.launch import COUNTS, LAUNCHERS
 from compcoll.launcher import run
 from compcoll.spec import STAGES, stream_key
 from compcoll.workspace import Workspace
@@ -31,8 +32,8 @@ SHAPES = [[1], [37], [3, 7, 11], [100003]]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("numel", [1, 37, 8193, 1 << 20])
 def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+                                  choose_launcher: Callable[[str], None]) -> None:
+    choose_launcher(launcher)
     gen = torch.Generator().manual_seed(numel)
     x = (torch.randn(numel, generator=gen) * 3).to(dtype)
     full = -(-numel // 24) * 24
@@ -63,10 +64,10 @@ def test_codecs_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, launcher: str,
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_segment_sums_on_cuda_equal_cpu(launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_segment_sums_on_cuda_equal_cpu(launcher: str, choose_launcher: Callable[[str], None]) -> None:
     """``codecs.segment_sumsq`` on CUDA gives the CPU's bits (each segment's ``sumsq``): empty segments, one past a
     summation block, one past ``MAX_BLOCKS`` blocks' worth of lanes, values whose sums depend on the order."""
-    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    choose_launcher(launcher)
     gen = torch.Generator().manual_seed(3)
     sizes = (0, 1, 37, 8193, 0, 5, 40_000_003, 300)
     x = torch.randn(sum(sizes) + 3, generator=gen) * torch.exp2(torch.randint(-20, 21, (sum(sizes) + 3,),
@@ -101,11 +102,11 @@ def test_sums_past_4096_lane_sums_on_cuda_equal_cpu(numel: int) -> None:
 
 @pytest.mark.parametrize("launcher, wraps", [("bound", False), ("numba", True)])
 def test_one_call_counts_its_launches_wraps_and_waits(launcher: str, wraps: bool,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      choose_launcher: Callable[[str], None]) -> None:
     """One gather-scatter call at 1 rank through kernels.launch: the bound launcher wraps no tensor, numba's
     dispatcher wraps each; the worker's sum is the kernels' one host wait. Issue 39's aim: at most 5 launches (each
     sum finished by its own kernel's last block, the server scale beside it)."""
-    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    choose_launcher(launcher)
     x = torch.randn(100003, device="cuda")
     we, se = torch.zeros(compcoll.padded_numel(x.numel(), 1), device="cuda"), torch.zeros(100008, device="cuda")
     compressed_allreduce(x, we, se, SingleComm())
@@ -184,9 +185,10 @@ def test_a_steady_sum_allocates_no_device_memory(numel: int) -> None:
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("numel", [4096, 100003, 1 << 24])
-def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_meta_tensors_count_what_cuda_tensors_do(numel: int, launcher: str,
+                                                 choose_launcher: Callable[[str], None]) -> None:
     """``scripts/cuda_launches.py``'s counts (meta tensors, nothing run) are the GPU's, for every protocol."""
-    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    choose_launcher(launcher)
     on_gpu = call_counts(torch.randn(numel, device="cuda"), SingleComm(), torch.cuda.synchronize)
     assert call_counts(torch.empty(numel, device="meta"), SingleComm()) == on_gpu
 
@@ -378,11 +380,11 @@ def test_optimizers_moved_mid_run_equal_never_moved(start: str, device: str) -> 
 @pytest.mark.parametrize("bits", [1, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reduce_scatter_on_cuda_equals_cpu(dtype: torch.dtype, bits: int, launcher: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                           choose_launcher: Callable[[str], None]) -> None:
     """compressed_reduce_scatter on one rank, three steps: CUDA's outputs and error buffer are the CPU's bits."""
     from compcoll.algorithms.reduce_scatter import compressed_reduce_scatter, row_elements
 
-    monkeypatch.setenv(LAUNCHER_ENV, launcher)
+    choose_launcher(launcher)
     numel = 100003
     results = {}
     for device in ("cpu", "cuda"):

@@ -6,21 +6,41 @@ themselves on a GPU (tests/gpu).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from typing import Callable
+
 import numpy as np
 import pytest
 
 from compcoll.kernels.arrays import DeviceArray
-from compcoll.kernels.launch import LAUNCHER_ENV, TRACED, launch, launcher
+from compcoll.kernels.launch import LAUNCHER_ENV, TRACED, launch, launcher, use_launcher
 
 
-def test_the_launcher_is_chosen_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+@pytest.mark.parametrize("value, chosen", [(None, "bound"), ("numba", "numba"), ("bound", "bound")])
+def test_the_launcher_is_chosen_by_the_environment_at_import(value: str | None, chosen: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != LAUNCHER_ENV} | ({} if value is None else {LAUNCHER_ENV: value})
+    found = subprocess.run([sys.executable, "-c", "from compcoll.kernels.launch import launcher; print(launcher())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert found.stdout.split() == [chosen], found.stderr
+
+
+def test_a_launcher_the_environment_names_wrongly_is_refused_at_its_first_use() -> None:
+    """A bad ``COMPCOLL_CUDA_LAUNCHER`` leaves ``import compcoll`` working and fails the first launch, naming it."""
+    found = subprocess.run([sys.executable, "-c", "import compcoll\nfrom compcoll.kernels.launch import launcher\n"
+                            "launcher()"], env=os.environ | {LAUNCHER_ENV: "fast"}, capture_output=True, text=True,
+                           timeout=120)
+    assert found.returncode != 0 and "COMPCOLL_CUDA_LAUNCHER='fast'; use one of" in found.stderr, found.stderr
+
+
+def test_use_launcher_switches_the_process_and_names_the_one_before(choose_launcher: Callable[[str], None]) -> None:
+    choose_launcher("bound")
     assert launcher() == "bound"
-    monkeypatch.setenv(LAUNCHER_ENV, "numba")
+    assert use_launcher("numba") == "bound" and launcher() == "numba"
+    with pytest.raises(ValueError, match="no launcher 'fast'; use one of"):
+        use_launcher("fast")
     assert launcher() == "numba"
-    monkeypatch.setenv(LAUNCHER_ENV, "fast")
-    with pytest.raises(ValueError, match="COMPCOLL_CUDA_LAUNCHER='fast'"):
-        launcher()
 
 
 @pytest.mark.parametrize("grid, block", [(0, 128), (1, 0), (1, 1025), (2 ** 31, 1)])

@@ -62,6 +62,8 @@ def variants() -> dict[str, tuple]:
     FINISH = (t.Array(t.int32, 1, "C"), F64, I64, t.float64, I64, F32)
     """What ends a sum on the device: the block counts, the total, d, sqrt(d), the scale's mode and slot (the
     lane-sum kernels take their groups before it, 0 for none)."""
+    FLAGGED = (t.Array(t.int32, 1, "C"), F64)
+    """What ends a block fold (``blocks._staged_fold``): the block count and flag, and the finite value's slot."""
     THREADS, LANE, CODE, FOLD = common.THREADS, sums.LANE_THREADS, scales.CODE_THREADS, blocks.FOLD_THREADS
     found: dict[str, tuple] = {
         "tree: collapse to one block's width, then the last block": (
@@ -102,12 +104,12 @@ def variants() -> dict[str, tuple]:
                                                     THREADS)
         for p in (1, 2):
             found[f"block sums of |x|^{p}, table={lut}"] = (blocks._block_power_sums(lut, p).py_func,
-                                                            (src, F32, F32, I64, I64, I64, F64), FOLD)
+                                                            (src, F32, F32, I64, I64, I64, F64, *FLAGGED), FOLD)
         found[f"encode with block scales, table={lut}"] = (blocks._encode_blocks(lut).py_func,
                                                            (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)),
                                                            THREADS)
         found[f"block max |x|, table={lut}"] = (blocks._block_absmax(lut).py_func,
-                                                (src, F32, F32, I64, I64, I64, F32), FOLD)
+                                                (src, F32, F32, I64, I64, I64, F32, *FLAGGED), FOLD)
         found[f"encode levels, table={lut}"] = (levels._encode_levels(lut).py_func,
                                                 (src, F32, F32, I64, F32, I64, I64, rows(t.uint8)), THREADS)
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):

@@ -186,14 +186,14 @@ def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> t
 def statistics_into(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, block_size: int,
                     scale: str, bits: int, n: int, total: torch.Tensor) -> torch.Tensor:
     """What each block's scale comes from, for x = rows + worker_error cut into n rows, into ``stats``: 1 bit, the
-    float64 sums of |x|^p (``scale``'s power); levels, the float32 maxima of |x| (non-finite where x is). Then
-    total[0] <- a float64 finite exactly when every statistic is (``codecs.finite_sum``: their sum, which finite
-    ones cannot overflow). No host wait; returns ``total``: the device part before the agreement (``Plan.agreed``)."""
+    float64 sums of |x|^p (``scale``'s power); levels, the float32 maxima of |x| (non-finite where x is). And
+    total[0] <- 0.0 where every statistic is finite, else NaN (on a device in the same launch). No host wait;
+    returns ``total``: the device part before the agreement (``Plan.agreed``)."""
     if bits == 1:
-        codecs.block_sums(rows, worker_error, block_size, scale, n, stats)
+        codecs.block_sums(rows, worker_error, block_size, scale, n, stats, finite=total)
     else:
-        codecs.block_absmax(rows, worker_error, block_size, n, stats)
-    return codecs.finite_sum(stats, total, summable=True)
+        codecs.block_absmax(rows, worker_error, block_size, n, stats, finite=total)
+    return total
 
 
 def agreed_statistics(plan: Plan, agreement: Agreement, rows: torch.Tensor, worker_error: torch.Tensor,

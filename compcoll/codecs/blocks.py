@@ -6,6 +6,7 @@ A scale per block of elements, coded against its row's largest, goes in front of
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,21 +15,35 @@ from .. import spec
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
 from .dispatch import RAW, KernelView, base_of, call, no_source, on_host, result_into, source_of, view
+from .sums import finite_sum
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
-               rows: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+               rows: int = 1, out: torch.Tensor | None = None, finite: torch.Tensor | None = None) -> torch.Tensor:
     """Float64 sums of |x|^p over the blocks of x = ``error + pad(tensor)`` (p: ``scale``'s power), on ``error``'s
     device: x cut into ``rows`` equal rows, each into blocks of ``block_size`` from its start, the last one
     shorter where needed (``spec.block_lengths``); row-major; into ``out`` (float64, one element a block) where
-    given. ``tensor=None`` sums ``error`` alone. Writes nothing else."""
+    given. ``tensor=None`` sums ``error`` alone. ``finite`` (a one-element float64 tensor on the device) gets
+    0.0 where every sum is finite, else NaN (``_folded``). Writes nothing else."""
     src, lut = (no_source(error), None) if tensor is None else source_of(tensor)
     row_len = error.numel() // rows
     blocks = rows * -(-row_len // block_size)
     sums = result_into(out, (blocks,), torch.float64, error.device)
-    call("block_power_sums", error, src, lut, view(error), 0 if tensor is None else tensor.numel(), block_size,
-         row_len, spec.SCALES[scale], view(sums))
+    _folded("block_power_sums", error, sums, finite, src, lut, view(error), 0 if tensor is None else tensor.numel(),
+            block_size, row_len, spec.SCALES[scale])
     return sums
+
+
+def _folded(kernel: str, error: torch.Tensor, values: torch.Tensor, finite: torch.Tensor | None, *args: Any) -> None:
+    """Run the block fold ``kernel`` on ``args`` into ``values`` (its last argument), and finite[0] <- 0.0 where
+    every value is finite, else NaN (where ``finite`` is given): on a device in the kernel's own launch
+    (``kernels.cuda.blocks._staged_fold``), on the host after it (``finite_sum``)."""
+    if finite is not None and not on_host(error):
+        call(kernel, error, *args, view(values), finite=view(finite))
+        return
+    call(kernel, error, *args, view(values))
+    if finite is not None:
+        finite_sum(values, finite)
 
 
 def encode_blocks(tensor: torch.Tensor | None, error: torch.Tensor, scales: torch.Tensor, block_size: int,
@@ -122,14 +137,15 @@ def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1, out: torc
 
 
 def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, rows: int,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, finite: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 max |x| over the blocks of x = ``error + pad(tensor)`` cut into ``rows`` equal rows (``block_sums``'
-    blocks), on ``error``'s device, into ``out`` where given; NaN where a block holds NaN. Writes nothing else."""
+    blocks), on ``error``'s device, into ``out`` where given; NaN where a block holds NaN. ``finite`` as for
+    ``block_sums``. Writes nothing else."""
     src, lut = source_of(tensor)
     row_len = error.numel() // rows
     blocks = rows * -(-row_len // block_size)
     out = result_into(out, (blocks,), torch.float32, error.device)
-    call("block_absmax", error, src, lut, view(error), tensor.numel(), block_size, row_len, view(out))
+    _folded("block_absmax", error, out, finite, src, lut, view(error), tensor.numel(), block_size, row_len)
     return out
 
 

@@ -74,6 +74,17 @@ def _finite_probes(x: torch.Tensor) -> list[torch.Tensor]:
                      torch.full((2,), torch.finfo(torch.float64).max, dtype=torch.float64)]
 
 
+def _fold_finite(probe: torch.Tensor, full: int, fold: str) -> bool:
+    """The finite test a block fold writes beside its statistics (``codecs.block_sums`` / ``block_absmax`` with
+    ``finite``) of ``probe`` padded to ``full``, 8 elements a block."""
+    flag = torch.full((1,), 7.0, dtype=torch.float64)
+    if fold == "sums":
+        codecs.block_sums(probe, torch.zeros(full), 8, finite=flag)
+    else:
+        codecs.block_absmax(probe, torch.zeros(full), 8, 1, finite=flag)
+    return math.isfinite(codecs.host_value(flag))
+
+
 def check_codecs(numel: int, dtype: torch.dtype) -> None:
     """Every 1-bit codec on the CUDA path gives the CPU path's bits (``tests/gpu``'s codec check, without a GPU)."""
     gen = torch.Generator().manual_seed(numel)
@@ -112,7 +123,8 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
         finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)] + [
             codecs.all_finite(codecs.block_sums(probe, torch.zeros(full), 8), summable=True)
-            for probe in _finite_probes(x)[:-1]])  # block sums of |x|^2, float32's largest ones too
+            for probe in _finite_probes(x)[:-1]] + [  # block sums of |x|^2, float32's largest ones too
+            _fold_finite(probe, full, fold) for fold in ("sums", "absmax") for probe in _finite_probes(x)[:-1]])
         norms = torch.empty(4, dtype=torch.float64)
         codecs.segment_sumsq(err, (0, 0, 5, full // 2, full), norms)
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 import numpy as np
 import torch
@@ -158,6 +159,8 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
         d_sums = numba_cuda.device_array(world * blocks, np.float64)
         cuda.block_power_sums(d_src, d_lut, numba_cuda.to_device(err), numel, block, chunk, power, d_sums)
         assert np.array_equal(d_sums.copy_to_host(), sums), ("block sums", power)
+        _check_finite_flag(lambda e, flag: cuda.block_power_sums(d_src, d_lut, e, numel, block, chunk, power,
+                                                                 d_sums, finite=flag), err, ("block sums", power))
         _check_codes(sums, block, chunk, power, world, rng)
     _check_codes(rng.random(world * blocks).astype(np.float32), block, chunk, 0, world, rng)
     want_bits, scales, want_err = reference.compress_blocks(padded, err, block, "l2", world)
@@ -255,6 +258,22 @@ def _check_codes(src: np.ndarray, block: int, row_len: int, power: int, world: i
         assert np.array_equal(back.copy_to_host(), weights), ("decode_codes", power, divisor)
 
 
+def _check_finite_flag(fold: Callable[[object, object], None], err: np.ndarray, name: object) -> None:
+    """A block fold's finite flag (``kernels.cuda.blocks._staged_fold``, step 4), ``fold(err, flag)`` a launch of
+    it: 0.0 on ``err``, NaN with an Inf in its last element and then a NaN in its first (one thread block's, and
+    another's where the grid has several), and 0.0 on ``err`` again (the grid's flag was zeroed for the next
+    launch)."""
+    found = []
+    for planted in ((), ((-1, np.inf),), ((0, np.nan),), ()):
+        e = err.copy()
+        for i, value in planted:
+            e[i] = value
+        flag = numba_cuda.to_device(np.full(1, 7.0))
+        fold(numba_cuda.to_device(e), flag)
+        found.append(flag.copy_to_host()[0])
+    assert found[0] == 0.0 and np.isnan(found[1]) and np.isnan(found[2]) and found[3] == 0.0, (name, found)
+
+
 def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: int) -> None:
     """The level kernels (``bits`` per element, one step per ``block``): CUDA = CPU = reference, strided wire rows."""
     src, lut, values = _source(numel, dtype, numel + bits)
@@ -272,6 +291,8 @@ def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: i
     d_top = numba_cuda.device_array(world * blocks, np.float32)
     cuda.block_absmax(d_src, d_lut, numba_cuda.to_device(err), numel, block, row, d_top)
     assert np.array_equal(d_top.copy_to_host(), top), "block_absmax"
+    _check_finite_flag(lambda e, flag: cuda.block_absmax(d_src, d_lut, e, numel, block, row, d_top, finite=flag),
+                       err, "block_absmax")
     want_planes, steps, want_err = reference.compress_levels(padded, err, block, bits, world)
     heads = codecs.SCALE_BYTES + blocks
     framed = np.zeros((world, heads + bits * row // 8), np.uint8)

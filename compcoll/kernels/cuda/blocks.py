@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
 from numba import cuda
 
-from ..launch import launch
-from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, grid_for, row_of, shift_of, table_arg,
-                     to_power)
+from ..launch import device_of, launch
+from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, block_counts, grid_for, row_of, shift_of,
+                     stand_in, table_arg, to_power)
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
@@ -45,10 +46,16 @@ def _staged_fold(look_up, raw_type, fold, zero):
        waited a memory round trip an element).
     3. Each thread folds its block's staged elements in order: the order and the bits are one
        element at a time's.
+    4. finite[0] <- 0.0 where every out[b] is finite, else NaN (what the call's agreement reads: the host's
+       ``codecs.finite_sum``'s values), in the same launch: thread 0 of a thread block where a thread wrote a
+       non-finite value (``syncthreads_or``) adds 1 to counts[1]; thread 0 of each fences (the flag's add before the
+       count) and counts its block in counts[0]; the block that counts last zeroes the count, fences, and takes
+       counts[1], zeroing it (one atomic exchange), for the stream's next launch. A torch sum over ``out`` did this
+       after the launch: a torch operator more a call.
     """
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, shift, row_len, out):
+    def kernel(src, lut, err, n_src, shift, row_len, out, counts, finite):
         staged = cuda.shared.array(_STAGED, np.float32)
         raw = cuda.local.array(STAGE, raw_type)
         held = cuda.local.array(STAGE, np.float32)
@@ -58,6 +65,7 @@ def _staged_fold(look_up, raw_type, fold, zero):
         width = cuda.blockDim.x
         per_row = (row_len + (1 << shift) - 1) >> shift
         total = out.size
+        nonfinite = 0
         for group in range(cuda.blockIdx.x, -(-total // width), cuda.gridDim.x):
             b = group * width + lane
             first, length = _block_span(b, total, shift, per_row, row_len)
@@ -92,6 +100,17 @@ def _staged_fold(look_up, raw_type, fold, zero):
                 cuda.syncthreads()
             if b < total:
                 out[b] = acc
+                if not math.isfinite(acc):
+                    nonfinite = 1
+        if cuda.syncthreads_or(nonfinite) != 0 and lane == 0:
+            cuda.threadfence()
+            cuda.atomic.add(counts, 1, 1)
+        if lane == 0:
+            cuda.threadfence()
+            if cuda.atomic.add(counts, 0, 1) == cuda.gridDim.x - 1:
+                counts[0] = 0
+                cuda.threadfence()
+                finite[0] = math.nan if cuda.atomic.exch(counts, 1, 0) != 0 else 0.0
 
     return kernel
 
@@ -113,11 +132,18 @@ def _block_power_sums(with_lut: bool, p: int):
     return _staged_fold(LOOKUPS[with_lut], RAW_TYPES[with_lut], add_power, 0.0)
 
 
-def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0) -> None:
+def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0, finite=None) -> None:
     """sums[r * m + b] = sum of |x|^power over block b of row r of x = err + src, sequentially in float64, as the
-    CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``)."""
+    CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``); and finite[0] (a
+    float64, where given) <- 0.0 where every sum is finite, else NaN."""
     launch(_block_power_sums(lut is not None, int(power)), grid_for(sums.size, FOLD_THREADS), FOLD_THREADS, stream,
-           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, sums)
+           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, sums, *_finite_slots(stream, finite))
+
+
+def _finite_slots(stream, finite) -> tuple:
+    """The last arguments of a ``_staged_fold`` kernel: the stream's block counts, and ``finite`` (or a stand-in)."""
+    device = device_of(stream)
+    return block_counts(device, stream, 2), stand_in(device, np.float64) if finite is None else finite
 
 
 def tiled_block_encoder(look_up, raw_type, code_of, one_plane: bool):
@@ -320,8 +346,9 @@ def _block_absmax(with_lut: bool):
     return _staged_fold(LOOKUPS[with_lut], RAW_TYPES[with_lut], _larger_magnitude, np.float32(0))
 
 
-def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0) -> None:
+def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0, finite=None) -> None:
     """out[r * m + b] = max |x| over block b of row r of x = err + src (NaN where it holds NaN), as the CPU kernel:
-    a thread per block, its elements staged in shared memory (``_staged_fold``)."""
+    a thread per block, its elements staged in shared memory (``_staged_fold``); and finite[0] (a float64, where
+    given) <- 0.0 where every maximum is finite, else NaN."""
     launch(_block_absmax(lut is not None), grid_for(out.size, FOLD_THREADS), FOLD_THREADS, stream,
-           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, out)
+           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, out, *_finite_slots(stream, finite))

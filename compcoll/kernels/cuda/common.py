@@ -86,3 +86,12 @@ def add_sign(acc, byte, w, i, nbits):
 def stand_in(device: int, dtype) -> object:
     """A one-element array on GPU ``device`` for a slot a kernel variant does not write (kernels take no None)."""
     return device_zeros(device, 1, dtype)
+
+
+@lru_cache(maxsize=None)
+def block_counts(device: int, stream, size: int) -> object:
+    """``size`` zeroed counts of the blocks that finished a launch (and flags beside them) for kernels in ``stream`` on
+    GPU ``device`` (the last block of a launch zeroes them again; kernels of one stream run one after another): the
+    sums' are the grid's, then one a group (``sums._finish_lanes``); the block folds' the grid's, then a flag
+    (``blocks._staged_fold``)."""
+    return device_zeros(device, size, np.int32)

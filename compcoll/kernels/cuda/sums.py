@@ -20,8 +20,9 @@ import numpy as np
 from numba import cuda
 
 from ...spec import BLOCK, LANES
-from ..launch import device_of, device_zeros, launch, read_first
-from .common import IN_FLIGHT, LOOKUPS, add_sign, device_empty, grid_for, stand_in, table_arg, to_power
+from ..launch import device_of, launch, read_first
+from .common import (IN_FLIGHT, LOOKUPS, add_sign, block_counts, device_empty, grid_for, stand_in, table_arg,
+                     to_power)
 from .records import scale_value
 
 TAIL = 4096
@@ -196,14 +197,6 @@ def _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out):
     _finish_sum(partial, width, counter, groups, total, d, root_d, mode, scale_out)
 
 
-@lru_cache(maxsize=None)
-def _counter(device: int, stream, size: int) -> object:
-    """The ``size`` zeroed block counts of ``_last_block`` for kernels in ``stream`` on GPU ``device`` (each last
-    block zeroes its count again; kernels of one stream run one after another): the grid's, then one a group
-    (``_finish_lanes``)."""
-    return device_zeros(device, size, np.int32)
-
-
 def _sum_slots(stream, empty, into, scale) -> tuple:
     """The arguments that finish a sum on the device: (counter, total, d, sqrt(d), mode, scale out).
 
@@ -211,7 +204,7 @@ def _sum_slots(stream, empty, into, scale) -> tuple:
     float32 scale of d elements written into ``out`` beside it (mode 1 for power 2, 2 for power 1), or None.
     """
     device = device_of(stream)
-    counter = _counter(device, stream, 1 + _groups())
+    counter = block_counts(device, stream, 1 + _groups())
     total = into if into is not None else empty(1, np.float64, stream)
     if scale is None:
         return counter, total, 0, 0.0, 0, stand_in(device, np.float32)
@@ -235,7 +228,7 @@ def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None) -> 
     if slots is None:
         device = device_of(stream)
         launch(kernel, grid_for(partial.size, LANES), LANE_THREADS, stream, *args, partial, 0,
-               _counter(device, stream, 1), stand_in(device, np.float64), 0, 0.0, 0, stand_in(device, np.float32))
+               block_counts(device, stream, 1), stand_in(device, np.float64), 0, 0.0, 0, stand_in(device, np.float32))
     else:
         launch(kernel, _lane_grid(partial.size), LANE_THREADS, stream, *args, partial, _groups(), *slots)
 

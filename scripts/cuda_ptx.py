@@ -63,13 +63,14 @@ def variants() -> dict[str, tuple]:
     """What ends a sum on the device: the block counts, the total, d, sqrt(d), the scale's mode and slot (the
     lane-sum kernels take their groups before it, 0 for none)."""
     FLAGGED = (t.Array(t.int32, 1, "C"), F64)
-    """What ends a block fold (``blocks._staged_fold``): the block count and flag, and the finite value's slot."""
+    """What ends a fold with its finite test (``blocks._staged_fold``, ``randomized._absmax_rows``): the block count
+    and flag, and the finite value's slot."""
     THREADS, LANE, CODE, FOLD = common.THREADS, sums.LANE_THREADS, scales.CODE_THREADS, blocks.FOLD_THREADS
     found: dict[str, tuple] = {
         "tree: collapse to one block's width, then the last block": (
             sums._collapse.py_func, (F64, I64, F64, *FINISH), sums.COLLAPSE_THREADS),
         "scale of a device sum": (records._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32), 1),
-        "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32), THREADS),
+        "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32, *FLAGGED), THREADS),
     }
     for out in (F32, I16):
         found[f"decode to {out.dtype}"] = (signs._select_decode.py_func, (rows(t.uint8), out, out, out, I64), THREADS)

@@ -157,10 +157,10 @@ class BirderPlan(NodePlan):
 
 def _maxima_into(tensor: torch.Tensor, maxima: torch.Tensor, length: int, total: torch.Tensor) -> torch.Tensor:
     """maxima <- the largest |x| of each of the ``maxima.numel()`` rows of ``tensor`` zero-padded to ``length``
-    (``codecs.row_absmax``), total[0] <- a float64 finite exactly when they all are (``codecs.finite_sum``), with no
-    host wait; returns ``total``: Birder's device part before its agreement (``Plan.agreed``)."""
-    codecs.row_absmax(tensor, maxima.numel(), length, maxima)
-    return codecs.finite_sum(maxima, total)
+    (``codecs.row_absmax``), and total[0] <- 0.0 where they are all finite, else NaN (on a device in the same
+    launch), with no host wait; returns ``total``: Birder's device part before its agreement (``Plan.agreed``)."""
+    codecs.row_absmax(tensor, maxima.numel(), length, maxima, finite=total)
+    return total
 
 
 def _binarize_exchange(

@@ -14,8 +14,7 @@ import torch
 from .. import spec
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import RAW, KernelView, base_of, call, no_source, on_host, result_into, source_of, view
-from .sums import finite_sum
+from .dispatch import RAW, KernelView, base_of, call, flag_finite, no_source, on_host, result_into, source_of, view
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
@@ -37,13 +36,13 @@ def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int
 def _folded(kernel: str, error: torch.Tensor, values: torch.Tensor, finite: torch.Tensor | None, *args: Any) -> None:
     """Run the block fold ``kernel`` on ``args`` into ``values`` (its last argument), and finite[0] <- 0.0 where
     every value is finite, else NaN (where ``finite`` is given): on a device in the kernel's own launch
-    (``kernels.cuda.blocks._staged_fold``), on the host after it (``finite_sum``)."""
+    (``kernels.cuda.blocks._staged_fold``), on the host after it (``flag_finite``)."""
     if finite is not None and not on_host(error):
         call(kernel, error, *args, view(values), finite=view(finite))
         return
     call(kernel, error, *args, view(values))
     if finite is not None:
-        finite_sum(values, finite)
+        flag_finite(values, finite)
 
 
 def encode_blocks(tensor: torch.Tensor | None, error: torch.Tensor, scales: torch.Tensor, block_size: int,

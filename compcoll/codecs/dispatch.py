@@ -8,6 +8,7 @@ the CUDA kernels on ``kernels.launch.TRACED``, counted and not run; a CPU tensor
 
 from __future__ import annotations
 
+import math
 import threading
 from functools import lru_cache
 from types import ModuleType
@@ -236,6 +237,14 @@ def thread_table(name: str) -> dict:
         table = {}
         setattr(_THREAD, name, table)
     return table
+
+
+def flag_finite(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[0] (one float64 of a CPU tensor) <- 0.0 where every element of the CPU tensor ``values`` is finite, else
+    NaN: the host's finite test beside a device's (``sums.finite_sum``, and the folds that write theirs in their
+    own launch); returns ``out``."""
+    out.numpy()[0] = 0.0 if bool(torch.isfinite(values).all()) else math.nan
+    return out
 
 
 def host_value(values: torch.Tensor) -> float:

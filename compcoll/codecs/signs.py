@@ -10,7 +10,8 @@ import torch
 
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import RAW, Scalar, call, no_source, on_host, result_into, source_of, storage_of, to_device, view
+from .dispatch import (RAW, Scalar, call, flag_finite, no_source, on_host, result_into, source_of, storage_of,
+                       to_device, view)
 
 
 def compensate_encode(
@@ -108,15 +109,23 @@ def _heads(table: np.ndarray) -> np.ndarray:
     return table[:, :SCALE_BYTES].copy().view(np.float32).reshape(-1)
 
 
-def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor | None = None,
+               finite: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row max |x| of ``source`` zero-padded to ``length`` and cut into ``rows`` rows (float32), into ``out``
     (``rows`` float32 elements on ``source``'s device) where given.
 
-    A row holding NaN gets NaN, one holding Inf gets Inf.
+    A row holding NaN gets NaN, one holding Inf gets Inf. ``finite`` (a one-element float64 tensor on the device)
+    gets 0.0 where every maximum is finite, else NaN: on a device in the launch that reduces the rows, on the host
+    after it (``dispatch.flag_finite``).
     """
     src, lut = source_of(source)
     out = result_into(out, (rows,), torch.float32, source.device)
+    if finite is not None and not on_host(source):
+        call("row_absmax", source, src, lut, source.numel(), length // rows, view(out), finite=view(finite))
+        return out
     call("row_absmax", source, src, lut, source.numel(), length // rows, view(out))
+    if finite is not None:
+        flag_finite(out, finite)
     return out
 
 

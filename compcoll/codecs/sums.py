@@ -15,8 +15,8 @@ import torch
 
 from .. import spec
 from ..spec import BLOCK, LANES, SCALE_BYTES
-from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, host_value, no_source, on_host, source_of, view,
-                       weights_of)
+from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, flag_finite, host_value, no_source, on_host,
+                       source_of, view, weights_of)
 from .signs import frame
 
 
@@ -48,8 +48,7 @@ def finite_sum(tensor: torch.Tensor, out: torch.Tensor, summable: bool = False) 
     runs it again: ``recording.Guard``).
     """
     if on_host(tensor):
-        out.numpy()[0] = 0.0 if bool(torch.isfinite(tensor).all()) else math.nan
-        return out
+        return flag_finite(tensor, out)
     source = tensor if summable or tensor.dtype != torch.float64 else tensor.mul(0)
     return torch.sum(source.reshape(1, -1), 1, dtype=torch.float64, out=out)
 

@@ -75,13 +75,15 @@ def _finite_probes(x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _fold_finite(probe: torch.Tensor, full: int, fold: str) -> bool:
-    """The finite test a block fold writes beside its statistics (``codecs.block_sums`` / ``block_absmax`` with
-    ``finite``) of ``probe`` padded to ``full``, 8 elements a block."""
+    """The finite test a fold writes beside its statistics (``codecs.block_sums`` / ``block_absmax`` / ``row_absmax``
+    with ``finite``) of ``probe`` padded to ``full``: 8 elements a block, or 3 rows."""
     flag = torch.full((1,), 7.0, dtype=torch.float64)
     if fold == "sums":
         codecs.block_sums(probe, torch.zeros(full), 8, finite=flag)
-    else:
+    elif fold == "absmax":
         codecs.block_absmax(probe, torch.zeros(full), 8, 1, finite=flag)
+    else:
+        codecs.row_absmax(probe, 3, full, finite=flag)
     return math.isfinite(codecs.host_value(flag))
 
 
@@ -124,7 +126,7 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)] + [
             codecs.all_finite(codecs.block_sums(probe, torch.zeros(full), 8), summable=True)
             for probe in _finite_probes(x)[:-1]] + [  # block sums of |x|^2, float32's largest ones too
-            _fold_finite(probe, full, fold) for fold in ("sums", "absmax") for probe in _finite_probes(x)[:-1]])
+            _fold_finite(probe, full, fold) for fold in ("sums", "absmax", "rows") for probe in _finite_probes(x)[:-1]])
         norms = torch.empty(4, dtype=torch.float64)
         codecs.segment_sumsq(err, (0, 0, 5, full // 2, full), norms)
         results.append((total, absolute, squares, float(scale), bits, e, acc, out, maxima, wire, decoded,

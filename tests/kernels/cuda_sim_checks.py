@@ -118,12 +118,15 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         poisoned[5] = np.nan
     if full // world < numel and lut is None:
         next_row[full // world] = np.nan
-    for source in (src, poisoned, next_row):
+    for source in (src, poisoned, next_row, src):  # src again: the finite flag was zeroed for the next launch
         maxima = np.empty(world, np.float32)
         cpu.row_absmax(source, lut, numel, full // world, maxima)
         d_max = numba_cuda.device_array(world, np.float32)
-        cuda.row_absmax(numba_cuda.to_device(source), d_lut, numel, full // world, d_max)
+        flag = numba_cuda.to_device(np.full(1, 7.0))
+        cuda.row_absmax(numba_cuda.to_device(source), d_lut, numel, full // world, d_max, finite=flag)
         assert np.array_equal(d_max.copy_to_host(), maxima, equal_nan=True), "row_absmax"
+        found = flag.copy_to_host()[0]
+        assert found == 0.0 if np.isfinite(maxima).all() else np.isnan(found), ("row_absmax's finite flag", found)
 
     key = reference.stream_key(7, 3, reference.STAGES["inter"], 1)
     width = codecs.SCALE_BYTES + chunk // 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -9,8 +10,9 @@ from numba import cuda
 
 from .. import scalar
 from ...spec import BLOCK, LANES, SCALE_BYTES
-from ..launch import launch
-from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, device_empty, grid_for, pack, row_of, table_arg
+from ..launch import device_of, launch
+from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, block_counts, device_empty, grid_for, pack,
+                     row_of, stand_in, table_arg)
 from .frames import write_head
 
 _threshold = cuda.jit(device=True)(scalar.threshold)
@@ -50,8 +52,11 @@ def _absmax_lanes(with_lut: bool):
 
 
 @cuda.jit
-def _absmax_rows(partial, per_row, out):
-    """Block r: out[r] = the maximum of row r's partial maxima (threads stride, then a shared-memory tree)."""
+def _absmax_rows(partial, per_row, out, counts, finite):
+    """Block r: out[r] = the maximum of row r's partial maxima (threads stride, then a shared-memory tree); and
+    finite[0] <- 0.0 where every out[r] is finite, else NaN, as ``blocks._staged_fold``'s step 4: thread 0 of a
+    block whose maximum is not finite adds 1 to flag counts[1], each block's thread 0 fences and counts it in
+    counts[0], and the last to count zeroes the count and takes the flag (an atomic exchange, zeroing it)."""
     best = cuda.shared.array(THREADS, np.float32)
     r = cuda.blockIdx.x
     lane = cuda.threadIdx.x
@@ -71,20 +76,32 @@ def _absmax_rows(partial, per_row, out):
         cuda.syncthreads()
         width //= 2
     if lane == 0:
-        out[r] = best[0]
+        top = best[0]
+        out[r] = top
+        cuda.threadfence()
+        if not math.isfinite(top):
+            cuda.atomic.add(counts, 1, 1)
+            cuda.threadfence()
+        if cuda.atomic.add(counts, 0, 1) == cuda.gridDim.x - 1:
+            counts[0] = 0
+            cuda.threadfence()
+            finite[0] = math.nan if cuda.atomic.exch(counts, 1, 0) != 0 else 0.0
 
 
-def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty) -> None:
-    """out[r] = max |x| over row r of x (src zero-padded beyond n_src); NaN if the row holds one.
+def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty, finite=None) -> None:
+    """out[r] = max |x| over row r of x (src zero-padded beyond n_src); NaN if the row holds one; and finite[0] (a
+    float64, where given) <- 0.0 where every maximum is finite, else NaN.
 
     The maximum does not depend on the order, so lanes take partial maxima in parallel,
-    then one block per row reduces them.
+    then one block per row reduces them (and the last of those blocks writes ``finite``).
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)
+    device = device_of(stream)
     launch(_absmax_lanes(lut is not None), grid_for(partial.size), THREADS, stream,
            src, table_arg(lut, stream), n_src, row_len, per_row, partial)
-    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out)
+    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out, block_counts(device, stream, 2),
+           stand_in(device, np.float64) if finite is None else finite)
 
 
 @lru_cache(maxsize=None)

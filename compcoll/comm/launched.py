@@ -33,12 +33,19 @@ def launched_size(env: Mapping[str, str]) -> tuple[str, int] | None:
     mpi_names = (*MPI_SIZE_VARS, SRUN_SIZE_VAR)
     names = (*torch_names, *mpi_names) if launched_by_torchrun(env) else (*mpi_names, *torch_names)
     for name in names:
-        value = env.get(name, "").strip()
-        if value.isdigit():
-            return name, int(value)
+        count = _count(env, name)
+        if count is not None:
+            return name, count
     return None
 
 
 def launched_by_mpi(env: Mapping[str, str], names: tuple[str, ...] = MPI_SIZE_VARS) -> bool:
-    """Whether any of ``names`` in ``env`` says a launcher started more than one process."""
-    return any(int(env.get(name, "1") or 1) > 1 for name in names)
+    """Whether any of ``names`` in ``env`` says a launcher started more than one process (a value that is no number
+    says nothing, as for ``launched_size``)."""
+    return any((_count(env, name) or 1) > 1 for name in names)
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    """The number ``env`` sets ``name`` to (blanks around it allowed), or None where it sets no number."""
+    value = env.get(name, "").strip()
+    return int(value) if value.isdigit() else None

@@ -36,6 +36,16 @@ def test_no_launcher_gives_single(monkeypatch: pytest.MonkeyPatch) -> None:
     assert compcoll.get_default() is comm
 
 
+@pytest.mark.parametrize("value", ["abc", "", " 1 "])
+def test_a_launcher_count_that_is_no_number_or_one_gives_single(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PMI_SIZE`` that says no number of processes, or one, names no launcher of several (``init`` read it with
+    ``int()`` before 2026-12-04, and "abc" raised ValueError from inside it)."""
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PMI_SIZE", value)
+    assert isinstance(compcoll.init(), compcoll.SingleComm)
+
+
 def test_mpiexec_gives_mpicomm(tmp_path: Path) -> None:
     subprocess.run([*mpiexec_command(), "-n", "2", sys.executable, "-c", _RANK_FILE_PROBE, str(tmp_path)],
                    env=_clean_env(), capture_output=True, text=True, timeout=120, check=True)

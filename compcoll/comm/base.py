@@ -327,6 +327,12 @@ class Communicator(ABC):
                     held.is_completed()
             self._prune_at = max(HELD_BEFORE_PRUNE, 2 * len(self._in_flight))
 
+    @property
+    def broken(self) -> str | None:
+        """Why this communicator refuses every call (the error of the collective that failed: ``CommunicatorBroken``
+        says it), or None while it is usable."""
+        return self._broken
+
     def _mark_broken(self, exc: BaseException, unfinished: Work | None = None) -> None:
         """Refuse every later call with ``exc``; keep this communicator, with the operations it holds in flight
         (``_track``), and the operation that did not finish, for the life of the process (``BROKEN``)."""

@@ -109,7 +109,7 @@ class Ordering:
         comm = self._comm()
         with self._lock:
             thread = self._thread
-            if thread is None or (comm is not None and comm._broken):
+            if thread is None or (comm is not None and comm.broken):
                 return None
             self._calls.put(None)
         return thread

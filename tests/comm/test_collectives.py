@@ -62,7 +62,9 @@ def test_collectives_reject_non_flat_tensors() -> None:
 
 def test_broken_communicator_refuses_work() -> None:
     comm = compcoll.SingleComm()
+    assert comm.broken is None
     comm._broken = "CollectiveTimeout: test"
+    assert comm.broken == "CollectiveTimeout: test"
     with pytest.raises(compcoll.CommunicatorBroken, match="unusable"):
         comm.barrier()
 

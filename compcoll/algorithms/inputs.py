@@ -117,9 +117,13 @@ _IN_PLACE = frozenset(("tensor", "out"))
 
 
 def _span(tensor: torch.Tensor | None) -> tuple[torch.device, int, int] | None:
-    """(device, first byte, past the last byte) of ``tensor``'s elements; None for None, an empty or a meta tensor."""
+    """(device, first byte, past the last byte) of ``tensor``'s elements; None for None, an empty or a meta tensor.
+    A contiguous tensor's is its bytes (``nbytes``, no walk over its strides: the case of every call's error
+    buffers, and of most inputs)."""
     if tensor is None or tensor.numel() == 0 or tensor.is_meta:
         return None
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
     start = tensor.data_ptr()
+    if tensor.is_contiguous():
+        return tensor.device, start, start + tensor.nbytes
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
     return tensor.device, start, start + (last + 1) * tensor.element_size()

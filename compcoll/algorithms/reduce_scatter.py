@@ -161,18 +161,16 @@ class ScatterPlan(Plan):
         buffers: the device part a plan replays (``replay.Replays``)."""
         target = float32_target(result, self.row, self.workspace)
         scatter_rows(rows, worker_error, stats, self.comm, self.workspace, self.block_size, self.scale, self.bits,
-                     self._weigh, target, self.row)
+                     self.comm.size if self.op == "avg" else 1, self._weigh if self.op == "premul_sum" else None,
+                     target, self.row)
         if result.dtype != torch.float32:
             result.copy_(target)
         return result
 
     def _weigh(self, scales: torch.Tensor) -> torch.Tensor:
-        """The received rows' weights from their decoded scales, in place: / n ("avg"), * factor ("premul_sum")."""
-        if self.op == "avg":
-            codecs.divide_(scales, self.comm.size)
-        elif self.op == "premul_sum":
-            scales.mul_(codecs.device_scalar(scales, self.factor))
-        return scales
+        """The received rows' weights of "premul_sum" from their decoded scales, in place: * factor ("avg"'s / n is
+        the decode's own, ``scatter_rows``)."""
+        return scales.mul_(codecs.device_scalar(scales, self.factor))
 
 
 def float32_target(result: torch.Tensor, length: int, workspace: Workspace) -> torch.Tensor:
@@ -209,16 +207,17 @@ def agreed_statistics(plan: Plan, agreement: Agreement, rows: torch.Tensor, work
 
 
 def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Tensor, comm: Communicator,
-                 workspace: Workspace, block_size: int, scale: str, bits: int,
-                 weigh: Callable[[torch.Tensor], torch.Tensor], out: torch.Tensor, count: int) -> None:
+                 workspace: Workspace, block_size: int, scale: str, bits: int, divisor: int,
+                 weigh: Callable[[torch.Tensor], torch.Tensor] | None, out: torch.Tensor, count: int) -> None:
     """Steps 3-5 of ``compressed_reduce_scatter``: out[:count] <- the weighted sum of every rank's row for this rank.
 
     1. The block scales (1 bit: ``scale`` of each block; levels: the step over its largest)
        from ``stats`` (``statistics_into``), coded per row; encode x = rows + worker_error
        with the decoded scales into n framed wire rows (worker_error <- x - value).
     2. All-to-all of the rows.
-    3. ``weigh`` turns the received rows' decoded scales into their weights; out[:count] <- sum
-       of weight * sign or level, rank by rank in float32.
+    3. The received rows' decoded scales divided by ``divisor`` in the launch that decodes them
+       (``codecs.unframe_blocks``: IEEE division, as ``codecs.divide_``), then ``weigh``ed where given, are their
+       weights; out[:count] <- sum of weight * sign or level, rank by rank in float32.
     """
     n, device, b = comm.size, worker_error.device, block_size
     row_len = worker_error.numel() // n
@@ -235,9 +234,10 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
         codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
     received = workspace.get("scatter.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)
-    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks, 1,
+    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks, divisor,
                                             workspace.get("scatter.weights", n * blocks, torch.float32, device))
-    weights = weigh(weights).contiguous()
+    if weigh is not None:
+        weights = weigh(weights)
     if bits == 1:
         codecs.accumulate_blocks(planes, weights, b, None, out, count)
     else:

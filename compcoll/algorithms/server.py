@@ -134,8 +134,7 @@ def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     chunk = server_error.numel()
     width = SCALE_BYTES + -(-chunk // b) + bits * chunk // 8
     summed = workspace.get("levels.sum", chunk, torch.float32, device)
-    scatter_rows(source, worker_error, absmax, comm, workspace, b, "l2", bits, lambda w: codecs.divide_(w, n),
-                 summed, chunk)
+    scatter_rows(source, worker_error, absmax, comm, workspace, b, "l2", bits, n, None, summed, chunk)
     served = workspace.get("levels.served", width, torch.uint8, device).view(1, width)
     top = codecs.block_absmax(summed, server_error, b, 1, workspace.get("levels.top", -(-chunk // b), torch.float32,
                                                                         device))

@@ -194,13 +194,18 @@ def check_bits(what: str, bits: int) -> None:
         raise ValueError(f"{what}: bits must be one of {LEVEL_BITS}, got {bits!r}")
 
 
+LEVEL_FACTORS = np.array([0.0] + [2.0 ** (1 / 16) * 2.0 / ((1 << bits) - 1) for bits in range(1, 9)], np.float32)
+"""``level_step``'s factor float32(2^(1/16) * 2 / (2^bits - 1)) by ``bits`` (entry 0 unused), computed once on the
+host: the kernels that code level steps read it from here, so no device computes a power of its own."""
+
+
 def level_step(absmax: np.ndarray, bits: int) -> np.ndarray:
     """The step of ``bits``-bit uniform levels over blocks whose largest |x| is ``absmax``: float32(absmax *
-    float32(2^(1/16) * 2 / (2^bits - 1))), one rounding. The 2^bits levels (c - (2^bits - 1) / 2) * step,
-    c = 0 .. 2^bits - 1, span [-absmax, absmax] with half a scale code (``code_scales``: 2^(1/8) apart) to
-    spare, so that the coded step, within half a code of this one, still reaches the block's largest."""
-    factor = np.float32(2.0 ** (1 / 16) * 2.0 / ((1 << bits) - 1))
-    return (np.asarray(absmax, dtype=np.float32) * factor).astype(np.float32)
+    float32(2^(1/16) * 2 / (2^bits - 1))) (``LEVEL_FACTORS``), one rounding. The 2^bits levels
+    (c - (2^bits - 1) / 2) * step, c = 0 .. 2^bits - 1, span [-absmax, absmax] with half a scale code
+    (``code_scales``: 2^(1/8) apart) to spare, so that the coded step, within half a code of this one, still reaches
+    the block's largest."""
+    return (np.asarray(absmax, dtype=np.float32) * LEVEL_FACTORS[bits]).astype(np.float32)
 
 
 def block_lengths(row_len: int, block_size: int) -> np.ndarray:

@@ -76,7 +76,7 @@ def variants() -> dict[str, tuple]:
         found[f"decode to {out.dtype}"] = (signs._select_decode.py_func, (rows(t.uint8), out, out, out, I64), THREADS)
     found["average of rows"] = (signs._average_rows.py_func, (t.Array(t.float32, 2, "C"), F32), THREADS)
     wire, coded = t.Array(t.uint8, 2, "C"), t.Array(t.float32, 2, "C")
-    for power, src in ((0, F32), (2, F64), (1, F64)):
+    for power, src in ((0, F32), (2, F64), (1, F64), (-4, F32)):
         found[f"code block scales, power {power}"] = (scales._code_blocks(power).py_func,
                                                       (src, I64, I64, F64, wire, coded), CODE)
         found[f"long rows' block scales and their parts' maxima, power {power}"] = (
@@ -140,7 +140,8 @@ def ieee_problem(name: str, ptx: str) -> str | None:
     """What the PTX of kernel variant ``name`` lacks of the host's IEEE steps (step 3), or None.
 
     1. The operations its bits depend on, by variant: float64 roots, quotients and products
-       (``mul.f64`` or ``mul.rn.f64``: both round to nearest), float32 quotients, roundings to float32.
+       (``mul.f64`` or ``mul.rn.f64``: both round to nearest; likewise float32's), float32 quotients, roundings to
+       float32.
     2. Where the CPU rounds each step, no fused multiply-add either (the sums' kernels fuse none
        that matter: their bits are the tree's, checked under the simulator).
     """
@@ -148,9 +149,10 @@ def ieee_problem(name: str, ptx: str) -> str | None:
     if name == "scale of a device sum" or name.startswith(("tree:", "sum of", "accumulate signs")):
         wanted, exact = ("sqrt.rn.f64", "div.rn.f64", "cvt.rn.f32.f64"), False
     elif name.startswith(("code block scales", "long rows' block scales")):
-        roots = {"2": ("sqrt.rn.f64", "div.rn.f64"), "1": ("div.rn.f64",), "0": ()}[name[-1]]
+        power = name.rsplit(" ", 1)[1]  # -4: the steps of 4-bit levels, one float32 product
+        roots = {"2": ("sqrt.rn.f64", "div.rn.f64"), "1": ("div.rn.f64",), "0": (), "-4": ("mul.f32",)}[power]
         coding = name.startswith("code")  # the 256 values; the parts' maxima kernel takes the scales alone
-        wanted = (*roots, *("mul.f64",) * coding, *("cvt.rn.f32.f64",) * (coding or name[-1] != "0"))
+        wanted = (*roots, *("mul.f64",) * coding, *("cvt.rn.f32.f64",) * (coding or power in ("1", "2")))
     elif name.startswith("code long rows"):
         wanted = ("mul.f64", "cvt.rn.f32.f64")
     elif name == "decode block codes":
@@ -165,7 +167,7 @@ def ieee_problem(name: str, ptx: str) -> str | None:
         wanted = ("div.rn.f32",)
     else:
         return None
-    found = ptx.replace("mul.rn.f64", "mul.f64")
+    found = ptx.replace("mul.rn.f64", "mul.f64").replace("mul.rn.f32", "mul.f32")
     missing = [op for op in wanted if op not in found]
     fused = exact and "fma." in ptx
     problems = ([f"its PTX lacks {', '.join(missing)} (the host's IEEE steps)"] if missing else []) + (

@@ -229,8 +229,7 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
         scales, packed = codecs.frame_scales(send, stats, scale, b, row_len, decoded)
         codecs.encode_blocks(rows, worker_error, scales.view(-1), b, packed)
     else:
-        steps = codecs.level_steps(stats, bits, workspace.get("scatter.steps", stats.numel(), torch.float32, device))
-        scales, packed = codecs.frame_scales(send, steps, out=decoded)
+        scales, packed = codecs.frame_scales(send, stats, out=decoded, bits=bits)
         codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
     received = workspace.get("scatter.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)

@@ -138,8 +138,8 @@ def serve_levels(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     served = workspace.get("levels.served", width, torch.uint8, device).view(1, width)
     top = codecs.block_absmax(summed, server_error, b, 1, workspace.get("levels.top", -(-chunk // b), torch.float32,
                                                                         device))
-    mine, planes = codecs.frame_scales(served, codecs.level_steps(top, bits, top),
-                                       out=workspace.get("levels.server_steps", top.numel(), torch.float32, device))
+    steps = workspace.get("levels.server_steps", top.numel(), torch.float32, device)
+    mine, planes = codecs.frame_scales(served, top, out=steps, bits=bits)
     codecs.encode_levels(summed, server_error, mine.view(-1), b, bits, planes)
     gathered = workspace.get("levels.gathered", n * width, torch.uint8, device)
     comm.allgather(served.view(-1), gathered)

@@ -8,7 +8,7 @@ bit), preceded, where a scale travels with it, by that scale as 4 native-endian 
 
 from ..spec import SCALE_BYTES
 from .blocks import (accumulate_blocks, accumulate_levels, block_absmax, block_sums, decode_framed_blocks,
-                     decode_levels, encode_blocks, encode_levels, frame_scales, level_steps, unframe_blocks)
+                     decode_levels, encode_blocks, encode_levels, frame_scales, unframe_blocks)
 from .dispatch import (SUPPORTED_DTYPES, Scalar, check_device, device_scalar, host_value, host_values, on_host,
                        start_cpu_threads, to_device)
 from .signs import compensate_encode, decode, decode_framed, frame, randomized_encode, row_absmax, stream_keys, unframe
@@ -20,6 +20,6 @@ __all__ = ["SCALE_BYTES", "SUPPORTED_DTYPES", "Scalar", "accumulate_blocks", "ac
            "accumulate_levels", "accumulate_scale", "accumulate_signs", "all_finite", "average_rows", "block_absmax",
            "block_sums", "check_device", "compensate_encode", "compensated_sum", "decode", "decode_framed",
            "decode_framed_blocks", "decode_levels", "device_scalar", "divide_", "encode_blocks", "encode_levels",
-           "finite_sum", "frame", "frame_scales", "host_value", "host_values", "lane_count", "level_steps",
-           "on_host", "randomized_encode", "row_absmax", "scale_from", "segment_sumsq", "start_cpu_threads",
+           "finite_sum", "frame", "frame_scales", "host_value", "host_values", "lane_count", "on_host",
+           "randomized_encode", "row_absmax", "scale_from", "segment_sumsq", "start_cpu_threads",
            "stream_keys", "sumsq", "to_device", "tree_scale", "tree_sum", "unframe", "unframe_blocks"]

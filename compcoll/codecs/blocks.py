@@ -100,12 +100,13 @@ def _steps(like: torch.Tensor) -> KernelView:
 
 
 def frame_scales(rows: torch.Tensor, values: torch.Tensor, scale: str | None = None, block_size: int = 1,
-                 row_len: int = 1, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 row_len: int = 1, out: torch.Tensor | None = None, bits: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Code the block scales of (n, SCALE_BYTES + m + nbytes) wire rows against each row's largest, in front of
     the rows' bytes: ``spec.code_scales``' bits, in one kernel on every device (``kernels.cpu.code_blocks``).
 
-    ``values`` holds the n * m scales (float32; ``scale`` None), or the float64 sums of |x|^p of
-    blocks of ``block_size`` elements of rows of ``row_len`` (``block_sums``), whose ``scale``
+    ``values`` holds the n * m scales (float32; ``scale`` None), or with ``bits`` of 2-8 the float32 block maxima
+    |x| whose ``bits``-bit level steps (``spec.level_step``: one float32 multiply) are coded, or the float64 sums of
+    |x|^p of blocks of ``block_size`` elements of rows of ``row_len`` (``block_sums``), whose ``scale``
     ("l2", "l1": ``spec.block_scales_from``) is coded.
     1. Row r's largest scale, ref_r, as 4 bytes at its head; then the m codes of its scales.
     2. The decoded scales v[code] (what every rank uses, the encoder included), into ``out``
@@ -117,7 +118,7 @@ def frame_scales(rows: torch.Tensor, values: torch.Tensor, scale: str | None = N
     n = rows.shape[0]
     m = values.numel() // n
     decoded = result_into(out, (n, m), torch.float32, rows.device)
-    power = 0 if scale is None else spec.SCALES[scale]
+    power = (-bits if bits > 1 else 0) if scale is None else spec.SCALES[scale]
     call("code_blocks", decoded, view(values.reshape(-1)), block_size, row_len, power, _steps(rows), view(rows),
          view(decoded))
     return decoded, rows[:, SCALE_BYTES + m:]
@@ -146,13 +147,6 @@ def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, row
     out = result_into(out, (blocks,), torch.float32, error.device)
     _folded("block_absmax", error, out, finite, src, lut, view(error), tensor.numel(), block_size, row_len)
     return out
-
-
-def level_steps(absmax: torch.Tensor, bits: int, out: torch.Tensor) -> torch.Tensor:
-    """``out`` <- ``spec.level_step`` of ``absmax`` in torch on its device: one float32 multiply, correctly rounded
-    everywhere, by the factor as a Python number (a float32 value, which torch multiplies a float32 tensor by in
-    float32), so no tensor of it is made or copied to the device; into ``out``, so nothing is allocated."""
-    return torch.mul(absmax, float(spec.level_step(np.float32(1.0), bits)), out=out)
 
 
 def encode_levels(tensor: torch.Tensor, error: torch.Tensor, steps: torch.Tensor, block_size: int, bits: int,

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..spec import GOLDEN, MIX1, MIX2, UNIFORM_BITS
+from ..spec import GOLDEN, LEVEL_FACTORS, MIX1, MIX2, UNIFORM_BITS
 
 _GOLDEN = np.uint64(GOLDEN)
 _MIX1 = np.uint64(MIX1)
@@ -112,11 +112,15 @@ def half_bits(bits):
 
 
 def block_scale(src, i, d, power):
-    """Scale i of a coding kernel's input: ``src[i]`` as it is (power 0: float32 scales), or the float32 scale of a
-    block of ``d`` elements from its float64 sum of |x|^power (2: sqrt(sum) / sqrt(d), "l2"; 1: sum / d, "l1"),
-    IEEE float64 operations rounded once to float32, as ``spec.block_scales_from``."""
+    """Scale i of a coding kernel's input: ``src[i]`` as it is (power 0: float32 scales); the step of -power-bit
+    levels of a block whose largest |x| is ``src[i]`` (power -2 to -8: one float32 multiply by ``LEVEL_FACTORS``, as
+    ``spec.level_step``); or the float32 scale of a block of ``d`` elements from its float64 sum of |x|^power (2:
+    sqrt(sum) / sqrt(d), "l2"; 1: sum / d, "l1"), IEEE float64 operations rounded once to float32, as
+    ``spec.block_scales_from``."""
     if power == 0:
         return np.float32(src[i])
+    if power < 0:
+        return np.float32(np.float32(src[i]) * LEVEL_FACTORS[-power])
     if power == 2:
         return np.float32(math.sqrt(src[i]) / math.sqrt(np.float64(d)))
     return np.float32(src[i] / np.float64(d))

@@ -30,7 +30,7 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 codes the worker's rows and the server's, allgather its one row)."""
 EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
             "birder": (14, 1, 6, 1), "gather_scatter_blocks": (9, 1, 2, 1), "allgather_blocks": (5, 1, 1, 1),
-            "gather_scatter_levels": (10, 1, 4, 1), "hierarchical_allgather": (4, 1, 6, 1)}
+            "gather_scatter_levels": (10, 1, 2, 1), "hierarchical_allgather": (4, 1, 6, 1)}
 """(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
 kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the
@@ -54,11 +54,12 @@ gather-scatter call, 7 a Birder call, until 2026-11-29); the codecs' results tha
 row maxima and its exchanges' weights, the block forms' block sums and decoded scales) from the plan's ``Workspace``
 (5 more a Birder call and a gather-scatter call with block scales, 3 an allgather one, until 2026-11-29). With 4-bit
 levels the two codings of the steps are those of the block scales, and the decode of the served rows is one launch
-(one a rank until 2026-11-29: 9 + n launches at n ranks); its torch operators include the steps' two float32
-multiplies by torch (by the factor as a number; until 2026-11-29 by a tensor of it, copied from the host at each
-multiply), and no division of the weights by n (the decode of the scales divides them, since 2026-12-04: a fill and a
-division fewer). The hierarchical form with the allgather protocol between nodes averages the k shards' rows in one
-launch (``codecs.accumulate_groups``; one a shard until 2026-11-29: 3 + k launches)."""
+(one a rank until 2026-11-29: 9 + n launches at n ranks); its torch operators are the transport's two copies alone:
+the steps' float32 multiplies are the scale coder's (``codecs.frame_scales`` with ``bits``; by torch until
+2026-12-04, and until 2026-11-29 by a tensor of the factor, copied from the host at each multiply), and the weights'
+division by n the scales' decode (since 2026-12-04: a fill and a division fewer). The hierarchical form with the
+allgather protocol between nodes averages the k shards' rows in one launch (``codecs.accumulate_groups``; one a shard
+until 2026-11-29: 3 + k launches)."""
 CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierarchical_allgather"}
 """Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 

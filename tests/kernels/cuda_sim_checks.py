@@ -166,6 +166,8 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
                                                                  d_sums, finite=flag), err, ("block sums", power))
         _check_codes(sums, block, chunk, power, world, rng)
     _check_codes(rng.random(world * blocks).astype(np.float32), block, chunk, 0, world, rng)
+    for bits in (2, 3, 8):  # the level steps of block maxima
+        _check_codes((rng.random(world * blocks) * 5.0).astype(np.float32), block, chunk, -bits, world, rng)
     want_bits, scales, want_err = reference.compress_blocks(padded, err, block, "l2", world)
     heads = codecs.SCALE_BYTES * blocks
     framed = np.zeros((world, heads + chunk // 8), np.uint8)
@@ -225,18 +227,20 @@ def tie_scales() -> np.ndarray:
 
 def _check_codes(src: np.ndarray, block: int, row_len: int, power: int, world: int, rng: np.random.Generator
                  ) -> None:
-    """``code_blocks`` (from float64 sums of |x|^``power``, 2 and 1, or float32 scales, 0) and ``decode_codes``:
-    CUDA = CPU = ``spec.code_scales``, into wire rows with bytes behind the codes; a zero scale (code 255) among
-    them."""
+    """``code_blocks`` (from float64 sums of |x|^``power``, 2 and 1, float32 scales, 0, or the level steps of
+    float32 block maxima, -bits) and ``decode_codes``: CUDA = CPU = ``spec.code_scales``, into wire rows with bytes
+    behind the codes; a zero scale (code 255) among them."""
     m = src.size // world
     src = src.copy()
     src[m // 2] = 0.0
     if not power:  # scales below 1.0, and then 1.0 and scales halfway between two of its row's values (ties)
         ties = tie_scales()[:m]
         src[:ties.size] = ties
-    if power:
+    if power > 0:
         scales = spec.block_scales_from(src, np.tile(spec.block_lengths(row_len, block), world),
                                         {2: "l2", 1: "l1"}[power]).reshape(world, m)
+    elif power < 0:
+        scales = spec.level_step(src, -power).reshape(world, m)
     else:
         scales = src.reshape(world, m)
     refs, codes, decoded = spec.code_scales(scales)
@@ -670,6 +674,7 @@ def _run_part(part: str, lengths: list[int]) -> None:
                 scales[0, 699], scales[2, 3] = 20.0, 30.0
                 _check_codes(scales.reshape(-1), 8, 8 * 700 - 3, 2, 3, rng)
                 _check_codes(scales.reshape(-1).astype(np.float32), 8, 8 * 700, 0, 3, rng)
+                _check_codes(scales.reshape(-1).astype(np.float32), 8, 8 * 700, -4, 3, rng)
             finally:
                 cuda.scales.CODE_SCALES_PER_THREAD = per_thread
         finally:

@@ -6,7 +6,6 @@ A scale per block of elements, coded against its row's largest, goes in front of
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 import torch
@@ -14,7 +13,7 @@ import torch
 from .. import spec
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import RAW, KernelView, base_of, call, flag_finite, no_source, on_host, result_into, source_of, view
+from .dispatch import RAW, KernelView, base_of, call, call_flagged, no_source, on_host, result_into, source_of, view
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
@@ -23,26 +22,14 @@ def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int
     device: x cut into ``rows`` equal rows, each into blocks of ``block_size`` from its start, the last one
     shorter where needed (``spec.block_lengths``); row-major; into ``out`` (float64, one element a block) where
     given. ``tensor=None`` sums ``error`` alone. ``finite`` (a one-element float64 tensor on the device) gets
-    0.0 where every sum is finite, else NaN (``_folded``). Writes nothing else."""
+    0.0 where every sum is finite, else NaN (``dispatch.call_flagged``). Writes nothing else."""
     src, lut = (no_source(error), None) if tensor is None else source_of(tensor)
     row_len = error.numel() // rows
     blocks = rows * -(-row_len // block_size)
     sums = result_into(out, (blocks,), torch.float64, error.device)
-    _folded("block_power_sums", error, sums, finite, src, lut, view(error), 0 if tensor is None else tensor.numel(),
-            block_size, row_len, spec.SCALES[scale])
+    call_flagged("block_power_sums", error, sums, finite, src, lut, view(error),
+                 0 if tensor is None else tensor.numel(), block_size, row_len, spec.SCALES[scale])
     return sums
-
-
-def _folded(kernel: str, error: torch.Tensor, values: torch.Tensor, finite: torch.Tensor | None, *args: Any) -> None:
-    """Run the block fold ``kernel`` on ``args`` into ``values`` (its last argument), and finite[0] <- 0.0 where
-    every value is finite, else NaN (where ``finite`` is given): on a device in the kernel's own launch
-    (``kernels.cuda.blocks._staged_fold``), on the host after it (``flag_finite``)."""
-    if finite is not None and not on_host(error):
-        call(kernel, error, *args, view(values), finite=view(finite))
-        return
-    call(kernel, error, *args, view(values))
-    if finite is not None:
-        flag_finite(values, finite)
 
 
 def encode_blocks(tensor: torch.Tensor | None, error: torch.Tensor, scales: torch.Tensor, block_size: int,
@@ -145,7 +132,7 @@ def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, row
     row_len = error.numel() // rows
     blocks = rows * -(-row_len // block_size)
     out = result_into(out, (blocks,), torch.float32, error.device)
-    _folded("block_absmax", error, out, finite, src, lut, view(error), tensor.numel(), block_size, row_len)
+    call_flagged("block_absmax", error, out, finite, src, lut, view(error), tensor.numel(), block_size, row_len)
     return out
 
 

@@ -247,6 +247,20 @@ def flag_finite(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def call_flagged(kernel: str, tensor: torch.Tensor, values: torch.Tensor, finite: torch.Tensor | None,
+                 *args: Any) -> None:
+    """``call`` ``kernel`` for ``tensor`` on ``args`` into ``values`` (its last argument), and finite[0] <- 0.0 where
+    every value is finite, else NaN (where ``finite`` is given): on a device in the kernel's own launch (the folds
+    that take ``finite``: ``kernels.cuda.blocks._staged_fold``, ``randomized._absmax_rows``), on the host after it
+    (``flag_finite``)."""
+    if finite is not None and not on_host(tensor):
+        call(kernel, tensor, *args, view(values), finite=view(finite))
+        return
+    call(kernel, tensor, *args, view(values))
+    if finite is not None:
+        flag_finite(values, finite)
+
+
 def host_value(values: torch.Tensor) -> float:
     """values[0] as a Python float: on a device the host waits for it (``kernels.launch.read_first``, counted; meta
     tensors: the stand-in 1.0)."""

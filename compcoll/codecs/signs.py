@@ -10,7 +10,7 @@ import torch
 
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import (RAW, Scalar, call, flag_finite, no_source, on_host, result_into, source_of, storage_of,
+from .dispatch import (RAW, Scalar, call, call_flagged, no_source, on_host, result_into, source_of, storage_of,
                        to_device, view)
 
 
@@ -116,16 +116,11 @@ def row_absmax(source: torch.Tensor, rows: int, length: int, out: torch.Tensor |
 
     A row holding NaN gets NaN, one holding Inf gets Inf. ``finite`` (a one-element float64 tensor on the device)
     gets 0.0 where every maximum is finite, else NaN: on a device in the launch that reduces the rows, on the host
-    after it (``dispatch.flag_finite``).
+    after it (``dispatch.call_flagged``).
     """
     src, lut = source_of(source)
     out = result_into(out, (rows,), torch.float32, source.device)
-    if finite is not None and not on_host(source):
-        call("row_absmax", source, src, lut, source.numel(), length // rows, view(out), finite=view(finite))
-        return out
-    call("row_absmax", source, src, lut, source.numel(), length // rows, view(out))
-    if finite is not None:
-        flag_finite(out, finite)
+    call_flagged("row_absmax", source, out, finite, src, lut, source.numel(), length // rows)
     return out
 
 

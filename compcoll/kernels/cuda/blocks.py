@@ -8,9 +8,9 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ..launch import device_of, launch
-from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, block_counts, grid_for, row_of, shift_of,
-                     stand_in, table_arg, to_power)
+from ..launch import launch
+from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, finite_slots, grid_for, row_of, shift_of,
+                     table_arg, to_power)
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
@@ -137,13 +137,7 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums, stream=0
     CPU kernel: a thread per block, its elements staged in shared memory (``_staged_fold``); and finite[0] (a
     float64, where given) <- 0.0 where every sum is finite, else NaN."""
     launch(_block_power_sums(lut is not None, int(power)), grid_for(sums.size, FOLD_THREADS), FOLD_THREADS, stream,
-           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, sums, *_finite_slots(stream, finite))
-
-
-def _finite_slots(stream, finite) -> tuple:
-    """The last arguments of a ``_staged_fold`` kernel: the stream's block counts, and ``finite`` (or a stand-in)."""
-    device = device_of(stream)
-    return block_counts(device, stream, 2), stand_in(device, np.float64) if finite is None else finite
+           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, sums, *finite_slots(stream, finite))
 
 
 def tiled_block_encoder(look_up, raw_type, code_of, one_plane: bool):
@@ -351,4 +345,4 @@ def block_absmax(src, lut, err, n_src, block, row_len, out, stream=0, finite=Non
     a thread per block, its elements staged in shared memory (``_staged_fold``); and finite[0] (a float64, where
     given) <- 0.0 where every maximum is finite, else NaN."""
     launch(_block_absmax(lut is not None), grid_for(out.size, FOLD_THREADS), FOLD_THREADS, stream,
-           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, out, *_finite_slots(stream, finite))
+           src, table_arg(lut, stream), err, n_src, shift_of(block), row_len, out, *finite_slots(stream, finite))

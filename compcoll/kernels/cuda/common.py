@@ -95,3 +95,10 @@ def block_counts(device: int, stream, size: int) -> object:
     sums' are the grid's, then one a group (``sums._finish_lanes``); the block folds' the grid's, then a flag
     (``blocks._staged_fold``)."""
     return device_zeros(device, size, np.int32)
+
+
+def finite_slots(stream, finite) -> tuple:
+    """The last arguments of a fold that writes its finite test (``blocks._staged_fold``,
+    ``randomized._absmax_rows``): the stream's block counts and flag, and ``finite`` (or a stand-in)."""
+    device = device_of(stream)
+    return block_counts(device, stream, 2), stand_in(device, np.float64) if finite is None else finite

@@ -10,9 +10,9 @@ from numba import cuda
 
 from .. import scalar
 from ...spec import BLOCK, LANES, SCALE_BYTES
-from ..launch import device_of, launch
-from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, block_counts, device_empty, grid_for, pack,
-                     row_of, stand_in, table_arg)
+from ..launch import launch
+from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, device_empty, finite_slots, grid_for, pack,
+                     row_of, table_arg)
 from .frames import write_head
 
 _threshold = cuda.jit(device=True)(scalar.threshold)
@@ -97,11 +97,9 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty, fini
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)
-    device = device_of(stream)
     launch(_absmax_lanes(lut is not None), grid_for(partial.size), THREADS, stream,
            src, table_arg(lut, stream), n_src, row_len, per_row, partial)
-    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out, block_counts(device, stream, 2),
-           stand_in(device, np.float64) if finite is None else finite)
+    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out, *finite_slots(stream, finite))
 
 
 @lru_cache(maxsize=None)

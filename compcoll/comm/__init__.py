@@ -129,7 +129,9 @@ def shutdown() -> None:
 
     Call it at the end of a torchrun job. A Gloo process group left to the interpreter's
     exit can abort in its C++ teardown ("terminate called without an active exception").
-    MPI finalizes itself at exit.
+    The group and its threads end here unless something outside compcoll still holds it
+    (a DDP model's reducer: let the model go first); compcoll's communicators hold their
+    group weakly, and refuse calls once it is destroyed. MPI finalizes itself at exit.
     """
     global _default
     import torch.distributed as dist

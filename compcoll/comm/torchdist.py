@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -14,6 +16,24 @@ from ..errors import CompcollError
 from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes, pairs_small
 from .groups import destroyer, new_group, owned
 from .work import PendingWork, Work
+
+
+def _import_functional_first() -> None:
+    """Import ``torch.distributed.nn.functional`` before any group exists, where compcoll is imported first.
+
+    Its functions take ``group=group.WORLD`` as a default argument, bound when the module is
+    first imported; torch imports it with ``torch._dynamo`` (a program's first optimizer
+    does), so a program that builds an optimizer after ``init_process_group`` holds the
+    default group for good: ``destroy_process_group`` then leaves its Gloo threads running
+    into the interpreter's exit, where a worker freeing a finished collective's tensors
+    aborts the process ("terminate called without an active exception";
+    docs/guides/troubleshooting.md). Imported now (2 ms), the defaults are None.
+    """
+    if dist.is_available() and not dist.is_initialized():
+        importlib.import_module("torch.distributed.nn.functional")
+
+
+_import_functional_first()
 
 
 class TorchComm(Communicator):
@@ -30,6 +50,11 @@ class TorchComm(Communicator):
     CPU metadata of an agreement; Gloo: CUDA tensors) is copied to the backend's device
     and back.
 
+    The group is held weakly (``group``): torch.distributed holds every group until
+    ``destroy_process_group``, and a communicator that held it too would keep a destroyed
+    Gloo group's threads running into the interpreter's exit, where a worker freeing a
+    finished collective's tensors aborts the process (docs/guides/troubleshooting.md).
+
     Args:
         group: a ProcessGroup; None means the default (WORLD) group, which must be initialised.
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
@@ -41,15 +66,31 @@ class TorchComm(Communicator):
                 "TorchComm needs torch.distributed initialised: call "
                 "torch.distributed.init_process_group(...) first, or use compcoll.init()"
             )
-        self.group = dist.group.WORLD if group is None else group
-        self.backend = dist.get_backend(self.group)
+        group = dist.group.WORLD if group is None else group
+        self._group = weakref.ref(group)
+        self.backend = dist.get_backend(group)
         nccl = self.backend == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self.agrees_on_device = nccl
-        super().__init__(dist.get_rank(self.group), dist.get_world_size(self.group), timeout)
-        self.global_ranks = [dist.get_global_rank(self.group, r) for r in range(self.size)]
+        super().__init__(dist.get_rank(group), dist.get_world_size(group), timeout)
+        self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.job_rank, self.job_size = dist.get_rank(), dist.get_world_size()
         self.polled = False  # set once this group's works refuse a finite timeout: waits poll them then
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The process group, while torch.distributed holds it.
+
+        Raises:
+            CompcollError: the group was destroyed (``torch.distributed.destroy_process_group``,
+                ``compcoll.shutdown``), naming that; every member that destroyed it raises at the
+                same call. Before 2026-12-04 the communicator kept the group alive and went on using it.
+        """
+        group = self._group()
+        if group is None:
+            raise CompcollError("TorchComm: its process group was destroyed (torch.distributed.destroy_process_group "
+                                "or compcoll.shutdown); make a new TorchComm over a live group")
+        return group
 
     def describe(self) -> str:
         return f"torch.distributed ({self.backend})"

@@ -24,6 +24,40 @@ _RANK_FILE_PROBE = ("import compcoll, pathlib, sys\nc = compcoll.init()\n"
 forwarded by a launcher may interleave)."""
 
 
+_SHUTDOWN_PROBE = """
+import os, weakref
+import torch
+import compcoll
+from compcoll.optim import OneBitAdam
+
+
+def gloo_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read())
+        except OSError:
+            pass
+    return sum(name.startswith(("gloo", "pt_gloo")) for name in names)
+
+
+comm = compcoll.init()
+model = torch.nn.Linear(30, 2)
+optimizer = OneBitAdam(model.parameters(), lr=1e-3, freeze_step=1, comm=comm)
+for _ in range(3):
+    model(torch.randn(4, 30)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+group = weakref.ref(comm.group)
+before = gloo_threads()
+compcoll.shutdown()
+print("threads", before, gloo_threads(), "group freed", group() is None)
+comm.barrier()
+"""
+"""A OneBitAdam built after ``compcoll.init()`` holds its communicator across ``compcoll.shutdown()``: prints the Gloo
+threads before and after, and whether the group was freed, then calls the communicator."""
+
+
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
 
@@ -129,3 +163,18 @@ def test_nccl_without_a_gpu_says_so() -> None:
            "COMPCOLL_TORCH_BACKEND": "nccl"}
     done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr and "ZeroDivisionError" not in done.stderr
+
+
+def test_shutdown_ends_the_gloo_threads_while_an_optimizer_holds_its_communicator() -> None:
+    """``compcoll.shutdown()`` on 1 Gloo rank (torchrun's variables) with a OneBitAdam built after ``init()`` still
+    holding the communicator: the group is freed and no Gloo thread is left; the communicator then refuses a call,
+    naming the destroyed group. Before 2026-12-04 the communicator held the group (and so did torch's
+    ``torch.distributed.nn.functional``, first imported by the optimizer, in its default arguments): its 3 threads
+    ran into the interpreter's exit, where a worker freeing a finished collective's tensors aborted the process now
+    and then (a CI run of examples/lightning_trainer.py and tests/ddp/lightning_spawn.py)."""
+    env = {**_clean_env(), "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29584"}
+    done = subprocess.run([sys.executable, "-c", _SHUTDOWN_PROBE], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert "threads 3 0 group freed True" in done.stdout.splitlines(), done.stdout + done.stderr
+    assert done.returncode != 0 and "CompcollError: TorchComm: its process group was destroyed" in done.stderr, \
+        done.stderr

@@ -3,7 +3,8 @@
 Lightning's spawning launcher (``DDPStrategy(start_method="spawn")``, the "ddp_spawn" strategy) pickles the strategy,
 its ``ddp_comm_state`` with it, to every new process, before ``init_process_group``. On CPUs Lightning registers no
 communication hook, so the module registers the carried state itself when training starts (on GPUs Lightning does
-that); at the end every rank checks the state took the group and compressed, and that the replicas are identical.
+that); at the end every rank checks the state took the group and compressed, and that the replicas are identical,
+and closes the group once Lightning has let go of the DDP model (``Closing``).
 """
 
 import lightning
@@ -50,10 +51,19 @@ class Regression(lightning.LightningModule):
         print(f"rank {dist.get_rank()}: the spawned OneBitState compressed; replicas bit-identical", flush=True)
 
 
+class Closing(DDPStrategy):
+    """Lightning's DDP strategy, closing the process group when it tears down (Lightning closes NCCL's at exit, not
+    Gloo's), after it unwrapped the DDP model, whose reducer would hold the group."""
+
+    def teardown(self) -> None:
+        super().teardown()
+        compcoll.shutdown()
+
+
 if __name__ == "__main__":
     state = compcoll.ddp.OneBitState(min_compress_numel=1)
     trainer = lightning.Trainer(accelerator="cpu", devices=2, max_steps=6, logger=False, enable_checkpointing=False,
                                 enable_progress_bar=False, enable_model_summary=False,
-                                strategy=DDPStrategy(start_method="spawn", process_group_backend="gloo",
-                                                     ddp_comm_state=state, ddp_comm_hook=compcoll.ddp.onebit_hook))
+                                strategy=Closing(start_method="spawn", process_group_backend="gloo",
+                                                 ddp_comm_state=state, ddp_comm_hook=compcoll.ddp.onebit_hook))
     trainer.fit(Regression())

@@ -20,7 +20,7 @@ from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, flag_finite
 from .signs import frame
 
 
-def all_finite(tensor: torch.Tensor, summable: bool = False) -> bool:
+def all_finite(tensor: torch.Tensor) -> bool:
     """Whether every element of ``tensor`` is finite. On a device, the host waits for the answer: a wait counted
     by ``kernels.launch.read_first`` (meta tensors: counted, and True).
 
@@ -29,27 +29,24 @@ def all_finite(tensor: torch.Tensor, summable: bool = False) -> bool:
        element is (an Inf or NaN makes it Inf or NaN; finite ones are below 2^128 each, and
        overflowing float64 would take 2^896 of them). ``torch.isfinite`` alone takes four
        kernels on CUDA. Float64, whose finite values could overflow a sum: the sum of
-       ``tensor * 0`` (0 for a finite element, NaN for an Inf or NaN), two kernels; or, where
-       the caller knows finite elements cannot overflow their sum (``summable``: the float64
-       block sums of |x|^p of float32 x, each below 2^256 times its length), the plain sum.
+       ``tensor * 0`` (0 for a finite element, NaN for an Inf or NaN), two kernels.
     """
     if on_host(tensor):
         return bool(torch.isfinite(tensor).all())
-    return math.isfinite(host_value(finite_sum(tensor, torch.empty(1, dtype=torch.float64, device=tensor.device),
-                                               summable)))
+    return math.isfinite(host_value(finite_sum(tensor, torch.empty(1, dtype=torch.float64, device=tensor.device))))
 
 
-def finite_sum(tensor: torch.Tensor, out: torch.Tensor, summable: bool = False) -> torch.Tensor:
+def finite_sum(tensor: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out[0] (one float64) <- a value finite exactly when every element of ``tensor`` is, with no host wait
     (``host_value`` reads it; ``all_finite`` is the two); returns ``out``.
 
-    On the host 0 or NaN. On a device the float64 sum of ``tensor`` (of ``tensor * 0`` for float64 that is not
-    ``summable``: see ``all_finite``), reduced into ``out`` by torch in place (no allocation, so a replayed call
-    runs it again: ``recording.Guard``).
+    On the host 0 or NaN. On a device the float64 sum of ``tensor`` (of ``tensor * 0`` for float64: see
+    ``all_finite``), reduced into ``out`` by torch in place (no allocation, so a replayed call runs it again:
+    ``recording.Guard``).
     """
     if on_host(tensor):
         return flag_finite(tensor, out)
-    source = tensor if summable or tensor.dtype != torch.float64 else tensor.mul(0)
+    source = tensor if tensor.dtype != torch.float64 else tensor.mul(0)
     return torch.sum(source.reshape(1, -1), 1, dtype=torch.float64, out=out)
 
 

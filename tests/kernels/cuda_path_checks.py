@@ -124,7 +124,7 @@ def check_codecs(numel: int, dtype: torch.dtype) -> None:
         strided_bits = torch.empty(full // 8, dtype=torch.uint8)
         codecs.compensate_encode(strided, err.clone(), 0.5, strided_bits)
         finite = torch.tensor([codecs.all_finite(probe) for probe in _finite_probes(x)] + [
-            codecs.all_finite(codecs.block_sums(probe, torch.zeros(full), 8), summable=True)
+            codecs.all_finite(codecs.block_sums(probe, torch.zeros(full), 8))
             for probe in _finite_probes(x)[:-1]] + [  # block sums of |x|^2, float32's largest ones too
             _fold_finite(probe, full, fold) for fold in ("sums", "absmax", "rows") for probe in _finite_probes(x)[:-1]])
         norms = torch.empty(4, dtype=torch.float64)

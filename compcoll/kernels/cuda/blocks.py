@@ -47,7 +47,7 @@ def _staged_fold(look_up, raw_type, fold, zero):
     3. Each thread folds its block's staged elements in order: the order and the bits are one
        element at a time's.
     4. finite[0] <- 0.0 where every out[b] is finite, else NaN (what the call's agreement reads: the host's
-       ``codecs.finite_sum``'s values), in the same launch: thread 0 of a thread block where a thread wrote a
+       ``codecs.dispatch.flag_finite``'s values), in the same launch: thread 0 of a thread block where a thread wrote a
        non-finite value (``syncthreads_or``) adds 1 to counts[1]; thread 0 of each fences (the flag's add before the
        count) and counts its block in counts[0]; the block that counts last zeroes the count, fences, and takes
        counts[1], zeroing it (one atomic exchange), for the stream's next launch. A torch sum over ``out`` did this

@@ -63,14 +63,13 @@ def variants() -> dict[str, tuple]:
     """What ends a sum on the device: the block counts, the total, d, sqrt(d), the scale's mode and slot (the
     lane-sum kernels take their groups before it, 0 for none)."""
     FLAGGED = (t.Array(t.int32, 1, "C"), F64)
-    """What ends a fold with its finite test (``blocks._staged_fold``, ``randomized._absmax_rows``): the block count
+    """What ends a fold with its finite test (``blocks._staged_fold``, ``randomized._absmax_lanes``): the block count
     and flag, and the finite value's slot."""
     THREADS, LANE, CODE, FOLD = common.THREADS, sums.LANE_THREADS, scales.CODE_THREADS, blocks.FOLD_THREADS
     found: dict[str, tuple] = {
         "tree: collapse to one block's width, then the last block": (
             sums._collapse.py_func, (F64, I64, F64, *FINISH), sums.COLLAPSE_THREADS),
         "scale of a device sum": (records._scale_of.py_func, (F64, I64, t.float64, t.boolean, F32), 1),
-        "max |x| of rows (reduce)": (randomized._absmax_rows.py_func, (F32, I64, F32, *FLAGGED), THREADS),
     }
     for out in (F32, I16):
         found[f"decode to {out.dtype}"] = (signs._select_decode.py_func, (rows(t.uint8), out, out, out, I64), THREADS)
@@ -99,7 +98,7 @@ def variants() -> dict[str, tuple]:
                 signs._compensate_encode(lut, in_memory).py_func,
                 (src, F32, F32, I64, F32 if in_memory else t.float32, U8), THREADS)
         found[f"max |x| of rows (lanes), table={lut}"] = (randomized._absmax_lanes(lut).py_func,
-                                                          (src, F32, I64, I64, I64, F32), THREADS)
+                                                          (src, F32, I64, I64, I64, F32, F32, *FLAGGED), THREADS)
         found[f"randomized encode, table={lut}"] = (randomized._randomized_encode(lut).py_func,
                                                     (src, F32, I64, F32, t.Array(t.uint64, 1, "C"), I64, wire),
                                                     THREADS)

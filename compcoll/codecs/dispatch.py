@@ -251,7 +251,7 @@ def call_flagged(kernel: str, tensor: torch.Tensor, values: torch.Tensor, finite
                  *args: Any) -> None:
     """``call`` ``kernel`` for ``tensor`` on ``args`` into ``values`` (its last argument), and finite[0] <- 0.0 where
     every value is finite, else NaN (where ``finite`` is given): on a device in the kernel's own launch (the folds
-    that take ``finite``: ``kernels.cuda.blocks._staged_fold``, ``randomized._absmax_rows``), on the host after it
+    that take ``finite``: ``kernels.cuda.blocks._staged_fold``, ``randomized._absmax_lanes``), on the host after it
     (``flag_finite``)."""
     if finite is not None and not on_host(tensor):
         call(kernel, tensor, *args, view(values), finite=view(finite))

@@ -68,10 +68,10 @@ def test_the_suites_flat_kernels_and_worker_step_run_on_cpu_tensors() -> None:
 
 def test_ncus_run_names_every_suite_kernel_and_its_launches_in_order(tmp_path: Path) -> None:
     """``bench/gpu_ncu.py`` on meta tensors (the CUDA path counted, nothing run): every kernel the suite times, in
-    the suite's order, each with the launches of its call (a GPU's: tests/gpu checks meta's counts), which the
-    summary then gives ncu's rows in turn."""
+    the suite's order, each with the launches of its call (a GPU's: tests/gpu checks meta's counts; 140000 elements
+    code their block scales in two), which the summary then gives ncu's rows in turn."""
     names = tmp_path / "names.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_ncu.py"), "--device", "meta", "--numel", "4160",
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_ncu.py"), "--device", "meta", "--numel", "140000",
                            "--names", str(names)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     launched = json.loads(names.read_text())
@@ -79,7 +79,7 @@ def test_ncus_run_names_every_suite_kernel_and_its_launches_in_order(tmp_path: P
     x, err = torch.randn(4160, generator=gen), torch.randn(4160, generator=gen)
     suite = bench_script("gpu_suite.py").flat_kernels(x, err, torch.empty(520, dtype=torch.uint8), torch.empty(4160))
     assert [name for name, _ in launched] == list(suite)
-    assert all(count >= 1 for _, count in launched) and dict(launched)["row max |x|"] == 2, launched
+    assert all(count >= 1 for _, count in launched) and dict(launched)["code block scales"] == 2, launched
 
 
 def test_the_ncu_summary_gives_each_launch_its_suite_name(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_the_ncu_summary_gives_each_launch_its_suite_name(tmp_path: Path) -> Non
     rows = [(0, "_power_lanes(float *, ...)", "GPU Speed Of Light Throughput", "Duration", "us", "89.70"),
             (0, "_power_lanes(float *, ...)", "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "48.10"),
             (1, "_absmax_lanes(float *, ...)", "Occupancy", "Achieved Occupancy", "%", "71.25"),
-            (2, "_absmax_rows(float *, ...)", "GPU Speed Of Light Throughput", "Duration", "us", "3.10")]
+            (2, "_head_weights(float *, ...)", "GPU Speed Of Light Throughput", "Duration", "us", "3.10")]
     lines = ["==PROF== Connected to process 1 (python)", ",".join(f'"{h}"' for h in header)]
     for i, kernel, section, metric, unit, value in rows:
         fields = (i, 1, "python", "h", kernel, 1, 7, "(256, 1, 1)", "(128, 1, 1)", 0, "9.0", section, metric, unit,
@@ -100,9 +100,10 @@ def test_the_ncu_summary_gives_each_launch_its_suite_name(tmp_path: Path) -> Non
         lines.append(",".join(f'"{v}"' for v in fields))
     report = tmp_path / "ncu.csv"
     report.write_text("\n".join(lines) + "\n")
-    table = ncu.summary(report, [("sum of squares (x + err)", 1), ("row max |x|", 2)])
+    table = ncu.summary(report, [("sum of squares (x + err)", 1), ("row max |x|", 1), ("unframe", 1)])
     assert table[1].startswith("sum of squares (x + err)") and "89.70 us" in table[1] and "48.10" in table[1]
-    assert table[2].startswith("row max |x|") and "71.25" in table[2] and table[3].startswith("row max |x|")
+    assert table[2].startswith("row max |x|") and "71.25" in table[2]
+    assert table[3].startswith("unframe") and "3.10 us" in table[3]
     assert ncu.summary(report, [("sum of squares (x + err)", 1)])[0].startswith("# 3 launches in the report, 1")
 
 

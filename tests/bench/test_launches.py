@@ -29,7 +29,7 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 (``kernels.cuda.scales.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter
 codes the worker's rows and the server's, allgather its one row)."""
 EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
-            "birder": (14, 1, 6, 1), "gather_scatter_blocks": (9, 1, 2, 1), "allgather_blocks": (5, 1, 1, 1),
+            "birder": (11, 1, 6, 1), "gather_scatter_blocks": (9, 1, 2, 1), "allgather_blocks": (5, 1, 1, 1),
             "gather_scatter_levels": (10, 1, 2, 1), "hierarchical_allgather": (4, 1, 6, 1)}
 """(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
@@ -45,9 +45,11 @@ three encodes write their scales into the frame heads themselves (``codecs.rando
 exchanges read their weights s / size from the heads in one launch each (``codecs.unframe`` with a divisor), where
 torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28); one of its 6 is the copy
 of the call's three random streams' keys to the device (``codecs.stream_keys``, since 2026-11-30: its kernels read
-them there, so that its calls replay). The block forms' finite check of their block statistics and Birder's of its
-row maxima are written by the kernel that computes them (``codecs.block_sums``, ``block_absmax`` and ``row_absmax``
-with ``finite``; a torch sum over them until 2026-12-04, one operator more). The allocations: the result's alone (no
+them there, so that its calls replay). Its three row maxima are one launch each (``codecs.row_absmax``: the last
+block to finish reduces the rows; a second launch of a block a row until 2026-12-05). The block forms' finite check
+of their block statistics and Birder's of its row maxima are written by the kernel that computes them
+(``codecs.block_sums``, ``block_absmax`` and ``row_absmax`` with ``finite``; a torch sum over them until 2026-12-04,
+one operator more). The allocations: the result's alone (no
 ``out`` here). The kernels' temporaries, and the sums nobody reads back (the total behind a device scale, the
 allgather protocol's and Birder's), come from the thread's ``workspace.Temporaries`` of the stream (4 more a flat
 gather-scatter call, 7 a Birder call, until 2026-11-29); the codecs' results that live across codec calls (Birder's

@@ -34,6 +34,34 @@ _SPECIAL_SCALES = np.array([65519.0, 65520.0, 1e-6, 2.0 ** -25, 1e-40, -0.0, 1 +
 subnormals and a tie to zero, a float32 subnormal, negative zero, a bfloat16 tie, float16's overflow."""
 
 
+def check_row_maxima(src: np.ndarray, lut: np.ndarray | None, numel: int, world: int) -> np.ndarray:
+    """``row_absmax`` (one launch) against the CPU kernel on ``src`` cut into ``world`` rows, and on copies of it with
+    a NaN in row 0, at the start of row 1 (which row 0's lanes must not read) and in the last row (which the last
+    block to finish reduces after the others), its finite flag each time (src again at the end: the flag's count
+    was zeroed for the stream's next launch); returns the maxima of ``src``."""
+    full = reference.padded_numel(numel, world)
+    row_len = full // world
+    d_lut = None if lut is None else numba_cuda.to_device(lut)
+    poisoned, next_row, last_row = src.copy(), src.copy(), src.copy()
+    if numel > 5 and lut is None:
+        poisoned[5] = np.nan
+    if row_len < numel and lut is None:
+        next_row[row_len] = np.nan
+        last_row[numel - 1] = -np.inf
+    for source in (src, poisoned, next_row, last_row, src):
+        maxima = np.empty(world, np.float32)
+        cpu.row_absmax(source, lut, numel, row_len, maxima)
+        d_max = numba_cuda.device_array(world, np.float32)
+        flag = numba_cuda.to_device(np.full(1, 7.0))
+        COUNTS.reset()
+        cuda.row_absmax(numba_cuda.to_device(source), d_lut, numel, row_len, d_max, finite=flag)
+        assert COUNTS.launches == 1, ("row_absmax's launches", COUNTS.launches)
+        assert np.array_equal(d_max.copy_to_host(), maxima, equal_nan=True), "row_absmax"
+        found = flag.copy_to_host()[0]
+        assert found == 0.0 if np.isfinite(maxima).all() else np.isnan(found), ("row_absmax's finite flag", found)
+    return maxima
+
+
 def check(numel: int, world: int, dtype: torch.dtype) -> None:
     src, lut, values = _source(numel, dtype, numel + world)
     full = reference.padded_numel(numel, world)
@@ -113,20 +141,7 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         cuda.decode_framed(numba_cuda.to_device(framed), d_bits, numel, kind)
         assert np.array_equal(d_bits.copy_to_host(), out), f"decode_framed to {kind}, scale {heads[-1]!r}"
 
-    poisoned, next_row = src.copy(), src.copy()  # a NaN in row 0; one at the start of row 1, which row 0's lanes
-    if numel > 5 and lut is None:  # must not read
-        poisoned[5] = np.nan
-    if full // world < numel and lut is None:
-        next_row[full // world] = np.nan
-    for source in (src, poisoned, next_row, src):  # src again: the finite flag was zeroed for the next launch
-        maxima = np.empty(world, np.float32)
-        cpu.row_absmax(source, lut, numel, full // world, maxima)
-        d_max = numba_cuda.device_array(world, np.float32)
-        flag = numba_cuda.to_device(np.full(1, 7.0))
-        cuda.row_absmax(numba_cuda.to_device(source), d_lut, numel, full // world, d_max, finite=flag)
-        assert np.array_equal(d_max.copy_to_host(), maxima, equal_nan=True), "row_absmax"
-        found = flag.copy_to_host()[0]
-        assert found == 0.0 if np.isfinite(maxima).all() else np.isnan(found), ("row_absmax's finite flag", found)
+    maxima = check_row_maxima(src, lut, numel, world)
 
     key = reference.stream_key(7, 3, reference.STAGES["inter"], 1)
     width = codecs.SCALE_BYTES + chunk // 8
@@ -666,6 +681,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
             check_levels(8200, 3, torch.float32, 8, 4)
+            rng = np.random.default_rng(4)  # 9 pieces of 32 lanes a row on 2 thread blocks: each block walks
+            check_row_maxima(rng.standard_normal(49157).astype(np.float32), None, 49157, 3)  # several
             rng = np.random.default_rng(5)  # more scales a row than CODE_THREADS, more rows than blocks
             _check_codes(rng.random(3 * 700) * 10.0, 8, 8 * 700 - 3, 2, 3, rng)
             per_thread, cuda.scales.CODE_SCALES_PER_THREAD = cuda.scales.CODE_SCALES_PER_THREAD, 1

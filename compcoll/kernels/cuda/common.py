@@ -99,6 +99,6 @@ def block_counts(device: int, stream, size: int) -> object:
 
 def finite_slots(stream, finite) -> tuple:
     """The last arguments of a fold that writes its finite test (``blocks._staged_fold``,
-    ``randomized._absmax_rows``): the stream's block counts and flag, and ``finite`` (or a stand-in)."""
+    ``randomized._absmax_lanes``): the stream's block counts and flag, and ``finite`` (or a stand-in)."""
     device = device_of(stream)
     return block_counts(device, stream, 2), stand_in(device, np.float64) if finite is None else finite

@@ -20,11 +20,15 @@ _threshold = cuda.jit(device=True)(scalar.threshold)
 
 @lru_cache(maxsize=None)
 def _absmax_lanes(with_lut: bool):
+    """The kernel of ``row_absmax``: the lanes' partial maxima, then the rows' by the last block to finish."""
     look_up = LOOKUPS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, n_src, row_len, per_row, partial):
+    def kernel(src, lut, n_src, row_len, per_row, partial, out, counts, finite):
         held = cuda.local.array(IN_FLIGHT, np.float32)
+        best = cuda.shared.array(THREADS, np.float32)
+        last = cuda.shared.array(1, np.int32)
+        tid = cuda.threadIdx.x
         for t in range(cuda.grid(1), partial.size, cuda.gridsize(1)):
             lane = t % LANES
             piece = t // LANES
@@ -47,59 +51,64 @@ def _absmax_lanes(with_lut: bool):
                     if a > m or a != a:
                         m = a
             partial[t] = m
+        cuda.syncthreads()
+        if tid == 0:
+            cuda.threadfence()
+            done = cuda.atomic.add(counts, 0, 1) == cuda.gridDim.x - 1
+            if done:
+                counts[0] = 0
+                cuda.threadfence()
+            last[0] = 1 if done else 0
+        cuda.syncthreads()
+        if last[0] == 0:
+            return
+        finite_rows = True
+        span = per_row * LANES
+        for r in range(out.size):
+            m = np.float32(0)
+            for t in range(r * span + tid, (r + 1) * span, THREADS):
+                a = partial[t]
+                if a > m or a != a:
+                    m = a
+            best[tid] = m
+            cuda.syncthreads()
+            width = THREADS // 2
+            while width > 0:
+                if tid < width:
+                    a = best[tid + width]
+                    if a > best[tid] or a != a:
+                        best[tid] = a
+                cuda.syncthreads()
+                width //= 2
+            if tid == 0:
+                out[r] = best[0]
+                if not math.isfinite(best[0]):
+                    finite_rows = False
+            cuda.syncthreads()
+        if tid == 0:
+            finite[0] = 0.0 if finite_rows else math.nan
 
     return kernel
 
 
-@cuda.jit
-def _absmax_rows(partial, per_row, out, counts, finite):
-    """Block r: out[r] = the maximum of row r's partial maxima (threads stride, then a shared-memory tree); and
-    finite[0] <- 0.0 where every out[r] is finite, else NaN, as ``blocks._staged_fold``'s step 4: thread 0 of a
-    block whose maximum is not finite adds 1 to flag counts[1], each block's thread 0 fences and counts it in
-    counts[0], and the last to count zeroes the count and takes the flag (an atomic exchange, zeroing it)."""
-    best = cuda.shared.array(THREADS, np.float32)
-    r = cuda.blockIdx.x
-    lane = cuda.threadIdx.x
-    m = np.float32(0)
-    for t in range(r * per_row * LANES + lane, (r + 1) * per_row * LANES, THREADS):
-        a = partial[t]
-        if a > m or a != a:
-            m = a
-    best[lane] = m
-    cuda.syncthreads()
-    width = THREADS // 2
-    while width > 0:
-        if lane < width:
-            a = best[lane + width]
-            if a > best[lane] or a != a:
-                best[lane] = a
-        cuda.syncthreads()
-        width //= 2
-    if lane == 0:
-        top = best[0]
-        out[r] = top
-        cuda.threadfence()
-        if not math.isfinite(top):
-            cuda.atomic.add(counts, 1, 1)
-            cuda.threadfence()
-        if cuda.atomic.add(counts, 0, 1) == cuda.gridDim.x - 1:
-            counts[0] = 0
-            cuda.threadfence()
-            finite[0] = math.nan if cuda.atomic.exch(counts, 1, 0) != 0 else 0.0
-
-
 def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty, finite=None) -> None:
     """out[r] = max |x| over row r of x (src zero-padded beyond n_src); NaN if the row holds one; and finite[0] (a
-    float64, where given) <- 0.0 where every maximum is finite, else NaN.
+    float64, where given) <- 0.0 where every maximum is finite, else NaN; in one launch.
 
-    The maximum does not depend on the order, so lanes take partial maxima in parallel,
-    then one block per row reduces them (and the last of those blocks writes ``finite``).
+    The maximum does not depend on the order:
+    1. lane l of piece q (``BLOCK`` elements of a row) keeps the partial maximum of its elements l, l + ``LANES``,
+       ..., ``IN_FLIGHT`` loads before it compares any, into partial[q * LANES + l];
+    2. each block's thread 0 fences (its block's partial maxima, ordered before it by a barrier, made visible) and
+       counts the block in counts[0]; the block that counts last zeroes the count for the stream's next launch and
+       fences again;
+    3. that block reduces each row's partial maxima (threads stride, then a tree in shared memory) into out[r],
+       and writes ``finite``. A second launch of one block a row did steps 2-3 until 2026-12-05: three launches
+       more a Birder call.
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)
     launch(_absmax_lanes(lut is not None), grid_for(partial.size), THREADS, stream,
-           src, table_arg(lut, stream), n_src, row_len, per_row, partial)
-    launch(_absmax_rows, out.size, THREADS, stream, partial, per_row, out, *finite_slots(stream, finite))
+           src, table_arg(lut, stream), n_src, row_len, per_row, partial, out, *finite_slots(stream, finite))
 
 
 @lru_cache(maxsize=None)

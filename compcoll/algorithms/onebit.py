@@ -277,9 +277,8 @@ class FlatPlan(Plan):
             received = ws.get("blocks.received", n * width, torch.uint8, self.device)
             comm.allgather(send.view(-1), received)
             decoded = float32_target(result, full, ws)
-            weights, bits = codecs.unframe_blocks(received.view(n, width), blocks, n,
-                                                  ws.get("blocks.weights", n * blocks, torch.float32, self.device))
-            codecs.accumulate_blocks(bits, weights, b, None, decoded, decoded.numel())
+            codecs.accumulate_framed(received.view(n, width), blocks, n, b, None, decoded, decoded.numel(),
+                                     weights=ws.get("blocks.weights", n * blocks, torch.float32, self.device))
         if result.dtype != torch.float32:
             result.view(-1).copy_(decoded[:self.numel])
         return result

@@ -215,9 +215,10 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
        from ``stats`` (``statistics_into``), coded per row; encode x = rows + worker_error
        with the decoded scales into n framed wire rows (worker_error <- x - value).
     2. All-to-all of the rows.
-    3. The received rows' decoded scales divided by ``divisor`` in the launch that decodes them
-       (``codecs.unframe_blocks``: IEEE division, as ``codecs.divide_``), then ``weigh``ed where given, are their
-       weights; out[:count] <- sum of weight * sign or level, rank by rank in float32.
+    3. The received rows' decoded scales divided by ``divisor`` (IEEE division, as ``codecs.divide_``), then
+       ``weigh``ed where given, are their weights; out[:count] <- sum of weight * sign or level, rank by rank in
+       float32: without ``weigh`` in one launch that decodes the weights as it adds (``codecs.accumulate_framed``),
+       with it the weights decoded first (``codecs.unframe_blocks``).
     """
     n, device, b = comm.size, worker_error.device, block_size
     row_len = worker_error.numel() // n
@@ -233,10 +234,12 @@ def scatter_rows(rows: torch.Tensor, worker_error: torch.Tensor, stats: torch.Te
         codecs.encode_levels(rows, worker_error, scales.view(-1), b, bits, packed)
     received = workspace.get("scatter.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)
-    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks, divisor,
-                                            workspace.get("scatter.weights", n * blocks, torch.float32, device))
-    if weigh is not None:
-        weights = weigh(weights)
+    weights = workspace.get("scatter.weights", n * blocks, torch.float32, device)
+    if weigh is None:
+        codecs.accumulate_framed(received.view(n, width), blocks, divisor, b, None, out, count, bits, weights)
+        return
+    weights, planes = codecs.unframe_blocks(received.view(n, width), blocks, divisor, weights)
+    weights = weigh(weights)
     if bits == 1:
         codecs.accumulate_blocks(planes, weights, b, None, out, count)
     else:

@@ -83,7 +83,8 @@ def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error:
        with n rows) coded per rank's chunk;
        encode with the decoded scales into n wire rows, each chunk's packed signs behind its
        largest scale and its codes.
-    2. All-to-all of the rows; c = sum_i (s_w[i, b] / n) * signs_i + server_error.
+    2. All-to-all of the rows; c = sum_i (s_w[i, b] / n) * signs_i + server_error, the weights decoded from the
+       rows as it adds (``codecs.accumulate_framed``).
     3. c's block scales, coded over the chunk; server_error = c - s_s * sign(c), packed into
        one row behind them.
     4. All-gather of the served rows.
@@ -102,9 +103,8 @@ def serve_blocks(source: torch.Tensor, worker_error: torch.Tensor, server_error:
     codecs.encode_blocks(source, worker_error, scales.view(-1), b, signs)
     received = workspace.get("blocks.received", n * width, torch.uint8, device)
     comm.alltoall(send.view(-1), received)
-    weights, bits = codecs.unframe_blocks(received.view(n, width), blocks, n,
-                                          workspace.get("blocks.weights", n * blocks, torch.float32, device))
-    codecs.accumulate_blocks(bits, weights, b, server_error, server_error, chunk)
+    codecs.accumulate_framed(received.view(n, width), blocks, n, b, server_error, server_error, chunk,
+                             weights=workspace.get("blocks.weights", n * blocks, torch.float32, device))
     served = workspace.get("blocks.served", width, torch.uint8, device).view(1, width)
     sums = codecs.block_sums(None, server_error, b, scale, 1,
                              workspace.get("blocks.server_sums", blocks, torch.float64, device))

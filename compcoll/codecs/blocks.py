@@ -123,6 +123,35 @@ def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1, out: torc
     return decoded, rows[:, SCALE_BYTES + per_row:]
 
 
+def accumulate_framed(rows: torch.Tensor, per_row: int, divisor: int, block_size: int, base: torch.Tensor | None,
+                      out: torch.Tensor, count: int, bits: int = 1, weights: torch.Tensor | None = None) -> None:
+    """out[:count] <- the sum over the (n, SCALE_BYTES + per_row + bits * nbytes) block-framed wire ``rows``, rank
+    by rank in float32 (+ base, 1 bit only), of each element's sign or ``bits``-bit level times its block's weight:
+    its decoded scale / ``divisor`` (``unframe_blocks``' weights).
+
+    1. CUDA: one kernel decodes each rank's block weights from its row's head and codes as it adds
+       (``kernels.cuda.accumulate_framed_blocks`` / ``accumulate_framed_levels``): no table of weights, one launch
+       fewer than the two steps.
+    2. CPU: ``unframe_blocks`` into ``weights`` (n * per_row float32 elements; allocated where None), then
+       ``accumulate_blocks`` or ``accumulate_levels``: the same bits.
+    """
+    payload = rows[:, SCALE_BYTES + per_row:]
+    if not on_host(rows):
+        out_view = view(out)
+        if bits == 1:
+            call("accumulate_framed_blocks", out, view(payload), view(rows), _steps(rows), divisor, block_size,
+                 base_of(base, out, out_view), out_view, count)
+        else:
+            call("accumulate_framed_levels", out, view(payload), view(rows), _steps(rows), divisor, block_size, bits,
+                 out_view, count)
+        return
+    weights, payload = unframe_blocks(rows, per_row, divisor, weights)
+    if bits == 1:
+        accumulate_blocks(payload, weights, block_size, base, out, count)
+    else:
+        accumulate_levels(payload, weights, block_size, bits, out, count)
+
+
 def block_absmax(tensor: torch.Tensor, error: torch.Tensor, block_size: int, rows: int,
                  out: torch.Tensor | None = None, finite: torch.Tensor | None = None) -> torch.Tensor:
     """Float32 max |x| over the blocks of x = ``error + pad(tensor)`` cut into ``rows`` equal rows (``block_sums``'

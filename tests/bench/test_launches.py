@@ -29,16 +29,19 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 (``kernels.cuda.scales.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter
 codes the worker's rows and the server's, allgather its one row)."""
 EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
-            "birder": (11, 1, 6, 1), "gather_scatter_blocks": (9, 1, 2, 1), "allgather_blocks": (5, 1, 1, 1),
-            "gather_scatter_levels": (10, 1, 2, 1), "hierarchical_allgather": (4, 1, 6, 1)}
+            "birder": (11, 1, 6, 1), "gather_scatter_blocks": (8, 1, 2, 1), "allgather_blocks": (4, 1, 1, 1),
+            "gather_scatter_levels": (9, 1, 2, 1), "hierarchical_allgather": (4, 1, 6, 1)}
 """(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
-kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch); so are the
-waits, but for Birder's finite check, which was not counted then. With block scales (the DDP hook's default) each
-coding of the scales (their roots, the row's largest, the 8-bit codes, the frame: ``codecs.frame_scales``) and each
-decoding (``codecs.unframe_blocks``, the weights' division in it) is one launch at any length, a coding two past
-``SPLITTING`` (the last decoding and the result's decode one launch together: ``codecs.decode_framed_blocks``), where
-torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At one rank the torch operators include
+kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch), Birder's row
+maxima (3 launches fewer since 2026-12-05) and the block forms' received weights (1 fewer since 2026-12-05), which no
+GPU has run yet; so are the waits, but for Birder's finite check, which was not counted then. With block scales (the
+DDP hook's default) each coding of the scales (their roots, the row's largest, the 8-bit codes, the frame:
+``codecs.frame_scales``) is one launch at any length, and the received rows' weights are decoded by the launch that
+accumulates them (``codecs.accumulate_framed``; a launch of ``codecs.unframe_blocks`` before it until 2026-12-05), a
+coding two past ``SPLITTING`` (the last decoding and the result's decode one launch together:
+``codecs.decode_framed_blocks``), where torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28.
+At one rank the torch operators include
 the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the device (the worker's scale in it;
 the server's scale goes into its frame head in the launch that sums it, and the decode reads the heads). Birder's
 three encodes write their scales into the frame heads themselves (``codecs.randomized_encode``), and its two

@@ -228,6 +228,34 @@ def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None
         cuda.decode_framed_blocks(numba_cuda.to_device(wire), numba_cuda.to_device(spec.SCALE_STEPS), blocks, block,
                                   d_out, numel, kind)
         assert np.array_equal(d_out.copy_to_host(), out), ("decode_framed_blocks", kind)
+    base = (rng.standard_normal(chunk) * 0.1).astype(np.float32)
+    _check_framed_accumulate(wire, blocks, block, 1, chunk - 3, (None, base[:chunk - 3]))
+
+
+def _check_framed_accumulate(wire: np.ndarray, per_row: int, block: int, bits: int, count: int, bases: tuple) -> None:
+    """``accumulate_framed_blocks`` (1 bit) / ``accumulate_framed_levels`` on coded wire rows, each base of ``bases``
+    (1 bit) and divisors 1 and 3: CUDA = the CPU's ``decode_codes`` then ``accumulate_blocks`` / ``_levels``, in one
+    launch."""
+    world = wire.shape[0]
+    payload = wire[:, codecs.SCALE_BYTES + per_row:]
+    d_wire, d_steps = numba_cuda.to_device(wire), numba_cuda.to_device(spec.SCALE_STEPS)
+    for divisor in (1, 3):
+        weights = np.empty((world, per_row), np.float32)
+        cpu.decode_codes(wire, spec.SCALE_STEPS, divisor, weights)
+        for base in bases:
+            out, d_out = np.empty(count, np.float32), numba_cuda.device_array(count, np.float32)
+            COUNTS.reset()
+            if bits == 1:
+                cpu.accumulate_blocks(payload, weights, block, base, out, count)
+                cuda.accumulate_framed_blocks(d_wire[:, codecs.SCALE_BYTES + per_row:], d_wire, d_steps, divisor,
+                                              block, None if base is None else numba_cuda.to_device(base), d_out,
+                                              count)
+            else:
+                cpu.accumulate_levels(payload, weights, block, bits, out, count)
+                cuda.accumulate_framed_levels(d_wire[:, codecs.SCALE_BYTES + per_row:], d_wire, d_steps, divisor,
+                                              block, bits, d_out, count)
+            assert COUNTS.launches == 1, ("a framed accumulate's launches", COUNTS.launches)
+            assert np.array_equal(d_out.copy_to_host(), out), ("framed accumulate", bits, divisor, base is None)
 
 
 def tie_scales() -> np.ndarray:
@@ -332,6 +360,10 @@ def check_levels(numel: int, world: int, dtype: torch.dtype, block: int, bits: i
     cuda.accumulate_levels(numba_cuda.to_device(framed)[:, heads:], numba_cuda.to_device(weights), block, bits, d_out,
                            out.size)
     assert np.array_equal(d_out.copy_to_host(), out), "accumulate_levels"
+    wire = np.zeros_like(framed)  # the steps coded into the heads, as a served row carries them
+    cpu.code_blocks(weights.reshape(-1), block, row, 0, spec.SCALE_STEPS, wire, np.empty_like(weights))
+    wire[:, heads:] = framed[:, heads:]
+    _check_framed_accumulate(wire, blocks, block, bits, row - 3, (None,))
     weights[-1, 0] = 0.0  # a negative level over a zero step: +0, as accumulating from 0
     out = np.empty(full - 5, np.float32)
     cpu.decode_levels(framed[:, heads:], weights, block, bits, out, out.size)

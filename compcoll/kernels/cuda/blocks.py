@@ -8,9 +8,11 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ..launch import launch
+from ...spec import SCALE_BYTES
+from ..launch import device_of, launch
 from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, finite_slots, grid_for, row_of, shift_of,
-                     table_arg, to_power)
+                     stand_in, table_arg, to_power)
+from .frames import code_value, row_ref
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
@@ -227,35 +229,63 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits, stream=0) -> None:
            src, table_arg(lut, stream), err, n_src, scales, shift_of(block), 1, bits)
 
 
-def rank_accumulator(code_of, add_code, with_base: bool):
+@cuda.jit(device=True)
+def _no_ref(weights, r, head):
+    """A weight table's stand-in for a row's head (``rank_accumulator``'s given weights have none)."""
+    return 0.0
+
+
+@cuda.jit(device=True)
+def _given_weight(weights, r, b, ref, steps, by):
+    """Block b's weight in row r of a float32 weight table, as given."""
+    return weights[r, b]
+
+
+@cuda.jit(device=True)
+def _coded_weight(rows, r, b, ref, steps, by):
+    """Block b's weight in wire row r of head ``ref`` (``frames.row_ref``): its decoded scale
+    (``frames.code_value``) / ``by``, in float32 (IEEE division, as ``decode_codes``)."""
+    return code_value(ref, rows, r, b, steps) / by
+
+
+def rank_accumulator(code_of, add_code, with_base: bool, framed: bool = False):
     """A kernel out[i] = ``add_code`` over ranks r in order, from float32 0, of element i's code in row r of
-    ``rows`` and its block's weight weights[r, i >> shift] (+ base[i]), in float32.
+    ``rows`` and its block's weight w[r, i >> shift] (+ base[i]), in float32.
+
+    The weights are ``weights`` (a float32 table), or with ``framed`` decoded in the launch from the wire rows
+    ``weights`` whose payload ``rows`` is: float32(float64(ref_r) * steps[code]) / float32(divisor), ref_r row r's
+    head, code its block's byte behind it (``decode_codes``' bits, where a launch of it wrote the table first).
 
     Each thread takes ``IN_FLIGHT`` elements a grid stride apart per round (neighbouring threads, neighbouring
     elements), so that its loads are in flight together: a thread on one element at a time waited a whole memory
     round trip an element, its next loads held behind its store (numba's arrays may alias). A round:
-    1. for each rank r in order: load the round's codes (``code_of``: a sign byte, or a level from its planes'
-       bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8 bits) and weights of row r,
-       then add each code's value to its element's sum (``add_code``);
+    1. for each rank r in order: (framed) read row r's head; load the round's codes (``code_of``: a sign byte, or
+       a level from its planes' bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8 bits)
+       and weights of row r, then add each code's value to its element's sum (``add_code``);
     2. with a base, load the round's base values, then add each to its sum;
     3. store the sums.
     """
+    ref_of, weight_of = (row_ref, _coded_weight) if framed else (_no_ref, _given_weight)
+
     @cuda.jit
-    def kernel(rows, weights, shift, nbits, base, out, n_out):
+    def kernel(rows, weights, steps, divisor, shift, nbits, base, out, n_out):
         nranks = rows.shape[0]
         row_bytes = rows.shape[1] // nbits
         step = cuda.gridsize(1)
+        by = np.float32(divisor)
         acc = cuda.local.array(IN_FLIGHT, np.float32)
         codes = cuda.local.array(IN_FLIGHT, np.uint8)
         scales = cuda.local.array(IN_FLIGHT, np.float32)
+        head = cuda.local.array(SCALE_BYTES, np.uint8)
         for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
             for u in range(IN_FLIGHT):
                 acc[u] = np.float32(0)
             for r in range(nranks):
+                ref = ref_of(weights, r, head)
                 for u in range(IN_FLIGHT):
                     i = k + u * step
                     codes[u] = code_of(rows, r, row_bytes, i, nbits) if i < n_out else 0
-                    scales[u] = weights[r, i >> shift] if i < n_out else np.float32(0)
+                    scales[u] = weight_of(weights, r, i >> shift, ref, steps, by) if i < n_out else np.float32(0)
                 for u in range(IN_FLIGHT):
                     acc[u] = add_code(acc[u], codes[u], scales[u], k + u * step, nbits)
             if with_base:
@@ -272,6 +302,11 @@ def rank_accumulator(code_of, add_code, with_base: bool):
     return kernel
 
 
+def no_steps(stream) -> object:
+    """The steps and divisor a ``rank_accumulator`` kernel of given weights takes (unread)."""
+    return stand_in(device_of(stream), np.float64), 1
+
+
 @cuda.jit(device=True)
 def _sign_byte(bits, r, row_bytes, i, nbits):
     """The byte of row r of ``bits`` holding element i's sign (``row_bytes`` and ``nbits`` unused)."""
@@ -279,18 +314,25 @@ def _sign_byte(bits, r, row_bytes, i, nbits):
 
 
 @lru_cache(maxsize=None)
-def _accumulate_blocks(with_base: bool):
-    """out[i] = sum over ranks r of +-weights[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]):
+def _accumulate_blocks(with_base: bool, framed: bool):
+    """out[i] = sum over ranks r of +-w[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]):
     ``rank_accumulator`` of sign bytes."""
-    return rank_accumulator(_sign_byte, add_sign, with_base)
+    return rank_accumulator(_sign_byte, add_sign, with_base, framed)
 
 
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements (at most
     ``common.MAX_BLOCKS`` blocks)."""
-    launch(_accumulate_blocks(base is not None), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
-           bits, weights, shift_of(block), 1, out if base is None else base, out, n_out)
+    launch(_accumulate_blocks(base is not None, False), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
+           bits, weights, *no_steps(stream), shift_of(block), 1, out if base is None else base, out, n_out)
+
+
+def accumulate_framed_blocks(bits, rows, steps, divisor, block, base, out, n_out, stream=0) -> None:
+    """``accumulate_blocks`` with the weights decoded from the wire ``rows`` (their heads and block codes, divided
+    by ``divisor``) in the same launch: the CPU kernels' ``decode_codes`` then ``accumulate_blocks``, in one."""
+    launch(_accumulate_blocks(base is not None, True), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
+           bits, rows, steps, divisor, shift_of(block), 1, out if base is None else base, out, n_out)
 
 
 @cuda.jit

@@ -115,9 +115,9 @@ def variants() -> dict[str, tuple]:
     for name, raw in (("float32", t.uint32), ("float16", t.uint16), ("bfloat16", t.uint16)):
         found[f"decode to {name} with the block scales in the frames"] = (
             frames._decode_framed(name, True).py_func, (wire, F64, I64, I64, t.Array(raw, 1, "C"), I64), THREADS)
-    for framed, weights in ((False, rows(t.float32)), (True, wire)):
-        found[f"accumulate levels, weights from the frames={framed}"] = (
-            levels._accumulate_levels[framed].py_func, (rows(t.uint8), weights, F64, I64, I64, I64, F32, F32, I64),
+    for source, weights in (("table", rows(t.float32)), ("codes", wire)):
+        found[f"accumulate levels, weights from the {source}"] = (
+            levels._accumulate_levels[source].py_func, (rows(t.uint8), weights, F64, I64, I64, I64, F32, F32, I64),
             THREADS)
     found["decode levels"] = (levels._decode_levels.py_func, (rows(t.uint8), coded, I64, I64, F32, I64), THREADS)
     found["accumulate groups of rows into their segments"] = (blocks._accumulate_groups.py_func,
@@ -131,9 +131,9 @@ def variants() -> dict[str, tuple]:
             found[f"accumulate signs, base={base}, power {p}"] = (
                 sums._accumulate_lanes(base, p).py_func,
                 (rows(t.uint8), F32, F32, F32, I64, F64, I64, *FINISH), LANE)
-        for framed, weights in ((False, rows(t.float32)), (True, wire)):
-            found[f"accumulate with block weights, base={base}, from the frames={framed}"] = (
-                blocks._accumulate_blocks(base, framed).py_func,
+        for source, weights in (("table", rows(t.float32)), ("codes", wire), ("heads", wire)):
+            found[f"accumulate sign bytes with weights from the {source}, base={base}"] = (
+                blocks._accumulate_blocks(base, source).py_func,
                 (rows(t.uint8), weights, F64, I64, I64, I64, F32, F32, I64), THREADS)
     return found
 

@@ -173,7 +173,7 @@ def _binarize_exchange(
        ``codecs.stream_keys``), element i drawing index start + i, and framed.
     2. All-to-all: rank r of ``group`` receives row r of every member.
     3. The received rows are decoded and averaged with weights float32(s / size), in
-       member order.
+       member order, the weights read from the frame heads as it adds (``codecs.accumulate_framed``).
 
     Returns the float32 average (a buffer of ``workspace`` named ``name``).
     """
@@ -183,8 +183,7 @@ def _binarize_exchange(
     codecs.randomized_encode(source, scales, key, start, wire)
     received = workspace.get(name + ".recv", size * width, torch.uint8, source.device)
     group.alltoall(wire.view(-1), received)
-    weights, rows = codecs.unframe(received.view(size, width), size,
-                                   workspace.get(name + ".weights", size, torch.float32, source.device))
     average = workspace.get(name + ".average", length, torch.float32, source.device)
-    codecs.accumulate_signs(rows, weights, None, average, length, read=False)
+    codecs.accumulate_framed(received.view(size, width), 0, size, 0, None, average, length,
+                             weights=workspace.get(name + ".weights", size, torch.float32, source.device))
     return average

@@ -14,6 +14,8 @@ from .. import spec
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
 from .dispatch import RAW, KernelView, base_of, call, call_flagged, no_source, on_host, result_into, source_of, view
+from .signs import unframe
+from .sums import accumulate_signs
 
 
 def block_sums(tensor: torch.Tensor | None, error: torch.Tensor, block_size: int, scale: str = "l2",
@@ -125,25 +127,34 @@ def unframe_blocks(rows: torch.Tensor, per_row: int, divisor: int = 1, out: torc
 
 def accumulate_framed(rows: torch.Tensor, per_row: int, divisor: int, block_size: int, base: torch.Tensor | None,
                       out: torch.Tensor, count: int, bits: int = 1, weights: torch.Tensor | None = None) -> None:
-    """out[:count] <- the sum over the (n, SCALE_BYTES + per_row + bits * nbytes) block-framed wire ``rows``, rank
-    by rank in float32 (+ base, 1 bit only), of each element's sign or ``bits``-bit level times its block's weight:
-    its decoded scale / ``divisor`` (``unframe_blocks``' weights).
+    """out[:count] <- the sum over the (n, SCALE_BYTES + per_row + bits * nbytes) framed wire ``rows``, rank by rank
+    in float32 (+ base, 1 bit only), of each element's sign or ``bits``-bit level times its block's weight: its
+    decoded scale / ``divisor`` (``unframe_blocks``' weights). ``per_row`` 0: rows framed by their head alone (the
+    1-bit frames), its scale / ``divisor`` the weight of the whole row (``unframe``'s weights; ``block_size``
+    unread).
 
-    1. CUDA: one kernel decodes each rank's block weights from its row's head and codes as it adds
-       (``kernels.cuda.accumulate_framed_blocks`` / ``accumulate_framed_levels``): no table of weights, one launch
-       fewer than the two steps.
-    2. CPU: ``unframe_blocks`` into ``weights`` (n * per_row float32 elements; allocated where None), then
-       ``accumulate_blocks`` or ``accumulate_levels``: the same bits.
+    1. CUDA: one kernel decodes each rank's weights from its row's head (and codes) as it adds
+       (``kernels.cuda.accumulate_framed_blocks`` / ``accumulate_framed_levels`` / ``accumulate_frames``): no table
+       of weights, one launch fewer than the two steps, and no sum of |out|^p.
+    2. CPU: ``unframe_blocks`` (or ``unframe``) into ``weights`` (n * per_row, or n, float32 elements; allocated
+       where None), then ``accumulate_blocks``, ``accumulate_levels`` (or ``accumulate_signs``): the same bits.
     """
     payload = rows[:, SCALE_BYTES + per_row:]
     if not on_host(rows):
         out_view = view(out)
-        if bits == 1:
+        if per_row == 0:
+            call("accumulate_frames", out, view(payload), view(rows), divisor, base_of(base, out, out_view), out_view,
+                 count)
+        elif bits == 1:
             call("accumulate_framed_blocks", out, view(payload), view(rows), _steps(rows), divisor, block_size,
                  base_of(base, out, out_view), out_view, count)
         else:
             call("accumulate_framed_levels", out, view(payload), view(rows), _steps(rows), divisor, block_size, bits,
                  out_view, count)
+        return
+    if per_row == 0:
+        weights, payload = unframe(rows, divisor, weights)
+        accumulate_signs(payload, weights, base, out, count)
         return
     weights, payload = unframe_blocks(rows, per_row, divisor, weights)
     if bits == 1:

@@ -29,42 +29,41 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 (``kernels.cuda.scales.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter
 codes the worker's rows and the server's, allgather its one row)."""
 EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 7, 1),
-            "birder": (11, 1, 6, 1), "gather_scatter_blocks": (8, 1, 2, 1), "allgather_blocks": (4, 1, 1, 1),
+            "birder": (9, 1, 6, 1), "gather_scatter_blocks": (8, 1, 2, 1), "allgather_blocks": (4, 1, 1, 1),
             "gather_scatter_levels": (9, 1, 2, 1), "hierarchical_allgather": (4, 1, 6, 1)}
 """(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
-those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one
-kernel since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch), Birder's row
-maxima (3 launches fewer since 2026-12-05) and the block forms' received weights (1 fewer since 2026-12-05), which no
-GPU has run yet; so are the waits, but for Birder's finite check, which was not counted then. With block scales (the
-DDP hook's default) each coding of the scales (their roots, the row's largest, the 8-bit codes, the frame:
-``codecs.frame_scales``) is one launch at any length, and the received rows' weights are decoded by the launch that
-accumulates them (``codecs.accumulate_framed``; a launch of ``codecs.unframe_blocks`` before it until 2026-12-05), a
-coding two past ``SPLITTING`` (the last decoding and the result's decode one launch together:
-``codecs.decode_framed_blocks``), where torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28.
-At one rank the torch operators include
-the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the device (the worker's scale in it;
-the server's scale goes into its frame head in the launch that sums it, and the decode reads the heads). Birder's
-three encodes write their scales into the frame heads themselves (``codecs.randomized_encode``), and its two
-exchanges read their weights s / size from the heads in one launch each (``codecs.unframe`` with a divisor), where
-torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28); one of its 6 is the copy
-of the call's three random streams' keys to the device (``codecs.stream_keys``, since 2026-11-30: its kernels read
-them there, so that its calls replay). Its three row maxima are one launch each (``codecs.row_absmax``: the last
-block to finish reduces the rows; a second launch of a block a row until 2026-12-05). The block forms' finite check
-of their block statistics and Birder's of its row maxima are written by the kernel that computes them
-(``codecs.block_sums``, ``block_absmax`` and ``row_absmax`` with ``finite``; a torch sum over them until 2026-12-04,
-one operator more). The allocations: the result's alone (no
-``out`` here). The kernels' temporaries, and the sums nobody reads back (the total behind a device scale, the
-allgather protocol's and Birder's), come from the thread's ``workspace.Temporaries`` of the stream (4 more a flat
-gather-scatter call, 7 a Birder call, until 2026-11-29); the codecs' results that live across codec calls (Birder's
-row maxima and its exchanges' weights, the block forms' block sums and decoded scales) from the plan's ``Workspace``
-(5 more a Birder call and a gather-scatter call with block scales, 3 an allgather one, until 2026-11-29). With 4-bit
-levels the two codings of the steps are those of the block scales, and the decode of the served rows is one launch
-(one a rank until 2026-11-29: 9 + n launches at n ranks); its torch operators are the transport's two copies alone:
-the steps' float32 multiplies are the scale coder's (``codecs.frame_scales`` with ``bits``; by torch until
-2026-12-04, and until 2026-11-29 by a tensor of the factor, copied from the host at each multiply), and the weights'
-division by n the scales' decode (since 2026-12-04: a fill and a division fewer). The hierarchical form with the
-allgather protocol between nodes averages the k shards' rows in one launch (``codecs.accumulate_groups``; one a shard
-until 2026-11-29: 3 + k launches)."""
+those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel
+since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch), Birder's row maxima (3
+launches fewer since 2026-12-05) and the received rows' weights (the block forms' 1 launch fewer, Birder's 2, since
+2026-12-05), which no GPU has run yet; so are the waits, but for Birder's finite check, which was not counted then. With
+block scales (the DDP hook's default) each coding of the scales (their roots, the row's largest, the 8-bit codes, the
+frame: ``codecs.frame_scales``) is one launch at any length, and the received rows' weights are decoded by the launch
+that accumulates them (``codecs.accumulate_framed``; a launch of ``codecs.unframe_blocks`` before it until 2026-12-05),
+a coding two past ``SPLITTING`` (the last decoding and the result's decode one launch together:
+``codecs.decode_framed_blocks``), where torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At
+one rank the torch operators include the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the
+device (the worker's scale in it; the server's scale goes into its frame head in the launch that sums it, and the decode
+reads the heads). Birder's three encodes write their scales into the frame heads themselves
+(``codecs.randomized_encode``), and its two exchanges read their weights s / size from the heads in the launch that
+averages the rows (``codecs.accumulate_framed`` with no codes; a launch of ``codecs.unframe`` with a divisor before it
+until 2026-12-05), where torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28); one
+of its 6 is the copy of the call's three random streams' keys to the device (``codecs.stream_keys``, since 2026-11-30:
+its kernels read them there, so that its calls replay). Its three row maxima are one launch each (``codecs.row_absmax``:
+the last block to finish reduces the rows; a second launch of a block a row until 2026-12-05). The block forms' finite
+check of their block statistics and Birder's of its row maxima are written by the kernel that computes them
+(``codecs.block_sums``, ``block_absmax`` and ``row_absmax`` with ``finite``; a torch sum over them until 2026-12-04, one
+operator more). The allocations: the result's alone (no ``out`` here). The kernels' temporaries, and the sums nobody
+reads back (the total behind a device scale, the allgather protocol's and Birder's), come from the thread's
+``workspace.Temporaries`` of the stream (4 more a flat gather-scatter call, 7 a Birder call, until 2026-11-29); the
+codecs' results that live across codec calls (Birder's row maxima and its exchanges' weights, the block forms' block
+sums and decoded scales) from the plan's ``Workspace`` (5 more a Birder call and a gather-scatter call with block
+scales, 3 an allgather one, until 2026-11-29). With 4-bit levels the two codings of the steps are those of the block
+scales, and the decode of the served rows is one launch (one a rank until 2026-11-29: 9 + n launches at n ranks); its
+torch operators are the transport's two copies alone: the steps' float32 multiplies are the scale coder's
+(``codecs.frame_scales`` with ``bits``; by torch until 2026-12-04, and until 2026-11-29 by a tensor of the factor,
+copied from the host at each multiply), and the weights' division by n the scales' decode (since 2026-12-04: a fill and
+a division fewer). The hierarchical form with the allgather protocol between nodes averages the k shards' rows in one
+launch (``codecs.accumulate_groups``; one a shard until 2026-11-29: 3 + k launches)."""
 CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierarchical_allgather"}
 """Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 

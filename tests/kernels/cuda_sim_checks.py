@@ -140,6 +140,16 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
         d_bits = numba_cuda.device_array(numel, raw)
         cuda.decode_framed(numba_cuda.to_device(framed), d_bits, numel, kind)
         assert np.array_equal(d_bits.copy_to_host(), out), f"decode_framed to {kind}, scale {heads[-1]!r}"
+        for divisor, base in ((1, None), (3, (rng.standard_normal(chunk) * 0.1).astype(np.float32))):
+            out = np.empty(chunk, np.float32)  # the frames' weights: their heads' scales / divisor
+            cpu.accumulate_signs(rows, heads / np.float32(divisor), base, out, chunk, 2)
+            d_out = numba_cuda.device_array(chunk, np.float32)
+            COUNTS.reset()
+            d_framed = numba_cuda.to_device(framed)
+            cuda.accumulate_frames(d_framed[:, codecs.SCALE_BYTES:], d_framed, divisor,
+                                   None if base is None else numba_cuda.to_device(base), d_out, chunk)
+            assert COUNTS.launches == 1 and np.array_equal(d_out.copy_to_host().view(np.uint32), out.view(np.uint32)), (
+                "accumulate_frames", heads[-1], divisor)
 
     maxima = check_row_maxima(src, lut, numel, world)
 

@@ -30,8 +30,8 @@ The modules, one job each:
 * ``randomized``: Birder's row maxima and randomized encode.
 """
 
-from .blocks import (accumulate_blocks, accumulate_framed_blocks, accumulate_groups, block_absmax, block_power_sums,
-                     encode_blocks)
+from .blocks import (accumulate_blocks, accumulate_framed_blocks, accumulate_frames, accumulate_groups, block_absmax,
+                     block_power_sums, encode_blocks)
 from .frames import decode_framed, decode_framed_blocks, head_weights
 from .levels import accumulate_framed_levels, accumulate_levels, decode_levels, encode_levels
 from .randomized import randomized_encode, row_absmax
@@ -41,7 +41,8 @@ from .signs import average_rows, compensate_encode, select_decode
 from .sums import accumulate_lanes, accumulate_signs, compensated_power_sum, segment_sumsq, tree_sum
 
 __all__ = [
-    "accumulate_blocks", "accumulate_framed_blocks", "accumulate_framed_levels", "accumulate_groups",
+    "accumulate_blocks", "accumulate_framed_blocks", "accumulate_framed_levels", "accumulate_frames",
+    "accumulate_groups",
     "accumulate_lanes", "accumulate_levels", "accumulate_signs",
     "average_rows", "block_absmax", "block_power_sums", "code_blocks", "compensate_encode",
     "compensated_power_sum", "decode_codes", "decode_framed", "decode_framed_blocks", "decode_levels",

@@ -248,24 +248,38 @@ def _coded_weight(rows, r, b, ref, steps, by):
     return code_value(ref, rows, r, b, steps) / by
 
 
-def rank_accumulator(code_of, add_code, with_base: bool, framed: bool = False):
+@cuda.jit(device=True)
+def _head_weight(rows, r, b, ref, steps, by):
+    """Wire row r's weight, its head ``ref`` itself / ``by``, in float32 (IEEE division, as
+    ``frames.head_weights``); every block's the same."""
+    return np.float32(ref) / by
+
+
+WEIGHTS = {"table": (_no_ref, _given_weight), "codes": (row_ref, _coded_weight), "heads": (row_ref, _head_weight)}
+"""Where a ``rank_accumulator`` kernel takes its weights: a float32 table; wire rows' heads and block codes (the
+block forms' frames); wire rows' heads alone (the 1-bit frames: a scale a row). Each: (the row's head, the
+weight of block b)."""
+
+
+def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "table"):
     """A kernel out[i] = ``add_code`` over ranks r in order, from float32 0, of element i's code in row r of
     ``rows`` and its block's weight w[r, i >> shift] (+ base[i]), in float32.
 
-    The weights are ``weights`` (a float32 table), or with ``framed`` decoded in the launch from the wire rows
-    ``weights`` whose payload ``rows`` is: float32(float64(ref_r) * steps[code]) / float32(divisor), ref_r row r's
-    head, code its block's byte behind it (``decode_codes``' bits, where a launch of it wrote the table first).
+    The weights (``WEIGHTS[weights_from]``) are ``weights``, a float32 table, or are decoded in the launch from
+    the wire rows ``weights`` whose payload ``rows`` is: with "codes", float32(float64(ref_r) * steps[code]) /
+    float32(divisor), ref_r row r's head, code its block's byte behind it (``decode_codes``' bits, where a launch
+    of it wrote the table first); with "heads", ref_r / float32(divisor) (``frames.head_weights``' bits).
 
     Each thread takes ``IN_FLIGHT`` elements a grid stride apart per round (neighbouring threads, neighbouring
     elements), so that its loads are in flight together: a thread on one element at a time waited a whole memory
     round trip an element, its next loads held behind its store (numba's arrays may alias). A round:
-    1. for each rank r in order: (framed) read row r's head; load the round's codes (``code_of``: a sign byte, or
-       a level from its planes' bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8 bits)
-       and weights of row r, then add each code's value to its element's sum (``add_code``);
+    1. for each rank r in order: (wire rows) read row r's head; load the round's codes (``code_of``: a sign byte,
+       or a level from its planes' bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8
+       bits) and weights of row r, then add each code's value to its element's sum (``add_code``);
     2. with a base, load the round's base values, then add each to its sum;
     3. store the sums.
     """
-    ref_of, weight_of = (row_ref, _coded_weight) if framed else (_no_ref, _given_weight)
+    ref_of, weight_of = WEIGHTS[weights_from]
 
     @cuda.jit
     def kernel(rows, weights, steps, divisor, shift, nbits, base, out, n_out):
@@ -302,6 +316,10 @@ def rank_accumulator(code_of, add_code, with_base: bool, framed: bool = False):
     return kernel
 
 
+WHOLE_ROW = 62
+"""The shift of ``accumulate_frames``' launch: every element of a row in block 0 (its one weight)."""
+
+
 def no_steps(stream) -> object:
     """The steps and divisor a ``rank_accumulator`` kernel of given weights takes (unread)."""
     return stand_in(device_of(stream), np.float64), 1
@@ -314,25 +332,34 @@ def _sign_byte(bits, r, row_bytes, i, nbits):
 
 
 @lru_cache(maxsize=None)
-def _accumulate_blocks(with_base: bool, framed: bool):
+def _accumulate_blocks(with_base: bool, weights_from: str):
     """out[i] = sum over ranks r of +-w[r, i >> shift] by bit i of row r, in r order in float32 (+ base[i]):
     ``rank_accumulator`` of sign bytes."""
-    return rank_accumulator(_sign_byte, add_sign, with_base, framed)
+    return rank_accumulator(_sign_byte, add_sign, with_base, weights_from)
 
 
 def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     """out = sum_r weights[r, i // block] * signs(bits[r]) (+ base), rank by rank in float32, as the CPU kernel:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements (at most
     ``common.MAX_BLOCKS`` blocks)."""
-    launch(_accumulate_blocks(base is not None, False), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
+    launch(_accumulate_blocks(base is not None, "table"), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
            bits, weights, *no_steps(stream), shift_of(block), 1, out if base is None else base, out, n_out)
 
 
 def accumulate_framed_blocks(bits, rows, steps, divisor, block, base, out, n_out, stream=0) -> None:
     """``accumulate_blocks`` with the weights decoded from the wire ``rows`` (their heads and block codes, divided
     by ``divisor``) in the same launch: the CPU kernels' ``decode_codes`` then ``accumulate_blocks``, in one."""
-    launch(_accumulate_blocks(base is not None, True), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
+    launch(_accumulate_blocks(base is not None, "codes"), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
            bits, rows, steps, divisor, shift_of(block), 1, out if base is None else base, out, n_out)
+
+
+def accumulate_frames(bits, rows, divisor, base, out, n_out, stream=0) -> None:
+    """out = sum_r (s_r / divisor) * signs(bits[r]) (+ base) rank by rank in float32, s_r the scale at the head of
+    wire row r (whose payload ``bits`` is): the bits of ``head_weights`` then ``accumulate_signs``' average, in one
+    launch (``rank_accumulator`` of sign bytes, every element of a row in one block: ``WHOLE_ROW``), which adds no
+    sum of |out|^p."""
+    launch(_accumulate_blocks(base is not None, "heads"), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
+           bits, rows, *no_steps(stream)[:1], divisor, WHOLE_ROW, 1, out if base is None else base, out, n_out)
 
 
 @cuda.jit

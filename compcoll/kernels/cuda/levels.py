@@ -49,22 +49,22 @@ def _add_level(acc, code, w, i, nbits):
     return acc + np.float32((code - ((1 << nbits) - 1) / 2.0) * np.float64(w))
 
 
-_accumulate_levels = {framed: rank_accumulator(_level_of, _add_level, False, framed) for framed in (False, True)}
+_accumulate_levels = {source: rank_accumulator(_level_of, _add_level, False, source) for source in ("table", "codes")}
 """out[i] = sum over ranks r of float32(level_r(i) * w[r, i >> shift]), in r order in float32:
-``blocks.rank_accumulator`` of levels, by whether the weights are decoded from the wire rows (``framed``)."""
+``blocks.rank_accumulator`` of levels, by where the weights come from (a table, or the wire rows' codes)."""
 
 
 def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> None:
     """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements."""
-    launch(_accumulate_levels[False], grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, weights,
+    launch(_accumulate_levels["table"], grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, weights,
            *no_steps(stream), shift_of(block), nbits, out, out, n_out)
 
 
 def accumulate_framed_levels(planes, rows, steps, divisor, block, nbits, out, n_out, stream=0) -> None:
     """``accumulate_levels`` with the weights decoded from the wire ``rows`` (their heads and step codes, divided by
     ``divisor``) in the same launch: the CPU kernels' ``decode_codes`` then ``accumulate_levels``, in one."""
-    launch(_accumulate_levels[True], grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, rows, steps,
+    launch(_accumulate_levels["codes"], grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, rows, steps,
            divisor, shift_of(block), nbits, out, out, n_out)
 
 

@@ -66,10 +66,15 @@ def _absmax_lanes(with_lut: bool):
         span = per_row * LANES
         for r in range(out.size):
             m = np.float32(0)
-            for t in range(r * span + tid, (r + 1) * span, THREADS):
-                a = partial[t]
-                if a > m or a != a:
-                    m = a
+            end = (r + 1) * span
+            for first in range(r * span + tid, end, IN_FLIGHT * THREADS):
+                for u in range(IN_FLIGHT):
+                    t = first + u * THREADS
+                    held[u] = partial[t] if t < end else np.float32(0)
+                for u in range(IN_FLIGHT):
+                    a = held[u]
+                    if a > m or a != a:
+                        m = a
             best[tid] = m
             cuda.syncthreads()
             width = THREADS // 2
@@ -101,9 +106,11 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty, fini
     2. each block's thread 0 fences (its block's partial maxima, ordered before it by a barrier, made visible) and
        counts the block in counts[0]; the block that counts last zeroes the count for the stream's next launch and
        fences again;
-    3. that block reduces each row's partial maxima (threads stride, then a tree in shared memory) into out[r],
-       and writes ``finite``. A second launch of one block a row did steps 2-3 until 2026-12-05: three launches
-       more a Birder call.
+    3. that block reduces each row's partial maxima (its threads striding, ``IN_FLIGHT`` loads a thread before it
+       compares them, then a tree in shared memory) into out[r], and writes ``finite``. A second launch of one
+       block a row did steps 2-3 until 2026-12-05 (its threads one load at a time): three launches more a Birder
+       call. One block now reduces every row, which a row a block did side by side: at n rows of a large tensor
+       (the agreement's maxima of an n-rank call) the last block walks n times a row's partial maxima.
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)

@@ -16,11 +16,11 @@ from .sums import (accumulate_groups, accumulate_lanes, accumulate_scale, accumu
                    compensated_sum, divide_, finite_sum, lane_count, scale_from, segment_sumsq, sumsq, tree_scale,
                    tree_sum)
 
-__all__ = ["SCALE_BYTES", "SUPPORTED_DTYPES", "Scalar", "accumulate_blocks", "accumulate_framed",
-           "accumulate_groups", "accumulate_lanes", "accumulate_levels", "accumulate_scale", "accumulate_signs",
-           "all_finite", "average_rows", "block_absmax",
-           "block_sums", "check_device", "compensate_encode", "compensated_sum", "decode", "decode_framed",
-           "decode_framed_blocks", "decode_levels", "device_scalar", "divide_", "encode_blocks", "encode_levels",
-           "finite_sum", "frame", "frame_scales", "host_value", "host_values", "lane_count", "on_host",
-           "randomized_encode", "row_absmax", "scale_from", "segment_sumsq", "start_cpu_threads",
-           "stream_keys", "sumsq", "to_device", "tree_scale", "tree_sum", "unframe", "unframe_blocks"]
+__all__ = ["SCALE_BYTES", "SUPPORTED_DTYPES", "Scalar", "accumulate_blocks", "accumulate_framed", "accumulate_groups",
+           "accumulate_lanes", "accumulate_levels", "accumulate_scale", "accumulate_signs", "all_finite",
+           "average_rows", "block_absmax", "block_sums", "check_device", "compensate_encode", "compensated_sum",
+           "decode", "decode_framed", "decode_framed_blocks", "decode_levels", "device_scalar", "divide_",
+           "encode_blocks", "encode_levels", "finite_sum", "frame", "frame_scales", "host_value", "host_values",
+           "lane_count", "on_host", "randomized_encode", "row_absmax", "scale_from", "segment_sumsq",
+           "start_cpu_threads", "stream_keys", "sumsq", "to_device", "tree_scale", "tree_sum", "unframe",
+           "unframe_blocks"]

@@ -25,7 +25,8 @@ The modules, one job each:
 * ``signs``: the 1-bit codec's encode and decodes, and the exact average of rows;
 * ``frames``: a wire row's head scale, and the tiled decoders of framed rows;
 * ``scales``: the block forms' scales, coded against each row's largest;
-* ``blocks``: the block forms' sums, maxima, encode and accumulation;
+* ``blocks``: the block forms' sums, maxima, encode and accumulation (of wire rows too, their weights decoded as
+  they add: the block forms' and the 1-bit frames');
 * ``levels``: the level codec;
 * ``randomized``: Birder's row maxima and randomized encode.
 """
@@ -42,10 +43,8 @@ from .sums import accumulate_lanes, accumulate_signs, compensated_power_sum, seg
 
 __all__ = [
     "accumulate_blocks", "accumulate_framed_blocks", "accumulate_framed_levels", "accumulate_frames",
-    "accumulate_groups",
-    "accumulate_lanes", "accumulate_levels", "accumulate_signs",
-    "average_rows", "block_absmax", "block_power_sums", "code_blocks", "compensate_encode",
-    "compensated_power_sum", "decode_codes", "decode_framed", "decode_framed_blocks", "decode_levels",
-    "encode_blocks", "encode_levels", "head_weights", "randomized_encode", "row_absmax", "scale_of",
-    "segment_sumsq", "select_decode", "tree_sum",
+    "accumulate_groups", "accumulate_lanes", "accumulate_levels", "accumulate_signs", "average_rows", "block_absmax",
+    "block_power_sums", "code_blocks", "compensate_encode", "compensated_power_sum", "decode_codes", "decode_framed",
+    "decode_framed_blocks", "decode_levels", "encode_blocks", "encode_levels", "head_weights", "randomized_encode",
+    "row_absmax", "scale_of", "segment_sumsq", "select_decode", "tree_sum",
 ]

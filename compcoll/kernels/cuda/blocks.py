@@ -320,9 +320,9 @@ WHOLE_ROW = 62
 """The shift of ``accumulate_frames``' launch: every element of a row in block 0 (its one weight)."""
 
 
-def no_steps(stream) -> object:
-    """The steps and divisor a ``rank_accumulator`` kernel of given weights takes (unread)."""
-    return stand_in(device_of(stream), np.float64), 1
+def unread_steps(stream) -> object:
+    """The steps a ``rank_accumulator`` kernel that decodes no codes takes (unread: a stand-in on the stream's GPU)."""
+    return stand_in(device_of(stream), np.float64)
 
 
 @cuda.jit(device=True)
@@ -343,7 +343,7 @@ def accumulate_blocks(bits, weights, block, base, out, n_out, stream=0) -> None:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements (at most
     ``common.MAX_BLOCKS`` blocks)."""
     launch(_accumulate_blocks(base is not None, "table"), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
-           bits, weights, *no_steps(stream), shift_of(block), 1, out if base is None else base, out, n_out)
+           bits, weights, unread_steps(stream), 1, shift_of(block), 1, out if base is None else base, out, n_out)
 
 
 def accumulate_framed_blocks(bits, rows, steps, divisor, block, base, out, n_out, stream=0) -> None:
@@ -359,7 +359,7 @@ def accumulate_frames(bits, rows, divisor, base, out, n_out, stream=0) -> None:
     launch (``rank_accumulator`` of sign bytes, every element of a row in one block: ``WHOLE_ROW``), which adds no
     sum of |out|^p."""
     launch(_accumulate_blocks(base is not None, "heads"), grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream,
-           bits, rows, *no_steps(stream)[:1], divisor, WHOLE_ROW, 1, out if base is None else base, out, n_out)
+           bits, rows, unread_steps(stream), divisor, WHOLE_ROW, 1, out if base is None else base, out, n_out)
 
 
 @cuda.jit

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda
 
 from ..launch import launch
-from .blocks import no_steps, rank_accumulator, tiled_block_encoder
+from .blocks import rank_accumulator, tiled_block_encoder, unread_steps
 from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, grid_for, row_of, shift_of, table_arg
 
 
@@ -58,7 +58,7 @@ def accumulate_levels(planes, weights, block, nbits, out, n_out, stream=0) -> No
     """out = sum_r float32(level_r * weights[r, i // block]) rank by rank in float32, as the CPU kernel:
     ``IN_FLIGHT`` elements a thread (i // block a shift), a thread for every ``IN_FLIGHT`` elements."""
     launch(_accumulate_levels["table"], grid_for(n_out, IN_FLIGHT * THREADS), THREADS, stream, planes, weights,
-           *no_steps(stream), shift_of(block), nbits, out, out, n_out)
+           unread_steps(stream), 1, shift_of(block), nbits, out, out, n_out)
 
 
 def accumulate_framed_levels(planes, rows, steps, divisor, block, nbits, out, n_out, stream=0) -> None:

@@ -223,7 +223,8 @@ def test_the_queued_clock_times_the_device_alone_and_refuses_a_wait() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("numel, block", [(37, 8), (8193, 64), (1 << 20, 128)])
 def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: int) -> None:
-    """The block-scale codecs (sums, scales, 8-bit codes, encode into framed rows, accumulate, decode) and
+    """The block-scale codecs (sums, scales, 8-bit codes, encode into framed rows, accumulate, with the weights
+    decoded first or in the same launch, decode) and
     ``compressed_allreduce(block_size=...)`` with both protocols give the CPU's bits on CUDA tensors."""
     gen = torch.Generator().manual_seed(numel + block)
     x = (torch.randn(numel, generator=gen) * 3).to(dtype)
@@ -240,6 +241,8 @@ def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: i
         decoded, bits = codecs.unframe_blocks(wire, blocks)
         acc = torch.empty(full // 3, device=device)
         codecs.accumulate_blocks(bits, codecs.divide_(decoded.clone(), 3), block, None, acc, full // 3)
+        fused = torch.empty(full // 3, device=device)  # the weights decoded in the launch that adds
+        codecs.accumulate_framed(wire, blocks, 3, block, None, fused, full // 3)
         out = torch.empty(full, device=device)
         codecs.decode_framed_blocks(wire, blocks, block, out)
         calls = []
@@ -248,10 +251,11 @@ def test_block_scales_on_cuda_equal_cpu(dtype: torch.dtype, numel: int, block: i
             errors = torch.zeros(padded, device=device), torch.zeros(padded, device=device)
             calls.append(compressed_allreduce(xd, *errors, SingleComm(), protocol=protocol, block_size=block).cpu())
         torch.cuda.synchronize()
-        results[device] = (sums.cpu(), wire.cpu(), ed.cpu(), acc.cpu(), out.cpu(), *calls)
-    for name, a, b in zip(("sums", "wire", "error", "accumulate", "decode", "gather-scatter", "allgather"),
-                          results["cpu"], results["cuda"]):
+        results[device] = (sums.cpu(), wire.cpu(), ed.cpu(), acc.cpu(), fused.cpu(), out.cpu(), *calls)
+    for name, a, b in zip(("sums", "wire", "error", "accumulate", "accumulate framed", "decode", "gather-scatter",
+                           "allgather"), results["cpu"], results["cuda"]):
         assert np.array_equal(a.view(torch.uint8).numpy(), b.view(torch.uint8).numpy()), name
+    assert torch.equal(results["cuda"][3], results["cuda"][4]), "the fused accumulate is the two steps'"
 
 
 @pytest.mark.parametrize("scale", ["l2", "l1"])

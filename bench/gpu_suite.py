@@ -13,7 +13,9 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    from an idle device (the host's launch time included: the clock of the runs before 2026-11-29); the
    accumulate also without the last block that ends its sum (fence, block count, tree: "lanes only"), to tell the
    two costs apart, and the server's accumulates of a 16-rank call (``served_kernels``: 16 rows of a 16th of the
-   tensor each, signs and 4-bit levels; the levels' decode; the hierarchical allgather's average of 4 groups of 4)
+   tensor each, signs and 4-bit levels, the block weights from a table and from the frames
+   (``codecs.accumulate_framed``: the block forms' server since 2026-12-05), the weights from the frame heads
+   (Birder's exchanges); the levels' decode; the hierarchical allgather's average of 4 groups of 4)
    (``flat_kernels``, which also run on CPU tensors: tests/bench/test_gpu_scripts.py);
 3. the worker step both ways, on both clocks: fused (sum of squares + compensate/encode) against the
    DeepSpeed-style torch ops (add, norm, sign, error update) + cupy.packbits;
@@ -79,6 +81,8 @@ def block_kernels(x: torch.Tensor, err: torch.Tensor, out: torch.Tensor) -> dict
         "unframe block scales": (lambda: codecs.unframe_blocks(frame, m, 1, out=weights), 5 / b, None),
         "accumulate, block weights": (lambda: codecs.accumulate_blocks(signs, weights.view(1, m), b, None, out, n),
                                       4.125 + 4 / b, None),
+        "accumulate, weights from the frame": (lambda: codecs.accumulate_framed(frame, m, 1, b, None, out, n),
+                                               4.125 + 1 / b, None),
         "decode, block scales": (lambda: codecs.decode_framed_blocks(frame, m, b, out), 4.125 + 1 / b, None),
     }
 
@@ -104,12 +108,22 @@ def served_kernels(bits: torch.Tensor, out: torch.Tensor, numel: int) -> dict[st
     nodes = math.isqrt(SERVED)
     node_weights = torch.ones(nodes, SERVED // nodes, device=bits.device)
     per_element = (SERVED * chunk / 8 + 4 * chunk) / numel
+    per_row = -(-chunk // BLOCK_SIZE)
+    coded = torch.zeros(SERVED, codecs.SCALE_BYTES + per_row + chunk // 8, dtype=torch.uint8, device=bits.device)
+    coded[:, :codecs.SCALE_BYTES] = torch.ones(SERVED, 1, device=bits.device).view(torch.uint8)  # heads 1.0, codes 0
+    coded[:, codecs.SCALE_BYTES + per_row:] = rows
+    headed = torch.cat([coded[:, :codecs.SCALE_BYTES], rows], dim=1)
     return {
         f"accumulate signs ({SERVED} rows)": (
             lambda: codecs.accumulate_signs(rows, ones, None, out, chunk, read=False), per_element, None),
         f"accumulate, block weights ({SERVED} rows)": (
             lambda: codecs.accumulate_blocks(rows, block_weights, BLOCK_SIZE, None, out, chunk),
             per_element + 4 / BLOCK_SIZE, None),
+        f"accumulate, block weights from the frames ({SERVED} rows)": (
+            lambda: codecs.accumulate_framed(coded, per_row, SERVED, BLOCK_SIZE, None, out, chunk),
+            per_element + 1 / BLOCK_SIZE, None),
+        f"accumulate, weights from the heads ({SERVED} rows)": (
+            lambda: codecs.accumulate_framed(headed, 0, SERVED, 0, None, out, chunk), per_element, None),
         f"accumulate levels ({SERVED} rows, {LEVEL_BITS} bits)": (
             lambda: codecs.accumulate_levels(planes, block_weights, BLOCK_SIZE, LEVEL_BITS, out, chunk),
             (SERVED * chunk * (LEVEL_BITS / 8 + 4 / BLOCK_SIZE) + 4 * chunk) / numel, None),

@@ -97,8 +97,8 @@ def variants() -> dict[str, tuple]:
             found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
                 signs._compensate_encode(lut, in_memory).py_func,
                 (src, F32, F32, I64, F32 if in_memory else t.float32, U8), THREADS)
-        found[f"max |x| of rows (lanes), table={lut}"] = (randomized._absmax_lanes(lut).py_func,
-                                                          (src, F32, I64, I64, I64, F32, F32, *FLAGGED), THREADS)
+        found[f"max |x| of rows (lanes), table={lut}"] = (
+            randomized._absmax_lanes(lut).py_func, (src, F32, I64, I64, I64, t.boolean, F32, F32, *FLAGGED), THREADS)
         found[f"randomized encode, table={lut}"] = (randomized._randomized_encode(lut).py_func,
                                                     (src, F32, I64, F32, t.Array(t.uint64, 1, "C"), I64, wire),
                                                     THREADS)

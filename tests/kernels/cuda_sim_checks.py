@@ -723,8 +723,14 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
             check_levels(8200, 3, torch.float32, 8, 4)
-            rng = np.random.default_rng(4)  # 9 pieces of 32 lanes a row on 2 thread blocks: each block walks
-            check_row_maxima(rng.standard_normal(49157).astype(np.float32), None, 49157, 3)  # several
+            rng = np.random.default_rng(4)  # 3 rows of 3 pieces of 32 lanes on 2 thread blocks: each block walks
+            source = rng.standard_normal(49157).astype(np.float32)  # several; the last block gives each thread
+            check_row_maxima(source, None, 49157, 3)  # whole rows, then (none a thread) reduces each with them all
+            by_thread, cuda.randomized.ROW_A_THREAD = cuda.randomized.ROW_A_THREAD, 0
+            try:
+                check_row_maxima(source, None, 49157, 3)
+            finally:
+                cuda.randomized.ROW_A_THREAD = by_thread
             rng = np.random.default_rng(5)  # more scales a row than CODE_THREADS, more rows than blocks
             _check_codes(rng.random(3 * 700) * 10.0, 8, 8 * 700 - 3, 2, 3, rng)
             per_thread, cuda.scales.CODE_SCALES_PER_THREAD = cuda.scales.CODE_SCALES_PER_THREAD, 1

@@ -18,13 +18,19 @@ from .frames import write_head
 _threshold = cuda.jit(device=True)(scalar.threshold)
 
 
+ROW_A_THREAD = 8
+"""Pieces a row (of ``BLOCK`` elements, ``LANES`` partial maxima each) up to which the last block of ``row_absmax``
+gives each of its threads whole rows (many short rows: an n-rank call's maxima of a small tensor); past it the
+block's threads reduce each row together, one row after another."""
+
+
 @lru_cache(maxsize=None)
 def _absmax_lanes(with_lut: bool):
     """The kernel of ``row_absmax``: the lanes' partial maxima, then the rows' by the last block to finish."""
     look_up = LOOKUPS[with_lut]
 
     @cuda.jit
-    def kernel(src, lut, n_src, row_len, per_row, partial, out, counts, finite):
+    def kernel(src, lut, n_src, row_len, per_row, by_thread, partial, out, counts, finite):
         held = cuda.local.array(IN_FLIGHT, np.float32)
         best = cuda.shared.array(THREADS, np.float32)
         last = cuda.shared.array(1, np.int32)
@@ -62,8 +68,25 @@ def _absmax_lanes(with_lut: bool):
         cuda.syncthreads()
         if last[0] == 0:
             return
-        finite_rows = True
         span = per_row * LANES
+        if by_thread:
+            bad = 0
+            for r in range(tid, out.size, THREADS):
+                m = np.float32(0)
+                for t in range(r * span, (r + 1) * span):
+                    a = partial[t]
+                    if a > m or a != a:
+                        m = a
+                out[r] = m
+                if not math.isfinite(m):
+                    bad = 1
+            if cuda.syncthreads_or(bad) == 0:
+                if tid == 0:
+                    finite[0] = 0.0
+            elif tid == 0:
+                finite[0] = math.nan
+            return
+        finite_rows = True
         for r in range(out.size):
             m = np.float32(0)
             end = (r + 1) * span
@@ -106,16 +129,18 @@ def row_absmax(src, lut, n_src, row_len, out, stream=0, empty=device_empty, fini
     2. each block's thread 0 fences (its block's partial maxima, ordered before it by a barrier, made visible) and
        counts the block in counts[0]; the block that counts last zeroes the count for the stream's next launch and
        fences again;
-    3. that block reduces each row's partial maxima (its threads striding, ``IN_FLIGHT`` loads a thread before it
-       compares them, then a tree in shared memory) into out[r], and writes ``finite``. A second launch of one
-       block a row did steps 2-3 until 2026-12-05 (its threads one load at a time): three launches more a Birder
-       call. One block now reduces every row, which a row a block did side by side: at n rows of a large tensor
-       (the agreement's maxima of an n-rank call) the last block walks n times a row's partial maxima.
+    3. that block reduces each row's partial maxima into out[r]: rows of up to ``ROW_A_THREAD`` pieces a thread
+       each (the rows side by side); longer rows one after another, its threads striding over each, ``IN_FLIGHT``
+       loads a thread before it compares them, then a tree in shared memory; and writes ``finite``. A second
+       launch of one block a row did steps 2-3 until 2026-12-05 (its threads one load at a time): three launches
+       more a Birder call. Long rows are now reduced one after another, which a block a row did side by side: at
+       n rows of a large tensor (the agreement's maxima of an n-rank call) the last block walks them all.
     """
     per_row = max(1, -(-row_len // BLOCK))
     partial = empty(out.size * per_row * LANES, np.float32, stream)
     launch(_absmax_lanes(lut is not None), grid_for(partial.size), THREADS, stream,
-           src, table_arg(lut, stream), n_src, row_len, per_row, partial, out, *finite_slots(stream, finite))
+           src, table_arg(lut, stream), n_src, row_len, per_row, per_row <= ROW_A_THREAD, partial, out,
+           *finite_slots(stream, finite))
 
 
 @lru_cache(maxsize=None)

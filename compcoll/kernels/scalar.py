@@ -22,6 +22,12 @@ def load(src, lut, i):
     return lut[src[i]]
 
 
+def larger_or_nan(m, a):
+    """``a`` where it is larger than ``m`` or NaN, else ``m``: a step of a maximum that keeps a NaN it meets (the row
+    maxima's, where a NaN row must stay NaN)."""
+    return a if a > m or a != a else m
+
+
 def value_of(lut, raw):
     """A float32 input's element, as loaded (``lut`` unused: device kernels take no None arguments)."""
     return np.float32(raw)

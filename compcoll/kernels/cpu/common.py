@@ -50,6 +50,7 @@ def threaded(fn):
 
 
 load = njit(cache=True, inline="always")(scalar.load)
+larger_or_nan = njit(cache=True, inline="always")(scalar.larger_or_nan)
 power_of = njit(cache=True, inline="always")(scalar.power)
 threshold = njit(cache=True, inline="always")(scalar.threshold)
 block_scale = njit(cache=True, inline="always")(scalar.block_scale)

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ...spec import BLOCK, SCALE_BYTES
-from .common import load, pack, threaded, threshold
+from .common import larger_or_nan, load, pack, threaded, threshold
 
 
 @threaded
@@ -26,16 +26,12 @@ def row_absmax(src, lut, n_src, row_len, out):
         values = src[lo:max(lo, hi)]
         m = np.float32(0)
         for e in range(values.size):
-            a = abs(load(values, lut, e))
-            if a > m or a != a:
-                m = a
+            m = larger_or_nan(m, abs(load(values, lut, e)))
         partial[t] = m
     for r in range(rows):
         m = np.float32(0)
         for t in range(r * per_row, (r + 1) * per_row):
-            a = partial[t]
-            if a > m or a != a:
-                m = a
+            m = larger_or_nan(m, partial[t])
         out[r] = m
 
 

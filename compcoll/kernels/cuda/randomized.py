@@ -16,6 +16,7 @@ from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, device_empty,
 from .frames import write_head
 
 _threshold = cuda.jit(device=True)(scalar.threshold)
+_larger_or_nan = cuda.jit(device=True)(scalar.larger_or_nan)
 
 
 ROW_A_THREAD = 8
@@ -54,8 +55,7 @@ def _absmax_lanes(with_lut: bool):
                     a = held[u]
                     if a < 0:
                         a = -a
-                    if a > m or a != a:
-                        m = a
+                    m = _larger_or_nan(m, a)
             partial[t] = m
         cuda.syncthreads()
         if tid == 0:
@@ -74,9 +74,7 @@ def _absmax_lanes(with_lut: bool):
             for r in range(tid, out.size, THREADS):
                 m = np.float32(0)
                 for t in range(r * span, (r + 1) * span):
-                    a = partial[t]
-                    if a > m or a != a:
-                        m = a
+                    m = _larger_or_nan(m, partial[t])
                 out[r] = m
                 if not math.isfinite(m):
                     bad = 1
@@ -95,17 +93,13 @@ def _absmax_lanes(with_lut: bool):
                     t = first + u * THREADS
                     held[u] = partial[t] if t < end else np.float32(0)
                 for u in range(IN_FLIGHT):
-                    a = held[u]
-                    if a > m or a != a:
-                        m = a
+                    m = _larger_or_nan(m, held[u])
             best[tid] = m
             cuda.syncthreads()
             width = THREADS // 2
             while width > 0:
                 if tid < width:
-                    a = best[tid + width]
-                    if a > best[tid] or a != a:
-                        best[tid] = a
+                    best[tid] = _larger_or_nan(best[tid], best[tid + width])
                 cuda.syncthreads()
                 width //= 2
             if tid == 0:

@@ -189,7 +189,7 @@ def _note(place: tuple, name: str | tuple, key, write: bool, shared: bool) -> No
     """Check one element access against its block's others since their last barrier (what ``compute-sanitizer``'s
     racecheck and initcheck do on a GPU).
 
-    1. ``place`` names the element: (a shared array, its byte offset), or (None, its address).
+    1. ``place`` names the element: (a shared array's element size, its address), or (None, its address).
     2. The block's run keeps, per element, the barrier generation of its last accesses, the
        thread that wrote it then and the threads that read it, and whether any thread of the
        block wrote it (atomics are left out: ``check_global_memory``).
@@ -284,9 +284,15 @@ def _at(where: tuple[str, int]) -> str:
 
 
 class _Traced(np.ndarray):
-    """A shared array whose element reads and writes are checked (``_note``); a slice is refused."""
+    """A shared array whose element reads and writes are checked (``_note``); a slice is refused.
+
+    An element is named by its address, so that a view of another dtype (``staged.view(np.float64)``), made anew by
+    each thread that takes it, names the same elements for every thread; its elements are not matched with the
+    other dtype's that overlap them (a kernel reuses a shared array as another dtype after a barrier).
+    """
 
     name: str
+    address: int
 
     @classmethod
     def of(cls, array: np.ndarray, name: str) -> _Traced:
@@ -294,11 +300,15 @@ class _Traced(np.ndarray):
         traced.name = name
         return traced
 
+    def __array_finalize__(self, base: np.ndarray | None) -> None:
+        self.name = getattr(base, "name", "")
+        self.address = self.__array_interface__["data"][0]
+
     def _place(self, key) -> tuple:
         offset = _element(self.shape, self.strides, key)
         if offset is None:
             raise IndexError(f"shared array {self.name}: index {key!r} is not one element of shape {self.shape}")
-        return id(self), offset
+        return self.dtype.itemsize, self.address + offset
 
     def __getitem__(self, key):
         if _accesses:

@@ -3,12 +3,12 @@
 Lane l of summation block b accumulates elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (a thread
 block stages the summation block's elements in shared memory first, all its threads loading neighbouring elements
 at once, then ``LANES`` threads add the lanes); the block-major lane sums are combined by the same pairwise tree
-in the same launch: the grid's last block to finish (an atomic count) adds them, and writes the sum and, where
-asked, its float32 scale. Past ``TAIL`` lane sums the last block of each group of blocks first adds its group's
-part of the tree's wide levels, and the last group the rest (``_finish_lanes``). Only the final float64 crosses to
-the host, or none where the caller keeps it on the device (``into``, ``scale``). The sums are of a codec's input
-(``compensated_power_sum``), of the server's accumulated signs (``accumulate_signs``), of a vector of partial sums
-(``tree_sum``) and of a tensor's segments (``segment_sumsq``).
+in the same launch: the grid's last block to finish (an atomic count) adds them in shared memory, and writes the
+sum and, where asked, its float32 scale. Past ``TAIL`` lane sums the last block of each group of blocks first adds
+its group's part of the tree's wide levels, and the last group the rest (``_finish_lanes``). Only the final float64
+crosses to the host, or none where the caller keeps it on the device (``into``, ``scale``). The sums are of a
+codec's input (``compensated_power_sum``), of the server's accumulated signs (``accumulate_signs``), of a vector of
+partial sums (``tree_sum``) and of a tensor's segments (``segment_sumsq``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from .common import (IN_FLIGHT, LOOKUPS, add_sign, block_counts, device_empty, g
                      to_power)
 from .records import scale_value
 
-TAIL = 4096
-"""Lane sums up to which the last block of the kernel that wrote them adds them all itself (``_finish_sum``); past
-it, the width of the tree's level that the last blocks of its ``TAIL // LANES`` groups write (``_finish_lanes``)."""
+TAIL = BLOCK // 2
+"""Lane sums up to which the last block of the kernel that wrote them adds them all itself, in the shared memory of
+its staged float32 summation block (4096 float64: ``_finish_in_shared``); past it, the width of the tree's level
+that the last blocks of its ``TAIL // LANES`` groups write (``_finish_lanes``)."""
 COLLAPSED = 32768
 """The width ``_collapse`` takes the tree down to before its last block adds the rest."""
 COLLAPSE_THREADS = 1024
@@ -93,16 +94,47 @@ def _tree_in_block(values, size):
 
 
 @cuda.jit(device=True)
+def _write_sum(values, total, d, root_d, mode, scale_out):
+    """Thread 0: total[0] <- values[0] (a tree's root), and (mode 1: l2, 2: l1) the float32 scale of ``d`` elements
+    from it into scale_out[0]."""
+    if cuda.threadIdx.x == 0:
+        t = values[0]
+        total[0] = t
+        if mode != 0:
+            scale_out[0] = scale_value(t, d, root_d, mode == 1)
+
+
+@cuda.jit(device=True)
 def _finish_sum(values, size, counter, expected, total, d, root_d, mode, scale_out):
-    """The last of ``expected`` blocks to count in counter[0]: the tree of values[:size] into total[0], and (mode 1:
-    l2, 2: l1) the float32 scale of ``d`` elements from it into scale_out[0]."""
+    """The last of ``expected`` blocks to count in counter[0]: the tree of values[:size] into total[0], and the
+    scale (``_write_sum``), in place in ``values``."""
     if _last_block(counter, 0, expected):
         _tree_in_block(values, size)
-        if cuda.threadIdx.x == 0:
-            t = values[0]
-            total[0] = t
-            if mode != 0:
-                scale_out[0] = scale_value(t, d, root_d, mode == 1)
+        _write_sum(values, total, d, root_d, mode, scale_out)
+
+
+@cuda.jit(device=True)
+def _finish_in_shared(values, size, scratch, counter, expected, total, d, root_d, mode, scale_out):
+    """``_finish_sum`` with the tree taken in shared memory ``scratch`` (size <= scratch.size), the same bits.
+
+    1. The last block's threads copy values[:size] into ``scratch``, ``IN_FLIGHT`` loads a thread at a time (a
+       tree's level in global memory waits a round trip to L2 for each of its values a thread).
+    2. The tree of scratch[:size] (``_tree_in_block``), then ``_write_sum``.
+    """
+    if _last_block(counter, 0, expected):
+        held = cuda.local.array(IN_FLIGHT, np.float64)
+        step = cuda.blockDim.x
+        for first in range(cuda.threadIdx.x, size, IN_FLIGHT * step):
+            for u in range(IN_FLIGHT):
+                i = first + u * step
+                held[u] = values[i] if i < size else 0.0
+            for u in range(IN_FLIGHT):
+                i = first + u * step
+                if i < size:
+                    scratch[i] = held[u]
+        cuda.syncthreads()
+        _tree_in_block(scratch, size)
+        _write_sum(scratch, total, d, root_d, mode, scale_out)
 
 
 @cuda.jit(device=True)
@@ -154,23 +186,26 @@ SUBTREE_VALUES = SUBTREES * LANES
 
 
 @cuda.jit(device=True)
-def _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out):
+def _finish_lanes(partial, groups, scratch, counter, total, d, root_d, mode, scale_out):
     """The end of a lane-sum kernel: the pairwise tree of its lane sums partial[:n] into total[0] (and the scale, as
-    ``_finish_sum``), by the last blocks to finish, in the same launch.
+    ``_finish_sum``), by the last blocks to finish, in the same launch; ``scratch`` is shared memory for W float64
+    (the kernel's staged block, done with).
 
-    1. Up to W = ``groups`` x ``LANES`` lane sums: the grid's last block adds them all (``_finish_sum``).
+    1. Up to W = ``groups`` x ``LANES`` lane sums: the grid's last block adds them all in ``scratch``
+       (``_finish_in_shared``).
     2. More: the tree's level W wide holds at index j the tree of partial[j + m W] (``_strided_tree``), and the
        grid is a multiple of ``groups`` blocks, so the blocks b = g mod ``groups`` stage exactly the summation
        blocks whose lane sums those are for the ``LANES`` indices j of group g. The last of them to count in
        counter[1 + g] computes them: ``SUBTREES`` threads an index each walk every ``SUBTREES``-th value (the
        tree's level ``SUBTREES`` x W wide), then add theirs by the tree's next levels in shared memory, and write
        it into partial[j] (which no other group reads).
-    3. The last of the ``groups`` groups to count in counter[0] adds partial[:W] (``_finish_sum``).
+    3. The last of the ``groups`` groups to count in counter[0] adds partial[:W] in ``scratch``
+       (``_finish_in_shared``).
     """
     n = partial.size
     width = groups * LANES
     if n <= width:
-        _finish_sum(partial, n, counter, cuda.gridDim.x, total, d, root_d, mode, scale_out)
+        _finish_in_shared(partial, n, scratch, counter, cuda.gridDim.x, total, d, root_d, mode, scale_out)
         return
     g = cuda.blockIdx.x % groups
     if not _last_block(counter, 1 + g, cuda.gridDim.x // groups):
@@ -194,7 +229,7 @@ def _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out):
         half //= 2
     if r == 0:
         partial[j] = sub[lane]
-    _finish_sum(partial, width, counter, groups, total, d, root_d, mode, scale_out)
+    _finish_in_shared(partial, width, scratch, counter, groups, total, d, root_d, mode, scale_out)
 
 
 def _sum_slots(stream, empty, into, scale) -> tuple:
@@ -269,12 +304,22 @@ def tree_sum(partial, stream=0, empty=device_empty, into=None, scale=None) -> fl
 @cuda.jit(device=True)
 def _add_lanes(staged, count, partial, b, p):
     """Threads l < ``LANES``: partial[b * LANES + l] <- sum over k, in order, of |float64(staged[k * LANES + l])|^p,
-    the lanes of summation block b from its ``count`` staged elements."""
+    the lanes of summation block b from its ``count`` staged elements.
+
+    A lane's adds depend each on the one before, so a thread loads ``IN_FLIGHT`` of its elements first, then adds
+    them in order: one wait for shared memory a round, not one an element. Past ``count`` it adds 0.0, which leaves
+    the sum's bits as they are (the sum is +0.0, positive, infinite or NaN, never -0.0).
+    """
     lane = cuda.threadIdx.x
     if lane < LANES:
+        held = cuda.local.array(IN_FLIGHT, np.float32)
         acc = 0.0
-        for e in range(lane, count, LANES):
-            acc += to_power(np.float64(staged[e]), p)
+        for first in range(lane, count, IN_FLIGHT * LANES):
+            for u in range(IN_FLIGHT):
+                e = first + u * LANES
+                held[u] = staged[e] if e < count else np.float32(0)
+            for u in range(IN_FLIGHT):
+                acc += to_power(np.float64(held[u]), p)
         partial[b * LANES + lane] = acc
 
 
@@ -303,7 +348,7 @@ def _power_lanes(with_lut: bool, p: int):
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
         if groups:
-            _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out)
+            _finish_lanes(partial, groups, staged.view(np.float64), counter, total, d, root_d, mode, scale_out)
 
     return kernel
 
@@ -394,7 +439,7 @@ def _accumulate_lanes(with_base: bool, p: int):
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
         if groups:
-            _finish_lanes(partial, groups, counter, total, d, root_d, mode, scale_out)
+            _finish_lanes(partial, groups, staged.view(np.float64), counter, total, d, root_d, mode, scale_out)
 
     return kernel
 

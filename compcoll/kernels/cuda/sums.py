@@ -21,7 +21,7 @@ from numba import cuda
 
 from ...spec import BLOCK, LANES
 from ..launch import device_of, launch, read_first
-from .common import (IN_FLIGHT, LOOKUPS, add_sign, block_counts, device_empty, grid_for, stand_in, table_arg,
+from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, add_sign, block_counts, device_empty, grid_for, stand_in, table_arg,
                      to_power)
 from .records import scale_value
 
@@ -302,6 +302,24 @@ def tree_sum(partial, stream=0, empty=device_empty, into=None, scale=None) -> fl
 
 
 @cuda.jit(device=True)
+def _load_round(values, first, k, count, step, held):
+    """held[u] <- values[first + k + u * step] for u < ``IN_FLIGHT``, 0 where k + u * step >= ``count``: a thread's
+    round of loads, all in flight before any is used (a float32 ``values``)."""
+    for u in range(IN_FLIGHT):
+        e = k + u * step
+        held[u] = values[first + e] if e < count else np.float32(0)
+
+
+@cuda.jit(device=True)
+def _stage_round(staged, k, count, step, held):
+    """staged[k + u * step] <- held[u] for u < ``IN_FLIGHT`` where k + u * step < ``count``: a round's stores."""
+    for u in range(IN_FLIGHT):
+        e = k + u * step
+        if e < count:
+            staged[e] = held[u]
+
+
+@cuda.jit(device=True)
 def _add_lanes(staged, count, partial, b, p):
     """Threads l < ``LANES``: partial[b * LANES + l] <- sum over k, in order, of |float64(staged[k * LANES + l])|^p,
     the lanes of summation block b from its ``count`` staged elements.
@@ -327,23 +345,35 @@ def _add_lanes(staged, count, partial, b, p):
 def _power_lanes(with_lut: bool, p: int):
     """partial[b*LANES + l] = sum over k of |float64(err[i] + src[i])|^p, i = b*BLOCK + k*LANES + l.
 
-    A thread block takes summation block b: its threads stage x = err + src (float32) of the
-    block's elements in shared memory, neighbouring threads on neighbouring elements, then
-    ``LANES`` of them add their lanes' in k order (``_add_lanes``): the order and the bits are
-    those of one element at a time.
+    A thread block of ``LANE_THREADS`` takes summation block b:
+    1. its threads stage x = err + src (float32) of the block's elements in shared memory, neighbouring threads on
+       neighbouring elements, each loading ``IN_FLIGHT`` elements' src and err (raw, a grid stride of
+       ``LANE_THREADS`` apart: a constant, so that the compiler folds each element's offset into its load) before it
+       looks any up, adds or stores (numba's arrays may alias, so a load waits behind a store before it);
+    2. ``LANES`` of them add their lanes' in k order (``_add_lanes``): the order and the bits are those of one
+       element at a time.
     """
-    look_up = LOOKUPS[with_lut]
+    look_up, raw_type = LOOKUPS[with_lut], RAW_TYPES[with_lut]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, partial, groups, counter, total, d, root_d, mode, scale_out):
         staged = cuda.shared.array(BLOCK, np.float32)
+        raw = cuda.local.array(IN_FLIGHT, raw_type)
+        held = cuda.local.array(IN_FLIGHT, np.float32)
+        step = LANE_THREADS
         n = err.size
         for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
             first = b * BLOCK
             count = min(BLOCK, n - first)
-            for e in range(cuda.threadIdx.x, count, cuda.blockDim.x):
-                i = first + e
-                staged[e] = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
+            for k in range(cuda.threadIdx.x, count, IN_FLIGHT * step):
+                for u in range(IN_FLIGHT):
+                    e = k + u * step
+                    raw[u] = src[first + e] if e < count and first + e < n_src else 0
+                _load_round(err, first, k, count, step, held)
+                for u in range(IN_FLIGHT):
+                    if first + k + u * step < n_src:
+                        held[u] = held[u] + look_up(lut, raw[u])
+                _stage_round(staged, k, count, step, held)
             cuda.syncthreads()
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
@@ -424,9 +454,7 @@ def _accumulate_lanes(with_base: bool, p: int):
                 cuda.syncthreads()
             for k in range(lane, count, IN_FLIGHT * step):
                 if with_base:
-                    for u in range(IN_FLIGHT):
-                        e = k + u * step
-                        added[u] = base[first + e] if e < count else np.float32(0)
+                    _load_round(base, first, k, count, step, added)
                 for u in range(IN_FLIGHT):
                     e = k + u * step
                     if e < count:
@@ -466,8 +494,11 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=dev
 def _segment_lanes(x, bounds, firsts, partial):
     """partial[q*LANES + l] = lane l's float64 sum of squares of summation block q of its segment, in
     ``_power_lanes``' order: segment j is x[bounds[j]:bounds[j + 1]], its blocks q in [firsts[j], firsts[j + 1]),
-    found by bisection; a thread block stages block q's elements, then ``_add_lanes``."""
+    found by bisection; a thread block of ``LANE_THREADS`` stages block q's elements (``IN_FLIGHT`` loads a thread
+    before its stores, as ``_power_lanes``), then ``_add_lanes``."""
     staged = cuda.shared.array(BLOCK, np.float32)
+    held = cuda.local.array(IN_FLIGHT, np.float32)
+    step = LANE_THREADS
     for q in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
         j, past = 0, bounds.size - 1
         while past - j > 1:
@@ -478,8 +509,9 @@ def _segment_lanes(x, bounds, firsts, partial):
                 past = middle
         first = bounds[j] + (q - firsts[j]) * BLOCK
         count = max(0, min(BLOCK, bounds[j + 1] - first))
-        for e in range(cuda.threadIdx.x, count, cuda.blockDim.x):
-            staged[e] = x[first + e]
+        for k in range(cuda.threadIdx.x, count, IN_FLIGHT * step):
+            _load_round(x, first, k, count, step, held)
+            _stage_round(staged, k, count, step, held)
         cuda.syncthreads()
         _add_lanes(staged, count, partial, q, 2)
         cuda.syncthreads()

@@ -28,7 +28,8 @@ For each size (float32 elements), medians of ``--runs`` timings (CUDA events) of
    protocol: gather-scatter, allgather, the compensated hierarchical form, Birder's, both flat protocols with
    block scales (``compcoll.bench.launches``, which ``scripts/cuda_launches.py`` runs on meta tensors).
 Each launcher (``--launchers``, default ``bound,numba``: ``kernels.launch``) measures 1-6 in the
-same run, so their ratios are side by side. Writes OUT.txt and OUT.json with the GPU's name and
+same run, so their ratios are side by side, and its table ends with issue 39's three aims read from them
+(``aims``). Writes OUT.txt and OUT.json with the GPU's name and
 the command after every size, so a run cut short by its time limit keeps what it measured.
 """
 
@@ -253,6 +254,48 @@ def main() -> int:
     return 0
 
 
+HOST_AIM_S, COPY_AIM, WORKER_AIM = 100e-6, 0.5, 2.0
+"""Issue 39's GPU aims: host time a ``compressed_allreduce`` call from ``HOST_SIZES``, kernels from
+``KERNEL_FROM`` elements at a fraction of copy bandwidth, the fused worker step from ``WORKER_FROM`` elements this
+many times the torch-ops peer's speed (queued)."""
+HOST_SIZES, KERNEL_FROM, WORKER_FROM = (4096, 1 << 26), 1 << 24, 1 << 20
+
+
+def aims(rows: list[dict]) -> list[str]:
+    """Issue 39's three GPU aims read from one launcher's ``rows`` (``measure``'s results), a line each, with every
+    figure that decides it, "met" or "not met" (or "not measured" where no size is in the aim's range).
+
+    1. Host time a call (one scale, one rank): the range over the sizes from 4096 to 64M elements, met where the
+       largest is at most ``HOST_AIM_S``.
+    2. Kernels from 16M elements: each kernel's smallest fraction of copy bandwidth there, the ones below
+       ``COPY_AIM`` named, smallest first.
+    3. The worker step from 1M elements: the range of its speed-up over the torch-ops peer, queued.
+    """
+    host = [r["compressed_allreduce_host_s"] for r in rows if HOST_SIZES[0] <= r["numel"] <= HOST_SIZES[1]]
+    lowest: dict[str, float] = {}
+    for r in rows:
+        if r["numel"] >= KERNEL_FROM:
+            for name, k in r["kernels"].items():
+                lowest[name] = min(lowest.get(name, math.inf), k["of_copy"])
+    below = sorted((v, name) for name, v in lowest.items() if not v >= COPY_AIM)
+    worker = [r["worker_step"]["speedup"] for r in rows if r["numel"] >= WORKER_FROM]
+
+    def verdict(values: list, met: bool) -> str:
+        return "not measured" if not values else "met" if met else "not met"
+
+    host_met, worker_met = max(host or [0]) <= HOST_AIM_S, min(worker or [0]) >= WORKER_AIM
+    named = ", ".join(f"{name} {v:.2f}" for v, name in below) or "none"
+    return [
+        f"# aim: host time a call <= {1e6 * HOST_AIM_S:.0f} us from {HOST_SIZES[0]} to {HOST_SIZES[1]} elements: "
+        + (f"{1e6 * min(host):.1f}-{1e6 * max(host):.1f} us, " if host else "") + verdict(host, host_met),
+        f"# aim: kernels >= {COPY_AIM:.2f} of copy from {KERNEL_FROM} elements: "
+        + (f"{len(lowest) - len(below)} of {len(lowest)} kernels; below: {named}, " if lowest else "")
+        + verdict(list(lowest), not below),
+        f"# aim: worker step >= {WORKER_AIM:.1f}x the torch-ops peer from {WORKER_FROM} elements: "
+        + (f"{min(worker):.2f}-{max(worker):.2f}x, " if worker else "") + verdict(worker, worker_met),
+    ]
+
+
 def write(results: dict[str, list[dict]], args: argparse.Namespace, gpu: str) -> str:
     """OUT.txt and OUT.json of the results so far on GPU ``gpu`` (a run cut short by its time limit keeps what it
     measured); returns the table."""
@@ -283,6 +326,7 @@ def write(results: dict[str, list[dict]], args: argparse.Namespace, gpu: str) ->
             lines.append(f"{r['numel']:>11} per call (launches/wraps/waits/torch ops/allocations): " + ", ".join(
                 f"{p} {c['launches']}/{c['wraps']}/{c['waits']}/{c['torch']}/{c['allocations']}"
                 for p, c in r["counts"].items()))
+        lines += aims(rows)
     table = "\n".join(lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".txt").write_text(table + "\n")

@@ -125,3 +125,24 @@ def test_the_graphs_call_parts_make_a_whole_call_on_cpu_tensors(block_size: int 
         compcoll.compressed_allreduce(x, errors[2], errors[3], comm, out=expected, block_size=block_size, pieces=1)
         assert torch.equal(out, expected) and bool((out != 0).all())
         assert all(torch.equal(a, b) for a, b in zip(errors[:2], errors[2:]))
+
+
+def test_the_suite_reads_issue_39s_aims_from_its_results() -> None:
+    """``gpu_suite.aims`` on the H200's run of 2026-12-04 (bench/results) says what that run's note said, every
+    kernel below half of copy named with its smallest fraction; the same rows made to pass read "met", and rows of
+    sizes outside an aim's range "not measured"."""
+    suite = bench_script("gpu_suite.py")
+    rows = json.loads((ROOT / "bench" / "results" / "gpu_kernels_h200_f15d93e.json").read_text())["results"]["bound"]
+    host, kernels, worker = suite.aims(rows)
+    assert host.endswith("192.1-470.4 us, not met")
+    assert "2 of 13 kernels" in kernels and "randomized encode 0.16, accumulate signs (1 row) 0.17" in kernels
+    assert kernels.endswith("encode, block scales 0.49, not met") and "compensate + encode" not in kernels
+    assert worker.endswith("1.88-2.63x, not met")
+    for r in rows:
+        r["compressed_allreduce_host_s"] = 99e-6
+        r["worker_step"]["speedup"] = 2.0
+        for k in r["kernels"].values():
+            k["of_copy"] = 0.5
+    assert [line.rsplit(", ", 1)[-1] for line in suite.aims(rows)] == ["met"] * 3
+    assert suite.aims(rows)[1].endswith("13 of 13 kernels; below: none, met")
+    assert [line.rsplit(": ", 1)[-1] for line in suite.aims(rows[:1])][1:] == ["not measured"] * 2

@@ -711,8 +711,10 @@ def _run_part(part: str, lengths: list[int]) -> None:
                                                  (203, 2, torch.float16, 16, 8), (99, 3, torch.float32, 256, 4)):
             check_levels(numel, world, dtype, block, bits)
     elif part == "grid":
-        kept = (cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS)
+        kept = (cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS,
+                cuda.frames.DECODE_ROUND)
         cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED = 2, 32, 16  # past TAIL: one group; _collapse
+        cuda.frames.DECODE_ROUND = 2  # the framed decoders' blocks take several rounds of 2 tiles, a row's end in one
         try:  # walks several values a thread
             check(max(lengths), 3, torch.float16)
             check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
@@ -743,7 +745,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
             finally:
                 cuda.scales.CODE_SCALES_PER_THREAD = per_thread
         finally:
-            cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS = kept
+            (cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS,
+             cuda.frames.DECODE_ROUND) = kept
     elif part == "races":
         check_race_checks()
     else:

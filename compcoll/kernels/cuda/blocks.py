@@ -12,7 +12,7 @@ from ...spec import SCALE_BYTES
 from ..launch import device_of, launch
 from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, finite_slots, grid_for, row_of, shift_of,
                      stand_in, table_arg, to_power)
-from .frames import code_value, row_ref
+from .frames import block_code, coded_scale, row_ref
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
@@ -236,29 +236,37 @@ def _no_ref(weights, r, head):
 
 
 @cuda.jit(device=True)
-def _given_weight(weights, r, b, ref, steps, by):
+def _no_code(weights, r, b):
+    """The stand-in for a block's code where the weights are not coded (a table's, a head's)."""
+    return 0
+
+
+@cuda.jit(device=True)
+def _given_weight(weights, r, b, ref, steps, by, code):
     """Block b's weight in row r of a float32 weight table, as given."""
     return weights[r, b]
 
 
 @cuda.jit(device=True)
-def _coded_weight(rows, r, b, ref, steps, by):
-    """Block b's weight in wire row r of head ``ref`` (``frames.row_ref``): its decoded scale
-    (``frames.code_value``) / ``by``, in float32 (IEEE division, as ``decode_codes``)."""
-    return code_value(ref, rows, r, b, steps) / by
+def _coded_weight(rows, r, b, ref, steps, by, code):
+    """The weight of block b of wire row r, of head ``ref`` (``frames.row_ref``) and block ``code``
+    (``frames.block_code``): its decoded scale (``frames.coded_scale``) / ``by``, in float32 (IEEE division, as
+    ``decode_codes``)."""
+    return coded_scale(ref, steps, code) / by
 
 
 @cuda.jit(device=True)
-def _head_weight(rows, r, b, ref, steps, by):
+def _head_weight(rows, r, b, ref, steps, by, code):
     """Wire row r's weight, its head ``ref`` itself / ``by``, in float32 (IEEE division, as
     ``frames.head_weights``); every block's the same."""
     return np.float32(ref) / by
 
 
-WEIGHTS = {"table": (_no_ref, _given_weight), "codes": (row_ref, _coded_weight), "heads": (row_ref, _head_weight)}
+WEIGHTS = {"table": (_no_ref, _no_code, _given_weight), "codes": (row_ref, block_code, _coded_weight),
+           "heads": (row_ref, _no_code, _head_weight)}
 """Where a ``rank_accumulator`` kernel takes its weights: a float32 table; wire rows' heads and block codes (the
-block forms' frames); wire rows' heads alone (the 1-bit frames: a scale a row). Each: (the row's head, the
-weight of block b)."""
+block forms' frames); wire rows' heads alone (the 1-bit frames: a scale a row). Each: (the row's head, block b's
+code, the weight of block b from them)."""
 
 
 def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "table"):
@@ -275,11 +283,14 @@ def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "ta
     round trip an element, its next loads held behind its store (numba's arrays may alias). A round:
     1. for each rank r in order: (wire rows) read row r's head; load the round's codes (``code_of``: a sign byte,
        or a level from its planes' bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8
-       bits) and weights of row r, then add each code's value to its element's sum (``add_code``);
+       bits) and, with "codes", their blocks' codes; then the weights of row r (with "codes" each a step looked up
+       by its block's code: a load behind a load, so after all the round's first loads), then add each code's value
+       to its element's sum (``add_code``);
     2. with a base, load the round's base values, then add each to its sum;
     3. store the sums.
     """
-    ref_of, weight_of = WEIGHTS[weights_from]
+    ref_of, code_of_block, weight_of = WEIGHTS[weights_from]
+    coded = weights_from == "codes"
 
     @cuda.jit
     def kernel(rows, weights, steps, divisor, shift, nbits, base, out, n_out):
@@ -290,6 +301,7 @@ def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "ta
         acc = cuda.local.array(IN_FLIGHT, np.float32)
         codes = cuda.local.array(IN_FLIGHT, np.uint8)
         scales = cuda.local.array(IN_FLIGHT, np.float32)
+        keys = cuda.local.array(IN_FLIGHT, np.uint8)
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
             for u in range(IN_FLIGHT):
@@ -299,7 +311,15 @@ def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "ta
                 for u in range(IN_FLIGHT):
                     i = k + u * step
                     codes[u] = code_of(rows, r, row_bytes, i, nbits) if i < n_out else 0
-                    scales[u] = weight_of(weights, r, i >> shift, ref, steps, by) if i < n_out else np.float32(0)
+                    keys[u] = code_of_block(weights, r, i >> shift) if i < n_out else 0
+                    if not coded:
+                        scales[u] = weight_of(weights, r, i >> shift, ref, steps, by, 0) if i < n_out else (
+                            np.float32(0))
+                if coded:
+                    for u in range(IN_FLIGHT):
+                        i = k + u * step
+                        scales[u] = weight_of(weights, r, i >> shift, ref, steps, by, keys[u]) if i < n_out else (
+                            np.float32(0))
                 for u in range(IN_FLIGHT):
                     acc[u] = add_code(acc[u], codes[u], scales[u], k + u * step, nbits)
             if with_base:

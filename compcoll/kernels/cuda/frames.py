@@ -44,10 +44,21 @@ def row_ref(rows, r, head):
 
 
 @cuda.jit(device=True)
+def block_code(rows, r, b):
+    """The code of block b in wire row r: the row's b-th byte behind its head."""
+    return rows[r, SCALE_BYTES + b]
+
+
+@cuda.jit(device=True)
+def coded_scale(ref, steps, code):
+    """The scale a block ``code`` stands for in a row of head ``ref`` (``row_ref``): float32(ref * steps[code])."""
+    return np.float32(ref * steps[code])
+
+
+@cuda.jit(device=True)
 def code_value(ref, rows, r, b, steps):
-    """Block b's scale in wire row r of head ``ref`` (``row_ref``): float32(ref * steps[code_b]), code_b the row's
-    b-th byte behind its head."""
-    return np.float32(ref * steps[rows[r, SCALE_BYTES + b]])
+    """Block b's scale in wire row r of head ``ref`` (``row_ref``): ``coded_scale`` of its ``block_code``."""
+    return coded_scale(ref, steps, block_code(rows, r, b))
 
 
 @cuda.jit
@@ -72,60 +83,92 @@ _ROUNDINGS = {"float32": (cuda.jit(device=True)(scalar.same_bits), np.int64(1 <<
 bit."""
 
 DECODE_TILE = TILE + TILE // 32
-"""Words of a tiled decoder's shared array (``_stage_byte``): a tile's ``TILE`` elements, one word of padding after
-every 32."""
+"""Words of a tiled decoder's shared array for one tile (``_stage_byte``): its ``TILE`` elements, one word of padding
+after every 32."""
+DECODE_ROUND = 8
+"""Tiles a framed decoder's thread block decodes a round: each thread loads its byte of each (and their scales)
+before it stages any, so a round waits for memory once, not once a tile."""
+DECODE_WORDS = DECODE_ROUND * DECODE_TILE
+"""Words of a framed decoder's shared array: a round's tiles (numba sizes a shared array by one constant)."""
 
 
 @cuda.jit(device=True)
-def _stage_byte(staged, byte, high, low):
-    """The thread's 8 elements of the tile from its sign byte: high where the bit is set, else low, into ``staged``
-    at 8 x its index (the first element in the most significant bit). With a word of padding after every 32, the 32
-    threads of a warp write 32 different banks."""
+def _stage_byte(staged, at, byte, high, low):
+    """The thread's 8 elements of a tile from its sign byte: high where the bit is set, else low, into ``staged``
+    from word ``at`` (the tile's), at 8 x its index (the first element in the most significant bit). With a word of
+    padding after every 32, the 32 threads of a warp write 32 different banks."""
     for u in range(8):
         e = 8 * cuda.threadIdx.x + u
-        staged[e + (e >> 5)] = high if (byte >> (7 - u)) & 1 else low
+        staged[at + e + (e >> 5)] = high if (byte >> (7 - u)) & 1 else low
 
 
 @cuda.jit(device=True)
-def _store_tile(staged, out, base, n_out):
-    """out[base + e] <- the tile's staged element e, for e < ``TILE`` and base + e < n_out: neighbouring threads on
-    neighbouring elements (coalesced), between the barriers that order them after the staging and before the next."""
-    cuda.syncthreads()
+def _store_tile(staged, at, out, base, n_out):
+    """out[base + e] <- the tile staged from word ``at``'s element e, for e < ``TILE`` and base + e < n_out:
+    neighbouring threads on neighbouring elements (coalesced)."""
     for j in range(8):
         e = j * THREADS + cuda.threadIdx.x
         if base + e < n_out:
-            out[base + e] = staged[e + (e >> 5)]
-    cuda.syncthreads()
+            out[base + e] = staged[at + e + (e >> 5)]
 
 
 @lru_cache(maxsize=None)
 def _decode_framed(dtype: str, blocks: bool):
     """The tiled decoder of wire rows into a ``dtype`` output's raw bits: one scale a row (its head), or with
     ``blocks`` a scale a block (the head times the block's code's step; ``per_row`` codes behind the head, a block
-    2^``shift`` elements)."""
+    2^``shift`` elements).
+
+    A thread block takes ``DECODE_ROUND`` tiles (``TILE`` elements, a byte a thread each) a round:
+    1. each thread loads its byte of every tile (and the row's head, read where the thread's row changes; with
+       ``blocks`` the byte's block code), all before it uses any;
+    2. then the value each byte's 8 elements take (with ``blocks`` its code's step: a second load, which waited
+       behind the first where each tile's value came before the next tile's loads);
+    3. it stages each byte's 8 elements (``_stage_byte``);
+    4. after a barrier the block stores the round's tiles coalesced (``_store_tile``), then waits at a barrier
+       before the next round stages over them.
+    """
     rounded, sign = _ROUNDINGS[dtype]
+    flip = np.uint32(sign)
 
     @cuda.jit
     def kernel(rows, steps, per_row, shift, out, n_out):
-        staged = cuda.shared.array(DECODE_TILE, np.uint32)
+        staged = cuda.shared.array(DECODE_WORDS, np.uint32)
         head = cuda.local.array(SCALE_BYTES, np.uint8)
         value = cuda.local.array(1, np.float32)
+        held = cuda.local.array(DECODE_ROUND, np.uint8)
+        codes = cuda.local.array(DECODE_ROUND, np.uint8)
+        refs = cuda.local.array(DECODE_ROUND, np.float32)
+        highs = cuda.local.array(DECODE_ROUND, np.uint32)
         row_bytes = rows.shape[1] - SCALE_BYTES - per_row
         signs = SCALE_BYTES + per_row
         total = min(rows.shape[0] * row_bytes, (n_out + 7) // 8)
+        tiles = (total + THREADS - 1) // THREADS
         r, first, ref = -1, -row_bytes, 0.0
-        for tile in range(cuda.blockIdx.x, (total + THREADS - 1) // THREADS, cuda.gridDim.x):
-            t = tile * THREADS + cuda.threadIdx.x
-            if t < total:
-                row, first = row_of(t, r, first, row_bytes)
-                if row != r:
-                    r = row
-                    ref = row_ref(rows, r, head)
-                c = t - first
-                value[0] = code_value(ref, rows, r, (8 * c) >> shift, steps) if blocks else np.float32(ref)
-                high = rounded(np.int64(value.view(np.uint32)[0]))
-                _stage_byte(staged, rows[r, signs + c], high, high ^ sign)
-            _store_tile(staged, out, tile * TILE, n_out)
+        for tile in range(cuda.blockIdx.x * DECODE_ROUND, tiles, cuda.gridDim.x * DECODE_ROUND):
+            for u in range(DECODE_ROUND):
+                t = (tile + u) * THREADS + cuda.threadIdx.x
+                held[u] = 0
+                codes[u] = 0
+                if t < total:
+                    row, first = row_of(t, r, first, row_bytes)
+                    if row != r:
+                        r = row
+                        ref = row_ref(rows, r, head)
+                    c = t - first
+                    held[u] = rows[r, signs + c]
+                    if blocks:
+                        codes[u] = block_code(rows, r, (8 * c) >> shift)
+                refs[u] = np.float32(ref)
+            for u in range(DECODE_ROUND):
+                value[0] = coded_scale(np.float64(refs[u]), steps, codes[u]) if blocks else refs[u]
+                highs[u] = rounded(np.int64(value.view(np.uint32)[0]))
+            for u in range(DECODE_ROUND):
+                if (tile + u) * THREADS + cuda.threadIdx.x < total:
+                    _stage_byte(staged, u * DECODE_TILE, held[u], highs[u], highs[u] ^ flip)
+            cuda.syncthreads()
+            for u in range(DECODE_ROUND):
+                _store_tile(staged, u * DECODE_TILE, out, (tile + u) * TILE, n_out)
+            cuda.syncthreads()
 
     return kernel
 
@@ -136,16 +179,23 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
     ``signs.select_decode`` reading its scales from the frames, so nothing reads, rounds, negates or copies them first.
 
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16).
-    Tiled over the rows' sign bytes, ``TILE`` elements (``THREADS`` bytes) a tile:
-    1. Each thread takes one byte: the row's head bytes make the scale's float32 bits (read when the thread's row
-       changes); ``dtype``'s rounding (float16, bfloat16: to nearest even, as torch's) makes +s_r, and its sign bit
-       flipped -s_r (what rounding the negated float32 gives); the byte's 8 elements go to shared memory
+    Tiled over the rows' sign bytes, ``TILE`` elements (``THREADS`` bytes) a tile, ``DECODE_ROUND`` tiles a round
+    of a thread block (``_decode_framed``):
+    1. Each thread takes one byte a tile: the row's head bytes make the scale's float32 bits (read when the thread's
+       row changes); ``dtype``'s rounding (float16, bfloat16: to nearest even, as torch's) makes +s_r, and its sign
+       bit flipped -s_r (what rounding the negated float32 gives); the byte's 8 elements go to shared memory
        (``_stage_byte``).
-    2. The tile's elements are stored coalesced (``_store_tile``).
-    One byte load serves 8 elements, and the stores wait only for the tile's loads.
+    2. The tiles' elements are stored coalesced (``_store_tile``).
+    One byte load serves 8 elements, and a round's stores wait only for its loads.
     """
-    launch(_decode_framed(dtype, False), grid_for(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES), -(-n_out // 8))),
-           THREADS, stream, rows, stand_in(device_of(stream), np.float64), 0, 0, out, n_out)
+    launch(_decode_framed(dtype, False), _decode_grid(rows.shape[0] * (rows.shape[1] - SCALE_BYTES), n_out), THREADS,
+           stream, rows, stand_in(device_of(stream), np.float64), 0, 0, out, n_out)
+
+
+def _decode_grid(row_bytes: int, n_out: int) -> int:
+    """Blocks of a framed decoder over ``row_bytes`` sign bytes of its rows, cut to ``n_out`` elements: a round of
+    ``DECODE_ROUND`` tiles a block (at most ``common.MAX_BLOCKS``)."""
+    return grid_for(min(row_bytes, -(-n_out // 8)), THREADS * DECODE_ROUND)
 
 
 def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, stream=0) -> None:
@@ -156,5 +206,5 @@ def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, st
     from 8), so one code and its step make their value (a thread keeps the row of its last byte, and its head, and
     divides and reads a head only when it leaves it; k // block a shift).
     ``out`` is the raw view of a ``dtype`` output (float32: uint32, 16-bit: uint16)."""
-    tiles = grid_for(min(rows.shape[0] * (rows.shape[1] - SCALE_BYTES - per_row), -(-n_out // 8)))
-    launch(_decode_framed(dtype, True), tiles, THREADS, stream, rows, steps, per_row, shift_of(block), out, n_out)
+    launch(_decode_framed(dtype, True), _decode_grid(rows.shape[0] * (rows.shape[1] - SCALE_BYTES - per_row), n_out),
+           THREADS, stream, rows, steps, per_row, shift_of(block), out, n_out)

@@ -744,6 +744,14 @@ def _run_part(part: str, lengths: list[int]) -> None:
                 _check_codes(scales.reshape(-1).astype(np.float32), 8, 8 * 700, -4, 3, rng)
             finally:
                 cuda.scales.CODE_SCALES_PER_THREAD = per_thread
+            coding = (cuda.scales.CODE_THREADS, cuda.scales.CODE_SCALES_PER_THREAD)
+            cuda.scales.CODE_THREADS, cuda.scales.CODE_SCALES_PER_THREAD = 32, 16
+            try:  # more scales a thread than it loads at once (IN_FLIGHT): rows of 400 in one block (13 a thread),
+                # rows of 700 in 2 parts (11 a thread)
+                _check_codes(rng.random(3 * 400) * 10.0, 8, 8 * 400 - 3, 2, 3, rng)
+                _check_codes(rng.random(3 * 700).astype(np.float32), 8, 8 * 700, -4, 3, rng)
+            finally:
+                cuda.scales.CODE_THREADS, cuda.scales.CODE_SCALES_PER_THREAD = coding
         finally:
             (cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS,
              cuda.frames.DECODE_ROUND) = kept

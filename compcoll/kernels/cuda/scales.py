@@ -10,7 +10,7 @@ from numba import cuda
 from .. import scalar
 from ...spec import SCALE_BYTES
 from ..launch import launch
-from .common import THREADS, device_empty, grid_for, row_of
+from .common import IN_FLIGHT, THREADS, device_empty, grid_for, row_of
 from .frames import code_value, row_ref, write_head
 
 CODE_THREADS = 256
@@ -37,61 +37,91 @@ def _block_max(top, value):
     return top[0]
 
 
+SUM_TYPES = {2: np.float64, 1: np.float64}
+"""A coder's input element type by power: the float64 sums of |x|^power; else (0, the levels' negative powers)
+float32 scales or maxima."""
+
+
 @cuda.jit(device=True)
-def _scales_of(src, block, row_len, power, decoded, r, first, stride):
-    """decoded[r, b] <- block b's scale for b = first, first + stride, ... of row r; returns the largest of them."""
+def _scales_of(src, block, row_len, power, decoded, r, first, stride, held):
+    """decoded[r, b] <- block b's scale for b = first, first + stride, ... of row r; returns the largest of them.
+
+    ``IN_FLIGHT`` blocks a round: their inputs loaded into ``held`` (a local array of ``src``'s type) first, then
+    their scales computed and stored (an input's load behind the previous scale's store waited a round trip)."""
     m = decoded.shape[1]
     largest = np.float32(0.0)
-    for b in range(first, m, stride):
-        s = _block_scale(src, r * m + b, block if b < m - 1 else row_len - (m - 1) * block, power)
-        decoded[r, b] = s
-        largest = max(largest, s)
+    for k in range(first, m, IN_FLIGHT * stride):
+        for u in range(IN_FLIGHT):
+            b = k + u * stride
+            held[u] = src[r * m + b] if b < m else 0
+        for u in range(IN_FLIGHT):
+            b = k + u * stride
+            if b < m:
+                s = _block_scale(held, u, block if b < m - 1 else row_len - (m - 1) * block, power)
+                decoded[r, b] = s
+                largest = max(largest, s)
     return largest
 
 
 @cuda.jit(device=True)
-def _code_row(ref, steps, values, head, rows, decoded, r, first, stride, writes_head):
+def _code_row(ref, steps, values, head, rows, decoded, r, first, stride, writes_head, scales):
     """Row r's codes against its largest scale ref for b = first, first + stride, ...: the 256 values
     float32(float64(ref) * steps[k]) in shared ``values``, ref's 4 bytes at the row's head (``writes_head``: thread 0),
-    each scale's code behind it and its decoded value over it."""
+    each scale's code behind it and its decoded value over it; ``IN_FLIGHT`` scales a round loaded into ``scales``
+    (a float32 local array) before any is coded and stored."""
     tid = cuda.threadIdx.x
     for k in range(tid, 256, CODE_THREADS):
         values[k] = np.float32(np.float64(ref) * steps[k])
     if writes_head and tid == 0:
         write_head(rows, r, ref, head)
     cuda.syncthreads()
-    for b in range(first, decoded.shape[1], stride):
-        code = _nearest_code(values, decoded[r, b])
-        rows[r, SCALE_BYTES + b] = code
-        decoded[r, b] = values[code]
+    m = decoded.shape[1]
+    for k in range(first, m, IN_FLIGHT * stride):
+        for u in range(IN_FLIGHT):
+            b = k + u * stride
+            scales[u] = decoded[r, b] if b < m else np.float32(0)
+        for u in range(IN_FLIGHT):
+            b = k + u * stride
+            if b < m:
+                code = _nearest_code(values, scales[u])
+                rows[r, SCALE_BYTES + b] = code
+                decoded[r, b] = values[code]
     cuda.syncthreads()
 
 
 @lru_cache(maxsize=None)
 def _code_blocks(power: int):
+    sum_type = SUM_TYPES.get(power, np.float32)
+
     @cuda.jit
     def kernel(src, block, row_len, steps, rows, decoded):
         tid = cuda.threadIdx.x
         top = cuda.shared.array(CODE_THREADS, np.float32)
         values = cuda.shared.array(256, np.float32)
         head = cuda.local.array(1, np.float32)
+        held = cuda.local.array(IN_FLIGHT, sum_type)
+        scales = cuda.local.array(IN_FLIGHT, np.float32)
         for r in range(cuda.blockIdx.x, decoded.shape[0], cuda.gridDim.x):
-            largest = _scales_of(src, block, row_len, power, decoded, r, tid, CODE_THREADS)
+            largest = _scales_of(src, block, row_len, power, decoded, r, tid, CODE_THREADS, held)
             ref = _block_max(top, largest)
-            _code_row(ref, steps, values, head, rows, decoded, r, tid, CODE_THREADS, True)
+            _code_row(ref, steps, values, head, rows, decoded, r, tid, CODE_THREADS, True, scales)
 
     return kernel
 
 
 @lru_cache(maxsize=None)
 def _part_maxima(power: int):
+    sum_type = SUM_TYPES.get(power, np.float32)
+
     @cuda.jit
     def kernel(src, block, row_len, parts, decoded, maxima):
         tid = cuda.threadIdx.x
         top = cuda.shared.array(CODE_THREADS, np.float32)
+        held = cuda.local.array(IN_FLIGHT, sum_type)
         for q in range(cuda.blockIdx.x, decoded.shape[0] * parts, cuda.gridDim.x):
             r, g = q // parts, q % parts
-            largest = _scales_of(src, block, row_len, power, decoded, r, g * CODE_THREADS + tid, parts * CODE_THREADS)
+            largest = _scales_of(src, block, row_len, power, decoded, r, g * CODE_THREADS + tid, parts * CODE_THREADS,
+                                 held)
             top_value = _block_max(top, largest)
             if tid == 0:
                 maxima[q] = top_value
@@ -106,13 +136,15 @@ def _code_parts(steps, parts, maxima, rows, decoded):
     top = cuda.shared.array(CODE_THREADS, np.float32)
     values = cuda.shared.array(256, np.float32)
     head = cuda.local.array(1, np.float32)
+    scales = cuda.local.array(IN_FLIGHT, np.float32)
     for q in range(cuda.blockIdx.x, decoded.shape[0] * parts, cuda.gridDim.x):
         r, g = q // parts, q % parts
         largest = np.float32(0.0)
         for j in range(tid, parts, CODE_THREADS):
             largest = max(largest, maxima[r * parts + j])
         ref = _block_max(top, largest)
-        _code_row(ref, steps, values, head, rows, decoded, r, g * CODE_THREADS + tid, parts * CODE_THREADS, g == 0)
+        _code_row(ref, steps, values, head, rows, decoded, r, g * CODE_THREADS + tid, parts * CODE_THREADS, g == 0,
+                  scales)
 
 
 def code_blocks(src, block, row_len, power, steps, rows, decoded, stream=0, empty=device_empty) -> None:

@@ -192,10 +192,10 @@ def decode_framed(rows, out, n_out, dtype: str, stream=0) -> None:
            stream, rows, stand_in(device_of(stream), np.float64), 0, 0, out, n_out)
 
 
-def _decode_grid(row_bytes: int, n_out: int) -> int:
-    """Blocks of a framed decoder over ``row_bytes`` sign bytes of its rows, cut to ``n_out`` elements: a round of
+def _decode_grid(sign_bytes: int, n_out: int) -> int:
+    """Blocks of a framed decoder over its rows' ``sign_bytes``, cut to ``n_out`` elements: a round of
     ``DECODE_ROUND`` tiles a block (at most ``common.MAX_BLOCKS``)."""
-    return grid_for(min(row_bytes, -(-n_out // 8)), THREADS * DECODE_ROUND)
+    return grid_for(min(sign_bytes, -(-n_out // 8)), THREADS * DECODE_ROUND)
 
 
 def decode_framed_blocks(rows, steps, per_row, block, out, n_out, dtype: str, stream=0) -> None:

@@ -44,6 +44,9 @@ ROW_BYTES = BLOCK // 8
 """Sign bytes of one rank's row in a summation block."""
 ROW_SHIFT = ROW_BYTES.bit_length() - 1
 """log2 of ``ROW_BYTES``: a staged byte's rank is a shift of its index, its column a mask."""
+STAGED_LOADS = 16
+"""Elements a thread of the lane sums of an input (``_power_lanes``: source and error; ``_segment_lanes``) loads
+before it stages any: a summation block's 32 a thread in 2 rounds."""
 GROUP_BYTES = RANK_GROUP * ROW_BYTES
 """The staged sign bytes of a group of ranks (numba sizes a shared array by one constant)."""
 
@@ -303,17 +306,17 @@ def tree_sum(partial, stream=0, empty=device_empty, into=None, scale=None) -> fl
 
 @cuda.jit(device=True)
 def _load_round(values, first, k, count, step, held):
-    """held[u] <- values[first + k + u * step] for u < ``IN_FLIGHT``, 0 where k + u * step >= ``count``: a thread's
+    """held[u] <- values[first + k + u * step] for u < held.size, 0 where k + u * step >= ``count``: a thread's
     round of loads, all in flight before any is used (a float32 ``values``)."""
-    for u in range(IN_FLIGHT):
+    for u in range(held.size):
         e = k + u * step
         held[u] = values[first + e] if e < count else np.float32(0)
 
 
 @cuda.jit(device=True)
 def _stage_round(staged, k, count, step, held):
-    """staged[k + u * step] <- held[u] for u < ``IN_FLIGHT`` where k + u * step < ``count``: a round's stores."""
-    for u in range(IN_FLIGHT):
+    """staged[k + u * step] <- held[u] for u < held.size where k + u * step < ``count``: a round's stores."""
+    for u in range(held.size):
         e = k + u * step
         if e < count:
             staged[e] = held[u]
@@ -347,7 +350,7 @@ def _power_lanes(with_lut: bool, p: int):
 
     A thread block of ``LANE_THREADS`` takes summation block b:
     1. its threads stage x = err + src (float32) of the block's elements in shared memory, neighbouring threads on
-       neighbouring elements, each loading ``IN_FLIGHT`` elements' src and err (raw, a grid stride of
+       neighbouring elements, each loading ``STAGED_LOADS`` elements' src and err (raw, a grid stride of
        ``LANE_THREADS`` apart: a constant, so that the compiler folds each element's offset into its load) before it
        looks any up, adds or stores (numba's arrays may alias, so a load waits behind a store before it);
     2. ``LANES`` of them add their lanes' in k order (``_add_lanes``): the order and the bits are those of one
@@ -358,19 +361,19 @@ def _power_lanes(with_lut: bool, p: int):
     @cuda.jit
     def kernel(src, lut, err, n_src, partial, groups, counter, total, d, root_d, mode, scale_out):
         staged = cuda.shared.array(BLOCK, np.float32)
-        raw = cuda.local.array(IN_FLIGHT, raw_type)
-        held = cuda.local.array(IN_FLIGHT, np.float32)
+        raw = cuda.local.array(STAGED_LOADS, raw_type)
+        held = cuda.local.array(STAGED_LOADS, np.float32)
         step = LANE_THREADS
         n = err.size
         for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
             first = b * BLOCK
             count = min(BLOCK, n - first)
-            for k in range(cuda.threadIdx.x, count, IN_FLIGHT * step):
-                for u in range(IN_FLIGHT):
+            for k in range(cuda.threadIdx.x, count, STAGED_LOADS * step):
+                for u in range(STAGED_LOADS):
                     e = k + u * step
                     raw[u] = src[first + e] if e < count and first + e < n_src else 0
                 _load_round(err, first, k, count, step, held)
-                for u in range(IN_FLIGHT):
+                for u in range(STAGED_LOADS):
                     if first + k + u * step < n_src:
                         held[u] = held[u] + look_up(lut, raw[u])
                 _stage_round(staged, k, count, step, held)
@@ -494,10 +497,10 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=dev
 def _segment_lanes(x, bounds, firsts, partial):
     """partial[q*LANES + l] = lane l's float64 sum of squares of summation block q of its segment, in
     ``_power_lanes``' order: segment j is x[bounds[j]:bounds[j + 1]], its blocks q in [firsts[j], firsts[j + 1]),
-    found by bisection; a thread block of ``LANE_THREADS`` stages block q's elements (``IN_FLIGHT`` loads a thread
+    found by bisection; a thread block of ``LANE_THREADS`` stages block q's elements (``STAGED_LOADS`` loads a thread
     before its stores, as ``_power_lanes``), then ``_add_lanes``."""
     staged = cuda.shared.array(BLOCK, np.float32)
-    held = cuda.local.array(IN_FLIGHT, np.float32)
+    held = cuda.local.array(STAGED_LOADS, np.float32)
     step = LANE_THREADS
     for q in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
         j, past = 0, bounds.size - 1
@@ -509,7 +512,7 @@ def _segment_lanes(x, bounds, firsts, partial):
                 past = middle
         first = bounds[j] + (q - firsts[j]) * BLOCK
         count = max(0, min(BLOCK, bounds[j + 1] - first))
-        for k in range(cuda.threadIdx.x, count, IN_FLIGHT * step):
+        for k in range(cuda.threadIdx.x, count, STAGED_LOADS * step):
             _load_round(x, first, k, count, step, held)
             _stage_round(staged, k, count, step, held)
         cuda.syncthreads()

@@ -474,6 +474,8 @@ def check_group_sums() -> None:
     group of several thread blocks, one thread walking several lane sums, and threads sharing one value of the
     tree (``SUBTREES``) in shared memory."""
     for blocks, tail, threads, numel in ((4, 64, 32, 30011), (8, 64, 256, 40011)):
+        if threads != cuda.sums.LANE_THREADS and not config.ENABLE_CUDASIM:
+            continue  # a GPU's kernels keep the LANE_THREADS they were compiled with (their staging stride)
         cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.LANE_THREADS = blocks, tail, threads
         check_lane_sums((numel,), (torch.float32,), (2,))
 
@@ -714,7 +716,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
         kept = (cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED, cuda.sums.LANE_THREADS,
                 cuda.frames.DECODE_ROUND)
         cuda.common.MAX_BLOCKS, cuda.sums.TAIL, cuda.sums.COLLAPSED = 2, 32, 16  # past TAIL: one group; _collapse
-        cuda.frames.DECODE_ROUND = 2  # the framed decoders' blocks take several rounds of 2 tiles, a row's end in one
+        cuda.frames.DECODE_ROUND = 2  # the framed decoders' blocks take several rounds of 2 tiles (the simulator's;
+        # a GPU's keep the rounds they were compiled with, on a wider grid)
         try:  # walks several values a thread
             check(max(lengths), 3, torch.float16)
             check_lane_sums((20011,), (torch.float32,), (2,))  # 3 summation blocks on 2 thread blocks: one
@@ -745,7 +748,8 @@ def _run_part(part: str, lengths: list[int]) -> None:
             finally:
                 cuda.scales.CODE_SCALES_PER_THREAD = per_thread
             coding = (cuda.scales.CODE_THREADS, cuda.scales.CODE_SCALES_PER_THREAD)
-            cuda.scales.CODE_THREADS, cuda.scales.CODE_SCALES_PER_THREAD = 32, 16
+            if config.ENABLE_CUDASIM:  # a GPU's coders keep the CODE_THREADS they were compiled with
+                cuda.scales.CODE_THREADS, cuda.scales.CODE_SCALES_PER_THREAD = 32, 16
             try:  # more scales a thread than it loads at once (IN_FLIGHT): rows of 400 in one block (13 a thread),
                 # rows of 700 in 2 parts (11 a thread)
                 _check_codes(rng.random(3 * 400) * 10.0, 8, 8 * 400 - 3, 2, 3, rng)

@@ -64,3 +64,36 @@ def test_device_functions_that_read_cuda_are_called_only_from_their_own_module()
     imported = [(node.module, alias.name) for tree in trees.values() for node in ast.walk(tree)
                 if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module for alias in node.names]
     assert ("common", "row_of") in imported and not [pair for pair in imported if pair in reading]
+
+
+def test_no_shared_array_is_read_as_a_wider_dtype_than_it_is_declared() -> None:
+    """numba declares a shared array aligned to its own dtype (``.shared .align 4`` for float32), and a kernel that
+    reads it through a view of a wider dtype (float64) would fault on a GPU where the array lands on an address that
+    is not a multiple of the wider size, which the simulator cannot see: the lane sums' blocks are declared float64
+    and viewed as float32 (``kernels.cuda.sums.BLOCK_WORDS``), not the other way round.
+
+    1. Every ``NAME = cuda.shared.array(SIZE, np.DTYPE)`` of the package's modules, and every ``NAME.view(np.DTYPE)``
+       in the same function.
+    2. No view is of a dtype wider than its array's.
+    """
+    import numpy as np
+
+    package = Path(__file__).parents[2] / "compcoll" / "kernels" / "cuda"
+    found = []
+    for path in package.glob("*.py"):
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            declared = {node.targets[0].id: ast.unparse(node.value.args[1]) for node in ast.walk(function)
+                        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                        and ast.unparse(node.value).startswith("cuda.shared.array(")}
+            views = [(node.func.value.id, ast.unparse(node.args[0])) for node in ast.walk(function)
+                     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "view"
+                     and isinstance(node.func.value, ast.Name) and node.func.value.id in declared]
+            found += [(path.stem, function.name, name, declared[name], dtype) for name, dtype in views]
+
+    def size(dtype: str) -> int:
+        return np.dtype(getattr(np, dtype.split(".")[-1])).itemsize
+
+    assert ("sums", "kernel", "block", "np.float64", "np.float32") in found
+    assert not [view for view in found if size(view[4]) > size(view[3])], found

@@ -25,10 +25,14 @@ from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, add_sign, block_counts, devi
                      to_power)
 from .records import scale_value
 
-TAIL = BLOCK // 2
-"""Lane sums up to which the last block of the kernel that wrote them adds them all itself, in the shared memory of
-its staged float32 summation block (4096 float64: ``_finish_in_shared``); past it, the width of the tree's level
-that the last blocks of its ``TAIL // LANES`` groups write (``_finish_lanes``)."""
+BLOCK_WORDS = BLOCK // 2
+"""float64 words of a lane-sum kernel's shared block: its summation block's ``BLOCK`` float32 elements staged (a
+float32 view), then its last block's lane sums (``_finish_in_shared``); declared float64 so that it is 8-byte
+aligned (numba aligns a shared array to its own dtype)."""
+TAIL = BLOCK_WORDS
+"""Lane sums up to which the last block of the kernel that wrote them adds them all itself, in its shared block
+(``BLOCK_WORDS``: ``_finish_in_shared``); past it, the width of the tree's level that the last blocks of its
+``TAIL // LANES`` groups write (``_finish_lanes``)."""
 COLLAPSED = 32768
 """The width ``_collapse`` takes the tree down to before its last block adds the rest."""
 COLLAPSE_THREADS = 1024
@@ -360,7 +364,8 @@ def _power_lanes(with_lut: bool, p: int):
 
     @cuda.jit
     def kernel(src, lut, err, n_src, partial, groups, counter, total, d, root_d, mode, scale_out):
-        staged = cuda.shared.array(BLOCK, np.float32)
+        block = cuda.shared.array(BLOCK_WORDS, np.float64)
+        staged = block.view(np.float32)
         raw = cuda.local.array(STAGED_LOADS, raw_type)
         held = cuda.local.array(STAGED_LOADS, np.float32)
         step = LANE_THREADS
@@ -381,7 +386,7 @@ def _power_lanes(with_lut: bool, p: int):
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
         if groups:
-            _finish_lanes(partial, groups, staged.view(np.float64), counter, total, d, root_d, mode, scale_out)
+            _finish_lanes(partial, groups, block, counter, total, d, root_d, mode, scale_out)
 
     return kernel
 
@@ -421,7 +426,8 @@ def _accumulate_lanes(with_base: bool, p: int):
     """
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial, groups, counter, total, d, root_d, mode, scale_out):
-        staged = cuda.shared.array(BLOCK, np.float32)
+        block = cuda.shared.array(BLOCK_WORDS, np.float64)
+        staged = block.view(np.float32)
         signs = cuda.shared.array(GROUP_BYTES, np.uint8)
         scales = cuda.shared.array(RANK_GROUP, np.float32)
         held = cuda.local.array(IN_FLIGHT, np.uint8)
@@ -470,7 +476,7 @@ def _accumulate_lanes(with_base: bool, p: int):
             _add_lanes(staged, count, partial, b, p)
             cuda.syncthreads()
         if groups:
-            _finish_lanes(partial, groups, staged.view(np.float64), counter, total, d, root_d, mode, scale_out)
+            _finish_lanes(partial, groups, block, counter, total, d, root_d, mode, scale_out)
 
     return kernel
 

@@ -9,7 +9,7 @@ from numba import cuda
 
 from .. import scalar
 from ..launch import launch
-from .common import IN_FLIGHT, LOOKUPS, THREADS, TILE, grid_for, pack, table_arg
+from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, grid_for, pack, table_arg
 
 _SCALE_LOADS = {False: cuda.jit(device=True)(scalar.scale_value), True: cuda.jit(device=True)(scalar.scale_in_memory)}
 """The encode's scale, by whether it is in device memory (a one-element array) or a value."""
@@ -17,22 +17,31 @@ _SCALE_LOADS = {False: cuda.jit(device=True)(scalar.scale_value), True: cuda.jit
 
 @lru_cache(maxsize=None)
 def _compensate_encode(with_lut: bool, scale_in_memory: bool):
-    look_up = LOOKUPS[with_lut]
+    look_up, raw_type = LOOKUPS[with_lut], RAW_TYPES[with_lut]
     read_scale = _SCALE_LOADS[scale_in_memory]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, scale_slot, bits):
         signs = cuda.shared.array(TILE, np.uint8)
+        raw = cuda.local.array(8, raw_type)
+        held = cuda.local.array(8, np.float32)
         lane = cuda.threadIdx.x
         n = err.size
         scale = read_scale(scale_slot)
         for tile in range(cuda.blockIdx.x, -(-bits.size // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
+                i = base + j * THREADS + lane
+                raw[j] = src[i] if i < n_src and i < n else 0
+                held[j] = err[i] if i < n else np.float32(0)
+            for j in range(8):
+                if base + j * THREADS + lane < n_src:
+                    held[j] = held[j] + look_up(lut, raw[j])
+            for j in range(8):
                 e = j * THREADS + lane
                 i = base + e
                 if i < n:
-                    x = err[i] + look_up(lut, src[i]) if i < n_src else err[i]
+                    x = held[j]
                     if x >= 0:
                         signs[e] = 1
                         err[i] = x - scale
@@ -54,8 +63,10 @@ def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
     ``scale`` is a number, or a one-element float32 device array that the kernel reads
     (a scale computed on the device: no host round trip). A block takes a tile of
     ``TILE`` elements: thread l reads and writes elements l, l + THREADS, ...
-    (neighbouring threads, neighbouring elements: coalesced), keeps their signs in shared
-    memory, then packs byte l of the tile from elements 8l..8l+7.
+    (neighbouring threads, neighbouring elements: coalesced), its 8 elements' source and
+    error all loaded before it stores any (an element's loads behind the previous one's store
+    waited a round trip), keeps their signs in shared memory, then packs byte l of the tile
+    from elements 8l..8l+7.
     """
     in_memory = not isinstance(scale, (int, float, np.number))
     launch(_compensate_encode(lut is not None, in_memory), grid_for(bits.size), THREADS, stream,

@@ -132,13 +132,8 @@ def _finish_in_shared(values, size, scratch, counter, expected, total, d, root_d
         held = cuda.local.array(IN_FLIGHT, np.float64)
         step = cuda.blockDim.x
         for first in range(cuda.threadIdx.x, size, IN_FLIGHT * step):
-            for u in range(IN_FLIGHT):
-                i = first + u * step
-                held[u] = values[i] if i < size else 0.0
-            for u in range(IN_FLIGHT):
-                i = first + u * step
-                if i < size:
-                    scratch[i] = held[u]
+            _load_round(values, 0, first, size, step, held)
+            _stage_round(scratch, first, size, step, held)
         cuda.syncthreads()
         _tree_in_block(scratch, size)
         _write_sum(scratch, total, d, root_d, mode, scale_out)
@@ -311,7 +306,7 @@ def tree_sum(partial, stream=0, empty=device_empty, into=None, scale=None) -> fl
 @cuda.jit(device=True)
 def _load_round(values, first, k, count, step, held):
     """held[u] <- values[first + k + u * step] for u < held.size, 0 where k + u * step >= ``count``: a thread's
-    round of loads, all in flight before any is used (a float32 ``values``)."""
+    round of loads, all in flight before any is used."""
     for u in range(held.size):
         e = k + u * step
         held[u] = values[first + e] if e < count else np.float32(0)

@@ -29,17 +29,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 
 import compcoll
 from compcoll.algorithms.onebit import FlatPlan
 from compcoll.bench.clocks import QueuedClock, timed
 from compcoll.bench.launches import per_call_us
+from compcoll.bench.one_rank import one_rank_comm
 from compcoll.comm import Communicator
 from compcoll.ddp.onebit import BLOCK_SIZE
 
@@ -113,20 +112,6 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def communicator(kind: str) -> Communicator:
-    """A one-rank communicator: ``SingleComm`` ("single"), a one-rank NCCL group ("nccl", torchrun's variables set
-    where absent), or the same group with its agreement rounds on host numbers ("nccl-host": NCCL's rounds until
-    2026-12-01, the sum read first and the record copied up and back: ``Communicator.agrees_on_device`` off)."""
-    if kind == "single":
-        return compcoll.SingleComm()
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", "29533"), ("COMPCOLL_TORCH_BACKEND", "nccl")):
-        os.environ.setdefault(name, value)
-    comm = compcoll.init("torch") if kind == "nccl" or not dist.is_initialized() else compcoll.TorchComm()
-    comm.agrees_on_device = kind == "nccl"
-    return comm
-
-
 def measure(numel: int, steps: int, calls: int, runs: int, comm: Communicator | None = None,
             block_size: int | None = BLOCK_SIZE) -> dict:
     """Bits and host time per call at ``numel`` float32 elements on one rank (steps 1-2 of the module), over ``comm``
@@ -175,7 +160,7 @@ def main() -> None:
                 row = {"comm": kind, "form": form, "numel": int(n)}
                 try:
                     if kind not in comms:
-                        comms[kind] = communicator(kind)
+                        comms[kind] = one_rank_comm(kind)
                     row.update(measure(int(n), args.steps, args.calls, args.runs, comms[kind], FORMS[form]))
                 except Exception as exc:  # a refused capture (or transport) is a result of this experiment
                     row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -18,6 +18,10 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
    kernels by host and by device time. Then, by device time alone, the DDP hook's default
    form (a scale per ``ddp.onebit.BLOCK_SIZE`` elements) at ``--numel``, and both forms at
    ``--large`` elements.
+4. Steps 2 and 3 at ``--numel`` (its first table) again over each further one-rank communicator of ``--comms``
+   (``compcoll.bench.one_rank``: a one-rank NCCL group, its rounds on the device or on host numbers), to place
+   what NCCL adds to a call's host time (gpu_graphs' eager NCCL call: 425-573 us at 4K-1M elements on the H200
+   where ``SingleComm``'s took 214-227).
 Writes OUT.txt with the GPU's name, and OUT.trace.json (the profiler's trace, for chrome://tracing).
 """
 
@@ -34,6 +38,8 @@ import torch
 import compcoll
 from compcoll import codecs
 from compcoll.bench.launches import per_call_us
+from compcoll.bench.one_rank import one_rank_comm
+from compcoll.comm import Communicator
 from compcoll.ddp.onebit import BLOCK_SIZE
 from compcoll.kernels.cuda import records
 from compcoll.kernels import bound
@@ -90,15 +96,15 @@ def steps(loops: int, rounds: int) -> list[tuple[str, float]]:
     return [(name, per_call_us(fn, loops, rounds, torch.cuda.synchronize)) for name, fn in cases.items()]
 
 
-def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
-    """One rank's compressed_allreduce at ``numel``: host microseconds per call, its profile, its counts."""
+def profile_call(numel: int, calls: int, comm: Communicator) -> tuple[float, str, dict]:
+    """One rank's compressed_allreduce at ``numel`` over ``comm``: host microseconds per call, its profile, its
+    counts."""
     dev = torch.device("cuda", torch.cuda.current_device())
     gen = torch.Generator(device=dev).manual_seed(numel)
     x = torch.randn(numel, device=dev, generator=gen)
     full = compcoll.padded_numel(numel, 1)
     we, se = torch.zeros(full, device=dev), torch.zeros(full, device=dev)
     out = torch.empty(numel, device=dev)
-    comm = compcoll.SingleComm()
 
     def call() -> None:
         compcoll.compressed_allreduce(x, we, se, comm, out=out)
@@ -121,10 +127,10 @@ def profile_call(numel: int, calls: int) -> tuple[float, str, dict]:
     return host, text.getvalue(), counts
 
 
-def timeline(numel: int, calls: int, block_size: int | None = None, trace: Path | None = None,
+def timeline(numel: int, calls: int, comm: Communicator, block_size: int | None = None, trace: Path | None = None,
              host_table: bool = False) -> str:
     """``calls`` calls of one rank's compressed_allreduce at ``numel`` (a scale per ``block_size`` elements, or one)
-    under ``torch.profiler``: a summary and tables.
+    over ``comm`` under ``torch.profiler``: a summary and tables.
 
     1. Warm the call up, then profile ``calls`` calls in a row (CPU and CUDA activities).
     2. From the device activities' intervals (kernels, copies): their total time per call, and
@@ -139,7 +145,6 @@ def timeline(numel: int, calls: int, block_size: int | None = None, trace: Path 
     x = torch.randn(numel, device=dev, generator=torch.Generator(device=dev).manual_seed(numel))
     full = compcoll.padded_numel(numel, 1)
     we, se, out = torch.zeros(full, device=dev), torch.zeros(full, device=dev), torch.empty(numel, device=dev)
-    comm = compcoll.SingleComm()
 
     def call() -> None:
         compcoll.compressed_allreduce(x, we, se, comm, out=out, block_size=block_size)
@@ -161,8 +166,9 @@ def timeline(numel: int, calls: int, block_size: int | None = None, trace: Path 
     form = f"a scale per {block_size}" if block_size else "one scale"
     tables = [averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)] * host_table
     return "\n".join([
-        f"# {calls} calls at {numel} elements, {form}: {len(kernels) / calls:.1f} device activities a call, their "
-        f"device time {busy / calls:.1f} us a call, the device span {span / calls:.1f} us a call (idle "
+        f"# {calls} calls at {numel} elements, {form}, over {comm.describe()}: {len(kernels) / calls:.1f} device "
+        f"activities a call, their device time {busy / calls:.1f} us a call, the device span {span / calls:.1f} us a "
+        f"call (idle "
         f"{(span - busy) / calls:.1f})", *tables,
         averages.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60)])
 
@@ -174,24 +180,30 @@ def main() -> int:
     p.add_argument("--numel", type=int, default=4096)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--large", type=int, default=1 << 24, help="the profiled calls' large size (elements)")
+    p.add_argument("--comms", default="single,nccl",
+                   help="one-rank communicators to profile a call over, the first fully (compcoll.bench.one_rank)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     lines = [f"# {torch.cuda.get_device_name()}; host microseconds per call, median of {args.rounds} rounds of "
              f"{args.loops}; launcher {launching.launcher()}"]
     for name, us in steps(args.loops, args.rounds):
         lines.append(f"{name:45s} {us:9.2f}")
-    host, text, counts = profile_call(args.numel, args.calls)
-    lines.append(f"compressed_allreduce, 1 rank, {args.numel} elements: {host:.1f} us of host time per call; {counts}")
-    lines.append(f"# cProfile over {args.calls} calls")
-    lines.append(text)
-    lines.append("# torch.profiler")
-    lines.append(timeline(args.numel, 20, trace=args.out.with_suffix(".trace.json"), host_table=True))
-    lines.append(timeline(args.numel, 20, BLOCK_SIZE))
-    for block_size in (None, BLOCK_SIZE):
-        lines.append(timeline(args.large, 5, block_size))
-    report = "\n".join(lines)
-    print(report)
-    args.out.with_suffix(".txt").write_text(report + "\n")
+    for index, kind in enumerate(args.comms.split(",")):
+        comm = one_rank_comm(kind)
+        host, text, counts = profile_call(args.numel, args.calls, comm)
+        lines.append(f"compressed_allreduce, 1 rank ({kind}), {args.numel} elements: {host:.1f} us of host time per "
+                     f"call; {counts}")
+        lines.append(f"# cProfile over {args.calls} calls ({kind})")
+        lines.append(text)
+        lines.append(f"# torch.profiler ({kind})")
+        trace = args.out.with_suffix(".trace.json") if index == 0 else None
+        lines.append(timeline(args.numel, 20, comm, trace=trace, host_table=True))
+        if index == 0:
+            lines.append(timeline(args.numel, 20, comm, BLOCK_SIZE))
+            for block_size in (None, BLOCK_SIZE):
+                lines.append(timeline(args.large, 5, comm, block_size))
+        args.out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
     return 0
 
 

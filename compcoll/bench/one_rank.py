@@ -1,0 +1,34 @@
+"""The one-rank communicators the GPU benchmarks time a call over: SingleComm and a one-rank NCCL group."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+import compcoll
+from ..comm import Communicator
+
+KINDS = ("single", "nccl", "nccl-host")
+"""``one_rank_comm``'s kinds."""
+
+
+def one_rank_comm(kind: str) -> Communicator:
+    """A one-rank communicator of ``kind``.
+
+    1. "single": ``SingleComm`` (its wire is device copies).
+    2. "nccl": a one-rank NCCL group through ``compcoll.init`` (torchrun's variables set where absent), its
+       agreement rounds on the device.
+    3. "nccl-host": a communicator on the same group with its agreement rounds on host numbers (NCCL's rounds until
+       2026-12-01: the sum read first, the record copied up and back; ``Communicator.agrees_on_device`` off).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"one_rank_comm: kind {kind!r} is not one of {KINDS}")
+    if kind == "single":
+        return compcoll.SingleComm()
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29533"), ("COMPCOLL_TORCH_BACKEND", "nccl")):
+        os.environ.setdefault(name, value)
+    comm = compcoll.init("torch") if kind == "nccl" or not dist.is_initialized() else compcoll.TorchComm()
+    comm.agrees_on_device = kind == "nccl"
+    return comm

@@ -192,12 +192,12 @@ class Agreement:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
         float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
-        Its buffer lives on total's device, kept from call to call (``slot``): this rank's record, then the table,
-        so that one copy reads both. The record's fields but the sum depend on the signature alone: they are
-        copied from the host (queued, no wait) only when the signature changes (a caller's ``step`` changes it
-        every call). The sum is ``slot``, where the call's device part wrote it (copied there on the device where
-        it wrote elsewhere). Every rank's finiteness and value come from every rank's sum, computed on the host
-        (``spec.scales_from``: the same bits on every rank). Gathered rounds (up to
+        Its buffer lives on total's device, kept from call to call (``slot``): this rank's record, then the table, so
+        that one copy reads both. The record's fields but the sum depend on the signature alone: they are copied from
+        the host (queued, no wait, from fresh pinned memory: ``codecs.pinned_like``) only when the signature changes (a
+        caller's ``step`` changes it every call). The sum is ``slot``, where the call's device part wrote it (copied
+        there on the device where it wrote elsewhere). Every rank's finiteness and value come from every rank's sum,
+        computed on the host (``spec.scales_from``: the same bits on every rank). Gathered rounds (up to
         ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
         1. The record is (signature, 1.0, sum): ``RECORD`` float64s, as a host round's (a refusing rank's host
            record, (``REFUSED``, 1.0, 0.0), pairs with it).
@@ -225,7 +225,10 @@ class Agreement:
         is_summed = summed(self.comm)
         if self._written != signature:
             head = self._head(signature, is_summed)
-            codecs.to_device(torch.tensor(head, dtype=torch.float64), space[:len(head)])
+            fields = space[:len(head)]
+            host = codecs.pinned_like(fields) if fields.is_cuda else torch.empty(len(head), dtype=torch.float64)
+            host.numpy()[:] = head
+            codecs.to_device(host, fields)
             self._written = signature
         if not is_summed:
             self.comm.allgather(space[:RECORD], space[RECORD:])

@@ -27,21 +27,23 @@ def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: tor
     """The server's weights s_i / ``divisor`` of the agreed worker scales ``scales`` (host float64), and this rank's
     own scale ``scale``, on ``device`` in the workspace buffer "scalars".
 
-    1. In the host buffer "scalars.host": float32(s_i) for every i and a 0 behind them, all divided by
-       ``divisor`` (``codecs.divide_``), then ``scale`` in that last slot.
+    1. In a host buffer (on CUDA fresh pinned memory, ``codecs.pinned_like``; elsewhere the workspace's
+       "scalars.host"): float32(s_i) for every i and a 0 behind them, all divided by ``divisor``
+       (``codecs.divide_``), then ``scale`` in that last slot.
     2. One copy into "scalars" with no host wait (``codecs.to_device``), queued before the wire.
     Returns:
         (weights, scale) views of "scalars" (``Workspace.parts``): what the server and the encoder read from device
         memory.
     """
     count = scales.numel()
-    host = workspace.get("scalars.host", count + 1, torch.float32, torch.device("cpu"))
+    scalars, weights, mine = workspace.parts("scalars", (count, 1), torch.float32, device)
+    host = (codecs.pinned_like(scalars) if scalars.is_cuda
+            else workspace.get("scalars.host", count + 1, torch.float32, torch.device("cpu")))
     values = host.numpy()
     values[:count] = scales.numpy()
     values[count] = 0.0
     codecs.divide_(host, divisor)
     values[count] = scale
-    scalars, weights, mine = workspace.parts("scalars", (count, 1), torch.float32, device)
     codecs.to_device(host, scalars)
     return weights, mine
 

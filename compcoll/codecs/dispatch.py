@@ -277,18 +277,31 @@ def host_values(values: torch.Tensor) -> list[float] | None:
     return read_values(view(values), stream_of(values))
 
 
+def pinned_like(out: torch.Tensor) -> torch.Tensor:
+    """A host tensor of ``out``'s length and dtype in fresh pinned memory, to fill and copy into the CUDA tensor ``out``
+    with ``to_device``.
+
+    Fresh from torch's caching host allocator, which keeps each block until the copies out of it have run, so no
+    fill meets a copy still reading it (a kept pinned buffer, refilled every call, could). A pageable host tensor
+    costs ``to_device`` a ``pin_memory`` (a check, an allocation and a host copy: 17 us a call on the H200 at
+    f15d93e, ``bench/results/gpu_host_profile_h200_f15d93e.txt``).
+    """
+    return torch.empty(out.numel(), dtype=out.dtype, pin_memory=True)
+
+
 def to_device(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """A small host tensor (the scales from an agreement) copied into ``out`` on its device, with no host wait;
     returns ``out``.
 
-    1. On CUDA: copied into pinned memory from torch's caching host allocator, then to the
-       device asynchronously on the current stream (the allocator keeps the pinned block
-       until that copy has run). A pageable copy waits for the stream.
+    1. On CUDA: ``values`` in pinned memory (``pinned_like``'s as it is; a pageable one copied into
+       pinned memory from torch's caching host allocator first), then to the device asynchronously
+       on the current stream (the allocator keeps the pinned block until that copy has run). A
+       pageable copy waits for the stream.
     2. Elsewhere: ``out.copy_(values)``.
     """
     if out.device.type != "cuda":
         return out.copy_(values)
-    return out.copy_(values.pin_memory(), non_blocking=True)
+    return out.copy_(values if values.is_pinned() else values.pin_memory(), non_blocking=True)
 
 
 def device_scalar(like: torch.Tensor, value: float) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 
 from ..kernels.arrays import DeviceArray
 from ..spec import SCALE_BYTES
-from .dispatch import (RAW, Scalar, call, call_flagged, no_source, on_host, result_into, source_of, storage_of,
-                       to_device, view)
+from .dispatch import (RAW, Scalar, call, call_flagged, no_source, on_host, pinned_like, result_into, source_of,
+                       storage_of, to_device, view)
 
 
 def compensate_encode(
@@ -149,10 +149,11 @@ def stream_keys(keys: list[int], out: torch.Tensor, staging: torch.Tensor | None
     """out[j] <- the 64 bits of ``keys[j]`` (``spec.stream_key``s, below 2^64) as int64, for ``randomized_encode``;
     returns ``out``.
 
-    1. Written into ``staging`` (host int64, as long as ``out``; a new one where None), or into ``out`` itself on
-       the host.
+    1. Written into ``out`` itself on the host; for a CUDA ``out`` into fresh pinned memory (``pinned_like``);
+       elsewhere into ``staging`` (host int64, as long as ``out``; a new one where None).
     2. On a device, copied into ``out`` with no host wait (``to_device``).
     """
-    host = out if out.is_cpu else (torch.empty(out.numel(), dtype=torch.int64) if staging is None else staging)
+    host = out if out.is_cpu else pinned_like(out) if out.is_cuda else (
+        torch.empty(out.numel(), dtype=torch.int64) if staging is None else staging)
     host.numpy().view(np.uint64)[:] = keys
     return out if host is out else to_device(host, out)

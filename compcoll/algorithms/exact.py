@@ -13,7 +13,9 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspac
                   name: str) -> torch.Tensor:
     """Reduce-scatter: this rank's shard of ``tensor`` averaged over ``comm``, in float32.
 
-    1. Copy the tensor, as float32, into a zero-padded buffer of ``comm.size`` shards.
+    1. The rows to send: a contiguous float32 tensor of ``comm.size`` shards exactly as it is; any other copied, as
+       float32, into a zero-padded buffer of ``comm.size`` shards (a copy of the whole tensor and a fill, two torch
+       operators, before 2026-12-05 for every tensor).
     2. All-to-all: rank r receives shard r of every rank.
     3. Sum the rows in rank order, then divide by the number of ranks (``codecs.average_rows``: one kernel).
 
@@ -21,11 +23,14 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspac
     """
     n = comm.size
     numel = tensor.numel()
-    padded = workspace.get(name + ".padded", n * shard, torch.float32, tensor.device)
-    padded[:numel].copy_(tensor.reshape(-1))
-    padded[numel:].zero_()
+    if numel == n * shard and tensor.dtype == torch.float32 and tensor.is_contiguous():
+        rows = tensor.detach().view(-1)
+    else:
+        rows = workspace.get(name + ".padded", n * shard, torch.float32, tensor.device)
+        rows[:numel].copy_(tensor.reshape(-1))
+        rows[numel:].zero_()
     received = workspace.get(name + ".shards", n * shard, torch.float32, tensor.device)
-    comm.alltoall(padded, received)
+    comm.alltoall(rows, received)
     average = workspace.get(name + ".average", shard, torch.float32, tensor.device)
     return codecs.average_rows(received.view(n, shard), average)
 

@@ -10,7 +10,9 @@ from tests.algorithms import hierarchical_workers
 from tests.pool import run
 
 WORKERS = "tests.algorithms.hierarchical_workers"
-SHAPES = [[1], [37], [3, 7, 11], [12289]]
+SHAPES = [[1], [37], [3, 7, 11], [12289], [1920]]
+"""Shapes called; 1920 elements are a multiple of 8n at every world size here, so a float32 input is sent as its own
+rows (``exact.shard_average``) where the others are padded."""
 LAYOUTS = [(1, 1), (3, 1), (2, 2), (4, 2), (6, 2), (6, 3)]
 
 

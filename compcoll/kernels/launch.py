@@ -273,7 +273,9 @@ def read_values(values, stream) -> list[float] | None:
 
 
 def _read(values, stream, count: int | None) -> list[float] | None:
-    """values[:count] (None: all) on the host, counted as a wait; None on the ``TRACED`` stream."""
+    """values[:count] (None: all) on the host, counted as a wait; None on the ``TRACED`` stream. A tensor's one value
+    comes through ``item`` (no host tensor, view or slice made for it: the H200's profile at f15d93e put the view and
+    slice at 4 us each a call, beside the copy's 28 with the wait), more through ``tolist``."""
     with _LOCK:
         COUNTS.waits += 1
     recording = current()
@@ -282,7 +284,10 @@ def _read(values, stream, count: int | None) -> list[float] | None:
     if stream is TRACED:
         return None
     if isinstance(values, DeviceArray):
-        return values.owner.view(-1)[:count].tolist()
+        owner = values.owner
+        if count == 1 and owner.numel() == 1:
+            return [owner.item()]
+        return owner.view(-1)[:count].tolist()
     host = values[:count].copy_to_host(stream=stream)
     if stream:
         stream.synchronize()

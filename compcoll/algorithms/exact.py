@@ -41,9 +41,11 @@ def exact_average(
     """Average a 1-D float32 ``tensor`` over ``comm`` into ``out``, the same bits on every rank.
 
     1. ``shard_average``: rank r sums shard r of every rank in rank order and divides by n.
-    2. All-gather the averaged shards.
+    2. All-gather the averaged shards: straight into ``out`` where it is a contiguous float32 tensor of whole
+       shards (``numel`` a multiple of n), else into a buffer, then the first ``numel`` into ``out`` (before
+       2026-12-05 always: a copy of the whole tensor more).
     A NaN or Inf on any rank reaches the same elements of every rank's result. Its
-    buffers come from ``workspace`` (the caller's; None: fresh ones). Bytes sent
+    buffers come from ``workspace`` (the caller's; None: fresh ones). ``out`` may be ``tensor`` itself. Bytes sent
     per rank are those of a ring allreduce, 2(n-1)/n * 4 * numel (plus padding to n shards).
     """
     n = comm.size
@@ -51,6 +53,9 @@ def exact_average(
     shard = -(-numel // n)
     workspace = Workspace() if workspace is None else workspace
     average = shard_average(tensor, comm, shard, workspace, "exact")
+    if numel == n * shard and out.dtype == torch.float32 and out.is_contiguous():
+        comm.allgather(average, out.view(-1))
+        return out
     gathered = workspace.get("exact.gathered", n * shard, torch.float32, tensor.device)
     comm.allgather(average, gathered)
     out.copy_(gathered[:numel])

@@ -14,8 +14,8 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspac
     """Reduce-scatter: this rank's shard of ``tensor`` averaged over ``comm``, in float32.
 
     1. The rows to send: a contiguous float32 tensor of ``comm.size`` shards exactly as it is; any other copied, as
-       float32, into a zero-padded buffer of ``comm.size`` shards (a copy of the whole tensor and a fill, two torch
-       operators, before 2026-12-05 for every tensor).
+       float32, into a buffer of ``comm.size`` shards, zero-padded where it is shorter (a copy of the whole tensor
+       and a fill, two torch operators, before 2026-12-05 for every tensor).
     2. All-to-all: rank r receives shard r of every rank.
     3. Sum the rows in rank order, then divide by the number of ranks (``codecs.average_rows``: one kernel).
 
@@ -28,7 +28,8 @@ def shard_average(tensor: torch.Tensor, comm: Communicator, shard: int, workspac
     else:
         rows = workspace.get(name + ".padded", n * shard, torch.float32, tensor.device)
         rows[:numel].copy_(tensor.reshape(-1))
-        rows[numel:].zero_()
+        if numel < n * shard:
+            rows[numel:].zero_()
     received = workspace.get(name + ".shards", n * shard, torch.float32, tensor.device)
     comm.alltoall(rows, received)
     average = workspace.get(name + ".average", shard, torch.float32, tensor.device)

@@ -282,26 +282,24 @@ def pinned_like(out: torch.Tensor) -> torch.Tensor:
     with ``to_device``.
 
     Fresh from torch's caching host allocator, which keeps each block until the copies out of it have run, so no
-    fill meets a copy still reading it (a kept pinned buffer, refilled every call, could). A pageable host tensor
-    costs ``to_device`` a ``pin_memory`` (a check, an allocation and a host copy: 17 us a call on the H200 at
-    f15d93e, ``bench/results/gpu_host_profile_h200_f15d93e.txt``).
+    fill meets a copy still reading it (a kept pinned buffer, refilled every call, could). Until 2026-12-05 a
+    pageable host tensor was staged by ``pin_memory`` at every upload (a check, an allocation and a host copy: 17 us
+    a call on the H200 at f15d93e, ``bench/results/gpu_host_profile_h200_f15d93e.txt``).
     """
     return torch.empty(out.numel(), dtype=out.dtype, pin_memory=True)
 
 
 def to_device(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """A small host tensor (the scales from an agreement) copied into ``out`` on its device, with no host wait;
-    returns ``out``.
+    """A small host tensor (the scales from an agreement) copied into ``out`` on its device; returns ``out``.
 
-    1. On CUDA: ``values`` in pinned memory (``pinned_like``'s as it is; a pageable one copied into
-       pinned memory from torch's caching host allocator first), then to the device asynchronously
-       on the current stream (the allocator keeps the pinned block until that copy has run). A
-       pageable copy waits for the stream.
+    1. On CUDA: queued on the current stream with no host wait where ``values`` is pinned memory
+       (``pinned_like``'s, as every caller in compcoll passes; the allocator keeps the block until the
+       copy has run). From pageable memory the copy is still correct, but waits for the stream.
     2. Elsewhere: ``out.copy_(values)``.
     """
     if out.device.type != "cuda":
         return out.copy_(values)
-    return out.copy_(values if values.is_pinned() else values.pin_memory(), non_blocking=True)
+    return out.copy_(values, non_blocking=True)
 
 
 def device_scalar(like: torch.Tensor, value: float) -> torch.Tensor:

@@ -284,11 +284,12 @@ def _at(where: tuple[str, int]) -> str:
 
 
 class _Traced(np.ndarray):
-    """A shared array whose element reads and writes are checked (``_note``); a slice is refused.
+    """A shared array whose element reads and writes are checked (``_note``); a slice is a view, checked alike.
 
-    An element is named by its address, so that a view of another dtype (``staged.view(np.float64)``), made anew by
-    each thread that takes it, names the same elements for every thread; its elements are not matched with the
-    other dtype's that overlap them (a kernel reuses a shared array as another dtype after a barrier).
+    An element is named by its address, so that a view of another dtype (``staged.view(np.float64)``) or a slice
+    (``staged[first:]``), made anew by each thread that takes it, names the same elements for every thread; its
+    elements are not matched with the other dtype's that overlap them (a kernel reuses a shared array as another
+    dtype after a barrier). Taking a slice reads and writes nothing.
     """
 
     name: str
@@ -311,6 +312,8 @@ class _Traced(np.ndarray):
         return self.dtype.itemsize, self.address + offset
 
     def __getitem__(self, key):
+        if key.__class__ is slice:
+            return super().__getitem__(key)
         if _accesses:
             _note(self._place(key), self.name, key, False, True)
         return super().__getitem__(key)

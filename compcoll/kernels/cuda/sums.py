@@ -38,21 +38,22 @@ COLLAPSED = 32768
 COLLAPSE_THREADS = 1024
 """Threads per block of ``_collapse``: its last block adds up to ``COLLAPSED`` values alone."""
 LANE_THREADS = 256
-"""Threads of a lane-sum kernel's block (a multiple of ``LANES``): together they stage one summation block's
-``BLOCK`` elements in shared memory (all their loads in flight at once), then ``LANES`` of them add the lanes in
-order."""
-RANK_GROUP = 8
-"""Ranks whose sign bytes an accumulating block stages in shared memory at once (``_accumulate_lanes``): a
-summation block's ``BLOCK // 8`` bytes of each, loaded by all its threads ``common.IN_FLIGHT`` at a time."""
-ROW_BYTES = BLOCK // 8
-"""Sign bytes of one rank's row in a summation block."""
-ROW_SHIFT = ROW_BYTES.bit_length() - 1
-"""log2 of ``ROW_BYTES``: a staged byte's rank is a shift of its index, its column a mask."""
-STAGED_LOADS = 16
-"""Elements a thread of the lane sums of an input (``_power_lanes``: source and error; ``_segment_lanes``) loads
-before it stages any: a summation block's 32 a thread in 2 rounds."""
-GROUP_BYTES = RANK_GROUP * ROW_BYTES
-"""The staged sign bytes of a group of ranks (numba sizes a shared array by one constant)."""
+"""Threads of a lane-sum kernel's block (a multiple of ``LANES``): each warp takes a summation block of its own
+(``_warp_blocks``)."""
+LANE_LOADS = 16
+"""Elements a lane of a summation block loads before it adds any (``_power_lanes``, ``_segment_lanes``: source and
+error, or the input alone): a lane's 256 of a block in 16 rounds."""
+ROUND = LANE_LOADS * LANES
+"""Elements of a summation block's round in a warp: its lanes' ``LANE_LOADS`` each (16 rounds a block)."""
+RUN = ROUND // LANES
+"""Neighbouring elements of a round whose ranks a thread of ``_accumulate_lanes`` adds: two sign bytes of a rank."""
+RANK_GROUP = 4
+"""Ranks whose sign bytes and weights a thread of ``_accumulate_lanes`` loads at once, before it adds any."""
+GROUP_LOADS = RANK_GROUP * RUN // 8
+"""Sign bytes a thread of ``_accumulate_lanes`` holds for a group of ranks (numba sizes an array by one constant)."""
+STAGE_WORDS = ROUND + ROUND // 32
+"""float32 words of a warp's round of sums in ``_accumulate_lanes``' shared memory: a word of padding after every
+32. The warps of a block of ``LANE_THREADS`` use 4224 of the 8192 of its shared block."""
 
 
 @cuda.jit(device=True)
@@ -254,26 +255,28 @@ def _groups() -> int:
     return TAIL // LANES
 
 
-def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None) -> None:
-    """Launch lane-sum ``kernel`` (its ``args``, then ``partial``, its groups and the sum's slots) in ``stream``.
+def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None, per_block: int = LANES) -> None:
+    """Launch lane-sum ``kernel`` (its ``args``, then ``partial``, its groups and the sum's slots) in ``stream``, in
+    blocks of ``LANE_THREADS`` that take ``per_block`` lane sums each (``LANES``: a summation block, staged by the
+    whole block; ``LANE_THREADS``: one a warp).
 
-    1. ``slots`` None: the lane sums are left in ``partial``, one block a summation block (at most
+    1. ``slots`` None: the lane sums are left in ``partial``, a thread block for ``per_block`` of them (at most
        ``common.MAX_BLOCKS``), no groups and stand-in slots.
     2. Otherwise (``_sum_slots``): the last blocks to finish add them (``_finish_lanes``), ``_lane_grid`` blocks in
        ``_groups()`` groups.
     """
     if slots is None:
         device = device_of(stream)
-        launch(kernel, grid_for(partial.size, LANES), LANE_THREADS, stream, *args, partial, 0,
+        launch(kernel, grid_for(partial.size, per_block), LANE_THREADS, stream, *args, partial, 0,
                block_counts(device, stream, 1), stand_in(device, np.float64), 0, 0.0, 0, stand_in(device, np.float32))
     else:
-        launch(kernel, _lane_grid(partial.size), LANE_THREADS, stream, *args, partial, _groups(), *slots)
+        launch(kernel, _lane_grid(partial.size, per_block), LANE_THREADS, stream, *args, partial, _groups(), *slots)
 
 
-def _lane_grid(lanes: int) -> int:
-    """Blocks of a lane-sum kernel over ``lanes`` lane sums: one a summation block up to ``common.MAX_BLOCKS``; past
+def _lane_grid(lanes: int, per_block: int = LANES) -> int:
+    """Blocks of a lane-sum kernel over ``lanes`` lane sums, ``per_block`` a block, up to ``common.MAX_BLOCKS``; past
     ``TAIL`` lane sums a multiple of ``_groups()`` (``_finish_lanes``)."""
-    blocks = grid_for(lanes, LANES)
+    blocks = grid_for(lanes, per_block)
     groups = _groups()
     return blocks if lanes <= TAIL else max(groups, blocks // groups * groups)
 
@@ -322,64 +325,61 @@ def _stage_round(staged, k, count, step, held):
 
 
 @cuda.jit(device=True)
-def _add_lanes(staged, count, partial, b, p):
-    """Threads l < ``LANES``: partial[b * LANES + l] <- sum over k, in order, of |float64(staged[k * LANES + l])|^p,
-    the lanes of summation block b from its ``count`` staged elements.
+def _warp_blocks():
+    """(this warp's first summation block, the step to its next): warp w of thread block B takes summation blocks
+    B + w * grid, then every (warps a block x grid)-th, all of them B modulo the grid (``_finish_lanes`` counts a
+    thread block in the group of its summation blocks)."""
+    return cuda.threadIdx.x // LANES * cuda.gridDim.x + cuda.blockIdx.x, cuda.blockDim.x // LANES * cuda.gridDim.x
 
-    A lane's adds depend each on the one before, so a thread loads ``IN_FLIGHT`` of its elements first, then adds
-    them in order: one wait for shared memory a round, not one an element. Past ``count`` it adds 0.0, which leaves
-    the sum's bits as they are (the sum is +0.0, positive, infinite or NaN, never -0.0).
-    """
-    lane = cuda.threadIdx.x
-    if lane < LANES:
-        held = cuda.local.array(IN_FLIGHT, np.float32)
-        acc = 0.0
-        for first in range(lane, count, IN_FLIGHT * LANES):
-            for u in range(IN_FLIGHT):
-                e = first + u * LANES
-                held[u] = staged[e] if e < count else np.float32(0)
-            for u in range(IN_FLIGHT):
-                acc += to_power(np.float64(held[u]), p)
-        partial[b * LANES + lane] = acc
+
+@cuda.jit(device=True)
+def _add_held(acc, held, p):
+    """acc + |float64(held[0])|^p + |float64(held[1])|^p + ..., in order: a lane's adds of a round (the zeros of a
+    round past its block's end leave the sum's bits as they are: it is +0.0, positive, infinite or NaN, never
+    -0.0)."""
+    for u in range(held.size):
+        acc += to_power(np.float64(held[u]), p)
+    return acc
 
 
 @lru_cache(maxsize=None)
 def _power_lanes(with_lut: bool, p: int):
     """partial[b*LANES + l] = sum over k of |float64(err[i] + src[i])|^p, i = b*BLOCK + k*LANES + l.
 
-    A thread block of ``LANE_THREADS`` takes summation block b:
-    1. its threads stage x = err + src (float32) of the block's elements in shared memory, neighbouring threads on
-       neighbouring elements, each loading ``STAGED_LOADS`` elements' src and err (raw, a grid stride of
-       ``LANE_THREADS`` apart: a constant, so that the compiler folds each element's offset into its load) before it
-       looks any up, adds or stores (numba's arrays may alias, so a load waits behind a store before it);
-    2. ``LANES`` of them add their lanes' in k order (``_add_lanes``): the order and the bits are those of one
-       element at a time.
+    A warp takes a summation block (``_warp_blocks``; a block of ``LANE_THREADS`` threads takes several at once), its
+    thread l lane l, neighbouring threads on neighbouring elements:
+    1. a round loads ``LANE_LOADS`` of the lane's elements' src and err (raw, ``LANES`` apart: a constant, folded into
+       the loads) before it looks any up or adds (``_load_round``);
+    2. then x = err + src in float32, and their |x|^p added to the lane's float64 sum in k order (``_add_held``):
+       the order and the bits of one element at a time. Every warp of the grid has its loads in flight while
+       others add: no barrier, no staging.
+    3. The last blocks to finish add the lane sums (``_finish_lanes``, in ``block``: shared memory for that alone).
     """
     look_up, raw_type = LOOKUPS[with_lut], RAW_TYPES[with_lut]
 
     @cuda.jit
     def kernel(src, lut, err, n_src, partial, groups, counter, total, d, root_d, mode, scale_out):
         block = cuda.shared.array(BLOCK_WORDS, np.float64)
-        staged = block.view(np.float32)
-        raw = cuda.local.array(STAGED_LOADS, raw_type)
-        held = cuda.local.array(STAGED_LOADS, np.float32)
-        step = LANE_THREADS
+        raw = cuda.local.array(LANE_LOADS, raw_type)
+        held = cuda.local.array(LANE_LOADS, np.float32)
+        lane = cuda.threadIdx.x % LANES
         n = err.size
-        for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
+        start, stride = _warp_blocks()
+        for b in range(start, partial.size // LANES, stride):
             first = b * BLOCK
             count = min(BLOCK, n - first)
-            for k in range(cuda.threadIdx.x, count, STAGED_LOADS * step):
-                for u in range(STAGED_LOADS):
-                    e = k + u * step
-                    raw[u] = src[first + e] if e < count and first + e < n_src else 0
-                _load_round(err, first, k, count, step, held)
-                for u in range(STAGED_LOADS):
-                    if first + k + u * step < n_src:
+            known = min(count, n_src - first)
+            acc = 0.0
+            for k in range(lane, count, LANE_LOADS * LANES):
+                for u in range(LANE_LOADS):
+                    e = k + u * LANES
+                    raw[u] = src[first + e] if e < known else raw_type(0)
+                _load_round(err, first, k, count, LANES, held)
+                for u in range(LANE_LOADS):
+                    if k + u * LANES < known:
                         held[u] = held[u] + look_up(lut, raw[u])
-                _stage_round(staged, k, count, step, held)
-            cuda.syncthreads()
-            _add_lanes(staged, count, partial, b, p)
-            cuda.syncthreads()
+                acc = _add_held(acc, held, p)
+            partial[b * LANES + lane] = acc
         if groups:
             _finish_lanes(partial, groups, block, counter, total, d, root_d, mode, scale_out)
 
@@ -391,8 +391,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=device_em
     """Sum of |x|^power (2 or 1) of x = err + src (src zero beyond n_src), in the CPU kernel's order; writes nothing
     else, except ``into`` and ``scale`` (``tree_sum``).
 
-    1. A thread block stages a summation block's elements; lane l of it is summed by its thread l
-       in float64 (``_power_lanes``).
+    1. A warp takes a summation block; its thread l sums lane l in float64 (``_power_lanes``).
     2. The last blocks to finish add the lane sums by the pairwise tree in the same launch
        (``_finish_lanes``).
     """
@@ -400,7 +399,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=device_em
     partial = empty(nblocks * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
     _launch_lanes(_power_lanes(lut is not None, int(power)), stream, (src, table_arg(lut, stream), err, n_src),
-                  partial, slots)
+                  partial, slots, LANE_THREADS)
     return _summed(slots, into, scale, stream)
 
 
@@ -409,67 +408,76 @@ def _accumulate_lanes(with_base: bool, p: int):
     """out[i] = sum over ranks r of +-weights[r] by bit i of row r, in r order in float32 (+ base[i]); partial as
     ``_power_lanes``'s, of |out|^p.
 
-    A thread block takes summation block b, its elements' float32 sums kept in shared memory (``staged``), so that
-    a thread waits for memory once for many ranks and elements, not once a rank a few elements:
-    1. for each group of ``RANK_GROUP`` ranks in order: its threads stage the group's sign bytes of the block and
-       its weights in shared memory, ``IN_FLIGHT`` loads a thread at a time; then each thread adds +-weights[r],
-       r in order, to the sums of its elements (neighbouring threads, neighbouring elements), from 0 at the first
-       group;
-    2. with a base, its threads load the block's base values ``IN_FLIGHT`` at a time and add each to its sum;
-       they store the sums into ``out`` and ``staged``;
-    3. ``LANES`` of them add their lanes' |out|^p in k order (``_add_lanes``).
+    A warp takes a summation block, as ``_power_lanes`` (``_warp_blocks``), in rounds of ``ROUND`` elements; the
+    warps of a thread block take their rounds together, as they meet at barriers (a warp whose blocks ran out, or
+    whose block ends sooner, takes empty ones). A round:
+    1. with a base, thread l loads the base of its lane's ``LANE_LOADS`` elements of the round (the lane's order:
+       ``LANES`` apart);
+    2. it adds the ranks of ``RUN`` neighbouring elements of the round, its run (two sign bytes a rank): for each
+       group of ``RANK_GROUP`` ranks in order it loads their bytes and weights (all in flight at once), then adds
+       +-weights[r], r in order, to the run's float32 sums, from 0;
+    3. it stores the run's sums in the warp's part of shared memory (``staged``: a word of padding after every 32,
+       so that neither a run's stores nor a lane's loads meet in a bank: element e of the round at e + e // 32, a
+       run's from its first, a lane's ``LANES + 1`` apart); a barrier;
+    4. it loads its lane's sums of the round, adds the base to each, stores them into ``out``, and adds their
+       |out|^p to the lane's float64 sum in k order (``_add_held``); a barrier before the next round's stores.
+    The last blocks to finish add the lane sums (``_finish_lanes``, in the same shared memory).
     """
     @cuda.jit
     def kernel(bits, weights, base, out, n_out, partial, groups, counter, total, d, root_d, mode, scale_out):
         block = cuda.shared.array(BLOCK_WORDS, np.float64)
         staged = block.view(np.float32)
-        signs = cuda.shared.array(GROUP_BYTES, np.uint8)
-        scales = cuda.shared.array(RANK_GROUP, np.float32)
-        held = cuda.local.array(IN_FLIGHT, np.uint8)
-        added = cuda.local.array(IN_FLIGHT, np.float32)
+        signs = cuda.local.array(GROUP_LOADS, np.uint8)
+        scales = cuda.local.array(RANK_GROUP, np.float32)
+        sums = cuda.local.array(RUN, np.float32)
+        added = cuda.local.array(LANE_LOADS, np.float32)
         nranks = bits.shape[0]
-        lane = cuda.threadIdx.x
-        step = cuda.blockDim.x
-        for b in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
+        lane = cuda.threadIdx.x % LANES
+        warp = cuda.threadIdx.x // LANES
+        part = warp * STAGE_WORDS
+        nblocks = partial.size // LANES
+        for first_block in range(cuda.blockIdx.x, nblocks, cuda.blockDim.x // LANES * cuda.gridDim.x):
+            b = first_block + warp * cuda.gridDim.x
             first = b * BLOCK
-            count = min(BLOCK, n_out - first)
-            col = first >> 3
-            used = (count + 7) >> 3
-            for g in range(0, nranks, RANK_GROUP):
-                ranks = min(RANK_GROUP, nranks - g)
-                size = ranks * ROW_BYTES
-                if lane < ranks:
-                    scales[lane] = weights[g + lane]
-                for q in range(lane, size, IN_FLIGHT * step):
-                    for u in range(IN_FLIGHT):
-                        c = q + u * step
-                        column = c & (ROW_BYTES - 1)
-                        held[u] = bits[g + (c >> ROW_SHIFT), col + column] if c < size and column < used else 0
-                    for u in range(IN_FLIGHT):
-                        c = q + u * step
-                        if c < size:
-                            signs[c] = held[u]
-                cuda.syncthreads()
-                for e in range(lane, count, step):
-                    acc = staged[e] if g > 0 else np.float32(0)
-                    for j in range(ranks):
-                        acc = add_sign(acc, signs[j * ROW_BYTES + (e >> 3)], scales[j], e, 1)
-                    staged[e] = acc
-                cuda.syncthreads()
-            for k in range(lane, count, IN_FLIGHT * step):
+            count = min(BLOCK, n_out - first) if b < nblocks else 0
+            acc = 0.0
+            for k in range(0, min(BLOCK, n_out - first_block * BLOCK), ROUND):
                 if with_base:
-                    _load_round(base, first, k, count, step, added)
-                for u in range(IN_FLIGHT):
-                    e = k + u * step
-                    if e < count:
-                        acc = staged[e] if nranks > 0 else np.float32(0)
-                        if with_base:
-                            acc = acc + added[u]
-                        out[first + e] = acc
-                        staged[e] = acc
-            cuda.syncthreads()
-            _add_lanes(staged, count, partial, b, p)
-            cuda.syncthreads()
+                    _load_round(base, first, k + lane, count, LANES, added)
+                run = k + RUN * lane
+                col = (first + run) >> 3
+                for j in range(RUN):
+                    sums[j] = np.float32(0)
+                for g in range(0, nranks, RANK_GROUP):
+                    for r in range(RANK_GROUP):
+                        if g + r < nranks:
+                            scales[r] = weights[g + r]
+                            row = bits[g + r, col:]
+                            for q in range(RUN // 8):
+                                signs[r * (RUN // 8) + q] = row[q] if run + 8 * q < count else 0
+                    for r in range(RANK_GROUP):
+                        if g + r < nranks:
+                            for j in range(RUN):
+                                sums[j] = add_sign(sums[j], signs[r * (RUN // 8) + (j >> 3)], scales[r], j, 1)
+                mine = staged[part + RUN * lane + (lane >> 1):]
+                for j in range(RUN):
+                    mine[j] = sums[j]
+                cuda.syncthreads()
+                ours = staged[part + lane:]
+                for u in range(LANE_LOADS):
+                    at = lane + u * LANES
+                    x = ours[u * (LANES + 1)]
+                    if with_base:
+                        x = x + added[u]
+                    if k + at < count:
+                        out[first + k + at] = x
+                    else:
+                        x = np.float32(0)
+                    added[u] = x
+                acc = _add_held(acc, added, p)
+                cuda.syncthreads()
+            if b < nblocks:
+                partial[b * LANES + lane] = acc
         if groups:
             _finish_lanes(partial, groups, block, counter, total, d, root_d, mode, scale_out)
 
@@ -480,7 +488,7 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) ->
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
     (block, lane) sums of its |out|^power, as the CPU kernel of the same name."""
     _launch_lanes(_accumulate_lanes(base is not None, int(power)), stream,
-                  (bits, weights, out if base is None else base, out, n_out), lanes, None)
+                  (bits, weights, out if base is None else base, out, n_out), lanes, None, LANE_THREADS)
 
 
 def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=device_empty, into=None, scale=None
@@ -490,20 +498,19 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=dev
     lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
     _launch_lanes(_accumulate_lanes(base is not None, int(power)), stream,
-                  (bits, weights, out if base is None else base, out, n_out), lanes, slots)
+                  (bits, weights, out if base is None else base, out, n_out), lanes, slots, LANE_THREADS)
     return _summed(slots, into, scale, stream)
 
 
 @cuda.jit
 def _segment_lanes(x, bounds, firsts, partial):
     """partial[q*LANES + l] = lane l's float64 sum of squares of summation block q of its segment, in
-    ``_power_lanes``' order: segment j is x[bounds[j]:bounds[j + 1]], its blocks q in [firsts[j], firsts[j + 1]),
-    found by bisection; a thread block of ``LANE_THREADS`` stages block q's elements (``STAGED_LOADS`` loads a thread
-    before its stores, as ``_power_lanes``), then ``_add_lanes``."""
-    staged = cuda.shared.array(BLOCK, np.float32)
-    held = cuda.local.array(STAGED_LOADS, np.float32)
-    step = LANE_THREADS
-    for q in range(cuda.blockIdx.x, partial.size // LANES, cuda.gridDim.x):
+    ``_power_lanes``' order and way (a warp a summation block, ``LANE_LOADS`` loads a lane in flight before it adds):
+    segment j is x[bounds[j]:bounds[j + 1]], its blocks q in [firsts[j], firsts[j + 1]), found by bisection."""
+    held = cuda.local.array(LANE_LOADS, np.float32)
+    lane = cuda.threadIdx.x % LANES
+    start, stride = _warp_blocks()
+    for q in range(start, partial.size // LANES, stride):
         j, past = 0, bounds.size - 1
         while past - j > 1:
             middle = (j + past) // 2
@@ -513,12 +520,11 @@ def _segment_lanes(x, bounds, firsts, partial):
                 past = middle
         first = bounds[j] + (q - firsts[j]) * BLOCK
         count = max(0, min(BLOCK, bounds[j + 1] - first))
-        for k in range(cuda.threadIdx.x, count, STAGED_LOADS * step):
-            _load_round(x, first, k, count, step, held)
-            _stage_round(staged, k, count, step, held)
-        cuda.syncthreads()
-        _add_lanes(staged, count, partial, q, 2)
-        cuda.syncthreads()
+        acc = 0.0
+        for k in range(lane, count, LANE_LOADS * LANES):
+            _load_round(x, first, k, count, LANES, held)
+            acc = _add_held(acc, held, 2)
+        partial[q * LANES + lane] = acc
 
 
 @cuda.jit
@@ -541,5 +547,5 @@ def segment_sumsq(x, bounds, firsts, blocks, out, stream=0, empty=device_empty) 
     2. ``_segment_trees``: each segment's tree of its lane sums.
     """
     partial = empty(max(1, blocks) * LANES, np.float64, stream)
-    launch(_segment_lanes, grid_for(blocks * LANES, LANES), LANE_THREADS, stream, x, bounds, firsts, partial)
+    launch(_segment_lanes, grid_for(blocks * LANES, LANE_THREADS), LANE_THREADS, stream, x, bounds, firsts, partial)
     launch(_segment_trees, grid_for(out.size, 1), COLLAPSE_THREADS, stream, partial, firsts, out)

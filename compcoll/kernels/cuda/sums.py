@@ -197,8 +197,9 @@ def _finish_lanes(partial, groups, scratch, counter, total, d, root_d, mode, sca
     1. Up to W = ``groups`` x ``LANES`` lane sums: the grid's last block adds them all in ``scratch``
        (``_finish_in_shared``).
     2. More: the tree's level W wide holds at index j the tree of partial[j + m W] (``_strided_tree``), and the
-       grid is a multiple of ``groups`` blocks, so the blocks b = g mod ``groups`` stage exactly the summation
-       blocks whose lane sums those are for the ``LANES`` indices j of group g. The last of them to count in
+       grid is a multiple of ``groups`` blocks, whose summation blocks are their own index modulo the grid
+       (``_warp_blocks``), so the blocks b = g mod ``groups`` take exactly the summation blocks whose lane sums
+       those are for the ``LANES`` indices j of group g. The last of them to count in
        counter[1 + g] computes them: ``SUBTREES`` threads an index each walk every ``SUBTREES``-th value (the
        tree's level ``SUBTREES`` x W wide), then add theirs by the tree's next levels in shared memory, and write
        it into partial[j] (which no other group reads).
@@ -255,28 +256,27 @@ def _groups() -> int:
     return TAIL // LANES
 
 
-def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None, per_block: int = LANES) -> None:
+def _launch_lanes(kernel, stream, args: tuple, partial, slots: tuple | None) -> None:
     """Launch lane-sum ``kernel`` (its ``args``, then ``partial``, its groups and the sum's slots) in ``stream``, in
-    blocks of ``LANE_THREADS`` that take ``per_block`` lane sums each (``LANES``: a summation block, staged by the
-    whole block; ``LANE_THREADS``: one a warp).
+    blocks of ``LANE_THREADS``, a summation block a warp (``_warp_blocks``).
 
-    1. ``slots`` None: the lane sums are left in ``partial``, a thread block for ``per_block`` of them (at most
-       ``common.MAX_BLOCKS``), no groups and stand-in slots.
+    1. ``slots`` None: the lane sums are left in ``partial``, a thread for each (at most ``common.MAX_BLOCKS``
+       blocks), no groups and stand-in slots.
     2. Otherwise (``_sum_slots``): the last blocks to finish add them (``_finish_lanes``), ``_lane_grid`` blocks in
        ``_groups()`` groups.
     """
     if slots is None:
         device = device_of(stream)
-        launch(kernel, grid_for(partial.size, per_block), LANE_THREADS, stream, *args, partial, 0,
+        launch(kernel, grid_for(partial.size, LANE_THREADS), LANE_THREADS, stream, *args, partial, 0,
                block_counts(device, stream, 1), stand_in(device, np.float64), 0, 0.0, 0, stand_in(device, np.float32))
     else:
-        launch(kernel, _lane_grid(partial.size, per_block), LANE_THREADS, stream, *args, partial, _groups(), *slots)
+        launch(kernel, _lane_grid(partial.size), LANE_THREADS, stream, *args, partial, _groups(), *slots)
 
 
-def _lane_grid(lanes: int, per_block: int = LANES) -> int:
-    """Blocks of a lane-sum kernel over ``lanes`` lane sums, ``per_block`` a block, up to ``common.MAX_BLOCKS``; past
+def _lane_grid(lanes: int) -> int:
+    """Blocks of a lane-sum kernel over ``lanes`` lane sums, a thread for each up to ``common.MAX_BLOCKS``; past
     ``TAIL`` lane sums a multiple of ``_groups()`` (``_finish_lanes``)."""
-    blocks = grid_for(lanes, per_block)
+    blocks = grid_for(lanes, LANE_THREADS)
     groups = _groups()
     return blocks if lanes <= TAIL else max(groups, blocks // groups * groups)
 
@@ -399,7 +399,7 @@ def compensated_power_sum(src, lut, err, n_src, power, stream=0, empty=device_em
     partial = empty(nblocks * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
     _launch_lanes(_power_lanes(lut is not None, int(power)), stream, (src, table_arg(lut, stream), err, n_src),
-                  partial, slots, LANE_THREADS)
+                  partial, slots)
     return _summed(slots, into, scale, stream)
 
 
@@ -488,7 +488,7 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power, stream=0) ->
     """out = sum_r weights[r] * signs(bits[r]) (+ base), rank by rank in float32; ``lanes`` <- the
     (block, lane) sums of its |out|^power, as the CPU kernel of the same name."""
     _launch_lanes(_accumulate_lanes(base is not None, int(power)), stream,
-                  (bits, weights, out if base is None else base, out, n_out), lanes, None, LANE_THREADS)
+                  (bits, weights, out if base is None else base, out, n_out), lanes, None)
 
 
 def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=device_empty, into=None, scale=None
@@ -498,7 +498,7 @@ def accumulate_signs(bits, weights, base, out, n_out, power, stream=0, empty=dev
     lanes = empty(max(1, -(-n_out // BLOCK)) * LANES, np.float64, stream)
     slots = _sum_slots(stream, empty, into, scale)
     _launch_lanes(_accumulate_lanes(base is not None, int(power)), stream,
-                  (bits, weights, out if base is None else base, out, n_out), lanes, slots, LANE_THREADS)
+                  (bits, weights, out if base is None else base, out, n_out), lanes, slots)
     return _summed(slots, into, scale, stream)
 
 

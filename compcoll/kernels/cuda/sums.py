@@ -51,9 +51,10 @@ RANK_GROUP = 4
 """Ranks whose sign bytes and weights a thread of ``_accumulate_lanes`` loads at once, before it adds any."""
 GROUP_LOADS = RANK_GROUP * RUN // 8
 """Sign bytes a thread of ``_accumulate_lanes`` holds for a group of ranks (numba sizes an array by one constant)."""
-STAGE_WORDS = ROUND + ROUND // 32
+STAGE_WORDS = ROUND + ROUND // LANES
 """float32 words of a warp's round of sums in ``_accumulate_lanes``' shared memory: a word of padding after every
-32. The warps of a block of ``LANE_THREADS`` use 4224 of the 8192 of its shared block."""
+``LANES`` (a run, ``RUN`` dividing ``LANES``, never crosses one). The warps of a block of ``LANE_THREADS`` use 4224
+of the 8192 of its shared block."""
 
 
 @cuda.jit(device=True)
@@ -416,9 +417,9 @@ def _accumulate_lanes(with_base: bool, p: int):
     2. it adds the ranks of ``RUN`` neighbouring elements of the round, its run (two sign bytes a rank): for each
        group of ``RANK_GROUP`` ranks in order it loads their bytes and weights (all in flight at once), then adds
        +-weights[r], r in order, to the run's float32 sums, from 0;
-    3. it stores the run's sums in the warp's part of shared memory (``staged``: a word of padding after every 32,
-       so that neither a run's stores nor a lane's loads meet in a bank: element e of the round at e + e // 32, a
-       run's from its first, a lane's ``LANES + 1`` apart); a barrier;
+    3. it stores the run's sums in the warp's part of shared memory (``staged``: a word of padding after every
+       ``LANES``, so that neither a run's stores nor a lane's loads meet in a bank: element e of the round at
+       e + e // LANES, a run's from its first, a lane's ``LANES + 1`` apart); a barrier;
     4. it loads its lane's sums of the round, adds the base to each, stores them into ``out``, and adds their
        |out|^p to the lane's float64 sum in k order (``_add_held``); a barrier before the next round's stores.
     The last blocks to finish add the lane sums (``_finish_lanes``, in the same shared memory).
@@ -459,7 +460,7 @@ def _accumulate_lanes(with_base: bool, p: int):
                         if g + r < nranks:
                             for j in range(RUN):
                                 sums[j] = add_sign(sums[j], signs[r * (RUN // 8) + (j >> 3)], scales[r], j, 1)
-                mine = staged[part + RUN * lane + (lane >> 1):]
+                mine = staged[part + RUN * lane + RUN * lane // LANES:]
                 for j in range(RUN):
                     mine[j] = sums[j]
                 cuda.syncthreads()

@@ -203,8 +203,8 @@ def main(argv: list[str]) -> int:
     cuda.sums.COLLAPSE_THREADS = 128  # a kept Python thread per CUDA thread of a block: 1024 would make 1024
     cuda.scales.CODE_THREADS = 32  # threads, and 256 a block-scale coder's launch (seconds each)
     cuda.sums.LANE_THREADS = cuda.blocks.FOLD_THREADS = 32  # and their barriers, 2 a summation block or a block
-    # kernel's round; one round a block of 64 (cuda_sim_checks: the GPU's 8)
-    cuda.blocks.STAGE, cuda.blocks._STAGED = 64, (cuda.common.THREADS, 65)
+    # kernel's round; two rounds a block of 64, a warp's load staging one block's 32 (cuda_sim_checks: the GPU's 8)
+    cuda.blocks.STAGE, cuda.blocks._STAGED = 32, (cuda.common.THREADS, 33)
     parts = args.part or list(PARTS)
     for part in parts:
         for line in run_part(part):

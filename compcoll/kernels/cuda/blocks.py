@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 from numba import cuda
 
-from ...spec import SCALE_BYTES
+from ...spec import LANES, SCALE_BYTES
 from ..launch import device_of, launch
 from .common import (IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, add_sign, finite_slots, grid_for, row_of, shift_of,
                      stand_in, table_arg, to_power)
@@ -16,7 +16,8 @@ from .frames import block_code, coded_scale, row_ref
 
 STAGE = 8
 """Elements of each of a thread block's summation blocks staged per round by the block kernels (their next
-``STAGE`` elements, read coalesced into shared memory), which each thread then takes in order."""
+``STAGE`` elements, read coalesced into shared memory), which each thread then takes in order: a divisor of
+``LANES``, so that a warp's load stages ``LANES // STAGE`` whole blocks' (``_staged_fold``)."""
 FOLD_THREADS = THREADS
 """Threads of a block kernel's thread block, a summation block each (at most ``THREADS``; the simulator's checks
 take fewer: a Python thread per CUDA thread)."""
@@ -40,12 +41,16 @@ def _staged_fold(look_up, raw_type, fold, zero):
     """A kernel out[b] = ``fold`` over block b's elements x = err + src (float32) in order, from ``zero``.
 
     1. A thread block takes ``FOLD_THREADS`` summation blocks, a thread each (their spans in
-       shared memory).
-    2. Round by round their next ``STAGE`` elements are read into shared memory, a warp's load
-       reading 4 blocks' 8 consecutive elements each (a thread reading its own block's made it
-       touch 32 sectors for 32 elements): a thread loads its ``STAGE`` elements (raw source and error), then looks
-       the 16-bit sources up and adds, then stores them (each element's loads behind the previous one's store
-       waited a memory round trip an element).
+       shared memory), each warp those of its own threads.
+    2. Round by round their next ``STAGE`` elements are read into shared memory by the warp whose they are, its
+       load m reading elements of blocks (32 m + l) // ``STAGE`` of its 32, lane l taking element
+       (32 m + l) % ``STAGE`` (at ``STAGE`` 8: 4 blocks' 8 consecutive elements, 4 sectors; a thread reading its own
+       block's made a load touch 32 sectors for 32 elements): a thread loads its ``STAGE`` elements (raw source and
+       error), then looks the 16-bit sources up and adds, then stores them (each element's loads behind the previous
+       one's store waited a memory round trip an element). The blocks a load reads sit a constant distance apart
+       in the warp's part of the spans and of the staging rows, so every load's span and store address is one
+       register and a constant offset (the thread block's rows, ``blockDim`` apart, made the compiler keep 16
+       addresses in registers: 136 of them).
     3. Each thread folds its block's staged elements in order: the order and the bits are one
        element at a time's.
     4. finite[0] <- 0.0 where every out[b] is finite, else NaN (what the call's agreement reads: the host's
@@ -65,6 +70,12 @@ def _staged_fold(look_up, raw_type, fold, zero):
         lengths = cuda.shared.array(THREADS, np.int64)
         lane = cuda.threadIdx.x
         width = cuda.blockDim.x
+        in_warp = lane & (LANES - 1)
+        j = in_warp % STAGE
+        ahead = lane - in_warp + in_warp // STAGE
+        their_firsts = firsts[ahead:]
+        their_lengths = lengths[ahead:]
+        their_rows = staged[ahead:]
         per_row = (row_len + (1 << shift) - 1) >> shift
         total = out.size
         nonfinite = 0
@@ -77,28 +88,22 @@ def _staged_fold(look_up, raw_type, fold, zero):
             acc = zero
             for start in range(0, 1 << shift, STAGE):
                 for m in range(STAGE):
-                    q = m * width + lane
-                    t = q // STAGE
-                    j = q - t * STAGE
-                    i = firsts[t] + start + j
-                    taken = start + j < lengths[t]
+                    t = m * (LANES // STAGE)
+                    i = their_firsts[t] + start + j
+                    taken = start + j < their_lengths[t]
                     raw[m] = src[i] if taken and i < n_src else 0
                     held[m] = err[i] if taken else np.float32(0)
                 for m in range(STAGE):
-                    q = m * width + lane
-                    t = q // STAGE
-                    if firsts[t] + start + q - t * STAGE < n_src:
+                    if their_firsts[m * (LANES // STAGE)] + start + j < n_src:
                         held[m] = held[m] + look_up(lut, raw[m])
                 for m in range(STAGE):
-                    q = m * width + lane
-                    t = q // STAGE
-                    j = q - t * STAGE
-                    if start + j < lengths[t]:
-                        staged[t, j] = held[m]
+                    t = m * (LANES // STAGE)
+                    if start + j < their_lengths[t]:
+                        their_rows[t, j] = held[m]
                 cuda.syncthreads()
-                for j in range(STAGE):
-                    if start + j < length:
-                        acc = fold(acc, staged[lane, j])
+                for k in range(STAGE):
+                    if start + k < length:
+                        acc = fold(acc, staged[lane, k])
                 cuda.syncthreads()
             if b < total:
                 out[b] = acc

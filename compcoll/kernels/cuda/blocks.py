@@ -283,9 +283,12 @@ def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "ta
     float32(divisor), ref_r row r's head, code its block's byte behind it (``decode_codes``' bits, where a launch
     of it wrote the table first); with "heads", ref_r / float32(divisor) (``frames.head_weights``' bits).
 
-    Each thread takes ``IN_FLIGHT`` elements a grid stride apart per round (neighbouring threads, neighbouring
-    elements), so that its loads are in flight together: a thread on one element at a time waited a whole memory
-    round trip an element, its next loads held behind its store (numba's arrays may alias). A round:
+    A thread block takes ``IN_FLIGHT`` x ``THREADS`` neighbouring elements a round, its thread l elements l,
+    l + ``THREADS``, ... (neighbouring threads, neighbouring elements), so that a thread's loads are in flight
+    together (a thread on one element at a time waited a whole memory round trip an element, its next loads held
+    behind its store: numba's arrays may alias) and sit a constant distance apart, folded into the loads and
+    stores (elements a grid stride apart kept an address a register: 90-118 registers where this takes 55-64,
+    except 80-88 for a table's or heads' weights without a base). A round:
     1. for each rank r in order: (wire rows) read row r's head; load the round's codes (``code_of``: a sign byte,
        or a level from its planes' bytes, ``row_bytes`` a plane; held as a byte each, a level being at most 8
        bits) and, with "codes", their blocks' codes; then the weights of row r (with "codes" each a step looked up
@@ -301,20 +304,20 @@ def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "ta
     def kernel(rows, weights, steps, divisor, shift, nbits, base, out, n_out):
         nranks = rows.shape[0]
         row_bytes = rows.shape[1] // nbits
-        step = cuda.gridsize(1)
         by = np.float32(divisor)
         acc = cuda.local.array(IN_FLIGHT, np.float32)
         codes = cuda.local.array(IN_FLIGHT, np.uint8)
         scales = cuda.local.array(IN_FLIGHT, np.float32)
         keys = cuda.local.array(IN_FLIGHT, np.uint8)
         head = cuda.local.array(SCALE_BYTES, np.uint8)
-        for k in range(cuda.grid(1), n_out, IN_FLIGHT * step):
+        for tile in range(cuda.blockIdx.x, -(-n_out // (IN_FLIGHT * THREADS)), cuda.gridDim.x):
+            k = tile * (IN_FLIGHT * THREADS) + cuda.threadIdx.x
             for u in range(IN_FLIGHT):
                 acc[u] = np.float32(0)
             for r in range(nranks):
                 ref = ref_of(weights, r, head)
                 for u in range(IN_FLIGHT):
-                    i = k + u * step
+                    i = k + u * THREADS
                     codes[u] = code_of(rows, r, row_bytes, i, nbits) if i < n_out else 0
                     keys[u] = code_of_block(weights, r, i >> shift) if i < n_out else 0
                     if not coded:
@@ -322,19 +325,19 @@ def rank_accumulator(code_of, add_code, with_base: bool, weights_from: str = "ta
                             np.float32(0))
                 if coded:
                     for u in range(IN_FLIGHT):
-                        i = k + u * step
+                        i = k + u * THREADS
                         scales[u] = weight_of(weights, r, i >> shift, ref, steps, by, keys[u]) if i < n_out else (
                             np.float32(0))
                 for u in range(IN_FLIGHT):
-                    acc[u] = add_code(acc[u], codes[u], scales[u], k + u * step, nbits)
+                    acc[u] = add_code(acc[u], codes[u], scales[u], k + u * THREADS, nbits)
             if with_base:
                 for u in range(IN_FLIGHT):
-                    i = k + u * step
+                    i = k + u * THREADS
                     scales[u] = base[i] if i < n_out else np.float32(0)
                 for u in range(IN_FLIGHT):
                     acc[u] = acc[u] + scales[u]
             for u in range(IN_FLIGHT):
-                i = k + u * step
+                i = k + u * THREADS
                 if i < n_out:
                     out[i] = acc[u]
 

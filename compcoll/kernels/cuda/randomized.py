@@ -159,17 +159,25 @@ def _randomized_encode(with_lut: bool):
         byte_row, first_byte = 0, 0
         for tile in range(cuda.blockIdx.x, -(-total // THREADS), cuda.gridDim.x):
             base = tile * TILE
-            for j in range(8):
-                i = base + j * THREADS + lane
-                if i < total * 8:
-                    r, first = row_of(i, r, first, row_len)
-                    raw[j] = src[i] if i < n_src else 0
+            r, first = row_of(base, r, first, row_len)
+            whole = base + TILE <= min(n_src, first + row_len)
+            src_at = src[base + lane:]
+            if whole:
+                for j in range(8):
+                    raw[j] = src_at[j * THREADS]
                     scale[j] = scales[r]
+            else:
+                for j in range(8):
+                    i = base + j * THREADS + lane
+                    if i < total * 8:
+                        r, first = row_of(i, r, first, row_len)
+                        raw[j] = src_at[j * THREADS] if i < n_src else 0
+                        scale[j] = scales[r]
             for j in range(8):
                 e = j * THREADS + lane
                 i = base + e
-                if i < total * 8:
-                    x = np.float64(look_up(lut, raw[j])) if i < n_src else 0.0
+                if whole or i < total * 8:
+                    x = np.float64(look_up(lut, raw[j])) if whole or i < n_src else 0.0
                     signs[e] = 1 if x > _threshold(stream_key, start + i) * np.float64(scale[j]) else 0
             cuda.syncthreads()
             t = tile * THREADS + lane
@@ -192,7 +200,8 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows, stream=0) -> No
     Tiled as ``signs.compensate_encode``: coalesced element reads, signs staged in shared memory; a thread keeps the
     row of its last element (and of its last byte) and divides only when it leaves it. A thread loads its 8
     elements of a tile (raw) and their rows' scales first, then looks them up, draws and compares: each element's
-    loads behind the previous element's store waited a memory round trip an element.
+    loads behind the previous element's store waited a memory round trip an element. A tile inside one row and
+    inside the source loads at constant offsets with no bounds check or row walk (``blocks.tiled_block_encoder``).
     """
     launch(_randomized_encode(lut is not None), grid_for(rows.shape[0] * (rows.shape[1] - SCALE_BYTES)), THREADS,
            stream, src, table_arg(lut, stream), n_src, scales, key, start, rows)

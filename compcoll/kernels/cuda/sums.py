@@ -420,8 +420,10 @@ def _accumulate_lanes(with_base: bool, p: int):
     3. it stores the run's sums in the warp's part of shared memory (``staged``: a word of padding after every
        ``LANES``, so that neither a run's stores nor a lane's loads meet in a bank: element e of the round at
        e + e // LANES, a run's from its first, a lane's ``LANES + 1`` apart); a barrier;
-    4. it loads its lane's sums of the round, adds the base to each, stores them into ``out``, and adds their
-       |out|^p to the lane's float64 sum in k order (``_add_held``); a barrier before the next round's stores.
+    4. it loads its lane's sums of the round, adds the base to each, stores them into ``out`` (at constant
+       offsets from the lane's first of the round: each store's address computed anew took 128 registers, 80-96
+       now), and adds their |out|^p to the lane's float64 sum in k order (``_add_held``); a barrier before the
+       next round's stores.
     The last blocks to finish add the lane sums (``_finish_lanes``, in the same shared memory).
     """
     @cuda.jit
@@ -465,13 +467,13 @@ def _accumulate_lanes(with_base: bool, p: int):
                     mine[j] = sums[j]
                 cuda.syncthreads()
                 ours = staged[part + lane:]
+                into = out[first + k + lane:]
                 for u in range(LANE_LOADS):
-                    at = lane + u * LANES
                     x = ours[u * (LANES + 1)]
                     if with_base:
                         x = x + added[u]
-                    if k + at < count:
-                        out[first + k + at] = x
+                    if k + lane + u * LANES < count:
+                        into[u * LANES] = x
                     else:
                         x = np.float32(0)
                     added[u] = x

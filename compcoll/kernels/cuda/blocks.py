@@ -160,10 +160,10 @@ def tiled_block_encoder(look_up, raw_type, code_of, one_plane: bool):
     2. Thread l packs byte l of the tile from elements 8l..8l+7 into each plane, the ``nbits``
        plane bytes in one 64-bit register (byte j: plane j), not a local array, which a plane
        index known only at run time would put in local memory.
-    A tile inside one row and inside the source (every tile of a row of at least ``TILE`` elements but the row's
-    last) loads its elements at constant offsets from the thread's first, with no check and no row walk; another
-    checks each element's bounds and walks the rows. A thread keeps the row of its last element (and of its last
-    byte) and divides only when it leaves it; an element's block is a shift. ``one_plane``: ``nbits`` is 1, known
+    A tile inside one row and inside the source (in a row of many tiles, all but the two at its ends) loads its
+    elements at constant offsets from the thread's first, with no check and no row walk; another checks each
+    element's bounds and walks the rows. A thread keeps the row of its last element (and of its last byte) and
+    divides only when it leaves it; an element's block is a shift. ``one_plane``: ``nbits`` is 1, known
     when compiled. (Until 2026-12-05 every tile walked: about 40 instructions an element's loads in the sm_90
     machine code, its bounds checks, row test and index fix-ups, between one element's loads and the next's.)
     """

@@ -126,9 +126,9 @@ def _decode_framed(dtype: str, blocks: bool):
     3. it stages each byte's 8 elements (``_stage_byte``);
     4. after a barrier the block stores the round's tiles coalesced (``_store_tile``), then waits at a barrier
        before the next round stages over them.
-    A round inside one row (every round of a row of at least ``DECODE_ROUND`` x ``THREADS`` bytes but its last)
-    takes the row and head of its first byte and loads its bytes at constant offsets, with no bounds check or row
-    walk; another checks and walks each byte (until 2026-12-05 every round did: 96-108 registers, 72-82 now).
+    A round inside one row (in a row of many rounds, all but the two at its ends) takes the row and head of its
+    first byte and loads its bytes at constant offsets, with no bounds check or row walk; another checks and walks
+    each byte (until 2026-12-05 every round did: 96-108 registers, 72-82 now).
     """
     rounded, sign = _ROUNDINGS[dtype]
     flip = np.uint32(sign)

@@ -439,8 +439,9 @@ def _accumulate_lanes(with_base: bool, p: int):
         warp = cuda.threadIdx.x // LANES
         part = warp * STAGE_WORDS
         nblocks = partial.size // LANES
-        for first_block in range(cuda.blockIdx.x, nblocks, cuda.blockDim.x // LANES * cuda.gridDim.x):
-            b = first_block + warp * cuda.gridDim.x
+        start, stride = _warp_blocks()
+        for first_block in range(cuda.blockIdx.x, nblocks, stride):
+            b = first_block + start - cuda.blockIdx.x
             first = b * BLOCK
             count = min(BLOCK, n_out - first) if b < nblocks else 0
             acc = 0.0

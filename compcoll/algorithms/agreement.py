@@ -203,7 +203,8 @@ class Agreement:
            record, (``REFUSED``, 1.0, 0.0), pairs with it).
         2. All-gather the records into the table on the device.
         3. Read the table to the host (the call's one host wait: ``codecs.host_values``) and judge it as
-           ``check`` does: the same errors on every rank.
+           ``check`` does: the same errors on every rank. Up to 64 records, list operations judge it (each numpy
+           call on so few numbers costs a microsecond or more); numpy computes the values alone.
         Summed rounds (above): the record is the summed round's first ``SUMMED - 1`` fields (the signature's
         bytes, their squares, refused? = 0), then the sum where a host round has not finite? (the allreduce's
         total of the sums is finite exactly where every rank's is). A copy of it behind it is allreduced on the
@@ -232,13 +233,14 @@ class Agreement:
             self._written = signature
         if not is_summed:
             self.comm.allgather(space[:RECORD], space[RECORD:])
-            rows = np.array(codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n).reshape(n, RECORD)
-            finite, values = _finite_values(rows[:, SUM], d, scale)
-            if (rows[:, 0] != signature).any() or not finite.all():
-                self._fail(np.column_stack([rows[:, 0], finite, values]).tolist(), signature)
+            found = codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n
+            sums = found[SUM::RECORD]
+            if found[::RECORD].count(signature) != n or not all(map(math.isfinite, sums)):
+                finite, values = _finite_values(np.array(sums), d, scale)
+                self._fail(np.column_stack([found[::RECORD], finite, values]).tolist(), signature)
             if not valued:
                 return None
-            self._values.numpy()[:] = values
+            self._values.numpy()[:] = spec.scales_from(np.array(sums), d, scale)
             return self._values
         reduced = space[SUMMED:2 * SUMMED].copy_(space[:SUMMED])
         self.comm.allreduce(reduced)

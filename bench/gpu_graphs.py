@@ -4,7 +4,8 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
     python bench/gpu_graphs.py --out bench/results/gpu_graphs
 
 A call is its plan's ``agree_flat`` / ``agree_blocks`` (the worker's sum or block sums, the one host wait, the
-agreement, and for one scale the weights and the worker's scale copied to the device) then ``finish_flat`` /
+agreement, and for one scale over a host round the weights and the worker's scale copied to the device; over
+NCCL's round the encode derives them from the round's sums) then ``finish_flat`` /
 ``finish_blocks`` (kernels and the wire into workspace buffers, reading no host value: no wait, no allocation once
 warm). ``graphed_step`` runs the first eagerly and replays a CUDA graph of the second, captured once on a stream of
 its own. Both forms: one scale (``flat``, the default call) and a scale per ``ddp.onebit.BLOCK_SIZE`` elements

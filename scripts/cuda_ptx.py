@@ -97,6 +97,9 @@ def variants() -> dict[str, tuple]:
             found[f"compensate + encode, table={lut}, scale in memory={in_memory}"] = (
                 signs._compensate_encode(lut, in_memory).py_func,
                 (src, F32, F32, I64, F32 if in_memory else t.float32, U8), THREADS)
+        found[f"compensate + encode, table={lut}, scale and weights from the agreed sums"] = (
+            signs._compensate_encode_agreed(lut).py_func,
+            (src, F32, F32, I64, F64, I64, I64, I64, I64, t.float64, t.boolean, t.float32, F32, U8), THREADS)
         found[f"max |x| of rows (lanes), table={lut}"] = (
             randomized._absmax_lanes(lut).py_func, (src, F32, I64, I64, I64, t.boolean, F32, F32, *FLAGGED), THREADS)
         found[f"randomized encode, table={lut}"] = (randomized._randomized_encode(lut).py_func,
@@ -165,6 +168,8 @@ def ieee_problem(name: str, ptx: str) -> str | None:
         wanted = ("div.rn.f32", "cvt.rn.f32.f64")
     elif "levels" in name:
         wanted = ("cvt.rn.f32.f64",)
+    elif name.endswith("from the agreed sums"):
+        wanted = ("sqrt.rn.f64", "div.rn.f64", "cvt.rn.f32.f64", "div.rn.f32")
     elif name in ("average of rows", "weights from the frame heads"):
         wanted = ("div.rn.f32",)
     else:

@@ -160,6 +160,15 @@ class Agreement:
             self._slot, self._written = self._space[at:at + 1], None
         return self._slot
 
+    def device_sums(self) -> tuple[torch.Tensor, int, int]:
+        """Where the last round on the device (``check_record`` with a scale) left every rank's sum: (the round's
+        buffer, the first sum's index, the step to the next rank's), rank i's at first + i * step; the table's sum
+        fields in a gathered round, the sums all-gathered behind the allreduce's in a summed one. The flat form's
+        encode reads them there (``codecs.compensate_encode_agreed``)."""
+        if summed(self.comm):
+            return self._space, 2 * SUMMED, 1
+        return self._space, RECORD + SUM, RECORD
+
     def _head(self, signature: float, is_summed: bool) -> list[float]:
         """The fields of this rank's device record before its sum: the signature's bytes, their squares and
         refused? = 0 in a summed round, else the signature and 1.0."""

@@ -192,30 +192,47 @@ class FlatPlan(Plan):
         return self.replays.run("finish_flat", self.finish_flat, tensor, worker_error, server_error, scalars, result)
 
     def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: Step | None = None
-                   ) -> tuple[float, tuple[torch.Tensor, torch.Tensor]]:
+                   ) -> tuple[float, tuple]:
         """Steps 1-2 of a call with one scale: s_w from the compensated sum (the call's one host wait), the agreement,
-        and the server's weights s_i / n with this rank's s_w copied to the device (``device_scalars``).
+        and what the encode and the server read on the device.
+
+        1. Where the round ran on the device (NCCL's: ``Agreement.on_device``) and the call runs in one piece:
+           every rank's sum stays where the round left it (``Agreement.device_sums``), and ``finish_flat``'s encode
+           derives s_w and the server's weights s_i / n from it in its own launch (``compensate_encode_agreed``).
+        2. Elsewhere (a round on the host, or a call in pieces, whose encodes take s_w from the host): the weights
+           s_i / n with this rank's s_w copied to the device (``device_scalars``).
 
         Returns:
-            s_w, and the (weights, s_w) views of the device buffer, which ``finish_flat`` takes.
+            s_w, and what ``finish_flat`` takes: (weights, table, first, step) for 1 (the weights the view of the
+            device buffer of 2 that the encode fills), (weights, s_w) views of the device buffer for 2.
         """
-        scale, scales = self.agreed(self.agreement(tensor), "sum", sum_into, tensor, worker_error, self.scale,
+        agreement = self.agreement(tensor)
+        scale, scales = self.agreed(agreement, "sum", sum_into, tensor, worker_error, self.scale,
                                     scale=(self.full, self.scale), step=step)
+        if agreement.on_device() and (self.protocol == "allgather" or self.pieces == 1):
+            _, weights, _ = self.workspace.parts("scalars", (self.comm.size, 1), torch.float32, self.device)
+            return scale, (weights, *agreement.device_sums())
         return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
-                    scalars: tuple[torch.Tensor, torch.Tensor], result: torch.Tensor) -> torch.Tensor:
+                    scalars: tuple, result: torch.Tensor) -> torch.Tensor:
         """Steps 3-6 of a call with one scale, in one piece, once the ranks agreed (``agree_flat``).
 
-        1. Encode x = tensor + worker_error with s_w read from the device (``scalars``).
+        1. Encode x = tensor + worker_error with s_w read from the device: from the agreed sums, with the server's
+           weights beside it (``codecs.compensate_encode_agreed``), where ``scalars`` holds them; else from the
+           device buffer ``device_scalars`` filled.
         2. Gather-scatter: ``serve``, then decode every served chunk. Allgather: all-gather the
            packed vectors and average them (``_allgather_average``).
         Kernels and the wire only, into workspace buffers, reading no host value: no host wait, and on a steady
         call no allocation, so a CUDA graph can capture it where the transport can (``bench/gpu_graphs.py``).
         """
-        weights, scale = scalars
+        weights, *held = scalars
         bits = self.workspace.get("bits", self.full // 8, torch.uint8, self.device)
-        codecs.compensate_encode(tensor, worker_error, scale, bits)
+        if len(held) == 3:  # the round's buffer, its first sum's index and the step to the next (agree_flat's 1)
+            codecs.compensate_encode_agreed(tensor, worker_error, tuple(held), self.comm.rank, self.full, self.scale,
+                                            self.comm.size, weights, bits)
+        else:
+            codecs.compensate_encode(tensor, worker_error, held[0], bits)
         if self.protocol == "allgather":
             return self._allgather_average(bits, weights, result)
         codecs.decode_framed(serve(bits, weights, server_error, self.comm, self.workspace, self.scale), result)

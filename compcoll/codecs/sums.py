@@ -17,7 +17,7 @@ from .. import spec
 from ..spec import BLOCK, LANES, SCALE_BYTES
 from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, flag_finite, host_value, no_source, on_host,
                        source_of, view, weights_of)
-from .signs import frame
+from .signs import compensate_encode, frame
 
 
 def all_finite(tensor: torch.Tensor) -> bool:
@@ -206,6 +206,30 @@ def tree_scale(lanes: torch.Tensor, numel: int, scale: str = "l2") -> Scalar:
     if on_host(lanes):
         return scale_from(tree_sum(lanes), numel, scale)
     return _device_scale("tree_sum", lanes, numel, scale, view(lanes))
+
+
+def compensate_encode_agreed(tensor: torch.Tensor, error: torch.Tensor, sums: tuple[torch.Tensor, int, int],
+                             rank: int, numel: int, scale: str, divisor: int, weights: torch.Tensor,
+                             bits: torch.Tensor) -> None:
+    """``compensate_encode`` by this rank's scale, and the server's weights, both from every rank's agreed sum.
+
+    ``sums`` = (table, first, step): rank i's float64 sum of |x|^p is table[first + i * step] (``p`` that of
+    ``scale``; ``Agreement.device_sums``: where a round on the device left them).
+    1. s_i = the float32 ``scale`` of ``numel`` elements from rank i's sum (``spec.scales_from``), for each rank
+       i < weights.numel(); weights[i] <- s_i / ``divisor`` in float32 (correctly rounded, as ``divide_``).
+    2. ``compensate_encode`` of ``tensor`` into ``bits`` and ``error`` by s_rank.
+    On CUDA one launch does both, reading the sums where the round left them (``kernels.cuda.signs``' kernel of
+    the name): no host value, no copy to the device.
+    """
+    table, first, step = sums
+    if on_host(error):
+        values = spec.scales_from(table.numpy()[first::step][:weights.numel()], numel, scale)
+        np.divide(values, np.float32(divisor), out=weights.numpy())
+        compensate_encode(tensor, error, values[rank], bits)
+        return
+    src, lut = source_of(tensor)
+    call("compensate_encode_agreed", error, src, lut, view(error), tensor.numel(), view(table), first, step, rank,
+         numel, spec.SCALES[scale], divisor, view(weights), view(bits))
 
 
 def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:

@@ -106,17 +106,21 @@ def test_block_scales_match_reference(backend: str, world_size: int) -> None:
                                                         ("gather_scatter", 64, 1), ("gather_scatter", 64, 4),
                                                         ("allgather", 64, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("on_device", [False, True])
 def test_the_device_part_of_a_call_neither_waits_nor_allocates(protocol: str, block_size: int | None, bits: int,
-                                                               dtype: torch.dtype) -> None:
+                                                               dtype: torch.dtype, on_device: bool) -> None:
     """What a CUDA graph would capture of a call (``FlatPlan.finish_flat`` / ``finish_blocks``, after the agreement)
     makes no host wait and, once the plan is warm, no device allocation: traced on meta tensors, whose counts are a
-    GPU's (tests/bench/test_launches.py)."""
+    GPU's (tests/bench/test_launches.py); with the agreement round on the host and on the device (NCCL's: the flat
+    form's encode then reads the round's sums)."""
     from compcoll.algorithms.onebit import FlatPlan
     from compcoll.bench.launches import DeviceOps
     from compcoll.kernels.launch import COUNTS
 
     numel, meta = 100003, torch.device("meta")
-    plan = FlatPlan(compcoll.SingleComm(), numel, meta, protocol, 1, "l2", block_size, bits)
+    comm = compcoll.SingleComm()
+    comm.agrees_on_device = on_device
+    plan = FlatPlan(comm, numel, meta, protocol, 1, "l2", block_size, bits)
     x, out = torch.empty(numel, dtype=dtype, device=meta), torch.empty(numel, dtype=dtype, device=meta)
     we, se = torch.empty(plan.full, device=meta), torch.empty(plan.full, device=meta)
     if block_size is None:
@@ -130,3 +134,5 @@ def test_the_device_part_of_a_call_neither_waits_nor_allocates(protocol: str, bl
         finish(x, we, se, agreed, out)
     assert (COUNTS.waits, ops.allocations) == (0, 0)
     assert COUNTS.launches >= 2
+    if block_size is None:  # the weights and the table of sums, or the weights and s_w
+        assert len(agreed) == (4 if on_device else 2)

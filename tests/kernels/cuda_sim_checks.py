@@ -88,6 +88,7 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     cuda.compensate_encode(d_src, d_lut, d_err, numel, held, d_bits)
     assert np.array_equal(d_bits.copy_to_host(), cpu_bits), "encoded bits"
     assert np.array_equal(d_err.copy_to_host(), cpu_err), "worker error"
+    check_agreed_encode(src, lut, err, numel, world, total, rng)
 
     rows = cpu_bits.reshape(world, -1)
     weights = (rng.random(world) + 0.5).astype(np.float32)
@@ -167,6 +168,30 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
     padded[:numel] = values
     assert np.array_equal(framed[:, codecs.SCALE_BYTES:].reshape(-1),
                           reference.binarize(padded, maxima, key, 11).reshape(-1)), "randomized vs reference"
+
+
+def check_agreed_encode(src: np.ndarray, lut: np.ndarray | None, err: np.ndarray, numel: int, world: int,
+                        total: float, rng: np.random.Generator) -> None:
+    """``compensate_encode_agreed``: the encode by the last rank's scale and every rank's weight s_i / n, from sums
+    in a gathered round's table (every record's third field) and in a summed round's (one after another), both
+    scales: the CPU encode's bits and error, and ``spec.scales_from``'s scales divided in float32."""
+    full, rank = err.size, world - 1
+    table = rng.random(3 * (world + 1)) * 10.0 ** rng.integers(-20, 20, 3 * (world + 1))
+    for first, step in ((3 + 2, 3), (1, 1)):
+        table[first + rank * step] = total
+        for power, name in ((2, "l2"), (1, "l1")):
+            values = spec.scales_from(table[first::step][:world], full, name)
+            cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
+            cpu.compensate_encode(src, lut, cpu_err, numel, values[rank], cpu_bits)
+            d_err, d_bits = numba_cuda.to_device(err), numba_cuda.device_array(full // 8, np.uint8)
+            d_weights = numba_cuda.device_array(world, np.float32)
+            cuda.compensate_encode_agreed(numba_cuda.to_device(src), None if lut is None else numba_cuda.to_device(lut),
+                                          d_err, numel, numba_cuda.to_device(table), first, step, rank, full, power,
+                                          world, d_weights, d_bits)
+            where = ("compensate_encode_agreed", first, step, name)
+            assert np.array_equal(d_bits.copy_to_host(), cpu_bits), (*where, "bits")
+            assert np.array_equal(d_err.copy_to_host(), cpu_err), (*where, "error")
+            assert d_weights.copy_to_host().tobytes() == (values / np.float32(world)).tobytes(), (*where, "weights")
 
 
 def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None:
@@ -725,6 +750,9 @@ def _run_part(part: str, lengths: list[int]) -> None:
             check_many_ranks(20011, (17,))  # rank groups' sums kept in shared memory across summation blocks
             check_group_sums()
             check_segment_sums((8193, 3, 0, 5))  # 5 summation blocks and 4 segments on 2 thread blocks
+            rng = np.random.default_rng(6)  # more ranks than a block's threads: the weights' grid is wider
+            check_agreed_encode(rng.standard_normal(37).astype(np.float32), None,
+                                (rng.standard_normal(40) * 0.3).astype(np.float32), 37, 300, 1234.5, rng)
             check_blocks(1000, 3, torch.float16, 128)
             check_blocks(8200, 3, torch.float16, 8)  # more summation blocks than threads: several groups a block
             check_levels(8200, 3, torch.float32, 8, 4)

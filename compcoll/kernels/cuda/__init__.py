@@ -38,13 +38,14 @@ from .levels import accumulate_framed_levels, accumulate_levels, decode_levels, 
 from .randomized import randomized_encode, row_absmax
 from .scales import code_blocks, decode_codes
 from .records import scale_of
-from .signs import average_rows, compensate_encode, select_decode
+from .signs import average_rows, compensate_encode, compensate_encode_agreed, select_decode
 from .sums import accumulate_lanes, accumulate_signs, compensated_power_sum, segment_sumsq, tree_sum
 
 __all__ = [
     "accumulate_blocks", "accumulate_framed_blocks", "accumulate_framed_levels", "accumulate_frames",
-    "accumulate_groups", "accumulate_lanes", "accumulate_levels", "accumulate_signs", "average_rows", "block_absmax",
-    "block_power_sums", "code_blocks", "compensate_encode", "compensated_power_sum", "decode_codes", "decode_framed",
-    "decode_framed_blocks", "decode_levels", "encode_blocks", "encode_levels", "head_weights", "randomized_encode",
-    "row_absmax", "scale_of", "segment_sumsq", "select_decode", "tree_sum",
+    "accumulate_groups", "accumulate_lanes", "accumulate_levels", "accumulate_signs", "average_rows",
+    "block_absmax", "block_power_sums", "code_blocks", "compensate_encode", "compensate_encode_agreed",
+    "compensated_power_sum", "decode_codes", "decode_framed", "decode_framed_blocks", "decode_levels",
+    "encode_blocks", "encode_levels", "head_weights", "randomized_encode", "row_absmax", "scale_of",
+    "segment_sumsq", "select_decode", "tree_sum",
 ]

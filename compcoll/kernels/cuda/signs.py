@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -10,24 +11,25 @@ from numba import cuda
 from .. import scalar
 from ..launch import launch
 from .common import IN_FLIGHT, LOOKUPS, RAW_TYPES, THREADS, TILE, grid_for, pack, table_arg
+from .records import scale_value as sum_scale
 
 _SCALE_LOADS = {False: cuda.jit(device=True)(scalar.scale_value), True: cuda.jit(device=True)(scalar.scale_in_memory)}
 """The encode's scale, by whether it is in device memory (a one-element array) or a value."""
 
 
 @lru_cache(maxsize=None)
-def _compensate_encode(with_lut: bool, scale_in_memory: bool):
+def _encode_tiles(with_lut: bool):
+    """The device function of the compensated encodes (``compensate_encode``, ``compensate_encode_agreed``): x = err
+    + src, its signs packed into ``bits`` and err = x -+ ``scale``, a tile of ``TILE`` elements a block at a time."""
     look_up, raw_type = LOOKUPS[with_lut], RAW_TYPES[with_lut]
-    read_scale = _SCALE_LOADS[scale_in_memory]
 
-    @cuda.jit
-    def kernel(src, lut, err, n_src, scale_slot, bits):
+    @cuda.jit(device=True)
+    def encode(src, lut, err, n_src, scale, bits):
         signs = cuda.shared.array(TILE, np.uint8)
         raw = cuda.local.array(8, raw_type)
         held = cuda.local.array(8, np.float32)
         lane = cuda.threadIdx.x
         n = err.size
-        scale = read_scale(scale_slot)
         for tile in range(cuda.blockIdx.x, -(-bits.size // THREADS), cuda.gridDim.x):
             base = tile * TILE
             for j in range(8):
@@ -54,6 +56,18 @@ def _compensate_encode(with_lut: bool, scale_in_memory: bool):
                 bits[k] = pack(signs, 8 * lane)
             cuda.syncthreads()
 
+    return encode
+
+
+@lru_cache(maxsize=None)
+def _compensate_encode(with_lut: bool, scale_in_memory: bool):
+    encode = _encode_tiles(with_lut)
+    read_scale = _SCALE_LOADS[scale_in_memory]
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, scale_slot, bits):
+        encode(src, lut, err, n_src, read_scale(scale_slot), bits)
+
     return kernel
 
 
@@ -71,6 +85,40 @@ def compensate_encode(src, lut, err, n_src, scale, bits, stream=0) -> None:
     in_memory = not isinstance(scale, (int, float, np.number))
     launch(_compensate_encode(lut is not None, in_memory), grid_for(bits.size), THREADS, stream,
            src, table_arg(lut, stream), err, n_src, scale if in_memory else np.float32(scale), bits)
+
+
+@lru_cache(maxsize=None)
+def _compensate_encode_agreed(with_lut: bool):
+    encode = _encode_tiles(with_lut)
+
+    @cuda.jit
+    def kernel(src, lut, err, n_src, table, first, step, rank, d, root_d, l2, divisor, weights, bits):
+        encode(src, lut, err, n_src, sum_scale(table[first + rank * step], d, root_d, l2), bits)
+        i = cuda.grid(1)
+        if i < weights.size:
+            weights[i] = sum_scale(table[first + i * step], d, root_d, l2) / divisor
+
+    return kernel
+
+
+def compensate_encode_agreed(src, lut, err, n_src, table, first, step, rank, d, power, divisor, weights, bits,
+                             stream=0) -> None:
+    """``compensate_encode`` by this rank's scale of ``d`` elements from its float64 sum of |x|^power, and weights[i]
+    <- rank i's scale / ``divisor`` for every rank i < weights.size, in one launch: the worker's encode and the
+    server's weights from an agreement round's sums on the device (NCCL's), with no host value. Rank i's sum is
+    table[first + i * step] (the sum fields of a gathered round's records, or a summed round's sums).
+
+    1. Each thread derives this rank's scale from its sum (``records.scale_value``: ``spec.scale_from``'s IEEE
+       steps), then encodes as ``compensate_encode``.
+    2. Then thread i of the grid (a thread for every rank at least) writes weights[i]: rank i's scale the same way,
+       divided by ``divisor`` in float32 (``div.rn.f32``, as the host's ``codecs.divide_``). One rank a thread,
+       after the encode: a grid-stride loop over the ranks took 64 registers (sm_90), the encode alone 40; so 40,
+       and 56 for a 16-bit source (40 with its scale in memory).
+    """
+    grid = max(grid_for(bits.size), -(-weights.size // THREADS))
+    launch(_compensate_encode_agreed(lut is not None), grid, THREADS, stream,
+           src, table_arg(lut, stream), err, n_src, table, first, step, rank, d, math.sqrt(d), power == 2,
+           np.float32(divisor), weights, bits)
 
 
 @cuda.jit(device=True)

@@ -174,8 +174,8 @@ class Agreement:
         refused? = 0 in a summed round, else the signature and 1.0."""
         return spec.summed_fields(signature, True)[:SUMMED - 1] if is_summed else [signature, 1.0]
 
-    def check_total(self, total: torch.Tensor, d: int = 0, scale: str | None = None, step: Step | None = None
-                    ) -> tuple[float, torch.Tensor | None]:
+    def check_total(self, total: torch.Tensor, d: int = 0, scale: str | None = None, step: Step | None = None,
+                    host_scales: bool = True) -> tuple[float, torch.Tensor | None]:
         """The round of a call whose device part wrote a float64 into total[0] (a one-element tensor; a sum, or a
         finiteness test, finite exactly where the call's input is): the call's one host wait.
 
@@ -183,21 +183,22 @@ class Agreement:
         2. Elsewhere the host reads total[0] (``codecs.host_value``: the wait) and ``check`` agrees on whether it
            is finite, and, where ``scale`` ("l2" or "l1") is given, on the float32 scale of ``d`` elements from it
            (``codecs.scale_from``; 0.0 where it is not finite).
-        ``step`` is the caller's (``check``).
+        ``step`` is the caller's (``check``); ``host_scales=False`` spares a round on the device the host's scales
+        (``check_record``).
 
         Returns:
             This rank's value (0.0 without ``scale``), and every rank's values by rank (None without ``scale``).
         """
         if self.on_device():
-            values = self.check_record(total, d, scale, step)
+            values = self.check_record(total, d, scale, step, host_scales)
             return (0.0 if values is None else float(values.numpy()[self.comm.rank])), values
         value = codecs.host_value(total)
         finite = math.isfinite(value)
         mine = float(codecs.scale_from(value, d, scale)) if finite and scale is not None else 0.0
         return mine, self.check(finite, None if scale is None else mine, step)
 
-    def check_record(self, total: torch.Tensor, d: int, scale: str | None, step: Step | None = None
-                     ) -> torch.Tensor | None:
+    def check_record(self, total: torch.Tensor, d: int, scale: str | None, step: Step | None = None,
+                     host_scales: bool = True) -> torch.Tensor | None:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
         float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
@@ -222,8 +223,12 @@ class Agreement:
         wait); where the sums say the round failed, every rank goes on into the statuses' all-gather
         (``_fail_summed``).
         A rank that refused its call (``refuse``) takes part with host numbers of the same sizes. Meta tensors
-        (nothing ran) stand in a sum of 1.0 for every rank, as ``codecs.host_value`` does.
-        Returns every rank's value (float64, by rank), or None without ``scale``; reused by the next call.
+        (nothing ran) stand in a sum of 1.0 for every rank, as ``codecs.host_value`` does. ``host_scales=False``: the
+        round is the same (a summed one still all-gathers the sums where ``scale`` is given), but the host judges
+        the sums alone and computes no scale, for a caller that reads the sums on the device
+        (``device_sums``: the flat form's encode over NCCL).
+        Returns every rank's value (float64, by rank), or None without ``scale`` or ``host_scales``; reused by the
+        next call.
         """
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
@@ -247,7 +252,7 @@ class Agreement:
             if found[::RECORD].count(signature) != n or not all(map(math.isfinite, sums)):
                 finite, values = _finite_values(np.array(sums), d, scale)
                 self._fail(np.column_stack([found[::RECORD], finite, values]).tolist(), signature)
-            if not valued:
+            if not valued or not host_scales:
                 return None
             self._values.numpy()[:] = spec.scales_from(np.array(sums), d, scale)
             return self._values
@@ -258,11 +263,12 @@ class Agreement:
         found = (codecs.host_values(space[:2 * SUMMED + (n if valued else 0)]) or
                  self._stand_in(signature, valued))
         mine, overall = found[SUMMED - 1], found[2 * SUMMED - 1]
-        finite, values = _finite_values(np.array([mine, overall] + found[2 * SUMMED:]), d, scale)
+        finite, values = _finite_values(np.array([mine, overall] + found[2 * SUMMED:]), d,
+                                        scale if host_scales else None)
         sums = found[SUMMED:2 * SUMMED - 1] + [0.0 if finite[1] else 1.0]
         if not fields_fine(sums, n):
             self._fail_summed(signature, bool(finite[0]), float(values[0]), valued)
-        if not valued:
+        if not valued or not host_scales:
             return None
         self._values.numpy()[:] = values[2:]
         return self._values

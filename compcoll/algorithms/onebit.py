@@ -192,26 +192,29 @@ class FlatPlan(Plan):
         return self.replays.run("finish_flat", self.finish_flat, tensor, worker_error, server_error, scalars, result)
 
     def agree_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, step: Step | None = None
-                   ) -> tuple[float, tuple]:
+                   ) -> tuple[float | None, tuple]:
         """Steps 1-2 of a call with one scale: s_w from the compensated sum (the call's one host wait), the agreement,
         and what the encode and the server read on the device.
 
         1. Where the round ran on the device (NCCL's: ``Agreement.on_device``) and the call runs in one piece:
            every rank's sum stays where the round left it (``Agreement.device_sums``), and ``finish_flat``'s encode
-           derives s_w and the server's weights s_i / n from it in its own launch (``compensate_encode_agreed``).
+           derives s_w and the server's weights s_i / n from it in its own launch (``compensate_encode_agreed``);
+           the host judges the round and computes no scale (``host_scales``).
         2. Elsewhere (a round on the host, or a call in pieces, whose encodes take s_w from the host): the weights
            s_i / n with this rank's s_w copied to the device (``device_scalars``).
 
         Returns:
-            s_w, and what ``finish_flat`` takes: (weights, table, first, step) for 1 (the weights the view of the
-            device buffer of 2 that the encode fills), (weights, s_w) views of the device buffer for 2.
+            s_w (None for 1: the device derives it), and what ``finish_flat`` takes: (weights, table, first, step)
+            for 1 (the weights the view of the device buffer of 2 that the encode fills), (weights, s_w) views of
+            the device buffer for 2.
         """
         agreement = self.agreement(tensor)
+        on_device = agreement.on_device() and (self.protocol == "allgather" or self.pieces == 1)
         scale, scales = self.agreed(agreement, "sum", sum_into, tensor, worker_error, self.scale,
-                                    scale=(self.full, self.scale), step=step)
-        if agreement.on_device() and (self.protocol == "allgather" or self.pieces == 1):
+                                    scale=(self.full, self.scale), step=step, host_scales=not on_device)
+        if on_device:
             _, weights, _ = self.workspace.parts("scalars", (self.comm.size, 1), torch.float32, self.device)
-            return scale, (weights, *agreement.device_sums())
+            return None, (weights, *agreement.device_sums())
         return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,

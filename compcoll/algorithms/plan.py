@@ -160,7 +160,8 @@ class Plan(ABC):
         return kept(self._agreements, self.comm, self.what, self.numel, tensor, self.options)
 
     def agreed(self, agreement: Agreement, name: str, part: Callable[..., torch.Tensor], *args: Any,
-               scale: tuple[int, str] | None = None, step: Step | None = None) -> tuple[float, torch.Tensor | None]:
+               scale: tuple[int, str] | None = None, step: Step | None = None, host_scales: bool = True
+               ) -> tuple[float, torch.Tensor | None]:
         """A call's agreement round on the float64 that its device part writes (a sum, or a finiteness test): the
         call's one host wait.
 
@@ -170,14 +171,15 @@ class Plan(ABC):
            their Python.
         2. ``agreement.check_total``: on the device where the transport runs the round there (NCCL's), else on
            the host after reading total[0]; ``scale`` = (d, "l2" or "l1") makes the value agreed on the float32
-           scale of d elements from the sum; ``step`` is the caller's.
+           scale of d elements from the sum; ``step`` is the caller's; ``host_scales=False`` spares a round on
+           the device the host's scales (the caller reads the sums there: ``Agreement.device_sums``).
 
         Returns:
             This rank's value (0.0 without ``scale``), and every rank's values by rank (None without ``scale``).
         """
         total = agreement.slot(self.device)
         d, kind = scale if scale is not None else (0, None)
-        return agreement.check_total(self.replays.run(name, part, *args, total), d, kind, step)
+        return agreement.check_total(self.replays.run(name, part, *args, total), d, kind, step, host_scales)
 
     @property
     def error_feedback(self) -> ErrorFeedback:

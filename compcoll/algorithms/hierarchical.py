@@ -20,7 +20,7 @@ from .inputs import check_disjoint, check_error_buffer, check_length, check_prot
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
 from .rounds import checked
-from .server import device_scalars, serve, serve_blocks, sum_into
+from .server import device_scalars, encode_worker, progression, serve, serve_blocks, sum_into, sums_scalars
 
 
 def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) -> tuple[int, int]:
@@ -217,22 +217,28 @@ class CompensatedPlan(NodePlan):
             sums = agreed_statistics(self, agreement, average, worker_error, b, self.scale, 1, layout.nodes)
             return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
                                     result)
+        senders = None if self.protocol == "allgather" else progression(layout.inter_ranks)
+        on_device = agreement.on_device() and senders is not None
         scale, scales = self.agreed(agreement, "sum", sum_into, average, worker_error, self.scale,
-                                    scale=(shard, self.scale))
-        senders = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
-        scalars = device_scalars(scales[senders], nodes, scale, self.device, ws)
+                                    scale=(shard, self.scale), host_scales=not on_device)
+        if on_device:
+            scalars = sums_scalars(agreement, senders, nodes, self.device, ws)
+        else:
+            ranks = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
+            scalars = device_scalars(scales[ranks], nodes, scale, self.device, ws)
         return self.replays.run("finish_flat", self.finish_flat, average, worker_error, server_error, scalars, result)
 
     def finish_flat(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
-                    scalars: tuple[torch.Tensor, torch.Tensor], result: torch.Tensor) -> torch.Tensor:
+                    scalars: tuple, result: torch.Tensor) -> torch.Tensor:
         """Steps 3-5 with one scale, once the ranks agreed: encode the node's ``average`` with this rank's s_w read
-        from the device (``scalars``: the weights, then s_w), then serve between nodes and gather within the node
-        (``gather_decode``), or the allgather protocol's exchange (``_allgather_between_nodes``). Kernels and the
-        wire only, into workspace buffers: the device part a plan replays (``replay.Replays``)."""
-        weights, mine = scalars
+        from the device (``encode_worker``: ``scalars`` the weights and s_w, or, over NCCL's round where this
+        rank's inter group is ranks a constant step apart, as where nodes hold consecutive ranks, where the round
+        left the group's sums: the encode derives s_w and the weights), then serve between nodes and gather within
+        the node (``gather_decode``), or the allgather protocol's exchange (``_allgather_between_nodes``). Kernels
+        and the wire only, into workspace buffers: the device part a plan replays (``replay.Replays``)."""
         layout, ws = self.layout, self.workspace
         bits = ws.get("bits", average.numel() // 8, torch.uint8, self.device)
-        codecs.compensate_encode(average, worker_error, mine, bits)
+        weights = encode_worker(average, worker_error, scalars, layout.inter.rank, self.scale, bits)
         if self.protocol == "allgather":
             return _allgather_between_nodes(bits, weights, layout, self.numel, result, ws)
         gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)

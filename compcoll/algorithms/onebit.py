@@ -17,7 +17,7 @@ from .pipeline import agree_pieces, serve_in_pieces
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
 from .rounds import checked
-from .server import device_scalars, serve, serve_blocks, serve_levels, sum_into
+from .server import device_scalars, encode_worker, serve, serve_blocks, serve_levels, sum_into, sums_scalars
 
 
 @eager
@@ -213,29 +213,22 @@ class FlatPlan(Plan):
         scale, scales = self.agreed(agreement, "sum", sum_into, tensor, worker_error, self.scale,
                                     scale=(self.full, self.scale), step=step, host_scales=not on_device)
         if on_device:
-            _, weights, _ = self.workspace.parts("scalars", (self.comm.size, 1), torch.float32, self.device)
-            return None, (weights, *agreement.device_sums())
+            return None, sums_scalars(agreement, (0, 1), self.comm.size, self.device, self.workspace)
         return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                     scalars: tuple, result: torch.Tensor) -> torch.Tensor:
         """Steps 3-6 of a call with one scale, in one piece, once the ranks agreed (``agree_flat``).
 
-        1. Encode x = tensor + worker_error with s_w read from the device: from the agreed sums, with the server's
-           weights beside it (``codecs.compensate_encode_agreed``), where ``scalars`` holds them; else from the
-           device buffer ``device_scalars`` filled.
+        1. Encode x = tensor + worker_error with s_w read from the device (``encode_worker``: from the agreed sums,
+           with the server's weights beside it, where ``scalars`` holds them; else from ``device_scalars``' buffer).
         2. Gather-scatter: ``serve``, then decode every served chunk. Allgather: all-gather the
            packed vectors and average them (``_allgather_average``).
         Kernels and the wire only, into workspace buffers, reading no host value: no host wait, and on a steady
         call no allocation, so a CUDA graph can capture it where the transport can (``bench/gpu_graphs.py``).
         """
-        weights, *held = scalars
         bits = self.workspace.get("bits", self.full // 8, torch.uint8, self.device)
-        if len(held) == 3:  # the round's buffer, its first sum's index and the step to the next (agree_flat's 1)
-            codecs.compensate_encode_agreed(tensor, worker_error, tuple(held), self.comm.rank, self.full, self.scale,
-                                            self.comm.size, weights, bits)
-        else:
-            codecs.compensate_encode(tensor, worker_error, held[0], bits)
+        weights = encode_worker(tensor, worker_error, scalars, self.comm.rank, self.scale, bits)
         if self.protocol == "allgather":
             return self._allgather_average(bits, weights, result)
         codecs.decode_framed(serve(bits, weights, server_error, self.comm, self.workspace, self.scale), result)

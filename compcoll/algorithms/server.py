@@ -1,9 +1,12 @@
 """The server steps the flat and hierarchical compressed allreduces share (docs/architecture.md, "Algorithms").
 
-The worker sum's device part, the weights on the device, and the exchange of chunks, their sum and its compression.
+The worker sum's device part, the weights on the device, the worker's encode by s_w on the device, and the
+exchange of chunks, their sum and its compression.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -11,6 +14,7 @@ from .. import codecs
 from ..comm import Communicator
 from ..spec import SCALE_BYTES
 from ..workspace import Workspace
+from .agreement import Agreement
 from .reduce_scatter import scatter_rows
 
 
@@ -46,6 +50,47 @@ def device_scalars(scales: torch.Tensor, divisor: int, scale: float, device: tor
     values[count] = scale
     codecs.to_device(host, scalars)
     return weights, mine
+
+
+def progression(ranks: Sequence[int]) -> tuple[int, int] | None:
+    """(first, stride) where ``ranks`` are first, first + stride, first + 2 * stride, ...; else None (the senders
+    ``sums_scalars`` can read where the round left their sums)."""
+    first = ranks[0]
+    stride = ranks[1] - first if len(ranks) > 1 else 1
+    return (first, stride) if all(r == first + i * stride for i, r in enumerate(ranks)) else None
+
+
+def sums_scalars(agreement: Agreement, senders: tuple[int, int], count: int, device: torch.device,
+                 workspace: Workspace) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """What ``encode_worker`` takes where the round ran on the device (NCCL's) and left every rank's sum there: the
+    server's weights for ``count`` senders, ranks senders[0] + i * senders[1] (i < ``count``), to be written by the
+    encode into the view ``device_scalars`` fills elsewhere, and where their sums sit.
+
+    Returns:
+        (weights, table, first, step): sender i's sum is table[first + i * step] (``Agreement.device_sums``).
+    """
+    table, first, step = agreement.device_sums()
+    _, weights, _ = workspace.parts("scalars", (count, 1), torch.float32, device)
+    return weights, table, first + senders[0] * step, senders[1] * step
+
+
+def encode_worker(tensor: torch.Tensor, worker_error: torch.Tensor, scalars: tuple, sender: int, scale: str,
+                  bits: torch.Tensor) -> torch.Tensor:
+    """The worker's encode of x = tensor + worker_error into ``bits`` by s_w read on the device; returns the server's
+    weights.
+
+    1. ``scalars`` = (weights, table, first, step) of ``sums_scalars``: the encode derives s_w from sender
+       ``sender``'s sum, and writes every sender's weight s_i / N beside it (N = weights.numel(), the senders),
+       in its one launch (``codecs.compensate_encode_agreed``, the scale of worker_error.numel() elements).
+    2. ``scalars`` = (weights, s_w) of ``device_scalars``: the encode reads s_w (``codecs.compensate_encode``).
+    """
+    weights, *held = scalars
+    if len(held) == 3:
+        codecs.compensate_encode_agreed(tensor, worker_error, tuple(held), sender, worker_error.numel(), scale,
+                                        weights.numel(), weights, bits)
+    else:
+        codecs.compensate_encode(tensor, worker_error, held[0], bits)
+    return weights
 
 
 def serve(bits: torch.Tensor, weights: torch.Tensor, server_error: torch.Tensor, comm: Communicator,

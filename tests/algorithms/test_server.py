@@ -7,7 +7,8 @@ import warnings
 import numpy as np
 import torch
 
-from compcoll.algorithms.server import device_scalars
+from compcoll import spec
+from compcoll.algorithms.server import device_scalars, encode_worker, progression
 from compcoll.workspace import Workspace
 
 
@@ -24,3 +25,34 @@ def test_device_scalars_are_the_weights_then_this_ranks_scale_and_warn_of_nothin
     expected = scales.numpy().astype(np.float32) / np.float32(3)
     assert weights.numpy().tobytes() == expected.tobytes() and mine.tolist() == [0.25]
     assert weights.data_ptr() + 12 == mine.data_ptr()
+
+
+def test_progression_finds_senders_a_constant_step_apart() -> None:
+    """``progression``: (first, stride) of ranks a constant step apart (one rank: stride 1), None otherwise (a
+    hierarchical layout whose nodes do not hold consecutive ranks)."""
+    assert progression((3,)) == (3, 1) and progression((1, 3, 5)) == (1, 2) and progression((0, 1, 2, 3)) == (0, 1)
+    assert progression((0, 1, 3)) is None and progression((2, 0)) == (2, -2)
+
+
+def test_the_encode_by_the_rounds_sums_is_the_encode_by_device_scalars() -> None:
+    """``encode_worker`` on (weights, table, first, step), sender i's float64 sum at table[first + i * step] as a
+    round on the device leaves them, gives the bits, error and weights it gives on ``device_scalars`` of the same
+    senders' scales (``spec.scales_from``), for every sender and both scales, on fresh random inputs."""
+    rng = np.random.default_rng(3)
+    numel, senders, step, first = 1003, 3, 3, 5
+    x = torch.from_numpy(rng.standard_normal(numel).astype(np.float32))
+    table = torch.from_numpy(rng.random(first + senders * step) * 10.0 ** rng.integers(-5, 5, first + senders * step))
+    for scale in ("l2", "l1"):
+        scales = spec.scales_from(table.numpy()[first::step], 1008, scale)
+        for sender in range(senders):
+            error = torch.from_numpy((rng.standard_normal(1008) * 0.3).astype(np.float32))
+            (bits_a, error_a), (bits_b, error_b) = ((torch.empty(126, dtype=torch.uint8), error.clone())
+                                                    for _ in range(2))
+            workspace = Workspace()
+            weights = encode_worker(x, error_a, (workspace.get("w", senders, torch.float32, torch.device("cpu")),
+                                                 table, first, step), sender, scale, bits_a)
+            held = device_scalars(torch.from_numpy(scales.astype(np.float64)), senders, float(scales[sender]),
+                                  torch.device("cpu"), Workspace())
+            expected = encode_worker(x, error_b, held, sender, scale, bits_b)
+            assert torch.equal(bits_a, bits_b) and torch.equal(error_a, error_b), (scale, sender)
+            assert weights.numpy().tobytes() == expected.numpy().tobytes(), (scale, sender)

@@ -217,11 +217,11 @@ class CompensatedPlan(NodePlan):
             sums = agreed_statistics(self, agreement, average, worker_error, b, self.scale, 1, layout.nodes)
             return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
                                     result)
-        senders = None if self.protocol == "allgather" else progression(layout.inter_ranks)
-        on_device = agreement.on_device() and senders is not None
+        senders = (progression(layout.inter_ranks) if agreement.on_device() and self.protocol != "allgather"
+                   else None)
         scale, scales = self.agreed(agreement, "sum", sum_into, average, worker_error, self.scale,
-                                    scale=(shard, self.scale), host_scales=not on_device)
-        if on_device:
+                                    scale=(shard, self.scale), host_scales=senders is None)
+        if senders is not None:
             scalars = sums_scalars(agreement, senders, nodes, self.device, ws)
         else:
             ranks = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)

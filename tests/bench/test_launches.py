@@ -208,8 +208,9 @@ def test_the_script_adds_compcolls_python_calls_and_replays_cut_them() -> None:
 def test_the_script_counts_nccls_path_at_one_rank_with_on_device() -> None:
     """``--on-device`` at one rank (NCCL's agreement rounds, on the device): every protocol makes the launches and
     the one wait it makes with the round on the host; at one rank the round's all-gather of the record is one
-    device copy more (the transport's copy), where the host round's is a host copy; the flat forms copy no weights
-    to the device there (their encode derives them from the round's sums), so they make as many as on the host."""
+    device copy more (the transport's copy), where the host round's is a host copy; the flat forms and the
+    hierarchical gather-scatter copy no weights to the device there (their encode derives them from the round's
+    sums), so they make as many as on the host."""
     command = [sys.executable, "scripts/cuda_launches.py", "--numel", "4096", "--json"]
     host, device = (json.loads(subprocess.run(command + extra, capture_output=True, text=True, check=True,
                                               timeout=300).stdout) for extra in ([], ["--on-device"]))
@@ -217,6 +218,6 @@ def test_the_script_counts_nccls_path_at_one_rank_with_on_device() -> None:
     for name in PROTOCOLS:
         assert {k: device[name][k] for k in ("launches", "wraps", "waits")} == {
             k: host[name][k] for k in ("launches", "wraps", "waits")}, (name, host[name], device[name])
-        flat = name in ("gather_scatter", "allgather")
-        assert device[name]["waits"] == 1 and device[name]["torch"] == host[name]["torch"] + (not flat), name
+        derived = name in ("gather_scatter", "allgather", "hierarchical")
+        assert device[name]["waits"] == 1 and device[name]["torch"] == host[name]["torch"] + (not derived), name
         assert device[name]["allocations"] == host[name]["allocations"] == 1, name

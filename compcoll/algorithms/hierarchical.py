@@ -185,6 +185,13 @@ class CompensatedPlan(NodePlan):
             members[node].append(rank)
         return [rank for j in range(layout.ranks_per_node) for rank in sorted(node[j] for node in members)]
 
+    @functools.cached_property
+    def inter_senders(self) -> tuple[int, int] | None:
+        """``server.progression`` of this rank's inter group, the gather-scatter protocol's senders: (first, stride)
+        where they are ranks a constant step apart, else None. Worked out once, at the first call whose round runs
+        on the device (the layout is known by then)."""
+        return progression(self.layout.inter_ranks)
+
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout
         worker, server = hierarchical_error_numels(self.numel, self.comm.size, layout.ranks_per_node)
@@ -217,8 +224,7 @@ class CompensatedPlan(NodePlan):
             sums = agreed_statistics(self, agreement, average, worker_error, b, self.scale, 1, layout.nodes)
             return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
                                     result)
-        senders = (progression(layout.inter_ranks) if agreement.on_device() and self.protocol != "allgather"
-                   else None)
+        senders = self.inter_senders if agreement.on_device() and self.protocol != "allgather" else None
         scale, scales = self.agreed(agreement, "sum", sum_into, average, worker_error, self.scale,
                                     scale=(shard, self.scale), host_scales=senders is None)
         if senders is not None:

@@ -224,7 +224,8 @@ def compensate_encode_agreed(tensor: torch.Tensor, error: torch.Tensor, sums: tu
     table, first, step = sums
     if on_host(error):
         values = spec.scales_from(table.numpy()[first::step][:weights.numel()], numel, scale)
-        np.divide(values, np.float32(divisor), out=weights.numpy())
+        weights.numpy()[:] = values
+        divide_(weights, divisor)
         compensate_encode(tensor, error, values[rank], bits)
         return
     src, lut = source_of(tensor)

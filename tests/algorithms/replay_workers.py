@@ -34,6 +34,14 @@ def _replays(comm: compcoll.Communicator, numel: int, device: torch.device, kind
     return sum(count for part, count in plan.replays.counts.items() if part.startswith("finish"))
 
 
+def _pieces_agreed(comm: compcoll.Communicator, numel: int, device: torch.device) -> bool:
+    """Whether the flat gather-scatter plan with one scale on ``numel`` elements on ``device`` exists and has agreed
+    its pieces (at its first call: ``pipeline.agree_pieces``)."""
+    return any(type(p) is FlatPlan and (p.numel, p.device, p.protocol, p.block_size) ==
+               (numel, device, "gather_scatter", None) and p.pieces is not None
+               for p in comm.attached.get(PLANS, {}).values())
+
+
 def _expected(steps: int, phase: int) -> int:
     """Replays at the end of ``phase`` (0: one output; 1: then two alternating) of ``steps`` calls each: from each
     key's fourth call."""
@@ -48,8 +56,10 @@ def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], s
     reference's output and error buffers at every step, the device part replayed from the fourth call on (the second
     and third recorded it); then the outputs alternating between two buffers (two keys: the first replayed at once,
     the second from its own fourth call), then a new output every call (replayed where one lands on an address
-    recorded before), the bits the reference's. ``steps`` is even; the tensors on ``device`` (the CPU's take the
-    CUDA path under numba's simulator: ``tests/kernels/cuda_path_checks.py``)."""
+    recorded before), the bits the reference's. With the rounds on the device (``replayed_on_the_device``) the
+    flat form with one scale replays from the fifth call of a new plan: its first, whose pieces are not yet agreed,
+    takes the host's scalars (another key). ``steps`` is even; the tensors on ``device`` (the CPU's take the CUDA
+    path under numba's simulator: ``tests/kernels/cuda_path_checks.py``)."""
     n, rank, k = comm.size, comm.rank, ranks_per_node
     for options in (FORMS if k is None else NODE_FORMS):
         for dtype in (torch.float32, torch.bfloat16):
@@ -68,6 +78,8 @@ def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], s
                 x, outs = (torch.empty(numel, dtype=dtype, device=device),
                            [torch.empty(numel, dtype=dtype, device=device) for _ in range(2)])
                 we, se = (torch.zeros(length, device=device) for length in lengths)
+                late = int(comm.agrees_on_device and k is None and options == {}
+                           and not _pieces_agreed(comm, numel, x.device))
                 ref_we = [np.zeros(lengths[0], np.float32) for _ in range(n)]
                 ref_se = [np.zeros(lengths[1], np.float32) for _ in range(n)]
                 for step in range(3 * steps):
@@ -85,7 +97,26 @@ def replayed_matches_reference(comm: compcoll.Communicator, numels: list[int], s
                     assert_errors_match(we.cpu(), se.cpu(), ref_we[rank], ref_se[rank], where)
                     if step in (steps - 1, 2 * steps - 1):
                         replays = _replays(comm, numel, x.device, kind, **fields) - before
-                        assert replays == _expected(steps, phase), f"{replays} replays ({where})"
+                        assert replays == _expected(steps, phase) - late, f"{replays} replays ({where})"
+
+
+def replayed_on_the_device(comm: compcoll.Communicator, numels: list[int], steps: int, device: str = "cpu",
+                           ranks_per_node: int | None = None) -> None:
+    """``replayed_matches_reference`` with every call's agreement round on the device
+    (``Communicator.agrees_on_device``, NCCL's, set here on a transport of host tensors): the flat form in one piece
+    and the hierarchical gather-scatter form derive s_w and the server's weights from the round's sums in the
+    encode's own launch (``codecs.compensate_encode_agreed``), replayed as any device part; the bits the
+    reference's at every step, every round on the device and every flat call in one piece."""
+    comm.agrees_on_device = True
+    try:
+        replayed_matches_reference(comm, numels, steps, device, ranks_per_node)
+        plans = [p for p in comm.attached[PLANS].values() if isinstance(p, (FlatPlan, CompensatedPlan))]
+        spaces = [a._space for p in plans for a in p._agreements.values()]
+        assert spaces and all(space is not None and space.numel() > 1 for space in spaces), "a round on the host"
+        assert all(p.protocol == "allgather" or p.pieces == 1 for p in plans
+                   if type(p) is FlatPlan and p.block_size is None), "a flat call in pieces"
+    finally:
+        comm.agrees_on_device = False
 
 
 def scatter_replayed_matches_reference(comm: compcoll.Communicator, row: int, steps: int, device: str = "cpu"

@@ -326,6 +326,17 @@ def test_replayed_calls_match_the_reference(backend: str, world_size: int, ranks
         args=([37, 100003], 6, "cuda", ranks_per_node))
 
 
+@pytest.mark.parametrize("world_size, ranks_per_node", [(2, None), (3, None), (2, 1)])
+def test_rounds_on_the_device_replayed_match_the_reference_over_mpi(world_size: int,
+                                                                    ranks_per_node: int | None) -> None:
+    """NCCL's rounds (the record all-gathered on the device, s_w and the server's weights derived there in the
+    encode's launch: ``codecs.compensate_encode_agreed``) on ranks sharing the GPU, which one NCCL group cannot:
+    MPI's transport set to agree on the device, the flat forms and the hierarchical ones on nodes of one rank (the
+    inter group's senders a progression), replayed; the reference's bits at every call."""
+    run("tests.algorithms.replay_workers:replayed_on_the_device", world_size, "mpi",
+        args=([37, 100003], 6, "cuda", ranks_per_node))
+
+
 @pytest.mark.parametrize("backend, world_size", [("nccl", 1), ("mpi", 2)])
 def test_birder_replayed_with_each_calls_keys_matches_the_reference(backend: str, world_size: int) -> None:
     """Birder's replayed calls on CUDA tensors, each with its own seed and step: the encoding kernel reads its

@@ -40,6 +40,8 @@ WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
                (ALGORITHMS + "reduce_scatter_workers:numerics", 3, ([1, 37, 1000], 2))],
     "replay": [(ALGORITHMS + "replay_workers:replayed_matches_reference", 2, ([37], 4)),
                (ALGORITHMS + "replay_workers:replayed_matches_reference", 4, ([37], 4, "cpu", 2)),
+               (ALGORITHMS + "replay_workers:replayed_on_the_device", 2, ([37], 4)),
+               (ALGORITHMS + "replay_workers:replayed_on_the_device", 4, ([37], 4, "cpu", 2)),
                (ALGORITHMS + "replay_workers:scatter_replayed_matches_reference", 2, (37, 4)),
                (ALGORITHMS + "replay_workers:birder_replayed_matches_reference", 4, (37, 5, "cpu", 2))],
     "hierarchical": [(ALGORITHMS + "hierarchical_workers:numerics", 4, (2, SMALL, 2)),

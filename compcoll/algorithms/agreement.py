@@ -119,6 +119,7 @@ class Agreement:
         self._values = torch.empty(comm.size, dtype=torch.float64)
         self._record = (torch.empty(RECORD, dtype=torch.float64), torch.empty(comm.size * RECORD, dtype=torch.float64))
         self._space: torch.Tensor | None = None
+        self._layout: tuple[bool, bool] | None = None
         self._slot: torch.Tensor | None = None
         self._written: float | None = None
 
@@ -151,13 +152,17 @@ class Agreement:
         """Where a call's device part writes the float64 this round agrees on (a one-element tensor on ``device``,
         kept from call to call), which ``check_total`` takes: where the round runs on the device (``on_device``),
         the sum's field of this rank's record, so that the round launches nothing of its own (``check_record``);
-        elsewhere a buffer of its own, which the host reads."""
-        if self._space is None or self._space.device != torch.device(device):
-            n, is_summed = self.comm.size, summed(self.comm)
-            length = (2 * SUMMED + n if is_summed else RECORD * (n + 1)) if self.on_device() else 1
+        elsewhere a buffer of its own, which the host reads. Its layout follows the round's kind (on the device or
+        not, gathered or summed): a communicator set to agree on the device after its first calls gets a new one
+        (until 2026-12-05 the host's one-element buffer stayed, and the round's copy into it failed in torch)."""
+        layout = (self.on_device(), summed(self.comm))
+        if self._space is None or self._space.device != torch.device(device) or self._layout != layout:
+            on_device, is_summed = layout
+            n = self.comm.size
+            length = (2 * SUMMED + n if is_summed else RECORD * (n + 1)) if on_device else 1
             self._space = torch.empty(length, dtype=torch.float64, device=device)
-            at = (SUMMED - 1 if is_summed else SUM) if self.on_device() else 0
-            self._slot, self._written = self._space[at:at + 1], None
+            at = (SUMMED - 1 if is_summed else SUM) if on_device else 0
+            self._slot, self._written, self._layout = self._space[at:at + 1], None, layout
         return self._slot
 
     def device_sums(self) -> tuple[torch.Tensor, int, int]:

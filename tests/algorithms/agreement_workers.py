@@ -5,12 +5,14 @@ On device: the round's record written and gathered where the call's tensors are.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import compcoll
 from compcoll import spec
 from compcoll.algorithms.agreement import Agreement
 from compcoll.algorithms.rounds import summed
+from compcoll.kernels import reference
 from tests.algorithms import hierarchical_workers, onebit_workers, reduce_scatter_workers
 from tests.optim import optim_workers
 
@@ -69,3 +71,24 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     finally:
         comm.agrees_on_device = False
         spec.GATHERED_AGREEMENT_RANKS = gathered
+
+
+def rounds_moved(comm: compcoll.Communicator, numel: int, calls: int) -> None:
+    """A communicator set to agree on the device after its first calls, and back (every rank alike): the flat form's
+    outputs and error buffers equal the reference's at every call, its agreements' buffers laid out anew for the
+    round's kind each time."""
+    n, rank = comm.size, comm.rank
+    full = compcoll.padded_numel(numel, n)
+    we, se = torch.zeros(full), torch.zeros(full // n)
+    ref_we, ref_se = [np.zeros(full, np.float32) for _ in range(n)], [np.zeros(full // n, np.float32) for _ in range(n)]
+    try:
+        for call in range(3 * calls):
+            comm.agrees_on_device = call // calls == 1
+            xs = onebit_workers.world_inputs(comm, call, (numel,), torch.float32)
+            out = compcoll.compressed_allreduce(xs[rank], we, se, comm)
+            outs, ref_we, ref_se, _ = reference.compressed_allreduce([x.numpy() for x in xs], ref_we, ref_se)
+            where = f"call {call}, rounds on the device: {comm.agrees_on_device}"
+            onebit_workers.assert_matches_reference(out, outs[rank], where)
+            onebit_workers.assert_errors_match(we, se, ref_we[rank], ref_se[rank], where)
+    finally:
+        comm.agrees_on_device = False

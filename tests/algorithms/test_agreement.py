@@ -34,6 +34,13 @@ def test_rounds_on_the_device_match_reference_and_fail_alike(backend: str, world
     run(f"{WORKERS}:device_rounds", world_size, backend, args=([[37], [3, 7, 11], [12289]], 2, True, forced))
 
 
+@pytest.mark.parametrize("backend, world_size", worlds((3,), mpi=2, gloo=2))
+def test_rounds_moved_to_the_device_after_the_first_calls_match_reference(backend: str, world_size: int) -> None:
+    """``agrees_on_device`` set on a communicator after its first calls, then unset (threads, real MPI and Gloo):
+    the reference's bits at every call (until 2026-12-05 the first round on the device failed in torch's copy)."""
+    run(f"{WORKERS}:rounds_moved", world_size, backend, args=(1001, 3))
+
+
 @background.job(AT_72_RANKS.make)
 def test_summed_rounds_at_72_ranks() -> None:
     """72 in-process ranks take the allreduce rounds unforced: every bad input, refusal, mismatch and NaN fails on

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import compcoll
 import compcoll.checkpoint
 import compcoll.ddp
+from compcoll.algorithms.plan import PLANS
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from compcoll.optim.dcp import ElasticLoadPlanner
@@ -113,7 +114,7 @@ def assert_replicas_equal(model: torch.nn.Module) -> None:
 def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: str, scale: str,
                              ranks_per_node: int | str = "auto", nodes_of: int = 1, block_size: int | None = None,
                              device: str = "cpu", small: bool = False, odd: bool = False,
-                             composable: bool = False) -> None:
+                             composable: bool = False, on_device: bool = False) -> None:
     """Every compressed bucket equals the reference's output from all ranks' inputs (flat, or hierarchical with
     ``ranks_per_node``, which "auto" must resolve to ``nodes_of``), with error buffers kept per bucket across
     steps; plain buckets (first iterations, small ones) are the float mean; gradients and replicas are the same
@@ -122,7 +123,9 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
     ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket is the float mean.
     ``composable``: DDP through torch's composable ``replicate`` (torch.distributed._composable.replicate, which
     registers the hook on the DDP it builds at the first forward) instead of the ``DistributedDataParallel``
-    wrapper."""
+    wrapper. ``on_device``: the state's communicators (and its nodes') agree on the device
+    (``Communicator.agrees_on_device``: NCCL's rounds, on Gloo's host tensors here), set once it is bound, before
+    the first bucket."""
     n, rank = comm.size, comm.rank
     on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
     net = OddModel() if odd else make_model(small)
@@ -137,6 +140,14 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
     least = ODD_COMPRESS_NUMEL if odd else SMALL_COMPRESS_NUMEL if small else 211500
     state = compcoll.ddp.OneBitState(min_compress_numel=least, protocol=protocol, scale=scale,
                                      ranks_per_node=ranks_per_node, block_size=block_size)
+    if on_device:
+        state.bind()
+        comms = [state.comm]
+        if state.ranks_per_node > 1:
+            nodes = compcoll.topology(state.comm, state.layout_request)
+            comms += [nodes.intra, nodes.inter]
+        for each in comms:
+            each.agrees_on_device = True
     k = state.ranks_per_node
     assert k == (nodes_of if ranks_per_node == "auto" else ranks_per_node), f"ranks per node {k}"
     records: dict[int, tuple] = {}
@@ -168,6 +179,10 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
             assert torch.equal(out, torch.from_numpy(outs[rank]).to(out.dtype)), f"bucket {index} step {i} differs"
         assert_replicas_equal(model)
     assert kinds == {(False, False), (True, False), (True, True)}, f"not every path ran: {kinds}"
+    if on_device:
+        plans = [*state.allreduce.plans.values(), *state.comm.attached.get(PLANS, {}).values()]
+        spaces = [a._space for p in plans for a in p._agreements.values()]
+        assert spaces and all(space.numel() > 1 for space in spaces), "a bucket's round ran on the host"
     if odd:
         assert {r[1].dtype for r in records.values() if r[0]} == {torch.float32, torch.float64}, records
     for index, (we, se) in ref.items():

@@ -102,6 +102,21 @@ def test_hierarchical_form_matches_the_reference() -> None:
     run(f"{WORKERS}:onebit_matches_reference", 4, "gloo", args=(4, "allgather", "l2", 2))
 
 
+@pytest.mark.parametrize("world_size, protocol, ranks_per_node, block_size", [
+    (3, "gather_scatter", "auto", 64), (3, "gather_scatter", "auto", None), (2, "allgather", "auto", None),
+    (4, "gather_scatter", 2, None)])
+def test_buckets_with_nccls_rounds_on_the_device_match_the_reference(world_size: int, protocol: str,
+                                                                     ranks_per_node: int | str,
+                                                                     block_size: int | None) -> None:
+    """The hook's rounds as over NCCL (``Communicator.agrees_on_device``: the record all-gathered where the bucket
+    is, and for one scale s_w and the server's weights derived in the encode's launch), on Gloo ranks, which NCCL
+    cannot run on one GPU: the default block scales, one scale over both protocols, and the hierarchical form on
+    nodes of 2 (its inter group's senders a progression); every bucket the reference's."""
+    nodes_of = 1 if ranks_per_node == "auto" else ranks_per_node
+    run(f"{WORKERS}:onebit_matches_reference", world_size, "gloo",
+        args=(4, protocol, "l2", ranks_per_node, nodes_of, block_size, "cpu", False, False, False, True))
+
+
 @pytest.mark.parametrize("backend, world_size", [("threads", 2), ("threads", 3), ("gloo", 2)])
 def test_resume_is_exact(backend: str, world_size: int, tmp_path) -> None:
     on(backend, "onebit_resumes_exactly", world_size, str(tmp_path))

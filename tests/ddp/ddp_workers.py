@@ -18,6 +18,7 @@ import compcoll
 import compcoll.checkpoint
 import compcoll.ddp
 from compcoll.algorithms.plan import PLANS
+from compcoll.comm.topology import TOPOLOGIES
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from compcoll.optim.dcp import ElasticLoadPlanner
@@ -123,9 +124,8 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
     ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket is the float mean.
     ``composable``: DDP through torch's composable ``replicate`` (torch.distributed._composable.replicate, which
     registers the hook on the DDP it builds at the first forward) instead of the ``DistributedDataParallel``
-    wrapper. ``on_device``: the state's communicators (and its nodes') agree on the device
-    (``Communicator.agrees_on_device``: NCCL's rounds, on Gloo's host tensors here), set once it is bound, before
-    the first bucket."""
+    wrapper. ``on_device``: the state's communicators agree on the device (``agree_on_device``: NCCL's rounds, on
+    Gloo's host tensors here), set once it is bound, before the first bucket."""
     n, rank = comm.size, comm.rank
     on = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
     net = OddModel() if odd else make_model(small)
@@ -142,12 +142,7 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
                                      ranks_per_node=ranks_per_node, block_size=block_size)
     if on_device:
         state.bind()
-        comms = [state.comm]
-        if state.ranks_per_node > 1:
-            nodes = compcoll.topology(state.comm, state.layout_request)
-            comms += [nodes.intra, nodes.inter]
-        for each in comms:
-            each.agrees_on_device = True
+        agree_on_device(state.comm)
     k = state.ranks_per_node
     assert k == (nodes_of if ranks_per_node == "auto" else ranks_per_node), f"ranks per node {k}"
     records: dict[int, tuple] = {}
@@ -446,12 +441,25 @@ def _errors() -> set[int]:
     return {id(o) for o in gc.get_objects() if isinstance(o, compcoll.NonFiniteError)}
 
 
-def birder_matches_reference(comm: compcoll.Communicator, steps: int, odd: bool = False) -> None:
+def agree_on_device(comm: compcoll.Communicator) -> None:
+    """Set ``comm`` and the node communicators of every topology built on it to agree on the device
+    (``Communicator.agrees_on_device``), as a state's communicators over NCCL do."""
+    comm.agrees_on_device = True
+    for nodes in comm.attached.get(TOPOLOGIES, {}).values():
+        nodes.intra.agrees_on_device = nodes.inter.agrees_on_device = True
+
+
+def birder_matches_reference(comm: compcoll.Communicator, steps: int, odd: bool = False,
+                             on_device: bool = False) -> None:
     """Every compressed bucket equals Birder's reference (seed, call counter as step); replicas identical. ``odd``:
-    ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket goes plain."""
+    ``OddModel``, whose float64 bucket the reference takes as float32 and whose sparse bucket goes plain.
+    ``on_device``: the state's communicators agree on the device, as over NCCL (``agree_on_device``)."""
     rank = comm.rank
     model = DDP(OddModel() if odd else make_model(), bucket_cap_mb=BUCKET_MB)
     state = compcoll.ddp.BirderState(ranks_per_node=1, seed=5, min_compress_numel=ODD_COMPRESS_NUMEL if odd else 211500)
+    if on_device:
+        state.bind()
+        agree_on_device(state.comm)
     records: dict[int, tuple] = {}
     model.register_comm_hook(state, recording(compcoll.ddp.birder_hook, records))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -470,6 +478,9 @@ def birder_matches_reference(comm: compcoll.Communicator, steps: int, odd: bool 
                 assert torch.allclose(out, torch.from_numpy(np.mean(xs, axis=0)), atol=1e-6), f"plain bucket {index}"
         assert_replicas_equal(model)
     assert compressed_calls == state.calls > 0
+    if on_device:
+        spaces = [a._space for p in state.comm.attached[PLANS].values() for a in p._agreements.values()]
+        assert spaces and all(space.numel() > 1 for space in spaces), "a bucket's round ran on the host"
 
 
 def local_hook_keeps_gradients(comm: compcoll.Communicator) -> None:

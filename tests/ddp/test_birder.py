@@ -23,6 +23,12 @@ def test_float64_complex_and_sparse_buckets_match_the_reference() -> None:
     on("gloo", "birder_matches_reference", 3, 3, True)
 
 
+def test_buckets_with_nccls_rounds_on_the_device_match_the_reference() -> None:
+    """The hook's rounds as over NCCL (``Communicator.agrees_on_device``), on Gloo ranks, which NCCL cannot run on
+    one GPU: every bucket Birder's reference, every plan's round on the device."""
+    on("gloo", "birder_matches_reference", 4, 3, False, True)
+
+
 def test_states_unpickled_with_other_seeds_are_refused() -> None:
     run_threaded_group(ddp_workers.birder_unpickled_with_other_seeds, 2,
                        before_init=lambda rank: pickle.dumps(compcoll.ddp.BirderState(seed=rank)))

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 import compcoll
 import compcoll.checkpoint
 import compcoll.fsdp
+from compcoll.algorithms.plan import PLANS
 from compcoll.fsdp.replicas import ReplicaState
 from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
 from compcoll.fsdp.units import divides_itself, fsdp_units, param_groups, reduce_op
@@ -110,10 +111,12 @@ CASES = {
 }
 
 
-def reduce_scatter(comm: compcoll.Communicator, steps: int, device_type: str = "cpu") -> None:
+def reduce_scatter(comm: compcoll.Communicator, steps: int, device_type: str = "cpu", on_device: bool = False
+                   ) -> None:
     """For every case of CASES: each compressed reduce-scatter FSDP2 makes on ``device_type`` equals the numpy
     reference from all ranks' inputs, bit for bit, with the error buffers across steps; FSDP's ops come through as
-    asked."""
+    asked. ``on_device``: the state's communicator agrees on the device (``Communicator.agrees_on_device``, as over
+    NCCL), and every plan's round runs there."""
     rank, n = comm.rank, comm.size
     for where, case in CASES.items():
         where = f"{where}, {case.get('bits', 3)} bits"
@@ -122,6 +125,7 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int, device_type: str = "
         for unit in fsdp_units(net) if "factor" in case else ():
             unit.set_gradient_divide_factor(case["factor"])
         state = ReduceScatterState(error_dtype=case.get("error_dtype", torch.bfloat16), bits=case.get("bits", 3))
+        state.comm.agrees_on_device = on_device
         log: list = []
         for key, unit in enumerate(fsdp_units(net)):
             unit.set_custom_reduce_scatter(Recording(state, key, unit, log))
@@ -143,6 +147,9 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int, device_type: str = "
         logs = [None] * n
         dist.all_gather_object(logs, log)
         _replay(log, logs, state, rank, where)
+        if on_device:
+            spaces = [a._space for p in state.comm.attached[PLANS].values() for a in p._agreements.values()]
+            assert spaces and all(space.numel() > 1 for space in spaces), f"a round ran on the host ({where})"
 
 
 def _train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int, nan_at: int | None = None,

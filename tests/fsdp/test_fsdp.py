@@ -19,6 +19,12 @@ def test_reduce_scatter_matches_reference_for_every_op_and_precision(world_size:
     run(f"{WORKERS}:reduce_scatter", world_size, "gloo", args=(3,))
 
 
+def test_reduce_scatter_with_nccls_rounds_on_the_device_matches_reference() -> None:
+    """The state's rounds as over NCCL (``Communicator.agrees_on_device``), on 3 Gloo ranks, which NCCL cannot run
+    on one GPU: every case's reduce-scatters the reference's, every plan's round on the device."""
+    run(f"{WORKERS}:reduce_scatter", 3, "gloo", args=(3, "cpu", True))
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_compress_resumes_exactly_and_a_nan_reaches_every_rank(world_size: int, tmp_path) -> None:
     run(f"{WORKERS}:training", world_size, "gloo", args=(6, str(tmp_path)))

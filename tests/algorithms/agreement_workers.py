@@ -17,6 +17,12 @@ from tests.algorithms import hierarchical_workers, onebit_workers, reduce_scatte
 from tests.optim import optim_workers
 
 
+def assert_rounds_on_device(plans: list, where: str = "") -> None:
+    """Every agreement of ``plans`` laid out for a round on the device (``Agreement.slot``), and there is one."""
+    spaces = [a._space for p in plans for a in p._agreements.values()]
+    assert spaces and all(space is not None and space.numel() > 1 for space in spaces), f"a round on the host {where}"
+
+
 def summed_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, forced: bool) -> None:
     """The agreement as an allreduce (``spec.GATHERED_AGREEMENT_RANKS``, forced down to 0 with ``forced``, as it is
     above 64 ranks): outputs, error buffers and bytes still equal the reference's, with one scale and with block

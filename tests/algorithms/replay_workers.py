@@ -12,6 +12,7 @@ from compcoll.algorithms.onebit import FlatPlan
 from compcoll.algorithms.plan import PLANS
 from compcoll.algorithms.reduce_scatter import ScatterPlan, row_elements
 from compcoll.kernels import reference
+from tests.algorithms.agreement_workers import assert_rounds_on_device
 from tests.algorithms.onebit_workers import assert_errors_match, assert_matches_reference, world_inputs
 from tests.shared import world_once
 
@@ -111,8 +112,7 @@ def replayed_on_the_device(comm: compcoll.Communicator, numels: list[int], steps
     try:
         replayed_matches_reference(comm, numels, steps, device, ranks_per_node)
         plans = [p for p in comm.attached[PLANS].values() if isinstance(p, (FlatPlan, CompensatedPlan))]
-        spaces = [a._space for p in plans for a in p._agreements.values()]
-        assert spaces and all(space is not None and space.numel() > 1 for space in spaces), "a round on the host"
+        assert_rounds_on_device(plans)
         assert all(p.protocol == "allgather" or p.pieces == 1 for p in plans
                    if type(p) is FlatPlan and p.block_size is None), "a flat call in pieces"
     finally:

@@ -22,6 +22,7 @@ from compcoll.comm.topology import TOPOLOGIES
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
 from compcoll.optim.dcp import ElasticLoadPlanner
+from tests.algorithms.agreement_workers import assert_rounds_on_device
 from tests.shared import world_once
 from tests.warned import warned
 
@@ -175,9 +176,7 @@ def onebit_matches_reference(comm: compcoll.Communicator, steps: int, protocol: 
         assert_replicas_equal(model)
     assert kinds == {(False, False), (True, False), (True, True)}, f"not every path ran: {kinds}"
     if on_device:
-        plans = [*state.allreduce.plans.values(), *state.comm.attached.get(PLANS, {}).values()]
-        spaces = [a._space for p in plans for a in p._agreements.values()]
-        assert spaces and all(space.numel() > 1 for space in spaces), "a bucket's round ran on the host"
+        assert_rounds_on_device([*state.allreduce.plans.values(), *state.comm.attached.get(PLANS, {}).values()])
     if odd:
         assert {r[1].dtype for r in records.values() if r[0]} == {torch.float32, torch.float64}, records
     for index, (we, se) in ref.items():
@@ -479,8 +478,7 @@ def birder_matches_reference(comm: compcoll.Communicator, steps: int, odd: bool 
         assert_replicas_equal(model)
     assert compressed_calls == state.calls > 0
     if on_device:
-        spaces = [a._space for p in state.comm.attached[PLANS].values() for a in p._agreements.values()]
-        assert spaces and all(space.numel() > 1 for space in spaces), "a bucket's round ran on the host"
+        assert_rounds_on_device(list(state.comm.attached[PLANS].values()))
 
 
 def local_hook_keeps_gradients(comm: compcoll.Communicator) -> None:

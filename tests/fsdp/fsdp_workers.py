@@ -25,6 +25,7 @@ from compcoll.fsdp.scatter import CompressedReduceScatter, ReduceScatterState
 from compcoll.fsdp.units import divides_itself, fsdp_units, param_groups, reduce_op
 from compcoll.kernels import reference
 from compcoll.launcher import seeded
+from tests.algorithms.agreement_workers import assert_rounds_on_device
 from tests.algorithms.onebit_workers import _expect
 from tests.warned import warned
 
@@ -148,8 +149,7 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int, device_type: str = "
         dist.all_gather_object(logs, log)
         _replay(log, logs, state, rank, where)
         if on_device:
-            spaces = [a._space for p in state.comm.attached[PLANS].values() for a in p._agreements.values()]
-            assert spaces and all(space.numel() > 1 for space in spaces), f"a round ran on the host ({where})"
+            assert_rounds_on_device(list(state.comm.attached[PLANS].values()), f"({where})")
 
 
 def _train(net: torch.nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int, nan_at: int | None = None,

@@ -126,7 +126,8 @@ def reduce_scatter(comm: compcoll.Communicator, steps: int, device_type: str = "
         for unit in fsdp_units(net) if "factor" in case else ():
             unit.set_gradient_divide_factor(case["factor"])
         state = ReduceScatterState(error_dtype=case.get("error_dtype", torch.bfloat16), bits=case.get("bits", 3))
-        state.comm.agrees_on_device = on_device
+        if on_device:
+            state.comm.agrees_on_device = True
         log: list = []
         for key, unit in enumerate(fsdp_units(net)):
             unit.set_custom_reduce_scatter(Recording(state, key, unit, log))

@@ -40,13 +40,12 @@ def summed_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
         spec.GATHERED_AGREEMENT_RANKS = gathered
 
 
-def run_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, scatter: bool = True) -> None:
-    """The reference checks of ``summed_rounds``: the flat forms, the hierarchical forms, and with ``scatter`` the
-    reduce-scatter (FSDP2's)."""
+def run_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
+    """The reference checks of ``summed_rounds``: the flat forms, the reduce-scatter (FSDP2's) and the hierarchical
+    forms."""
     onebit_workers.numerics(comm, shapes, steps)
     onebit_workers.blockwise(comm, shapes, steps)
-    if scatter:
-        reduce_scatter_workers.numerics(comm, [1, 37, 1000], steps)
+    reduce_scatter_workers.numerics(comm, [1, 37, 1000], steps)
     if comm.size % 2 == 0:
         hierarchical_workers.numerics(comm, 2, shapes, steps)
 
@@ -55,12 +54,12 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
                   forced: bool = False) -> None:
     """The round on the device (``Communicator.agrees_on_device``, NCCL's, set here on a transport of host tensors):
     every call's record is written beside its sum and all-gathered with it (``Agreement.check_record``), and
-    outputs, error buffers and bytes equal the reference's, with one scale, block scales, the hierarchical forms and
-    Birder's; with ``errors`` (the CPU tests'; the simulator's part takes those alone), the reduce-scatter's too,
-    1-bit LAMB by layer and 0/1 Adam equal their references (rounds on a vector's finiteness: the layered channel's,
-    0/1 Adam's local steps'), a NaN in a local step skips it on every rank, ranks at different steps fail alike, and
-    every bad input, refusal, mismatch and NaN fails on every rank alike, a refusing rank taking part with a host
-    record. ``forced``: the rounds are allreduces (``summed_rounds``)."""
+    outputs, error buffers and bytes equal the reference's, with one scale, block scales, the reduce-scatter, the
+    hierarchical forms and Birder's; with ``errors``, 1-bit LAMB by layer and 0/1 Adam equal their references
+    (rounds on a vector's finiteness: the layered channel's, 0/1 Adam's local steps'), a NaN in a local step skips
+    it on every rank, ranks at different steps fail alike, and every bad input, refusal, mismatch and NaN fails on
+    every rank alike, a refusing rank taking part with a host record. ``forced``: the rounds are allreduces
+    (``summed_rounds``)."""
     comm.agrees_on_device = True
     gathered = spec.GATHERED_AGREEMENT_RANKS
     if forced:
@@ -68,7 +67,7 @@ def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
     try:
         assert summed(comm) == forced
         assert Agreement(comm, "x", 1, (1,), torch.float32).on_device(), "the round is not on the device"
-        run_numerics(comm, shapes, steps, errors)
+        run_numerics(comm, shapes, steps)
         if errors:
             optim_workers.onebit_lamb_reference(comm, 6, layer_scales=True)
             optim_workers.zero_one_adam_reference(comm, 8)

@@ -12,8 +12,9 @@ import torch
 
 from ..errors import CommunicatorBroken
 from ..recording import current
-from ..spec import GATHERED_AGREEMENT_RANKS, allreduce_shares
+from ..spec import GATHERED_AGREEMENT_RANKS
 from .ordering import Ordering
+from .tally import Tally
 from .work import Work
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -122,17 +123,25 @@ class Communicator(ABC):
         self.job_rank = rank
         self.job_size = size
         self.timeout = default_timeout() if timeout is None else seconds(timeout, "timeout")
-        self.bytes_sent = 0
-        self.bytes_sent_to = [0] * size
+        self._tally = Tally(rank, size)
         self.wait_seconds = 0.0
         self._broken: str | None = None
         self._in_flight: set[Work] = set()
         self._prune_at = HELD_BEFORE_PRUNE
         self._parent: Communicator | None = None
-        self._parent_ranks: list[int] = []
         self._ordering = Ordering(self)
         self.attached: dict[str, Any] = {}
         self._peers = [peer for peer in range(size) if peer != rank]
+
+    @property
+    def bytes_sent(self) -> int:
+        """The payload bytes this rank's collectives and its sub-communicators' counted (see the class)."""
+        return self._tally.total
+
+    @property
+    def bytes_sent_to(self) -> list[int]:
+        """``bytes_sent`` by destination rank (0 to itself): a list made when read (``tally.Tally.by_rank``)."""
+        return self._tally.by_rank()
 
     def alltoall(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:
         """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i.
@@ -146,7 +155,7 @@ class Communicator(ABC):
                 f"alltoall needs equal send/recv sizes divisible by {self.size}, "
                 f"got {send.numel()} and {recv.numel()}"
             )
-        return self._issue("alltoall", lambda: self._count_each(_nbytes(send) // self.size),
+        return self._issue("alltoall", lambda: self._tally.spread((self.size - 1) * (_nbytes(send) // self.size)),
                            lambda: self._start_alltoall(send, recv), async_op)
 
     def allgather(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:
@@ -156,18 +165,15 @@ class Communicator(ABC):
             raise ValueError(
                 f"allgather needs recv of {self.size} x {send.numel()} elements, got {recv.numel()}"
             )
-        return self._issue("allgather", lambda: self._count_each(_nbytes(send)),
+        return self._issue("allgather", lambda: self._tally.spread((self.size - 1) * _nbytes(send)),
                            lambda: self._start_allgather(send, recv), async_op)
 
     def allreduce(self, tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """Sum ``tensor`` over all ranks, in place (``async_op``: as for ``alltoall``)."""
         self._check(tensor)
-
-        def count() -> None:
-            shares = allreduce_shares(self.size, self.rank, _nbytes(tensor))
-            self._count({peer: shares[peer] for peer in self._peers})
-
-        return self._issue("allreduce", count, lambda: self._start_allreduce(tensor), async_op)
+        ring = 2 * (self.size - 1) * _nbytes(tensor) // self.size
+        return self._issue("allreduce", lambda: self._tally.spread(ring), lambda: self._start_allreduce(tensor),
+                           async_op)
 
     def bcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` from rank ``root`` to every rank, in place (``async_op``: as for ``alltoall``)."""
@@ -177,7 +183,7 @@ class Communicator(ABC):
 
         def count() -> None:
             if self.rank == root:
-                self._count_spread(_nbytes(tensor))
+                self._tally.spread(_nbytes(tensor))
 
         return self._issue("bcast", count, lambda: self._start_bcast(tensor, root), async_op)
 
@@ -197,7 +203,7 @@ class Communicator(ABC):
             groups = self._color_groups(int(color), self.rank if key is None else int(key))
             child = self._guard(self._split, int(color), groups)
             child._parent = self
-            child._parent_ranks = groups[int(color)]
+            self._tally.adopt(child._tally, groups[int(color)])
             child.job_rank, child.job_size = self.job_rank, self.job_size
             child._ordering = self._ordering
             return child
@@ -259,28 +265,6 @@ class Communicator(ABC):
             return work
         work.wait()
         return None
-
-    def _count_each(self, nbytes: int) -> None:
-        """Count ``nbytes`` sent to every other rank."""
-        self._count(dict.fromkeys(self._peers, nbytes))
-
-    def _count_spread(self, total: int) -> None:
-        """Count ``total`` bytes spread evenly over the other ranks (the first peers take the remainder)."""
-        peers = self._peers
-        if peers:
-            share, extra = divmod(total, len(peers))
-            self._count({peer: share + (i < extra) for i, peer in enumerate(peers)})
-
-    def _count(self, sent: dict[int, int]) -> None:
-        """Add bytes per destination rank here and, translated to their ranks, in every parent."""
-        comm: Communicator | None = self
-        while comm is not None:
-            for peer, nbytes in sent.items():
-                comm.bytes_sent_to[peer] += nbytes
-            comm.bytes_sent += sum(sent.values())
-            if comm._parent is not None:
-                sent = {comm._parent_ranks[peer]: nbytes for peer, nbytes in sent.items()}
-            comm = comm._parent
 
     def _count_wait(self, seconds: float) -> None:
         """Add ``seconds`` spent blocked on a transport operation here and in every parent."""

@@ -202,8 +202,23 @@ class Agreement:
         mine = float(codecs.scale_from(value, d, scale)) if finite and scale is not None else 0.0
         return mine, self.check(finite, None if scale is None else mine, step)
 
-    def check_record(self, total: torch.Tensor, d: int, scale: str | None, step: Step | None = None,
-                     host_scales: bool = True) -> torch.Tensor | None:
+    def check_signatures(self, device: torch.device, step: Step | None = None) -> None:
+        """``check`` of the signatures alone (no finiteness, no value), at the caller's ``step``: the round before a
+        call's first collective that moves its data (the hierarchical form's node average), one host wait.
+
+        1. Where the round runs on the device (``on_device``: NCCL's): ``check_record`` with no sum, on this
+           agreement's buffer on ``device`` (the record's fields but the sum copied up only when the signature
+           changes; its sum field, whatever a round before left there, is not read), so that no host record goes
+           up and comes back (until 2026-12-05: through fresh pinned memory, a device buffer and a copy each way).
+        2. Elsewhere ``check`` on host numbers.
+        """
+        if self.on_device():
+            self.check_record(None, 0, None, step, device=device)
+        else:
+            self.check(step=step)
+
+    def check_record(self, total: torch.Tensor | None, d: int, scale: str | None, step: Step | None = None,
+                     host_scales: bool = True, device: torch.device | None = None) -> torch.Tensor | None:
         """``check`` of the finiteness and, where ``scale`` is given, the float32 scale of ``d`` elements of the
         float64 sum in total[0], a one-element tensor on the device, its round on the device, where ``on_device``.
 
@@ -234,15 +249,16 @@ class Agreement:
         round is the same (a summed one still all-gathers the sums where ``scale`` is given), but the host judges
         the sums alone and computes no scale, for a caller that reads the sums on the device
         (``device_sums``: the flat form's encode over NCCL).
+        ``total=None`` (``check_signatures``): no sum, the signatures alone, on ``device``.
         Returns every rank's value (float64, by rank), or None without ``scale`` or ``host_scales``; reused by the
         next call.
         """
         self._step = step
         signature = self.signature if step is None else step.mixed(self.signature)
         n, valued = self.comm.size, scale is not None
-        slot = self.slot(total.device)
+        slot = self.slot(device if total is None else total.device)
         space = self._space
-        if total is not slot:
+        if total is not None and total is not slot:
             slot.copy_(total)
         is_summed = summed(self.comm)
         if self._written != signature:
@@ -255,7 +271,7 @@ class Agreement:
         if not is_summed:
             self.comm.allgather(space[:RECORD], space[RECORD:])
             found = codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n
-            sums = found[SUM::RECORD]
+            sums = found[SUM::RECORD] if total is not None else [0.0] * n
             if found[::RECORD].count(signature) != n or not all(map(math.isfinite, sums)):
                 finite, values = _finite_values(np.array(sums), d, scale)
                 self._fail(np.column_stack([found[::RECORD], finite, values]).tolist(), signature)
@@ -269,7 +285,7 @@ class Agreement:
             self.comm.allgather(slot, space[2 * SUMMED:])
         read = 2 * SUMMED + (n if valued and host_scales else 0)
         found = codecs.host_values(space[:read]) or self._stand_in(signature, valued)[:read]
-        mine, overall = found[SUMMED - 1], found[2 * SUMMED - 1]
+        mine, overall = (found[SUMMED - 1], found[2 * SUMMED - 1]) if total is not None else (0.0, 0.0)
         finite, values = _finite_values(np.array([mine, overall] + found[2 * SUMMED:]), d,
                                         scale if host_scales else None)
         sums = found[SUMMED:2 * SUMMED - 1] + [0.0 if finite[1] else 1.0]

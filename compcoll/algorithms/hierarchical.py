@@ -204,7 +204,7 @@ class CompensatedPlan(NodePlan):
         agreement checks the caller's ``step`` where given (``Agreement.check``)."""
         what, comm, ws = self.what, self.comm, self.workspace
         agreement = self.agreement(tensor)
-        agreement.check(step=step)
+        agreement.check_signatures(self.device, step)
         layout = self.layout
         worker_error, server_error = errors or self.error_feedback.buffers()
         n, k, nodes = comm.size, layout.ranks_per_node, layout.nodes

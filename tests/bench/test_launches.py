@@ -69,7 +69,10 @@ PADDED_NODE_ROWS = 2
 one rank: a length not a multiple of 8): its copy into a buffer of whole shards and the padding's fill
 (``exact.shard_average``; for every length until 2026-12-05). A 16-bit tensor of whole shards is copied (cast) alone."""
 NODE_AVERAGED = {"hierarchical", "hierarchical_allgather"}
-"""The calls whose node average is ``exact.shard_average``."""
+"""The calls whose node average is ``exact.shard_average``. With the rounds on the device (NCCL's) their first round,
+before the node average, reads its table too (``Agreement.check_signatures``): a second counted wait, and at one rank
+the round's all-gather a device copy, where the host round's is a host copy. Over NCCL it was a second wait before
+2026-12-05 too, uncounted: NCCL copied the host record up and the table back."""
 CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierarchical_allgather"}
 """Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 
@@ -119,28 +122,30 @@ def test_a_rank_of_a_world_makes_the_launches_and_waits_of_one_rank(ranks: int, 
 
 
 @pytest.mark.parametrize("ranks, ranks_per_node", [(2, 1), (8, 2)])
-def test_a_round_on_the_device_waits_once_and_launches_nothing_of_its_own(ranks: int, ranks_per_node: int) -> None:
+def test_a_round_on_the_device_launches_nothing_of_its_own(ranks: int, ranks_per_node: int) -> None:
     """With the agreement round on the device (NCCL's: ``Communicator.agrees_on_device``) every protocol's call
-    still waits once, now for the round's table, and launches what one rank's call launches on a transport of host
-    tensors: the call's device part writes its sum into the record's own field (``Agreement.slot``). Until the
-    evening of 2026-12-01 one more launch wrote the record beside the sum; before 2026-12-01 an NCCL call read its
-    sum and then the table: two waits, the second uncounted (the transport's copy back of a host round)."""
+    waits once for the round's table (the compensated hierarchical forms twice: ``NODE_AVERAGED``), and launches
+    what one rank's call launches on a transport of host tensors: the call's device part writes its sum into the
+    record's own field (``Agreement.slot``). Until the evening of 2026-12-01 one more launch wrote the record beside
+    the sum; before 2026-12-01 an NCCL call read its sum and then the table: two waits, the second uncounted (the
+    transport's copy back of a host round)."""
     counts = world_counts(4096, ranks, ranks_per_node, on_device=True)
     assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
-        p: (n, w) for p, (n, w, _, _) in EXPECTED.items()}
+        p: (n, w + (p in NODE_AVERAGED)) for p, (n, w, _, _) in EXPECTED.items()}
 
 
 def test_a_summed_round_on_the_device_waits_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rounds that are allreduces (above 64 ranks; forced here at 2) on the device: the sums, this rank's record
     and, for a call that agrees on a value (the worker's scale), the values all-gathered on the device are read in
-    one wait. Until the evening of 2026-12-01 the values' all-gather came after the sums' read: a second wait for
-    the calls with one scale (gather-scatter, allgather, both hierarchical forms). On a transport of host tensors
+    one wait (the compensated hierarchical forms' first round, before the node average, in one more). Until the
+    evening of 2026-12-01 the values' all-gather came after the sums' read: a second wait for the calls with one
+    scale (gather-scatter, allgather, both hierarchical forms). On a transport of host tensors
     the sum's read stays the only wait; over NCCL until 2026-12-01 that read came with two more, uncounted (the
     host allreduce's and the values' copies back)."""
     monkeypatch.setattr(spec, "GATHERED_AGREEMENT_RANKS", 0)
     counts = world_counts(4096, 2, 1, on_device=True)
     assert {p: (c["launches"], c["waits"]) for p, c in counts.items()} == {
-        p: (n, w) for p, (n, w, _, _) in EXPECTED.items()}
+        p: (n, w + (p in NODE_AVERAGED)) for p, (n, w, _, _) in EXPECTED.items()}
     assert {p: c["waits"] for p, c in world_counts(4096, 2, 1).items()} == {p: 1 for p in EXPECTED}
 
 
@@ -207,17 +212,20 @@ def test_the_script_adds_compcolls_python_calls_and_replays_cut_them() -> None:
 
 def test_the_script_counts_nccls_path_at_one_rank_with_on_device() -> None:
     """``--on-device`` at one rank (NCCL's agreement rounds, on the device): every protocol makes the launches and
-    the one wait it makes with the round on the host; at one rank the round's all-gather of the record is one
-    device copy more (the transport's copy), where the host round's is a host copy; the flat forms and the
-    hierarchical gather-scatter copy no weights to the device there (their encode derives them from the round's
-    sums), so they make as many as on the host."""
+    the one wait it makes with the round on the host, the compensated hierarchical forms a second wait
+    (``NODE_AVERAGED``); at one rank the round's all-gather of the record is one device copy more (the transport's
+    copy), where the host round's is a host copy (two for those forms); the flat forms and the hierarchical
+    gather-scatter copy no weights to the device there (their encode derives them from the round's sums): one copy
+    fewer, which makes up for the record's."""
     command = [sys.executable, "scripts/cuda_launches.py", "--numel", "4096", "--json"]
     host, device = (json.loads(subprocess.run(command + extra, capture_output=True, text=True, check=True,
                                               timeout=300).stdout) for extra in ([], ["--on-device"]))
     assert tuple(device) == PROTOCOLS
     for name in PROTOCOLS:
-        assert {k: device[name][k] for k in ("launches", "wraps", "waits")} == {
-            k: host[name][k] for k in ("launches", "wraps", "waits")}, (name, host[name], device[name])
+        first = name in NODE_AVERAGED
+        assert {k: device[name][k] for k in ("launches", "wraps")} == {
+            k: host[name][k] for k in ("launches", "wraps")}, (name, host[name], device[name])
         derived = name in ("gather_scatter", "allgather", "hierarchical")
-        assert device[name]["waits"] == 1 and device[name]["torch"] == host[name]["torch"] + (not derived), name
+        assert host[name]["waits"] == 1 and device[name]["waits"] == 1 + first, name
+        assert device[name]["torch"] == host[name]["torch"] + (not derived) + first, name
         assert device[name]["allocations"] == host[name]["allocations"] == 1, name

@@ -22,6 +22,9 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
    (``compcoll.bench.one_rank``: a one-rank NCCL group, its rounds on the device or on host numbers), to place
    what NCCL adds to a call's host time (gpu_graphs' eager NCCL call: 425-573 us at 4K-1M elements on the H200
    where ``SingleComm``'s took 214-227).
+5. The host time of one call of every protocol (``compcoll.bench.launches.protocol_calls``) at ``--numel`` over
+   each communicator of ``--comms``, side by side (``forms_table``): NCCL's rounds on the device against on host
+   numbers for every form (the compensated hierarchical forms' first round on the device since 2026-12-05).
 Writes OUT.txt with the GPU's name, and OUT.trace.json (the profiler's trace, for chrome://tracing).
 """
 
@@ -32,12 +35,13 @@ import cProfile
 import io
 import pstats
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 import compcoll
 from compcoll import codecs
-from compcoll.bench.launches import per_call_us
+from compcoll.bench.launches import per_call_us, protocol_calls
 from compcoll.bench.one_rank import one_rank_comm
 from compcoll.comm import Communicator
 from compcoll.ddp.onebit import BLOCK_SIZE
@@ -127,6 +131,26 @@ def profile_call(numel: int, calls: int, comm: Communicator) -> tuple[float, str
     return host, text.getvalue(), counts
 
 
+def forms_table(numel: int, comms: dict[str, Communicator], device: torch.device,
+                synchronize: Callable[[], None], calls: int = 20, runs: int = 7) -> list[str]:
+    """Step 5: a row per protocol, the host microseconds of one call (median of ``runs`` loops of ``calls``) over
+    each of ``comms`` (by name), on ``numel`` float32 elements on ``device``; a call that fails gets "failed" and
+    its error a line below the table."""
+    x = torch.randn(numel, device=device, generator=torch.Generator(device=device).manual_seed(numel))
+    cells: dict[str, list[str]] = {}
+    errors = []
+    for kind, comm in comms.items():
+        for name, call in protocol_calls(x, comm).items():
+            try:
+                cells.setdefault(name, []).append(f"{per_call_us(call, calls, runs, synchronize):12.1f}")
+            except Exception as exc:  # a bench row, not a test: say what failed and go on
+                cells.setdefault(name, []).append(f"{'failed':>12s}")
+                errors.append(f"# {name} over {kind}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    return [f"# host us a call at {numel} elements, one rank, median of {runs} loops of {calls}",
+            f"{'protocol':24s}" + "".join(f"{kind:>12s}" for kind in comms),
+            *(f"{name:24s}" + "".join(row) for name, row in cells.items()), *errors]
+
+
 def timeline(numel: int, calls: int, comm: Communicator, block_size: int | None = None, trace: Path | None = None,
              host_table: bool = False) -> str:
     """``calls`` calls of one rank's compressed_allreduce at ``numel`` (a scale per ``block_size`` elements, or one)
@@ -180,7 +204,7 @@ def main() -> int:
     p.add_argument("--numel", type=int, default=4096)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--large", type=int, default=1 << 24, help="the profiled calls' large size (elements)")
-    p.add_argument("--comms", default="single,nccl",
+    p.add_argument("--comms", default="single,nccl,nccl-host",
                    help="one-rank communicators to profile a call over, the first fully (compcoll.bench.one_rank)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -188,8 +212,8 @@ def main() -> int:
              f"{args.loops}; launcher {launching.launcher()}"]
     for name, us in steps(args.loops, args.rounds):
         lines.append(f"{name:45s} {us:9.2f}")
-    for index, kind in enumerate(args.comms.split(",")):
-        comm = one_rank_comm(kind)
+    comms = {kind: one_rank_comm(kind) for kind in args.comms.split(",")}
+    for index, (kind, comm) in enumerate(comms.items()):
         host, text, counts = profile_call(args.numel, args.calls, comm)
         lines.append(f"compressed_allreduce, 1 rank ({kind}), {args.numel} elements: {host:.1f} us of host time per "
                      f"call; {counts}")
@@ -203,6 +227,8 @@ def main() -> int:
             for block_size in (None, BLOCK_SIZE):
                 lines.append(timeline(args.large, 5, comm, block_size))
         args.out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    lines += forms_table(args.numel, comms, torch.device("cuda", torch.cuda.current_device()), torch.cuda.synchronize)
+    args.out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

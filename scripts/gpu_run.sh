@@ -65,7 +65,8 @@ timeout "${GRAPHS_S:-60}" $py bench/gpu_graphs.py --calls 50 --runs 5 --sizes 40
 echo "== scripts/cuda_launches.py: the same counts on meta tensors (tests/gpu checks that they are equal), and the meta"
 echo "   proxy's host time on this machine's CPU, to set beside gpu_suite's host time of the same calls"
 $py scripts/cuda_launches.py --numel 4096 --time 2>&1 | tee "$out/cuda_launches.txt"
-echo "== bench/gpu_host_profile.py: where one call's host time goes, over SingleComm and a one-rank NCCL group"
+echo "== bench/gpu_host_profile.py: where one call's host time goes, over SingleComm and a one-rank NCCL group (its"
+echo "   rounds on the device, and on host numbers), and every protocol's host time over each"
 timeout 120 $py bench/gpu_host_profile.py --out "$out/gpu_host_profile" 2>&1 | tail -3
 ncu=$(find_tool ncu)
 if [ -n "$ncu" ] && [ "${NCU_S:-90}" != 0 ]; then

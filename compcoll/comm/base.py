@@ -124,11 +124,9 @@ class Communicator(ABC):
         self.job_size = size
         self.timeout = default_timeout() if timeout is None else seconds(timeout, "timeout")
         self._tally = Tally(rank, size)
-        self.wait_seconds = 0.0
         self._broken: str | None = None
         self._in_flight: set[Work] = set()
         self._prune_at = HELD_BEFORE_PRUNE
-        self._parent: Communicator | None = None
         self._ordering = Ordering(self)
         self.attached: dict[str, Any] = {}
         self._peers = [peer for peer in range(size) if peer != rank]
@@ -137,6 +135,12 @@ class Communicator(ABC):
     def bytes_sent(self) -> int:
         """The payload bytes this rank's collectives and its sub-communicators' counted (see the class)."""
         return self._tally.total
+
+    @property
+    def wait_seconds(self) -> float:
+        """Seconds this rank's threads spent blocked on transport operations, its sub-communicators' among them (see
+        the class)."""
+        return self._tally.waited
 
     @property
     def bytes_sent_to(self) -> list[int]:
@@ -202,7 +206,6 @@ class Communicator(ABC):
         def build() -> "Communicator":
             groups = self._color_groups(int(color), self.rank if key is None else int(key))
             child = self._guard(self._split, int(color), groups)
-            child._parent = self
             self._tally.adopt(child._tally, groups[int(color)])
             child.job_rank, child.job_size = self.job_rank, self.job_size
             child._ordering = self._ordering
@@ -267,11 +270,8 @@ class Communicator(ABC):
         return None
 
     def _count_wait(self, seconds: float) -> None:
-        """Add ``seconds`` spent blocked on a transport operation here and in every parent."""
-        comm: Communicator | None = self
-        while comm is not None:
-            comm.wait_seconds += seconds
-            comm = comm._parent
+        """Add ``seconds`` spent blocked on a transport operation here and in every parent (``Tally.wait``)."""
+        self._tally.wait(seconds)
 
     def _check(self, *tensors: torch.Tensor) -> None:
         if self._broken:

@@ -1,4 +1,4 @@
-"""The bytes a communicator counted, by destination rank, at a cost per collective that does not grow with the ranks."""
+"""What a communicator counted (bytes by destination rank, seconds waited) at a cost that does not grow with n."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ class Tally:
        totals.
     2. ``by_rank()``, when read (O(n) and the children's): every peer's running share, plus the remainders,
        plus each child's ``by_rank()`` under this tally's rank numbers.
-    A child (``adopt``) stays counted here after its communicator is gone, as its bytes were sent.
+    A child (``adopt``) stays counted here after its communicator is gone, as its bytes were sent. The seconds its
+    communicator's threads spent blocked on the transport (``Communicator.wait_seconds``, ``wait``) add up the same
+    way, here and in every parent.
     """
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
         self.size = size
         self.total = 0
+        self.waited = 0.0
         self._each = 0
         self._first: dict[int, int] = {}
         self._parent: Tally | None = None
@@ -45,6 +48,13 @@ class Tally:
         tally: Tally | None = self
         while tally is not None:
             tally.total += total
+            tally = tally._parent
+
+    def wait(self, seconds: float) -> None:
+        """Add ``seconds`` blocked on a transport operation here and in every parent."""
+        tally: Tally | None = self
+        while tally is not None:
+            tally.waited += seconds
             tally = tally._parent
 
     def by_rank(self) -> list[int]:

@@ -66,3 +66,14 @@ def test_a_tally_counts_as_every_peer_counted_apart(size: int, rank: int, seed: 
             assert [(t.by_rank(), t.total) for t, _ in nodes] == [(m.sent, m.total) for _, m in nodes]
     assert [(t.by_rank(), t.total) for t, _ in nodes] == [(m.sent, m.total) for _, m in nodes]
     assert (root.total > 0 or size == 1) and sum(root.by_rank()) == root.total
+
+
+def test_seconds_waited_add_up_in_every_parent() -> None:
+    """A grandchild's wait counts in its parent and the root; a child's in the root alone; the root's in itself."""
+    root, child, grandchild = Tally(0, 4), Tally(0, 2), Tally(0, 1)
+    root.adopt(child, [0, 2])
+    child.adopt(grandchild, [0])
+    grandchild.wait(0.5)
+    child.wait(0.25)
+    root.wait(0.125)
+    assert (root.waited, child.waited, grandchild.waited) == (0.875, 0.75, 0.5)

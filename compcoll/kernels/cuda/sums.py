@@ -1,14 +1,14 @@
 """Float64 sums in the CPU kernels' order, finished on the device by the pairwise tree of the last blocks to finish.
 
-Lane l of summation block b accumulates elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (a thread
-block stages the summation block's elements in shared memory first, all its threads loading neighbouring elements
-at once, then ``LANES`` threads add the lanes); the block-major lane sums are combined by the same pairwise tree
-in the same launch: the grid's last block to finish (an atomic count) adds them in shared memory, and writes the
-sum and, where asked, its float32 scale. Past ``TAIL`` lane sums the last block of each group of blocks first adds
-its group's part of the tree's wide levels, and the last group the rest (``_finish_lanes``). Only the final float64
-crosses to the host, or none where the caller keeps it on the device (``into``, ``scale``). The sums are of a
-codec's input (``compensated_power_sum``), of the server's accumulated signs (``accumulate_signs``), of a vector of
-partial sums (``tree_sum``) and of a tensor's segments (``segment_sumsq``).
+Lane l of summation block b accumulates elements b*BLOCK + k*LANES + l for k = 0, 1, ... in float64 (a warp takes a
+summation block, its thread l lane l, and loads ``LANE_LOADS`` of its lane's elements before it adds them in order:
+``_warp_blocks``); the block-major lane sums are combined by the same pairwise tree in the same launch: the grid's
+last block to finish (an atomic count) adds them in shared memory, and writes the sum and, where asked, its float32
+scale. Past ``TAIL`` lane sums the last block of each group of blocks first adds its group's part of the tree's wide
+levels, and the last group the rest (``_finish_lanes``). Only the final float64 crosses to the host, or none where
+the caller keeps it on the device (``into``, ``scale``). The sums are of a codec's input (``compensated_power_sum``),
+of the server's accumulated signs (``accumulate_signs``), of a vector of partial sums (``tree_sum``) and of a
+tensor's segments (``segment_sumsq``).
 """
 
 from __future__ import annotations

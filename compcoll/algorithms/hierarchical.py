@@ -231,7 +231,7 @@ class CompensatedPlan(NodePlan):
             scalars = sums_scalars(agreement, senders, nodes, self.device, ws)
         else:
             ranks = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
-            scalars = device_scalars(scales[ranks], nodes, scale, self.device, ws)
+            scalars = device_scalars(scales.numpy()[ranks], nodes, scale, self.device, ws)
         return self.replays.run("finish_flat", self.finish_flat, average, worker_error, server_error, scalars, result)
 
     def finish_flat(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,

@@ -214,7 +214,7 @@ class FlatPlan(Plan):
                                     scale=(self.full, self.scale), step=step, host_scales=not on_device)
         if on_device:
             return None, sums_scalars(agreement, (0, 1), self.comm.size, self.device, self.workspace)
-        return scale, device_scalars(scales, self.comm.size, scale, self.device, self.workspace)
+        return scale, device_scalars(scales.numpy(), self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                     scalars: tuple, result: torch.Tensor) -> torch.Tensor:

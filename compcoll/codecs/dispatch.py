@@ -239,11 +239,39 @@ def thread_table(name: str) -> dict:
     return table
 
 
+FINITE_CHUNK = 1 << 20
+"""Elements ``host_finite`` tests at a time: its temporary of one byte an element stays at 1 MiB."""
+_EXPONENTS = {torch.bfloat16: (torch.int16, 0x7F80)}
+"""A float dtype numpy does not hold: the integer its bits read as, and its exponent's bits (all set: Inf or NaN)."""
+
+
+def host_finite(values: torch.Tensor) -> bool:
+    """Whether every element of the CPU tensor ``values`` is finite.
+
+    1. float16, float32, float64: numpy's ``isfinite`` on a view of the values, ``FINITE_CHUNK`` at a time (one
+       pass; ``torch.isfinite(...).all()`` on the CPU is five operators, four passes and their temporaries: 13.7
+       against 2.8 us at 4096 float32 elements, 1.5-2.2 ms against 86-90 us at 1M, 45-78 against 4.5 ms at 16M, on
+       one and two threads).
+    2. bfloat16: its bits as int16, no element's exponent bits all set (an Inf or NaN's), by numpy.
+    3. Any other dtype: torch's ``isfinite``.
+    """
+    flat = values.detach().reshape(-1)
+    if flat.dtype in _EXPONENTS:
+        integer, exponent = _EXPONENTS[flat.dtype]
+        bits = flat.view(integer).numpy()
+        return all(int((bits[i:i + FINITE_CHUNK] & exponent).max(initial=0)) != exponent
+                   for i in range(0, bits.size, FINITE_CHUNK))
+    if flat.dtype not in (torch.float16, torch.float32, torch.float64):
+        return bool(torch.isfinite(flat).all())
+    array = flat.numpy()
+    return all(np.isfinite(array[i:i + FINITE_CHUNK]).all() for i in range(0, array.size, FINITE_CHUNK))
+
+
 def flag_finite(values: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out[0] (one float64 of a CPU tensor) <- 0.0 where every element of the CPU tensor ``values`` is finite, else
-    NaN: the host's finite test beside a device's (``sums.finite_sum``, and the folds that write theirs in their
-    own launch); returns ``out``."""
-    out.numpy()[0] = 0.0 if bool(torch.isfinite(values).all()) else math.nan
+    """out[0] (one float64 of a CPU tensor) <- 0.0 where every element of the CPU tensor ``values`` is finite
+    (``host_finite``), else NaN: the host's finite test beside a device's (``sums.finite_sum``, and the folds that
+    write theirs in their own launch); returns ``out``."""
+    out.numpy()[0] = 0.0 if host_finite(values) else math.nan
     return out
 
 

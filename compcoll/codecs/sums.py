@@ -15,8 +15,8 @@ import torch
 
 from .. import spec
 from ..spec import BLOCK, LANES, SCALE_BYTES
-from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, flag_finite, host_value, no_source, on_host,
-                       source_of, view, weights_of)
+from .dispatch import (UNREAD, Scalar, base_of, call, device_scalar, flag_finite, host_finite, host_value, no_source,
+                       on_host, source_of, view, weights_of)
 from .signs import compensate_encode, frame
 
 
@@ -24,7 +24,7 @@ def all_finite(tensor: torch.Tensor) -> bool:
     """Whether every element of ``tensor`` is finite. On a device, the host waits for the answer: a wait counted
     by ``kernels.launch.read_first`` (meta tensors: counted, and True).
 
-    1. CPU: ``torch.isfinite(tensor).all()``.
+    1. CPU: ``dispatch.host_finite`` (numpy's one pass, chunked).
     2. CUDA, 32- and 16-bit floats: one reduction, the sum in float64, is finite exactly when every
        element is (an Inf or NaN makes it Inf or NaN; finite ones are below 2^128 each, and
        overflowing float64 would take 2^896 of them). ``torch.isfinite`` alone takes four
@@ -32,7 +32,7 @@ def all_finite(tensor: torch.Tensor) -> bool:
        ``tensor * 0`` (0 for a finite element, NaN for an Inf or NaN), two kernels.
     """
     if on_host(tensor):
-        return bool(torch.isfinite(tensor).all())
+        return host_finite(tensor)
     return math.isfinite(host_value(finite_sum(tensor, torch.empty(1, dtype=torch.float64, device=tensor.device))))
 
 

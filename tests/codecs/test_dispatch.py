@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from compcoll import codecs
+from compcoll.codecs import dispatch
 
 
 def test_unsupported_device() -> None:
@@ -47,3 +48,26 @@ def test_results_go_into_out_where_given() -> None:
     for run, out in cases:
         made, written = run(), run(out)
         assert written.data_ptr() == out.data_ptr() and torch.equal(out, made)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_host_finite_is_torchs_isfinite(dtype: torch.dtype) -> None:
+    """``host_finite`` (numpy's one pass, ``FINITE_CHUNK`` at a time; bfloat16's exponent bits) answers as
+    ``torch.isfinite(...).all()`` on fresh random values of lengths that are multiples of nothing, across chunk
+    boundaries, each with a NaN, an Inf or a -Inf at its first, middle or last element, on a transposed view, and on
+    the dtype's largest and smallest normal values (finite)."""
+    rng = np.random.default_rng(41)
+    for n in (0, 1, 4099, dispatch.FINITE_CHUNK + 3):
+        x = torch.from_numpy(rng.standard_normal(n) * 100).to(dtype)
+        assert dispatch.host_finite(x) is True
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            for at in sorted({0, n // 2, n - 1} if n else set()):
+                y = x.clone()
+                y[at] = bad
+                assert dispatch.host_finite(y) is False, (n, bad, at)
+    grid = torch.from_numpy(rng.standard_normal((64, 33))).to(dtype)
+    assert dispatch.host_finite(grid.t())
+    grid[5, 7] = float("nan")
+    assert not dispatch.host_finite(grid.t())
+    info = torch.finfo(dtype)
+    assert dispatch.host_finite(torch.tensor([info.max, -info.max, info.tiny], dtype=dtype))

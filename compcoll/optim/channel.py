@@ -46,16 +46,18 @@ class Channel(ABC):
     def to(self, device: torch.device) -> None:
         """Take vectors on ``device`` from now on; the error buffers move there (local, values kept)."""
 
-    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor, step: Step | None = None
-                       ) -> torch.Tensor:
-        """``self(tensor, out, step)``, then zero where ``silent`` in ``out`` and in both error buffers.
+    def average_except(self, tensor: torch.Tensor, out: torch.Tensor, silent: torch.Tensor | None,
+                       step: Step | None = None) -> torch.Tensor:
+        """``self(tensor, out, step)``, then zero where ``silent`` in ``out`` and in both error buffers (None: no
+        coordinate is silent, ``silent.silent_coordinates``).
 
         A 1-bit sign has no zero: without this, coordinates that should not move would get
         +-scale every step and carry it in their error feedback.
         """
         self(tensor, out, step)
-        out.masked_fill_(silent, 0.0)
-        self.forget(silent)
+        if silent is not None:
+            out.masked_fill_(silent, 0.0)
+            self.forget(silent)
         return out
 
 

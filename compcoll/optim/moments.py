@@ -9,6 +9,7 @@ import torch
 from ..algorithms.agreement import Step
 from .base import CompressedOptimizer
 from .channel import ErrorFeedbackChannel
+from .silent import zero_where
 
 
 def averaged_moments(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
@@ -67,8 +68,9 @@ def preconditioner(opt: CompressedOptimizer, v: torch.Tensor, out: torch.Tensor 
 
 
 def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out: torch.Tensor, denom: torch.Tensor,
-                        silent: torch.Tensor, step: Step | None = None) -> torch.Tensor:
-    """``out`` = denom * (1-bit average of local / denom), zero where ``silent`` (``compress="update"``).
+                        silent: torch.Tensor | None, step: Step | None = None) -> torch.Tensor:
+    """``out`` = denom * (1-bit average of local / denom), zero where ``silent`` (``compress="update"``; None: no
+    coordinate is silent, ``silent.silent_coordinates``).
 
     1. local /= denom (in place), zero where ``silent``: Adam's update direction, whose
        coordinates are of one order of magnitude, so one 1-bit scale fits them all and a
@@ -77,7 +79,7 @@ def send_preconditioned(channel: ErrorFeedbackChannel, local: torch.Tensor, out:
        then works on update directions), at the caller's ``step`` (``Channel.__call__``).
     3. out *= denom: back to the quantity the caller keeps (a momentum).
     """
-    local.div_(denom).masked_fill_(silent, 0.0)
+    zero_where(local.div_(denom), silent)
     channel.average_except(local, out, silent, step)
     return out.mul_(denom)
 

@@ -14,6 +14,7 @@ from .moments import adam_step, averaged_moments, local_momentum, preconditioner
 from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, layout_settings,
                        variance_frozen,
                        warmup_steps)
+from .silent import silent_coordinates
 
 
 class OneBitAdam(CompressedOptimizer):
@@ -156,9 +157,10 @@ class OneBitAdam(CompressedOptimizer):
         variance_steps = min(steps, self.freeze_step)
         if self.compressing and self.compress == "update":
             send_preconditioned(self.channel, local_momentum(self, grad, m), m,
-                                preconditioner(self, v, variance_steps=variance_steps), v == 0, self._tag())
+                                preconditioner(self, v, variance_steps=variance_steps), silent_coordinates(v),
+                                self._tag())
         elif self.compressing:
-            self.channel.average_except(local_momentum(self, grad, m), m, v == 0, self._tag())
+            self.channel.average_except(local_momentum(self, grad, m), m, silent_coordinates(v), self._tag())
         else:
             averaged_moments(self, grad, m, v)
         adam_step(self, self.flat.data, m, v, steps, variance_steps)

@@ -13,6 +13,7 @@ from .base import CompressedOptimizer, Params, StateBuffer
 from .moments import averaged_moments, local_momentum, preconditioner, send_preconditioned
 from .settings import (check_hyperparameters, compression_settings, is_number, layout_settings, variance_frozen,
                        warmup_steps)
+from .silent import silent_coordinates
 
 TRUST_RATIOS = ("fresh", "frozen")
 
@@ -223,7 +224,7 @@ class OneBitLamb(CompressedOptimizer):
         local = local_momentum(self, grad, m)
         denom = preconditioner(self, v)  # v is frozen: one denominator serves the whole step
         if self.compress == "update":
-            send_preconditioned(self.channel, local, m, denom, v == 0, self._tag())
+            send_preconditioned(self.channel, local, m, denom, silent_coordinates(v), self._tag())
         else:
             self._send_scaled(local)
         if last is None:
@@ -325,7 +326,7 @@ class OneBitLamb(CompressedOptimizer):
         scalings = self.scaling_coeff.tolist()
         for (seg, local_l), scaling in zip(self.flat.views(local), scalings):
             local_l.mul_(scaling)
-        self.channel.average_except(local, self.exp_avg, self.exp_avg_sq == 0, self._tag())
+        self.channel.average_except(local, self.exp_avg, silent_coordinates(self.exp_avg_sq), self._tag())
         for (seg, m_l), scaling in zip(self.flat.views(self.exp_avg), scalings):
             codecs.divide_(m_l, scaling)
 

@@ -13,6 +13,7 @@ from .moments import adam_step, floor_variance, local_momentum, preconditioner, 
 from .settings import (bias_correction_setting, check_hyperparameters, compression_settings, layout_settings,
                        variance_frozen,
                        warmup_steps)
+from .silent import silent_coordinates, zero_where
 
 
 class ZeroOneAdam(CompressedOptimizer):
@@ -160,7 +161,7 @@ class ZeroOneAdam(CompressedOptimizer):
         schedule of later ones is unchanged.
         """
         if self.pending:
-            self._synchronize(self.exp_avg_sq == 0, self.steps)
+            self._synchronize(silent_coordinates(self.exp_avg_sq), self.steps)
             self.flat.write_back()
 
     def _drop_local_steps(self) -> None:
@@ -204,7 +205,7 @@ class ZeroOneAdam(CompressedOptimizer):
             if refresh:
                 self._average(grad, source)
             else:
-                self.channel.average_except(grad, source, v == 0, self._tag())
+                self.channel.average_except(grad, source, silent_coordinates(v), self._tag())
             for group, sl in self._groups():
                 b1, b2 = group["betas"]
                 if refresh:
@@ -212,7 +213,7 @@ class ZeroOneAdam(CompressedOptimizer):
                 m[sl].mul_(b1).add_(source[sl], alpha=1 - b1)
         else:
             send_preconditioned(self.channel, local_momentum(self, grad, m), m,
-                                preconditioner(self, v, variance_steps=k), v == 0, self._tag())
+                                preconditioner(self, v, variance_steps=k), silent_coordinates(v), self._tag())
         floor_variance(self, m, v, t, k)
         adam_step(self, self.flat.data, m, v, t, k)
         if refresh:
@@ -227,7 +228,7 @@ class ZeroOneAdam(CompressedOptimizer):
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
         if not self.pending:
             self.synced_params.copy_(p)
-        silent = v == 0
+        silent = silent_coordinates(v)
         t, k = self._bias_steps(s)
         denom = preconditioner(self, v, variance_steps=k)
         for index, (group, sl) in enumerate(self._groups()):
@@ -236,7 +237,8 @@ class ZeroOneAdam(CompressedOptimizer):
             update = m[sl] / denom[sl]
             if t:
                 update.div_(1 - b1 ** t)
-            update.masked_fill_(silent[sl], 0.0)
+            if silent is not None:
+                update.masked_fill_(silent[sl], 0.0)
             if group["weight_decay"]:
                 update.add_(p[sl], alpha=group["weight_decay"])
             p[sl].add_(update, alpha=-group["lr"])
@@ -250,7 +252,7 @@ class ZeroOneAdam(CompressedOptimizer):
             self.local_counter = 0
             self.local_interval = min(self.local_step_clipper, self.local_interval * 2)
 
-    def _synchronize(self, silent: torch.Tensor, s: int) -> None:
+    def _synchronize(self, silent: torch.Tensor | None, s: int) -> None:
         """Average the accumulated steps in 1 bit and rebuild p and m (as of step s) from it, identically on every
         rank."""
         m, v, p, acc = self.exp_avg, self.exp_avg_sq, self.flat.data, self.accumulator
@@ -259,7 +261,7 @@ class ZeroOneAdam(CompressedOptimizer):
         sent = self.workspace.get("optim.local", acc.numel(), torch.float32, acc.device)
         update = self.compress == "update"
         if update:
-            self.channel.average_except(sent.copy_(acc).masked_fill_(silent, 0.0), acc, silent, self._tag())
+            self.channel.average_except(zero_where(sent.copy_(acc), silent), acc, silent, self._tag())
             torch.sub(self.synced_params, acc, out=p)
         else:
             self.channel.average_except(torch.mul(acc, denom, out=sent), acc, silent, self._tag())

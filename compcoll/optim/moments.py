@@ -34,13 +34,16 @@ def local_momentum(opt: CompressedOptimizer, grad: torch.Tensor, m: torch.Tensor
 
 
 def adam_step(opt: CompressedOptimizer, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, steps: int = 0,
-              variance_steps: int = 0) -> None:
+              variance_steps: int = 0, denom: torch.Tensor | None = None) -> None:
     """p -= lr * (m / (sqrt(v) + eps) + weight_decay * p), with each group's hyperparameters.
 
     With ``steps`` > 0 (bias correction, as torch.optim.Adam's): m is divided by 1 - b1^steps, and
-    v by 1 - b2^variance_steps where ``variance_steps`` > 0 (``preconditioner``).
+    v by 1 - b2^variance_steps where ``variance_steps`` > 0 (``preconditioner``). ``denom``: that preconditioner,
+    where the caller computed it this step from the same v (1-bit Adam's compressed step sends by it: computed
+    twice, its square root took 1.8 ms of a 24 ms step at 4.2M parameters on one CPU rank).
     """
-    denom = preconditioner(opt, v, variance_steps=variance_steps)
+    if denom is None:
+        denom = preconditioner(opt, v, variance_steps=variance_steps)
     for group, sl in opt._groups():
         update = m[sl] / denom[sl]
         if steps:

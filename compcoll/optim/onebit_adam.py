@@ -155,12 +155,13 @@ class OneBitAdam(CompressedOptimizer):
         m, v = self.exp_avg, self.exp_avg_sq
         steps = self.steps + 1 if self.bias_correction else 0
         variance_steps = min(steps, self.freeze_step)
+        denom = None
         if self.compressing and self.compress == "update":
-            send_preconditioned(self.channel, local_momentum(self, grad, m), m,
-                                preconditioner(self, v, variance_steps=variance_steps), silent_coordinates(v),
+            denom = preconditioner(self, v, variance_steps=variance_steps)
+            send_preconditioned(self.channel, local_momentum(self, grad, m), m, denom, silent_coordinates(v),
                                 self._tag())
         elif self.compressing:
             self.channel.average_except(local_momentum(self, grad, m), m, silent_coordinates(v), self._tag())
         else:
             averaged_moments(self, grad, m, v)
-        adam_step(self, self.flat.data, m, v, steps, variance_steps)
+        adam_step(self, self.flat.data, m, v, steps, variance_steps, denom)

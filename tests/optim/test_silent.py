@@ -45,7 +45,8 @@ def _trained(make: str, masked: bool, monkeypatch: pytest.MonkeyPatch) -> list[t
     model = torch.nn.Sequential(torch.nn.Linear(13, 11), torch.nn.Linear(11, 7))
     kw = {"lr": 1e-2, "comm": compcoll.SingleComm()}
     opt = {"adam": lambda: compcoll.optim.OneBitAdam(model.parameters(), freeze_step=2, **kw),
-           "adam_update": lambda: compcoll.optim.OneBitAdam(model.parameters(), freeze_step=2, compress="update", **kw),
+           "adam_momentum": lambda: compcoll.optim.OneBitAdam(model.parameters(), freeze_step=2, compress="momentum",
+                                                              **kw),
            "lamb": lambda: compcoll.optim.OneBitLamb(model.parameters(), freeze_step=2, **kw),
            "zeroone": lambda: compcoll.optim.ZeroOneAdam(model.parameters(), var_freeze_step=2, local_step_scaler=2,
                                                          **kw)}[make]()
@@ -58,7 +59,7 @@ def _trained(make: str, masked: bool, monkeypatch: pytest.MonkeyPatch) -> list[t
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("make", ["adam", "adam_update", "lamb", "zeroone"])
+@pytest.mark.parametrize("make", ["adam", "adam_momentum", "lamb", "zeroone"])
 def test_skipping_the_zeroings_leaves_every_bit(make: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An optimizer whose variance has no zero skips its zeroings on the host (``silent_coordinates`` None), and
     ends with the bits of the same run zeroing by an all-False mask."""

@@ -76,21 +76,25 @@ def segment_sumsq(x, bounds, firsts, blocks, out):
        [firsts[j], firsts[j + 1]), at least one, ``blocks`` in all) keeps LANES float64
        accumulators; element i of the block adds float64(x_i)^2 to lane i % LANES, in order.
     2. Each segment's block-major lane sums are combined by ``tree_sum``.
+    A block reads its elements through its own slice of ``x``, as ``compensated_power_sum`` does (indexed from the
+    start of ``x``, LLVM left the rows' loop scalar: 1.5-2.8 ms against 0.52 at 4.2M float32 elements in 8 segments,
+    0.49 against 0.25 ms at 1M in 5, the same bits).
     """
     partial = np.zeros((blocks, LANES), np.float64)
     for q in prange(blocks):
         j = np.searchsorted(firsts, q, side="right") - 1
         lo = bounds[j] + (q - firsts[j]) * BLOCK
         count = max(0, min(BLOCK, bounds[j + 1] - lo))
+        values = x[lo:lo + count]
         acc = partial[q]
         lanes = acc.size
         rows = count // lanes
         for k in range(rows):
-            first = lo + k * lanes
+            first = k * lanes
             for lane in range(lanes):
-                acc[lane] += power_of(np.float64(x[first + lane]), 2)
+                acc[lane] += power_of(np.float64(values[first + lane]), 2)
         for i in range(rows * lanes, count):
-            acc[i % lanes] += power_of(np.float64(x[lo + i]), 2)
+            acc[i % lanes] += power_of(np.float64(values[i]), 2)
     for j in prange(out.size):
         out[j] = tree_sum(partial[firsts[j]:firsts[j + 1]].reshape(-1))
 

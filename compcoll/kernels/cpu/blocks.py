@@ -12,6 +12,10 @@ from numba import prange
 from ...spec import BLOCK
 from .common import load, pack, power_of, segment_task, threaded, unpack
 
+SUMMED_TOGETHER = 8
+"""Whole blocks ``block_power_sums`` sums side by side, each in its own order: one float64 sum's chain of adds
+waited on the one before (2 of 4194304 float32 elements by 64: 1.84 ms, 8 side by side 1.20, 2 1.13, 16 1.90)."""
+
 
 @threaded
 def block_power_sums(src, lut, err, n_src, block, row_len, power, sums):
@@ -20,20 +24,38 @@ def block_power_sums(src, lut, err, n_src, block, row_len, power, sums):
     A row's blocks are ``block`` elements from its start, m = ceil(row_len / block) of them,
     the last one shorter where needed; src is zero beyond n_src. Each block is summed
     sequentially in float64 (every |x| and square exact), as ``reference.block_sums``;
-    blocks in parallel, BLOCK elements' worth of them per task.
+    blocks in parallel, BLOCK elements' worth of them per task:
+    1. ``SUMMED_TOGETHER`` whole blocks of one row, all within n_src: their sums side by side, element e of each
+       in turn (independent chains of adds, each in its block's order).
+    2. Any other block (a row's last, one reaching past n_src, a task's last few) alone.
     """
     per_row = (row_len + block - 1) // block
+    whole = row_len // block
     per_task = max(1, BLOCK // block)
+    group = SUMMED_TOGETHER
     for t in prange((sums.size + per_task - 1) // per_task):
-        for b in range(t * per_task, min(sums.size, (t + 1) * per_task)):
+        b, stop = t * per_task, min(sums.size, (t + 1) * per_task)
+        accs = np.zeros(group, np.float64)
+        while b < stop:
             r = b // per_row
             first = r * row_len + (b - r * per_row) * block
+            if b + group <= stop and b - r * per_row + group <= whole and first + group * block <= n_src:
+                errs = err[first:first + group * block]
+                values = src[first:first + group * block]
+                accs[:] = 0.0
+                for e in range(block):
+                    for j in range(group):
+                        accs[j] += power_of(np.float64(errs[j * block + e] + load(values, lut, j * block + e)), power)
+                sums[b:b + group] = accs
+                b += group
+                continue
             last = min(first + block, (r + 1) * row_len)
             acc = 0.0
             for i in range(first, last):
                 x = err[i] + load(src, lut, i) if i < n_src else err[i]
                 acc += power_of(np.float64(x), power)
             sums[b] = acc
+            b += 1
 
 
 @threaded
@@ -43,7 +65,10 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits):
     ``bits`` is (rows, row_bytes), possibly a strided view (rows behind their scales): row r
     holds elements [r * 8 * row_bytes, (r + 1) * 8 * row_bytes); element k of the row is in
     its block k // block, m = ceil(8 * row_bytes / block) blocks per row. Each task takes up
-    to BLOCK elements of one row, writes their bits as bytes 0/1, then packs them.
+    to BLOCK elements of one row (a multiple of ``block``, a power of two up to BLOCK), writes their bits as bytes
+    0/1, then packs them. A block's elements with a source, then those past n_src, each run through a loop over
+    their own slices from zero, as ``compensate_encode``'s (indexed from the arrays' starts with a test of n_src
+    for every element, LLVM left it scalar: 5.9 -> 1.0 ms at 4194304 float32 elements by 64).
     """
     rows, row_bytes = bits.shape
     per_row = (8 * row_bytes + block - 1) // block
@@ -55,14 +80,28 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits):
         hi = min(row_bytes, lo + per_task)
         first = (r * row_bytes + lo) * 8
         count = (hi - lo) * 8
+        valid = min(count, max(0, n_src - first))
+        errs = err[first:first + count]
+        values = src[first:first + valid]
         flags = np.empty(count, np.uint8)
         for k in range((count + block - 1) // block):
             s = scales[r * per_row + lo * 8 // block + k]
-            for e in range(k * block, min(count, (k + 1) * block)):
-                i = first + e
-                x = err[i] + load(src, lut, i) if i < n_src else err[i]
-                flags[e] = x >= 0
-                err[i] = x - s if x >= 0 else x + s
+            a = k * block
+            z = min(count, a + block)
+            sourced = min(z, valid)
+            if sourced > a:
+                block_errs, block_values, block_flags = errs[a:sourced], values[a:sourced], flags[a:sourced]
+                for e in range(sourced - a):
+                    x = block_errs[e] + load(block_values, lut, e)
+                    block_flags[e] = x >= 0
+                    block_errs[e] = x - s if x >= 0 else x + s
+            past = max(a, valid)
+            if z > past:
+                block_errs, block_flags = errs[past:z], flags[past:z]
+                for e in range(z - past):
+                    x = block_errs[e]
+                    block_flags[e] = x >= 0
+                    block_errs[e] = x - s if x >= 0 else x + s
         pack(flags, bits[r, lo:hi])
 
 
@@ -73,7 +112,8 @@ def accumulate_blocks(bits, weights, block, base, out, n_out):
     ``bits`` is (n, row_bytes), row r the packed signs of the same n_out elements from rank
     r (possibly a strided view); ``weights`` is (n, blocks); ``base`` as in
     ``accumulate_lanes`` (it may be ``out``). Every product is exact, so each step is
-    acc +- w, as ``reference.average_block_signs``.
+    acc +- w, as ``reference.average_block_signs``. A block's steps run over its own slices from zero (2.75 -> 0.76
+    ms at 4194304 elements by 64, one row).
     """
     nranks = bits.shape[0]
     ntasks = (n_out + BLOCK - 1) // BLOCK
@@ -86,8 +126,11 @@ def accumulate_blocks(bits, weights, block, base, out, n_out):
             unpack(bits[r, lo // 8:(lo + count + 7) // 8], flags)
             for k in range((count + block - 1) // block):
                 w = weights[r, lo // block + k]
-                for e in range(k * block, min(count, (k + 1) * block)):
-                    acc[e] += w if flags[e] else -w
+                a = k * block
+                z = min(count, a + block)
+                block_acc, block_flags = acc[a:z], flags[a:z]
+                for e in range(z - a):
+                    block_acc[e] += w if block_flags[e] else -w
         if base is not None:
             block_base = base[lo:lo + count]
             for e in range(count):
@@ -126,7 +169,9 @@ def decode_blocks(bits, scales, block, sign, out, n_out):
 
     ``bits`` is (rows, row_bytes) (possibly strided); ``scales`` (rows, 8 * row_bytes / block) and ``out`` hold
     the raw bits of one float dtype (uint32 for float32, uint16 for a 16-bit one), and ``sign`` is its sign bit:
-    -s is s with that bit flipped.
+    -s is s with that bit flipped. A task's blocks in turn, each block's scale and its flipped one read once, its
+    elements through its own slices from zero (a scale looked up by a division for every element: 5.9 -> 0.36 ms
+    at 4194304 elements by 64).
     """
     rows, row_bytes = bits.shape
     per_task = BLOCK // 8
@@ -141,9 +186,14 @@ def decode_blocks(bits, scales, block, sign, out, n_out):
             flags = np.empty(BLOCK, np.uint8)
             unpack(bits[r, lo:hi], flags)
             dest = out[start:start + count]
-            for e in range(count):
-                s = scales[r, (lo * 8 + e) // block]
-                dest[e] = s if flags[e] else s ^ sign
+            for k in range((count + block - 1) // block):
+                s = scales[r, lo * 8 // block + k]
+                flipped = s ^ sign
+                a = k * block
+                z = min(count, a + block)
+                block_dest, block_flags = dest[a:z], flags[a:z]
+                for e in range(z - a):
+                    block_dest[e] = s if block_flags[e] else flipped
 
 
 @threaded

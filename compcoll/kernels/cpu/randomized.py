@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from ...spec import BLOCK, SCALE_BYTES
+from ...spec import BLOCK, LANES, SCALE_BYTES
 from .common import larger_or_nan, load, pack, threaded, threshold
 
 
@@ -14,7 +14,10 @@ def row_absmax(src, lut, n_src, row_len, out):
     """out[r] = max |x_i| over row r (elements [r * row_len, (r + 1) * row_len)).
 
     x is src zero-padded beyond n_src. A NaN makes its row's maximum NaN.
-    1. Each block of BLOCK elements of a row takes its own maximum, in parallel.
+    1. Each block of BLOCK elements of a row takes its own maximum, in parallel: ``LANES`` running maxima, element
+       e of its whole rows of ``LANES`` into maximum e % LANES (independent steps, which LLVM vectorizes; one
+       running maximum waited on its last step: 3.6-3.7 -> 0.75-1.35 ms at 4194304 float32 elements in 1 or 8
+       rows), the rest element by element, then the lanes' maxima (a maximum keeping NaN takes any order).
     2. Each row's block maxima are combined in order.
     """
     rows = out.size
@@ -24,9 +27,18 @@ def row_absmax(src, lut, n_src, row_len, out):
         lo = (t // per_row) * row_len + (t % per_row) * BLOCK
         hi = min(min((t // per_row + 1) * row_len, lo + BLOCK), n_src)
         values = src[lo:max(lo, hi)]
+        lanes = np.zeros(LANES, np.float32)
+        width = lanes.size
+        whole = values.size // width
+        for k in range(whole):
+            first = k * width
+            for lane in range(width):
+                lanes[lane] = larger_or_nan(lanes[lane], abs(load(values, lut, first + lane)))
         m = np.float32(0)
-        for e in range(values.size):
+        for e in range(whole * width, values.size):
             m = larger_or_nan(m, abs(load(values, lut, e)))
+        for lane in range(width):
+            m = larger_or_nan(m, lanes[lane])
         partial[t] = m
     for r in range(rows):
         m = np.float32(0)

@@ -264,3 +264,31 @@ def test_segment_sumsq(sizes: tuple[int, ...]) -> None:
         out = np.full(len(sizes), np.nan)
         kernel(x, bounds, firsts, blocks, out)
         assert np.array_equal(out.view(np.uint64), want.view(np.uint64)), kernel
+
+
+@pytest.mark.parametrize("numel, world, block", [(1, 1, 8), (37, 1, 8), (8193, 3, 64), (70001, 2, 256),
+                                                 (200003, 3, 8192), (100003, 5, 16)])
+def test_block_absmax(numel: int, world: int, block: int) -> None:
+    """Each block's largest |x| of x = err + src (src zero past its end), threaded and serial: the reference's, on
+    fresh random values of every magnitude, and NaN where a block holds one (in the source or the error), an
+    infinity where it holds one."""
+    rng = _rng(numel * block)
+    full = reference.padded_numel(numel, world)
+    chunk = full // world
+    blocks = -(-chunk // block)
+    for probe in range(3):
+        src = (rng.standard_normal(numel) * 10.0 ** rng.integers(-3, 3, numel)).astype(np.float32)
+        err = (rng.standard_normal(full) * 0.3).astype(np.float32)
+        if probe == 1:
+            src[rng.integers(0, numel, 2)] = np.nan
+            err[full - 1] = -np.inf
+        if probe == 2:
+            err[rng.integers(0, full, 2)] = np.nan
+            src[0] = np.inf
+        padded = np.zeros(full, np.float32)
+        padded[:numel] = src
+        want = reference.block_absmax(padded + err, block, world)
+        for kernel in (cpu.block_absmax, cpu.SERIAL["block_absmax"]):
+            out = np.full(world * blocks, -1.0, np.float32)
+            kernel(src, None, err, numel, block, chunk, out)
+            assert np.array_equal(out, want, equal_nan=True), (probe, kernel)

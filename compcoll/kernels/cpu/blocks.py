@@ -10,11 +10,13 @@ import numpy as np
 from numba import prange
 
 from ...spec import BLOCK
-from .common import load, pack, power_of, segment_task, threaded, unpack
+from .common import larger_or_nan, load, pack, power_of, segment_task, threaded, unpack
 
 SUMMED_TOGETHER = 8
 """Whole blocks ``block_power_sums`` sums side by side, each in its own order: one float64 sum's chain of adds
 waited on the one before (2 of 4194304 float32 elements by 64: 1.84 ms, 8 side by side 1.20, 2 1.13, 16 1.90)."""
+MAXIMA = 8
+"""Running maxima ``block_absmax`` keeps of a block, its neighbouring elements' in turn (the smallest block is 8)."""
 
 
 @threaded
@@ -199,20 +201,37 @@ def decode_blocks(bits, scales, block, sign, out, n_out):
 @threaded
 def block_absmax(src, lut, err, n_src, block, row_len, out):
     """out[r * m + b] = max |x| over block b of row r of x = err + src (``block_power_sums``' blocks), float32; NaN
-    where the block holds NaN, as ``reference.block_absmax``; blocks in parallel."""
+    where the block holds NaN, as ``reference.block_absmax``; blocks in parallel.
+
+    A block's elements with a source run ``MAXIMA`` at a time into as many running maxima (independent steps, which
+    LLVM vectorizes; one running maximum, stopped at a NaN, waited on its last step: 6.8 -> 2.3 ms at 4194304
+    float32 elements by 64), the rest element by element, then the running maxima: a maximum that keeps NaN takes
+    any order.
+    """
     per_row = (row_len + block - 1) // block
     per_task = max(1, BLOCK // block)
     for t in prange((out.size + per_task - 1) // per_task):
+        tops = np.zeros(MAXIMA, np.float32)
+        width = tops.size
         for b in range(t * per_task, min(out.size, (t + 1) * per_task)):
             r = b // per_row
             first = r * row_len + (b - r * per_row) * block
             last = min(first + block, (r + 1) * row_len)
+            sourced = max(first, min(last, n_src))
+            errs = err[first:last]
+            values = src[first:sourced]
+            count, valid = last - first, sourced - first
+            tops[:] = 0.0
+            whole = valid // width
+            for k in range(whole):
+                at = k * width
+                for lane in range(width):
+                    x = errs[at + lane] + load(values, lut, at + lane)
+                    tops[lane] = larger_or_nan(tops[lane], abs(np.float32(x)))
             top = np.float32(0)
-            for i in range(first, last):
-                x = err[i] + load(src, lut, i) if i < n_src else err[i]
-                a = abs(np.float32(x))
-                if a > top or a != a:
-                    top = a
-                if top != top:
-                    break
+            for e in range(whole * width, count):
+                x = errs[e] + load(values, lut, e) if e < valid else errs[e]
+                top = larger_or_nan(top, abs(np.float32(x)))
+            for lane in range(width):
+                top = larger_or_nan(top, tops[lane])
             out[b] = top

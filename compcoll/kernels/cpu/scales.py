@@ -8,6 +8,9 @@ from numba import prange
 from ...spec import SCALE_BYTES
 from .common import block_scale, nearest_code, threaded
 
+CODES_A_TASK = 4096
+"""Codes of one row ``decode_codes`` decodes in a task."""
+
 
 @threaded
 def code_blocks(src, block, row_len, power, steps, rows, decoded):
@@ -41,7 +44,9 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
 @threaded
 def decode_codes(rows, steps, divisor, decoded):
     """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the m codes behind each wire
-    row's head (its largest scale's 4 bytes): the refs first, then every code in parallel."""
+    row's head (its largest scale's 4 bytes): the refs first, then the codes in parallel, ``CODES_A_TASK`` of one
+    row a task through the row's slices (a row and a column divided out of every code's index took 1.5-2 ms for
+    65,536 codes in 16 rows)."""
     n, m = decoded.shape
     by = np.float32(divisor)
     refs = np.empty(n, np.float64)
@@ -49,6 +54,12 @@ def decode_codes(rows, steps, divisor, decoded):
     for r in range(n):
         head[:] = rows[r, :SCALE_BYTES]
         refs[r] = head.view(np.float32)[0]
-    for t in prange(n * m):
-        r = t // m
-        decoded[r, t % m] = np.float32(refs[r] * steps[rows[r, SCALE_BYTES + t % m]]) / by
+    per_row = (m + CODES_A_TASK - 1) // CODES_A_TASK
+    for t in prange(n * per_row):
+        r = t // per_row
+        lo = (t % per_row) * CODES_A_TASK
+        hi = min(m, lo + CODES_A_TASK)
+        ref = refs[r]
+        codes, out = rows[r, SCALE_BYTES + lo:SCALE_BYTES + hi], decoded[r, lo:hi]
+        for b in range(hi - lo):
+            out[b] = np.float32(ref * steps[codes[b]]) / by

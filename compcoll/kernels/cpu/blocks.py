@@ -10,7 +10,7 @@ import numpy as np
 from numba import prange
 
 from ...spec import BLOCK
-from .common import larger_or_nan, load, pack, power_of, segment_task, threaded, unpack
+from .common import block_bounds, larger_or_nan, load, pack, power_of, row_task, segment_task, threaded, unpack
 
 SUMMED_TOGETHER = 8
 """Whole blocks ``block_power_sums`` sums side by side, each in its own order: one float64 sum's chain of adds
@@ -77,27 +77,19 @@ def encode_blocks(src, lut, err, n_src, scales, block, bits):
     per_task = BLOCK // 8
     tasks_per_row = (row_bytes + per_task - 1) // per_task
     for t in prange(rows * tasks_per_row):
-        r = t // tasks_per_row
-        lo = (t % tasks_per_row) * per_task
-        hi = min(row_bytes, lo + per_task)
-        first = (r * row_bytes + lo) * 8
-        count = (hi - lo) * 8
-        valid = min(count, max(0, n_src - first))
+        r, lo, hi, first, count, valid = row_task(t, tasks_per_row, per_task, row_bytes, n_src)
         errs = err[first:first + count]
         values = src[first:first + valid]
         flags = np.empty(count, np.uint8)
         for k in range((count + block - 1) // block):
             s = scales[r * per_row + lo * 8 // block + k]
-            a = k * block
-            z = min(count, a + block)
-            sourced = min(z, valid)
+            a, z, sourced, past = block_bounds(k, block, count, valid)
             if sourced > a:
                 block_errs, block_values, block_flags = errs[a:sourced], values[a:sourced], flags[a:sourced]
                 for e in range(sourced - a):
                     x = block_errs[e] + load(block_values, lut, e)
                     block_flags[e] = x >= 0
                     block_errs[e] = x - s if x >= 0 else x + s
-            past = max(a, valid)
             if z > past:
                 block_errs, block_flags = errs[past:z], flags[past:z]
                 for e in range(z - past):
@@ -128,8 +120,7 @@ def accumulate_blocks(bits, weights, block, base, out, n_out):
             unpack(bits[r, lo // 8:(lo + count + 7) // 8], flags)
             for k in range((count + block - 1) // block):
                 w = weights[r, lo // block + k]
-                a = k * block
-                z = min(count, a + block)
+                a, z, _, _ = block_bounds(k, block, count, count)
                 block_acc, block_flags = acc[a:z], flags[a:z]
                 for e in range(z - a):
                     block_acc[e] += w if block_flags[e] else -w
@@ -179,11 +170,7 @@ def decode_blocks(bits, scales, block, sign, out, n_out):
     per_task = BLOCK // 8
     tasks_per_row = (row_bytes + per_task - 1) // per_task
     for t in prange(rows * tasks_per_row):
-        r = t // tasks_per_row
-        lo = (t % tasks_per_row) * per_task
-        hi = min(row_bytes, lo + per_task)
-        start = (r * row_bytes + lo) * 8
-        count = max(0, min((hi - lo) * 8, n_out - start))
+        r, lo, hi, start, _, count = row_task(t, tasks_per_row, per_task, row_bytes, n_out)
         if count:
             flags = np.empty(BLOCK, np.uint8)
             unpack(bits[r, lo:hi], flags)
@@ -191,8 +178,7 @@ def decode_blocks(bits, scales, block, sign, out, n_out):
             for k in range((count + block - 1) // block):
                 s = scales[r, lo * 8 // block + k]
                 flipped = s ^ sign
-                a = k * block
-                z = min(count, a + block)
+                a, z, _, _ = block_bounds(k, block, count, count)
                 block_dest, block_flags = dest[a:z], flags[a:z]
                 for e in range(z - a):
                     block_dest[e] = s if block_flags[e] else flipped

@@ -88,6 +88,29 @@ def unpack(bits, flags):
 
 
 @njit(cache=True, inline="always")
+def row_task(t, tasks_per_row, per_task, row_bytes, n_src):
+    """Task t of rows of ``row_bytes`` packed bytes, ``per_task`` bytes a task (``tasks_per_row`` a row): its row r,
+    its bytes [lo, hi) of the row, its first element in the whole, its count of elements, and how many of them,
+    from the first, have a source (lie below ``n_src``)."""
+    r = t // tasks_per_row
+    lo = (t % tasks_per_row) * per_task
+    hi = min(row_bytes, lo + per_task)
+    first = (r * row_bytes + lo) * 8
+    count = (hi - lo) * 8
+    return r, lo, hi, first, count, min(count, max(0, n_src - first))
+
+
+@njit(cache=True, inline="always")
+def block_bounds(k, block, count, valid):
+    """Block k of a task's ``count`` elements, ``block`` a block (the last one shorter), ``valid`` of them with a
+    source: its first element and its end, the end of its elements with a source, and the first of those past
+    them."""
+    first = k * block
+    end = min(count, first + block)
+    return first, end, min(end, valid), max(first, valid)
+
+
+@njit(cache=True, inline="always")
 def segment_task(t, tasks_per_segment, length, n_out):
     """Task t of segments of ``length`` elements laid end to end, ``tasks_per_segment`` tasks of up to BLOCK elements
     each: its segment, its first element in the segment and in the whole, and its count (cut at n_out: <= 0 past

@@ -6,7 +6,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...spec import BLOCK
-from .common import load, pack, segment_task, threaded, unpack
+from .common import block_bounds, load, pack, row_task, segment_task, threaded, unpack
 
 
 @njit(cache=True, inline="always")
@@ -36,21 +36,14 @@ def encode_levels(src, lut, err, n_src, steps, block, nbits, planes):
     top = np.float64((1 << nbits) - 1)
     half_range = np.float32(1 << (nbits - 1))
     for t in prange(rows * tasks_per_row):
-        r = t // tasks_per_row
-        lo = (t % tasks_per_row) * per_task
-        hi = min(row_bytes, lo + per_task)
-        first = (r * row_bytes + lo) * 8
-        count = (hi - lo) * 8
-        valid = min(count, max(0, n_src - first))
+        r, lo, hi, first, count, valid = row_task(t, tasks_per_row, per_task, row_bytes, n_src)
         errs = err[first:first + count]
         values = src[first:first + valid]
         codes = np.empty(count, np.uint8)
         flags = np.empty(count, np.uint8)
         for k in range((count + block - 1) // block):
             step = steps[r * per_row + lo * 8 // block + k]
-            a = k * block
-            z = min(count, a + block)
-            sourced = min(z, valid)
+            a, z, sourced, past = block_bounds(k, block, count, valid)
             if sourced > a:
                 block_errs, block_values, block_codes = errs[a:sourced], values[a:sourced], codes[a:sourced]
                 for e in range(sourced - a):
@@ -58,7 +51,6 @@ def encode_levels(src, lut, err, n_src, steps, block, nbits, planes):
                     c, value = _level(np.float32(x), step, half_range, top)
                     block_codes[e] = c
                     block_errs[e] = x - value
-            past = max(a, valid)
             if z > past:
                 block_errs, block_codes = errs[past:z], codes[past:z]
                 for e in range(z - past):
@@ -105,8 +97,7 @@ def accumulate_levels(planes, weights, block, nbits, out, n_out):
             _unpack_codes(planes, r, row_bytes, lo, count, nbits, flags, codes)
             for k in range((count + block - 1) // block):
                 w = np.float64(weights[r, lo // block + k])
-                a = k * block
-                z = min(count, a + block)
+                a, z, _, _ = block_bounds(k, block, count, count)
                 block_acc, block_codes = acc[a:z], codes[a:z]
                 for e in range(z - a):
                     block_acc[e] = block_acc[e] + np.float32((block_codes[e] - half) * w)
@@ -137,8 +128,7 @@ def decode_levels(planes, steps, block, nbits, out, n_out):
             dest = out[first:first + count]
             for k in range((count + block - 1) // block):
                 w = np.float64(steps[r, lo // block + k])
-                a = k * block
-                z = min(count, a + block)
+                a, z, _, _ = block_bounds(k, block, count, count)
                 block_dest, block_codes = dest[a:z], codes[a:z]
                 for e in range(z - a):
                     block_dest[e] = np.float32(0) + np.float32((block_codes[e] - half) * w)

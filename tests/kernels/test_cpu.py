@@ -8,8 +8,15 @@ import numba
 import numpy as np
 import pytest
 import torch
+from numba.core.analysis import compute_cfg_from_blocks
+from numba.core.compiler import CompilerBase, DefaultPassBuilder
+from numba.core.compiler_machinery import FunctionPass, register_pass
+from numba.core.typed_passes import ParforPreLoweringPass
+from numba.parfors.parfor import Parfor
 
+import compcoll
 from compcoll import codecs
+from compcoll.bench.launches import protocol_calls
 from compcoll.kernels import cpu, reference
 from compcoll.spec import SCALES
 
@@ -292,3 +299,65 @@ def test_block_absmax(numel: int, world: int, block: int) -> None:
             out = np.full(world * blocks, -1.0, np.float32)
             kernel(src, None, err, numel, block, chunk, out)
             assert np.array_equal(out, want, equal_nan=True), (probe, kernel)
+
+
+class _Typed(Exception):
+    """Raised by ``_StopAtParfors`` with a kernel's IR once Numba has made its parallel loops."""
+
+
+@register_pass(mutates_CFG=False, analysis_only=True)
+class _StopAtParfors(FunctionPass):
+    """Ends a compilation right after Numba's parallel passes, handing their IR out (``_Typed``): no lowering."""
+
+    _name = "compcoll_stop_at_parfors"
+
+    def __init__(self) -> None:
+        FunctionPass.__init__(self)
+
+    def run_pass(self, state) -> bool:
+        raise _Typed(state.func_ir)
+
+
+class _UpToParfors(CompilerBase):
+    """Numba's nopython pipeline up to its parallel loops (``_StopAtParfors``)."""
+
+    def define_pipelines(self) -> list:
+        passes = DefaultPassBuilder.define_nopython_pipeline(self.state)
+        passes.add_pass_after(_StopAtParfors, ParforPreLoweringPass)
+        passes.finalize()
+        return [passes]
+
+
+def _parallel_regions(kernel, signature) -> list[tuple[int, bool, bool]]:
+    """Each parallel region of ``kernel`` (a threaded CPU kernel) typed for ``signature``: (its line, whether it is
+    a ``prange`` of the source, whether it sits inside a loop). A region is a wake of Numba's threads each time it
+    runs."""
+    try:
+        numba.njit(parallel=True, pipeline_class=_UpToParfors)(kernel.py_func).compile(signature)
+    except _Typed as typed:
+        blocks = typed.args[0].blocks
+    loops = compute_cfg_from_blocks(blocks).loops().values()
+    return [(stmt.loc.line, stmt.patterns[0][:2] == ("prange", "user"), any(label in loop.body for loop in loops))
+            for label, block in blocks.items() for stmt in block.body if isinstance(stmt, Parfor)]
+
+
+def test_every_parallel_region_is_a_prange_outside_any_loop() -> None:
+    """Numba makes an array expression of a threaded kernel (a slice copied, ``np.zeros``, an array product) a
+    parallel loop of its own, a wake of its threads each time it runs: 97-110 us on the 2-core machine, so that a
+    row's 4 head bytes copied in a loop over 64 rows took 5.4-6.7 ms of a decode of 65,536 block codes that takes
+    0.10-0.17 without them. Every kernel's parallel regions are its own ``prange`` loops, none inside a loop.
+
+    The kernels are typed as every protocol's one-rank call on CPU tensors types their serial twins (and as 1-bit
+    LAMB's segment sums and the server's lane sums), and compiled up to Numba's parallel loops alone."""
+    for call in protocol_calls(torch.randn(4099), compcoll.SingleComm()).values():
+        call()
+    codecs.segment_sumsq(torch.randn(4099), (0, 99, 4099), torch.empty(2, dtype=torch.float64))
+    cpu.SERIAL["accumulate_lanes"](np.zeros((2, 4), np.uint8), np.ones(2, np.float32), None,
+                                   np.empty(32, np.float32), 32, np.empty(32, np.float64), 2)
+    for name, twin in cpu.SERIAL.items():
+        kernel = getattr(cpu, name)
+        if not kernel.targetoptions.get("parallel"):
+            continue
+        assert twin.signatures, f"{name}: no call above typed it"
+        regions = _parallel_regions(kernel, twin.signatures[0])
+        assert regions and all(from_prange and not in_loop for _, from_prange, in_loop in regions), (name, regions)

@@ -38,6 +38,11 @@ SERIAL: dict[str, object] = {}
 def threaded(fn):
     """Compile ``fn`` threaded over its blocks, and its serial twin into ``SERIAL``.
 
+    A threaded kernel's parallel regions are its own ``prange`` loops, none inside another loop: Numba makes any
+    array expression beside them (a slice copied, ``np.zeros``, an array's product) a parallel loop of its own, and
+    each one run wakes Numba's threads (97-110 us a parallel loop on the 2-core machine:
+    ``tests/kernels/test_cpu.py::test_every_parallel_region_is_a_prange_outside_any_loop``).
+
     The twin is a copy of ``fn`` under another qualified name: Numba's on-disk cache names
     its files after the function and keys their entries by signature alone, so two
     dispatchers of one function would overwrite each other's entries, and a later process

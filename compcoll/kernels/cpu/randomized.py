@@ -22,7 +22,7 @@ def row_absmax(src, lut, n_src, row_len, out):
     """
     rows = out.size
     per_row = max(1, (row_len + BLOCK - 1) // BLOCK)
-    partial = np.zeros(rows * per_row, np.float32)
+    partial = np.empty(rows * per_row, np.float32)
     for t in prange(rows * per_row):
         lo = (t // per_row) * row_len + (t % per_row) * BLOCK
         hi = min(min((t // per_row + 1) * row_len, lo + BLOCK), n_src)
@@ -61,9 +61,11 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows):
     n, width = rows.shape
     row_bytes = width - SCALE_BYTES
     head = np.empty(1, np.float32)
+    head_bytes = head.view(np.uint8)
     for r in range(n):
         head[0] = scales[r]
-        rows[r, :SCALE_BYTES] = head.view(np.uint8)
+        for j in range(SCALE_BYTES):
+            rows[r, j] = head_bytes[j]
     per_block = BLOCK // 8
     blocks_per_row = (row_bytes + per_block - 1) // per_block
     for t in prange(n * blocks_per_row):

@@ -47,7 +47,7 @@ def compensated_power_sum(src, lut, err, n_src, power):
     """
     n = err.size
     nblocks = max(1, (n + BLOCK - 1) // BLOCK)
-    partial = np.zeros((nblocks, LANES), np.float64)
+    partial = np.empty((nblocks, LANES), np.float64)
     for b in prange(nblocks):
         lo = b * BLOCK
         count = max(0, min(BLOCK, n - lo))
@@ -56,6 +56,8 @@ def compensated_power_sum(src, lut, err, n_src, power):
         values = src[lo:lo + valid]
         acc = partial[b]
         lanes = acc.size
+        for lane in range(lanes):
+            acc[lane] = 0.0
         rows = valid // lanes
         for k in range(rows):
             first = k * lanes
@@ -80,7 +82,7 @@ def segment_sumsq(x, bounds, firsts, blocks, out):
     start of ``x``, LLVM left the rows' loop scalar: 1.5-2.8 ms against 0.52 at 4.2M float32 elements in 8 segments,
     0.49 against 0.25 ms at 1M in 5, the same bits).
     """
-    partial = np.zeros((blocks, LANES), np.float64)
+    partial = np.empty((blocks, LANES), np.float64)
     for q in prange(blocks):
         j = np.searchsorted(firsts, q, side="right") - 1
         lo = bounds[j] + (q - firsts[j]) * BLOCK
@@ -88,6 +90,8 @@ def segment_sumsq(x, bounds, firsts, blocks, out):
         values = x[lo:lo + count]
         acc = partial[q]
         lanes = acc.size
+        for lane in range(lanes):
+            acc[lane] = 0.0
         rows = count // lanes
         for k in range(rows):
             first = k * lanes

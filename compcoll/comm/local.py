@@ -26,7 +26,9 @@ class Fabric:
     rank's condition (``arrived[rank]``) once. So a collective costs
     O(n) Python steps across the world, not one per pair of ranks: two flat gather-scatter
     calls of 10,007 elements took 0.6-1.0 s on 256 ranks and 3.2 s on 1,024, where a mailbox
-    per pair of ranks took 5.5-9.6 s and 78.7 s (side by side, 2026-11-28). No rank's part is copied
+    per pair of ranks took 5.5-9.6 s and 78.7 s (side by side, 2026-11-28; on 2026-12-06, with the
+    calls' own agreement and kernels grown since, 1.10-1.14 s and 4.4-4.9 s, the threads' start
+    included: ``run_threads`` from its call to its return). No rank's part is copied
     before the board completes: every rank is still in the call then, with its buffers as it
     left them (as MPI asks of a non-blocking call's buffers).
 

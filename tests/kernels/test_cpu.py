@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
 
 import numba
@@ -361,3 +364,18 @@ def test_every_parallel_region_is_a_prange_outside_any_loop() -> None:
         assert twin.signatures, f"{name}: no call above typed it"
         regions = _parallel_regions(kernel, twin.signatures[0])
         assert regions and all(from_prange and not in_loop for _, from_prange, in_loop in regions), (name, regions)
+
+
+def test_a_threading_layer_other_than_workqueue_is_warned_of_at_import() -> None:
+    """compcoll sets Numba's workqueue layer where ``NUMBA_THREADING_LAYER`` is unset; a process told to use TBB
+    (where a process whose kernels first ran off the main thread hung at exit, numba#10556) or any other layer warns
+    at import, naming the variable and the hang."""
+    assert cpu.common.layer_warning(None) is None and cpu.common.layer_warning("workqueue") is None
+    for chosen in ("tbb", "omp", "default", "threadsafe"):
+        assert f"NUMBA_THREADING_LAYER={chosen!r}" in cpu.common.layer_warning(chosen)
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        assert numba.config.THREADING_LAYER == "workqueue"
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "tbb"}
+    done = subprocess.run([sys.executable, "-c", "import compcoll"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "RuntimeWarning" in done.stderr and "numba#10556" in done.stderr, done.stderr

@@ -4,7 +4,8 @@ The element loads and scalar steps are ``kernels.scalar``'s, inlined.
 
 Unless ``NUMBA_THREADING_LAYER`` says otherwise, the kernels run on Numba's own "workqueue" threads: with the
 OpenMP layer, torchrun jobs that also hold torch's OpenMP runtime aborted at exit now and then ("terminate called
-without an active exception"; 3 of 40 runs of examples/train.py, none of 32 with workqueue). Inputs below
+without an active exception"; 3 of 40 runs of examples/train.py, none of 32 with workqueue), and with TBB's a
+process hung at exit (``layer_warning``, which warns where the variable names another layer). Inputs below
 ``SERIAL_BELOW`` elements run a serial twin of each kernel instead.
 
 Numba's on-disk cache keys a kernel by the file that defines it, not by the functions it inlines from here or
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import types
+import warnings
 
 import numba
 import numpy as np
@@ -24,12 +26,38 @@ from numba import njit
 from .. import scalar
 from ...spec import BLOCK
 
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
+LAYER = "workqueue"
+"""The threading layer compcoll sets where ``NUMBA_THREADING_LAYER`` names none."""
+
+
+def layer_warning(chosen: str | None) -> str | None:
+    """What goes wrong under the threading layer ``chosen`` (``NUMBA_THREADING_LAYER``, None where unset), or None
+    where nothing known does: compcoll's kernels run on rank threads and ordering threads, off the main one.
+
+    1. Unset, or ``LAYER``: nothing.
+    2. Any other name may resolve to TBB's layer, under which a process whose parallel kernels first ran off the
+       main thread hung at exit (numba#10556, oneTBB 2022.3 and newer: the suite under it, 2026-12-06), or to
+       OpenMP's, under which torchrun jobs holding torch's OpenMP runtime aborted at exit now and then.
+    """
+    if chosen is None or chosen == LAYER:
+        return None
+    return (f"compcoll: NUMBA_THREADING_LAYER={chosen!r}: compcoll's CPU kernels run off the main thread, where "
+            "Numba's TBB layer makes the process hang at exit (numba#10556) and its OpenMP layer aborted torchrun "
+            f"jobs at exit now and then; unset it (compcoll sets {LAYER!r}) or set it to {LAYER!r}")
+
+
+if "NUMBA_THREADING_LAYER" in os.environ:
+    _WARNING = layer_warning(os.environ["NUMBA_THREADING_LAYER"])
+    if _WARNING is not None:
+        warnings.warn(_WARNING, RuntimeWarning, stacklevel=2)
+else:
+    numba.config.THREADING_LAYER = LAYER
 
 SERIAL_BELOW = 1 << 16
-"""Inputs of fewer elements run the serial twin of a kernel: starting Numba's threads costs
-about 0.2 ms a call, more than the whole work of a 4 KB tensor."""
+"""Inputs of fewer elements run the serial twin of a kernel. Each threaded kernel wakes Numba's threads (an empty
+parallel loop: 97-110 us on the 2-core development VM), so there the serial twins beat the threaded kernels up to
+1M elements (the sum of squares 152-155 against 256-284 us at 1M, the encode 242-260 against 341-358) and lost from
+4M (the encode 1.48 against 0.83 ms, the accumulate 2.20 against 1.08); with more cores the threads pay sooner."""
 
 SERIAL: dict[str, object] = {}
 """Each threaded kernel's serial twin (the same function, its prange run as range), by name."""

@@ -339,6 +339,8 @@ def _parallel_regions(kernel, signature) -> list[tuple[int, bool, bool]]:
         numba.njit(parallel=True, pipeline_class=_UpToParfors)(kernel.py_func).compile(signature)
     except _Typed as typed:
         blocks = typed.args[0].blocks
+    else:
+        raise AssertionError(f"{kernel.py_func.__name__}: Numba's pipeline ran past its parallel passes unstopped")
     loops = compute_cfg_from_blocks(blocks).loops().values()
     return [(stmt.loc.line, stmt.patterns[0][:2] == ("prange", "user"), any(label in loop.body for loop in loops))
             for label, block in blocks.items() for stmt in block.body if isinstance(stmt, Parfor)]

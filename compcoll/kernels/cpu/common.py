@@ -24,7 +24,7 @@ import numpy as np
 from numba import njit
 
 from .. import scalar
-from ...spec import BLOCK
+from ...spec import BLOCK, SCALE_BYTES
 
 LAYER = "workqueue"
 """The threading layer compcoll sets where ``NUMBA_THREADING_LAYER`` names none."""
@@ -118,6 +118,27 @@ def unpack(bits, flags):
     words = flags.view(np.uint64)
     for k in range(bits.size):
         words[k] = (np.uint64(bits[k]) * SPREAD) & SELECT
+
+
+@njit(cache=True, inline="always")
+def set_head(rows, r, value, head):
+    """rows[r, :SCALE_BYTES] <- the bytes of float32 ``value`` (a wire row's head), through ``head`` (a one-element
+    float32 scratch), a byte at a time: a slice copied would be a parallel loop of its own in a threaded kernel
+    (``threaded``)."""
+    head[0] = value
+    head_bytes = head.view(np.uint8)
+    for j in range(SCALE_BYTES):
+        rows[r, j] = head_bytes[j]
+
+
+@njit(cache=True, inline="always")
+def head_value(rows, r, head):
+    """The float32 at the head of wire row r (``set_head``'s), through ``head`` (a one-element float32 scratch), a
+    byte at a time."""
+    head_bytes = head.view(np.uint8)
+    for j in range(SCALE_BYTES):
+        head_bytes[j] = rows[r, j]
+    return head[0]
 
 
 @njit(cache=True, inline="always")

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ...spec import BLOCK, LANES, SCALE_BYTES
-from .common import larger_or_nan, load, pack, threaded, threshold
+from .common import larger_or_nan, load, pack, set_head, threaded, threshold
 
 
 @threaded
@@ -61,11 +61,8 @@ def randomized_encode(src, lut, n_src, scales, key, start, rows):
     n, width = rows.shape
     row_bytes = width - SCALE_BYTES
     head = np.empty(1, np.float32)
-    head_bytes = head.view(np.uint8)
     for r in range(n):
-        head[0] = scales[r]
-        for j in range(SCALE_BYTES):
-            rows[r, j] = head_bytes[j]
+        set_head(rows, r, scales[r], head)
     per_block = BLOCK // 8
     blocks_per_row = (row_bytes + per_block - 1) // per_block
     for t in prange(n * blocks_per_row):

@@ -6,7 +6,7 @@ import numpy as np
 from numba import prange
 
 from ...spec import SCALE_BYTES
-from .common import block_scale, nearest_code, threaded
+from .common import block_scale, head_value, nearest_code, set_head, threaded
 
 CODES_A_TASK = 4096
 """Codes of one row ``decode_codes`` decodes in a task."""
@@ -36,14 +36,12 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
         decoded[t // m, b] = block_scale(src, t, block if b < m - 1 else row_len - (m - 1) * block, power)
     values = np.empty((n, steps.size), np.float32)
     head = np.empty(1, np.float32)
-    head_bytes = head.view(np.uint8)
     for r in range(n):
-        head[0] = 0.0
+        top = np.float32(0)
         for b in range(m):
-            head[0] = max(head[0], decoded[r, b])
-        for j in range(SCALE_BYTES):
-            rows[r, j] = head_bytes[j]
-        ref = np.float64(head[0])
+            top = max(top, decoded[r, b])
+        set_head(rows, r, top, head)
+        ref = np.float64(top)
         for k in range(steps.size):
             values[r, k] = np.float32(ref * steps[k])
     per_row = (m + CODES_A_TASK - 1) // CODES_A_TASK
@@ -62,18 +60,17 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
 @threaded
 def decode_codes(rows, steps, divisor, decoded):
     """decoded[r, b] = float32(float64(ref_r) * steps[code]) / float32(divisor) for the m codes behind each wire
-    row's head (its largest scale's 4 bytes): the refs first (a byte at a time: a slice of the head copied was a
-    parallel loop of Numba's a row, 1.3-2.0 ms of 65,536 codes in 16 rows, 5.4-6.7 in 64, where the whole kernel
-    takes 0.10-0.18 now), then the codes in parallel, ``CODES_A_TASK`` of one row a task through the row's slices (a
-    row and a column divided out of every code's index: 0.31-0.34 ms against 0.10-0.16 in 1 to 64 rows)."""
+    row's head (its largest scale's 4 bytes): the refs first (``common.head_value``, a byte at a time: a slice of the
+    head copied was a parallel loop of Numba's a row, 1.3-2.0 ms of 65,536 codes in 16 rows, 5.4-6.7 in 64, where
+    the whole kernel takes 0.10-0.18 now), then the codes in parallel, ``CODES_A_TASK`` of one row a task through
+    the row's slices (a row and a column divided out of every code's index: 0.31-0.34 ms against 0.10-0.16 in 1 to
+    64 rows)."""
     n, m = decoded.shape
     by = np.float32(divisor)
     refs = np.empty(n, np.float64)
-    head = np.empty(SCALE_BYTES, np.uint8)
+    head = np.empty(1, np.float32)
     for r in range(n):
-        for j in range(SCALE_BYTES):
-            head[j] = rows[r, j]
-        refs[r] = head.view(np.float32)[0]
+        refs[r] = head_value(rows, r, head)
     per_row = (m + CODES_A_TASK - 1) // CODES_A_TASK
     for t in prange(n * per_row):
         r = t // per_row

@@ -18,7 +18,7 @@ from numba.core.typed_passes import ParforPreLoweringPass
 from numba.parfors.parfor import Parfor
 
 import compcoll
-from compcoll import codecs
+from compcoll import codecs, spec
 from compcoll.bench.launches import protocol_calls
 from compcoll.kernels import cpu, reference
 from compcoll.spec import SCALES
@@ -184,6 +184,24 @@ def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
                               numel)
         lengths = np.tile(reference.block_lengths(chunk, block), world)
         assert np.array_equal(decoded, (np.repeat(scales, lengths) * reference.unpack(ref_bits, full))[:numel])
+
+
+@pytest.mark.parametrize("rows, m", [(1, 70001), (1, 5), (3, 23457), (16, 4099)])
+def test_code_blocks(rows: int, m: int) -> None:
+    """``code_blocks`` (float32 scales, power 0) = ``spec.code_scales``: heads, codes and decoded scales, threaded (one
+    row's codes in a parallel loop of their own, several rows' in tasks of ``CODES_A_TASK``) and serial alike, on
+    scales over 40 octaves, zeros among them."""
+    rng = _rng(rows * m)
+    scales = (rng.random((rows, m)) * 2.0 ** rng.integers(-40, 0, (rows, m))).astype(np.float32)
+    scales[:, ::13] = 0.0
+    refs, codes, decoded = spec.code_scales(scales)
+    for kernel in (cpu.code_blocks, cpu.SERIAL["code_blocks"]):
+        wire = np.zeros((rows, spec.SCALE_BYTES + m + 3), np.uint8)
+        got = np.empty((rows, m), np.float32)
+        kernel(scales.reshape(-1), 1, 1, 0, spec.SCALE_STEPS, wire, got)
+        assert np.array_equal(wire[:, :spec.SCALE_BYTES].copy().view(np.float32).reshape(-1), refs)
+        assert np.array_equal(wire[:, spec.SCALE_BYTES:spec.SCALE_BYTES + m], codes)
+        assert np.array_equal(got, decoded) and not wire[:, spec.SCALE_BYTES + m:].any()
 
 
 def _decoded_levels(planes: np.ndarray, steps: np.ndarray, block: int, bits: int, row: int) -> np.ndarray:

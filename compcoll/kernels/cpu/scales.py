@@ -23,12 +23,13 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
     2. Row by row: ref = the row's largest (0 for no blocks), its 4 bytes at the row's head; the
        values float32(float64(ref) * steps[k]) into the row's table.
     3. Every block's code (``scalar.nearest_code``) behind its row's head, and its decoded value into ``decoded``,
-       in parallel, ``CODES_A_TASK`` of one row a task.
-    Two parallel loops whatever n, and no array expression beside them: Numba makes an array expression a parallel
-    loop of its own, and the row's head copied and its values computed that way, with the codes in a parallel loop a
-    row, woke Numba's threads 3n + 1 times (``common.threaded``). On the 2-core machine, 65,536 scales in 16 rows:
-    3.9-6.0 -> 1.4-2.2 ms, in 64 rows 12.6-18.1 -> 1.4; in one row 1.2-1.3 -> 1.4-1.5, as a parallel loop over one
-    row's codes alone is the one form of the codes' loop that LLVM vectorized.
+       in parallel: one row's codes in a parallel loop of their own, several rows' ``CODES_A_TASK`` of one row a task.
+    At most two parallel loops run a call whatever n, and no array expression beside them: Numba makes an array
+    expression a parallel loop of its own, and the row's head copied and its values computed that way, with the
+    codes in a parallel loop a row, woke Numba's threads 3n + 1 times (``common.threaded``). On the 2-core machine,
+    65,536 scales in 16 rows: 3.9-6.0 -> 1.4-2.2 ms, in 64 rows 12.6-18.1 -> 1.4. A parallel loop over one row's codes
+    is the one form of the codes' loop that LLVM vectorized, so a row alone (the server's chunk) keeps it: 1.5-2.4
+    ms in tasks against 1.0 (2026-12-06, alternated 3 times, medians of 9 x 5).
     """
     n, m = decoded.shape
     for t in prange(n * m):
@@ -44,6 +45,13 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
         ref = np.float64(top)
         for k in range(steps.size):
             values[r, k] = np.float32(ref * steps[k])
+    if n == 1:
+        table, scales, codes = values[0], decoded[0], rows[0, SCALE_BYTES:SCALE_BYTES + m]
+        for b in prange(m):
+            code = nearest_code(table, scales[b])
+            codes[b] = code
+            scales[b] = table[code]
+        return
     per_row = (m + CODES_A_TASK - 1) // CODES_A_TASK
     for t in prange(n * per_row):
         r = t // per_row

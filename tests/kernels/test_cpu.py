@@ -74,21 +74,26 @@ def test_sixteen_bit_inputs_convert_exactly(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("scale", list(SCALES))
 @pytest.mark.parametrize("numel", LENGTHS)
 def test_accumulate_signs(numel: int, scale: str) -> None:
+    """The server's accumulate (and its sum of |out|^p) = the reference's bits, threaded and serial, with and without
+    a base (in place), and with a first rank of scale 0 (a zero vector's), whose signs add +0, never -0."""
     rng = _rng(numel)
     ranks = 3
     nbytes = -(-numel // 8)
     bits = rng.integers(0, 256, (ranks, nbytes), dtype=np.uint8)
-    scales = (rng.random(ranks) + 0.5).astype(np.float32)
-    weights = (scales / np.float32(ranks)).astype(np.float32)
-    expected = reference.average_signs(list(bits), list(scales), numel)
-    out = np.empty(numel, np.float32)
-    assert cpu.accumulate_signs(bits, weights, None, out, numel, SCALES[scale]) == reference.power_sum(
-        expected, SCALES[scale])
-    assert np.array_equal(out, expected)
-    base = rng.standard_normal(numel).astype(np.float32)
-    in_place = base.copy()
-    cpu.accumulate_signs(bits, weights, in_place, in_place, numel, SCALES[scale])
-    assert np.array_equal(in_place, (expected + base).astype(np.float32))
+    for scales in ((rng.random(ranks) + 0.5).astype(np.float32), np.array([0.0, 0.0, 0.7], np.float32)):
+        weights = (scales / np.float32(ranks)).astype(np.float32)
+        for first in (1, ranks):
+            expected = reference.average_signs(list(bits[:first]), list(scales if first == ranks else weights[:1]),
+                                               numel)
+            for kernel in (cpu.accumulate_signs, cpu.SERIAL["accumulate_signs"]):
+                out = np.empty(numel, np.float32)
+                assert kernel(bits[:first], weights[:first], None, out, numel, SCALES[scale]) == reference.power_sum(
+                    expected, SCALES[scale])
+                assert np.array_equal(out.view(np.uint32), expected.view(np.uint32)), (scales, first, kernel)
+                base = rng.standard_normal(numel).astype(np.float32)
+                in_place = base.copy()
+                kernel(bits[:first], weights[:first], in_place, in_place, numel, SCALES[scale])
+                assert np.array_equal(in_place.view(np.uint32), (expected + base).astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.parametrize("numel", LENGTHS)

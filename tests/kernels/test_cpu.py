@@ -183,7 +183,17 @@ def test_block_scale_kernels(numel: int, world: int, block: int) -> None:
         out = np.empty(chunk, np.float32)
         kernels.accumulate_blocks(rows, weights / np.float32(world), block, None, out, chunk)
         slices = [rows[r].copy() for r in range(world)]
-        assert np.array_equal(out, reference.average_block_signs(slices, list(weights), chunk, block))
+        want = reference.average_block_signs(slices, list(weights), chunk, block)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+        base = rng.standard_normal(chunk).astype(np.float32)
+        in_place = base.copy()
+        kernels.accumulate_blocks(rows, weights / np.float32(world), block, in_place, in_place, chunk)
+        assert np.array_equal(in_place.view(np.uint32), (want + base).astype(np.float32).view(np.uint32))
+        silent = weights.copy()
+        silent[0] = 0.0  # a zero rank's blocks: its signs add +0, never -0
+        kernels.accumulate_blocks(rows, silent / np.float32(world), block, None, out, chunk)
+        want = reference.average_block_signs(slices, list(silent), chunk, block)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
         decoded = np.empty(numel, np.float32)
         kernels.decode_blocks(rows, weights.view(np.uint32), block, np.uint32(1 << 31), decoded.view(np.uint32),
                               numel)

@@ -121,6 +121,34 @@ def unpack(bits, flags):
 
 
 @njit(cache=True, inline="always")
+def add_signs(acc, flags, w, first):
+    """acc[e] += w where flags[e] is set, else -w, in float32 (every product of a sign is exact); where ``first``,
+    acc[e] <- 0 + +-w instead, acc unread: the sum from zero without zeroing it first (a zero weight's -w gives +0,
+    as 0 - 0 does)."""
+    if first:
+        zero = np.float32(0)
+        for e in range(acc.size):
+            acc[e] = zero + (w if flags[e] else -w)
+    else:
+        for e in range(acc.size):
+            acc[e] += w if flags[e] else -w
+
+
+@njit(cache=True, inline="always")
+def store_sum(acc, base, lo, out):
+    """out[lo + e] <- acc[e] + base[lo + e] in float32 (``base`` None: acc[e]) through slices from zero; ``base`` may
+    be ``out`` itself."""
+    dest = out[lo:lo + acc.size]
+    if base is None:
+        for e in range(acc.size):
+            dest[e] = acc[e]
+    else:
+        added = base[lo:lo + acc.size]
+        for e in range(acc.size):
+            dest[e] = acc[e] + added[e]
+
+
+@njit(cache=True, inline="always")
 def set_head(rows, r, value, head):
     """rows[r, :SCALE_BYTES] <- the bytes of float32 ``value`` (a wire row's head), through ``head`` (a one-element
     float32 scratch), a byte at a time: a slice copied would be a parallel loop of its own in a threaded kernel

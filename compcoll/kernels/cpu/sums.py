@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...spec import BLOCK, LANES
-from .common import SERIAL, load, power_of, threaded, unpack
+from .common import SERIAL, add_signs, load, power_of, threaded, unpack
 
 
 @njit(cache=True, nogil=True)
@@ -117,12 +117,12 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
        into ``lanes`` (nblocks * LANES float64, block-major): ``tree_sum(lanes)`` is the
        whole sum, and the lanes of BLOCK-aligned pieces concatenate.
     Each block unpacks rank after rank's bytes into flags (``unpack``) and adds +-weight over all its elements into
-    a block of float32 accumulators, the first rank's written as 0 + +-weight (a zero weight's -0 sums to +0, as
-    step 1's); these loops, the base, and the copy to ``out`` beside the powers (lanes bounded as in
-    ``compensated_power_sum``) are elementwise, so LLVM vectorizes them. Each block zeroes its own lanes. Until
-    2026-12-06 the accumulators were zeroed first and copied out in a pass of their own: on the 2-core machine (both
-    forms in one process, alternated 5 times, medians of 9 x 5) 1 row of 4M elements 1.4-2.4 -> 0.6-1.4 ms, 3 rows
-    of 1M 0.38-0.49 -> 0.23-0.29, 16 rows of 262,144 0.24-0.28 -> 0.22-0.25; the same bits.
+    a block of float32 accumulators, the first rank's written as 0 + +-weight (``add_signs``); these loops, the
+    base, and the copy to ``out`` beside the powers (lanes bounded as in ``compensated_power_sum``) are elementwise,
+    so LLVM vectorizes them. Each block zeroes its own lanes. Until 2026-12-06 the accumulators were zeroed first
+    and copied out in a pass of their own: on the 2-core machine (both forms in one process, alternated 5 times,
+    medians of 9 x 5) 1 row of 4M elements 1.4-2.4 -> 0.6-1.4 ms, 3 rows of 1M 0.38-0.49 -> 0.23-0.29, 16 rows of
+    262,144 0.24-0.28 -> 0.22-0.25; the same bits.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)
@@ -132,20 +132,10 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
         count = max(0, min(BLOCK, n_out - lo))
         block_out = out[lo:lo + count]
         flags = np.empty(BLOCK, np.uint8)
-        acc = np.empty(BLOCK, np.float32)
-        zero = np.float32(0)
-        if nranks == 0:
-            for e in range(count):
-                acc[e] = zero
+        acc = np.zeros(count, np.float32) if nranks == 0 else np.empty(count, np.float32)
         for r in range(nranks):
-            w = weights[r]
             unpack(bits[r, lo // 8:(lo + count + 7) // 8], flags)
-            if r == 0:
-                for e in range(count):
-                    acc[e] = zero + (w if flags[e] else -w)
-            else:
-                for e in range(count):
-                    acc[e] += w if flags[e] else -w
+            add_signs(acc, flags, weights[r], r == 0)
         if base is not None:
             block_base = base[lo:lo + count]
             for e in range(count):

@@ -120,9 +120,10 @@ def accumulate_lanes(bits, weights, base, out, n_out, lanes, power):
     a block of float32 accumulators, the first rank's written as 0 + +-weight (``add_signs``); these loops, the
     base, and the copy to ``out`` beside the powers (lanes bounded as in ``compensated_power_sum``) are elementwise,
     so LLVM vectorizes them. Each block zeroes its own lanes. Until 2026-12-06 the accumulators were zeroed first
-    and copied out in a pass of their own: on the 2-core machine (both forms in one process, alternated 5 times,
-    medians of 9 x 5) 1 row of 4M elements 1.4-2.4 -> 0.6-1.4 ms, 3 rows of 1M 0.38-0.49 -> 0.23-0.29, 16 rows of
-    262,144 0.24-0.28 -> 0.22-0.25; the same bits.
+    and copied out in a pass of their own: on the 2-core machine (both forms in one process, alternated 4 times, 15
+    x 5 calls each, 2 runs; the machine's speed swings, so the fastest call of each run) 1 row of 4M elements 0.77
+    and 1.21 -> 0.53 and 0.90 ms, 3 rows of 1M 0.42 and 0.37 -> 0.34 and 0.30, 16 rows of 262,144 0.30 and 0.23 ->
+    0.28 and 0.22, every median at or below the old form's in the same run; the same bits.
     """
     nranks = bits.shape[0]
     nblocks = max(1, (n_out + BLOCK - 1) // BLOCK)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from ...spec import SCALE_BYTES
 from .common import block_scale, head_value, nearest_code, set_head, threaded
 
 CODES_A_TASK = 4096
-"""Codes of one row ``decode_codes`` decodes in a task."""
+"""Codes of one row ``code_blocks`` codes and ``decode_codes`` decodes in a task."""
+
+
+@njit(cache=True, inline="always")
+def _code_scale(table, scales, codes, b):
+    """codes[b] <- the code of scales[b] among its row's 256 values ``table`` (``nearest_code``); scales[b] <- that
+    value."""
+    code = nearest_code(table, scales[b])
+    codes[b] = code
+    scales[b] = table[code]
 
 
 @threaded
@@ -48,9 +57,7 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
     if n == 1:
         table, scales, codes = values[0], decoded[0], rows[0, SCALE_BYTES:SCALE_BYTES + m]
         for b in prange(m):
-            code = nearest_code(table, scales[b])
-            codes[b] = code
-            scales[b] = table[code]
+            _code_scale(table, scales, codes, b)
         return
     per_row = (m + CODES_A_TASK - 1) // CODES_A_TASK
     for t in prange(n * per_row):
@@ -60,9 +67,7 @@ def code_blocks(src, block, row_len, power, steps, rows, decoded):
         table, scales = values[r], decoded[r, lo:hi]
         codes = rows[r, SCALE_BYTES + lo:SCALE_BYTES + hi]
         for b in range(hi - lo):
-            code = nearest_code(table, scales[b])
-            codes[b] = code
-            scales[b] = table[code]
+            _code_scale(table, scales, codes, b)
 
 
 @threaded

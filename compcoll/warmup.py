@@ -28,10 +28,11 @@ from .spec import PROTOCOLS, padded_numel
 def warm() -> float:
     """Run every kernel specialisation once; return the seconds it took.
 
-    1. Two sizes, each a multiple of the ranks (as ``compressed_reduce_scatter`` takes): below ``SERIAL_BELOW``
-       (the serial twins) and above it in each rank's part (the threaded kernels); and, float32 only, one with
-       more than ``SERIAL_BELOW`` block scales (``code_blocks`` and ``decode_codes`` run one thread a scale,
-       their threaded kernels from there).
+    1. Two sizes, each a multiple of the ranks (as ``compressed_reduce_scatter`` takes), with the serial switch
+       at ``cpu.FLOOR`` while it runs (``cpu.use_serial_below``: the least it is anywhere): below it (the serial
+       twins) and above it in each rank's part (the threaded kernels); and, float32 only, one with more than
+       ``FLOOR`` block scales (``code_blocks`` and ``decode_codes`` run one thread a scale, their threaded kernels
+       from there).
     2. Each input dtype (float32 reads directly, 16-bit types through the lookup table).
     3. ``compressed_allreduce`` in one piece, in two pieces and with the allgather protocol, each protocol with
        block scales (the DDP hook's default), and with levels; ``hierarchical_allreduce`` and
@@ -44,14 +45,18 @@ def warm() -> float:
        (the run's 30 s here could take minutes on a slow or busy machine).
     """
     start = time.perf_counter()
-    _calls(SingleComm())
-    run_threads(_calls, 2, timeout=3600.0)
+    previous = cpu.use_serial_below(cpu.FLOOR)
+    try:
+        _calls(SingleComm())
+        run_threads(_calls, 2, timeout=3600.0)
+    finally:
+        cpu.use_serial_below(previous)
     return time.perf_counter() - start
 
 
 def _calls(comm: Communicator) -> None:
     """The calls of ``warm`` on ``comm``."""
-    for numel in (10, comm.size * cpu.SERIAL_BELOW + 10):
+    for numel in (10, comm.size * cpu.FLOOR + 10):
         full = padded_numel(numel, comm.size)
         chunk = full // comm.size
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -75,7 +80,7 @@ def _calls(comm: Communicator) -> None:
                 compressed_reduce_scatter(torch.ones(numel, dtype=dtype), torch.empty(numel // comm.size, dtype=dtype),
                                           torch.zeros(comm.size * row_elements(numel, comm.size)), comm, bits=bits)
         codecs.segment_sumsq(torch.ones(numel), (0, 3, numel), torch.empty(2, dtype=torch.float64))
-    big = BLOCK_SIZE * cpu.SERIAL_BELOW * comm.size + 10  # a block scale per BLOCK_SIZE elements: past SERIAL_BELOW
+    big = BLOCK_SIZE * cpu.FLOOR * comm.size + 10  # a block scale per BLOCK_SIZE elements: past FLOOR
     full = padded_numel(big, comm.size)
     for protocol in PROTOCOLS:
         compressed_allreduce(torch.ones(big), torch.zeros(full), torch.zeros(full // comm.size), comm,

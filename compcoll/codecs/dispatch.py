@@ -145,8 +145,8 @@ def call(kernel: str, tensor: torch.Tensor, *args: Any, **options: Any) -> Any:
     """Call ``kernel`` of the kernel module for ``tensor``'s device (CUDA: on torch's current stream).
 
     CPU kernels run one at a time in the process (Numba's workqueue threads are not
-    re-entrant), each on all of Numba's threads (serially below ``SERIAL_BELOW`` elements
-    of ``tensor``), with the GIL released.
+    re-entrant), each on all of Numba's threads (serially below ``serial_below()`` elements' worth of work:
+    ``kernels.cpu.runs_serially``), with the GIL released.
 
     CUDA kernels run in the context of ``tensor``'s GPU, whichever GPU is Numba's current
     one, and those that need temporaries take them from this thread's ``Temporaries`` of
@@ -158,9 +158,9 @@ def call(kernel: str, tensor: torch.Tensor, *args: Any, **options: Any) -> Any:
     the kernel's temporaries.
     """
     if on_host(tensor):
-        small = tensor.numel() < cpu_kernels.SERIAL_BELOW
-        run = cpu_kernels.SERIAL[kernel] if small else getattr(cpu_kernels, kernel)
         with _CPU_KERNELS:
+            serial = cpu_kernels.runs_serially(kernel, tensor.numel(), args)
+            run = cpu_kernels.SERIAL[kernel] if serial else getattr(cpu_kernels, kernel)
             return run(*args)
     check_device(tensor)
     run = getattr(_cuda_kernels(), kernel)

@@ -1,9 +1,9 @@
 """Inputs hypothesis draws for the codecs' property tests, and their bit-for-bit comparison.
 
 The property tests run the codec steps against the numpy reference on drawn inputs: random lengths on both sides
-of the serial/threaded switch, the three dtypes, signed zeros, subnormals, values near the dtype's limits. Every
-comparison is bit for bit; NaN (from inf - inf when an error buffer and an input both sit near the float32 limit)
-must appear in the same places.
+of the serial/threaded switch (at ``cpu.FLOOR`` in these tests: ``conftest.switch_at_the_floor``), the three
+dtypes, signed zeros, subnormals, values near the dtype's limits. Every comparison is bit for bit; NaN (from
+inf - inf when an error buffer and an input both sit near the float32 limit) must appear in the same places.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def vectors(draw, dtype: torch.dtype, numel: int | None = None) -> torch.Tensor:
     """A vector of ``dtype``: random normals at a drawn magnitude, some elements replaced by edge values."""
     if numel is None:
         numel = draw(st.one_of(st.integers(0, 300), st.integers(301, 20000),
-                               st.integers(cpu.SERIAL_BELOW - 8, cpu.SERIAL_BELOW + 9000)))
+                               st.integers(cpu.FLOOR - 8, cpu.FLOOR + 9000)))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     magnitude = draw(st.sampled_from([1e-44, 1e-39, 1e-30, 1e-3, 1.0, 1e4, 1e30, 1e38]))
     limit = float(torch.finfo(dtype).max)

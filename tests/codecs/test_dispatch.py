@@ -8,6 +8,7 @@ import torch
 
 from compcoll import codecs
 from compcoll.codecs import dispatch
+from compcoll.kernels import cpu
 
 
 def test_unsupported_device() -> None:
@@ -71,3 +72,15 @@ def test_host_finite_is_torchs_isfinite(dtype: torch.dtype) -> None:
     assert not dispatch.host_finite(grid.t())
     info = torch.finfo(dtype)
     assert dispatch.host_finite(torch.tensor([info.max, -info.max, info.tiny], dtype=dtype))
+
+
+def test_inputs_below_the_switch_run_the_serial_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``call`` runs a CPU kernel's serial twin for an input below ``serial_below()`` elements, the threaded kernel
+    from there (the switch at 1000 here; ``conftest`` puts the test's own back)."""
+    ran = []
+    monkeypatch.setitem(cpu.SERIAL, "compensated_power_sum", lambda *args: ran.append("serial") or 1.0)
+    monkeypatch.setattr(cpu, "compensated_power_sum", lambda *args: ran.append("threaded") or 1.0)
+    cpu.use_serial_below(1000)
+    for n in (999, 1000, 1001):
+        codecs.compensated_sum(torch.ones(n), torch.zeros(n))
+    assert ran == ["serial", "threaded", "threaded"]

@@ -6,7 +6,7 @@ Unless ``NUMBA_THREADING_LAYER`` says otherwise, the kernels run on Numba's own 
 OpenMP layer, torchrun jobs that also hold torch's OpenMP runtime aborted at exit now and then ("terminate called
 without an active exception"; 3 of 40 runs of examples/train.py, none of 32 with workqueue), and with TBB's a
 process hung at exit (``layer_warning``, which warns where the variable names another layer). Inputs below
-``SERIAL_BELOW`` elements run a serial twin of each kernel instead.
+``serial.serial_below()`` elements run a serial twin of each kernel instead.
 
 Numba's on-disk cache keys a kernel by the file that defines it, not by the functions it inlines from here or
 from ``kernels.scalar``: after a change to either alone, clear the cache (``compcoll.warmup.cache_dir``) or use a
@@ -52,12 +52,6 @@ if "NUMBA_THREADING_LAYER" in os.environ:
         warnings.warn(_WARNING, RuntimeWarning, stacklevel=2)
 else:
     numba.config.THREADING_LAYER = LAYER
-
-SERIAL_BELOW = 1 << 16
-"""Inputs of fewer elements run the serial twin of a kernel. Each threaded kernel wakes Numba's threads (an empty
-parallel loop: 97-110 us on the 2-core development VM), so there the serial twins beat the threaded kernels up to
-1M elements (the sum of squares 152-155 against 256-284 us at 1M, the encode 242-260 against 341-358) and lost from
-4M (the encode 1.48 against 0.83 ms, the accumulate 2.20 against 1.08); with more cores the threads pay sooner."""
 
 SERIAL: dict[str, object] = {}
 """Each threaded kernel's serial twin (the same function, its prange run as range), by name."""

@@ -24,6 +24,12 @@ PROBE = 1 << 16
 RUNS = 9
 """Runs of each probe whose median ``measured`` takes."""
 
+ROW_SUMS = frozenset({"accumulate_signs", "accumulate_lanes", "accumulate_blocks", "accumulate_groups",
+                      "accumulate_levels", "average_rows"})
+"""The kernels whose first argument holds one row per rank, all of which they add up."""
+PER_SCALE = frozenset({"code_blocks", "decode_codes"})
+"""The kernels whose tensor holds block scales, not elements."""
+
 
 def from_environment(text: str) -> int:
     """``COMPCOLL_SERIAL_BELOW``'s ``text`` as a number of elements, or ValueError naming the variable where it is not
@@ -79,13 +85,6 @@ def runs_serially(kernel: str, numel: int, args: tuple) -> bool:
     if kernel in PER_SCALE:
         return numel < FLOOR and serially(numel)
     return serially(numel * args[0].shape[0] if kernel in ROW_SUMS else numel)
-
-
-ROW_SUMS = frozenset({"accumulate_signs", "accumulate_lanes", "accumulate_blocks", "accumulate_groups",
-                      "accumulate_levels", "average_rows"})
-"""The kernels whose first argument holds one row per rank, all of which they add up."""
-PER_SCALE = frozenset({"code_blocks", "decode_codes"})
-"""The kernels whose tensor holds block scales, not elements."""
 
 
 def use_serial_below(count: int | None) -> int | None:

@@ -15,8 +15,10 @@ from .sums import compensated_power_sum
 
 FLOOR = 1 << 16
 """The least switch ``measured`` gives (the switch's place before 2026-12-06, whatever the machine)."""
-CEILING = 1 << 24
-"""The largest switch ``measured`` gives."""
+CEILING = 1 << 22
+"""The largest switch ``measured`` gives: what a measure taken while other threads held the cores costs at worst (3
+Python threads spinning on the 2-core VM made the threads' wake 1-5 ms, a switch past 16M by fastest runs; medians
+gave 0.19-1.0M there, 0.83-1.11M quiet), where threads ran calls of 4M elements with a scale per 64 1.7x faster."""
 SERIAL_BELOW_ENV = "COMPCOLL_SERIAL_BELOW"
 """An environment variable that sets the switch (elements, 0 or more: 0 threads every call) instead of measuring it."""
 PROBE = 1 << 16

@@ -19,7 +19,8 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
    form (a scale per ``ddp.onebit.BLOCK_SIZE`` elements) at ``--numel``, and both forms at
    ``--large`` elements.
 4. Steps 2 and 3 at ``--numel`` (its first table) again over each further one-rank communicator of ``--comms``
-   (``compcoll.bench.one_rank``: a one-rank NCCL group, its rounds on the device or on host numbers), to place
+   (``compcoll.bench.one_rank``: ``SingleComm`` with its rounds on host numbers, as until 2026-12-06, and a
+   one-rank NCCL group, its rounds on the device or on host numbers), to place
    what NCCL adds to a call's host time (gpu_graphs' eager NCCL call: 425-573 us at 4K-1M elements on the H200
    where ``SingleComm``'s took 214-227).
 5. The host time of one call of every protocol (``compcoll.bench.launches.protocol_calls``) at ``--numel`` over
@@ -204,7 +205,7 @@ def main() -> int:
     p.add_argument("--numel", type=int, default=4096)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--large", type=int, default=1 << 24, help="the profiled calls' large size (elements)")
-    p.add_argument("--comms", default="single,nccl,nccl-host",
+    p.add_argument("--comms", default="single,single-host,nccl,nccl-host",
                    help="one-rank communicators to profile a call over, the first fully (compcoll.bench.one_rank)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()

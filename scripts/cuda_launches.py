@@ -5,9 +5,11 @@ Usage:
         [--on-device]
     python scripts/cuda_launches.py --ranks 64 [--ranks-per-node 8] [--on-device] [--numel N] [--json]
 
-The calls run at one rank (``SingleComm``) on meta tensors, which take the CUDA path with
-every launch and host wait counted and none run (``kernels.launch.TRACED``); the counts
-are those ``bench/gpu_suite.py`` reads on a GPU. ``torch`` counts the torch operators with
+The calls run at one rank (``SingleComm``, its agreement rounds on host numbers, as over MPI or
+Gloo) on meta tensors, which take the CUDA path with every launch and host wait counted and
+none run (``kernels.launch.TRACED``); the counts are those ``bench/gpu_suite.py`` reads on a
+GPU, where ``SingleComm`` runs its rounds on the device (``--on-device``'s counts; the launches
+and waits are the same). ``torch`` counts the torch operators with
 device work (copies, arithmetic, fills; at one rank the transport's copies among them),
 ``allocs`` the allocations of device memory (the result's, where no ``out`` is given).
 ``COMPCOLL_CUDA_LAUNCHER=numba`` counts numba's dispatcher's tensor wraps. ``--json`` prints
@@ -81,7 +83,8 @@ def main() -> int:
 
 
 def one_rank(on_device: bool) -> SingleComm:
-    """A one-rank communicator, its agreement rounds on the device where ``on_device`` (NCCL's path)."""
+    """A one-rank communicator, its agreement rounds on the device where ``on_device`` (NCCL's path, and
+    ``SingleComm``'s own), else on host numbers (MPI's and Gloo's)."""
     comm = SingleComm()
     comm.agrees_on_device = on_device
     return comm

@@ -172,7 +172,12 @@ class Agreement:
         encode reads them there (``codecs.compensate_encode_agreed``)."""
         if summed(self.comm):
             return self._space, 2 * SUMMED, 1
-        return self._space, RECORD + SUM, RECORD
+        return self._space, self._table_at() + SUM, RECORD
+
+    def _table_at(self) -> int:
+        """Where a gathered round on the device finds its table in the buffer: behind the record, where the
+        all-gather writes it; the record itself at one rank, whose round gathers nothing (its table is its record)."""
+        return 0 if self.comm.size == 1 else RECORD
 
     def _head(self, signature: float, is_summed: bool) -> list[float]:
         """The fields of this rank's device record before its sum: the signature's bytes, their squares and
@@ -211,7 +216,11 @@ class Agreement:
            changes; its sum field, whatever a round before left there, is not read), so that no host record goes
            up and comes back (until 2026-12-05: through fresh pinned memory, a device buffer and a copy each way).
         2. Elsewhere ``check`` on host numbers.
+        At one rank there is no round (no other rank to differ from; no wait): every call of the communicator is
+        this rank's.
         """
+        if self.comm.size == 1:
+            return
         if self.on_device():
             self.check_record(None, 0, None, step, device=device)
         else:
@@ -231,7 +240,8 @@ class Agreement:
         ``spec.GATHERED_AGREEMENT_RANKS`` ranks):
         1. The record is (signature, 1.0, sum): ``RECORD`` float64s, as a host round's (a refusing rank's host
            record, (``REFUSED``, 1.0, 0.0), pairs with it).
-        2. All-gather the records into the table on the device.
+        2. All-gather the records into the table on the device (at one rank the record is the table: nothing is
+           gathered, and the host reads the record itself).
         3. Read the table to the host (the call's one host wait: ``codecs.host_values``) and judge it as
            ``check`` does: the same errors on every rank. Up to 64 records, list operations judge it (each numpy
            call on so few numbers costs a microsecond or more); numpy computes the values alone.
@@ -269,8 +279,10 @@ class Agreement:
             codecs.to_device(host, fields)
             self._written = signature
         if not is_summed:
-            self.comm.allgather(space[:RECORD], space[RECORD:])
-            found = codecs.host_values(space[RECORD:]) or [signature, 1.0, 1.0] * n
+            at = self._table_at()
+            if at:
+                self.comm.allgather(space[:RECORD], space[RECORD:])
+            found = codecs.host_values(space[at:at + RECORD * n]) or [signature, 1.0, 1.0] * n
             sums = found[SUM::RECORD] if total is not None else [0.0] * n
             if found[::RECORD].count(signature) != n or not all(map(math.isfinite, sums)):
                 finite, values = _finite_values(np.array(sums), d, scale)

@@ -9,14 +9,15 @@ import torch.distributed as dist
 import compcoll
 from ..comm import Communicator
 
-KINDS = ("single", "nccl", "nccl-host")
+KINDS = ("single", "single-host", "nccl", "nccl-host")
 """``one_rank_comm``'s kinds."""
 
 
 def one_rank_comm(kind: str) -> Communicator:
     """A one-rank communicator of ``kind``.
 
-    1. "single": ``SingleComm`` (its wire is device copies).
+    1. "single": ``SingleComm`` (its wire is device copies, its agreement rounds on the device); "single-host": one
+       with its rounds on host numbers (MPI's and Gloo's path; ``SingleComm``'s until 2026-12-06).
     2. "nccl": a one-rank NCCL group through ``compcoll.init`` (torchrun's variables set where absent), its
        agreement rounds on the device.
     3. "nccl-host": a communicator on the same group with its agreement rounds on host numbers (NCCL's rounds until
@@ -24,8 +25,10 @@ def one_rank_comm(kind: str) -> Communicator:
     """
     if kind not in KINDS:
         raise ValueError(f"one_rank_comm: kind {kind!r} is not one of {KINDS}")
-    if kind == "single":
-        return compcoll.SingleComm()
+    if kind.startswith("single"):
+        comm = compcoll.SingleComm()
+        comm.agrees_on_device = kind == "single"
+        return comm
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                         ("MASTER_PORT", "29533"), ("COMPCOLL_TORCH_BACKEND", "nccl")):
         os.environ.setdefault(name, value)

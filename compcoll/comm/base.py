@@ -112,10 +112,10 @@ class Communicator(ABC):
     agrees_on_device = False
     """Whether a call's agreement round runs where its tensors are (``Agreement.check_record``): the record written
     on the device beside the call's sum, all-gathered there, the table read back in the call's one host wait. True
-    where the transport moves device tensors itself (NCCL's ``TorchComm``); elsewhere the sum is read first and the
-    round runs on host tensors. A transport of host tensors may set it (the in-process world's tests do): the same
-    rounds, on host tensors. Every rank sets it alike, between calls; an agreement lays its buffer out anew for the
-    round's kind (``Agreement.slot``)."""
+    where the transport moves device tensors itself (NCCL's ``TorchComm``, ``SingleComm``); elsewhere the sum is read
+    first and the round runs on host tensors. A transport of host tensors may set it (the in-process world's tests
+    do): the same rounds, on host tensors. Every rank sets it alike, between calls; an agreement lays its buffer out
+    anew for the round's kind (``Agreement.slot``)."""
 
     def __init__(self, rank: int, size: int, timeout: float | None = None) -> None:
         self.rank = rank

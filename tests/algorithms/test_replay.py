@@ -49,14 +49,16 @@ def test_a_steady_call_replays_from_its_fourth_call_and_launches_and_waits_the_s
 @pytest.mark.parametrize("options", [{}, {"protocol": "allgather"}, {"block_size": 64}, {"block_size": 64, "bits": 4}])
 def test_every_form_replays(replays_on, options: dict, dtype: torch.dtype) -> None:
     """One scale, block scales and levels (whose device part divides in place with torch), into float32 and into a
-    16-bit output (the allgather protocol's a torch copy of its float32 average)."""
+    16-bit output (the allgather protocol's a torch copy of its float32 average). ``SingleComm``'s rounds run on the
+    device, where the flat gather-scatter form with one scale replays from the fifth call: its first, in pieces not
+    yet agreed, takes the host's scalars (``tests/algorithms/replay_workers.py``)."""
     comm, x = compcoll.SingleComm(), torch.empty(1000, dtype=dtype, device=META)
     we, se, out = torch.zeros(1000, device=META), torch.zeros(1000, device=META), torch.empty_like(x)
     for _ in range(5):
         assert compcoll.compressed_allreduce(x, we, se, comm, out=out, **options) is out
     counts = _plan(comm).replays.counts
     parts = ("sum", "finish_flat") if "block_size" not in options else ("statistics", "finish_blocks")
-    assert counts == dict.fromkeys(parts, 2), counts
+    assert counts == {part: 2 - (options == {} and part == "finish_flat") for part in parts}, counts
 
 
 @pytest.mark.parametrize("ranks_per_node", [1, None])

@@ -16,6 +16,7 @@ import torch
 
 import compcoll
 from compcoll.bench.launches import PROTOCOLS
+from compcoll.bench.one_rank import one_rank_comm
 from tests.bench import ROOT, bench_script
 
 
@@ -153,10 +154,9 @@ def test_the_host_profiles_forms_table_runs_on_cpu_tensors() -> None:
     """``gpu_host_profile.forms_table`` on CPU tensors (the CPU kernels), over a one-rank communicator with its rounds
     on the host and one with them on the device (NCCL's path, as ``--comms nccl`` is on a GPU): a row of two host
     times for every protocol, no call failed."""
-    on_device = compcoll.SingleComm()
-    on_device.agrees_on_device = True
     lines = bench_script("gpu_host_profile.py").forms_table(
-        4096, {"single": compcoll.SingleComm(), "on-device": on_device}, torch.device("cpu"), lambda: None, 2, 1)
+        4096, {kind: one_rank_comm(kind) for kind in ("single-host", "single")}, torch.device("cpu"), lambda: None,
+        2, 1)
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
     assert set(rows) == set(PROTOCOLS), lines
     assert all(len(times) == 2 and all(float(t) > 0 for t in times) for times in rows.values()), lines

@@ -28,7 +28,7 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 """Elements of a row (131072 at one rank) past which its block scales are coded by several blocks in two launches
 (``kernels.cuda.scales.code_blocks``): one more launch for each coding of the block forms' scales (gather-scatter
 codes the worker's rows and the server's, allgather its one row)."""
-EXPECTED = {"gather_scatter": (5, 1, 3, 1), "allgather": (3, 1, 2, 1), "hierarchical": (6, 1, 5, 1),
+EXPECTED = {"gather_scatter": (5, 1, 2, 1), "allgather": (3, 1, 1, 1), "hierarchical": (6, 1, 4, 1),
             "birder": (9, 1, 6, 1), "gather_scatter_blocks": (8, 1, 2, 1), "allgather_blocks": (4, 1, 1, 1),
             "gather_scatter_levels": (9, 1, 2, 1), "hierarchical_allgather": (4, 1, 4, 1)}
 """(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
@@ -41,10 +41,13 @@ frame: ``codecs.frame_scales``) is one launch at any length, and the received ro
 that accumulates them (``codecs.accumulate_framed``; a launch of ``codecs.unframe_blocks`` before it until 2026-12-05),
 a coding two past ``SPLITTING`` (the last decoding and the result's decode one launch together:
 ``codecs.decode_framed_blocks``), where torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At
-one rank the torch operators include the transport's copies: gather-scatter's 3 are its 2 and the weights' copy to the
-device (the worker's scale in it; the server's scale goes into its frame head in the launch that sums it, and the decode
-reads the heads). Birder's three encodes write their scales into the frame heads themselves
-(``codecs.randomized_encode``), and its two exchanges read their weights s / size from the heads in the launch that
+one rank the torch operators include the transport's copies: gather-scatter's 2 are its exchanges'. ``SingleComm``'s
+rounds run on the device (``SingleComm.agrees_on_device``), where a round of one rank gathers nothing (its record is its
+table), and the flat forms' and the hierarchical gather-scatter's encode derives s_w and the weights from the record's
+sum in its launch (the server's scale goes into its frame head in the launch that sums it, and the decode reads the
+heads): until 2026-12-06 its rounds ran on host numbers, and one more operator copied the weights to the device.
+Birder's three encodes write their scales into the frame heads themselves (``codecs.randomized_encode``), and its two
+exchanges read their weights s / size from the heads in the launch that
 averages the rows (``codecs.accumulate_framed`` with no codes; a launch of ``codecs.unframe`` with a divisor before it
 until 2026-12-05), where torch took a copy each, and a copy, a fill and a division (15 operators until 2026-11-28); one
 of its 6 is the copy of the call's three random streams' keys to the device (``codecs.stream_keys``, since 2026-11-30:
@@ -70,9 +73,9 @@ one rank: a length not a multiple of 8): its copy into a buffer of whole shards 
 (``exact.shard_average``; for every length until 2026-12-05). A 16-bit tensor of whole shards is copied (cast) alone."""
 NODE_AVERAGED = {"hierarchical", "hierarchical_allgather"}
 """The calls whose node average is ``exact.shard_average``. With the rounds on the device (NCCL's) their first round,
-before the node average, reads its table too (``Agreement.check_signatures``): a second counted wait, and at one rank
-the round's all-gather a device copy, where the host round's is a host copy. Over NCCL it was a second wait before
-2026-12-05 too, uncounted: NCCL copied the host record up and the table back."""
+before the node average, reads its table too (``Agreement.check_signatures``): a second counted wait from two ranks on
+(at one rank there is no such round: nothing to agree with). Over NCCL it was a second wait before 2026-12-05 too,
+uncounted: NCCL copied the host record up and the table back."""
 CAST_16_BIT = {"allgather", "allgather_blocks", "gather_scatter_levels", "hierarchical_allgather"}
 """Calls that average into float32 and cast that into a 16-bit result: one more torch operator."""
 
@@ -212,20 +215,19 @@ def test_the_script_adds_compcolls_python_calls_and_replays_cut_them() -> None:
 
 def test_the_script_counts_nccls_path_at_one_rank_with_on_device() -> None:
     """``--on-device`` at one rank (NCCL's agreement rounds, on the device): every protocol makes the launches and
-    the one wait it makes with the round on the host, the compensated hierarchical forms a second wait
-    (``NODE_AVERAGED``); at one rank the round's all-gather of the record is one device copy more (the transport's
-    copy), where the host round's is a host copy (two for those forms); the flat forms and the hierarchical
-    gather-scatter copy no weights to the device there (their encode derives them from the round's sums): one copy
-    fewer, which makes up for the record's."""
+    the one wait it makes with the round on the host; the flat forms and the hierarchical gather-scatter copy no
+    weights to the device (their encode derives them from the round's sums): one torch operator fewer. A round of one
+    rank gathers nothing (the record is its table) and the compensated hierarchical forms' first round
+    (``NODE_AVERAGED``, ``Agreement.check_signatures``) is none at one rank; until 2026-12-06 the record's all-gather
+    was one device copy more, and those forms' first round a second wait."""
     command = [sys.executable, "scripts/cuda_launches.py", "--numel", "4096", "--json"]
     host, device = (json.loads(subprocess.run(command + extra, capture_output=True, text=True, check=True,
                                               timeout=300).stdout) for extra in ([], ["--on-device"]))
     assert tuple(device) == PROTOCOLS
     for name in PROTOCOLS:
-        first = name in NODE_AVERAGED
         assert {k: device[name][k] for k in ("launches", "wraps")} == {
             k: host[name][k] for k in ("launches", "wraps")}, (name, host[name], device[name])
         derived = name in ("gather_scatter", "allgather", "hierarchical")
-        assert host[name]["waits"] == 1 and device[name]["waits"] == 1 + first, name
-        assert device[name]["torch"] == host[name]["torch"] + (not derived) + first, name
+        assert host[name]["waits"] == device[name]["waits"] == 1, name
+        assert device[name]["torch"] == host[name]["torch"] - derived, name
         assert device[name]["allocations"] == host[name]["allocations"] == 1, name

@@ -144,9 +144,10 @@ def test_one_call_synchronizes_once(block_size: int | None) -> None:
 
 @pytest.mark.parametrize("form", ["flat", "birder"])
 def test_a_call_uploads_from_pinned_memory_it_writes_itself(form: str) -> None:
-    """The host numbers a call copies to the device (the weights and s_w, Birder's stream keys) are written straight
-    into fresh pinned memory (``codecs.pinned_like``): torch.profiler sees no ``pin_memory`` in a steady call (17 us
-    a call on the H200 at f15d93e, staged from a pageable buffer), and the bits stay the CPU's."""
+    """The host numbers a call copies to the device (the weights and s_w where its rounds run on host numbers, as
+    over MPI, Birder's stream keys) are written straight into fresh pinned memory (``codecs.pinned_like``):
+    torch.profiler sees no ``pin_memory`` in a steady call (17 us a call on the H200 at f15d93e, staged from a
+    pageable buffer), and the bits stay the CPU's."""
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.randn(100003, device="cuda")
@@ -154,7 +155,9 @@ def test_a_call_uploads_from_pinned_memory_it_writes_itself(form: str) -> None:
     if form == "flat":
         def call(t: torch.Tensor) -> torch.Tensor:
             buffers = [torch.zeros(full, device=t.device) for _ in range(2)]
-            return compressed_allreduce(t, *buffers, SingleComm())
+            comm = SingleComm()
+            comm.agrees_on_device = False
+            return compressed_allreduce(t, *buffers, comm)
     else:
         def call(t: torch.Tensor) -> torch.Tensor:
             return compcoll.hierarchical_allreduce(t, SingleComm(), ranks_per_node=1, seed=3, step=0)

@@ -34,6 +34,7 @@ WORLDS: dict[str, list[tuple[str, int, tuple]]] = {
     "flat": [(ALGORITHMS + "onebit_workers:numerics", 1, (SMALL + [[1001]], 2)),
              (ALGORITHMS + "onebit_workers:numerics", 3, (SMALL, 2)),
              (ALGORITHMS + "launch_workers:in_flight", 3, (SMALL, 2)),
+             (ALGORITHMS + "agreement_workers:device_rounds", 1, ([[37]], 1, False)),
              (ALGORITHMS + "agreement_workers:device_rounds", 2, ([[37]], 1, False))],
     "blocks": [(ALGORITHMS + "onebit_workers:blockwise", 3, ([[1], [37], [1001]], 2)),
                (ALGORITHMS + "onebit_workers:levels", 3, ([[1], [37], [1001]], 2)),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 
 class Workspace:
-    """Named scratch buffers of one owner; contents are undefined between uses.
+    """Named scratch buffers of one owner; contents are undefined between uses (but its ``constant``s').
 
     An owner's calls run one at a time (a plan's on its communicator's ordering, an
     optimizer's in its step), so they may share a buffer; on CUDA, calls queued on
@@ -17,6 +19,7 @@ class Workspace:
         self._buffers: dict[tuple[str, torch.dtype, torch.device, int], tuple[torch.Tensor, dict[int, torch.Tensor]]]
         self._buffers = {}
         self._parts: dict[tuple[str, tuple[int, ...], torch.dtype, torch.device], tuple[torch.Tensor, ...]] = {}
+        self._constants: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
     def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A 1-D tensor of ``numel`` elements named ``name``.
@@ -53,9 +56,21 @@ class Workspace:
             kept = self._parts[key] = (whole, *whole.split(sizes))
         return kept
 
+    def constant(self, name: str, values: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The 1-D tensor ``name`` on ``device`` holding ``values``, made at its first use (one copy to the device)
+        and kept: the owner's numbers that never change (a plan's ranks), which kernels read from device memory.
+        Never written after, so every stream shares it; ``values`` are read only to make it (the same at every
+        call with this name)."""
+        key = (name, dtype, device)
+        kept = self._constants.get(key)
+        if kept is None:
+            kept = self._constants[key] = torch.tensor(list(values), dtype=dtype, device=device)
+        return kept
+
     def nbytes(self) -> int:
         """Bytes held (for tests and memory reports)."""
-        return sum(b.numel() * b.element_size() for b, _ in self._buffers.values())
+        return sum(b.numel() * b.element_size() for b, _ in self._buffers.values()) + sum(
+            c.numel() * c.element_size() for c in self._constants.values())
 
 
 class Temporaries:

@@ -99,7 +99,8 @@ def variants() -> dict[str, tuple]:
                 (src, F32, F32, I64, F32 if in_memory else t.float32, U8), THREADS)
         found[f"compensate + encode, table={lut}, scale and weights from the agreed sums"] = (
             signs._compensate_encode_agreed(lut).py_func,
-            (src, F32, F32, I64, F64, I64, I64, I64, I64, t.float64, t.boolean, t.float32, F32, U8), THREADS)
+            (src, F32, F32, I64, F64, I64, I64, I64, t.Array(t.int32, 1, "C"), I64, t.float64, t.boolean, t.float32,
+             F32, U8), THREADS)
         found[f"max |x| of rows (lanes), table={lut}"] = (
             randomized._absmax_lanes(lut).py_func, (src, F32, I64, I64, I64, t.boolean, F32, F32, *FLAGGED), THREADS)
         found[f"randomized encode, table={lut}"] = (randomized._randomized_encode(lut).py_func,

@@ -84,3 +84,12 @@ def test_a_workspaces_parts_are_views_of_its_buffer_kept_while_it_stands():
     grown = workspace.parts("scalars", (3, 1), torch.float32, cpu)
     assert grown[0] is not whole and grown[1].data_ptr() == grown[0].data_ptr()
     assert grown[2].data_ptr() == grown[0].data_ptr() + 3 * 4
+
+
+def test_a_constant_is_made_once() -> None:
+    """``Workspace.constant`` (a plan's senders): made at its first use, the same tensor after, whatever the values
+    then passed (read only to make it)."""
+    workspace = Workspace()
+    first = workspace.constant("senders", range(3), torch.int32, torch.device("cpu"))
+    assert first.tolist() == [0, 1, 2] and first.dtype == torch.int32
+    assert workspace.constant("senders", [7], torch.int32, torch.device("cpu")) is first

@@ -20,7 +20,7 @@ from .inputs import check_disjoint, check_error_buffer, check_length, check_prot
 from .plan import Plan, cached_plan
 from .reduce_scatter import agreed_statistics, float32_target
 from .rounds import checked
-from .server import device_scalars, encode_worker, progression, serve, serve_blocks, sum_into, sums_scalars
+from .server import device_scalars, encode_worker, serve, serve_blocks, sum_into, sums_scalars
 
 
 def hierarchical_error_numels(numel: int, world_size: int, ranks_per_node: int) -> tuple[int, int]:
@@ -186,11 +186,11 @@ class CompensatedPlan(NodePlan):
         return [rank for j in range(layout.ranks_per_node) for rank in sorted(node[j] for node in members)]
 
     @functools.cached_property
-    def inter_senders(self) -> tuple[int, int] | None:
-        """``server.progression`` of this rank's inter group, the gather-scatter protocol's senders: (first, stride)
-        where they are ranks a constant step apart, else None. Worked out once, at the first call whose round runs
-        on the device (the layout is known by then)."""
-        return progression(self.layout.inter_ranks)
+    def senders(self) -> list[int]:
+        """The ranks whose weights the server takes, in its order: ``shard_senders`` for the allgather protocol,
+        this rank's inter group for gather-scatter. Worked out once, at the first call (the layout is known by
+        then)."""
+        return self.shard_senders if self.protocol == "allgather" else list(self.layout.inter_ranks)
 
     def error_layout(self) -> tuple[tuple[int, int], tuple[int, int]]:
         layout = self.layout
@@ -224,27 +224,26 @@ class CompensatedPlan(NodePlan):
             sums = agreed_statistics(self, agreement, average, worker_error, b, self.scale, 1, layout.nodes)
             return self.replays.run("finish_blocks", self.finish_blocks, average, worker_error, server_error, sums,
                                     result)
-        senders = self.inter_senders if agreement.on_device() and self.protocol != "allgather" else None
+        on_device = agreement.on_device()
         scale, scales = self.agreed(agreement, "sum", sum_into, average, worker_error, self.scale,
-                                    scale=(shard, self.scale), host_scales=senders is None)
-        if senders is not None:
-            scalars = sums_scalars(agreement, senders, nodes, self.device, ws)
+                                    scale=(shard, self.scale), host_scales=not on_device)
+        if on_device:
+            scalars = sums_scalars(agreement, self.senders, nodes, self.device, ws)
         else:
-            ranks = self.shard_senders if self.protocol == "allgather" else list(layout.inter_ranks)
-            scalars = device_scalars(scales.numpy()[ranks], nodes, scale, self.device, ws)
+            scalars = device_scalars(scales.numpy()[self.senders], nodes, scale, self.device, ws)
         return self.replays.run("finish_flat", self.finish_flat, average, worker_error, server_error, scalars, result)
 
     def finish_flat(self, average: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,
                     scalars: tuple, result: torch.Tensor) -> torch.Tensor:
         """Steps 3-5 with one scale, once the ranks agreed: encode the node's ``average`` with this rank's s_w read
-        from the device (``encode_worker``: ``scalars`` the weights and s_w, or, over NCCL's round where this
-        rank's inter group is ranks a constant step apart, as where nodes hold consecutive ranks, where the round
-        left the group's sums: the encode derives s_w and the weights), then serve between nodes and gather within
-        the node (``gather_decode``), or the allgather protocol's exchange (``_allgather_between_nodes``). Kernels
-        and the wire only, into workspace buffers: the device part a plan replays (``replay.Replays``)."""
+        from the device (``encode_worker``: ``scalars`` the weights and s_w, or, over NCCL's round, where the round
+        left every rank's sum: the encode derives s_w and the weights of ``senders``), then serve between nodes and
+        gather within the node (``gather_decode``), or the allgather protocol's exchange
+        (``_allgather_between_nodes``). Kernels and the wire only, into workspace buffers: the device part a plan
+        replays (``replay.Replays``)."""
         layout, ws = self.layout, self.workspace
         bits = ws.get("bits", average.numel() // 8, torch.uint8, self.device)
-        weights = encode_worker(average, worker_error, scalars, layout.inter.rank, self.scale, bits)
+        weights = encode_worker(average, worker_error, scalars, self.comm.rank, self.scale, bits)
         if self.protocol == "allgather":
             return _allgather_between_nodes(bits, weights, layout, self.numel, result, ws)
         gather_decode(serve(bits, weights, server_error, layout.inter, ws, self.scale).view(-1), layout, result, ws)

@@ -204,16 +204,16 @@ class FlatPlan(Plan):
            s_i / n with this rank's s_w copied to the device (``device_scalars``).
 
         Returns:
-            s_w (None for 1: the device derives it), and what ``finish_flat`` takes: (weights, table, first, step)
-            for 1 (the weights the view of the device buffer of 2 that the encode fills), (weights, s_w) views of
-            the device buffer for 2.
+            s_w (None for 1: the device derives it), and what ``finish_flat`` takes: ``sums_scalars``' (weights,
+            table, first, step, ranks, divisor) for 1 (the weights the view of the device buffer of 2 that the
+            encode fills), (weights, s_w) views of the device buffer for 2.
         """
         agreement = self.agreement(tensor)
         on_device = agreement.on_device() and (self.protocol == "allgather" or self.pieces == 1)
         scale, scales = self.agreed(agreement, "sum", sum_into, tensor, worker_error, self.scale,
                                     scale=(self.full, self.scale), step=step, host_scales=not on_device)
         if on_device:
-            return None, sums_scalars(agreement, (0, 1), self.comm.size, self.device, self.workspace)
+            return None, sums_scalars(agreement, range(self.comm.size), self.comm.size, self.device, self.workspace)
         return scale, device_scalars(scales.numpy(), self.comm.size, scale, self.device, self.workspace)
 
     def finish_flat(self, tensor: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor,

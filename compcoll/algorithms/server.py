@@ -54,42 +54,37 @@ def device_scalars(scales: np.ndarray, divisor: int, scale: float, device: torch
     return weights, mine
 
 
-def progression(ranks: Sequence[int]) -> tuple[int, int] | None:
-    """(first, stride) where ``ranks`` are first, first + stride, first + 2 * stride, ...; else None (the senders
-    ``sums_scalars`` can read where the round left their sums)."""
-    first = ranks[0]
-    stride = ranks[1] - first if len(ranks) > 1 else 1
-    return (first, stride) if all(r == first + i * stride for i, r in enumerate(ranks)) else None
-
-
-def sums_scalars(agreement: Agreement, senders: tuple[int, int], count: int, device: torch.device,
-                 workspace: Workspace) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def sums_scalars(agreement: Agreement, senders: Sequence[int], divisor: int, device: torch.device,
+                 workspace: Workspace) -> tuple:
     """What ``encode_worker`` takes where the round ran on the device (NCCL's) and left every rank's sum there: the
-    server's weights for ``count`` senders, ranks senders[0] + i * senders[1] (i < ``count``), to be written by the
-    encode into the view ``device_scalars`` fills elsewhere, and where their sums sit.
+    server's weights s_i / ``divisor`` for the ranks ``senders`` (the round's rank numbers, in the server's order),
+    to be written by the encode into the view ``device_scalars`` fills elsewhere, and where their sums sit.
 
     Returns:
-        (weights, table, first, step): sender i's sum is table[first + i * step] (``Agreement.device_sums``).
+        (weights, table, first, step, ranks, divisor): rank r's sum is table[first + r * step]
+        (``Agreement.device_sums``), ``ranks`` the int32 ``senders`` on the device (``Workspace.constant``: copied
+        there once a plan).
     """
     table, first, step = agreement.device_sums()
-    _, weights, _ = workspace.parts("scalars", (count, 1), torch.float32, device)
-    return weights, table, first + senders[0] * step, senders[1] * step
+    _, weights, _ = workspace.parts("scalars", (len(senders), 1), torch.float32, device)
+    return weights, table, first, step, workspace.constant("senders", senders, torch.int32, device), divisor
 
 
-def encode_worker(tensor: torch.Tensor, worker_error: torch.Tensor, scalars: tuple, sender: int, scale: str,
+def encode_worker(tensor: torch.Tensor, worker_error: torch.Tensor, scalars: tuple, me: int, scale: str,
                   bits: torch.Tensor) -> torch.Tensor:
     """The worker's encode of x = tensor + worker_error into ``bits`` by s_w read on the device; returns the server's
     weights.
 
-    1. ``scalars`` = (weights, table, first, step) of ``sums_scalars``: the encode derives s_w from sender
-       ``sender``'s sum, and writes every sender's weight s_i / N beside it (N = weights.numel(), the senders),
-       in its one launch (``codecs.compensate_encode_agreed``, the scale of worker_error.numel() elements).
+    1. ``scalars`` = (weights, table, first, step, ranks, divisor) of ``sums_scalars``: the encode derives s_w from
+       rank ``me``'s sum (this rank's number in the round), and writes every sender's weight s_i / divisor beside
+       it, in its one launch (``codecs.compensate_encode_agreed``, the scale of worker_error.numel() elements).
     2. ``scalars`` = (weights, s_w) of ``device_scalars``: the encode reads s_w (``codecs.compensate_encode``).
     """
     weights, *held = scalars
-    if len(held) == 3:
-        codecs.compensate_encode_agreed(tensor, worker_error, tuple(held), sender, worker_error.numel(), scale,
-                                        weights.numel(), weights, bits)
+    if len(held) == 5:
+        table, first, step, ranks, divisor = held
+        codecs.compensate_encode_agreed(tensor, worker_error, (table, first, step), me, ranks, worker_error.numel(),
+                                        scale, divisor, weights, bits)
     else:
         codecs.compensate_encode(tensor, worker_error, held[0], bits)
     return weights

@@ -209,28 +209,29 @@ def tree_scale(lanes: torch.Tensor, numel: int, scale: str = "l2") -> Scalar:
 
 
 def compensate_encode_agreed(tensor: torch.Tensor, error: torch.Tensor, sums: tuple[torch.Tensor, int, int],
-                             rank: int, numel: int, scale: str, divisor: int, weights: torch.Tensor,
-                             bits: torch.Tensor) -> None:
-    """``compensate_encode`` by this rank's scale, and the server's weights, both from every rank's agreed sum.
+                             me: int, senders: torch.Tensor, numel: int, scale: str, divisor: int,
+                             weights: torch.Tensor, bits: torch.Tensor) -> None:
+    """``compensate_encode`` by rank ``me``'s scale, and the server's weights, all from the ranks' agreed sums.
 
-    ``sums`` = (table, first, step): rank i's float64 sum of |x|^p is table[first + i * step] (``p`` that of
-    ``scale``; ``Agreement.device_sums``: where a round on the device left them).
-    1. s_i = the float32 ``scale`` of ``numel`` elements from rank i's sum (``spec.scales_from``), for each rank
-       i < weights.numel(); weights[i] <- s_i / ``divisor`` in float32 (correctly rounded, as ``divide_``).
-    2. ``compensate_encode`` of ``tensor`` into ``bits`` and ``error`` by s_rank.
+    ``sums`` = (table, first, step): rank r's float64 sum of |x|^p is table[first + r * step] (``p`` that of
+    ``scale``; ``Agreement.device_sums``: where a round on the device left them). ``senders``: the int32 ranks whose
+    weights the server takes, in its order, on ``error``'s device (as many as ``weights``).
+    1. s_r = the float32 ``scale`` of ``numel`` elements from rank r's sum (``spec.scales_from``); weights[i] <-
+       s_senders[i] / ``divisor`` in float32 (correctly rounded, as ``divide_``).
+    2. ``compensate_encode`` of ``tensor`` into ``bits`` and ``error`` by s_me.
     On CUDA one launch does both, reading the sums where the round left them (``kernels.cuda.signs``' kernel of
     the name): no host value, no copy to the device.
     """
     table, first, step = sums
     if on_host(error):
-        values = spec.scales_from(table.numpy()[first::step][:weights.numel()], numel, scale)
-        weights.numpy()[:] = values
+        values = table.numpy()
+        weights.numpy()[:] = spec.scales_from(values[first + senders.numpy().astype(np.int64) * step], numel, scale)
         divide_(weights, divisor)
-        compensate_encode(tensor, error, values[rank], bits)
+        compensate_encode(tensor, error, spec.scales_from(values[first + me * step:][:1], numel, scale)[0], bits)
         return
     src, lut = source_of(tensor)
-    call("compensate_encode_agreed", error, src, lut, view(error), tensor.numel(), view(table), first, step, rank,
-         numel, spec.SCALES[scale], divisor, view(weights), view(bits))
+    call("compensate_encode_agreed", error, src, lut, view(error), tensor.numel(), view(table), first, step, me,
+         view(senders), numel, spec.SCALES[scale], divisor, view(weights), view(bits))
 
 
 def divide_(values: torch.Tensor, divisor: float) -> torch.Tensor:

@@ -42,12 +42,14 @@ def summed_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: i
 
 def run_numerics(comm: compcoll.Communicator, shapes: list[list[int]], steps: int) -> None:
     """The reference checks of ``summed_rounds``: the flat forms, the reduce-scatter (FSDP2's) and the hierarchical
-    forms."""
+    forms (both protocols between nodes: the allgather protocol's server weighs its senders in a transpose of the
+    rank order)."""
     onebit_workers.numerics(comm, shapes, steps)
     onebit_workers.blockwise(comm, shapes, steps)
     reduce_scatter_workers.numerics(comm, [1, 37, 1000], steps)
     if comm.size % 2 == 0:
         hierarchical_workers.numerics(comm, 2, shapes, steps)
+        hierarchical_workers.compensated_allgather(comm, 2, shapes, steps)
 
 
 def device_rounds(comm: compcoll.Communicator, shapes: list[list[int]], steps: int, errors: bool = True,

@@ -134,5 +134,5 @@ def test_the_device_part_of_a_call_neither_waits_nor_allocates(protocol: str, bl
         finish(x, we, se, agreed, out)
     assert (COUNTS.waits, ops.allocations) == (0, 0)
     assert COUNTS.launches >= 2
-    if block_size is None:  # the weights and the table of sums, or the weights and s_w
-        assert len(agreed) == (4 if on_device else 2)
+    if block_size is None:  # the weights, the table of sums, the senders and the divisor, or the weights and s_w
+        assert len(agreed) == (6 if on_device else 2)

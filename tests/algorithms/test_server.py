@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from compcoll import spec
-from compcoll.algorithms.server import device_scalars, encode_worker, progression
+from compcoll.algorithms.server import device_scalars, encode_worker, sums_scalars
 from compcoll.workspace import Workspace
 
 
@@ -27,32 +29,26 @@ def test_device_scalars_are_the_weights_then_this_ranks_scale_and_warn_of_nothin
     assert weights.data_ptr() + 12 == mine.data_ptr()
 
 
-def test_progression_finds_senders_a_constant_step_apart() -> None:
-    """``progression``: (first, stride) of ranks a constant step apart (one rank: stride 1), None otherwise (a
-    hierarchical layout whose nodes do not hold consecutive ranks)."""
-    assert progression((3,)) == (3, 1) and progression((1, 3, 5)) == (1, 2) and progression((0, 1, 2, 3)) == (0, 1)
-    assert progression((0, 1, 3)) is None and progression((2, 0)) == (2, -2)
-
-
 def test_the_encode_by_the_rounds_sums_is_the_encode_by_device_scalars() -> None:
-    """``encode_worker`` on (weights, table, first, step), sender i's float64 sum at table[first + i * step] as a
-    round on the device leaves them, gives the bits, error and weights it gives on ``device_scalars`` of the same
-    senders' scales (``spec.scales_from``), for every sender and both scales, on fresh random inputs."""
+    """``encode_worker`` on ``sums_scalars``' (weights, table, first, step, ranks, divisor), rank r's float64 sum at
+    table[first + r * step] as a round on the device leaves them, gives the bits, error and weights it gives on
+    ``device_scalars`` of the same senders' scales (``spec.scales_from``): for every rank, both scales, the senders in
+    the rank order and in a transpose of it (the hierarchical allgather form's order, 2 ranks a node), on fresh
+    random inputs."""
     rng = np.random.default_rng(3)
-    numel, senders, step, first = 1003, 3, 3, 5
+    numel, ranks, step, first, cpu = 1003, 4, 3, 5, torch.device("cpu")
     x = torch.from_numpy(rng.standard_normal(numel).astype(np.float32))
-    table = torch.from_numpy(rng.random(first + senders * step) * 10.0 ** rng.integers(-5, 5, first + senders * step))
-    for scale in ("l2", "l1"):
+    table = torch.from_numpy(rng.random(first + ranks * step) * 10.0 ** rng.integers(-5, 5, first + ranks * step))
+    agreement = SimpleNamespace(device_sums=lambda: (table, first, step))
+    for scale, (senders, divisor) in itertools.product(("l2", "l1"), (([0, 1, 2, 3], 4), ([0, 2, 1, 3], 2))):
         scales = spec.scales_from(table.numpy()[first::step], 1008, scale)
-        for sender in range(senders):
+        for me in range(ranks):
             error = torch.from_numpy((rng.standard_normal(1008) * 0.3).astype(np.float32))
             (bits_a, error_a), (bits_b, error_b) = ((torch.empty(126, dtype=torch.uint8), error.clone())
                                                     for _ in range(2))
-            workspace = Workspace()
-            weights = encode_worker(x, error_a, (workspace.get("w", senders, torch.float32, torch.device("cpu")),
-                                                 table, first, step), sender, scale, bits_a)
-            held = device_scalars(scales.astype(np.float64), senders, float(scales[sender]),
-                                  torch.device("cpu"), Workspace())
-            expected = encode_worker(x, error_b, held, sender, scale, bits_b)
-            assert torch.equal(bits_a, bits_b) and torch.equal(error_a, error_b), (scale, sender)
-            assert weights.numpy().tobytes() == expected.numpy().tobytes(), (scale, sender)
+            weights = encode_worker(x, error_a, sums_scalars(agreement, senders, divisor, cpu, Workspace()), me, scale,
+                                    bits_a)
+            held = device_scalars(scales[senders].astype(np.float64), divisor, float(scales[me]), cpu, Workspace())
+            expected = encode_worker(x, error_b, held, me, scale, bits_b)
+            assert torch.equal(bits_a, bits_b) and torch.equal(error_a, error_b), (scale, senders, me)
+            assert weights.numpy().tobytes() == expected.numpy().tobytes(), (scale, senders, me)

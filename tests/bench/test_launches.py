@@ -30,7 +30,7 @@ SPLITTING = CODE_THREADS * CODE_SCALES_PER_THREAD * BLOCK_SIZE
 codes the worker's rows and the server's, allgather its one row)."""
 EXPECTED = {"gather_scatter": (5, 1, 2, 1), "allgather": (3, 1, 1, 1), "hierarchical": (6, 1, 4, 1),
             "birder": (9, 1, 6, 1), "gather_scatter_blocks": (8, 1, 2, 1), "allgather_blocks": (4, 1, 1, 1),
-            "gather_scatter_levels": (9, 1, 2, 1), "hierarchical_allgather": (4, 1, 4, 1)}
+            "gather_scatter_levels": (9, 1, 2, 1), "hierarchical_allgather": (4, 1, 3, 1)}
 """(launches, waits, torch operators, device allocations) per protocol, below and past ``GROUPED``. The launches are
 those the H200 read (bench/results/gpu_kernels_h200_fused.txt), but for the hierarchical form's node average, one kernel
 since (``codecs.average_rows``, in place of a copy, k - 1 additions and a division by torch), Birder's row maxima (3
@@ -43,7 +43,7 @@ a coding two past ``SPLITTING`` (the last decoding and the result's decode one l
 ``codecs.decode_framed_blocks``), where torch took 87 operators (gather-scatter) and 47 (allgather) until 2026-11-28. At
 one rank the torch operators include the transport's copies: gather-scatter's 2 are its exchanges'. ``SingleComm``'s
 rounds run on the device (``SingleComm.agrees_on_device``), where a round of one rank gathers nothing (its record is its
-table), and the flat forms' and the hierarchical gather-scatter's encode derives s_w and the weights from the record's
+table), and the flat and hierarchical forms' encode with one scale derives s_w and the weights from the record's
 sum in its launch (the server's scale goes into its frame head in the launch that sums it, and the decode reads the
 heads): until 2026-12-06 its rounds ran on host numbers, and one more operator copied the weights to the device.
 Birder's three encodes write their scales into the frame heads themselves (``codecs.randomized_encode``), and its two
@@ -215,8 +215,9 @@ def test_the_script_adds_compcolls_python_calls_and_replays_cut_them() -> None:
 
 def test_the_script_counts_nccls_path_at_one_rank_with_on_device() -> None:
     """``--on-device`` at one rank (NCCL's agreement rounds, on the device): every protocol makes the launches and
-    the one wait it makes with the round on the host; the flat forms and the hierarchical gather-scatter copy no
-    weights to the device (their encode derives them from the round's sums): one torch operator fewer. A round of one
+    the one wait it makes with the round on the host; the flat and hierarchical forms with one scale copy no weights
+    to the device (their encode derives them from the round's sums; the hierarchical allgather form's since
+    2026-12-06, by the senders' table): one torch operator fewer. A round of one
     rank gathers nothing (the record is its table) and the compensated hierarchical forms' first round
     (``NODE_AVERAGED``, ``Agreement.check_signatures``) is none at one rank; until 2026-12-06 the record's all-gather
     was one device copy more, and those forms' first round a second wait."""
@@ -227,7 +228,7 @@ def test_the_script_counts_nccls_path_at_one_rank_with_on_device() -> None:
     for name in PROTOCOLS:
         assert {k: device[name][k] for k in ("launches", "wraps")} == {
             k: host[name][k] for k in ("launches", "wraps")}, (name, host[name], device[name])
-        derived = name in ("gather_scatter", "allgather", "hierarchical")
+        derived = name in ("gather_scatter", "allgather", "hierarchical", "hierarchical_allgather")
         assert host[name]["waits"] == device[name]["waits"] == 1, name
         assert device[name]["torch"] == host[name]["torch"] - derived, name
         assert device[name]["allocations"] == host[name]["allocations"] == 1, name

@@ -111,7 +111,7 @@ def test_buckets_with_nccls_rounds_on_the_device_match_the_reference(world_size:
     """The hook's rounds as over NCCL (``Communicator.agrees_on_device``: the record all-gathered where the bucket
     is, and for one scale s_w and the server's weights derived in the encode's launch), on Gloo ranks, which NCCL
     cannot run on one GPU: the default block scales, one scale over both protocols, and the hierarchical form on
-    nodes of 2 (its inter group's senders a progression); every bucket the reference's."""
+    nodes of 2; every bucket the reference's."""
     nodes_of = 1 if ranks_per_node == "auto" else ranks_per_node
     run(f"{WORKERS}:onebit_matches_reference", world_size, "gloo",
         args=(4, protocol, "l2", ranks_per_node, nodes_of, block_size, "cpu", False, False, False, True))

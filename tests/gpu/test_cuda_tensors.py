@@ -334,8 +334,8 @@ def test_rounds_on_the_device_replayed_match_the_reference_over_mpi(world_size: 
                                                                     ranks_per_node: int | None) -> None:
     """NCCL's rounds (the record all-gathered on the device, s_w and the server's weights derived there in the
     encode's launch: ``codecs.compensate_encode_agreed``) on ranks sharing the GPU, which one NCCL group cannot:
-    MPI's transport set to agree on the device, the flat forms and the hierarchical ones on nodes of one rank (the
-    inter group's senders a progression), replayed; the reference's bits at every call."""
+    MPI's transport set to agree on the device, the flat forms and the hierarchical ones on nodes of one rank (both
+    protocols between nodes), replayed; the reference's bits at every call."""
     run("tests.algorithms.replay_workers:replayed_on_the_device", world_size, "mpi",
         args=([37, 100003], 6, "cuda", ranks_per_node))
 

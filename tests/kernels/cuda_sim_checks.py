@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from typing import Callable
 
@@ -172,26 +173,32 @@ def check(numel: int, world: int, dtype: torch.dtype) -> None:
 
 def check_agreed_encode(src: np.ndarray, lut: np.ndarray | None, err: np.ndarray, numel: int, world: int,
                         total: float, rng: np.random.Generator) -> None:
-    """``compensate_encode_agreed``: the encode by the last rank's scale and every rank's weight s_i / n, from sums
-    in a gathered round's table (every record's third field) and in a summed round's (one after another), both
-    scales: the CPU encode's bits and error, and ``spec.scales_from``'s scales divided in float32."""
+    """``compensate_encode_agreed``: the encode by the last rank's scale and the weights s_i / divisor of senders in
+    the rank order and in a transpose of it (even ranks, then odd: the hierarchical allgather form's order at 2 ranks
+    a node; the divisor the nodes), from sums in a gathered round's table (every record's third field) and in a
+    summed round's (one after another), both scales: the CPU encode's bits and error, and ``spec.scales_from``'s
+    scales divided in float32."""
     full, rank = err.size, world - 1
     table = rng.random(3 * (world + 1)) * 10.0 ** rng.integers(-20, 20, 3 * (world + 1))
+    transposed = sorted(range(world), key=lambda r: (r % 2, r))
     for first, step in ((3 + 2, 3), (1, 1)):
         table[first + rank * step] = total
-        for power, name in ((2, "l2"), (1, "l1")):
-            values = spec.scales_from(table[first::step][:world], full, name)
+        values = {name: spec.scales_from(table[first::step][:world], full, name) for name in ("l2", "l1")}
+        for (power, name), (senders, divisor) in itertools.product(
+                ((2, "l2"), (1, "l1")), ((list(range(world)), world), (transposed, max(world // 2, 1)))):
             cpu_err, cpu_bits = err.copy(), np.empty(full // 8, np.uint8)
-            cpu.compensate_encode(src, lut, cpu_err, numel, values[rank], cpu_bits)
+            cpu.compensate_encode(src, lut, cpu_err, numel, values[name][rank], cpu_bits)
             d_err, d_bits = numba_cuda.to_device(err), numba_cuda.device_array(full // 8, np.uint8)
-            d_weights = numba_cuda.device_array(world, np.float32)
+            d_weights = numba_cuda.device_array(len(senders), np.float32)
             cuda.compensate_encode_agreed(numba_cuda.to_device(src), None if lut is None else numba_cuda.to_device(lut),
-                                          d_err, numel, numba_cuda.to_device(table), first, step, rank, full, power,
-                                          world, d_weights, d_bits)
-            where = ("compensate_encode_agreed", first, step, name)
+                                          d_err, numel, numba_cuda.to_device(table), first, step, rank,
+                                          numba_cuda.to_device(np.array(senders, np.int32)), full, power, divisor,
+                                          d_weights, d_bits)
+            where = ("compensate_encode_agreed", first, step, name, senders)
             assert np.array_equal(d_bits.copy_to_host(), cpu_bits), (*where, "bits")
             assert np.array_equal(d_err.copy_to_host(), cpu_err), (*where, "error")
-            assert d_weights.copy_to_host().tobytes() == (values / np.float32(world)).tobytes(), (*where, "weights")
+            expected = values[name][senders] / np.float32(divisor)
+            assert d_weights.copy_to_host().tobytes() == expected.tobytes(), (*where, "weights")
 
 
 def check_blocks(numel: int, world: int, dtype: torch.dtype, block: int) -> None:

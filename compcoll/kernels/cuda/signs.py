@@ -92,32 +92,33 @@ def _compensate_encode_agreed(with_lut: bool):
     encode = _encode_tiles(with_lut)
 
     @cuda.jit
-    def kernel(src, lut, err, n_src, table, first, step, rank, d, root_d, l2, divisor, weights, bits):
-        encode(src, lut, err, n_src, sum_scale(table[first + rank * step], d, root_d, l2), bits)
+    def kernel(src, lut, err, n_src, table, first, step, me, senders, d, root_d, l2, divisor, weights, bits):
+        encode(src, lut, err, n_src, sum_scale(table[first + me * step], d, root_d, l2), bits)
         i = cuda.grid(1)
         if i < weights.size:
-            weights[i] = sum_scale(table[first + i * step], d, root_d, l2) / divisor
+            weights[i] = sum_scale(table[first + senders[i] * step], d, root_d, l2) / divisor
 
     return kernel
 
 
-def compensate_encode_agreed(src, lut, err, n_src, table, first, step, rank, d, power, divisor, weights, bits,
+def compensate_encode_agreed(src, lut, err, n_src, table, first, step, me, senders, d, power, divisor, weights, bits,
                              stream=0) -> None:
-    """``compensate_encode`` by this rank's scale of ``d`` elements from its float64 sum of |x|^power, and weights[i]
-    <- rank i's scale / ``divisor`` for every rank i < weights.size, in one launch: the worker's encode and the
-    server's weights from an agreement round's sums on the device (NCCL's), with no host value. Rank i's sum is
-    table[first + i * step] (the sum fields of a gathered round's records, or a summed round's sums).
+    """``compensate_encode`` by rank ``me``'s scale of ``d`` elements from its float64 sum of |x|^power, and
+    weights[i] <- rank senders[i]'s scale / ``divisor`` for every i < weights.size (``senders``: int32 ranks, as
+    many), in one launch: the worker's encode and the server's weights from an agreement round's sums on the device
+    (NCCL's), with no host value. Rank r's sum is table[first + r * step] (the sum fields of a gathered round's
+    records, or a summed round's sums).
 
-    1. Each thread derives this rank's scale from its sum (``records.scale_value``: ``spec.scale_from``'s IEEE
+    1. Each thread derives rank ``me``'s scale from its sum (``records.scale_value``: ``spec.scale_from``'s IEEE
        steps), then encodes as ``compensate_encode``.
-    2. Then thread i of the grid (a thread for every rank at least) writes weights[i]: rank i's scale the same way,
-       divided by ``divisor`` in float32 (``div.rn.f32``, as the host's ``codecs.divide_``). One rank a thread,
-       after the encode: a grid-stride loop over the ranks took 64 registers (sm_90), the encode alone 40; so 40,
-       and 56 for a 16-bit source (40 with its scale in memory).
+    2. Then thread i of the grid (a thread for every sender at least) writes weights[i]: rank senders[i]'s scale
+       the same way, divided by ``divisor`` in float32 (``div.rn.f32``, as the host's ``codecs.divide_``). One
+       sender a thread, after the encode: a grid-stride loop over the ranks took 64 registers (sm_90), the encode
+       alone 40; so 40, and 56 for a 16-bit source (40 with its scale in memory).
     """
     grid = max(grid_for(bits.size), -(-weights.size // THREADS))
     launch(_compensate_encode_agreed(lut is not None), grid, THREADS, stream,
-           src, table_arg(lut, stream), err, n_src, table, first, step, rank, d, math.sqrt(d), power == 2,
+           src, table_arg(lut, stream), err, n_src, table, first, step, me, senders, d, math.sqrt(d), power == 2,
            np.float32(divisor), weights, bits)
 
 

@@ -169,6 +169,36 @@ def test_a_call_uploads_from_pinned_memory_it_writes_itself(form: str) -> None:
     assert not [e.name for e in prof.events() if "pin_memory" in e.name]
 
 
+@pytest.mark.parametrize("protocol", ["gather_scatter", "allgather"])
+def test_rounds_on_the_device_copy_nothing_up_in_a_steady_call(protocol: str) -> None:
+    """A steady one-scale call whose rounds run on the device (``SingleComm``'s, as NCCL's) copies nothing from the
+    host: the flat form and the hierarchical form with either protocol between nodes derive s_w and the server's
+    weights in the encode's launch, reading the senders' sums at the ranks of the plan's table, copied up at its first
+    call (``Workspace.constant``); with the rounds on host numbers ("single-host", MPI's path) the same calls copy
+    the weights up, so that a profiler whose copies were not seen fails here. The same bits both ways."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from compcoll.bench.one_rank import one_rank_comm
+
+    x = torch.randn(100003, device="cuda")
+    full = compcoll.padded_numel(x.numel(), 1)
+    copies_up, results = {}, {}
+    for kind in ("single", "single-host"):
+        comm = one_rank_comm(kind)
+        buffers = [torch.zeros(full, device="cuda") for _ in range(4)]
+        calls = (lambda: compressed_allreduce(x, *buffers[:2], comm, protocol=protocol),
+                 lambda: compcoll.hierarchical_compressed_allreduce(x, *buffers[2:], comm, ranks_per_node=1,
+                                                                    protocol=protocol))
+        for call in calls:
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            results[kind] = [call().cpu() for call in calls]
+        copies_up[kind] = [e.name for e in prof.events() if "HtoD" in e.name]
+    assert copies_up["single"] == [] and copies_up["single-host"], copies_up
+    assert all(torch.equal(a, b) for a, b in zip(results["single"], results["single-host"]))
+
+
 @pytest.mark.parametrize("summed", [False, True])
 @pytest.mark.parametrize("block_size", [None, 64])
 def test_an_nccl_call_synchronizes_once(summed: bool, block_size: int | None, monkeypatch: pytest.MonkeyPatch

@@ -15,7 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from ..errors import CompcollError
 from .base import BROKEN, PAIRWISE_BYTES, Communicator, _nbytes, pairs_small
 from .groups import destroyer, new_group, owned
-from .work import PendingWork, Work
+from .single import copied
+from .work import DoneWork, PendingWork, Work
 
 
 def _import_functional_first() -> None:
@@ -76,6 +77,7 @@ class TorchComm(Communicator):
         self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.job_rank, self.job_size = dist.get_rank(), dist.get_world_size()
         self.polled = False  # set once this group's works refuse a finite timeout: waits poll them then
+        self.alone = False  # a group of one split off by compcoll (``_split``): its collectives skip the backend
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -99,8 +101,16 @@ class TorchComm(Communicator):
                sources: list[int] | None = None) -> Work:
         """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there (and back on completion).
 
-        ``sources``: the ranks the first works of a ``_pairwise`` exchange receive from.
+        ``sources``: the ranks the first works of a ``_pairwise`` exchange receive from. A group of one rank split off
+        by compcoll (``alone``: the hierarchical forms' node of one rank, or their one node's inter group) moves
+        nothing over the backend: its exchange is ``recv`` <- ``send`` (``single.copied``; NCCL's a copy on the
+        current stream, in stream order), an allreduce or a broadcast nothing, complete when started, as
+        ``SingleComm``'s. Until 2026-12-06 they were the backend's collectives (a whole one-rank call over NCCL took
+        425-573 us on the H200 where ``SingleComm``'s took 214-227, gpu_graphs.txt at f15d93e). A group of one the
+        caller gives keeps the backend's collectives: a one-rank NCCL group is how one GPU runs NCCL's path.
         """
+        if self.alone:
+            return DoneWork(recv if send is None else copied(send, recv))
         if recv.device.type == self.device.type and (send is None or send.device.type == self.device.type):
             return TorchWork(self, what, _list(op(send, recv)), recv, sources=sources)
         moved_send = None if send is None else _moved(send, self.device)
@@ -172,6 +182,8 @@ class TorchComm(Communicator):
                            None, tensor)
 
     def _start_barrier(self) -> Work:
+        if self.alone:
+            return DoneWork()
         return TorchWork(self, "barrier", [dist.barrier(group=self.group, async_op=True)], None)
 
     def _split(self, color: int, groups: dict[int, list[int]]) -> "TorchComm":
@@ -186,7 +198,8 @@ class TorchComm(Communicator):
            group's collective without the others, and waited forever.
         torch.distributed orders a group's ranks by global rank, so a ``key`` that would
         order them otherwise is refused. Over Gloo the group ends with the returned
-        communicator (``groups.owned``).
+        communicator (``groups.owned``). A group of one rank is still made (every rank makes
+        every group alike), and its communicator is ``alone``: its collectives skip the backend.
         """
         local = self.size != dist.get_world_size()
         mine = None
@@ -198,7 +211,9 @@ class TorchComm(Communicator):
             group = new_group([self.global_ranks[r] for r in members], local=local)
             if c == color:
                 mine = group
-        return _owned(TorchComm(mine, self.timeout))
+        child = TorchComm(mine, self.timeout)
+        child.alone = len(groups[color]) == 1
+        return _owned(child)
 
 
 _DROPPED = ("closed by peer", "reset by peer", "Broken pipe")

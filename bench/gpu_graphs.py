@@ -11,7 +11,8 @@ warm). ``graphed_step`` runs the first eagerly and replays a CUDA graph of the s
 its own. Both forms: one scale (``flat``, the default call) and a scale per ``ddp.onebit.BLOCK_SIZE`` elements
 (``blocks``, the DDP hook's default). On one rank, over each of ``--comms`` (``single``: ``SingleComm``, whose wire
 is device copies; ``nccl``: a one-rank NCCL group through ``compcoll.init``, whose collectives the graph must capture
-too; ``nccl-host``: that group with its agreement rounds on host numbers, as NCCL's were until 2026-12-01, beside it),
+too; ``nccl-host``: that group with its agreement rounds on host numbers, as NCCL's were until 2026-12-01;
+``nccl-async``: with its blocking collectives issued asynchronously on NCCL's stream, as until 2026-12-06),
 at each size:
 1. The bits: from zeroed error buffers, ``--steps`` calls on fresh random inputs each way, eager and graphed; the
    results and both error buffers must be equal, bit for bit.
@@ -149,7 +150,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--comms", default="single,nccl,nccl-host")
+    parser.add_argument("--comms", default="single,nccl,nccl-host,nccl-async")
     parser.add_argument("--forms", default="flat,blocks")
     parser.add_argument("--out", default="bench/results/gpu_graphs")
     args = parser.parse_args()

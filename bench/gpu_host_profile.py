@@ -20,12 +20,14 @@ Usage (on a machine with an NVIDIA GPU, torch with CUDA and numba-cuda):
    ``--large`` elements.
 4. Steps 2 and 3 at ``--numel`` (its first table) again over each further one-rank communicator of ``--comms``
    (``compcoll.bench.one_rank``: ``SingleComm`` with its rounds on host numbers, as until 2026-12-06, and a
-   one-rank NCCL group, its rounds on the device or on host numbers), to place
+   one-rank NCCL group, its rounds on the device or on host numbers, or its blocking collectives issued
+   asynchronously on NCCL's own stream, as until 2026-12-06), to place
    what NCCL adds to a call's host time (gpu_graphs' eager NCCL call: 425-573 us at 4K-1M elements on the H200
    where ``SingleComm``'s took 214-227).
 5. The host time of one call of every protocol (``compcoll.bench.launches.protocol_calls``) at ``--numel`` over
    each communicator of ``--comms``, side by side (``forms_table``): NCCL's rounds on the device against on host
-   numbers for every form (the compensated hierarchical forms' first round on the device since 2026-12-05).
+   numbers for every form (the compensated hierarchical forms' first round on the device since 2026-12-05), and
+   in stream order against asynchronous.
 Writes OUT.txt with the GPU's name, and OUT.trace.json (the profiler's trace, for chrome://tracing).
 """
 
@@ -205,7 +207,7 @@ def main() -> int:
     p.add_argument("--numel", type=int, default=4096)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--large", type=int, default=1 << 24, help="the profiled calls' large size (elements)")
-    p.add_argument("--comms", default="single,single-host,nccl,nccl-host",
+    p.add_argument("--comms", default="single,single-host,nccl,nccl-host,nccl-async",
                    help="one-rank communicators to profile a call over, the first fully (compcoll.bench.one_rank)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()

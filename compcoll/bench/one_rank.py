@@ -9,7 +9,7 @@ import torch.distributed as dist
 import compcoll
 from ..comm import Communicator
 
-KINDS = ("single", "single-host", "nccl", "nccl-host")
+KINDS = ("single", "single-host", "nccl", "nccl-host", "nccl-async")
 """``one_rank_comm``'s kinds."""
 
 
@@ -22,6 +22,9 @@ def one_rank_comm(kind: str) -> Communicator:
        agreement rounds on the device.
     3. "nccl-host": a communicator on the same group with its agreement rounds on host numbers (NCCL's rounds until
        2026-12-01: the sum read first, the record copied up and back; ``Communicator.agrees_on_device`` off).
+    4. "nccl-async": a communicator on the same group whose blocking collectives are issued asynchronously, on NCCL's
+       own stream, an event recorded there for the current stream to wait for (NCCL's until 2026-12-06;
+       ``TorchComm.in_stream_order`` off), its rounds on the device.
     """
     if kind not in KINDS:
         raise ValueError(f"one_rank_comm: kind {kind!r} is not one of {KINDS}")
@@ -33,5 +36,6 @@ def one_rank_comm(kind: str) -> Communicator:
                         ("MASTER_PORT", "29533"), ("COMPCOLL_TORCH_BACKEND", "nccl")):
         os.environ.setdefault(name, value)
     comm = compcoll.init("torch") if kind == "nccl" or not dist.is_initialized() else compcoll.TorchComm()
-    comm.agrees_on_device = kind == "nccl"
+    comm.agrees_on_device = kind != "nccl-host"
+    comm.in_stream_order = kind != "nccl-async"
     return comm

@@ -100,8 +100,9 @@ class Communicator(ABC):
     instead of keeping it alive from a module's table (a Gloo group's threads and sockets
     with it).
 
-    Subclasses implement the underscored methods (non-blocking starts returning a Work);
-    this class validates, counts and orders.
+    Subclasses implement the underscored methods (starts returning a Work, told whether the caller waits for it at
+    once: ``blocking``, which a transport may use to issue it complete in stream order); this class validates, counts
+    and orders.
     """
 
     carries_meta = False
@@ -160,7 +161,7 @@ class Communicator(ABC):
                 f"got {send.numel()} and {recv.numel()}"
             )
         return self._issue("alltoall", lambda: self._tally.spread((self.size - 1) * (_nbytes(send) // self.size)),
-                           lambda: self._start_alltoall(send, recv), async_op)
+                           lambda blocking: self._start_alltoall(send, recv, blocking), async_op)
 
     def allgather(self, send: torch.Tensor, recv: torch.Tensor, async_op: bool = False) -> Work | None:
         """Block i of ``recv`` receives rank i's ``send`` (``async_op``: as for ``alltoall``)."""
@@ -170,14 +171,14 @@ class Communicator(ABC):
                 f"allgather needs recv of {self.size} x {send.numel()} elements, got {recv.numel()}"
             )
         return self._issue("allgather", lambda: self._tally.spread((self.size - 1) * _nbytes(send)),
-                           lambda: self._start_allgather(send, recv), async_op)
+                           lambda blocking: self._start_allgather(send, recv, blocking), async_op)
 
     def allreduce(self, tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         """Sum ``tensor`` over all ranks, in place (``async_op``: as for ``alltoall``)."""
         self._check(tensor)
         ring = 2 * (self.size - 1) * _nbytes(tensor) // self.size
-        return self._issue("allreduce", lambda: self._tally.spread(ring), lambda: self._start_allreduce(tensor),
-                           async_op)
+        return self._issue("allreduce", lambda: self._tally.spread(ring),
+                           lambda blocking: self._start_allreduce(tensor, blocking), async_op)
 
     def bcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` from rank ``root`` to every rank, in place (``async_op``: as for ``alltoall``)."""
@@ -189,11 +190,11 @@ class Communicator(ABC):
             if self.rank == root:
                 self._tally.spread(_nbytes(tensor))
 
-        return self._issue("bcast", count, lambda: self._start_bcast(tensor, root), async_op)
+        return self._issue("bcast", count, lambda blocking: self._start_bcast(tensor, root, blocking), async_op)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         """Return once every rank has called barrier (``async_op``: as for ``alltoall``)."""
-        return self._issue("barrier", lambda: None, self._start_barrier, async_op)
+        return self._issue("barrier", lambda: None, lambda _: self._start_barrier(), async_op)
 
     def split(self, color: int, key: int | None = None) -> "Communicator":
         """Sub-communicator of the ranks that pass the same ``color``, ordered by (key, rank).
@@ -237,8 +238,12 @@ class Communicator(ABC):
     def _check_threads(self) -> None:
         """Raise if this transport may not be entered from the ordering thread (every one may here)."""
 
-    def _issue(self, what: str, count: Callable[[], None], start: Callable[[], Work], async_op: bool) -> Work | None:
+    def _issue(self, what: str, count: Callable[[], None], start: Callable[[bool], Work], async_op: bool
+               ) -> Work | None:
         """Start a transport operation in its turn: check, count its bytes, start; wait unless ``async_op``.
+
+        ``start(blocking)`` starts it; ``blocking`` (not ``async_op``) tells the transport that its Work is waited
+        for at once (``TorchComm.in_stream_order``).
 
         A communicator already broken raises at once, before queueing behind calls still in flight (one that
         timed out in ``wait(timeout)`` may run on for its whole timeout). While the thread records a call's device
@@ -249,7 +254,7 @@ class Communicator(ABC):
             return recording.collective(self._issue_now, what, count, start, async_op)
         return self._issue_now(what, count, start, async_op)
 
-    def _issue_now(self, what: str, count: Callable[[], None], start: Callable[[], Work], async_op: bool
+    def _issue_now(self, what: str, count: Callable[[], None], start: Callable[[bool], Work], async_op: bool
                    ) -> Work | None:
         """``_issue``, unrecorded."""
         self._check()
@@ -258,7 +263,7 @@ class Communicator(ABC):
             self._check()
             count()
             try:
-                return start()
+                return start(not async_op)
             except Exception as exc:
                 self._mark_broken(exc)
                 raise
@@ -338,16 +343,16 @@ class Communicator(ABC):
         return {c: [r for _, r in sorted(members)] for c, members in sorted(groups.items())}
 
     @abstractmethod
-    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work: ...
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work: ...
 
     @abstractmethod
-    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work: ...
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work: ...
 
     @abstractmethod
-    def _start_allreduce(self, tensor: torch.Tensor) -> Work: ...
+    def _start_allreduce(self, tensor: torch.Tensor, blocking: bool) -> Work: ...
 
     @abstractmethod
-    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work: ...
+    def _start_bcast(self, tensor: torch.Tensor, root: int, blocking: bool) -> Work: ...
 
     @abstractmethod
     def _start_barrier(self) -> Work: ...

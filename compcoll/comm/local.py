@@ -176,19 +176,19 @@ class LocalComm(Communicator):
     def describe(self) -> str:
         return "in-process world"
 
-    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         n, rank = self.size, self.rank
         return self._meet("alltoall", send, send, lambda parts: torch.stack([p.view(n, -1) for p in parts]),
                           lambda blocks: recv.view(n, -1).copy_(blocks[:, rank]), recv)
 
-    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         return self._meet("allgather", send, send, lambda parts: torch.cat([p.reshape(-1) for p in parts]),
                           lambda rows: recv.view(-1).copy_(rows), recv)
 
-    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
+    def _start_allreduce(self, tensor: torch.Tensor, blocking: bool) -> Work:
         return self._meet("allreduce", tensor, tensor, _sum_in_rank_order, tensor.copy_, tensor)
 
-    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def _start_bcast(self, tensor: torch.Tensor, root: int, blocking: bool) -> Work:
         part = tensor if self.rank == root else None
         copy = (lambda _: None) if self.rank == root else tensor.copy_
         return self._meet(f"bcast from rank {root}", tensor, part, lambda parts: parts[root].clone(), copy, tensor)

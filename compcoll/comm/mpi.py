@@ -210,10 +210,10 @@ class MPIComm(Communicator):
         return RequestWork(self, what, start(*buffers), recv if result is None else result,
                            finish if copies else None)
 
-    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         return self._start("alltoall", self.mpi_comm.Ialltoall, send, recv)
 
-    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         if not (self._is_device(send) or self._is_device(recv)) and pairs_small(self.size, _nbytes(send)):
             return self._exchange(send, recv)
         return self._start("allgather", self.mpi_comm.Iallgather, send, recv)
@@ -236,7 +236,7 @@ class MPIComm(Communicator):
         sends = [self.mpi_comm.Isend(mine, dest=p, tag=_PAIR_TAG) for p in peers]
         return RequestWork(self, "allgather", receives + sends, recv, sources=peers)
 
-    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
+    def _start_allreduce(self, tensor: torch.Tensor, blocking: bool) -> Work:
         if tensor.dtype not in _HALF_TYPES:
             return self._start("allreduce", self._iallreduce, None, tensor)
         return self._start("allreduce", self._iallreduce, None, tensor.float(), result=tensor)
@@ -244,7 +244,7 @@ class MPIComm(Communicator):
     def _iallreduce(self, _: Any, buffer: Any) -> Any:
         return self.mpi_comm.Iallreduce(self._mpi.IN_PLACE, buffer, self._mpi.SUM)
 
-    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def _start_bcast(self, tensor: torch.Tensor, root: int, blocking: bool) -> Work:
         return self._start("bcast", lambda _, buf: self.mpi_comm.Ibcast(buf, root), None, tensor)
 
     def _start_barrier(self) -> Work:

@@ -24,16 +24,16 @@ class SingleComm(Communicator):
     def __init__(self, timeout: float | None = None) -> None:
         super().__init__(rank=0, size=1, timeout=timeout)
 
-    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         return DoneWork(copied(send, recv))
 
-    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         return DoneWork(copied(send, recv))
 
-    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
+    def _start_allreduce(self, tensor: torch.Tensor, blocking: bool) -> Work:
         return DoneWork(tensor)
 
-    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def _start_bcast(self, tensor: torch.Tensor, root: int, blocking: bool) -> Work:
         return DoneWork(tensor)
 
     def _start_barrier(self) -> Work:

@@ -42,7 +42,8 @@ class TorchComm(Communicator):
 
     Collectives are issued with ``async_op=True`` and returned as a ``TorchWork``, waited
     on within ``timeout`` seconds (NCCL's in stream order, bounded by the group's own
-    timeout; ``TorchWork._block``), using ``all_to_all_single`` and ``all_gather_single``
+    timeout; ``TorchWork._block``); NCCL's blocking ones with ``async_op=False``, on the
+    current stream (``in_stream_order``); using ``all_to_all_single`` and ``all_gather_single``
     (``all_gather_into_tensor`` before torch 2.13), the flat-tensor forms NCCL is fastest
     at; over Gloo the all-to-all (and a 2-rank all-gather) is point-to-point pairs, the
     receives posted first for large blocks and the sends for small ones (``_pairwise``).
@@ -61,6 +62,14 @@ class TorchComm(Communicator):
         timeout: seconds a collective may take; None reads ``COMPCOLL_TIMEOUT`` (300).
     """
 
+    in_stream_order = False
+    """Whether a blocking collective on the backend's device is issued in stream order (``_start``): NCCL's, with
+    ``async_op=False``, which torch.distributed (2.8 and later, pytorch/pytorch#150398) runs on the current stream,
+    where an asynchronous one records an event on NCCL's own stream for the current one to wait for and holds its
+    tensors until it completes (half of a collective's host time, 70 -> 35 us, in pytorch/pytorch#147820). A group
+    of host tensors may set it (the tests do on Gloo: its blocking collectives then wait inside torch.distributed,
+    bounded by the group's own timeout)."""
+
     def __init__(self, group: dist.ProcessGroup | None = None, timeout: float | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
@@ -73,6 +82,7 @@ class TorchComm(Communicator):
         nccl = self.backend == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self.agrees_on_device = nccl
+        self.in_stream_order = nccl
         super().__init__(dist.get_rank(group), dist.get_world_size(group), timeout)
         self.global_ranks = [dist.get_global_rank(group, r) for r in range(self.size)]
         self.job_rank, self.job_size = dist.get_rank(), dist.get_world_size()
@@ -98,38 +108,51 @@ class TorchComm(Communicator):
         return f"torch.distributed ({self.backend})"
 
     def _start(self, what: str, op: Callable[..., Any], send: torch.Tensor | None, recv: torch.Tensor,
-               sources: list[int] | None = None) -> Work:
-        """Issue ``op(send, recv)`` on tensors of the backend's device, copying others there (and back on completion).
+               blocking: bool, sources: list[int] | None = None) -> Work:
+        """Issue ``op(send, recv, async_op)`` on tensors of the backend's device, copying others there (and back on
+        completion).
 
-        ``sources``: the ranks the first works of a ``_pairwise`` exchange receive from. A group of one rank split off
-        by compcoll (``alone``: the hierarchical forms' node of one rank, or their one node's inter group) moves
-        nothing over the backend: its exchange is ``recv`` <- ``send`` (``single.copied``; NCCL's a copy on the
-        current stream, in stream order), an allreduce or a broadcast nothing, complete when started, as
-        ``SingleComm``'s. Until 2026-12-06 they were the backend's collectives (a whole one-rank call over NCCL took
-        425-573 us on the H200 where ``SingleComm``'s took 214-227, gpu_graphs.txt at f15d93e). A group of one the
-        caller gives keeps the backend's collectives: a one-rank NCCL group is how one GPU runs NCCL's path.
+        1. A group of one rank split off by compcoll (``alone``: the hierarchical forms' node of one rank, or their
+           one node's inter group) moves nothing over the backend: its exchange is ``recv`` <- ``send``
+           (``single.copied``; NCCL's a copy on the current stream, in stream order), an allreduce or a broadcast
+           nothing, complete when started, as ``SingleComm``'s. Until 2026-12-06 they were the backend's collectives
+           (a whole one-rank call over NCCL took 425-573 us on the H200 where ``SingleComm``'s took 214-227,
+           gpu_graphs.txt at f15d93e). A group of one the caller gives keeps the backend's collectives: a one-rank
+           NCCL group is how one GPU runs NCCL's path.
+        2. A ``blocking`` operation (waited for at once) on a group whose collectives are ordered on the current
+           stream (``in_stream_order``: NCCL's) on the backend's device: ``op`` with ``async_op=False``, which
+           torch.distributed issues on the current stream, complete in stream order when it returns (torch 2.8
+           and later; no event recorded on the backend's stream and waited for, no tensors held for it); ``op``
+           answers None and the Work is done. An ``op`` that answers works (Gloo's point-to-point pairs) is held
+           as any.
+        3. Otherwise ``op`` with ``async_op=True``, its works held in a ``TorchWork``; ``sources`` are the ranks the
+           first works of a ``_pairwise`` exchange receive from.
         """
         if self.alone:
             return DoneWork(recv if send is None else copied(send, recv))
         if recv.device.type == self.device.type and (send is None or send.device.type == self.device.type):
-            return TorchWork(self, what, _list(op(send, recv)), recv, sources=sources)
+            works = op(send, recv, not (blocking and self.in_stream_order))
+            if works is None:
+                return DoneWork(recv)
+            return TorchWork(self, what, _list(works), recv, sources=sources)
         moved_send = None if send is None else _moved(send, self.device)
         moved_recv = _moved(recv, self.device) if send is None else torch.empty_like(recv, device=self.device)
-        return TorchWork(self, what, _list(op(moved_send, moved_recv)), recv, lambda: recv.copy_(moved_recv), sources)
+        return TorchWork(self, what, _list(op(moved_send, moved_recv, True)), recv, lambda: recv.copy_(moved_recv),
+                         sources)
 
-    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_alltoall(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         if self.backend == "gloo":
-            return self._start("alltoall", lambda s, r: self._pairwise(s.view(self.size, -1), r), send, recv,
-                               self._peers)
-        return self._start("alltoall", lambda s, r: dist.all_to_all_single(r, s, group=self.group, async_op=True),
-                           send, recv)
+            return self._start("alltoall", lambda s, r, _: self._pairwise(s.view(self.size, -1), r), send, recv,
+                               blocking, self._peers)
+        return self._start("alltoall", lambda s, r, a: dist.all_to_all_single(r, s, group=self.group, async_op=a),
+                           send, recv, blocking)
 
-    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor) -> Work:
+    def _start_allgather(self, send: torch.Tensor, recv: torch.Tensor, blocking: bool) -> Work:
         if self.backend == "gloo" and (self.size == 2 or pairs_small(self.size, _nbytes(send))):
-            return self._start("allgather", lambda s, r: self._pairwise(s.view(1, -1).expand(self.size, -1), r),
-                               send, recv, self._peers)
-        return self._start("allgather", lambda s, r: _all_gather_single(r, s, group=self.group, async_op=True),
-                           send, recv)
+            return self._start("allgather", lambda s, r, _: self._pairwise(s.view(1, -1).expand(self.size, -1), r),
+                               send, recv, blocking, self._peers)
+        return self._start("allgather", lambda s, r, a: _all_gather_single(r, s, group=self.group, async_op=a),
+                           send, recv, blocking)
 
     def _pairwise(self, blocks: torch.Tensor, recv: torch.Tensor) -> list:
         """Block p of ``blocks`` to rank p, block p of ``recv`` from rank p, as point-to-point
@@ -173,13 +196,14 @@ class TorchComm(Communicator):
                 ) from exc
         return posted[len(sends):] + posted[:len(sends)] if small else posted
 
-    def _start_allreduce(self, tensor: torch.Tensor) -> Work:
-        return self._start("allreduce", lambda _, t: dist.all_reduce(t, group=self.group, async_op=True), None, tensor)
+    def _start_allreduce(self, tensor: torch.Tensor, blocking: bool) -> Work:
+        return self._start("allreduce", lambda _, t, a: dist.all_reduce(t, group=self.group, async_op=a), None,
+                           tensor, blocking)
 
-    def _start_bcast(self, tensor: torch.Tensor, root: int) -> Work:
+    def _start_bcast(self, tensor: torch.Tensor, root: int, blocking: bool) -> Work:
         source = self.global_ranks[root]
-        return self._start("bcast", lambda _, t: dist.broadcast(t, src=source, group=self.group, async_op=True),
-                           None, tensor)
+        return self._start("bcast", lambda _, t, a: dist.broadcast(t, src=source, group=self.group, async_op=a),
+                           None, tensor, blocking)
 
     def _start_barrier(self) -> Work:
         if self.alone:

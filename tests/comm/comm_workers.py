@@ -530,3 +530,52 @@ def entry_points_refuse_a_process_group(comm: compcoll.Communicator) -> None:
     total = torch.ones(3)
     comm.allreduce(total)
     assert torch.equal(total, torch.full((3,), float(comm.size))), total
+
+
+def in_stream_order(comm: compcoll.Communicator) -> None:
+    """A TorchComm whose blocking collectives are issued in stream order (``in_stream_order``, NCCL's; set here on
+    Gloo) issues them through torch.distributed's blocking form (``async_op=False``) and holds no work for them:
+    each moves the same data and counts the same bytes (``collectives``); an asynchronous one is still issued with
+    ``async_op=True`` and waited for. A ``compressed_allreduce`` with its agreement rounds summed (an allreduce, as
+    above 64 ranks) gives the same bits either way, on every rank."""
+    assert isinstance(comm, TorchComm) and not comm.in_stream_order
+    issued: list[tuple[str, bool]] = []
+    real = {name: getattr(dist, name) for name in ("all_reduce", "broadcast", "all_to_all_single")}
+
+    def spied(name: str):
+        def call(*args, **kwargs):
+            issued.append((name, kwargs["async_op"]))
+            return real[name](*args, **kwargs)
+        return call
+
+    n, x = comm.size, torch.randn(100003, generator=torch.Generator().manual_seed(comm.rank))
+    full = compcoll.padded_numel(x.numel(), n)
+    kept = compcoll.spec.GATHERED_AGREEMENT_RANKS
+    results = {}
+    try:
+        compcoll.spec.GATHERED_AGREEMENT_RANKS = 0
+        for name in real:
+            setattr(dist, name, spied(name))
+        for ordered in (False, True):
+            comm.in_stream_order = ordered
+            issued.clear()
+            total = torch.ones(5)
+            comm.allreduce(total)
+            comm.bcast(total, root=n - 1)
+            assert torch.all(total == n), total
+            assert issued == [("all_reduce", not ordered), ("broadcast", not ordered)], issued
+            issued.clear()
+            work = comm.allreduce(total, async_op=True)
+            assert issued == [("all_reduce", True)] and torch.all(work.wait() == n * n), issued
+            results[ordered] = compcoll.compressed_allreduce(x, torch.zeros(full), torch.zeros(full // n), comm)
+            assert ("all_reduce", not ordered) in issued, issued
+        collectives(comm)
+    finally:
+        compcoll.spec.GATHERED_AGREEMENT_RANKS = kept
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+        comm.in_stream_order = False
+    assert torch.equal(results[True], results[False])
+    table = torch.empty(n * results[True].numel())
+    comm.allgather(results[True], table)
+    assert all(torch.equal(row, results[True]) for row in table.view(n, -1)), "ranks' results differ"

@@ -25,6 +25,12 @@ def test_started_collectives(backend: str, world_size: int) -> None:
     run("tests.comm.comm_workers:started_collectives", world_size, backend)
 
 
+def test_blocking_collectives_in_stream_order_use_the_blocking_form() -> None:
+    """``TorchComm.in_stream_order`` (NCCL's: its blocking collectives on the current stream), set on 3 Gloo ranks:
+    the same data, bytes and bits (``tests/comm/comm_workers.py``'s ``in_stream_order``)."""
+    run("tests.comm.comm_workers:in_stream_order", 3, "gloo", timeout=90)
+
+
 def test_a_data_parallel_subgroup_splits_without_the_other_groups() -> None:
     run("tests.comm.comm_workers:subgroups_split_alone", 4, "gloo", timeout=60)
 

@@ -229,6 +229,51 @@ def test_an_nccl_call_synchronizes_once(summed: bool, block_size: int | None, mo
         dist.destroy_process_group()
 
 
+def _gpu_streams(prof: torch.profiler.profile, folder) -> set[int]:
+    """The CUDA streams of every kernel, copy and fill in ``prof``'s trace (its Chrome trace's "stream" fields)."""
+    import json
+
+    path = folder / "trace.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    return {e["args"]["stream"] for e in events
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "stream" in e.get("args", {})}
+
+
+@pytest.mark.parametrize("protocol", ["gather_scatter", "allgather"])
+def test_blocking_nccl_collectives_run_on_the_calls_stream(protocol: str, tmp_path) -> None:
+    """On a one-rank NCCL group a call's blocking collectives run on the call's own stream (``TorchComm.
+    in_stream_order``: torch.distributed's blocking form, no event on NCCL's stream recorded and waited for): every
+    kernel and copy of a call made on a fresh stream is on that stream; with the collectives issued asynchronously
+    (the path until 2026-12-06) NCCL's own stream shows too, so that a trace whose streams were not seen fails here.
+    The same bits both ways."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = compcoll.TorchComm()
+        assert comm.in_stream_order
+        x = torch.randn(100003, device="cuda")
+        full = compcoll.padded_numel(x.numel(), 1)
+        streams, results = {}, {}
+        for ordered in (True, False):
+            comm.in_stream_order = ordered
+            buffers = [torch.zeros(full, device="cuda") for _ in range(2)]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                compressed_allreduce(x, *buffers, comm, protocol=protocol)
+                side.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    results[ordered] = compressed_allreduce(x, *buffers, comm, protocol=protocol).cpu()
+            streams[ordered] = _gpu_streams(prof, tmp_path)
+        assert len(streams[True]) == 1 and len(streams[False]) > 1, streams
+        assert torch.equal(results[True], results[False])
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("numel", [4096, 1 << 24])
 def test_a_steady_sum_allocates_no_device_memory(numel: int) -> None:
     """A compensated sum's lane sums, tree level and total come from the thread's ``Temporaries`` of the stream:

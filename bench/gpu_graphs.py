@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--comms", default="single,nccl,nccl-host,nccl-async")
+    parser.add_argument("--comms", default="single,nccl,nccl-async,nccl-host")
     parser.add_argument("--forms", default="flat,blocks")
     parser.add_argument("--out", default="bench/results/gpu_graphs")
     args = parser.parse_args()

@@ -204,9 +204,9 @@ class FlatPlan(Plan):
            s_i / n with this rank's s_w copied to the device (``device_scalars``).
 
         Returns:
-            s_w (None for 1: the device derives it), and what ``finish_flat`` takes: ``sums_scalars``' (weights,
-            table, first, step, ranks, divisor) for 1 (the weights the view of the device buffer of 2 that the
-            encode fills), (weights, s_w) views of the device buffer for 2.
+            s_w (None for 1: the device derives it), and what ``finish_flat`` takes: ``sums_scalars``'
+            ``AgreedSums`` for 1 (the weights the view of the device buffer of 2 that the encode fills), (weights,
+            s_w) views of the device buffer for 2.
         """
         agreement = self.agreement(tensor)
         on_device = agreement.on_device() and (self.protocol == "allgather" or self.pieces == 1)

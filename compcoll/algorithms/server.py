@@ -6,7 +6,7 @@ exchange of chunks, their sum and its compression.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -54,39 +54,48 @@ def device_scalars(scales: np.ndarray, divisor: int, scale: float, device: torch
     return weights, mine
 
 
-def sums_scalars(agreement: Agreement, senders: Sequence[int], divisor: int, device: torch.device,
-                 workspace: Workspace) -> tuple:
-    """What ``encode_worker`` takes where the round ran on the device (NCCL's) and left every rank's sum there: the
-    server's weights s_i / ``divisor`` for the ranks ``senders`` (the round's rank numbers, in the server's order),
-    to be written by the encode into the view ``device_scalars`` fills elsewhere, and where their sums sit.
+class AgreedSums(NamedTuple):
+    """What ``encode_worker`` takes where the round ran on the device and left every rank's sum there
+    (``sums_scalars``). A tuple, so that a replay's key holds its tensors (``replay.Replays``)."""
 
-    Returns:
-        (weights, table, first, step, ranks, divisor): rank r's sum is table[first + r * step]
-        (``Agreement.device_sums``), ``ranks`` the int32 ``senders`` on the device (``Workspace.constant``: copied
-        there once a plan).
-    """
+    weights: torch.Tensor
+    """The server's weights, which the encode writes (the view ``device_scalars`` fills elsewhere)."""
+    table: torch.Tensor
+    first: int
+    step: int
+    """Rank r's sum is table[first + r * step] (``Agreement.device_sums``)."""
+    senders: torch.Tensor
+    """The int32 ranks whose weights the server takes, in its order, on the device (``Workspace.constant``)."""
+    divisor: int
+
+
+def sums_scalars(agreement: Agreement, senders: Sequence[int], divisor: int, device: torch.device,
+                 workspace: Workspace) -> AgreedSums:
+    """The server's weights s_i / ``divisor`` for the ranks ``senders`` (the round's rank numbers, in the server's
+    order), to be written by the encode, and where the round on the device (NCCL's) left every rank's sum; the
+    senders copied to the device once a plan."""
     table, first, step = agreement.device_sums()
     _, weights, _ = workspace.parts("scalars", (len(senders), 1), torch.float32, device)
-    return weights, table, first, step, workspace.constant("senders", senders, torch.int32, device), divisor
+    return AgreedSums(weights, table, first, step, workspace.constant("senders", senders, torch.int32, device), divisor)
 
 
-def encode_worker(tensor: torch.Tensor, worker_error: torch.Tensor, scalars: tuple, me: int, scale: str,
+def encode_worker(tensor: torch.Tensor, worker_error: torch.Tensor, scalars: AgreedSums | tuple, me: int, scale: str,
                   bits: torch.Tensor) -> torch.Tensor:
     """The worker's encode of x = tensor + worker_error into ``bits`` by s_w read on the device; returns the server's
     weights.
 
-    1. ``scalars`` = (weights, table, first, step, ranks, divisor) of ``sums_scalars``: the encode derives s_w from
-       rank ``me``'s sum (this rank's number in the round), and writes every sender's weight s_i / divisor beside
-       it, in its one launch (``codecs.compensate_encode_agreed``, the scale of worker_error.numel() elements).
+    1. ``scalars`` an ``AgreedSums`` (``sums_scalars``): the encode derives s_w from rank ``me``'s sum (this rank's
+       number in the round), and writes every sender's weight s_i / divisor beside it, in its one launch
+       (``codecs.compensate_encode_agreed``, the scale of worker_error.numel() elements).
     2. ``scalars`` = (weights, s_w) of ``device_scalars``: the encode reads s_w (``codecs.compensate_encode``).
     """
-    weights, *held = scalars
-    if len(held) == 5:
-        table, first, step, ranks, divisor = held
-        codecs.compensate_encode_agreed(tensor, worker_error, (table, first, step), me, ranks, worker_error.numel(),
-                                        scale, divisor, weights, bits)
-    else:
-        codecs.compensate_encode(tensor, worker_error, held[0], bits)
+    if isinstance(scalars, AgreedSums):
+        codecs.compensate_encode_agreed(tensor, worker_error, (scalars.table, scalars.first, scalars.step), me,
+                                        scalars.senders, worker_error.numel(), scale, scalars.divisor,
+                                        scalars.weights, bits)
+        return scalars.weights
+    weights, mine = scalars
+    codecs.compensate_encode(tensor, worker_error, mine, bits)
     return weights
 
 

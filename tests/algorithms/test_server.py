@@ -30,7 +30,7 @@ def test_device_scalars_are_the_weights_then_this_ranks_scale_and_warn_of_nothin
 
 
 def test_the_encode_by_the_rounds_sums_is_the_encode_by_device_scalars() -> None:
-    """``encode_worker`` on ``sums_scalars``' (weights, table, first, step, ranks, divisor), rank r's float64 sum at
+    """``encode_worker`` on ``sums_scalars``' ``AgreedSums``, rank r's float64 sum at
     table[first + r * step] as a round on the device leaves them, gives the bits, error and weights it gives on
     ``device_scalars`` of the same senders' scales (``spec.scales_from``): for every rank, both scales, the senders in
     the rank order and in a transpose of it (the hierarchical allgather form's order, 2 ranks a node), on fresh

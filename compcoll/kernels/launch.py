@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -60,9 +61,13 @@ class Counts:
     """Tensors wrapped for numba's dispatcher (``cuda.as_cuda_array``, about 27 us each on an H100)."""
     waits: int = 0
     """Host waits for the device (a value read back to the host)."""
+    waited: float = 0.0
+    """Seconds the host spent in those waits (each read's copy and wait, timed by ``time.perf_counter``): what of a
+    call's host time is the device's work it waited for, not the host's own (``bench.clocks.own_host_seconds``)."""
 
     def reset(self) -> None:
         self.launches = self.wraps = self.waits = 0
+        self.waited = 0.0
 
 
 COUNTS = Counts()
@@ -273,9 +278,10 @@ def read_values(values, stream) -> list[float] | None:
 
 
 def _read(values, stream, count: int | None) -> list[float] | None:
-    """values[:count] (None: all) on the host, counted as a wait; None on the ``TRACED`` stream. A tensor's one value
-    comes through ``item`` (no host tensor, view or slice made for it: the H200's profile at f15d93e put the view and
-    slice at 4 us each a call, beside the copy's 28 with the wait), more through ``tolist``."""
+    """values[:count] (None: all) on the host, counted as a wait, its seconds added to ``COUNTS.waited``; None on
+    the ``TRACED`` stream (nothing waited for). A tensor's one value comes through ``item`` (no host tensor, view or
+    slice made for it: the H200's profile at f15d93e put the view and slice at 4 us each a call, beside the copy's 28
+    with the wait), more through ``tolist``."""
     with _LOCK:
         COUNTS.waits += 1
     recording = current()
@@ -283,15 +289,19 @@ def _read(values, stream, count: int | None) -> list[float] | None:
         recording.refuse("a value read to the host")
     if stream is TRACED:
         return None
+    start = time.perf_counter()
     if isinstance(values, DeviceArray):
         owner = values.owner
-        if count == 1 and owner.numel() == 1:
-            return [owner.item()]
-        return owner.view(-1)[:count].tolist()
-    host = values[:count].copy_to_host(stream=stream)
-    if stream:
-        stream.synchronize()
-    return host.tolist()
+        found = [owner.item()] if count == 1 and owner.numel() == 1 else owner.view(-1)[:count].tolist()
+    else:
+        host = values[:count].copy_to_host(stream=stream)
+        if stream:
+            stream.synchronize()
+        found = host.tolist()
+    waited = time.perf_counter() - start
+    with _LOCK:
+        COUNTS.waited += waited
+    return found
 
 
 _STREAM_DEVICES: dict = {TRACED: TRACED_DEVICE}

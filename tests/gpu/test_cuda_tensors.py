@@ -13,7 +13,7 @@ import compcoll
 from compcoll import SingleComm, codecs, compressed_allreduce
 from compcoll.algorithms.server import serve
 from compcoll.algorithms.parts import unpacked
-from compcoll.bench.clocks import QueuedClock, idle_seconds
+from compcoll.bench.clocks import QueuedClock, host_seconds, idle_seconds, own_host_seconds
 from compcoll.bench.launches import call_counts
 from compcoll.kernels.launch import COUNTS, LAUNCHERS
 from compcoll.launcher import run
@@ -320,6 +320,20 @@ def test_the_queued_clock_times_the_device_alone_and_refuses_a_wait() -> None:
     with pytest.raises(RuntimeError, match="waits for the device"):
         clock(torch.cuda.synchronize)
     assert clock(lambda: torch.cuda._sleep(1 << 20)) < 2 * alone
+
+
+def test_the_hosts_own_clock_takes_a_wait_for_the_device_out() -> None:
+    """``compcoll.bench.clocks.own_host_seconds``: a function that queues a spin kernel (tens of milliseconds) and
+    then reads a value through compcoll's one host read (``codecs.host_value``) takes that long by ``host_seconds``,
+    and by the host's own clock far less (its wait out: ``kernels.launch.COUNTS.waited``)."""
+    value = torch.ones(1, dtype=torch.float64, device="cuda")
+
+    def spin_then_read() -> float:
+        torch.cuda._sleep(1 << 26)
+        return codecs.host_value(value)
+
+    spin_then_read()
+    assert own_host_seconds(spin_then_read) < 0.005 < 0.01 < host_seconds(spin_then_read)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

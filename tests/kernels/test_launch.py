@@ -13,9 +13,11 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import torch
 
 from compcoll.kernels.arrays import DeviceArray
-from compcoll.kernels.launch import LAUNCHER_ENV, TRACED, launch, launcher, use_launcher
+from compcoll.kernels.launch import (COUNTS, LAUNCHER_ENV, TRACED, launch, launcher, read_first, read_values,
+                                     use_launcher)
 
 
 @pytest.mark.parametrize("value, chosen", [(None, "bound"), ("numba", "numba"), ("bound", "bound")])
@@ -54,3 +56,20 @@ def test_a_launch_shape_a_gpu_would_refuse_is_refused_where_nothing_checks_it(gr
     launch(records._scale_of, 1, 1, TRACED, total, 8, 8.0 ** 0.5, True, out)
     with pytest.raises(ValueError, match=f"kernel _scale_of launched on {grid} blocks of {block} threads: a GPU takes"):
         launch(records._scale_of, grid, block, TRACED, total, 8, 8.0 ** 0.5, True, out)
+
+
+def test_a_host_read_adds_its_seconds_to_the_counts_and_a_traced_one_none() -> None:
+    """``COUNTS.waited``: each host read (one value, or all) adds the seconds it took, which
+    ``bench.clocks.own_host_seconds`` takes out of a call's host time; a read on the traced stream (meta tensors:
+    nothing ran) is a wait counted but no time; ``reset`` clears it."""
+    values = torch.tensor([2.5, -1.0, 7.0], dtype=torch.float64)
+    COUNTS.reset()
+    assert read_first(DeviceArray.flat(values[:1].clone()), None) == 2.5 and COUNTS.waits == 1
+    first = COUNTS.waited
+    assert read_values(DeviceArray.flat(values), None) == [2.5, -1.0, 7.0] and COUNTS.waits == 2
+    assert 0.0 < first < COUNTS.waited
+    seen = COUNTS.waited
+    assert read_first(DeviceArray.flat(values), TRACED) == 1.0 and read_values(DeviceArray.flat(values), TRACED) is None
+    assert COUNTS.waits == 4 and COUNTS.waited == seen
+    COUNTS.reset()
+    assert (COUNTS.waits, COUNTS.waited) == (0, 0.0)

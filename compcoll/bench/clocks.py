@@ -37,11 +37,9 @@ def own_host_seconds(fn: Callable[[], object]) -> float:
     """``host_seconds`` of ``fn`` less the seconds its host waits took (``kernels.launch.COUNTS.waited``): the host's
     own time in it, its Python, launches and copies, without the device's work it waited for (a call's wait for its
     sum is at least that kernel's time, which grows with the tensor)."""
-    torch.cuda.synchronize()
     waited = COUNTS.waited
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start - (COUNTS.waited - waited)
+    seconds = host_seconds(fn)
+    return seconds - (COUNTS.waited - waited)
 
 
 class QueuedClock:
